@@ -1,0 +1,41 @@
+#pragma once
+// config.json of a Qwen3 dense checkpoint (HF field names). No LibTorch here (this file is fuzzed).
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace hh::model {
+
+struct ModelConfig {
+  std::string architecture = "Qwen3ForCausalLM";  // architectures[0]
+  std::string model_type = "qwen3";
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;           // d
+  int64_t intermediate_size = 0;     // MLP width
+  int64_t num_hidden_layers = 0;     // L
+  int64_t num_attention_heads = 0;   // Hq
+  int64_t num_key_value_heads = 0;   // Hkv (defaults to Hq when absent)
+  int64_t head_dim = 0;              // Dh (defaults to d / Hq when absent)
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 1000000.0;
+  int64_t max_position_embeddings = 32768;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  std::string torch_dtype = "float32";  // "torch_dtype" or "dtype"
+  std::optional<int64_t> bos_token_id, eos_token_id;
+
+  int64_t kv_group_size() const { return num_attention_heads / num_key_value_heads; }
+  int64_t num_parameters() const;    // exact count implied by the config
+
+  // Parses and validates: required fields present and positive, Hq % Hkv == 0, hidden_act silu,
+  // no rope_scaling (unsupported) ... `where` names the file. Throws hh::Error naming the field.
+  static ModelConfig from_json(const nlohmann::json& j, const std::string& where);
+  static ModelConfig from_json_text(const std::string& text, const std::string& where);
+  static ModelConfig load(const std::filesystem::path& config_json);
+  nlohmann::json to_json() const;
+};
+
+}  // namespace hh::model
