@@ -1,1 +1,84 @@
-int main(){return 2;}
+// `hydrahead`: the headless front end. Every step of the workbench is available here.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <map>
+
+#include "app/cli/commands.h"
+#include "core/util/error.h"
+#include "hydrahead/version.h"
+
+namespace {
+
+// Sub-commands whose capability has not landed yet; listed so `--help` shows the whole tool.
+struct Planned {
+  const char* name;
+  const char* summary;
+};
+constexpr Planned kPlanned[] = {
+    {"tasks", "List and generate calibration sets from task plugins (NIAH, passkey, ...)"},
+    {"analyze", "Causal analysis: activation/path/attribution patching, retrieval score, layer similarity"},
+    {"select", "Pick full-attention heads at a target LA:FA ratio and write manifest.json"},
+    {"convert", "Convert a dense teacher + manifest into a HydraHead hybrid checkpoint"},
+    {"train", "Run the three-stage transfer (align, distil, long-context fine-tune) as a job"},
+    {"eval", "Evaluate needle-in-a-haystack accuracy and perplexity"},
+    {"demo", "Run the whole pipeline on the bundled demo model"},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "hydrahead " HYDRAHEAD_VERSION
+      " - turn a dense transformer into a head-level hybrid of full attention and Gated DeltaNet.\n"
+      "Errors exit with status 1 and name the file, tensor or field at fault; usage errors exit 2."};
+  app.set_version_flag("--version", std::string("hydrahead ") + HYDRAHEAD_VERSION);
+  app.require_subcommand(1);
+  app.fallthrough(false);
+
+  std::map<CLI::App*, hh::cli::Runner> runners;
+  auto reg = [&](hh::cli::Runner (*add)(CLI::App&), CLI::App* sub) { runners[sub] = add(*sub); };
+  reg(hh::cli::add_inspect, app.add_subcommand("inspect", "Show a checkpoint's architecture, dimensions, parameters, KV groups and fingerprint"));
+  reg(hh::cli::add_run, app.add_subcommand("run", "Run a forward pass and write logits (and hook activations) to HDF5"));
+  reg(hh::cli::add_tokenize, app.add_subcommand("tokenize", "Encode text to token ids, or decode ids to text"));
+  reg(hh::cli::add_bench, app.add_subcommand("bench", "Benchmarks (forward now; patching sweeps and kernels later)"));
+  for (const auto& p : kPlanned) {
+    auto* sub = app.add_subcommand(p.name, std::string(p.summary) + " (not available yet)");
+    sub->allow_extras();
+    runners[sub] = [name = p.name] {
+      std::fprintf(stderr, "hydrahead %s: not available yet\n", name);
+      return hh::cli::kExitUnavailable;
+    };
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return hh::cli::kExitUnavailable;
+  }
+
+  spdlog::set_pattern("%^%l%$: %v");
+  for (auto* sub : app.get_subcommands()) {
+    try {
+      return runners.at(sub)();
+    } catch (const hh::Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return hh::cli::kExitError;
+    } catch (const std::exception& e) {
+      // LibTorch (c10::Error) and the standard library: still a clean message and status 1.
+      std::string msg = e.what();
+      if (auto nl = msg.find("\nException raised from"); nl != std::string::npos) msg.resize(nl);
+      std::fprintf(stderr, "error: %s\n", msg.c_str());
+      return hh::cli::kExitError;
+    }
+  }
+  return hh::cli::kExitUnavailable;
+}

@@ -35,10 +35,22 @@ struct Header {
   uint64_t header_len = 0;                        // N
 };
 
-// Parses and validates a header: JSON well formed, known dtypes, non-negative shapes, offsets
-// in order, inside data_len, non-overlapping, (end - begin) == numel * dtype size.
+// Upper bound on the JSON header (N), as the reference implementation enforces; a larger N is
+// treated as a corrupt length field rather than a reason to allocate.
+inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// Size of the little-endian length prefix in front of the JSON.
+inline constexpr std::size_t kHeaderPrefixBytes = 8;
+
+// Parses and validates a header: JSON well formed, a top-level object without duplicate keys, known
+// dtypes, non-negative shapes whose byte size does not overflow, data_offsets [begin, end] with
+// begin <= end <= data_len, non-overlapping, (end - begin) == numel * dtype size, and
+// "__metadata__" (optional, may be null) an object of strings. Gaps between tensors are allowed.
 // `where` names the file in error messages. Throws hh::Error.
 Header parse_header(std::string_view json, uint64_t data_len, const std::string& where);
+
+// Parses a whole file image: the 8-byte length N (checked against the buffer and kMaxHeaderBytes),
+// then parse_header() over the N JSON bytes with data_len = size - 8 - N. The mmap reader uses this.
+Header parse_buffer(const void* bytes, std::size_t size, const std::string& where);
 
 // Read-only mmap of one .safetensors file. Validates the whole header at open.
 class SafetensorsFile {
@@ -74,9 +86,15 @@ struct TensorBlob {
   std::size_t nbytes = 0;
 };
 
-// Writes a file atomically (temp file in the same dir, fsync, rename). Tensors are written in the
-// given order; metadata goes to "__metadata__". Throws hh::Error on I/O failure (no file left).
+// Writes a file atomically (temp file `<path>.tmp.<pid>` in the same dir, fsync, rename). Tensors
+// are written back to back in the given order; metadata goes to "__metadata__". The JSON header is
+// padded with spaces to a multiple of 8 bytes so that the data section starts 8-byte aligned.
+// Throws hh::Error on bad input (duplicate name, nbytes != numel * dtype size) or I/O failure; no
+// file and no temp file is left behind then.
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorBlob>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// Replaces `path` with `bytes` the same atomic way (used for index.json and other small files).
+void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
 
 }  // namespace hh::io

@@ -1,1 +1,483 @@
-// implementation pending
+#include "core/model/transformer.h"
+
+#include <torch/torch.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "core/io/checkpoint.h"
+#include "core/util/error.h"
+
+namespace hh::model {
+namespace {
+
+// Query rows per block on the blockwise attention path: scores are [B, Hkv, G*rows, T_kv], so memory
+// grows linearly with the context instead of quadratically. Rows shrink for wide inputs so that one
+// block holds about kScoreBudget scores (256 MiB in float32).
+constexpr int64_t kQueryBlock = 512;
+constexpr int64_t kMinQueryBlock = 16;
+constexpr int64_t kScoreBudget = int64_t{64} << 20;
+// Std of the norm weights around 1 in random_weights().
+constexpr double kNormWeightStd = 0.1;
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << ']';
+  return os.str();
+}
+
+// HF upcasts norm statistics and softmax to float32; a float64 model stays in float64.
+at::ScalarType accum_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+void check_config(const ModelConfig& c) {
+  auto positive = [](int64_t v, const char* field) {
+    if (v <= 0) throw Error(std::string("model config: ") + field + " must be > 0, got " + std::to_string(v));
+  };
+  positive(c.vocab_size, "vocab_size");
+  positive(c.hidden_size, "hidden_size");
+  positive(c.intermediate_size, "intermediate_size");
+  positive(c.num_hidden_layers, "num_hidden_layers");
+  positive(c.num_attention_heads, "num_attention_heads");
+  positive(c.num_key_value_heads, "num_key_value_heads");
+  positive(c.head_dim, "head_dim");
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    throw Error("model config: num_attention_heads (" + std::to_string(c.num_attention_heads) +
+                ") is not a multiple of num_key_value_heads (" + std::to_string(c.num_key_value_heads) + ")");
+  if (c.head_dim % 2 != 0)
+    throw Error("model config: head_dim must be even for rotate-half RoPE, got " + std::to_string(c.head_dim));
+  if (!(c.rms_norm_eps > 0)) throw Error("model config: rms_norm_eps must be > 0");
+  if (!(c.rope_theta > 0)) throw Error("model config: rope_theta must be > 0");
+}
+
+// ---- shared blocks (the per-layer recipe below reads as HF's Qwen3DecoderLayer) ----------------
+
+// HF Qwen3RMSNorm: statistics in float32, normalised value cast back, then `weight * x`.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::ScalarType in_dtype = x.scalar_type();
+  at::Tensor h = x.to(accum_dtype(in_dtype));                // [..., n]
+  at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);  // [..., 1]
+  h = h * at::rsqrt(variance + eps);
+  return weight * h.to(in_dtype);
+}
+
+at::Tensor dense(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) {
+  return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
+}
+
+struct RopeTables {
+  at::Tensor cos, sin;  // [1, T, 1, Dh] model dtype, broadcast over batch and heads
+};
+
+// HF Qwen3RotaryEmbedding: angles pos * inv_freq and their cos/sin in float32, then cast.
+RopeTables rope_tables(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype) {
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(inv_freq.device());
+  at::Tensor pos = at::arange(offset, offset + T, long_opts).to(at::kFloat);  // [T]
+  at::Tensor freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0);               // [T, Dh/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);                               // [T, Dh]
+  const int64_t Dh = emb.size(1);
+  return {emb.cos().to(dtype).view({1, T, 1, Dh}), emb.sin().to(dtype).view({1, T, 1, Dh})};
+}
+
+// Non-interleaved layout: pairs are (i, i + Dh/2). rotate_half(x) = [-x2, x1].
+at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {  // x [B, T, H, Dh]
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor x1 = x.narrow(-1, 0, half);
+  at::Tensor x2 = x.narrow(-1, half, half);
+  at::Tensor rotated = at::cat({-x2, x1}, -1);  // [B, T, H, Dh]
+  return x * rope.cos + rotated * rope.sin;
+}
+
+// [B, R, Hq, Dh] -> [B, Hkv, G*R, Dh]: the G query heads that share KV head j are stacked along the
+// row axis, so one matmul against K of head j serves all of them (no K/V copy per query head).
+at::Tensor group_queries(const at::Tensor& q_rows, int64_t Hkv) {
+  const int64_t B = q_rows.size(0), R = q_rows.size(1), Hq = q_rows.size(2), Dh = q_rows.size(3);
+  const int64_t G = Hq / Hkv;
+  return q_rows.reshape({B, R, Hkv, G, Dh}).permute({0, 2, 3, 1, 4}).reshape({B, Hkv, G * R, Dh});
+}
+
+// Inverse of group_queries for per-row results: [B, Hkv, G*R, X] -> [B, R, Hq, X].
+at::Tensor ungroup_rows(const at::Tensor& o, int64_t R) {
+  const int64_t B = o.size(0), Hkv = o.size(1), G = o.size(2) / R, X = o.size(3);
+  return o.view({B, Hkv, G, R, X}).permute({0, 3, 1, 2, 4}).reshape({B, R, Hkv * G, X});
+}
+
+// Attention probabilities of query rows `rows` ([R] positions) over keys [0, n_keys), causal,
+// eager-HF order: (q k^T) * scale, mask, softmax in float32, cast to the model dtype.
+at::Tensor softmax_rows(const at::Tensor& q, const at::Tensor& kh, const at::Tensor& rows, int64_t n_keys,
+                        double scale) {
+  // q [B, T, Hq, Dh], kh [B, Hkv, T, Dh], rows [R] int64 -> [B, Hkv, G, R, n_keys]
+  const int64_t B = q.size(0), Hq = q.size(2), Hkv = kh.size(1), R = rows.size(0);
+  const int64_t G = Hq / Hkv;
+  at::Tensor qg = group_queries(q.index_select(1, rows), Hkv);                          // [B, Hkv, G*R, Dh]
+  at::Tensor scores = at::matmul(qg, kh.narrow(2, 0, n_keys).transpose(2, 3)) * scale;  // [B, Hkv, G*R, n]
+  at::Tensor keys = at::arange(n_keys, rows.options());                                  // [n]
+  at::Tensor future = keys.unsqueeze(0) > rows.unsqueeze(1);                             // [R, n]
+  scores = scores.view({B, Hkv, G, R, n_keys}).masked_fill(future, -std::numeric_limits<double>::infinity());
+  return at::softmax(scores, -1, accum_dtype(q.scalar_type())).to(q.scalar_type());
+}
+
+// Rows per query block for n_keys keys: at most kQueryBlock, fewer when B * Hq * n_keys is large.
+int64_t query_block_rows(int64_t B, int64_t Hq, int64_t n_keys) {
+  return std::clamp(kScoreBudget / std::max<int64_t>(1, B * Hq * n_keys), kMinQueryBlock, kQueryBlock);
+}
+
+// Causal attention in query blocks; never holds more than query_block_rows x T scores per head.
+at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  // q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh] -> z [B, T, Hq, Dh]
+  const int64_t B = q.size(0), T = q.size(1), Hkv = k.size(2);
+  const int64_t block = query_block_rows(B, q.size(2), T);
+  at::Tensor kh = k.transpose(1, 2).contiguous();  // [B, Hkv, T, Dh]
+  at::Tensor vh = v.transpose(1, 2).contiguous();  // [B, Hkv, T, Dh]
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(q.device());
+  std::vector<at::Tensor> blocks;
+  for (int64_t r0 = 0; r0 < T; r0 += block) {
+    const int64_t r1 = std::min(T, r0 + block);
+    const int64_t R = r1 - r0;
+    // Keys after the block's last row are masked for every row of the block: skip them.
+    at::Tensor probs = softmax_rows(q, kh, at::arange(r0, r1, long_opts), /*n_keys=*/r1, scale);  // [B, Hkv, G, R, r1]
+    at::Tensor out = at::matmul(probs.view({B, Hkv, -1, r1}), vh.narrow(2, 0, r1));                // [B, Hkv, G*R, Dh]
+    blocks.push_back(ungroup_rows(out, R));                                                         // [B, R, Hq, Dh]
+  }
+  return blocks.size() == 1 ? blocks[0] : at::cat(blocks, 1);
+}
+
+#if HH_TORCH_AT_LEAST(2, 0)
+// Fused causal attention (flash / memory-efficient kernels on CUDA, flash-style on CPU).
+at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  // q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh] -> z [B, T, Hq, Dh]
+  const int64_t B = q.size(0), T = q.size(1), Hq = q.size(2), Dh = q.size(3), Hkv = k.size(2);
+  const int64_t G = Hq / Hkv;
+  at::Tensor qh = q.transpose(1, 2);  // [B, Hq, T, Dh]
+  at::Tensor kh = k.transpose(1, 2);  // [B, Hkv, T, Dh]
+  at::Tensor vh = v.transpose(1, 2);
+  if (G > 1) {
+    // Query head h reads KV head h / G. O(T) extra memory; keeps every SDPA backend eligible.
+    kh = kh.unsqueeze(2).expand({B, Hkv, G, T, Dh}).reshape({B, Hq, T, Dh});
+    vh = vh.unsqueeze(2).expand({B, Hkv, G, T, Dh}).reshape({B, Hq, T, Dh});
+  }
+#if HH_TORCH_AT_LEAST(2, 1)
+  at::Tensor out = at::scaled_dot_product_attention(qh, kh, vh, {}, /*dropout_p=*/0.0, /*is_causal=*/true, scale);
+#else
+  // 2.0 has no scale argument; its default 1/sqrt(Dh) is the Qwen3 scale.
+  at::Tensor out = at::scaled_dot_product_attention(qh, kh, vh, {}, /*dropout_p=*/0.0, /*is_causal=*/true);
+#endif
+  return out.transpose(1, 2).contiguous();  // [B, T, Hq, Dh]
+}
+#endif
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+#if HH_TORCH_AT_LEAST(2, 0)
+  return sdpa_attention(q, k, v, scale);
+#else
+  return blockwise_attention(q, k, v, scale);
+#endif
+}
+
+// hook_pattern rows, in blocks of rows so the float32 softmax temporaries stay small.
+at::Tensor attention_pattern(const at::Tensor& q, const at::Tensor& kh, const at::Tensor& rows, double scale) {
+  // q [B, T, Hq, Dh], kh [B, Hkv, T, Dh], rows [R] -> [B, Hq, R, T]
+  const int64_t B = q.size(0), T = q.size(1), Hq = q.size(2), R = rows.size(0);
+  const int64_t block = query_block_rows(B, Hq, T);
+  std::vector<at::Tensor> parts;
+  for (int64_t r0 = 0; r0 < R; r0 += block) {
+    const int64_t n = std::min(R - r0, block);
+    at::Tensor p = softmax_rows(q, kh, rows.narrow(0, r0, n), /*n_keys=*/T, scale);  // [B, Hkv, G, n, T]
+    parts.push_back(p.reshape({B, Hq, n, T}));
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 2);
+}
+
+// Calls the hooks of one point; the name string is built only when some hook is registered.
+class HookPoints {
+ public:
+  explicit HookPoints(const Hooks* hooks) : hooks_(hooks != nullptr && !hooks->empty() ? hooks : nullptr) {}
+
+  bool active(int64_t layer, HookKind kind) const {
+    return hooks_ != nullptr && hooks_->active(hook_name(layer, kind));
+  }
+
+  // A replacement must keep the shape; it is moved to the activation's dtype and device.
+  void operator()(int64_t layer, HookKind kind, at::Tensor& t) const {
+    if (hooks_ == nullptr) return;
+    const std::string name = hook_name(layer, kind);
+    if (!hooks_->active(name)) return;
+    const at::Tensor before = t;
+    hooks_->run(name, t);
+    if (!t.defined()) throw Error("hook '" + name + "' left its tensor undefined");
+    if (t.sizes() != before.sizes())
+      throw Error("hook '" + name + "' replaced a " + shape_str(before.sizes()) + " tensor with " +
+                  shape_str(t.sizes()));
+    if (t.scalar_type() != before.scalar_type() || t.device() != before.device())
+      t = t.to(before.device(), before.scalar_type());
+  }
+
+ private:
+  const Hooks* hooks_;
+};
+
+at::Device parse_device(const std::string& name) {
+  try {
+    return at::Device(name);
+  } catch (const c10::Error&) {
+    throw Error("unknown device '" + name + "' (expected cpu, cuda or cuda:N)");
+  }
+}
+
+at::Tensor checked_positions(const at::Tensor& p, int64_t T, const at::Device& device, const char* what) {
+  if (p.dim() != 1 || !at::isIntegralType(p.scalar_type(), /*includeBool=*/false))
+    throw Error(std::string(what) + " must be a 1-D integer tensor, got " + shape_str(p.sizes()) + " of " +
+                std::string(c10::toString(p.scalar_type())));
+  at::Tensor pos = p.to(device, at::kLong);
+  if (pos.numel() > 0) {
+    const int64_t lo = pos.min().item<int64_t>(), hi = pos.max().item<int64_t>();
+    if (lo < 0 || hi >= T)
+      throw Error(std::string(what) + " holds position " + std::to_string(lo < 0 ? lo : hi) +
+                  ", outside the input's [0, " + std::to_string(T) + ")");
+  }
+  return pos;
+}
+
+}  // namespace
+
+// ---- weights --------------------------------------------------------------------------------------
+
+std::vector<WeightEntry> weight_table(const ModelConfig& cfg, Weights& w) {
+  const int64_t V = cfg.vocab_size, d = cfg.hidden_size, I = cfg.intermediate_size;
+  const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, Dh = cfg.head_dim;
+  const bool bias = cfg.attention_bias;
+  w.layers.resize(static_cast<size_t>(std::max<int64_t>(cfg.num_hidden_layers, 0)));
+
+  std::vector<WeightEntry> t;
+  t.push_back({"model.embed_tokens.weight", &w.embed_tokens, {V, d}});
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    t.push_back({p + "input_layernorm.weight", &lw.input_layernorm, {d}});
+    t.push_back({p + "self_attn.q_proj.weight", &lw.q_proj, {Hq * Dh, d}});
+    t.push_back({p + "self_attn.k_proj.weight", &lw.k_proj, {Hkv * Dh, d}});
+    t.push_back({p + "self_attn.v_proj.weight", &lw.v_proj, {Hkv * Dh, d}});
+    t.push_back({p + "self_attn.o_proj.weight", &lw.o_proj, {d, Hq * Dh}});
+    if (bias) {
+      t.push_back({p + "self_attn.q_proj.bias", &lw.q_bias, {Hq * Dh}});
+      t.push_back({p + "self_attn.k_proj.bias", &lw.k_bias, {Hkv * Dh}});
+      t.push_back({p + "self_attn.v_proj.bias", &lw.v_bias, {Hkv * Dh}});
+      t.push_back({p + "self_attn.o_proj.bias", &lw.o_bias, {d}});
+    }
+    t.push_back({p + "self_attn.q_norm.weight", &lw.q_norm, {Dh}});
+    t.push_back({p + "self_attn.k_norm.weight", &lw.k_norm, {Dh}});
+    t.push_back({p + "post_attention_layernorm.weight", &lw.post_attention_layernorm, {d}});
+    t.push_back({p + "mlp.gate_proj.weight", &lw.gate_proj, {I, d}});
+    t.push_back({p + "mlp.up_proj.weight", &lw.up_proj, {I, d}});
+    t.push_back({p + "mlp.down_proj.weight", &lw.down_proj, {d, I}});
+  }
+  t.push_back({"model.norm.weight", &w.norm, {d}});
+  if (!cfg.tie_word_embeddings) t.push_back({"lm_head.weight", &w.lm_head, {V, d}});
+  return t;
+}
+
+Weights random_weights(const ModelConfig& cfg, uint64_t seed, at::ScalarType dtype, double std) {
+  check_config(cfg);
+  Weights w;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  for (const WeightEntry& e : weight_table(cfg, w)) {
+    at::Tensor t = at::randn(e.shape, gen, f32);
+    const bool is_norm = e.name.size() >= 11 && e.name.compare(e.name.size() - 11, 11, "norm.weight") == 0;
+    t = is_norm ? t * kNormWeightStd + 1.0 : t * std;
+    *e.slot = t.to(dtype);
+  }
+  if (cfg.tie_word_embeddings) w.lm_head = w.embed_tokens;
+  return w;
+}
+
+at::ScalarType parse_dtype(const std::string& name) {
+  if (name == "f32" || name == "fp32" || name == "float32" || name == "float") return at::kFloat;
+  if (name == "bf16" || name == "bfloat16") return at::kBFloat16;
+  if (name == "f16" || name == "fp16" || name == "float16" || name == "half") return at::kHalf;
+  if (name == "f64" || name == "fp64" || name == "float64" || name == "double") return at::kDouble;
+  throw Error("unknown dtype '" + name + "' (expected f32, bf16, f16 or f64)");
+}
+
+// ---- Transformer ----------------------------------------------------------------------------------
+
+Transformer::Transformer(ModelConfig cfg, Weights w) : cfg_(std::move(cfg)), w_(std::move(w)) {
+  check_config(cfg_);
+  if (static_cast<int64_t>(w_.layers.size()) != cfg_.num_hidden_layers)
+    throw Error("weights hold " + std::to_string(w_.layers.size()) + " layers, config.num_hidden_layers is " +
+                std::to_string(cfg_.num_hidden_layers));
+  if (!w_.embed_tokens.defined()) throw Error("weights: model.embed_tokens.weight is missing");
+  if (cfg_.tie_word_embeddings && !w_.lm_head.defined()) w_.lm_head = w_.embed_tokens;
+  if (!w_.lm_head.defined()) throw Error("weights: lm_head.weight is missing and tie_word_embeddings is false");
+
+  const at::ScalarType dtype = w_.embed_tokens.scalar_type();
+  const at::Device device = w_.embed_tokens.device();
+  std::vector<WeightEntry> table = weight_table(cfg_, w_);
+  if (cfg_.tie_word_embeddings) table.push_back({"lm_head.weight (tied)", &w_.lm_head, {cfg_.vocab_size, cfg_.hidden_size}});
+  for (const WeightEntry& e : table) {
+    const at::Tensor& t = *e.slot;
+    if (!t.defined()) throw Error("weights: " + e.name + " is missing (expected " + shape_str(e.shape) + ")");
+    if (t.sizes() != at::IntArrayRef(e.shape))
+      throw Error("weights: " + e.name + " has shape " + shape_str(t.sizes()) + ", expected " + shape_str(e.shape));
+    if (t.scalar_type() != dtype || t.device() != device)
+      throw Error("weights: " + e.name + " is " + std::string(c10::toString(t.scalar_type())) + " on " +
+                  t.device().str() + ", the model is " + std::string(c10::toString(dtype)) + " on " + device.str());
+  }
+
+  // HF: inv_freq = 1 / (theta ** (arange(0, Dh, 2).float() / Dh)), built in float32 on the CPU.
+  const int64_t Dh = cfg_.head_dim;
+  at::Tensor exponent = at::arange(0, Dh, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) / Dh;  // [Dh/2]
+  inv_freq_ = at::pow(cfg_.rope_theta, exponent).reciprocal().to(device);                                 // [Dh/2]
+}
+
+Transformer Transformer::load(const std::filesystem::path& dir, const std::string& device,
+                              const std::string& dtype) {
+  ModelConfig cfg = ModelConfig::load(dir / "config.json");
+  check_config(cfg);
+  const at::Device dev = parse_device(device);
+  io::Checkpoint ckpt(dir);
+
+  Weights w;
+  const std::vector<WeightEntry> table = weight_table(cfg, w);
+  // Check presence and shapes of everything before copying anything.
+  for (const WeightEntry& e : table) {
+    if (!ckpt.contains(e.name))
+      throw Error(dir.string() + ": tensor '" + e.name + "' is missing from the checkpoint (expected shape " +
+                  shape_str(e.shape) + " from config.json)");
+    const io::TensorInfo& info = ckpt.info(e.name);
+    if (info.shape != e.shape)
+      throw Error(dir.string() + ": tensor '" + e.name + "' has shape " + shape_str(info.shape) + ", expected " +
+                  shape_str(e.shape) + " from config.json");
+  }
+  const at::ScalarType target =
+      dtype.empty() ? io::to_scalar_type(ckpt.info("model.embed_tokens.weight").dtype) : parse_dtype(dtype);
+  try {
+    for (const WeightEntry& e : table) *e.slot = ckpt.load(e.name).to(dev, target);
+  } catch (const c10::Error& e) {
+    throw Error(dir.string() + ": cannot place the weights on device '" + device + "' as " +
+                std::string(c10::toString(target)) + ": " + e.what_without_backtrace());
+  }
+  return Transformer(std::move(cfg), std::move(w));
+}
+
+at::Device Transformer::device() const { return w_.embed_tokens.device(); }
+at::ScalarType Transformer::dtype() const { return w_.embed_tokens.scalar_type(); }
+
+ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions& opts) const {
+  const int64_t L = cfg_.num_hidden_layers, V = cfg_.vocab_size, d = cfg_.hidden_size;
+  const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, Dh = cfg_.head_dim;
+  const double eps = cfg_.rms_norm_eps;
+  const double scale = std::pow(static_cast<double>(Dh), -0.5);
+  const at::ScalarType dt = dtype();
+  const at::Device dev = device();
+
+  const int64_t start = opts.start_layer;
+  const int64_t stop = opts.stop_layer < 0 ? L : opts.stop_layer;
+  if (start < 0 || start > L) throw Error("start_layer " + std::to_string(start) + " outside [0, " + std::to_string(L) + "]");
+  if (opts.stop_layer < -1 || stop > L || stop < start)
+    throw Error("stop_layer " + std::to_string(opts.stop_layer) + " outside [start_layer=" + std::to_string(start) +
+                ", " + std::to_string(L) + "] (or -1 for all layers)");
+  if (opts.position_offset < 0) throw Error("position_offset must be >= 0, got " + std::to_string(opts.position_offset));
+
+  // ---- input: embeddings or a cached residual ----
+  at::Tensor x;  // [B, T, d]
+  if (start == 0) {
+    if (input.dim() != 2 || !at::isIntegralType(input.scalar_type(), /*includeBool=*/false))
+      throw Error("forward: token ids must be a [B, T] integer tensor, got " + shape_str(input.sizes()) + " of " +
+                  std::string(c10::toString(input.scalar_type())));
+    at::Tensor ids = input.to(dev, at::kLong);  // [B, T]
+    at::Tensor bad = (ids < 0).logical_or(ids >= V);
+    if (bad.any().item<bool>()) {
+      at::Tensor where = bad.nonzero()[0].cpu();  // [2]
+      const int64_t b = where[0].item<int64_t>(), t = where[1].item<int64_t>();
+      throw Error("forward: token id " + std::to_string(ids[b][t].item<int64_t>()) + " at batch " + std::to_string(b) +
+                  ", position " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+    }
+    x = at::embedding(w_.embed_tokens, ids);
+  } else {
+    if (input.dim() != 3 || input.size(2) != d)
+      throw Error("forward from layer " + std::to_string(start) + ": the residual must be [B, T, " + std::to_string(d) +
+                  "], got " + shape_str(input.sizes()));
+    x = input.to(dev, dt);
+  }
+  const int64_t B = x.size(0), T = x.size(1);
+  if (B == 0 || T == 0) throw Error("forward: empty input " + shape_str(x.sizes()));
+
+  const HookPoints hook(opts.hooks);
+  const RopeTables rope = rope_tables(inv_freq_, opts.position_offset, T, dt);
+  at::Tensor pattern_rows;  // [R], resolved on first use
+  auto rows_for_pattern = [&]() -> const at::Tensor& {
+    if (!pattern_rows.defined())
+      pattern_rows = opts.pattern_rows.defined() ? checked_positions(opts.pattern_rows, T, dev, "pattern_rows")
+                                                 : at::arange(T, at::TensorOptions().dtype(at::kLong).device(dev));
+    return pattern_rows;
+  };
+
+  for (int64_t l = start; l < stop; ++l) {
+    const LayerWeights& lw = w_.layers[static_cast<size_t>(l)];
+
+    // ---- self-attention ----
+    hook(l, HookKind::ResidPre, x);
+    at::Tensor h = rms_norm(x, lw.input_layernorm, eps);                      // [B, T, d]
+    at::Tensor q = dense(h, lw.q_proj, lw.q_bias).view({B, T, Hq, Dh});       // [B, T, Hq, Dh]
+    at::Tensor k = dense(h, lw.k_proj, lw.k_bias).view({B, T, Hkv, Dh});      // [B, T, Hkv, Dh]
+    at::Tensor v = dense(h, lw.v_proj, lw.v_bias).view({B, T, Hkv, Dh});      // [B, T, Hkv, Dh]
+    q = apply_rope(rms_norm(q, lw.q_norm, eps), rope);  // per-head norm before RoPE (Qwen3)
+    k = apply_rope(rms_norm(k, lw.k_norm, eps), rope);
+    hook(l, HookKind::Q, q);
+    hook(l, HookKind::K, k);
+    hook(l, HookKind::V, v);
+
+    at::Tensor z = causal_attention(q, k, v, scale);  // [B, T, Hq, Dh]
+    if (hook.active(l, HookKind::Pattern)) {
+      const at::Tensor& rows = rows_for_pattern();                            // [R]
+      at::Tensor vh = v.transpose(1, 2).contiguous();                        // [B, Hkv, T, Dh]
+      at::Tensor pattern = attention_pattern(q, k.transpose(1, 2).contiguous(), rows, scale);  // [B, Hq, R, T]
+      const at::Tensor original = pattern;
+      const int64_t version = original._version();
+      hook(l, HookKind::Pattern, pattern);
+      const bool changed = original._version() != version ||
+                           (!pattern.is_same(original) && !at::equal(pattern, original));
+      if (changed || pattern.requires_grad()) {
+        // The hook patched the pattern (or wants its gradient): those rows of z now come from it.
+        const int64_t R = rows.size(0);
+        at::Tensor grouped = pattern.reshape({B, Hkv, -1, T});                   // [B, Hkv, G*R, T]
+        at::Tensor z_rows = ungroup_rows(at::matmul(grouped, vh), R);            // [B, R, Hq, Dh]
+        z = z.index_copy(1, rows, z_rows);
+      }
+    }
+    hook(l, HookKind::Z, z);
+
+    at::Tensor attn_out = dense(z.reshape({B, T, Hq * Dh}), lw.o_proj, lw.o_bias);  // [B, T, d]
+    hook(l, HookKind::AttnOut, attn_out);
+    x = x + attn_out;
+    hook(l, HookKind::ResidMid, x);
+
+    // ---- MLP ----
+    h = rms_norm(x, lw.post_attention_layernorm, eps);                                      // [B, T, d]
+    at::Tensor act = at::silu(dense(h, lw.gate_proj)) * dense(h, lw.up_proj);             // [B, T, I]
+    at::Tensor mlp_out = dense(act, lw.down_proj);                                         // [B, T, d]
+    hook(l, HookKind::MlpOut, mlp_out);
+    x = x + mlp_out;
+    hook(l, HookKind::ResidPost, x);
+  }
+
+  ForwardOutput out;
+  out.resid = x;
+  if (stop < L) return out;  // stopped early: no logits
+
+  at::Tensor h = x;  // [B, T, d]
+  if (opts.logit_positions.defined())
+    h = h.index_select(1, checked_positions(opts.logit_positions, T, dev, "logit_positions"));  // [B, P, d]
+  h = rms_norm(h, w_.norm, eps);
+  out.logits = dense(h, w_.lm_head).to(accum_dtype(dt));  // [B, T or P, V]
+  return out;
+}
+
+}  // namespace hh::model

@@ -18,6 +18,7 @@ struct LayerWeights {
   at::Tensor q_proj, k_proj, v_proj;    // self_attn.{q,k,v}_proj.weight     [Hq*Dh, d], [Hkv*Dh, d]
   at::Tensor q_bias, k_bias, v_bias;    // self_attn.{q,k,v}_proj.bias       only when attention_bias
   at::Tensor o_proj;                    // self_attn.o_proj.weight           [d, Hq*Dh]
+  at::Tensor o_bias;                    // self_attn.o_proj.bias  [d]        only when attention_bias (as HF)
   at::Tensor q_norm, k_norm;            // self_attn.{q,k}_norm.weight       [Dh]
   at::Tensor post_attention_layernorm;  // post_attention_layernorm.weight   [d]
   at::Tensor gate_proj, up_proj;        // mlp.{gate,up}_proj.weight         [I, d]
@@ -32,12 +33,20 @@ struct Weights {
 };
 
 // The (name, tensor-slot, expected shape) table that loading, saving and checks share.
+// Resizes w.layers to the config's layer count. Tied models have no lm_head.weight entry
+// (HF files do not store it); Transformer aliases lm_head to embed_tokens instead.
 struct WeightEntry {
   std::string name;
   at::Tensor* slot;
   std::vector<int64_t> shape;
 };
 std::vector<WeightEntry> weight_table(const ModelConfig& cfg, Weights& w);
+
+// Random weights for tests and from-scratch runs: linear/embedding weights ~ N(0, std^2), biases
+// ~ N(0, std^2), norm weights ~ 1 + N(0, 0.1^2). Drawn in float32 on the CPU from `seed` and then
+// cast, so the same seed gives the same model (up to rounding) in every dtype. lm_head is aliased
+// to embed_tokens when tied.
+Weights random_weights(const ModelConfig& cfg, uint64_t seed, at::ScalarType dtype, double std = 0.02);
 
 struct ForwardOptions {
   const Hooks* hooks = nullptr;
@@ -57,19 +66,30 @@ struct ForwardOptions {
 };
 
 struct ForwardOutput {
-  at::Tensor logits;  // [B, T or P, V] float32; undefined when stopped early
+  at::Tensor logits;  // [B, T or P, V] float32 (float64 for a float64 model); undefined when stopped early
   at::Tensor resid;   // [B, T, d] residual after the last layer run (before the final norm)
 };
 
+// Numerics follow HF Qwen3ForCausalLM in its dtype order: RMSNorm statistics and softmax in float32
+// (float64 when the model is float64) then cast back to the model dtype; RoPE cos/sin computed in
+// float32 from float32 inv_freq, then cast to the model dtype. Attention never materialises T x T:
+// SDPA (LibTorch >= 2.0) or query blocks of a few hundred rows. hook_pattern is computed only when
+// a hook is registered for it; replacing it (or making it require grad) recomputes hook_z of those
+// rows from the new pattern.
+// Hooks should assign a new tensor rather than modify in place: the tensor handed to
+// blocks.{start_layer}.hook_resid_pre is the caller's input residual itself.
 class Transformer {
  public:
+  // Checks every tensor against weight_table (presence, shape) and that all share one dtype and
+  // device. A tied model with lm_head undefined gets lm_head = embed_tokens.
   Transformer(ModelConfig cfg, Weights w);
   // Loads config.json + safetensors. dtype: "" keeps the checkpoint's dtype, else f32|bf16|f16.
   // Every tensor's presence and shape is checked; errors name the file and tensor.
   static Transformer load(const std::filesystem::path& dir, const std::string& device = "cpu",
                           const std::string& dtype = "");
 
-  // input: token ids [B, T] int64 (start_layer == 0) or residual [B, T, d].
+  // input: token ids [B, T] int64 (start_layer == 0) or residual [B, T, d] (cast to the model's
+  // dtype/device). Ids outside [0, V) throw hh::Error naming the id and its position.
   ForwardOutput forward(const at::Tensor& input, const ForwardOptions& opts = {}) const;
 
   const ModelConfig& config() const { return cfg_; }
@@ -84,6 +104,7 @@ class Transformer {
   at::Tensor inv_freq_;  // [Dh/2] float32
 };
 
-at::ScalarType parse_dtype(const std::string& name);  // f32|bf16|f16 (and float32, bfloat16, ...)
+// f32|bf16|f16|f64 (and float32, bfloat16, float16, half, float64, fp32, ...). Throws naming the value.
+at::ScalarType parse_dtype(const std::string& name);
 
 }  // namespace hh::model

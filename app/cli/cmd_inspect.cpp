@@ -1,0 +1,125 @@
+// hydrahead inspect --model DIR [--json]
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "app/cli/commands.h"
+#include "core/io/checkpoint.h"
+#include "core/io/fingerprint.h"
+#include "core/model/config.h"
+#include "core/util/error.h"
+
+namespace hh::cli {
+namespace {
+
+struct InspectArgs {
+  std::string model;
+  bool json = false;
+};
+
+std::string human_count(int64_t n) {
+  char buf[32];
+  if (n >= 1'000'000'000) std::snprintf(buf, sizeof buf, "%.2f B", n / 1e9);
+  else if (n >= 1'000'000) std::snprintf(buf, sizeof buf, "%.1f M", n / 1e6);
+  else if (n >= 1'000) std::snprintf(buf, sizeof buf, "%.1f K", n / 1e3);
+  else std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
+  return buf;
+}
+
+int run_inspect(const InspectArgs& a) {
+  namespace fs = std::filesystem;
+  const fs::path dir = a.model;
+  if (!fs::is_directory(dir)) throw Error(a.model + ": not a checkpoint directory");
+  const auto cfg = model::ModelConfig::load(dir / "config.json");
+  const io::Checkpoint ckpt(dir);
+
+  // Parameters counted from the stored tensors, and the dtypes they are stored in.
+  int64_t stored = 0;
+  std::map<std::string, int64_t> dtype_counts;
+  for (const auto& name : ckpt.tensor_names()) {
+    const auto& info = ckpt.info(name);
+    stored += info.numel();
+    dtype_counts[std::string(io::dtype_name(info.dtype))] += info.numel();
+  }
+  std::string dtype = "none";
+  int64_t best = -1;
+  for (const auto& [d, n] : dtype_counts)
+    if (n > best) best = n, dtype = d;
+  const std::string fingerprint = io::model_fingerprint(dir);
+  const int64_t L = cfg.num_hidden_layers, Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads;
+  const int64_t G = cfg.kv_group_size();
+
+  nlohmann::json kv_groups = nlohmann::json::array();
+  for (int64_t g = 0; g < Hkv; ++g) {
+    nlohmann::json heads = nlohmann::json::array();
+    for (int64_t h = g * G; h < (g + 1) * G; ++h) heads.push_back(h);
+    kv_groups.push_back(heads);
+  }
+
+  if (a.json) {
+    nlohmann::json j = {
+        {"path", fs::absolute(dir).string()},
+        {"architecture", cfg.architecture},
+        {"model_type", cfg.model_type},
+        {"num_layers", L},
+        {"num_heads", Hq},
+        {"num_kv_heads", Hkv},
+        {"head_dim", cfg.head_dim},
+        {"hidden_size", cfg.hidden_size},
+        {"intermediate_size", cfg.intermediate_size},
+        {"vocab_size", cfg.vocab_size},
+        {"rope_theta", cfg.rope_theta},
+        {"rms_norm_eps", cfg.rms_norm_eps},
+        {"tie_word_embeddings", cfg.tie_word_embeddings},
+        {"parameters", cfg.num_parameters()},
+        {"stored_parameters", stored},
+        {"dtype", dtype},
+        {"kv_groups", kv_groups},
+        {"fingerprint", fingerprint},
+    };
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
+
+  std::printf("model         %s\n", fs::absolute(dir).string().c_str());
+  std::printf("architecture  %s (%s)\n", cfg.architecture.c_str(), cfg.model_type.c_str());
+  std::printf("layers        %lld\n", static_cast<long long>(L));
+  std::printf("heads         %lld query, %lld key/value (GQA groups of %lld), head_dim %lld\n",
+              static_cast<long long>(Hq), static_cast<long long>(Hkv), static_cast<long long>(G),
+              static_cast<long long>(cfg.head_dim));
+  std::printf("hidden        %lld, MLP %lld, vocab %lld\n", static_cast<long long>(cfg.hidden_size),
+              static_cast<long long>(cfg.intermediate_size), static_cast<long long>(cfg.vocab_size));
+  std::printf("rope theta    %g, rms eps %g, tied embeddings %s\n", cfg.rope_theta, cfg.rms_norm_eps,
+              cfg.tie_word_embeddings ? "yes" : "no");
+  std::printf("parameters    %s (%lld)%s\n", human_count(cfg.num_parameters()).c_str(),
+              static_cast<long long>(cfg.num_parameters()),
+              stored == cfg.num_parameters() ? "" : "  [stored tensors differ: see below]");
+  if (stored != cfg.num_parameters())
+    std::printf("stored        %lld parameters in the safetensors files\n", static_cast<long long>(stored));
+  std::printf("dtype         %s\n", dtype.c_str());
+  std::printf("fingerprint   %s\n", fingerprint.c_str());
+  std::printf("\nlayers x heads (cell = KV group of the query head)\n");
+  std::printf("%8s", "");
+  for (int64_t h = 0; h < Hq; ++h) std::printf(" %3lld", static_cast<long long>(h));
+  std::printf("\n");
+  for (int64_t l = 0; l < L; ++l) {
+    std::printf("layer %2lld", static_cast<long long>(l));
+    for (int64_t h = 0; h < Hq; ++h) std::printf(" %3lld", static_cast<long long>(h / G));
+    std::printf("\n");
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Runner add_inspect(CLI::App& app) {
+  auto args = std::make_shared<InspectArgs>();
+  app.add_option("--model", args->model, "HF checkpoint directory (config.json + *.safetensors)")->required();
+  app.add_flag("--json", args->json, "Print one JSON object instead of text");
+  return [args] { return run_inspect(*args); };
+}
+
+}  // namespace hh::cli

@@ -1,0 +1,129 @@
+// hydrahead run --model DIR (--tokens 1,2,3 | --text "...") --out F.h5 [--device] [--dtype] [--hooks ...]
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+
+#include "app/cli/commands.h"
+#include "core/io/fingerprint.h"
+#include "core/io/h5.h"
+#include "core/model/config.h"
+#include "core/model/hooks.h"
+#include "core/model/tokenizer.h"
+#include "core/model/transformer.h"
+#include "core/util/error.h"
+#include "hydrahead/version.h"
+
+namespace hh::cli {
+namespace {
+
+struct RunArgs {
+  std::string model, tokens, text, out, device = "cpu", dtype, hooks;
+};
+
+int run_forward(const RunArgs& a) {
+  namespace fs = std::filesystem;
+  const fs::path dir = a.model;
+  // Everything that can be checked without the weights is checked first, so a bad request fails fast.
+  const auto cfg = model::ModelConfig::load(dir / "config.json");
+  if (a.device != "cpu" && a.device.rfind("cuda", 0) != 0)
+    throw Error("--device: '" + a.device + "' is not cpu or cuda[:N]");
+  if (a.device.rfind("cuda", 0) == 0 && !torch::cuda::is_available())
+    throw Error("--device " + a.device + ": this build or machine has no CUDA device");
+  if (!a.dtype.empty()) (void)model::parse_dtype(a.dtype);
+
+  std::vector<int64_t> ids;
+  if (!a.text.empty() || a.tokens.empty()) {
+    const auto tok = model::Tokenizer::load(dir / "tokenizer.json");
+    ids = tok.encode(a.text);
+  } else {
+    for (long long v : parse_id_list(a.tokens, "--tokens")) ids.push_back(v);
+  }
+  if (ids.empty()) throw Error("the input has no tokens");
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= cfg.vocab_size)
+      throw Error("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                  " is out of range [0, " + std::to_string(cfg.vocab_size) + ") of " +
+                  (dir / "config.json").string());
+
+  std::vector<std::string> hook_names = split_list(a.hooks);
+  for (const auto& name : hook_names) {
+    const auto [layer, kind] = model::parse_hook_name(name);
+    if (layer >= cfg.num_hidden_layers)
+      throw Error("--hooks: '" + name + "' names layer " + std::to_string(layer) + " but the model has " +
+                  std::to_string(cfg.num_hidden_layers) + " layers");
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto model = model::Transformer::load(dir, a.device, a.dtype);
+  const auto t1 = std::chrono::steady_clock::now();
+
+  std::map<std::string, at::Tensor> cache;
+  model::Hooks hooks;
+  for (const auto& name : hook_names) hooks.cache(name, &cache);
+  const auto input = torch::tensor(ids, torch::kInt64).unsqueeze(0).to(model.device());  // [1, T]
+  model::ForwardOptions opts;
+  opts.hooks = hooks.empty() ? nullptr : &hooks;
+  model::ForwardOutput out;
+  {
+    torch::NoGradGuard no_grad;
+    out = model.forward(input, opts);
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+
+  auto file = io::H5File::create(a.out);
+  file.set_attr("/", "format", std::string("hydrahead-run"));
+  file.set_attr("/", "format_version", int64_t{1});
+  file.set_attr("/", "created_by", std::string("hydrahead ") + HYDRAHEAD_VERSION);
+  file.set_attr("/", "model_fingerprint", io::model_fingerprint(dir));
+  file.set_attr("/", "dtype", std::string(c10::toString(model.dtype())));
+  file.set_attr("/", "device", a.device);
+  file.write("/tokens", torch::tensor(ids, torch::kInt64), {"position"});
+  file.write("/logits", out.logits.squeeze(0).to(torch::kCPU, torch::kFloat32).contiguous(),
+             {"position", "vocab"});
+  for (const auto& name : hook_names) {
+    const auto& t = cache.at(name);
+    std::vector<std::string> labels;
+    const auto kind = model::parse_hook_name(name).second;
+    switch (kind) {
+      case model::HookKind::Q: case model::HookKind::K: case model::HookKind::V: case model::HookKind::Z:
+        labels = {"position", "head", "head_dim"}; break;
+      case model::HookKind::Pattern: labels = {"head", "query", "key"}; break;
+      default: labels = {"position", "d_model"}; break;
+    }
+    file.write("/hooks/" + name, t.squeeze(0).to(torch::kCPU, torch::kFloat32).contiguous(), labels);
+  }
+  file.commit();
+
+  using ms = std::chrono::duration<double, std::milli>;
+  spdlog::info("{} tokens, load {:.0f} ms, forward {:.0f} ms, wrote {}", ids.size(), ms(t1 - t0).count(),
+               ms(t2 - t1).count(), a.out);
+  return kExitOk;
+}
+
+}  // namespace
+
+Runner add_run(CLI::App& app) {
+  auto args = std::make_shared<RunArgs>();
+  app.add_option("--model", args->model, "HF checkpoint directory")->required();
+  auto* tokens = app.add_option("--tokens", args->tokens, "Comma-separated token ids");
+  auto* text = app.add_option("--text", args->text, "Text, tokenised with the model's tokenizer.json");
+  tokens->excludes(text);
+  text->excludes(tokens);
+  app.add_option("--out", args->out, "Output HDF5 file: /logits [T, V] f32, /tokens [T] i64, /hooks/<name>")
+      ->required();
+  app.add_option("--device", args->device, "cpu or cuda[:N]")->capture_default_str();
+  app.add_option("--dtype", args->dtype, "f32, bf16 or f16 (default: the checkpoint's)");
+  app.add_option("--hooks", args->hooks,
+                 "Comma-separated hook points to store, e.g. blocks.0.attn.hook_z,blocks.3.hook_resid_post");
+  app.callback([tokens, text] {
+    if (tokens->count() + text->count() == 0) throw CLI::RequiredError("--tokens or --text");
+  });
+  return [args] { return run_forward(*args); };
+}
+
+}  // namespace hh::cli

@@ -1,0 +1,319 @@
+#include "main_window.h"
+
+#include <QAction>
+#include <QApplication>
+#include <QCloseEvent>
+#include <QDir>
+#include <QDragEnterEvent>
+#include <QDropEvent>
+#include <QFile>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QHBoxLayout>
+#include <QLabel>
+#include <QListWidget>
+#include <QMenu>
+#include <QMenuBar>
+#include <QMessageBox>
+#include <QMimeData>
+#include <QStackedWidget>
+#include <QStatusBar>
+#include <exception>
+#include <torch/version.h>
+
+#include "core/util/error.h"
+#include "hydrahead/version.h"
+#include "model_view.h"
+#include "placeholder_page.h"
+#include "recent_checkpoints.h"
+#include "settings.h"
+
+namespace hh::workbench {
+namespace {
+
+constexpr int kNavigationWidth = 168;      // px
+constexpr int kRecentMenuTextWidth = 460;  // px; longer paths are elided in the middle
+constexpr int kErrorStatusTimeoutMs = 10000;
+constexpr QSize kDefaultWindowSize{1280, 800};
+
+struct PageInfo {
+  MainWindow::Page page;
+  const char* name;
+  const char* description;  // empty for pages that exist
+};
+
+const PageInfo kPages[] = {
+    {MainWindow::Page::Model, QT_TRANSLATE_NOOP("MainWindow", "Model"), ""},
+    {MainWindow::Page::Calibration, QT_TRANSLATE_NOOP("MainWindow", "Calibration"),
+     QT_TRANSLATE_NOOP("MainWindow",
+                       "Build or load a calibration set: a built-in task (needle-in-a-haystack single, multi-key, "
+                       "multi-value and multi-query, passkey, variable tracking, arithmetic, copying) or a JSONL "
+                       "file. Here you will inspect its clean and corrupt prompt pairs and the answer tokens the "
+                       "causal analysis measures.")},
+    {MainWindow::Page::Analysis, QT_TRANSLATE_NOOP("MainWindow", "Analysis"),
+     QT_TRANSLATE_NOOP("MainWindow",
+                       "Causal-analysis sweeps over the calibration set (activation patching by noising or "
+                       "denoising, path patching, attribution patching, retrieval score, layer similarity), with "
+                       "progress and cancel, saved to analysis.h5.")},
+    {MainWindow::Page::Heads, QT_TRANSLATE_NOOP("MainWindow", "Heads"),
+     QT_TRANSLATE_NOOP("MainWindow",
+                       "Per-head maps (layers \u00d7 query heads) of the analysis signals and their composite "
+                       "score, the choice of full-attention heads at a target LA:FA ratio with its KV-cache and "
+                       "FLOP budget, and the manifest export.")},
+    {MainWindow::Page::Layers, QT_TRANSLATE_NOOP("MainWindow", "Layers"),
+     QT_TRANSLATE_NOOP("MainWindow",
+                       "Layer-by-layer similarity of the residual stream (cosine of residual updates, linear CKA, "
+                       "angular distance) and per-layer summaries of the head scores.")},
+    {MainWindow::Page::Runs, QT_TRANSLATE_NOOP("MainWindow", "Runs"),
+     QT_TRANSLATE_NOOP("MainWindow",
+                       "Conversion runs: launch the three-stage transfer (alignment, distillation, long-context "
+                       "fine-tuning) as a separate process, follow its losses while it trains, and compare the "
+                       "evaluations (needle-in-a-haystack grid, perplexity).")},
+};
+
+class OverrideCursor {
+ public:
+  OverrideCursor() { QApplication::setOverrideCursor(Qt::WaitCursor); }
+  ~OverrideCursor() { QApplication::restoreOverrideCursor(); }
+  OverrideCursor(const OverrideCursor&) = delete;
+  OverrideCursor& operator=(const OverrideCursor&) = delete;
+};
+
+std::filesystem::path toPath(const QString& s) { return std::filesystem::path(QFile::encodeName(s).toStdString()); }
+QString fromPath(const std::filesystem::path& p) { return QFile::decodeName(p.string().c_str()); }
+
+bool isCheckpointFile(const QFileInfo& info) {
+  return info.fileName() == QLatin1String("config.json") || info.suffix() == QLatin1String("safetensors") ||
+         info.fileName().endsWith(QLatin1String(".safetensors.index.json"));
+}
+
+}  // namespace
+
+QString checkpointFolderFromDrop(const QList<QUrl>& urls) {
+  for (const QUrl& url : urls) {
+    if (!url.isLocalFile()) continue;
+    const QFileInfo info(url.toLocalFile());
+    if (info.isDir()) return info.absoluteFilePath();
+    if (info.isFile() && isCheckpointFile(info)) return info.absolutePath();
+  }
+  return {};
+}
+
+MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
+  setAcceptDrops(true);
+  createPages();
+  createMenus();
+
+  model_status_ = new QLabel(tr("No model open"), this);
+  model_status_->setObjectName(QStringLiteral("modelStatus"));
+  statusBar()->addWidget(model_status_, 1);
+
+  setWindowTitle(QApplication::applicationDisplayName());
+  resize(kDefaultWindowSize);
+  const QByteArray geometry = options::kWindowGeometry.get();
+  if (!geometry.isEmpty()) restoreGeometry(geometry);
+  const QByteArray state = options::kWindowState.get();
+  if (!state.isEmpty()) restoreState(state);
+}
+
+void MainWindow::createPages() {
+  navigation_ = new QListWidget(this);
+  navigation_->setObjectName(QStringLiteral("navigation"));
+  navigation_->setFixedWidth(kNavigationWidth);
+  navigation_->setFrameShape(QFrame::NoFrame);
+  navigation_->setStyleSheet(QStringLiteral("QListWidget { padding-top: 8px; } QListWidget::item { padding: 7px 14px; }"));
+  QPalette nav = navigation_->palette();
+  nav.setColor(QPalette::Base, palette().color(QPalette::Window).darker(106));
+  navigation_->setPalette(nav);
+
+  pages_ = new QStackedWidget(this);
+  model_view_ = new ModelView(pages_);
+  connect(model_view_, &ModelView::openRequested, this, &MainWindow::openCheckpointDialog);
+
+  for (const PageInfo& info : kPages) {
+    auto* item = new QListWidgetItem(tr(info.name), navigation_);
+    if (info.page == Page::Model) {
+      pages_->addWidget(model_view_);
+      item->setToolTip(tr("The open checkpoint: configuration, heads and tensors"));
+    } else {
+      pages_->addWidget(new PlaceholderPage(tr(info.name), tr(info.description), pages_));
+      item->setToolTip(tr("Not available in this version yet"));
+      item->setForeground(palette().color(QPalette::Disabled, QPalette::WindowText));
+    }
+  }
+  connect(navigation_, &QListWidget::currentRowChanged, pages_, &QStackedWidget::setCurrentIndex);
+  navigation_->setCurrentRow(static_cast<int>(Page::Model));
+
+  auto* separator = new QFrame(this);
+  separator->setFrameShape(QFrame::VLine);
+  separator->setFrameShadow(QFrame::Sunken);
+
+  auto* central = new QWidget(this);
+  auto* layout = new QHBoxLayout(central);
+  layout->setContentsMargins(0, 0, 0, 0);
+  layout->setSpacing(0);
+  layout->addWidget(navigation_);
+  layout->addWidget(separator);
+  layout->addWidget(pages_, 1);
+  setCentralWidget(central);
+}
+
+void MainWindow::createMenus() {
+  QMenu* file = menuBar()->addMenu(tr("&File"));
+  QAction* open = file->addAction(tr("&Open Checkpoint\u2026"), this, &MainWindow::openCheckpointDialog);
+  open->setShortcut(QKeySequence::Open);
+  open->setStatusTip(tr("Open a checkpoint folder (config.json and *.safetensors)"));
+  recent_menu_ = file->addMenu(tr("Open &Recent"));
+  recent_menu_->setObjectName(QStringLiteral("recentMenu"));
+  recent_menu_->setToolTipsVisible(true);
+  connect(recent_menu_, &QMenu::aboutToShow, this, &MainWindow::refreshRecentMenu);
+  file->addSeparator();
+  QAction* quit = file->addAction(tr("&Quit"), this, &QWidget::close);
+  quit->setShortcut(QKeySequence::Quit);
+  quit->setMenuRole(QAction::QuitRole);
+
+  QMenu* help = menuBar()->addMenu(tr("&Help"));
+  QAction* about = help->addAction(tr("&About HydraHead Workbench"), this, &MainWindow::showAbout);
+  about->setMenuRole(QAction::AboutRole);
+  QAction* aboutQt = help->addAction(tr("About &Qt"), qApp, &QApplication::aboutQt);
+  aboutQt->setMenuRole(QAction::AboutQtRole);
+
+  refreshRecentMenu();
+}
+
+MainWindow::Page MainWindow::currentPage() const { return static_cast<Page>(pages_->currentIndex()); }
+
+void MainWindow::showPage(Page page) { navigation_->setCurrentRow(static_cast<int>(page)); }
+
+QString MainWindow::modelStatusText() const { return model_status_->text(); }
+
+QStringList MainWindow::recentCheckpoints() const { return options::kRecentCheckpoints.get(); }
+
+bool MainWindow::openCheckpoint(const QString& dir) {
+  if (dir.isEmpty()) return false;
+  std::optional<ModelSummary> loaded;
+  {
+    OverrideCursor busy;
+    try {
+      loaded = summarize_checkpoint(toPath(dir));
+    } catch (const hh::Error& e) {
+      reportError(dir, QString::fromStdString(e.what()));
+      return false;
+    } catch (const std::exception& e) {
+      // Anything the core did not wrap (I/O, allocation) is still reported rather than fatal.
+      reportError(dir, tr("%1: %2").arg(dir, QString::fromStdString(e.what())));
+      return false;
+    }
+  }
+  model_ = std::move(loaded);
+  model_view_->setSummary(*model_);
+  showPage(Page::Model);
+
+  const QString name = QString::fromStdString(model_->name);
+  const QString path = fromPath(model_->dir);
+  model_status_->setText(tr("%1 \u00b7 %2 parameters \u00b7 %3")
+                             .arg(name, QString::fromStdString(format_parameter_count(model_->params_from_config)),
+                                  QString::fromStdString(fingerprint_prefix(model_->fingerprint))));
+  model_status_->setToolTip(path);
+  statusBar()->clearMessage();
+  setWindowTitle(tr("%1 \u2014 %2").arg(name, QApplication::applicationDisplayName()));
+  setWindowFilePath(path);
+  rememberRecent(path);
+  emit modelLoaded(path);
+  return true;
+}
+
+void MainWindow::reportError(const QString& dir, const QString& message) {
+  statusBar()->showMessage(tr("Could not open %1").arg(dir), kErrorStatusTimeoutMs);
+  emit loadFailed(message);
+  if (!interactive_) return;
+  QMessageBox box(QMessageBox::Critical, tr("Could not open checkpoint"),
+                  tr("The checkpoint folder %1 could not be opened.").arg(QDir::toNativeSeparators(dir)),
+                  QMessageBox::Ok, this);
+  QString details = message;
+  if (model_) details += tr("\n\n%1 stays open.").arg(QString::fromStdString(model_->name));
+  box.setInformativeText(details);
+  box.exec();
+}
+
+void MainWindow::openCheckpointDialog() {
+  QString start = options::kLastOpenFolder.get();
+  if (model_) start = fromPath(model_->dir.parent_path());
+  const QString dir = QFileDialog::getExistingDirectory(this, tr("Open Checkpoint Folder"), start);
+  if (dir.isEmpty()) return;
+  options::kLastOpenFolder.set(QFileInfo(dir).absolutePath());
+  openCheckpoint(dir);
+}
+
+void MainWindow::rememberRecent(const QString& dir) {
+  options::kRecentCheckpoints.set(withRecentCheckpoint(options::kRecentCheckpoints.get(), dir));
+  refreshRecentMenu();
+}
+
+void MainWindow::refreshRecentMenu() {
+  const QStringList stored = options::kRecentCheckpoints.get();
+  const QStringList recent = withoutMissingCheckpoints(stored);
+  if (recent != stored) options::kRecentCheckpoints.set(recent);
+
+  recent_menu_->clear();
+  const QFontMetrics metrics(recent_menu_->font());
+  for (int i = 0; i < recent.size(); ++i) {
+    const QString path = recent.at(i);
+    const QString shown = metrics.elidedText(QDir::toNativeSeparators(path), Qt::ElideMiddle, kRecentMenuTextWidth);
+    // Only the first nine get a mnemonic digit.
+    const QString text = i < 9 ? QStringLiteral("&%1  %2").arg(i + 1).arg(shown) : shown;
+    QAction* action = recent_menu_->addAction(text);
+    action->setData(path);
+    action->setToolTip(path);
+    // Queued: opening rebuilds this menu, which must not delete the action while it emits.
+    connect(
+        action, &QAction::triggered, this,
+        [this, path] {
+          if (!openCheckpoint(path)) refreshRecentMenu();  // drops the entry if the folder is gone
+        },
+        Qt::QueuedConnection);
+  }
+  if (recent.isEmpty()) recent_menu_->addAction(tr("No recent checkpoints"))->setEnabled(false);
+  recent_menu_->addSeparator();
+  QAction* clear = recent_menu_->addAction(tr("&Clear Menu"), this, &MainWindow::clearRecentCheckpoints);
+  clear->setEnabled(!recent.isEmpty());
+}
+
+void MainWindow::clearRecentCheckpoints() {
+  options::kRecentCheckpoints.reset();
+  refreshRecentMenu();
+}
+
+void MainWindow::showAbout() {
+  QMessageBox::about(
+      this, tr("About HydraHead Workbench"),
+      tr("<h3>HydraHead Workbench %1</h3>"
+         "<p>Converts a pretrained dense transformer into a head-level hybrid: a few retrieval-critical "
+         "query heads keep full softmax attention and the rest become Gated DeltaNet linear attention.</p>"
+         "<p>See which heads matter, choose the full-attention set at a target ratio, export it as a "
+         "manifest, and launch and watch conversion runs.</p>"
+         "<p>Qt %2 \u00b7 LibTorch %3</p>")
+          .arg(QStringLiteral(HYDRAHEAD_VERSION), QString::fromLatin1(qVersion()), QStringLiteral(TORCH_VERSION)));
+}
+
+void MainWindow::dragEnterEvent(QDragEnterEvent* event) {
+  if (event->mimeData()->hasUrls() && !checkpointFolderFromDrop(event->mimeData()->urls()).isEmpty())
+    event->acceptProposedAction();
+}
+
+void MainWindow::dropEvent(QDropEvent* event) {
+  const QString dir = event->mimeData()->hasUrls() ? checkpointFolderFromDrop(event->mimeData()->urls()) : QString();
+  if (dir.isEmpty()) return;
+  event->acceptProposedAction();
+  // Open after the drop returns, so the source application is not kept waiting (and a modal error
+  // box does not run inside the drag-and-drop event loop).
+  QMetaObject::invokeMethod(this, [this, dir] { openCheckpoint(dir); }, Qt::QueuedConnection);
+}
+
+void MainWindow::closeEvent(QCloseEvent* event) {
+  options::kWindowGeometry.set(saveGeometry());
+  options::kWindowState.set(saveState());
+  QMainWindow::closeEvent(event);
+}
+
+}  // namespace hh::workbench

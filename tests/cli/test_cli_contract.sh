@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The CLI contract: sub-commands listed, exit codes, clean errors without partial output.
+set -euo pipefail
+HH="$HH_BIN_DIR/hydrahead"
+TMP="$HH_TEST_TMP/cli_contract"
+rm -rf "$TMP" && mkdir -p "$TMP"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+help=$("$HH" --help)
+for sub in inspect run tokenize tasks analyze select convert train eval demo bench; do
+  grep -qE "^  $sub " <<<"$help" || fail "--help does not list '$sub'"
+done
+
+for sub in tasks analyze select convert train eval demo; do
+  set +e; msg=$("$HH" "$sub" 2>&1); rc=$?; set -e
+  [[ $rc -eq 2 ]] || fail "$sub exited $rc, expected 2"
+  grep -q "not available yet" <<<"$msg" || fail "$sub did not say 'not available yet': $msg"
+done
+
+# Missing checkpoint: status 1 and the path in the message.
+set +e; msg=$("$HH" inspect --model "$TMP/nope" 2>&1); rc=$?; set -e
+[[ $rc -eq 1 ]] || fail "inspect on a missing dir exited $rc"
+grep -q "$TMP/nope" <<<"$msg" || fail "message does not name the directory: $msg"
+
+# Garbled config.json: status 1, the file named, and `run` leaves no output file behind.
+mkdir -p "$TMP/bad"
+printf '{"hidden_size": 64, "num_hidden_layers": ' > "$TMP/bad/config.json"
+set +e; msg=$("$HH" run --model "$TMP/bad" --tokens 1,2 --out "$TMP/out.h5" 2>&1); rc=$?; set -e
+[[ $rc -eq 1 ]] || fail "run with a garbled config exited $rc: $msg"
+grep -q "config.json" <<<"$msg" || fail "message does not name config.json: $msg"
+[[ ! -e "$TMP/out.h5" ]] || fail "a partial output file was left behind"
+ls "$TMP" | grep -q "out.h5" && fail "a temporary output file was left behind"
+
+# Usage errors exit 2.
+set +e; "$HH" run --model "$TMP/bad" >/dev/null 2>&1; rc=$?; set -e
+[[ $rc -eq 2 ]] || fail "run without --out/--tokens exited $rc, expected 2"
+set +e; "$HH" tokenize --tokenizer x.json --model y --text hi >/dev/null 2>&1; rc=$?; set -e
+[[ $rc -eq 2 ]] || fail "tokenize with both --tokenizer and --model exited $rc, expected 2"
+echo "cli contract: ok"
