@@ -27,6 +27,7 @@
 #include "placeholder_page.h"
 #include "recent_checkpoints.h"
 #include "settings.h"
+#include "style_helpers.h"
 
 namespace hh::workbench {
 namespace {
@@ -82,6 +83,12 @@ class OverrideCursor {
 std::filesystem::path toPath(const QString& s) { return std::filesystem::path(QFile::encodeName(s).toStdString()); }
 QString fromPath(const std::filesystem::path& p) { return QFile::decodeName(p.string().c_str()); }
 
+// The folder's own name ("Qwen3-0.6B"), or the whole path where it has none ("/").
+QString displayName(const QString& dir) {
+  const QString name = QFileInfo(QDir::cleanPath(dir)).fileName();
+  return name.isEmpty() ? dir : name;
+}
+
 bool isCheckpointFile(const QFileInfo& info) {
   return info.fileName() == QLatin1String("config.json") || info.suffix() == QLatin1String("safetensors") ||
          info.fileName().endsWith(QLatin1String(".safetensors.index.json"));
@@ -121,7 +128,12 @@ void MainWindow::createPages() {
   navigation_->setObjectName(QStringLiteral("navigation"));
   navigation_->setFixedWidth(kNavigationWidth);
   navigation_->setFrameShape(QFrame::NoFrame);
-  navigation_->setStyleSheet(QStringLiteral("QListWidget { padding-top: 8px; } QListWidget::item { padding: 7px 14px; }"));
+  // A border rule switches items to style-sheet painting, which is what makes the padding apply;
+  // selection then needs its own rule.
+  navigation_->setStyleSheet(QStringLiteral(
+      "QListWidget { padding-top: 8px; }"
+      "QListWidget::item { border: none; padding: 7px 14px; }"
+      "QListWidget::item:selected { background: palette(highlight); color: palette(highlighted-text); }"));
   QPalette nav = navigation_->palette();
   nav.setColor(QPalette::Base, palette().color(QPalette::Window).darker(106));
   navigation_->setPalette(nav);
@@ -138,7 +150,7 @@ void MainWindow::createPages() {
     } else {
       pages_->addWidget(new PlaceholderPage(tr(info.name), tr(info.description), pages_));
       item->setToolTip(tr("Not available in this version yet"));
-      item->setForeground(palette().color(QPalette::Disabled, QPalette::WindowText));
+      item->setForeground(mutedTextColor(palette()));
     }
   }
   connect(navigation_, &QListWidget::currentRowChanged, pages_, &QStackedWidget::setCurrentIndex);
@@ -228,7 +240,7 @@ void MainWindow::reportError(const QString& dir, const QString& message) {
   emit loadFailed(message);
   if (!interactive_) return;
   QMessageBox box(QMessageBox::Critical, tr("Could not open checkpoint"),
-                  tr("The checkpoint folder %1 could not be opened.").arg(QDir::toNativeSeparators(dir)),
+                  tr("Could not open the checkpoint \u201c%1\u201d.").arg(displayName(dir)),
                   QMessageBox::Ok, this);
   QString details = message;
   if (model_) details += tr("\n\n%1 stays open.").arg(QString::fromStdString(model_->name));

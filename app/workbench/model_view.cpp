@@ -1,6 +1,7 @@
 #include "model_view.h"
 
 #include <QApplication>
+#include <QClipboard>
 #include <QFontDatabase>
 #include <QFormLayout>
 #include <QGroupBox>
@@ -16,20 +17,25 @@
 #include <QStyle>
 #include <QTabWidget>
 #include <QTableView>
+#include <QToolButton>
 #include <QVBoxLayout>
+#include <algorithm>
 #include <cmath>
 
 #include "head_grid_model.h"
+#include "style_helpers.h"
 #include "tensor_table_model.h"
 
 namespace hh::workbench {
 namespace {
 
 constexpr int kHeadCellWidth = 34;    // px; fits "H31" and a two-digit group index
-constexpr int kHeadCellHeight = 22;   // px
+constexpr int kHeadCellHeight = 20;   // px; 28 layers (Qwen3-0.6B) fit an 800 px window
 constexpr int kFormMinimumWidth = 400;
-constexpr int kFormValueMinimumWidth = 180;  // px; keeps the 71-character fingerprint field usable
+constexpr int kFormValueMinimumWidth = 180;  // px
+constexpr int kFingerprintShownHex = 24;     // hex digits shown; the full value is in the tooltip and Copy
 constexpr double kTitleScale = 1.4;   // model name relative to the base font
+constexpr int kEmptyTextWidth = 440;  // px; line length of the empty page's hint
 
 QString qs(const std::string& s) { return QString::fromStdString(s); }
 QString grouped(int64_t n) { return qs(group_digits(n)); }
@@ -40,15 +46,9 @@ QString formatReal(double v) {
   return QString::number(v, 'g', 6);
 }
 
-QColor mutedTextColor(const QWidget* w) {
-  return w->palette().color(QPalette::Disabled, QPalette::WindowText);
-}
-
 QLabel* mutedLabel(const QString& text, QWidget* parent) {
   auto* label = new QLabel(text, parent);
-  QPalette p = label->palette();
-  p.setColor(QPalette::WindowText, mutedTextColor(parent));
-  label->setPalette(p);
+  setMuted(label);
   return label;
 }
 
@@ -74,30 +74,31 @@ ModelView::ModelView(QWidget* parent) : QWidget(parent) {
 
 QWidget* ModelView::buildEmptyPage() {
   auto* page = new QWidget(this);
-  auto* icon = new QLabel(page);
-  icon->setPixmap(style()->standardIcon(QStyle::SP_DirOpenIcon).pixmap(48, 48));
-  icon->setAlignment(Qt::AlignCenter);
   auto* title = new QLabel(tr("No checkpoint open"), page);
-  QFont f = title->font();
-  f.setPointSizeF(f.pointSizeF() * kTitleScale);
-  f.setBold(true);
-  title->setFont(f);
+  title->setFont(headingFont(title->font(), kTitleScale));
   title->setAlignment(Qt::AlignCenter);
   auto* text = mutedLabel(tr("Open a Hugging Face checkpoint folder (config.json and *.safetensors) with "
                              "File \u203a Open Checkpoint\u2026, or drop the folder onto this window."),
                           page);
   text->setWordWrap(true);
   text->setAlignment(Qt::AlignCenter);
-  text->setMaximumWidth(440);
+  text->setMaximumWidth(kEmptyTextWidth);
   auto* button = new QPushButton(tr("Open Checkpoint\u2026"), page);
   button->setObjectName(QStringLiteral("openCheckpointButton"));
   connect(button, &QPushButton::clicked, this, &ModelView::openRequested);
 
+  // Stretches rather than an alignment flag: an aligned word-wrapped label gets no height for its
+  // second line.
+  auto* centred = new QHBoxLayout;
+  centred->addStretch(1);
+  centred->addWidget(text, 100);
+  centred->addStretch(1);
+
   auto* layout = new QVBoxLayout(page);
   layout->addStretch(2);
-  layout->addWidget(icon);
   layout->addWidget(title);
-  layout->addWidget(text, 0, Qt::AlignHCenter);
+  layout->addSpacing(4);
+  layout->addLayout(centred);
   layout->addSpacing(8);
   layout->addWidget(button, 0, Qt::AlignHCenter);
   layout->addStretch(3);
@@ -108,10 +109,7 @@ QWidget* ModelView::buildContentPage() {
   auto* page = new QWidget(this);
   title_ = new QLabel(page);
   title_->setObjectName(QStringLiteral("modelTitle"));
-  QFont f = title_->font();
-  f.setPointSizeF(f.pointSizeF() * kTitleScale);
-  f.setBold(true);
-  title_->setFont(f);
+  title_->setFont(headingFont(title_->font(), kTitleScale));
   title_->setTextInteractionFlags(Qt::TextSelectableByMouse);
   subtitle_ = mutedLabel(QString(), page);
   subtitle_->setTextInteractionFlags(Qt::TextSelectableByMouse);
@@ -137,13 +135,18 @@ QWidget* ModelView::buildOverviewTab() {
   auto* scroll = new QScrollArea(splitter);
   scroll->setWidgetResizable(true);
   scroll->setFrameShape(QFrame::NoFrame);
-  scroll->setWidget(buildConfigForm());
-  scroll->setMinimumWidth(kFormMinimumWidth);
+  scroll->setHorizontalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
+  QWidget* form = buildConfigForm();
+  scroll->setWidget(form);
+  // Wide enough for the whole form next to a vertical scroll bar, so no row is ever cut off.
+  const int form_width = std::max(kFormMinimumWidth, form->sizeHint().width() +
+                                                         scroll->style()->pixelMetric(QStyle::PM_ScrollBarExtent));
+  scroll->setMinimumWidth(form_width);
   splitter->addWidget(scroll);
   splitter->addWidget(buildHeadGridPanel());
   splitter->setStretchFactor(0, 0);
   splitter->setStretchFactor(1, 1);
-  splitter->setSizes({kFormMinimumWidth + 40, 800});
+  splitter->setSizes({form_width, 800});
   return splitter;
 }
 
@@ -155,6 +158,7 @@ QLabel* ModelView::addField(QFormLayout* form, const QString& key, const QString
   auto* name = new QLabel(label, form->parentWidget());
   if (!tooltip.isEmpty()) name->setToolTip(tooltip);
   form->addRow(name, value);
+  form_labels_.append(name);
   fields_.insert(key, value);
   return value;
 }
@@ -211,28 +215,46 @@ QWidget* ModelView::buildConfigForm() {
     auto* name = new QLabel(tr("Parameters (tensors)"), row);
     name->setToolTip(tr("sum of the element counts of the stored tensors"));
     weights->addRow(name, row);
+    form_labels_.append(name);
     fields_.insert(QStringLiteral("parameters_counted"), value);
   }
 
   QFormLayout* ident = newGroup(tr("Identity"));
   {
-    auto* fp = new QLineEdit(ident->parentWidget());
+    // The fingerprint is longer than the form is wide: a prefix is shown, Copy takes the whole value.
+    auto* row = new QWidget(ident->parentWidget());
+    auto* h = new QHBoxLayout(row);
+    h->setContentsMargins(0, 0, 0, 0);
+    auto* fp = new QLabel(row);
     fp->setObjectName(QStringLiteral("field_fingerprint"));
-    fp->setReadOnly(true);
-    fp->setFrame(false);
     fp->setFont(QFontDatabase::systemFont(QFontDatabase::FixedFont));
-    fp->setMinimumWidth(kFormValueMinimumWidth);
-    QPalette p = fp->palette();
-    p.setColor(QPalette::Base, Qt::transparent);
-    fp->setPalette(p);
+    fp->setTextInteractionFlags(Qt::TextSelectableByMouse);
+    const QString sample = QStringLiteral("sha256:") + QString(kFingerprintShownHex, QLatin1Char('0')) + QChar(0x2026);
+    fp->setMinimumWidth(fp->fontMetrics().horizontalAdvance(sample) + 2);
+    auto* copy = new QToolButton(row);
+    copy->setObjectName(QStringLiteral("copyFingerprint"));
+    copy->setText(tr("Copy"));
+    copy->setToolTip(tr("Copy the full fingerprint"));
+    connect(copy, &QToolButton::clicked, this, [this] { QApplication::clipboard()->setText(fieldText("fingerprint")); });
+    h->addWidget(fp, 1);
+    h->addWidget(copy);
     auto* name = new QLabel(tr("Fingerprint"), ident->parentWidget());
     name->setToolTip(tr("sha256 over config.json and every safetensors header; analysis files and manifests "
                         "record it to name the model they belong to"));
-    ident->addRow(name, fp);
+    ident->addRow(name, row);
+    form_labels_.append(name);
     fields_.insert(QStringLiteral("fingerprint"), fp);
   }
   QLabel* files = addField(ident, "files", tr("Weight files"));
   files->setWordWrap(true);
+
+  // Each group has its own form layout; equal label widths line the value columns up across groups.
+  int label_width = 0;
+  for (const QLabel* l : form_labels_) label_width = std::max(label_width, l->sizeHint().width());
+  for (QLabel* l : form_labels_) {
+    l->setMinimumWidth(label_width);
+    l->setAlignment(Qt::AlignRight | Qt::AlignVCenter);
+  }
 
   layout->addStretch(1);
   return panel;
@@ -289,6 +311,7 @@ QWidget* ModelView::buildTensorsTab() {
   tensor_view_->verticalHeader()->hide();
   tensor_view_->verticalHeader()->setDefaultSectionSize(tensor_view_->fontMetrics().height() + 6);
   auto* header = tensor_view_->horizontalHeader();
+  header->setDefaultAlignment(Qt::AlignLeft | Qt::AlignVCenter);
   header->setSectionResizeMode(TensorTableModel::NameColumn, QHeaderView::Stretch);
   header->setSectionResizeMode(TensorTableModel::DTypeColumn, QHeaderView::ResizeToContents);
   header->setSectionResizeMode(TensorTableModel::ShapeColumn, QHeaderView::ResizeToContents);
@@ -305,21 +328,21 @@ QWidget* ModelView::buildTensorsTab() {
 }
 
 void ModelView::setField(const QString& key, const QString& text, const QString& tooltip) {
-  QWidget* w = fields_.value(key);
-  if (auto* label = qobject_cast<QLabel*>(w)) {
-    label->setText(text);
-  } else if (auto* edit = qobject_cast<QLineEdit*>(w)) {
-    edit->setText(text);
-    edit->setCursorPosition(0);
+  QLabel* label = fields_.value(key);
+  if (!label) return;
+  QString shown = text;
+  if (key == QLatin1String("fingerprint")) {
+    const int cut = text.indexOf(QLatin1Char(':')) + 1 + kFingerprintShownHex;
+    if (text.size() > cut) shown = text.left(cut) + QChar(0x2026);
   }
-  if (w) w->setToolTip(tooltip);
+  label->setText(shown);
+  label->setProperty("fullText", text);
+  label->setToolTip(tooltip);
 }
 
 QString ModelView::fieldText(const QString& key) const {
-  QWidget* w = fields_.value(key);
-  if (auto* label = qobject_cast<QLabel*>(w)) return label->text();
-  if (auto* edit = qobject_cast<QLineEdit*>(w)) return edit->text();
-  return {};
+  const QLabel* label = fields_.value(key);
+  return label ? label->property("fullText").toString() : QString();
 }
 
 bool ModelView::parameterWarningShown() const { return !param_warning_icon_->isHidden(); }
@@ -371,13 +394,13 @@ void ModelView::setSummary(const ModelSummary& s) {
 
   head_grid_->setShape(static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_attention_heads),
                        static_cast<int>(c.num_key_value_heads));
-  head_legend_->setText(
-      tr("%1 layers \u00d7 %2 query heads. Each cell shows the KV group its head reads (head h reads KV head "
-         "h / %3); alternating tints mark the %4 groups. Hover a cell for details.")
-          .arg(c.num_hidden_layers)
-          .arg(c.num_attention_heads)
-          .arg(group)
-          .arg(c.num_key_value_heads));
+  fitHeadGrid();
+  head_legend_->setText(tr("%1 layers \u00d7 %2 query heads. A cell shows the KV group its head reads "
+                           "(h / %3); tints alternate between the %4 groups.")
+                            .arg(c.num_hidden_layers)
+                            .arg(c.num_attention_heads)
+                            .arg(group)
+                            .arg(c.num_key_value_heads));
 
   tensors_->setTensors(s.tensors);
   tensor_filter_->clear();
@@ -395,6 +418,16 @@ void ModelView::clear() {
   tensors_->clear();
   tabs_->setTabText(1, tr("Tensors"));
   pages_->setCurrentIndex(0);
+}
+
+void ModelView::fitHeadGrid() {
+  // Never larger than the grid itself (no blank band beside it); smaller sizes scroll.
+  const int frame = 2 * head_view_->frameWidth();
+  const QHeaderView* top = head_view_->horizontalHeader();
+  const QHeaderView* left = head_view_->verticalHeader();
+  const int width = left->sizeHint().width() + top->length() + frame;
+  const int height = top->sizeHint().height() + left->length() + frame;
+  head_view_->setMaximumSize(width, height);
 }
 
 void ModelView::updateTensorCount() {

@@ -3,6 +3,7 @@
 // layers x query-heads grid coloured by KV group, and the list of stored tensors. It only displays a
 // ModelSummary; reading the checkpoint is summarize_checkpoint()'s job.
 #include <QHash>
+#include <QList>
 #include <QWidget>
 #include <optional>
 
@@ -31,8 +32,9 @@ class ModelView : public QWidget {
   void clear();
   bool hasModel() const { return summary_.has_value(); }
 
-  // The value shown in the configuration form for `key` (the config.json field name, or one of
-  // "kv_group_size", "dtype", "parameters", "parameters_counted", "fingerprint", "files").
+  // The value of the configuration form's row `key` (the config.json field name, or one of
+  // "kv_group_size", "dtype", "parameters", "parameters_counted", "fingerprint", "files"); the whole
+  // value even where the row shows a shortened one (the fingerprint).
   QString fieldText(const QString& key) const;
   QStringList fieldKeys() const { return fields_.keys(); }
   // Whether the form flags that the config's parameter count differs from the tensors' total.
@@ -56,13 +58,15 @@ class ModelView : public QWidget {
   QLabel* addField(QFormLayout* form, const QString& key, const QString& label, const QString& tooltip = {});
   void setField(const QString& key, const QString& text, const QString& tooltip = {});
   void updateTensorCount();
+  void fitHeadGrid();
 
   std::optional<ModelSummary> summary_;
   QStackedWidget* pages_ = nullptr;
   QTabWidget* tabs_ = nullptr;
   QLabel* title_ = nullptr;
   QLabel* subtitle_ = nullptr;
-  QHash<QString, QWidget*> fields_;  // QLabel or read-only QLineEdit per form row
+  QHash<QString, QLabel*> fields_;   // value label per form row; property "fullText" holds the value
+  QList<QLabel*> form_labels_;        // the row names, aligned to one width
   QLabel* param_warning_icon_ = nullptr;
   QLabel* head_legend_ = nullptr;
   HeadGridModel* head_grid_ = nullptr;

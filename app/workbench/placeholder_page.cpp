@@ -3,15 +3,17 @@
 #include <QLabel>
 #include <QVBoxLayout>
 
+#include "style_helpers.h"
+
 namespace hh::workbench {
+namespace {
+constexpr int kTextMaxWidth = 620;  // px; a comfortable line length for the description
+}
 
 PlaceholderPage::PlaceholderPage(const QString& title, const QString& description, QWidget* parent)
     : QWidget(parent), title_(title) {
   auto* heading = new QLabel(title, this);
-  QFont f = heading->font();
-  f.setPointSizeF(f.pointSizeF() * 1.4);
-  f.setBold(true);
-  heading->setFont(f);
+  heading->setFont(headingFont(heading->font()));
 
   auto* status = new QLabel(tr("Not available in this version yet."), this);
   QFont italic = status->font();
@@ -21,15 +23,12 @@ PlaceholderPage::PlaceholderPage(const QString& title, const QString& descriptio
   auto* text = new QLabel(description, this);
   text->setObjectName(QStringLiteral("placeholderDescription"));
   text->setWordWrap(true);
-  text->setMaximumWidth(620);
+  text->setMaximumWidth(kTextMaxWidth);
   text->setTextInteractionFlags(Qt::TextSelectableByMouse);
-  QPalette p = text->palette();
-  p.setColor(QPalette::WindowText, p.color(QPalette::Disabled, QPalette::WindowText));
-  text->setPalette(p);
-  status->setPalette(p);
+  setMuted(status);
 
   auto* layout = new QVBoxLayout(this);
-  layout->setContentsMargins(24, 20, 24, 20);
+  layout->setContentsMargins(12, 10, 12, 10);
   layout->setSpacing(8);
   layout->addWidget(heading);
   layout->addWidget(status);

@@ -43,7 +43,7 @@ json read_json_file(const fs::path& path) {
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw Error(path.string() + ": not valid JSON: " + e.what());
   }
 }

@@ -295,6 +295,9 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   } catch (const json::parse_error& e) {
     // e.what() carries nlohmann's line and column; e.byte is the offset into the text.
     throw Error(where + ": not valid JSON (byte " + std::to_string(e.byte) + "): " + e.what());
+  } catch (const json::exception& e) {
+    // e.g. out_of_range for a number literal beyond double's range (1e999)
+    throw Error(where + ": not valid JSON: " + e.what());
   }
   return from_json(j, where);
 }

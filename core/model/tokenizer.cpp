@@ -12,6 +12,7 @@
 #include <limits>
 #include <mutex>
 #include <queue>
+#include <tuple>
 #include <unordered_map>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -244,15 +245,21 @@ std::string nfc_valid(std::string_view s) {
   for (size_t i = 0; i < s.size();) decompose(next_code_point(s, i), cps);
   std::vector<uint8_t> ccc(cps.size());
   for (size_t i = 0; i < cps.size(); ++i) ccc[i] = combining_class(cps[i]);
-  // Canonical ordering: stable insertion sort inside each run of non-starters.
-  for (size_t i = 1; i < cps.size(); ++i) {
-    if (ccc[i] == 0) continue;
-    size_t j = i;
-    while (j > 0 && ccc[j - 1] > ccc[j]) {
-      std::swap(ccc[j - 1], ccc[j]);
-      std::swap(cps[j - 1], cps[j]);
-      --j;
+  // Canonical ordering: stable sort of each run of non-starters by combining class (a sort, not
+  // insertion, so that a long adversarial run of marks stays O(n log n)).
+  std::vector<std::pair<uint8_t, uint32_t>> run;
+  for (size_t i = 0; i < cps.size();) {
+    if (ccc[i] == 0) { ++i; continue; }
+    size_t j = i + 1;
+    bool sorted = true;
+    for (; j < cps.size() && ccc[j] != 0; ++j) sorted = sorted && ccc[j - 1] <= ccc[j];
+    if (!sorted) {
+      run.clear();
+      for (size_t k = i; k < j; ++k) run.emplace_back(ccc[k], cps[k]);
+      std::stable_sort(run.begin(), run.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+      for (size_t k = i; k < j; ++k) std::tie(ccc[k], cps[k]) = run[k - i];
     }
+    i = j;
   }
   // Canonical composition: a mark joins the last starter unless something between them is blocking.
   std::string out;
@@ -336,56 +343,13 @@ std::string pcre2_message(int code) {
   return reinterpret_cast<const char*>(buf);
 }
 
-// PCRE2 10.42's `\s` in UCP mode lacks U+0085, which Oniguruma (HF's regex engine) includes.
-std::string with_oniguruma_space(const std::string& pattern) {
-  std::string out;
-  out.reserve(pattern.size() + 16);
-  bool in_class = false;
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    const char c = pattern[i];
-    if (c == '\\' && i + 1 < pattern.size()) {
-      const char e = pattern[++i];
-      if (e == 's') {
-        out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
-      } else if (e == 'S' && !in_class) {
-        out += "[^\\s\\x{85}]";
-      } else {
-        out += c;
-        out += e;
-      }
-      continue;
-    }
-    if (!in_class && c == '[') {
-      in_class = true;
-      out += c;
-      // A ']' right after '[' or '[^' is a literal.
-      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
-      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
-      continue;
-    }
-    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
-      const size_t close = pattern.find(":]", i + 2);
-      if (close != std::string::npos) {
-        out.append(pattern, i, close + 2 - i);
-        i = close + 1;
-        continue;
-      }
-    }
-    if (in_class && c == ']') in_class = false;
-    out += c;
-  }
-  return out;
-}
-
 class Regex {
  public:
-  Regex(const std::string& pattern, bool literal, const std::string& where) {
+  Regex(const std::string& pattern, bool literal, const std::string& where) : where_(where) {
     int err = 0;
     PCRE2_SIZE err_offset = 0;
-    const std::string source = literal ? pattern : with_oniguruma_space(pattern);
-    uint32_t options = PCRE2_UTF | PCRE2_UCP;
-    if (literal) options |= PCRE2_LITERAL;
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(),
+    const uint32_t options = literal ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP);
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                      options, &err, &err_offset, nullptr);
     if (code == nullptr) {
       throw Error(where + ": regex /" + pattern + "/ does not compile at offset " +
@@ -402,7 +366,7 @@ class Regex {
                                subject.size(), from, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) return false;
     // rc == 0 only says the one-pair match data had no room for capture groups.
-    if (rc < 0) throw Error("tokenizer: regex match failed: " + pcre2_message(rc));
+    if (rc < 0) throw Error(where_ + ": regex match failed: " + pcre2_message(rc));
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     begin = ov[0];
     end = ov[1];
@@ -417,6 +381,7 @@ class Regex {
   }
 
  private:
+  std::string where_;
   std::unique_ptr<pcre2_code, CodeDeleter> code_;
 };
 

@@ -172,12 +172,12 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 #endif
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            bool eager) {
 #if HH_TORCH_AT_LEAST(2, 0)
-  return sdpa_attention(q, k, v, scale);
-#else
-  return blockwise_attention(q, k, v, scale);
+  if (!eager) return sdpa_attention(q, k, v, scale);
 #endif
+  return blockwise_attention(q, k, v, scale);
 }
 
 // hook_pattern rows, in blocks of rows so the float32 softmax temporaries stay small.
@@ -434,7 +434,7 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
     hook(l, HookKind::K, k);
     hook(l, HookKind::V, v);
 
-    at::Tensor z = causal_attention(q, k, v, scale);  // [B, T, Hq, Dh]
+    at::Tensor z = causal_attention(q, k, v, scale, opts.eager_attention);  // [B, T, Hq, Dh]
     if (hook.active(l, HookKind::Pattern)) {
       const at::Tensor& rows = rows_for_pattern();                            // [R]
       at::Tensor vh = v.transpose(1, 2).contiguous();                        // [B, Hkv, T, Dh]

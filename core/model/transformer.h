@@ -63,6 +63,10 @@ struct ForwardOptions {
   at::Tensor pattern_rows;
   // Position of the first token of `input` (RoPE offset), for inputs that are a suffix.
   int64_t position_offset = 0;
+  // Attention kernel. false: scaled_dot_product_attention where LibTorch has it (>= 2.0; HF's default
+  // "sdpa"), else the blockwise eager math. true: always the blockwise eager math (HF "eager":
+  // scores in the model dtype, softmax in float32), e.g. to reproduce HF eager logits.
+  bool eager_attention = false;
 };
 
 struct ForwardOutput {

@@ -1,6 +1,7 @@
 // The workbench window with tiny checkpoints: opening, the head grid, the configuration form, error
 // reporting that keeps the previous model, the recent list, drops and the navigation pages.
 #include <QAction>
+#include <QApplication>
 #include <QDir>
 #include <QLabel>
 #include <QListWidget>
@@ -11,6 +12,7 @@
 #include <QStandardPaths>
 #include <QTabWidget>
 #include <QTableView>
+#include <QTimer>
 #include <QtTest>
 #include <cstdlib>
 #include <filesystem>
@@ -152,6 +154,9 @@ class TestModelView : public QObject {
     QVERIFY(view->fieldText("parameters_counted").startsWith(params));
     QVERIFY(!view->parameterWarningShown());
     QVERIFY(view->fieldText("fingerprint").startsWith(QStringLiteral("sha256:")));
+    QCOMPARE(view->fieldText("fingerprint"), QString::fromStdString(w->currentModel()->fingerprint));
+    const auto* shown = view->findChild<QLabel*>(QStringLiteral("field_fingerprint"));
+    QVERIFY(shown && shown->text().endsWith(QChar(0x2026)));  // shortened on screen, whole in fieldText()
     QCOMPARE(view->fieldText("files"), QStringLiteral("model.safetensors"));
 
     // Tensor list.
@@ -261,7 +266,6 @@ class TestModelView : public QObject {
     QCOMPARE(loaded.count(), 0);
     const QString message = failed.first().first().toString();
     QVERIFY2(message.contains(expected), qPrintable(message));
-    qInfo().noquote() << "MSG" << message;
 
     // The previous model stays open and on display, and the bad folder is not remembered.
     QVERIFY(w->currentModel());
@@ -376,11 +380,17 @@ class TestModelView : public QObject {
     QCOMPARE(nav->currentRow(), 0);
   }
 
-  // Writes a screenshot of the window with a Qwen3-0.6B-shaped (28 x 16, 8 KV heads) but tiny model
-  // to $HH_SCREENSHOT; skipped when that is unset.
-  void screenshot() {
-    const QString out = qEnvironmentVariable("HH_SCREENSHOT");
-    if (out.isEmpty()) QSKIP("set HH_SCREENSHOT=<file.png> to write a screenshot");
+  // Writes screenshots into $HH_SCREENSHOT_DIR (skipped when unset): the Model page with a
+  // Qwen3-0.6B-shaped (28 layers x 16 query heads, 8 KV heads) but tiny model, its Tensors tab, the
+  // empty window, a placeholder page, and a checkpoint whose tensors disagree with its config.
+  void screenshots() {
+    const QString out = qEnvironmentVariable("HH_SCREENSHOT_DIR");
+    if (out.isEmpty()) QSKIP("set HH_SCREENSHOT_DIR to write screenshots");
+    QVERIFY(QDir().mkpath(out));
+    auto save = [&](QWidget& w, const char* name) {
+      QTest::qWait(150);
+      QVERIFY(w.grab().save(QDir(out).filePath(QString::fromLatin1(name))));
+    };
     TinySpec spec;
     spec.layers = 28;
     spec.heads = 16;
@@ -391,20 +401,39 @@ class TestModelView : public QObject {
     spec.intermediate = 192;
     spec.dtype = hh::io::DType::BF16;
     const fs::path dir = checkpoint("qwen3-tiny-28x16", spec);
+
     MainWindow w;
     w.setInteractive(false);
     w.resize(1280, 800);
-    QVERIFY(w.openCheckpoint(qpath(dir)));
     w.show();
     QVERIFY(QTest::qWaitForWindowExposed(&w));
-    QTest::qWait(200);
-    QVERIFY(w.grab().save(out));
-    const QString tensors = qEnvironmentVariable("HH_SCREENSHOT_TENSORS");
-    if (!tensors.isEmpty()) {
-      w.modelView()->tabs()->setCurrentIndex(1);
-      QTest::qWait(100);
-      QVERIFY(w.grab().save(tensors));
-    }
+    save(w, "workbench-empty.png");
+    QVERIFY(w.openCheckpoint(qpath(dir)));
+    save(w, "workbench-model.png");
+    w.modelView()->tabs()->setCurrentIndex(1);
+    save(w, "workbench-tensors.png");
+    w.modelView()->tabs()->setCurrentIndex(0);
+    w.showPage(MainWindow::Page::Heads);
+    save(w, "workbench-placeholder.png");
+    spec.skip_tensor = "model.layers.27.mlp.down_proj.weight";
+    QVERIFY(w.openCheckpoint(qpath(checkpoint("qwen3-tiny-missing-tensor", spec))));
+    save(w, "workbench-mismatch.png");
+
+    // The error box, as an interactive session shows it: grabbed and closed once it is up.
+    const fs::path bad = checkpoint("qwen3-bad-config", spec);
+    TinySpec bad_spec = spec;
+    bad_spec.kv_heads = 5;
+    hh::test::write_text(bad / "config.json", hh::test::tiny_config_json(bad_spec));
+    w.setInteractive(true);
+    bool grabbed = false;
+    QTimer::singleShot(300, &w, [&] {
+      if (QWidget* box = QApplication::activeModalWidget()) {
+        grabbed = box->grab().save(QDir(out).filePath(QStringLiteral("workbench-error.png")));
+        box->close();
+      }
+    });
+    QVERIFY(!w.openCheckpoint(qpath(bad)));
+    QVERIFY(grabbed);
   }
 };
 

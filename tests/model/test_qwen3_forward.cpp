@@ -205,20 +205,23 @@ Transformer make_model(const TinySpec& s, at::ScalarType dtype, uint64_t seed = 
   return Transformer(cfg, random_weights(cfg, seed, dtype, kTestStd));
 }
 
-// Model logits against the reference, in float32 and float64.
+// Model logits against the reference, in float32 and float64, through both attention paths.
 void check_against_reference(const TinySpec& s, int64_t B, int64_t T, int64_t offset = 0) {
   for (at::ScalarType dtype : {at::kDouble, at::kFloat}) {
     Transformer m = make_model(s, dtype);
     at::Tensor ids = random_ids(B, T, s.V, /*seed=*/7);
-    ForwardOptions opts;
-    opts.position_offset = offset;
-    at::Tensor logits = m.forward(ids, opts).logits;
-    ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{B, T, s.V}));
     RefOptions ro;
     ro.position_offset = offset;
     at::Tensor ref = reference_forward(m.config(), m.weights(), ids, ro).logits;
-    expect_close(logits, ref, dtype == at::kDouble ? kTolF64 : kTolF32,
-                 std::string("logits ") + c10::toString(dtype));
+    for (bool eager : {false, true}) {
+      ForwardOptions opts;
+      opts.position_offset = offset;
+      opts.eager_attention = eager;
+      at::Tensor logits = m.forward(ids, opts).logits;
+      ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{B, T, s.V}));
+      expect_close(logits, ref, dtype == at::kDouble ? kTolF64 : kTolF32,
+                   std::string("logits ") + c10::toString(dtype) + (eager ? " eager" : " default"));
+    }
   }
 }
 
@@ -306,12 +309,15 @@ TEST(Qwen3Forward, LongInputT3000MatchesReference) {
   ForwardOptions opts;
   opts.hooks = &hooks;
   opts.pattern_rows = at::tensor(rows, at::kLong);
-  at::Tensor logits = m.forward(ids, opts).logits;
   RefOptions ro;
   ro.pattern_rows = rows;
   RefOutput ref = reference_forward(m.config(), m.weights(), ids, ro);
-  expect_close(logits, ref.logits, kTolF32, "logits T=3000");
-  expect_close(store.at(hook_name(1, HookKind::Pattern)), ref.patterns[1], kTolF32, "pattern rows T=3000");
+  for (bool eager : {false, true}) {
+    opts.eager_attention = eager;
+    at::Tensor logits = m.forward(ids, opts).logits;
+    expect_close(logits, ref.logits, kTolF32, std::string("logits T=3000") + (eager ? " eager" : ""));
+    expect_close(store.at(hook_name(1, HookKind::Pattern)), ref.patterns[1], kTolF32, "pattern rows T=3000");
+  }
 }
 
 // ---- hooks ------------------------------------------------------------------------------------------
@@ -782,7 +788,8 @@ TEST(Qwen3Load, Bf16LoadIsCloseToF32) {
 // ---- optional: logits produced by HF transformers ----------------------------------------------------
 // HH_QWEN3_HF_REF names a directory holding, per case, an HF checkpoint dir <case>/ and <case>.ref.safetensors
 // with "input_ids" [B, T] int64 and "logits.{f32|bf16}.{eager|sdpa}.{cpu|cuda}" [B, T, V] float32.
-// HH_QWEN3_HF_DEVICE (default cpu) picks the device our forward runs on and the logits it is held to.
+// HH_QWEN3_HF_DEVICE (default cpu) picks the device our forward runs on and the logits it is held to;
+// "eager" logits are compared with eager_attention=true, "sdpa" ones with the default path.
 
 at::Tensor read_stored(const io::SafetensorsFile& f, const std::string& name) {
   const io::TensorInfo& info = f.info(name);
@@ -808,10 +815,12 @@ TEST(Qwen3Hf, MatchesTransformersLogits) {
     const at::Tensor ids = read_stored(ref, "input_ids");
     for (const std::string dtype : {"f32", "bf16"}) {
       Transformer m = Transformer::load(model_dir, device, dtype);
-      const at::Tensor ours = m.forward(ids).logits.to(at::kCPU);
       for (const std::string impl : {"eager", "sdpa"}) {
         const std::string key = "logits." + dtype + "." + impl + "." + dev_type;
         if (!ref.contains(key)) continue;
+        ForwardOptions opts;
+        opts.eager_attention = impl == "eager";
+        const at::Tensor ours = m.forward(ids, opts).logits.to(at::kCPU);
         const at::Tensor hf = read_stored(ref, key);
         const double scale = max_abs(hf);
         const double err = max_abs(ours.to(at::kDouble) - hf.to(at::kDouble));

@@ -180,6 +180,13 @@ TEST(ModelConfigErrors, TruncatedFileNamesFileAndPosition) {
   EXPECT_MENTIONS(msg, "column");
 }
 
+// nlohmann reports a literal beyond double's range as out_of_range, not as a parse error.
+TEST(ModelConfigErrors, NumberOutOfRange) {
+  const auto msg = error_of([] { ModelConfig::from_json_text(R"({"rope_theta": 1e999})", "config.json"); });
+  EXPECT_MENTIONS(msg, "config.json");
+  EXPECT_MENTIONS(msg, "1e999");
+}
+
 TEST(ModelConfigErrors, NotAnObject) {
   EXPECT_MENTIONS(error_of([] { ModelConfig::from_json_text("[1]", "config.json"); }), "config.json");
 }

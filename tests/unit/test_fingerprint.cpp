@@ -59,6 +59,7 @@ TEST(Fingerprint, SurvivesCopyAndUnrelatedFiles) {
   const auto root = hh::test::scratch_dir("fp");
   make_checkpoint(root / "a");
   const std::string fp = model_fingerprint(root / "a");
+  fs::create_directories(root / "elsewhere");
   fs::copy(root / "a", root / "elsewhere" / "b", fs::copy_options::recursive);
   EXPECT_EQ(model_fingerprint(root / "elsewhere" / "b"), fp);
   std::ofstream(root / "a" / "README.md") << "notes";

@@ -199,8 +199,9 @@ TEST(Safetensors, ShardedCheckpointRoundTrip) {
   EXPECT_EQ(index["weight_map"]["model.norm.weight"], "model-00003-of-00003.safetensors");
 
   Checkpoint ck(dir);
-  ASSERT_EQ(ck.tensor_names().size(), tensors.size());
-  EXPECT_TRUE(std::is_sorted(ck.tensor_names().begin(), ck.tensor_names().end()));
+  const auto names = ck.tensor_names();
+  ASSERT_EQ(names.size(), tensors.size());
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
   for (const auto& [name, t] : tensors) EXPECT_TRUE(torch::equal(ck.load(name), t)) << name;
   EXPECT_EQ(ck.info("model.norm.weight").dtype, DType::BF16);
   EXPECT_EQ(ck.load("model.norm.weight", {8}).numel(), 8);
