@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <shared_mutex>
 #include <queue>
 #include <tuple>
 #include <unordered_map>
@@ -605,7 +606,7 @@ struct State {
   std::vector<uint8_t> id_present;
   std::unordered_map<std::string, int64_t> added_by_content;
   // cache: word bytes -> ids
-  mutable std::mutex cache_mutex;
+  mutable std::shared_mutex cache_mutex;  // readers share; an insert is exclusive
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
 
   void bpe_word(std::string_view word, std::vector<int64_t>& out) const;
@@ -638,7 +639,7 @@ void State::bpe_word(std::string_view word, std::vector<int64_t>& out) const {
   std::string key;
   if (cacheable) {
     key.assign(word.data(), word.size());
-    std::lock_guard<std::mutex> lock(cache_mutex);
+    std::shared_lock<std::shared_mutex> lock(cache_mutex);
     const auto it = cache.find(key);
     if (it != cache.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
@@ -694,7 +695,7 @@ void State::bpe_word(std::string_view word, std::vector<int64_t>& out) const {
   for (int32_t i = sym.empty() ? -1 : 0; i >= 0; i = sym[i].next) ids.push_back(sym[i].id);
   out.insert(out.end(), ids.begin(), ids.end());
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mutex);
+    std::unique_lock<std::shared_mutex> lock(cache_mutex);
     if (cache.size() >= kCacheMaxEntries) cache.clear();
     cache.emplace(std::move(key), std::move(ids));
   }
