@@ -14,6 +14,7 @@ using Runner = std::function<int()>;
 Runner add_inspect(CLI::App& app);
 Runner add_run(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
+Runner add_tasks(CLI::App& app);
 Runner add_bench(CLI::App& app);
 
 // Exit status conventions shared by every sub-command.

