@@ -8,7 +8,7 @@ HH_BUILD_DIR="${HH_BUILD_DIR:-$HH_ROOT/build}"
 # Debian 12 packages (DESIGN §11). nodejs/npm only fetch and run the reference tokenizer in tests.
 HH_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev libhdf5-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev nlohmann-json3-dev
+  libtorch-dev libhdf5-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   libcli11-dev libpcre2-dev libbenchmark-dev
   qt6-base-dev libqcustomplot-dev libqcustomplot2.1-qt6 libgl-dev
   clang libclang-rt-14-dev

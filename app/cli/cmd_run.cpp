@@ -2,9 +2,9 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 
@@ -16,6 +16,7 @@
 #include "core/model/tokenizer.h"
 #include "core/model/transformer.h"
 #include "core/util/error.h"
+#include "core/util/log.h"
 #include "hydrahead/version.h"
 
 namespace hh::cli {
@@ -100,8 +101,10 @@ int run_forward(const RunArgs& a) {
   file.commit();
 
   using ms = std::chrono::duration<double, std::milli>;
-  spdlog::info("{} tokens, load {:.0f} ms, forward {:.0f} ms, wrote {}", ids.size(), ms(t1 - t0).count(),
-               ms(t2 - t1).count(), a.out);
+  char line[256];
+  std::snprintf(line, sizeof line, "%zu tokens, load %.0f ms, forward %.0f ms, wrote ", ids.size(),
+                ms(t1 - t0).count(), ms(t2 - t1).count());
+  log::info(line + a.out);
   return kExitOk;
 }
 

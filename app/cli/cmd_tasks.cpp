@@ -4,8 +4,6 @@
 // hydrahead tasks validate --calib F.jsonl [--model DIR | --tokenizer FILE] [--json]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,14 +41,6 @@ struct TasksArgs {
   // validate
   std::string calib;
 };
-
-// Plugin refusals are logged; they belong on stderr, never in the listing or JSON on stdout.
-void log_to_stderr() {
-  constexpr const char* kName = "hydrahead-stderr";
-  auto logger = spdlog::get(kName);
-  if (!logger) logger = spdlog::stderr_color_mt(kName);
-  spdlog::set_default_logger(logger);
-}
 
 void load_plugins(TaskRegistry& reg, const TasksArgs& a) {
   reg.load_default();
@@ -304,8 +294,9 @@ Runner add_tasks(CLI::App& app) {
   // `tasks list --plugin-dir X` as well as `tasks --plugin-dir X list`.
   for (auto* sub : {list, gen, val}) sub->fallthrough();
 
+  // Refused plugins are logged by the registry through hh::log, on stderr, so stdout keeps only the
+  // listing or the JSON.
   return [a, list, gen, val]() -> int {
-    log_to_stderr();
     if (list->parsed()) return run_list(*a);
     if (gen->parsed()) return run_generate(*a);
     if (val->parsed()) return run_validate(*a);

@@ -1,6 +1,5 @@
 // `hydrahead`: the headless front end. Every step of the workbench is available here.
 #include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
 
 #include <cstdio>
 #include <map>
@@ -65,7 +64,6 @@ int main(int argc, char** argv) {
     return hh::cli::kExitUnavailable;
   }
 
-  spdlog::set_pattern("%^%l%$: %v");
   for (auto* sub : app.get_subcommands()) {
     try {
       return runners.at(sub)();
