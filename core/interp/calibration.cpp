@@ -52,6 +52,8 @@ std::string strip_json_prefix(const std::string& what) {
   return what;
 }
 
+std::string token_count(std::size_t n) { return std::to_string(n) + (n == 1 ? " token" : " tokens"); }
+
 void check_ids(const std::vector<int64_t>& ids, const std::string& where, const std::string& field,
                int64_t vocab_size) {
   for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -123,8 +125,8 @@ void check_example(const CalibExample& ex, const std::string& where, int64_t voc
   if (ex.task.empty()) throw Error(where + ": field 'task' is empty");
   if (ex.clean_ids.empty()) throw Error(where + ": field '" + clean_name + "' is empty");
   if (ex.corrupt_ids.size() != ex.clean_ids.size())
-    throw Error(where + ": field '" + corrupt_name + "' has " + std::to_string(ex.corrupt_ids.size()) +
-                " tokens but '" + clean_name + "' has " + std::to_string(ex.clean_ids.size()) +
+    throw Error(where + ": field '" + corrupt_name + "' has " + token_count(ex.corrupt_ids.size()) + " but '" +
+                clean_name + "' has " + token_count(ex.clean_ids.size()) +
                 "; clean and corrupt must be the same length");
   if (ex.answer_ids.empty()) throw Error(where + ": field '" + answer_name + "' is empty");
   check_ids(ex.clean_ids, where, clean_name, vocab_size);

@@ -14,9 +14,8 @@
 #include <string_view>
 #include <system_error>
 
-#include <spdlog/spdlog.h>
-
 #include "core/model/tokenizer.h"
+#include "core/util/log.h"
 #include "plugins/include/hydrahead/plugin.h"
 
 namespace hh::interp {
@@ -155,7 +154,8 @@ TaskInfo describe(const hh_task_v1* t) {
       case HH_PARAM_BOOL:
         p.type = ParamType::Bool;
         if (d.default_number != 0 && d.default_number != 1)
-          throw runtime_error(pw + ": bool default must be 0 or 1, got " + format_number(ParamType::Float, d.default_number));
+          throw runtime_error(pw + ": bool default must be 0 or 1, got " +
+                              format_number(ParamType::Float, d.default_number));
         p.default_value = d.default_number != 0;
         break;
       default:
@@ -221,8 +221,8 @@ void host_log(void* ctx, hh_log_level level, const char* message) {
   try {
     const std::string msg = message ? message : "";
     switch (level) {
-      case HH_LOG_INFO: spdlog::debug("{}: {}", lc->file, msg); break;
-      case HH_LOG_WARN: spdlog::warn("{}: {}", lc->file, msg); break;
+      case HH_LOG_INFO: hh::log::debug(lc->file + ": " + msg); break;
+      case HH_LOG_WARN: hh::log::warn(lc->file + ": " + msg); break;
       default: lc->errors.push_back(msg); break;
     }
   } catch (...) {
@@ -446,7 +446,7 @@ struct TaskRegistry::Impl {
 
   void diagnose(const std::string& line) {
     diagnostics.push_back(line);
-    spdlog::warn("{}", line);
+    hh::log::warn(line);
   }
   void refuse(const std::string& file, const std::string& why) { diagnose(file + ": refused: " + why); }
 
@@ -577,8 +577,11 @@ bool TaskRegistry::load_library(const fs::path& file) {
     return false;
   }
   if (rc != 0) {
+    // What the plugin logged and what the host refused both explain a failing entry.
+    std::vector<std::string> reasons = lc.errors;
+    reasons.insert(reasons.end(), lc.problems.begin(), lc.problems.end());
     std::string why = std::string(HH_PLUGIN_ENTRY_V1) + " returned " + std::to_string(rc);
-    if (!lc.errors.empty()) why += ": " + join(lc.errors, "; ");
+    if (!reasons.empty()) why += ": " + join(reasons, "; ");
     im.refuse(name, why);
     return false;
   }
@@ -586,7 +589,7 @@ bool TaskRegistry::load_library(const fs::path& file) {
     im.refuse(name, join(lc.problems, "; "));
     return false;
   }
-  for (const auto& e : lc.errors) spdlog::error("{}: {}", name, e);
+  for (const auto& e : lc.errors) hh::log::error(name + ": " + e);
 
   for (std::size_t i = 0; i < lc.tasks.size(); ++i) {
     im.tasks.push_back(std::move(lc.tasks[i]));

@@ -169,6 +169,9 @@ TEST(TaskRegistry, LoadDirRefusesBadLibrariesAndLoadsTheRest) {
   for (const char* refused : {"failing_entry", "good", "malformed", "missing_symbol", "wrong_version"})
     EXPECT_NE(diagnostic_for(reg, plugin(refused)).find(plugin(refused).string()), std::string::npos) << refused;
   EXPECT_EQ(reg.diagnostics().size(), 5u);
+  EXPECT_NE(diagnostic_for(reg, plugin("good"))
+                .find("task id 'test-copy' is already registered by " + plugin("duplicate").string()),
+            std::string::npos);
   for (const char* id : {"test-bad-json", "test-bad-lengths", "test-out-of-range", "test-fails", "test-dup-extra"})
     EXPECT_NE(reg.find(id), nullptr) << id;
   ASSERT_NE(reg.find("test-copy"), nullptr);

@@ -29,13 +29,12 @@ Span Piece::varying_ids(const std::vector<int64_t>& clean, const std::vector<int
   const Span s{size(), size() + static_cast<int64_t>(clean.size())};
   clean_.insert(clean_.end(), clean.begin(), clean.end());
   corrupt_.insert(corrupt_.end(), corrupt.begin(), corrupt.end());
-  if (s.size() > 0) diff_.push_back(s);
+  if (clean != corrupt) diff_.push_back(s);
   return s;
 }
 
 double Prompt::insert_depth(size_t i) const {
-  return filler_tokens == 0 ? 0.0
-                            : static_cast<double>(insert_offsets.at(i)) / static_cast<double>(filler_tokens);
+  return filler_tokens == 0 ? 0.0 : static_cast<double>(insert_offsets.at(i)) / static_cast<double>(filler_tokens);
 }
 
 Prompt assemble(const Piece& head, const Filler& filler, const std::vector<Insert>& inserts, const Piece& tail) {
@@ -88,8 +87,8 @@ Prompt assemble(const Piece& head, const Filler& filler, const std::vector<Inser
 int64_t filler_budget(int64_t length, int64_t fixed_tokens, std::string_view what) {
   if (fixed_tokens > length) {
     throw sdk::Error("length " + std::to_string(length) + " is too small: " + std::string(what) + " take " +
-                     std::to_string(fixed_tokens) + " tokens with this tokenizer (use length >= " +
-                     std::to_string(fixed_tokens) + ")");
+                     std::to_string(fixed_tokens) +
+                     " tokens with this tokenizer (use length >= " + std::to_string(fixed_tokens) + ")");
   }
   return length - fixed_tokens;
 }

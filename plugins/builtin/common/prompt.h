@@ -26,8 +26,8 @@ class Piece {
   // Text that is the same in both prompts.
   Piece& text(const sdk::Tokenizer& tok, std::string_view s);
   Piece& ids(const std::vector<int64_t>& same);
-  // Text that differs; both versions must tokenise to the same number of tokens. Returns its span
-  // relative to the start of the piece.
+  // Text that may differ; both versions must tokenise to the same number of tokens. Returns its span
+  // relative to the start of the piece, which diff() lists when the ids differ.
   Span varying(const sdk::Tokenizer& tok, std::string_view clean, std::string_view corrupt);
   Span varying_ids(const std::vector<int64_t>& clean, const std::vector<int64_t>& corrupt);
 
@@ -49,9 +49,9 @@ struct Insert {
 
 struct Prompt {
   std::vector<int64_t> clean, corrupt;
-  std::vector<Span> inserts;               // absolute span of each insert, in the order given
-  std::vector<int64_t> insert_offsets;     // filler tokens before each insert
-  std::vector<Span> diff;                  // absolute spans where clean and corrupt may differ
+  std::vector<Span> inserts;            // absolute span of each insert, in the order given
+  std::vector<int64_t> insert_offsets;  // filler tokens before each insert
+  std::vector<Span> diff;               // absolute spans where clean and corrupt may differ
   int64_t head_tokens = 0, tail_tokens = 0, filler_tokens = 0;
 
   int64_t length() const { return static_cast<int64_t>(clean.size()); }
@@ -78,8 +78,7 @@ Answer split_answer(const std::vector<int64_t>& answer, const std::vector<int64_
 
 // The example from an assembled prompt: ids, decoded texts, and the meta every task records
 // (length, header/question token counts, answer prefix, diff spans) followed by `meta`.
-sdk::Example make_example(const sdk::Tokenizer& tok, const Prompt& prompt, const Answer& answer,
-                          const sdk::Json& meta);
+sdk::Example make_example(const sdk::Tokenizer& tok, const Prompt& prompt, const Answer& answer, const sdk::Json& meta);
 
 // Meta fields every example starts with.
 sdk::Json base_meta(int64_t index, uint64_t seed, const char* haystack);

@@ -3,17 +3,16 @@
 namespace hh::builtin {
 namespace {
 const char* const kAdjectives[] = {
-    "amber",  "brisk",  "calm",   "dusty",  "eager",  "faint",  "gentle", "hollow", "icy",    "jolly",
-    "keen",   "lively", "mellow", "narrow", "odd",    "pale",   "quiet",  "rapid",  "rusty",  "silent",
-    "tidy",   "vivid",  "wary",   "young",  "bold",   "crisp",  "damp",   "early",  "fancy",  "grand",
-    "hazy",   "humble", "lofty",  "lucky",  "misty",  "noble",  "plain",  "proud",  "rough",  "sandy",
-    "shiny",  "sleepy", "sturdy", "sunny",  "tender", "windy",  "woolen", "golden"};
-const char* const kNouns[] = {
-    "anchor", "badger", "beacon", "bridge",  "candle",  "canyon", "cedar",   "comet",  "falcon", "ferry",
-    "garden", "glacier", "harbor", "hedge",  "island",  "kettle", "lantern", "meadow", "mirror", "orchard",
-    "otter",  "pebble", "pepper", "pillow",  "quarry",  "raven",  "ribbon",  "saddle", "signal", "spruce",
-    "teapot", "thimble", "timber", "tulip",  "valley",  "violin", "walnut",  "willow", "window", "harvest",
-    "pigeon", "marble", "canoe",  "button",  "ladder",  "compass", "maple",  "river"};
+    "amber",  "brisk",  "calm",  "dusty", "eager", "faint",  "gentle", "hollow", "icy",    "jolly", "keen",   "lively",
+    "mellow", "narrow", "odd",   "pale",  "quiet", "rapid",  "rusty",  "silent", "tidy",   "vivid", "wary",   "young",
+    "bold",   "crisp",  "damp",  "early", "fancy", "grand",  "hazy",   "humble", "lofty",  "lucky", "misty",  "noble",
+    "plain",  "proud",  "rough", "sandy", "shiny", "sleepy", "sturdy", "sunny",  "tender", "windy", "woolen", "golden"};
+const char* const kNouns[] = {"anchor",  "badger", "beacon", "bridge",  "candle", "canyon",  "cedar",  "comet",
+                              "falcon",  "ferry",  "garden", "glacier", "harbor", "hedge",   "island", "kettle",
+                              "lantern", "meadow", "mirror", "orchard", "otter",  "pebble",  "pepper", "pillow",
+                              "quarry",  "raven",  "ribbon", "saddle",  "signal", "spruce",  "teapot", "thimble",
+                              "timber",  "tulip",  "valley", "violin",  "walnut", "willow",  "window", "harvest",
+                              "pigeon",  "marble", "canoe",  "button",  "ladder", "compass", "maple",  "river"};
 
 bool word_like(const std::string& s) {
   size_t i = s.size() > 0 && s[0] == ' ' ? 1 : 0;
@@ -35,9 +34,8 @@ std::string draw_number(sdk::Rng& rng, int digits, std::set<std::string>& taken)
                    "-digit number; use more digits or fewer needles");
 }
 
-std::optional<std::string> try_same_length_number(sdk::Rng& rng, const sdk::Tokenizer& tok,
-                                                  const std::string& value, int digits,
-                                                  std::set<std::string>& taken) {
+std::optional<std::string> try_same_length_number(sdk::Rng& rng, const sdk::Tokenizer& tok, const std::string& value,
+                                                  int digits, std::set<std::string>& taken) {
   const size_t want = tok.encode(" " + value).size();
   for (int i = 0; i < kMaxDraws; ++i) {
     std::string v = rng.digits(static_cast<size_t>(digits));
@@ -101,7 +99,8 @@ int64_t WordTokens::draw(sdk::Rng& rng, std::set<int64_t>& taken) {
     taken.insert(id);
     return id;
   }
-  throw sdk::Error("the vocabulary has too few distinct word-like tokens for the requested span");
+  throw sdk::Error("the vocabulary has too few distinct word-like tokens: found " + std::to_string(taken.size()) +
+                   ", the span needs more (span_tokens + 2 x answer_tokens)");
 }
 
 std::string join(const std::vector<std::string>& parts, const std::string& sep) {

@@ -20,9 +20,8 @@ std::string draw_number(sdk::Rng& rng, int digits, std::set<std::string>& taken)
 // A `digits`-digit number that tokenises, as " <number>", to as many tokens as " <value>" does,
 // starts with a different digit (so the first differing answer token is a digit, not formatting) and
 // is not in `taken`; adds it to `taken`. nullopt after kMaxDraws draws.
-std::optional<std::string> try_same_length_number(sdk::Rng& rng, const sdk::Tokenizer& tok,
-                                                  const std::string& value, int digits,
-                                                  std::set<std::string>& taken);
+std::optional<std::string> try_same_length_number(sdk::Rng& rng, const sdk::Tokenizer& tok, const std::string& value,
+                                                  int digits, std::set<std::string>& taken);
 // The same, throwing a clear error instead of nullopt.
 std::string same_length_number(sdk::Rng& rng, const sdk::Tokenizer& tok, const std::string& value, int digits,
                                std::set<std::string>& taken);

@@ -1,6 +1,6 @@
 // Multi-step arithmetic: a short word problem of additions and subtractions after the filler; the
 // answer is the final count. The corrupt prompt changes one operand (same token length), which changes
-// the result to another number of the same token length with a different first digit.
+// the result to another number with a different first digit.
 #include <optional>
 #include <set>
 #include <string>
@@ -28,9 +28,9 @@ std::optional<int64_t> evaluate(const std::vector<int64_t>& operands, const std:
   return total;
 }
 
-bool same_shape(const sdk::Tokenizer& tok, const std::string& a, const std::string& b) {
-  return a[0] != b[0] && tok.encode(" " + a).size() == tok.encode(" " + b).size();
-}
+// The answers must differ from their first digit on, so that the first answer tokens differ; their
+// lengths may differ (a result near a power of ten cannot always keep its digit count).
+bool differs_at_first_digit(const std::string& a, const std::string& b) { return a[0] != b[0]; }
 
 sdk::Example arithmetic_example(const sdk::Context& ctx, const Haystack& hay, int64_t index, sdk::Rng& rng) {
   const sdk::Tokenizer& tok = ctx.tokenizer;
@@ -54,7 +54,7 @@ sdk::Example arithmetic_example(const sdk::Context& ctx, const Haystack& hay, in
   }
   const std::string result = std::to_string(total);
 
-  // Corrupt one operand so that the result keeps its token length and changes its first digit.
+  // Corrupt one operand so that the result changes its first digit.
   size_t which = 0;
   std::string corrupt_operand, corrupt_result;
   for (int attempt = 0; attempt < kMaxDraws && corrupt_result.empty(); ++attempt) {
@@ -65,13 +65,14 @@ sdk::Example arithmetic_example(const sdk::Context& ctx, const Haystack& hay, in
     std::vector<int64_t> changed = operands;
     changed[which] = std::stoll(*candidate);
     const auto r = evaluate(changed, ops);
-    if (!r || !same_shape(tok, result, std::to_string(*r))) continue;
+    if (!r || !differs_at_first_digit(result, std::to_string(*r))) continue;
     corrupt_operand = *candidate;
     corrupt_result = std::to_string(*r);
   }
   if (corrupt_result.empty()) {
-    throw sdk::Error("could not corrupt the problem so that its result keeps its token length; "
-                     "use more digits or steps");
+    throw sdk::Error(
+        "could not change an operand so that the result changes its first digit; "
+        "use more digits");
   }
 
   Piece tail;
@@ -88,8 +89,7 @@ sdk::Example arithmetic_example(const sdk::Context& ctx, const Haystack& hay, in
     number(s + 1);
     tail.text(tok, ops[s] == '+' ? " more are put in." : " are taken out.");
   }
-  tail.text(tok, " How many " + items + " are in the " + container + " now? Answer: The " + container +
-                     " now holds");
+  tail.text(tok, " How many " + items + " are in the " + container + " now? Answer: The " + container + " now holds");
   const Answer answer = split_answer(tok.encode(" " + result), tok.encode(" " + corrupt_result));
   tail.ids(answer.prompt_suffix);
 
@@ -118,9 +118,10 @@ struct Arithmetic {
   static constexpr const char* id = "arithmetic";
   static constexpr const char* description = "a word problem of several additions and subtractions; give the result";
   static constexpr const char* kind = "reasoning";
-  static constexpr hh_param_v1 params[] = {kLengthParam, kNumExamplesParam, kEssaysHaystackParam,
-                                           sdk::int_param("steps", "additions or subtractions after the start", 3, 1, 16),
-                                           sdk::int_param("digits", "digits of each operand", 2, 1, 6)};
+  static constexpr hh_param_v1 params[] = {
+      kLengthParam, kNumExamplesParam, kEssaysHaystackParam,
+      sdk::int_param("steps", "additions or subtractions after the start", 3, 1, 16),
+      sdk::int_param("digits", "digits of each operand", 2, 1, 6)};
   static void generate(const sdk::Context& ctx) {
     const Haystack hay(parse_haystack_kind(ctx.params.string("haystack")), ctx.tokenizer);
     sdk::generate_examples(ctx, ctx.params.integer("num_examples"),

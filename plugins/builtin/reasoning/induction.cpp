@@ -59,9 +59,10 @@ struct Induction {
   static constexpr const char* description = "copy what followed a repeated span of random tokens";
   static constexpr const char* kind = "reasoning";
   static constexpr hh_param_v1 params[] = {
-      kLengthParam, sdk::float_param("depth", "where the first occurrence sits in the filler: 0 = start, 1 = end",
-                                     0.5, 0.0, 1.0),
-      kNumExamplesParam, kEssaysHaystackParam,
+      kLengthParam,
+      sdk::float_param("depth", "where the first occurrence sits in the filler: 0 = start, 1 = end", 0.5, 0.0, 1.0),
+      kNumExamplesParam,
+      kEssaysHaystackParam,
       sdk::int_param("span_tokens", "tokens of the prefix that is repeated at the end", 16, 2, 512),
       sdk::int_param("answer_tokens", "tokens of the continuation to recall", 4, 1, 64)};
   static void generate(const sdk::Context& ctx) {

@@ -18,7 +18,7 @@ namespace {
 
 constexpr const char* kHeader =
     "Keep track of the variable assignments in the text below. Some variables are given numbers and "
-    "others copy another variable. A question about them follows the text.";
+    "others copy another variable. A question about them follows the text.\n";
 
 struct Chain {
   std::vector<std::string> names;
@@ -28,8 +28,7 @@ struct Chain {
 std::string question_text(const std::string& value, int64_t hops) {
   const std::string count = std::to_string(hops) + (hops == 1 ? " variable holds" : " variables hold");
   return "\nQuestion: Which variables in the text above end up holding the value " + value +
-         "? Answer: Following the assignments in the text above, " + count + " the value " + value +
-         ". They are:";
+         "? Answer: Following the assignments in the text above, " + count + " the value " + value + ". They are:";
 }
 
 sdk::Example vt_example(const sdk::Context& ctx, const Haystack& hay, int64_t index, sdk::Rng& rng) {
@@ -52,7 +51,8 @@ sdk::Example vt_example(const sdk::Context& ctx, const Haystack& hay, int64_t in
   chains[1].value = same_length_number(rng, tok, chains[0].value, digits, values_taken);
   chains[0].corrupt = chains[1].value;
   chains[1].corrupt = chains[0].value;
-  for (size_t c = 2; c < chains.size(); ++c) chains[c].corrupt = chains[c].value = draw_number(rng, digits, values_taken);
+  for (size_t c = 2; c < chains.size(); ++c)
+    chains[c].corrupt = chains[c].value = draw_number(rng, digits, values_taken);
 
   // One insert per statement, chain by chain.
   std::vector<Insert> inserts;
@@ -116,7 +116,9 @@ struct VariableTracking {
   static constexpr const char* description = "follow chains of variable assignments to the variables holding a value";
   static constexpr const char* kind = "reasoning";
   static constexpr hh_param_v1 params[] = {
-      kLengthParam, kNumExamplesParam, kNoiseHaystackParam,
+      kLengthParam,
+      kNumExamplesParam,
+      kNoiseHaystackParam,
       sdk::int_param("hops", "variables in each chain (the answer's length)", 4, 1, 32),
       sdk::int_param("distractors", "chains besides the asked one (one of them swaps values with it)", 1, 1, 32),
       sdk::int_param("value_digits", "digits of each chain's value", 5, 1, 18)};

@@ -20,10 +20,9 @@ enum class Variant { single, multikey, multivalue, multiquery };
 
 constexpr const char* kHeader =
     "The passage below contains special magic numbers mixed in with ordinary sentences. Keep track of "
-    "each number and the name it belongs to; there is a question at the end.";
+    "each number and the name it belongs to; there is a question at the end.\n";
 
-constexpr hh_param_v1 kValueDigitsParam =
-    sdk::int_param("value_digits", "digits of each magic number", 7, 1, 18);
+constexpr hh_param_v1 kValueDigitsParam = sdk::int_param("value_digits", "digits of each magic number", 7, 1, 18);
 
 struct Needle {
   std::string key, value, corrupt;  // corrupt empty: not corrupted (a distractor)
@@ -52,8 +51,7 @@ std::string question_text(Variant v, const std::vector<std::string>& keys) {
          " mentioned in the provided text are";
 }
 
-sdk::Example niah_example(const sdk::Context& ctx, Variant variant, const Haystack& hay, int64_t index,
-                          sdk::Rng& rng) {
+sdk::Example niah_example(const sdk::Context& ctx, Variant variant, const Haystack& hay, int64_t index, sdk::Rng& rng) {
   const sdk::Tokenizer& tok = ctx.tokenizer;
   const int64_t length = ctx.params.integer("length");
   const double depth = ctx.params.number("depth");
@@ -123,7 +121,8 @@ sdk::Example niah_example(const sdk::Context& ctx, Variant variant, const Haysta
     std::sort(bs.begin(), bs.end());
     for (size_t i = 0; i < bs.size(); ++i) inserts[i + 1].boundary = bs[i];
   } else {
-    for (size_t i = 1; i < inserts.size(); ++i) inserts[i].boundary = static_cast<size_t>(rng.below(filler.num_boundaries()));
+    for (size_t i = 1; i < inserts.size(); ++i)
+      inserts[i].boundary = static_cast<size_t>(rng.below(filler.num_boundaries()));
   }
   const Prompt prompt = assemble(head, filler, inserts, tail);
 
@@ -154,17 +153,16 @@ sdk::Example niah_example(const sdk::Context& ctx, Variant variant, const Haysta
 
 void generate_niah(const sdk::Context& ctx, Variant variant) {
   const Haystack hay(parse_haystack_kind(ctx.params.string("haystack")), ctx.tokenizer);
-  sdk::generate_examples(ctx, ctx.params.integer("num_examples"), [&](int64_t i, sdk::Rng& rng) {
-    return niah_example(ctx, variant, hay, i, rng);
-  });
+  sdk::generate_examples(ctx, ctx.params.integer("num_examples"),
+                         [&](int64_t i, sdk::Rng& rng) { return niah_example(ctx, variant, hay, i, rng); });
 }
 
 struct NiahSingle {
   static constexpr const char* id = "niah-single";
   static constexpr const char* description = "one needle (key -> number) in a haystack; recall its number";
   static constexpr const char* kind = "retrieval";
-  static constexpr hh_param_v1 params[] = {kLengthParam,         kDepthParam,      kNumExamplesParam,
-                                           kEssaysHaystackParam, kValueDigitsParam};
+  static constexpr hh_param_v1 params[] = {kLengthParam, kDepthParam, kNumExamplesParam, kEssaysHaystackParam,
+                                           kValueDigitsParam};
   static void generate(const sdk::Context& ctx) { generate_niah(ctx, Variant::single); }
 };
 
@@ -173,8 +171,9 @@ struct NiahMultikey {
   static constexpr const char* description = "one asked needle among needles with other keys";
   static constexpr const char* kind = "retrieval";
   static constexpr hh_param_v1 params[] = {
-      kLengthParam,      kDepthParam, kNumExamplesParam, kEssaysHaystackParam, kValueDigitsParam,
-      sdk::int_param("distractors", "needles with other keys placed at random", 3, 1, 64)};
+      kLengthParam,      kDepthParam,
+      kNumExamplesParam, kEssaysHaystackParam,
+      kValueDigitsParam, sdk::int_param("distractors", "needles with other keys placed at random", 3, 1, 64)};
   static void generate(const sdk::Context& ctx) { generate_niah(ctx, Variant::multikey); }
 };
 
@@ -183,7 +182,11 @@ struct NiahMultivalue {
   static constexpr const char* description = "one key with several numbers; recall all of them in order";
   static constexpr const char* kind = "retrieval";
   static constexpr hh_param_v1 params[] = {
-      kLengthParam,      kDepthParam, kNumExamplesParam, kEssaysHaystackParam, kValueDigitsParam,
+      kLengthParam,
+      kDepthParam,
+      kNumExamplesParam,
+      kEssaysHaystackParam,
+      kValueDigitsParam,
       sdk::int_param("values", "numbers for the key; the first at depth, the rest after it", 4, 2, 32)};
   static void generate(const sdk::Context& ctx) { generate_niah(ctx, Variant::multivalue); }
 };
@@ -193,7 +196,11 @@ struct NiahMultiquery {
   static constexpr const char* description = "several keys asked at once; recall each one's number";
   static constexpr const char* kind = "retrieval";
   static constexpr hh_param_v1 params[] = {
-      kLengthParam,      kDepthParam, kNumExamplesParam, kEssaysHaystackParam, kValueDigitsParam,
+      kLengthParam,
+      kDepthParam,
+      kNumExamplesParam,
+      kEssaysHaystackParam,
+      kValueDigitsParam,
       sdk::int_param("queries", "keys asked; the first at depth, the rest at random", 4, 2, 32),
       sdk::int_param("distractors", "needles with keys that are not asked", 0, 0, 64)};
   static void generate(const sdk::Context& ctx) { generate_niah(ctx, Variant::multiquery); }

@@ -15,7 +15,7 @@ namespace {
 
 constexpr const char* kHeader =
     "A pass key is hidden somewhere in the filler text below. Find it and keep it in mind, because you "
-    "will be asked for it at the end.";
+    "will be asked for it at the end.\n";
 constexpr const char* kQuestion = "\nWhat is the pass key? The pass key is";
 
 sdk::Example passkey_example(const sdk::Context& ctx, const Haystack& hay, int64_t index, sdk::Rng& rng) {

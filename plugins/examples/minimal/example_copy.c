@@ -5,8 +5,9 @@
  *
  * Each letter is written as " <letter>", which byte-level BPE tokenizers split into a word of its own;
  * only letters whose " <letter>" has the same token count are drawn (one token each in real
- * vocabularies), so clean and corrupt have the same token length by construction. The generator still encodes both prompts through the host's
- * tokenizer and checks that, retrying with new letters on the rare tokenizer where it fails.
+ * vocabularies), so clean and corrupt have the same token length by construction. The generator
+ * still encodes both prompts through the host's tokenizer and checks that, retrying with new letters
+ * on the rare tokenizer where it fails.
  *
  * Plain C99 and the one header, so it builds with any compiler and shares no C++ ABI with the host. */
 #include <stdint.h>

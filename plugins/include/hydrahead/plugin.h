@@ -68,7 +68,9 @@ typedef struct hh_tokenizer_v1 {
 /* Receives generated examples, one JSON object per call, in the calibration-set line format:
  * {"task": id, "clean_ids": [...], "corrupt_ids": [...], "answer_ids": [...], "wrong_ids": [...],
  *  "meta": {...}}  (text fields "clean", "corrupt", "answer", "wrong" may be added for display).
- * Returns 0 to continue, non-zero to ask the generator to stop (cancelled). */
+ * Returns 0 to continue, non-zero to ask the generator to stop (cancelled); the generator then
+ * returns 0 without emitting more (the host knows it cancelled). The host validates each example;
+ * the first invalid one fails the run with a message naming the plugin file and the task. */
 typedef struct hh_sink_v1 {
   void* ctx;
   int (*emit)(void* ctx, const char* example_json, size_t len);
@@ -85,8 +87,10 @@ typedef struct hh_task_v1 {
   const hh_param_v1* params;
   size_t num_params;
   /* Generates examples. `params_json` is a JSON object holding every declared parameter (defaults
-   * filled in and ranges checked by the host). Returns 0 on success; on failure writes a message of at
-   * most `err_cap` bytes (NUL-terminated) into `err` and returns non-zero. */
+   * filled in and ranges checked by the host): INT as a JSON integer, FLOAT as a number, STRING as a
+   * string, BOOL as true or false. Returns 0 on success; on failure writes a message of at most
+   * `err_cap` bytes (NUL-terminated) into `err` and returns non-zero. The host may call generators
+   * of different tasks, or the same one, from several threads at once. */
   int (*generate)(const char* params_json, const hh_tokenizer_v1* tokenizer, uint64_t seed,
                   const hh_sink_v1* sink, char* err, size_t err_cap);
 } hh_task_v1;

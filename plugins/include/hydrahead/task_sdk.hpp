@@ -20,13 +20,12 @@
 // Determinism: Rng is std::mt19937_64 (its output sequence is fixed by the C++ standard) with bounded
 // draws written here, not the <random> distributions (whose output differs between standard
 // libraries). The same seed therefore gives the same draws with any compiler and library.
-#include "hydrahead/plugin.h"
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -36,7 +35,7 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "hydrahead/plugin.h"
 
 namespace hh::sdk {
 
@@ -70,13 +69,11 @@ inline std::string quote_excerpt(std::string_view text) {
 
 // ---- parameter descriptors -------------------------------------------------------------------------
 
-constexpr hh_param_v1 int_param(const char* name, const char* description, int64_t def, int64_t min,
-                                int64_t max) {
-  return hh_param_v1{name, description, HH_PARAM_INT, static_cast<double>(def), static_cast<double>(min),
-                     static_cast<double>(max), nullptr, nullptr};
+constexpr hh_param_v1 int_param(const char* name, const char* description, int64_t def, int64_t min, int64_t max) {
+  const double d = static_cast<double>(def), lo = static_cast<double>(min), hi = static_cast<double>(max);
+  return hh_param_v1{name, description, HH_PARAM_INT, d, lo, hi, nullptr, nullptr};
 }
-constexpr hh_param_v1 float_param(const char* name, const char* description, double def, double min,
-                                  double max) {
+constexpr hh_param_v1 float_param(const char* name, const char* description, double def, double min, double max) {
   return hh_param_v1{name, description, HH_PARAM_FLOAT, def, min, max, nullptr, nullptr};
 }
 // `choices`: a NULL-terminated array with static storage, or nullptr for free text.
@@ -135,18 +132,21 @@ class Params {
 
   static Json default_of(const hh_param_v1& spec) {
     switch (spec.type) {
-      case HH_PARAM_INT: return static_cast<int64_t>(spec.default_number);
-      case HH_PARAM_FLOAT: return spec.default_number;
-      case HH_PARAM_BOOL: return spec.default_number != 0.0;
-      case HH_PARAM_STRING: return std::string(spec.default_string ? spec.default_string : "");
+      case HH_PARAM_INT:
+        return static_cast<int64_t>(spec.default_number);
+      case HH_PARAM_FLOAT:
+        return spec.default_number;
+      case HH_PARAM_BOOL:
+        return spec.default_number != 0.0;
+      case HH_PARAM_STRING:
+        return std::string(spec.default_string ? spec.default_string : "");
     }
     throw Error(std::string("parameter '") + spec.name + "' has an unknown type");
   }
 
   static Json checked(const hh_param_v1& spec, const Json& v) {
     const std::string name = spec.name;
-    const std::string range =
-        "[" + detail::format_number(spec.min) + ", " + detail::format_number(spec.max) + "]";
+    const std::string range = "[" + detail::format_number(spec.min) + ", " + detail::format_number(spec.max) + "]";
     switch (spec.type) {
       case HH_PARAM_INT: {
         if (!v.is_number()) throw Error("parameter '" + name + "' must be an integer, got " + v.dump());
@@ -202,8 +202,7 @@ class Tokenizer {
     if (text.empty()) return {};
     std::vector<int64_t> out(text.size() + 8);
     for (int attempt = 0; attempt < 2; ++attempt) {
-      const int64_t n =
-          tok_->encode(tok_->ctx, text.data(), text.size(), out.data(), static_cast<int64_t>(out.size()));
+      const int64_t n = tok_->encode(tok_->ctx, text.data(), text.size(), out.data(), static_cast<int64_t>(out.size()));
       if (n < 0) throw Error("the tokenizer failed to encode " + detail::quote_excerpt(text));
       if (static_cast<size_t>(n) <= out.size()) {
         out.resize(static_cast<size_t>(n));
@@ -417,19 +416,19 @@ int guarded(const char* what, char* err, size_t cap, Fn&& fn) noexcept {
 
 template <class Task>
 struct TaskBinding {
-  static int generate(const char* params_json, const hh_tokenizer_v1* tokenizer, uint64_t seed,
-                      const hh_sink_v1* sink, char* err, size_t err_cap) noexcept {
+  static int generate(const char* params_json, const hh_tokenizer_v1* tokenizer, uint64_t seed, const hh_sink_v1* sink,
+                      char* err, size_t err_cap) noexcept {
     return guarded(Task::id, err, err_cap, [&] {
-      const Params params(params_json ? std::string_view(params_json) : std::string_view(),
-                          std::data(Task::params), std::size(Task::params));
+      const Params params(params_json ? std::string_view(params_json) : std::string_view(), std::data(Task::params),
+                          std::size(Task::params));
       const Tokenizer tok(tokenizer);
       const Sink out(sink);
       const Context ctx{Task::id, params, tok, seed, out};
       Task::generate(ctx);
     });
   }
-  static inline const hh_task_v1 descriptor{Task::id,         Task::description,        Task::kind,
-                                            std::data(Task::params), std::size(Task::params), &generate};
+  static inline const hh_task_v1 descriptor{
+      Task::id, Task::description, Task::kind, std::data(Task::params), std::size(Task::params), &generate};
 };
 }  // namespace detail
 
@@ -476,6 +475,8 @@ int plugin_entry(const hh_host_v1* host, ListTasks&& list) noexcept {
     } catch (...) {
     }
     return 1;
+  } catch (...) {
+    return 1;
   }
 }
 }  // namespace detail
@@ -484,9 +485,7 @@ int plugin_entry(const hh_host_v1* host, ListTasks&& list) noexcept {
 
 // Defines the plugin's exported entry point. The argument is a list of task descriptors, either a
 // braced list of hh::sdk::task<T>() or an expression returning std::vector<const hh_task_v1*>.
-#define HH_SDK_PLUGIN_ENTRY(...)                                                                     \
-  extern "C" HH_PLUGIN_EXPORT int hydrahead_plugin_v1(const hh_host_v1* host) {                      \
-    return ::hh::sdk::detail::plugin_entry(host, []() -> std::vector<const hh_task_v1*> {           \
-      return __VA_ARGS__;                                                                            \
-    });                                                                                              \
+#define HH_SDK_PLUGIN_ENTRY(...)                                                                                  \
+  extern "C" HH_PLUGIN_EXPORT int hydrahead_plugin_v1(const hh_host_v1* host) {                                   \
+    return ::hh::sdk::detail::plugin_entry(host, []() -> std::vector<const hh_task_v1*> { return __VA_ARGS__; }); \
   }
