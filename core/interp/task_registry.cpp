@@ -16,6 +16,7 @@
 
 #include "core/model/tokenizer.h"
 #include "core/util/log.h"
+#include "hydrahead/version.h"
 #include "plugins/include/hydrahead/plugin.h"
 
 namespace hh::interp {
@@ -681,6 +682,16 @@ std::vector<CalibExample> TaskRegistry::generate(const std::string& id, const js
     throw Error(file + ": task '" + id + "' failed (status " + std::to_string(rc) + "): " + msg);
   }
   if (g.out.empty()) throw Error(file + ": task '" + id + "' produced no examples");
+  // Provenance (DESIGN §3): every example says what produced it, so a calibration file is reproducible.
+  const json resolved = json::parse(params);
+  for (std::size_t i = 0; i < g.out.size(); ++i) {
+    auto& meta = g.out[i].meta;
+    if (!meta.is_object()) meta = json::object();
+    meta["source"] = {{"task", id},          {"params", resolved},
+                      {"seed", seed},        {"index", i},
+                      {"plugin", task->library.filename().string()},
+                      {"created_by", std::string("hydrahead ") + HYDRAHEAD_VERSION}};
+  }
   if (progress) progress(1.0, g.out.size());
   return std::move(g.out);
 }
