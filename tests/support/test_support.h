@@ -1,7 +1,11 @@
 #pragma once
 // Shared helpers for the test executables: where the fixtures and binaries are, scratch dirs.
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <string>
+
+#include "core/util/error.h"
 
 namespace hh::test {
 std::filesystem::path source_dir();   // repository root
@@ -11,4 +15,20 @@ std::filesystem::path bin_dir();      // build/bin
 std::filesystem::path qwen3_tokenizer_dir();
 // A fresh, empty directory under the build's test-tmp, unique per test.
 std::filesystem::path scratch_dir(const std::string& tag);
+// The message of the hh::Error `f` throws; a test failure when it throws nothing.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const hh::Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected hh::Error";
+  return {};
+}
+
 }  // namespace hh::test
+
+// The message contains `part` (a file, tensor, field or value it must name).
+#define EXPECT_MENTIONS(message, part) \
+  EXPECT_NE((message).find(part), std::string::npos) << "message: " << (message) << "\nmissing: " << (part)

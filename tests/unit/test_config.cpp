@@ -55,19 +55,7 @@ constexpr int64_t kQwen3_0_6B_Params = 596049920;
 
 json qwen3_json() { return json::parse(kQwen3_0_6B); }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const hh::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected hh::Error";
-  return {};
-}
-
-#define EXPECT_MENTIONS(message, part) \
-  EXPECT_NE((message).find(part), std::string::npos) << "message: " << (message) << "\nmissing: " << (part)
+using hh::test::error_of;
 
 // The error from parsing Qwen3-0.6B's config with `field` set to `value` (null erases it).
 std::string error_with(const std::string& field, const json& value) {

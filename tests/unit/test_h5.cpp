@@ -19,19 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 using hh::io::H5File;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const hh::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected hh::Error";
-  return {};
-}
-
-#define EXPECT_MENTIONS(message, part) \
-  EXPECT_NE((message).find(part), std::string::npos) << "message: " << (message) << "\nmissing: " << (part)
+using hh::test::error_of;
 
 std::vector<std::string> entries_in(const fs::path& dir) {
   std::vector<std::string> names;

@@ -26,20 +26,7 @@ using hh::io::DType;
 using hh::io::SafetensorsFile;
 using hh::io::TensorBlob;
 
-// The message of the hh::Error `f` throws; a test failure when it throws nothing.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const hh::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected hh::Error";
-  return {};
-}
-
-#define EXPECT_MENTIONS(message, part) \
-  EXPECT_NE((message).find(part), std::string::npos) << "message: " << (message) << "\nmissing: " << (part)
+using hh::test::error_of;
 
 // A hand-made file: 8-byte length (N unless overridden), the JSON, then `data_bytes` bytes.
 void write_raw(const fs::path& path, const std::string& json, std::size_t data_bytes,

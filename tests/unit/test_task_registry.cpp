@@ -43,15 +43,7 @@ std::string diagnostic_for(const TaskRegistry& reg, const fs::path& file) {
   return found;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const hh::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no hh::Error thrown";
-  return "";
-}
+using hh::test::error_of;
 
 // Sets an environment variable for one scope and restores the old value.
 class ScopedEnv {
