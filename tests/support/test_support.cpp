@@ -4,6 +4,10 @@
 
 #include "test_paths.h"
 
+#include <ftw.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -14,6 +18,15 @@ std::filesystem::path env_path(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   if (v && *v) return v;
   return fallback;
+}
+// Removes a directory tree with POSIX calls. pip torch's libtorch.so exports its own copy of
+// std::filesystem::remove_all, which crashes (a call through a null pointer) on a non-empty directory
+// when the test binary resolves the symbol there; the tests must not depend on it.
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
+void remove_tree(const std::filesystem::path& dir) {
+  if (::access(dir.c_str(), F_OK) != 0) return;
+  if (::nftw(dir.c_str(), remove_entry, /*fd_limit=*/16, FTW_DEPTH | FTW_PHYS) != 0)
+    throw std::runtime_error("cannot remove " + dir.string());
 }
 }  // namespace
 
@@ -31,7 +44,7 @@ std::filesystem::path scratch_dir(const std::string& tag) {
   for (auto& c : name)
     if (!isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') c = '_';
   auto dir = env_path("HH_TEST_TMP", HH_DEFAULT_TEST_TMP) / name;
-  std::filesystem::remove_all(dir);
+  remove_tree(dir);
   std::filesystem::create_directories(dir);
   return dir;
 }
