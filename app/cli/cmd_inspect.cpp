@@ -4,12 +4,9 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <map>
 
 #include "app/cli/commands.h"
-#include "core/io/checkpoint.h"
-#include "core/io/fingerprint.h"
-#include "core/model/config.h"
+#include "core/model/summary.h"
 #include "core/util/error.h"
 
 namespace hh::cli {
@@ -20,35 +17,12 @@ struct InspectArgs {
   bool json = false;
 };
 
-std::string human_count(int64_t n) {
-  char buf[32];
-  if (n >= 1'000'000'000) std::snprintf(buf, sizeof buf, "%.2f B", n / 1e9);
-  else if (n >= 1'000'000) std::snprintf(buf, sizeof buf, "%.1f M", n / 1e6);
-  else if (n >= 1'000) std::snprintf(buf, sizeof buf, "%.1f K", n / 1e3);
-  else std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
-  return buf;
-}
-
 int run_inspect(const InspectArgs& a) {
   namespace fs = std::filesystem;
   const fs::path dir = a.model;
   if (!fs::is_directory(dir)) throw Error(a.model + ": not a checkpoint directory");
-  const auto cfg = model::ModelConfig::load(dir / "config.json");
-  const io::Checkpoint ckpt(dir);
-
-  // Parameters counted from the stored tensors, and the dtypes they are stored in.
-  int64_t stored = 0;
-  std::map<std::string, int64_t> dtype_counts;
-  for (const auto& name : ckpt.tensor_names()) {
-    const auto& info = ckpt.info(name);
-    stored += info.numel();
-    dtype_counts[std::string(io::dtype_name(info.dtype))] += info.numel();
-  }
-  std::string dtype = "none";
-  int64_t best = -1;
-  for (const auto& [d, n] : dtype_counts)
-    if (n > best) best = n, dtype = d;
-  const std::string fingerprint = io::model_fingerprint(dir);
+  const model::ModelSummary sum = model::summarize_checkpoint(dir);
+  const auto& cfg = sum.config;
   const int64_t L = cfg.num_hidden_layers, Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads;
   const int64_t G = cfg.kv_group_size();
 
@@ -74,11 +48,11 @@ int run_inspect(const InspectArgs& a) {
         {"rope_theta", cfg.rope_theta},
         {"rms_norm_eps", cfg.rms_norm_eps},
         {"tie_word_embeddings", cfg.tie_word_embeddings},
-        {"parameters", cfg.num_parameters()},
-        {"stored_parameters", stored},
-        {"dtype", dtype},
+        {"parameters", sum.params_from_config},
+        {"stored_parameters", sum.params_from_tensors},
+        {"dtype", sum.weights_dtype},
         {"kv_groups", kv_groups},
-        {"fingerprint", fingerprint},
+        {"fingerprint", sum.fingerprint},
     };
     std::printf("%s\n", j.dump(2).c_str());
     return kExitOk;
@@ -94,13 +68,14 @@ int run_inspect(const InspectArgs& a) {
               static_cast<long long>(cfg.intermediate_size), static_cast<long long>(cfg.vocab_size));
   std::printf("rope theta    %g, rms eps %g, tied embeddings %s\n", cfg.rope_theta, cfg.rms_norm_eps,
               cfg.tie_word_embeddings ? "yes" : "no");
-  std::printf("parameters    %s (%lld)%s\n", human_count(cfg.num_parameters()).c_str(),
-              static_cast<long long>(cfg.num_parameters()),
-              stored == cfg.num_parameters() ? "" : "  [stored tensors differ: see below]");
-  if (stored != cfg.num_parameters())
-    std::printf("stored        %lld parameters in the safetensors files\n", static_cast<long long>(stored));
-  std::printf("dtype         %s\n", dtype.c_str());
-  std::printf("fingerprint   %s\n", fingerprint.c_str());
+  std::printf("parameters    %s (%s)%s\n", model::format_parameter_count(sum.params_from_config).c_str(),
+              model::group_digits(sum.params_from_config).c_str(),
+              sum.params_match() ? "" : "  [stored tensors differ: see below]");
+  if (!sum.params_match())
+    std::printf("stored        %s parameters in the safetensors files\n",
+                model::group_digits(sum.params_from_tensors).c_str());
+  std::printf("dtype         %s\n", sum.weights_dtype.c_str());
+  std::printf("fingerprint   %s\n", sum.fingerprint.c_str());
   std::printf("\nlayers x heads (cell = KV group of the query head)\n");
   std::printf("%8s", "");
   for (int64_t h = 0; h < Hq; ++h) std::printf(" %3lld", static_cast<long long>(h));

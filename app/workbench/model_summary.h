@@ -1,52 +1,15 @@
 #pragma once
-// What the Model view shows about a checkpoint, gathered through the core without reading any
-// weights: config.json, the safetensors headers and the model fingerprint. Plain data (no Qt), so
-// the numbers the window displays are testable without widgets.
-#include <cstdint>
-#include <filesystem>
-#include <string>
-#include <vector>
-
-#include "core/model/config.h"
+// The checkpoint summary lives in the core (core/model/summary.h); the workbench uses its names.
+#include "core/model/summary.h"
 
 namespace hh::workbench {
-
-struct TensorEntry {
-  std::string name;
-  std::string dtype;            // safetensors spelling: "BF16", "F32", ...
-  std::vector<int64_t> shape;
-  int64_t numel = 0;
-};
-
-struct ModelSummary {
-  std::filesystem::path dir;               // absolute, normalised
-  std::string name;                        // the folder's name
-  hh::model::ModelConfig config;
-  std::string fingerprint;                 // "sha256:<hex>" (DESIGN §7)
-  std::vector<std::string> weight_files;   // *.safetensors file names, sorted
-  std::vector<TensorEntry> tensors;        // in natural name order (layers.2 before layers.10)
-  std::string weights_dtype;               // "BF16", or "BF16 ×310, F32 ×3" when mixed
-  int64_t params_from_config = 0;          // implied by config.json
-  int64_t params_from_tensors = 0;         // sum of the stored tensors' element counts
-
-  bool params_match() const { return params_from_config == params_from_tensors; }
-};
-
-// Reads config.json, opens the checkpoint's safetensors headers and computes the fingerprint.
-// Throws hh::Error naming the folder, file and field when something is missing or malformed.
-ModelSummary summarize_checkpoint(const std::filesystem::path& dir);
-
-// 596049920 -> "596.0 M", 8190735360 -> "8.19 B", 1500 -> "1.5 K", 999 -> "999".
-std::string format_parameter_count(int64_t n);
-// 151936 -> "151,936"; negative numbers keep their sign.
-std::string group_digits(int64_t n);
-// {1024, 151936} -> "[1024, 151936]"; a scalar is "[]".
-std::string format_shape(const std::vector<int64_t>& shape);
-// "sha256:0123abcd..." -> "sha256:0123abcd0123" (the algorithm tag plus `hex_chars` digits).
-std::string fingerprint_prefix(const std::string& fingerprint, int hex_chars = 12);
-// Orders digit runs by value, so "layers.2.x" < "layers.10.x".
-bool natural_less(const std::string& a, const std::string& b);
-// The stored dtype(s): one name when uniform, else "NAME ×count" by decreasing count.
-std::string dtype_summary(const std::vector<TensorEntry>& tensors);
-
+using hh::model::dtype_summary;
+using hh::model::fingerprint_prefix;
+using hh::model::format_parameter_count;
+using hh::model::format_shape;
+using hh::model::group_digits;
+using hh::model::ModelSummary;
+using hh::model::natural_less;
+using hh::model::summarize_checkpoint;
+using hh::model::TensorEntry;
 }  // namespace hh::workbench

@@ -182,24 +182,25 @@ H5File H5File::create(const fs::path& path) {
   return H5File(id, Mode::Created, path, tmp);
 }
 
-H5File H5File::open_read(const fs::path& path) {
-  QuietErrors quiet;
+// Opens an existing file read-only or read-write (`flags`), with CLOSE_STRONG as in create().
+static hid_t open_existing(const fs::path& path, unsigned flags, const char* failure) {
   if (!fs::is_regular_file(path)) throw Error(path.string() + ": no such file");
   Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
-  const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
-  if (id < 0) throw Error(path.string() + ": cannot open as HDF5" + hdf5_detail());
-  return H5File(id, Mode::ReadOnly, path, path);
+  const hid_t id = H5Fopen(path.c_str(), flags, fapl.get());
+  if (id < 0) throw Error(path.string() + ": " + failure + hdf5_detail());
+  return id;
+}
+
+H5File H5File::open_read(const fs::path& path) {
+  QuietErrors quiet;
+  return H5File(open_existing(path, H5F_ACC_RDONLY, "cannot open as HDF5"), Mode::ReadOnly, path, path);
 }
 
 H5File H5File::open_rw(const fs::path& path) {
   QuietErrors quiet;
-  if (!fs::is_regular_file(path)) throw Error(path.string() + ": no such file");
-  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
-  const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl.get());
-  if (id < 0) throw Error(path.string() + ": cannot open HDF5 file for writing" + hdf5_detail());
-  return H5File(id, Mode::ReadWrite, path, path);
+  return H5File(open_existing(path, H5F_ACC_RDWR, "cannot open HDF5 file for writing"), Mode::ReadWrite, path,
+                path);
 }
 
 void H5File::commit() {

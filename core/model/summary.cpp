@@ -1,4 +1,4 @@
-#include "model_summary.h"
+#include "core/model/summary.h"
 
 #include <algorithm>
 #include <cctype>
@@ -13,7 +13,7 @@
 
 namespace fs = std::filesystem;
 
-namespace hh::workbench {
+namespace hh::model {
 namespace {
 
 bool is_digit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
@@ -159,4 +159,4 @@ std::string dtype_summary(const std::vector<TensorEntry>& tensors) {
   return out;
 }
 
-}  // namespace hh::workbench
+}  // namespace hh::model
