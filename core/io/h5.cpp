@@ -203,6 +203,24 @@ H5File H5File::open_rw(const fs::path& path) {
                 path);
 }
 
+H5File H5File::update(const fs::path& path) {
+  QuietErrors quiet;
+  if (!fs::is_regular_file(path)) throw Error(path.string() + ": no such file");
+  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  std::error_code ec;
+  fs::copy_file(path, tmp, fs::copy_options::overwrite_existing, ec);
+  if (ec) {
+    ::unlink(tmp.c_str());
+    throw Error(path.string() + ": cannot copy to " + tmp.string() + ": " + ec.message());
+  }
+  try {
+    return H5File(open_existing(tmp, H5F_ACC_RDWR, "cannot open HDF5 file for writing"), Mode::Created, path, tmp);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+}
+
 void H5File::commit() {
   if (id_ < 0) throw Error(path_.string() + ": commit() on a closed file");
   QuietErrors quiet;

@@ -36,6 +36,9 @@ class H5File {
   static H5File open_read(const std::filesystem::path& path);
   // An existing file changed in place (no temp file; commit() flushes and closes).
   static H5File open_rw(const std::filesystem::path& path);
+  // An existing file changed as a whole: a copy at `<path>.tmp.<pid>` is edited and commit() renames
+  // it over `path`; dropped without commit(), the copy is deleted and `path` is untouched.
+  static H5File update(const std::filesystem::path& path);
 
   H5File(H5File&& other) noexcept;
   H5File& operator=(H5File&& other) noexcept;

@@ -108,17 +108,18 @@ at::Tensor ungroup_rows(const at::Tensor& o, int64_t R) {
   return o.view({B, Hkv, G, R, X}).permute({0, 3, 1, 2, 4}).reshape({B, R, Hkv * G, X});
 }
 
-// Attention probabilities of query rows `rows` ([R] positions) over keys [0, n_keys), causal,
-// eager-HF order: (q k^T) * scale, mask, softmax in float32, cast to the model dtype.
-at::Tensor softmax_rows(const at::Tensor& q, const at::Tensor& kh, const at::Tensor& rows, int64_t n_keys,
-                        double scale) {
-  // q [B, T, Hq, Dh], kh [B, Hkv, T, Dh], rows [R] int64 -> [B, Hkv, G, R, n_keys]
+// Attention probabilities of the query rows `rows` (indices into q's T axis) over keys [0, n_keys),
+// causal by absolute position `abs_pos` of each row, eager-HF order: (q k^T) * scale, mask, softmax in
+// float32, cast to the model dtype.
+at::Tensor softmax_rows(const at::Tensor& q, const at::Tensor& kh, const at::Tensor& rows, const at::Tensor& abs_pos,
+                        int64_t n_keys, double scale) {
+  // q [B, T, Hq, Dh], kh [B, Hkv, >= n_keys, Dh], rows/abs_pos [R] int64 -> [B, Hkv, G, R, n_keys]
   const int64_t B = q.size(0), Hq = q.size(2), Hkv = kh.size(1), R = rows.size(0);
   const int64_t G = Hq / Hkv;
   at::Tensor qg = group_queries(q.index_select(1, rows), Hkv);                          // [B, Hkv, G*R, Dh]
   at::Tensor scores = at::matmul(qg, kh.narrow(2, 0, n_keys).transpose(2, 3)) * scale;  // [B, Hkv, G*R, n]
   at::Tensor keys = at::arange(n_keys, rows.options());                                  // [n]
-  at::Tensor future = keys.unsqueeze(0) > rows.unsqueeze(1);                             // [R, n]
+  at::Tensor future = keys.unsqueeze(0) > abs_pos.unsqueeze(1);                          // [R, n]
   scores = scores.view({B, Hkv, G, R, n_keys}).masked_fill(future, -std::numeric_limits<double>::infinity());
   return at::softmax(scores, -1, accum_dtype(q.scalar_type())).to(q.scalar_type());
 }
@@ -129,46 +130,71 @@ int64_t query_block_rows(int64_t B, int64_t Hq, int64_t n_keys) {
 }
 
 // Causal attention in query blocks; never holds more than query_block_rows x T scores per head.
+// With a key prefix (k/v longer than q by P tokens), query i sits at absolute position P + i.
 at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
-  // q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh] -> z [B, T, Hq, Dh]
-  const int64_t B = q.size(0), T = q.size(1), Hkv = k.size(2);
-  const int64_t block = query_block_rows(B, q.size(2), T);
-  at::Tensor kh = k.transpose(1, 2).contiguous();  // [B, Hkv, T, Dh]
-  at::Tensor vh = v.transpose(1, 2).contiguous();  // [B, Hkv, T, Dh]
+  // q [B, Tq, Hq, Dh], k/v [B, P + Tq, Hkv, Dh] -> z [B, Tq, Hq, Dh]
+  const int64_t B = q.size(0), Tq = q.size(1), Hkv = k.size(2);
+  const int64_t P = k.size(1) - Tq;
+  const int64_t block = query_block_rows(B, q.size(2), P + Tq);
+  at::Tensor kh = k.transpose(1, 2).contiguous();  // [B, Hkv, P + Tq, Dh]
+  at::Tensor vh = v.transpose(1, 2).contiguous();  // [B, Hkv, P + Tq, Dh]
   const auto long_opts = at::TensorOptions().dtype(at::kLong).device(q.device());
   std::vector<at::Tensor> blocks;
-  for (int64_t r0 = 0; r0 < T; r0 += block) {
-    const int64_t r1 = std::min(T, r0 + block);
+  for (int64_t r0 = 0; r0 < Tq; r0 += block) {
+    const int64_t r1 = std::min(Tq, r0 + block);
     const int64_t R = r1 - r0;
     // Keys after the block's last row are masked for every row of the block: skip them.
-    at::Tensor probs = softmax_rows(q, kh, at::arange(r0, r1, long_opts), /*n_keys=*/r1, scale);  // [B, Hkv, G, R, r1]
-    at::Tensor out = at::matmul(probs.view({B, Hkv, -1, r1}), vh.narrow(2, 0, r1));                // [B, Hkv, G*R, Dh]
-    blocks.push_back(ungroup_rows(out, R));                                                         // [B, R, Hq, Dh]
+    at::Tensor rows = at::arange(r0, r1, long_opts);                                                   // [R] into q
+    at::Tensor probs = softmax_rows(q, kh, rows, rows + P, /*n_keys=*/P + r1, scale);                  // [B, Hkv, G, R, n]
+    at::Tensor out = at::matmul(probs.view({B, Hkv, -1, P + r1}), vh.narrow(2, 0, P + r1));           // [B, Hkv, G*R, Dh]
+    blocks.push_back(ungroup_rows(out, R));                                                             // [B, R, Hq, Dh]
   }
   return blocks.size() == 1 ? blocks[0] : at::cat(blocks, 1);
 }
 
 #if HH_TORCH_AT_LEAST(2, 0)
 // Fused causal attention (flash / memory-efficient kernels on CUDA, flash-style on CPU).
+// With a key prefix of P tokens the causal mask is bottom-right aligned (query i sees keys <= P + i);
+// is_causal means top-left alignment in SDPA, so that case passes an explicit boolean mask, built for
+// query blocks that keep it under kMaskBudget bytes.
+constexpr int64_t kMaskBudget = int64_t{256} << 20;
+
 at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
-  // q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh] -> z [B, T, Hq, Dh]
-  const int64_t B = q.size(0), T = q.size(1), Hq = q.size(2), Dh = q.size(3), Hkv = k.size(2);
-  const int64_t G = Hq / Hkv;
-  at::Tensor qh = q.transpose(1, 2);  // [B, Hq, T, Dh]
-  at::Tensor kh = k.transpose(1, 2);  // [B, Hkv, T, Dh]
+  // q [B, Tq, Hq, Dh], k/v [B, P + Tq, Hkv, Dh] -> z [B, Tq, Hq, Dh]
+  const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), Dh = q.size(3), Hkv = k.size(2), Tk = k.size(1);
+  const int64_t G = Hq / Hkv, P = Tk - Tq;
+  at::Tensor qh = q.transpose(1, 2);  // [B, Hq, Tq, Dh]
+  at::Tensor kh = k.transpose(1, 2);  // [B, Hkv, Tk, Dh]
   at::Tensor vh = v.transpose(1, 2);
   if (G > 1) {
     // Query head h reads KV head h / G. O(T) extra memory; keeps every SDPA backend eligible.
-    kh = kh.unsqueeze(2).expand({B, Hkv, G, T, Dh}).reshape({B, Hq, T, Dh});
-    vh = vh.unsqueeze(2).expand({B, Hkv, G, T, Dh}).reshape({B, Hq, T, Dh});
+    kh = kh.unsqueeze(2).expand({B, Hkv, G, Tk, Dh}).reshape({B, Hq, Tk, Dh});
+    vh = vh.unsqueeze(2).expand({B, Hkv, G, Tk, Dh}).reshape({B, Hq, Tk, Dh});
   }
+  auto sdpa = [&](const at::Tensor& qq, const at::Tensor& kk, const at::Tensor& vv, const at::Tensor& mask) {
 #if HH_TORCH_AT_LEAST(2, 1)
-  at::Tensor out = at::scaled_dot_product_attention(qh, kh, vh, {}, /*dropout_p=*/0.0, /*is_causal=*/true, scale);
+    return at::scaled_dot_product_attention(qq, kk, vv, mask, /*dropout_p=*/0.0, /*is_causal=*/!mask.defined(), scale);
 #else
-  // 2.0 has no scale argument; its default 1/sqrt(Dh) is the Qwen3 scale.
-  at::Tensor out = at::scaled_dot_product_attention(qh, kh, vh, {}, /*dropout_p=*/0.0, /*is_causal=*/true);
+    // 2.0 has no scale argument; its default 1/sqrt(Dh) is the Qwen3 scale.
+    return at::scaled_dot_product_attention(qq, kk, vv, mask, /*dropout_p=*/0.0, /*is_causal=*/!mask.defined());
 #endif
-  return out.transpose(1, 2).contiguous();  // [B, T, Hq, Dh]
+  };
+  at::Tensor out;
+  if (P == 0) {
+    out = sdpa(qh, kh, vh, {});
+  } else {
+    const int64_t block = std::max<int64_t>(kMinQueryBlock, kMaskBudget / Tk);
+    const auto long_opts = at::TensorOptions().dtype(at::kLong).device(q.device());
+    std::vector<at::Tensor> parts;
+    for (int64_t r0 = 0; r0 < Tq; r0 += block) {
+      const int64_t R = std::min(Tq - r0, block), n = P + r0 + R;  // keys after the block's last row: unused
+      at::Tensor rows = at::arange(P + r0, P + r0 + R, long_opts);                        // [R] absolute
+      at::Tensor allowed = at::arange(n, long_opts).unsqueeze(0) <= rows.unsqueeze(1);    // [R, n]
+      parts.push_back(sdpa(qh.narrow(2, r0, R), kh.narrow(2, 0, n), vh.narrow(2, 0, n), allowed));
+    }
+    out = parts.size() == 1 ? parts[0] : at::cat(parts, 2);
+  }
+  return out.transpose(1, 2).contiguous();  // [B, Tq, Hq, Dh]
 }
 #endif
 
@@ -180,16 +206,19 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return blockwise_attention(q, k, v, scale);
 }
 
-// hook_pattern rows, in blocks of rows so the float32 softmax temporaries stay small.
+// hook_pattern rows, in blocks of rows so the float32 softmax temporaries stay small. `rows` index q;
+// with a key prefix of P = kh.size(2) - q.size(1) tokens, row r sits at absolute position P + r.
 at::Tensor attention_pattern(const at::Tensor& q, const at::Tensor& kh, const at::Tensor& rows, double scale) {
-  // q [B, T, Hq, Dh], kh [B, Hkv, T, Dh], rows [R] -> [B, Hq, R, T]
-  const int64_t B = q.size(0), T = q.size(1), Hq = q.size(2), R = rows.size(0);
-  const int64_t block = query_block_rows(B, Hq, T);
+  // q [B, Tq, Hq, Dh], kh [B, Hkv, Tk, Dh], rows [R] -> [B, Hq, R, Tk]
+  const int64_t B = q.size(0), Hq = q.size(2), R = rows.size(0), Tk = kh.size(2);
+  const int64_t P = Tk - q.size(1);
+  const int64_t block = query_block_rows(B, Hq, Tk);
   std::vector<at::Tensor> parts;
   for (int64_t r0 = 0; r0 < R; r0 += block) {
     const int64_t n = std::min(R - r0, block);
-    at::Tensor p = softmax_rows(q, kh, rows.narrow(0, r0, n), /*n_keys=*/T, scale);  // [B, Hkv, G, n, T]
-    parts.push_back(p.reshape({B, Hq, n, T}));
+    at::Tensor r = rows.narrow(0, r0, n);
+    at::Tensor p = softmax_rows(q, kh, r, r + P, /*n_keys=*/Tk, scale);  // [B, Hkv, G, n, Tk]
+    parts.push_back(p.reshape({B, Hq, n, Tk}));
   }
   return parts.size() == 1 ? parts[0] : at::cat(parts, 2);
 }
@@ -409,8 +438,31 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
   const int64_t B = x.size(0), T = x.size(1);
   if (B == 0 || T == 0) throw Error("forward: empty input " + shape_str(x.sizes()));
 
+  const bool has_prefix = opts.prefix_k != nullptr || opts.prefix_v != nullptr;
+  if (has_prefix && (opts.prefix_k == nullptr || opts.prefix_v == nullptr))
+    throw Error("forward: prefix_k and prefix_v must be given together");
+  // The prefix tensors of layer l, checked against the input; {undefined, undefined} without a prefix.
+  auto prefix_of = [&](int64_t l) -> std::pair<at::Tensor, at::Tensor> {
+    if (!has_prefix) return {};
+    const auto at_layer = [&](const std::vector<at::Tensor>* list, const char* what) {
+      if (static_cast<int64_t>(list->size()) <= l || !(*list)[static_cast<size_t>(l)].defined())
+        throw Error(std::string("forward: ") + what + " has no tensor for layer " + std::to_string(l));
+      const at::Tensor& t = (*list)[static_cast<size_t>(l)];
+      if (t.dim() != 4 || (t.size(0) != 1 && t.size(0) != B) || t.size(2) != Hkv || t.size(3) != Dh)
+        throw Error(std::string("forward: ") + what + "[" + std::to_string(l) + "] must be [1 or " + std::to_string(B) +
+                    ", P, " + std::to_string(Hkv) + ", " + std::to_string(Dh) + "], got " + shape_str(t.sizes()));
+      return t.to(dev, dt);
+    };
+    at::Tensor pk = at_layer(opts.prefix_k, "prefix_k"), pv = at_layer(opts.prefix_v, "prefix_v");
+    if (pk.size(1) != pv.size(1) || pk.size(0) != pv.size(0))
+      throw Error("forward: prefix_k and prefix_v of layer " + std::to_string(l) + " differ in shape: " +
+                  shape_str(pk.sizes()) + " vs " + shape_str(pv.sizes()));
+    return {pk.expand({B, -1, -1, -1}), pv.expand({B, -1, -1, -1})};
+  };
+  const int64_t prefix_len = has_prefix && start < stop ? prefix_of(start).first.size(1) : 0;
+
   const HookPoints hook(opts.hooks);
-  const RopeTables rope = rope_tables(inv_freq_, opts.position_offset, T, dt);
+  const RopeTables rope = rope_tables(inv_freq_, prefix_len + opts.position_offset, T, dt);
   at::Tensor pattern_rows;  // [R], resolved on first use
   auto rows_for_pattern = [&]() -> const at::Tensor& {
     if (!pattern_rows.defined())
@@ -434,11 +486,21 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
     hook(l, HookKind::K, k);
     hook(l, HookKind::V, v);
 
-    at::Tensor z = causal_attention(q, k, v, scale, opts.eager_attention);  // [B, T, Hq, Dh]
+    at::Tensor k_all = k, v_all = v;  // [B, P + T, Hkv, Dh]
+    if (has_prefix) {
+      auto [pk, pv] = prefix_of(l);
+      if (pk.size(1) != prefix_len)
+        throw Error("forward: prefix of layer " + std::to_string(l) + " holds " + std::to_string(pk.size(1)) +
+                    " tokens, layer " + std::to_string(start) + "'s holds " + std::to_string(prefix_len));
+      k_all = at::cat({pk, k}, 1);
+      v_all = at::cat({pv, v}, 1);
+    }
+    at::Tensor z = causal_attention(q, k_all, v_all, scale, opts.eager_attention);  // [B, T, Hq, Dh]
     if (hook.active(l, HookKind::Pattern)) {
-      const at::Tensor& rows = rows_for_pattern();                            // [R]
-      at::Tensor vh = v.transpose(1, 2).contiguous();                        // [B, Hkv, T, Dh]
-      at::Tensor pattern = attention_pattern(q, k.transpose(1, 2).contiguous(), rows, scale);  // [B, Hq, R, T]
+      const at::Tensor& rows = rows_for_pattern();                                        // [R]
+      const int64_t Tk = k_all.size(1);
+      at::Tensor vh = v_all.transpose(1, 2).contiguous();                                // [B, Hkv, Tk, Dh]
+      at::Tensor pattern = attention_pattern(q, k_all.transpose(1, 2).contiguous(), rows, scale);  // [B, Hq, R, Tk]
       const at::Tensor original = pattern;
       const int64_t version = original._version();
       hook(l, HookKind::Pattern, pattern);
@@ -447,24 +509,22 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
       if (changed || pattern.requires_grad()) {
         // The hook patched the pattern (or wants its gradient): those rows of z now come from it.
         const int64_t R = rows.size(0);
-        at::Tensor grouped = pattern.reshape({B, Hkv, -1, T});                   // [B, Hkv, G*R, T]
+        at::Tensor grouped = pattern.reshape({B, Hkv, -1, Tk});                  // [B, Hkv, G*R, Tk]
         at::Tensor z_rows = ungroup_rows(at::matmul(grouped, vh), R);            // [B, R, Hq, Dh]
         z = z.index_copy(1, rows, z_rows);
       }
     }
     hook(l, HookKind::Z, z);
 
-    at::Tensor attn_out = dense(z.reshape({B, T, Hq * Dh}), lw.o_proj, lw.o_bias);  // [B, T, d]
-    hook(l, HookKind::AttnOut, attn_out);
-    x = x + attn_out;
+    at::Tensor attn = attn_out(l, z);  // [B, T, d]
+    hook(l, HookKind::AttnOut, attn);
+    x = x + attn;
     hook(l, HookKind::ResidMid, x);
 
     // ---- MLP ----
-    h = rms_norm(x, lw.post_attention_layernorm, eps);                                      // [B, T, d]
-    at::Tensor act = at::silu(dense(h, lw.gate_proj)) * dense(h, lw.up_proj);             // [B, T, I]
-    at::Tensor mlp_out = dense(act, lw.down_proj);                                         // [B, T, d]
-    hook(l, HookKind::MlpOut, mlp_out);
-    x = x + mlp_out;
+    at::Tensor mlp = mlp_out(l, x);  // [B, T, d]
+    hook(l, HookKind::MlpOut, mlp);
+    x = x + mlp;
     hook(l, HookKind::ResidPost, x);
   }
 
@@ -475,9 +535,25 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
   at::Tensor h = x;  // [B, T, d]
   if (opts.logit_positions.defined())
     h = h.index_select(1, checked_positions(opts.logit_positions, T, dev, "logit_positions"));  // [B, P, d]
-  h = rms_norm(h, w_.norm, eps);
-  out.logits = dense(h, w_.lm_head).to(accum_dtype(dt));  // [B, T or P, V]
+  out.logits = unembed(h);  // [B, T or P, V]
   return out;
+}
+
+at::Tensor Transformer::attn_out(int64_t layer, const at::Tensor& z) const {
+  const LayerWeights& lw = w_.layers.at(static_cast<size_t>(layer));
+  return dense(z.flatten(-2, -1), lw.o_proj, lw.o_bias);  // [..., Hq * Dh] -> [..., d]
+}
+
+at::Tensor Transformer::mlp_out(int64_t layer, const at::Tensor& resid_mid) const {
+  const LayerWeights& lw = w_.layers.at(static_cast<size_t>(layer));
+  at::Tensor h = rms_norm(resid_mid, lw.post_attention_layernorm, cfg_.rms_norm_eps);  // [..., d]
+  at::Tensor act = at::silu(dense(h, lw.gate_proj)) * dense(h, lw.up_proj);           // [..., I]
+  return dense(act, lw.down_proj);                                                     // [..., d]
+}
+
+at::Tensor Transformer::unembed(const at::Tensor& resid) const {
+  at::Tensor h = rms_norm(resid, w_.norm, cfg_.rms_norm_eps);
+  return dense(h, w_.lm_head).to(accum_dtype(dtype()));
 }
 
 }  // namespace hh::model

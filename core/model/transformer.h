@@ -67,8 +67,16 @@ struct ForwardOptions {
   // [R] int64 query positions whose attention rows hook_pattern receives ([B, Hq, R, T]).
   // Undefined: all T rows (only sensible for short inputs).
   at::Tensor pattern_rows;
-  // Position of the first token of `input` (RoPE offset), for inputs that are a suffix.
+  // Position of the first token of `input` (RoPE offset), for inputs that are a suffix. With a
+  // kv_prefix of P tokens the first input token sits at position P + position_offset.
   int64_t position_offset = 0;
+  // Keys and values of P earlier tokens that every row of the batch shares (a clean run's prefix),
+  // so only the tokens after it are recomputed. One entry per layer the forward runs (indexed by
+  // layer; others may be undefined): k and v [1 or B, P, Hkv, Dh], k after k_norm and RoPE, exactly
+  // what blocks.{l}.attn.hook_k / hook_v hold. hook_k / hook_v see the new tokens only; hook_pattern
+  // rows index the new tokens and span all P + T keys.
+  const std::vector<at::Tensor>* prefix_k = nullptr;
+  const std::vector<at::Tensor>* prefix_v = nullptr;
   // Attention kernel. false: scaled_dot_product_attention where LibTorch has it (>= 2.0; HF's default
   // "sdpa"), else the blockwise eager math. true: always the blockwise eager math (HF "eager":
   // scores in the model dtype, softmax in float32), e.g. to reproduce HF eager logits.
@@ -101,6 +109,15 @@ class Transformer {
   // input: token ids [B, T] int64 (start_layer == 0) or residual [B, T, d] (cast to the model's
   // dtype/device). Ids outside [0, V) throw hh::Error naming the id and its position.
   ForwardOutput forward(const at::Tensor& input, const ForwardOptions& opts = {}) const;
+
+  // Pieces of one layer, the same code forward() runs, for sweeps that recompute only part of a
+  // block (path patching freezes attention and recomputes MLPs).
+  // attn_out: o_proj of per-head outputs z [..., Hq, Dh] -> [..., d].
+  at::Tensor attn_out(int64_t layer, const at::Tensor& z) const;
+  // mlp_out: the MLP branch of the block for the residual after attention [..., d] -> [..., d].
+  at::Tensor mlp_out(int64_t layer, const at::Tensor& resid_mid) const;
+  // Final norm and lm_head: [..., d] -> [..., V] float32 (float64 for a float64 model).
+  at::Tensor unembed(const at::Tensor& resid) const;
 
   const ModelConfig& config() const { return cfg_; }
   const Weights& weights() const { return w_; }

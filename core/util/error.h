@@ -11,4 +11,10 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A long operation stopped because the user asked (Ctrl-C, a Cancel button); nothing was written.
+class Cancelled : public Error {
+ public:
+  Cancelled() : Error("cancelled") {}
+};
+
 }  // namespace hh

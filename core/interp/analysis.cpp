@@ -1,0 +1,320 @@
+#include "core/interp/analysis.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "core/io/h5.h"
+#include "core/model/transformer.h"
+#include "core/util/error.h"
+#include "core/util/log.h"
+
+namespace hh::interp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string heads_text(const std::vector<HeadRef>& heads) {
+  if (heads.empty()) return "all";
+  std::string s;
+  for (const HeadRef& h : heads) s += (s.empty() ? "" : ",") + std::to_string(h.layer) + ":" + std::to_string(h.head);
+  return s;
+}
+
+// Mean over kept examples of the normalised effect; per[n] [..] float64 patched metrics.
+at::Tensor mean_effect(const std::vector<at::Tensor>& per, const AnalysisResult& r, Mode mode) {
+  at::Tensor sum, count;
+  const auto clean = r.metric_clean.accessor<double, 1>();
+  const auto corrupt = r.metric_corrupt.accessor<double, 1>();
+  for (size_t n = 0; n < per.size(); ++n) {
+    if (!r.kept[static_cast<int64_t>(n)].item<bool>()) continue;
+    const at::Tensor e = normalise_effect(per[n], clean[static_cast<int64_t>(n)], corrupt[static_cast<int64_t>(n)], mode);
+    sum = sum.defined() ? sum + e : e;
+  }
+  const int64_t kept = r.kept.sum().item<int64_t>();
+  if (!sum.defined()) return at::full(per.front().sizes(), std::numeric_limits<double>::quiet_NaN(),
+                                      at::TensorOptions().dtype(at::kDouble)).to(at::kFloat);
+  return (sum / static_cast<double>(kept)).to(at::kFloat);
+}
+
+}  // namespace
+
+void parse_methods(const std::string& list, AnalyzeOptions& o) {
+  o.activation = o.path = o.attribution = o.retrieval = o.similarity = false;
+  size_t pos = 0;
+  bool any = false;
+  while (pos <= list.size()) {
+    size_t end = list.find(',', pos);
+    if (end == std::string::npos) end = list.size();
+    std::string m = list.substr(pos, end - pos);
+    m.erase(0, m.find_first_not_of(" \t"));
+    m.erase(m.find_last_not_of(" \t") + 1);
+    pos = end + 1;
+    if (m.empty()) continue;
+    any = true;
+    if (m == "all") o.activation = o.path = o.attribution = o.retrieval = o.similarity = true;
+    else if (m == "activation") o.activation = true;
+    else if (m == "path") o.path = true;
+    else if (m == "attribution") o.attribution = true;
+    else if (m == "retrieval") o.retrieval = true;
+    else if (m == "similarity") o.similarity = true;
+    else throw Error("unknown method '" + m + "' (expected activation, path, attribution, retrieval, similarity or all)");
+  }
+  if (!any) throw Error("no analysis method given (expected activation, path, attribution, retrieval, similarity or all)");
+}
+
+AnalysisResult run_analysis(const model::Transformer& model, const std::vector<CalibExample>& examples,
+                            const AnalyzeOptions& o, const std::string& calib_name) {
+  if (examples.empty()) throw Error(calib_name + ": no examples");
+  const int64_t L = model.config().num_hidden_layers, Hq = model.config().num_attention_heads;
+  const int64_t N = static_cast<int64_t>(examples.size());
+  for (const HeadRef& h : o.heads)
+    if (h.layer >= L || h.head >= Hq) throw Error("head " + std::to_string(h.layer) + ":" + std::to_string(h.head) + " is outside the model");
+  AnalysisResult r;
+  r.num_layers = L;
+  r.num_heads = Hq;
+  r.metric = o.metric;
+  r.mode = o.mode;
+  r.reference = o.reference;
+  r.heads = o.heads;
+  r.receivers = o.receivers;
+  r.metric_clean = at::zeros({N}, at::TensorOptions().dtype(at::kDouble));
+  r.metric_corrupt = at::zeros({N}, at::TensorOptions().dtype(at::kDouble));
+  r.first_difference = at::zeros({N}, at::TensorOptions().dtype(at::kLong));
+  r.kept = at::zeros({N}, at::TensorOptions().dtype(at::kBool));
+
+  const int64_t n_heads = o.heads.empty() ? L * Hq : static_cast<int64_t>(o.heads.size());
+  const int64_t per_example = 2 + (o.activation ? n_heads + (o.layers ? L : 0) : 0) + (o.path ? n_heads : 0) +
+                              (o.attribution ? 1 : 0) + (o.retrieval ? 1 : 0) + (o.similarity ? 1 : 0);
+  const int64_t total = per_example * N;
+  int64_t base = 0;
+  auto report = [&](const std::string& step, int64_t done) {
+    if (o.progress) o.progress(step, base + done, total);
+  };
+  auto check_cancel = [&] {
+    if (o.cancel != nullptr && o.cancel->load()) throw Cancelled();
+  };
+  SweepOptions sweep;
+  sweep.metric = o.metric;
+  sweep.mode = o.mode;
+  sweep.heads = o.heads;
+  sweep.max_batch = o.max_batch;
+  sweep.cancel = o.cancel;
+
+  std::vector<at::Tensor> act, lay, attr, path;
+  at::Tensor retrieval_sum = at::zeros({L, Hq}, at::TensorOptions().dtype(at::kDouble));
+  const int64_t per_example_tokens = std::max<int64_t>(1, o.cka_tokens / N);
+  SimilarityAccumulator sim(L, per_example_tokens, o.cka_tokens);
+  auto timed = [&](const char* method, auto&& fn) {
+    const auto t0 = Clock::now();
+    fn();
+    r.seconds[method] += since(t0);
+  };
+
+  for (int64_t n = 0; n < N; ++n) {
+    check_cancel();
+    const CalibExample& raw = examples[static_cast<size_t>(n)];
+    const std::string where = calib_name + ": example " + std::to_string(n + 1);
+    const PreparedExample ex = prepare_example(raw, model, o.metric, where);
+    r.tasks.push_back(raw.task);
+    r.first_difference[n] = ex.diff < ex.T ? ex.diff : -1;
+
+    RunCache cache;
+    timed("runs", [&] { cache = run_clean_corrupt(model, ex, o.metric); });
+    r.metric_clean[n] = cache.metric_clean;
+    r.metric_corrupt[n] = cache.metric_corrupt;
+    r.kept[n] = std::abs(cache.metric_clean - cache.metric_corrupt) >= kMinMetricGap;
+    report("clean/corrupt runs", 2);
+    int64_t offset = 2;
+
+    if (o.activation) {
+      timed("activation", [&] {
+        sweep.progress = [&](int64_t d, int64_t) { report("activation patching", offset + d); };
+        act.push_back(o.reference ? head_sweep_reference(model, ex, sweep) : head_sweep(model, ex, cache, sweep));
+        offset += n_heads;
+        if (o.layers) {
+          sweep.progress = [&](int64_t d, int64_t) { report("layer patching", offset + d); };
+          lay.push_back(o.reference ? layer_sweep_reference(model, ex, sweep) : layer_sweep(model, ex, cache, sweep));
+          offset += L;
+        }
+      });
+    }
+    if (o.path) {
+      timed("path", [&] {
+        sweep.progress = [&](int64_t d, int64_t) { report("path patching", offset + d); };
+        SweepOptions noising = sweep;
+        noising.mode = Mode::Noising;
+        path.push_back(o.reference ? path_sweep_reference(model, ex, o.receivers, noising)
+                                   : path_sweep(model, ex, cache, o.receivers, noising));
+        offset += n_heads;
+      });
+    }
+    if (o.attribution) {
+      check_cancel();
+      timed("attribution", [&] { attr.push_back(attribution(model, ex, cache, sweep)); });
+      report("attribution patching", ++offset);
+    }
+    if (o.retrieval) {
+      check_cancel();
+      timed("retrieval", [&] {
+        const at::Tensor s = retrieval_score(model, raw, ex);
+        if (s.defined()) {
+          retrieval_sum += s;
+          ++r.retrieval_examples;
+        }
+      });
+      report("retrieval score", ++offset);
+    }
+    if (o.similarity) {
+      check_cancel();
+      timed("similarity", [&] {
+        at::NoGradGuard no_grad;
+        std::vector<at::Tensor> states(static_cast<size_t>(L + 1));
+        model::Hooks hooks;
+        hooks.add(model::hook_name(0, model::HookKind::ResidPre), [&](at::Tensor& t) { states[0] = t[0]; });
+        for (int64_t l = 0; l < L; ++l)
+          hooks.add(model::hook_name(l, model::HookKind::ResidPost),
+                    [&states, l](at::Tensor& t) { states[static_cast<size_t>(l + 1)] = t[0]; });
+        model::ForwardOptions f;
+        f.hooks = &hooks;
+        f.stop_layer = L;  // no logits needed
+        model.forward(ex.clean, f);
+        sim.add(states);
+      });
+      report("layer similarity", ++offset);
+    }
+    base += per_example;
+  }
+
+  const int64_t kept = r.kept.sum().item<int64_t>();
+  if (kept < N)
+    log::warn(std::to_string(N - kept) + " of " + std::to_string(N) + " examples have |M_clean - M_corrupt| < " +
+              std::to_string(kMinMetricGap) + " and are left out of the effect means");
+  auto stack_f32 = [](const std::vector<at::Tensor>& v) { return at::stack(v).to(at::kFloat); };
+  if (!act.empty()) {
+    r.act_patched = stack_f32(act);
+    r.act_effect = mean_effect(act, r, o.mode);
+  }
+  if (!lay.empty()) {
+    r.layer_patched = stack_f32(lay);
+    r.layer_effect = mean_effect(lay, r, o.mode);
+  }
+  if (!attr.empty()) {
+    r.attr_estimate = stack_f32(attr);
+    r.attr_effect = mean_effect(attr, r, o.mode);
+  }
+  if (!path.empty()) {
+    r.path_patched = stack_f32(path);
+    r.path_effect = mean_effect(path, r, Mode::Noising);
+  }
+  if (o.retrieval) {
+    if (r.retrieval_examples == 0)
+      log::warn(calib_name + ": no example has a needle span (meta.needles[].span or meta.needle); the retrieval score is not computed");
+    else
+      r.retrieval = (retrieval_sum / static_cast<double>(r.retrieval_examples)).to(at::kFloat);
+  }
+  if (o.similarity) {
+    r.similarity = sim.finish();
+    r.has_similarity = true;
+  }
+  return r;
+}
+
+// ---- analysis.h5 ---------------------------------------------------------------------------------
+
+void write_analysis(const std::filesystem::path& path, const AnalysisResult& r, const AnalysisProvenance& prov) {
+  const bool exists = std::filesystem::exists(path);
+  if (exists) {
+    io::H5File old = io::H5File::open_read(path);
+    const auto attr = [&](const char* name) {
+      return old.has_attr("/", name) ? old.attr_string("/", name) : std::string("(none)");
+    };
+    if (attr("format") != kAnalysisFormat)
+      throw Error(path.string() + ": not an analysis file (format attribute is '" + attr("format") + "'); choose another --out");
+    if (old.attr_int("/", "format_version") != kAnalysisFormatVersion)
+      throw Error(path.string() + ": format_version " + std::to_string(old.attr_int("/", "format_version")) +
+                  " cannot be extended by this version (" + std::to_string(kAnalysisFormatVersion) + ")");
+    if (attr("model_fingerprint") != prov.model_fingerprint)
+      throw Error(path.string() + ": was made from another model (fingerprint " + attr("model_fingerprint") +
+                  ", this model's is " + prov.model_fingerprint + "); write to a new file");
+    if (attr("calib_sha256") != prov.calib_sha256)
+      throw Error(path.string() + ": was made from another calibration set (sha256 " + attr("calib_sha256") +
+                  ", this set's is " + prov.calib_sha256 + "); write to a new file");
+    if (attr("metric") != metric_name(r.metric))
+      throw Error(path.string() + ": holds metric " + attr("metric") + ", this run uses " + metric_name(r.metric) +
+                  "; write to a new file or use --metric " + attr("metric"));
+  }
+  io::H5File f = exists ? io::H5File::update(path) : io::H5File::create(path);
+  f.set_attr("/", "format", kAnalysisFormat);
+  f.set_attr("/", "format_version", kAnalysisFormatVersion);
+  f.set_attr("/", "created_by", prov.created_by);
+  f.set_attr("/", "model_fingerprint", prov.model_fingerprint);
+  f.set_attr("/", "calib_sha256", prov.calib_sha256);
+  f.set_attr("/", "config_json", prov.config_json);
+  f.set_attr("/", "metric", metric_name(r.metric));
+  f.set_attr("/", "num_layers", r.num_layers);
+  f.set_attr("/", "num_heads", r.num_heads);
+  if (!prov.model_path.empty()) f.set_attr("/", "model_path", prov.model_path);
+  if (!prov.calib_path.empty()) f.set_attr("/", "calib_path", prov.calib_path);
+  if (!prov.dtype.empty()) f.set_attr("/", "dtype", prov.dtype);
+
+  f.write("/examples/metric_clean", r.metric_clean, {"example"});
+  f.write("/examples/metric_corrupt", r.metric_corrupt, {"example"});
+  f.write("/examples/first_difference", r.first_difference, {"example"});
+  f.write("/examples/kept", r.kept, {"example"});
+  f.write_strings("/examples/task", r.tasks);
+  f.set_attr("/examples", "n_kept", r.kept.sum().item<int64_t>());
+  f.set_attr("/examples", "min_metric_gap", kMinMetricGap);
+
+  const std::vector<std::string> nlh = {"example", "layer", "head"}, lh = {"layer", "head"};
+  auto group_attrs = [&](const std::string& g, Mode mode, const std::vector<HeadRef>& heads) {
+    f.set_attr(g, "metric", metric_name(r.metric));
+    f.set_attr(g, "mode", mode_name(mode));
+    f.set_attr(g, "heads", heads_text(heads));
+    f.set_attr(g, "n_kept", r.kept.sum().item<int64_t>());
+    f.set_attr(g, "n_skipped", static_cast<int64_t>(r.kept.size(0)) - r.kept.sum().item<int64_t>());
+  };
+  if (r.act_patched.defined()) {
+    const std::string g = std::string("/activation/") + mode_name(r.mode);
+    f.write(g + "/metric_patched", r.act_patched, nlh);
+    f.write(g + "/effect", r.act_effect, lh);
+    group_attrs(g, r.mode, r.heads);
+    f.set_attr(g, "implementation", r.reference ? "reference: one forward per head" : "batched, prefix reuse");
+    if (r.layer_patched.defined()) {
+      f.write(g + "/layer_metric_patched", r.layer_patched, {"example", "site", "layer"});
+      f.write(g + "/layer_effect", r.layer_effect, {"site", "layer"});
+      f.set_attr(g, "layer_sites", "attn_out,mlp_out,resid");
+    }
+  }
+  if (r.attr_estimate.defined()) {
+    const std::string g = std::string("/attribution/") + mode_name(r.mode);
+    f.write(g + "/metric_estimate", r.attr_estimate, nlh);
+    f.write(g + "/effect", r.attr_effect, lh);
+    group_attrs(g, r.mode, {});
+  }
+  if (r.path_patched.defined()) {
+    f.write("/path/metric_patched", r.path_patched, nlh);
+    f.write("/path/effect", r.path_effect, lh);
+    group_attrs("/path", Mode::Noising, r.heads);
+    f.set_attr("/path", "receivers", r.receivers.empty() ? std::string("logits") : heads_text(r.receivers));
+  }
+  if (r.retrieval.defined()) {
+    f.write("/retrieval/score", r.retrieval, lh);
+    f.set_attr("/retrieval", "n_examples", r.retrieval_examples);
+  }
+  if (r.has_similarity) {
+    const std::vector<std::string> ll = {"layer", "layer"};
+    f.write("/similarity/cosine_delta", r.similarity.cosine_delta, ll);
+    f.write("/similarity/cka", r.similarity.cka, ll);
+    f.write("/similarity/angular", r.similarity.angular, ll);
+    f.set_attr("/similarity", "tokens", r.similarity.tokens);
+    f.set_attr("/similarity", "cka_tokens", r.similarity.cka_tokens);
+  }
+  f.commit();
+}
+
+}  // namespace hh::interp
