@@ -28,8 +28,6 @@ using interp::TaskParam;
 using interp::TaskRegistry;
 using nlohmann::json;
 
-constexpr int kProgressBarWidth = 30;  // characters between the brackets
-
 struct TasksArgs {
   std::vector<std::string> plugin_dirs;
   bool json = false;
@@ -134,34 +132,6 @@ int run_list(const TasksArgs& a) {
   return kExitOk;
 }
 
-// A one-line bar redrawn in place on a terminal; nothing at all when stderr is a pipe or a file.
-class ProgressBar {
- public:
-  explicit ProgressBar(std::string label) : label_(std::move(label)), tty_(isatty(STDERR_FILENO) == 1) {}
-  ~ProgressBar() { finish(); }
-
-  void update(double fraction, std::size_t examples) {
-    if (!tty_) return;
-    const int percent = static_cast<int>(fraction * 100.0);
-    if (percent == last_percent_) return;
-    last_percent_ = percent;
-    const int filled = static_cast<int>(fraction * kProgressBarWidth);
-    std::string bar(static_cast<std::size_t>(filled), '#');
-    bar.resize(kProgressBarWidth, '.');
-    std::fprintf(stderr, "\r%s [%s] %3d%% (%zu examples)", label_.c_str(), bar.c_str(), percent, examples);
-    std::fflush(stderr);
-  }
-  void finish() {
-    if (tty_ && last_percent_ >= 0) std::fputc('\n', stderr);
-    last_percent_ = -1;
-  }
-
- private:
-  std::string label_;
-  bool tty_;
-  int last_percent_ = -1;
-};
-
 int run_generate(const TasksArgs& a) {
   const auto tok = load_tokenizer(a.tokenizer, a.model);
   TaskRegistry reg;
@@ -189,8 +159,9 @@ int run_generate(const TasksArgs& a) {
   std::vector<interp::CalibExample> examples;
   {
     ProgressBar bar(a.task);
-    examples = reg.generate(a.task, partial, tok, a.seed,
-                            [&bar](double f, std::size_t n) { bar.update(f, n); });
+    examples = reg.generate(a.task, partial, tok, a.seed, [&bar](double f, std::size_t n) {
+      bar.update(f, std::to_string(n) + " examples");
+    });
   }
   interp::write_calibration(a.out, examples);
   std::printf("wrote %zu examples of %s (seed %llu, %s) to %s\n", examples.size(), a.task.c_str(),

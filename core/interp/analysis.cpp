@@ -226,28 +226,31 @@ AnalysisResult run_analysis(const model::Transformer& model, const std::vector<C
 
 // ---- analysis.h5 ---------------------------------------------------------------------------------
 
+void check_can_extend(const std::filesystem::path& path, const AnalysisProvenance& prov, Metric metric) {
+  io::H5File old = io::H5File::open_read(path);
+  const auto attr = [&](const char* name) {
+    return old.has_attr("/", name) ? old.attr_string("/", name) : std::string("(none)");
+  };
+  if (attr("format") != kAnalysisFormat)
+    throw Error(path.string() + ": not an analysis file (format attribute is '" + attr("format") + "'); choose another --out");
+  const int64_t version = old.has_attr("/", "format_version") ? old.attr_int("/", "format_version") : -1;
+  if (version != kAnalysisFormatVersion)
+    throw Error(path.string() + ": format_version " + std::to_string(version) + " cannot be extended by this version (" +
+                std::to_string(kAnalysisFormatVersion) + "); write to a new file");
+  if (attr("model_fingerprint") != prov.model_fingerprint)
+    throw Error(path.string() + ": was made from another model (fingerprint " + attr("model_fingerprint") +
+                ", this model's is " + prov.model_fingerprint + "); write to a new file");
+  if (attr("calib_sha256") != prov.calib_sha256)
+    throw Error(path.string() + ": was made from another calibration set (sha256 " + attr("calib_sha256") +
+                ", this set's is " + prov.calib_sha256 + "); write to a new file");
+  if (attr("metric") != metric_name(metric))
+    throw Error(path.string() + ": holds metric " + attr("metric") + ", this run uses " + metric_name(metric) +
+                "; write to a new file or use --metric " + attr("metric"));
+}
+
 void write_analysis(const std::filesystem::path& path, const AnalysisResult& r, const AnalysisProvenance& prov) {
   const bool exists = std::filesystem::exists(path);
-  if (exists) {
-    io::H5File old = io::H5File::open_read(path);
-    const auto attr = [&](const char* name) {
-      return old.has_attr("/", name) ? old.attr_string("/", name) : std::string("(none)");
-    };
-    if (attr("format") != kAnalysisFormat)
-      throw Error(path.string() + ": not an analysis file (format attribute is '" + attr("format") + "'); choose another --out");
-    if (old.attr_int("/", "format_version") != kAnalysisFormatVersion)
-      throw Error(path.string() + ": format_version " + std::to_string(old.attr_int("/", "format_version")) +
-                  " cannot be extended by this version (" + std::to_string(kAnalysisFormatVersion) + ")");
-    if (attr("model_fingerprint") != prov.model_fingerprint)
-      throw Error(path.string() + ": was made from another model (fingerprint " + attr("model_fingerprint") +
-                  ", this model's is " + prov.model_fingerprint + "); write to a new file");
-    if (attr("calib_sha256") != prov.calib_sha256)
-      throw Error(path.string() + ": was made from another calibration set (sha256 " + attr("calib_sha256") +
-                  ", this set's is " + prov.calib_sha256 + "); write to a new file");
-    if (attr("metric") != metric_name(r.metric))
-      throw Error(path.string() + ": holds metric " + attr("metric") + ", this run uses " + metric_name(r.metric) +
-                  "; write to a new file or use --metric " + attr("metric"));
-  }
+  if (exists) check_can_extend(path, prov, r.metric);
   io::H5File f = exists ? io::H5File::update(path) : io::H5File::create(path);
   f.set_attr("/", "format", kAnalysisFormat);
   f.set_attr("/", "format_version", kAnalysisFormatVersion);

@@ -76,6 +76,8 @@ struct AnalysisProvenance {
 // and gets the new methods added or replaced while the rest is kept. Either way the file is built
 // at a temporary path and renamed, so an interruption leaves the old file (or none).
 void write_analysis(const std::filesystem::path& path, const AnalysisResult& r, const AnalysisProvenance& prov);
+// The check write_analysis() makes on an existing file, for front ends to run before the analysis.
+void check_can_extend(const std::filesystem::path& path, const AnalysisProvenance& prov, Metric metric);
 
 inline constexpr const char* kAnalysisFormat = "hydrahead-analysis";
 inline constexpr int64_t kAnalysisFormatVersion = 1;
