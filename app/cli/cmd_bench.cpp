@@ -1,4 +1,4 @@
-// hydrahead bench forward --model DIR [--device cuda] [--dtype bf16] [--seq T] [--batch B] [--iters N]
+// hydrahead bench forward|tokenize|analyze ... (see --help of each)
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "app/cli/commands.h"
+#include "core/interp/patching.h"
+#include "core/model/config.h"
 #include "core/model/tokenizer.h"
 #include "core/model/transformer.h"
 #include "core/util/error.h"
@@ -113,6 +115,148 @@ int run_bench_tokenize(const TokenizeBenchArgs& a) {
   return kExitOk;
 }
 
+struct AnalyzeBenchArgs {
+  std::string model, config, device = "cpu", dtype = "bf16", method = "activation,attribution";
+  int64_t seq = 1024, diff = -1, answer_len = 4, iters = 3, warmup = 1, max_batch = 0, reference_heads = 0;
+  double peak_tflops = 813.0;  // bf16 dense GEMM measured on the H200 (docs/BENCHMARKS.md)
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+// A model of `cfg`'s shape with N(0, 0.02^2) weights drawn on the device (no checkpoint needed).
+model::Transformer random_model(const model::ModelConfig& cfg, const std::string& device, const std::string& dtype,
+                                uint64_t seed) {
+  model::Weights w;
+  const auto opts = torch::TensorOptions().dtype(model::parse_dtype(dtype)).device(torch::Device(device));
+  torch::manual_seed(seed);
+  for (const auto& e : model::weight_table(cfg, w)) {
+    const bool norm = e.name.size() >= 11 && e.name.compare(e.name.size() - 11, 11, "norm.weight") == 0;
+    *e.slot = norm ? torch::ones(e.shape, opts) : torch::randn(e.shape, opts) * 0.02;
+  }
+  return model::Transformer(cfg, std::move(w));
+}
+
+// Matmul FLOPs of the least work exact patching of every head can do: for a head of layer l, the
+// rows from the first difference on through o_proj and the MLP of layer l, every later layer in
+// full (projections, MLP, attention over the prefix and the new rows), and the vocabulary
+// projection at the answer rows.
+double patching_flop_floor(const model::ModelConfig& c, int64_t T, int64_t diff, int64_t A) {
+  const double rows = static_cast<double>(T - diff), d = static_cast<double>(c.hidden_size);
+  const double qkv = 2.0 * d * c.head_dim * (c.num_attention_heads + 2.0 * c.num_key_value_heads);
+  const double o = 2.0 * d * c.head_dim * c.num_attention_heads;
+  const double mlp = 6.0 * d * c.intermediate_size;
+  const double attn = 4.0 * c.num_attention_heads * c.head_dim * (diff + rows / 2.0);  // per row
+  const double layer_full = rows * (qkv + o + mlp + attn);
+  double total = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const double later = static_cast<double>(c.num_hidden_layers - 1 - l);
+    total += c.num_attention_heads * (rows * (o + mlp) + later * layer_full + 2.0 * A * d * c.vocab_size);
+  }
+  return total;
+}
+
+int run_bench_analyze(const AnalyzeBenchArgs& a) {
+  if (a.model.empty() == a.config.empty()) throw Error("give exactly one of --model DIR and --config config.json");
+  if (a.seq < 2 || a.answer_len < 1 || a.iters < 1 || a.warmup < 0 || a.answer_len >= a.seq)
+    throw Error("--seq must be >= 2, --answer-len in [1, seq), --iters >= 1, --warmup >= 0");
+  const model::Transformer model = a.model.empty()
+      ? random_model(model::ModelConfig::load(a.config), a.device, a.dtype, a.seed)
+      : model::Transformer::load(a.model, a.device, a.dtype);
+  const auto& c = model.config();
+  const int64_t prompt = a.seq - a.answer_len + 1;  // T = prompt + answer - 1
+  const int64_t diff = a.diff < 0 ? prompt / 2 : a.diff;
+  if (diff >= prompt) throw Error("--diff must be below the prompt length " + std::to_string(prompt));
+  bool act = false, attr = false, path = false;
+  for (const auto& m : split_list(a.method)) {
+    if (m == "activation") act = true;
+    else if (m == "attribution") attr = true;
+    else if (m == "path") path = true;
+    else if (m == "all") act = attr = path = true;
+    else throw Error("--method: unknown '" + m + "' (activation, attribution, path or all)");
+  }
+
+  // One clean/corrupt pair: random tokens, a 4-token "needle" changed at `diff`.
+  torch::manual_seed(a.seed + 1);
+  const auto rand_ids = [&](int64_t n) {
+    const auto t = torch::randint(c.vocab_size, {n}, torch::TensorOptions().dtype(torch::kInt64));
+    return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + n);
+  };
+  interp::CalibExample raw;
+  raw.task = "bench";
+  raw.clean_ids = rand_ids(prompt);
+  raw.corrupt_ids = raw.clean_ids;
+  for (int64_t i = diff; i < std::min(prompt, diff + 4); ++i) raw.corrupt_ids[i] = (raw.clean_ids[i] + 1) % c.vocab_size;
+  raw.answer_ids = rand_ids(a.answer_len);
+  raw.wrong_ids = {(raw.answer_ids[0] + 1) % c.vocab_size};
+  const auto ex = interp::prepare_example(raw, model, interp::Metric::LogProb, "bench");
+  const auto dev = model.device();
+
+  interp::SweepOptions o;
+  o.max_batch = a.max_batch;
+  auto time_it = [&](const std::function<void()>& fn) {
+    for (int64_t i = 0; i < a.warmup; ++i) fn();
+    sync(dev);
+    std::vector<double> s;
+    for (int64_t i = 0; i < a.iters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      sync(dev);
+      s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(s.begin(), s.end());
+    return s[s.size() / 2];
+  };
+  const int64_t heads = c.num_hidden_layers * c.num_attention_heads;
+  nlohmann::json j = {{"what", "analyze"}, {"device", a.device}, {"dtype", a.dtype}, {"seq", a.seq},
+                      {"diff", diff}, {"answer_len", a.answer_len}, {"layers", c.num_hidden_layers},
+                      {"heads", c.num_attention_heads}, {"iters", a.iters}};
+  std::printf("analyze bench: %lld layers x %lld heads, T=%lld (first difference at %lld, %lld answer tokens), %s on %s\n",
+              static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.num_attention_heads),
+              static_cast<long long>(a.seq), static_cast<long long>(diff), static_cast<long long>(a.answer_len),
+              a.dtype.c_str(), a.device.c_str());
+  interp::RunCache cache;
+  const double runs_s = time_it([&] { cache = interp::run_clean_corrupt(model, ex, interp::Metric::LogProb); });
+  j["clean_corrupt_s"] = runs_s;
+  std::printf("  clean + corrupt runs (cached)      %8.3f s\n", runs_s);
+  if (act) {
+    const double s = time_it([&] { (void)interp::head_sweep(model, ex, cache, o); });
+    const double floor = patching_flop_floor(c, ex.T, diff, a.answer_len);
+    const double tflops = floor / s / 1e12;
+    j["activation_sweep_s"] = s + runs_s;
+    j["activation_sweep_only_s"] = s;
+    j["flop_floor"] = floor;
+    j["fraction_of_peak"] = tflops / a.peak_tflops;
+    std::printf("  activation sweep, %lld heads        %8.3f s  (+ runs = %.3f s per pair; %.2f ms/head)\n",
+                static_cast<long long>(heads), s, s + runs_s, 1e3 * s / heads);
+    std::printf("    FLOP floor %.1f TFLOP -> %.0f TFLOP/s = %.0f%% of %.0f TFLOP/s\n", floor / 1e12, tflops,
+                100.0 * tflops / a.peak_tflops, a.peak_tflops);
+    if (a.reference_heads > 0) {
+      interp::SweepOptions r = o;
+      for (int64_t i = 0; i < std::min(a.reference_heads, heads); ++i)
+        r.heads.push_back({(i * 7) % c.num_hidden_layers, (i * 3) % c.num_attention_heads});
+      const double rs = time_it([&] { (void)interp::head_sweep_reference(model, ex, r); });
+      const double per_head = rs / static_cast<double>(r.heads.size());
+      j["reference_ms_per_head"] = 1e3 * per_head;
+      j["reference_sweep_s_extrapolated"] = per_head * heads;
+      std::printf("  reference (one forward per head)   %8.2f ms/head -> %.2f s for all heads (x%.1f slower)\n",
+                  1e3 * per_head, per_head * heads, per_head * heads / (s + runs_s));
+    }
+  }
+  if (attr) {
+    const double s = time_it([&] { (void)interp::attribution(model, ex, cache, o); });
+    j["attribution_s"] = s;
+    j["attribution_with_runs_s"] = s + runs_s;
+    std::printf("  attribution (fwd + bwd, all heads) %8.1f ms (+ runs = %.1f ms per pair)\n", 1e3 * s, 1e3 * (s + runs_s));
+  }
+  if (path) {
+    const double s = time_it([&] { (void)interp::path_sweep(model, ex, cache, {}, o); });
+    j["path_sweep_s"] = s;
+    std::printf("  path patching -> logits, all heads %8.3f s\n", s);
+  }
+  if (a.json) std::printf("%s\n", j.dump().c_str());
+  return kExitOk;
+}
+
 }  // namespace
 
 Runner add_bench(CLI::App& app) {
@@ -141,7 +285,30 @@ Runner add_bench(CLI::App& app) {
   tk->callback([t, m] {
     if (t->count() + m->count() == 0) throw CLI::RequiredError("--tokenizer or --model");
   });
-  return [args, targs, tk] {
+  auto aargs = std::make_shared<AnalyzeBenchArgs>();
+  auto* an = app.add_subcommand("analyze", "Time a full exact head-patching sweep, attribution and path patching on one "
+                                           "clean/corrupt pair (random tokens)");
+  auto* am = an->add_option("--model", aargs->model, "HF checkpoint directory");
+  auto* ac = an->add_option("--config", aargs->config, "config.json: a model of that shape with random weights on the device");
+  am->excludes(ac);
+  ac->excludes(am);
+  an->add_option("--device", aargs->device, "cpu or cuda[:N]")->capture_default_str();
+  an->add_option("--dtype", aargs->dtype, "f32, bf16 or f16")->capture_default_str();
+  an->add_option("--seq", aargs->seq, "Tokens T the model runs (prompt + answer - 1)")->capture_default_str();
+  an->add_option("--diff", aargs->diff, "First position where clean and corrupt differ (-1: middle of the prompt)")
+      ->capture_default_str();
+  an->add_option("--answer-len", aargs->answer_len, "Answer tokens")->capture_default_str();
+  an->add_option("--method", aargs->method, "activation, attribution, path or all")->capture_default_str();
+  an->add_option("--max-batch", aargs->max_batch, "Variants per forward (0: from free memory)")->capture_default_str();
+  an->add_option("--reference-heads", aargs->reference_heads,
+                 "Also time this many heads with one forward each and extrapolate")->capture_default_str();
+  an->add_option("--peak-tflops", aargs->peak_tflops, "Dense GEMM peak the FLOP floor is compared with")->capture_default_str();
+  an->add_option("--iters", aargs->iters, "Timed repetitions (median)")->capture_default_str();
+  an->add_option("--warmup", aargs->warmup, "Untimed repetitions first")->capture_default_str();
+  an->add_option("--seed", aargs->seed, "Seed of weights and tokens")->capture_default_str();
+  an->add_flag("--json", aargs->json, "Also print one JSON object");
+  return [args, targs, tk, aargs, an] {
+    if (an->parsed()) return run_bench_analyze(*aargs);
     if (tk->parsed()) return run_bench_tokenize(*targs);
     return run_bench_forward(*args);
   };

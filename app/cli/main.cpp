@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   reg(hh::cli::add_tokenize, app.add_subcommand("tokenize", "Encode text to token ids, or decode ids to text"));
   reg(hh::cli::add_tasks, app.add_subcommand("tasks", "Calibration-task plugins: list them, generate calibration sets (NIAH, passkey, ...), validate JSONL"));
   reg(hh::cli::add_analyze, app.add_subcommand("analyze", "Causal analysis: activation/path/attribution patching, retrieval score, layer similarity -> analysis.h5"));
-  reg(hh::cli::add_bench, app.add_subcommand("bench", "Benchmarks (forward now; patching sweeps and kernels later)"));
+  reg(hh::cli::add_bench, app.add_subcommand("bench", "Benchmarks: forward pass, tokenizer, patching sweeps (bench analyze)"));
   for (const auto& p : kPlanned) {
     auto* sub = app.add_subcommand(p.name, std::string(p.summary) + " (not available yet)");
     sub->allow_extras();
