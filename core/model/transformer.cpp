@@ -171,12 +171,14 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
     kh = kh.unsqueeze(2).expand({B, Hkv, G, Tk, Dh}).reshape({B, Hq, Tk, Dh});
     vh = vh.unsqueeze(2).expand({B, Hkv, G, Tk, Dh}).reshape({B, Hq, Tk, Dh});
   }
+  // No mask: is_causal. An undefined tensor must not be passed as a present (optional) mask.
   auto sdpa = [&](const at::Tensor& qq, const at::Tensor& kk, const at::Tensor& vv, const at::Tensor& mask) {
+    const hh::opt<at::Tensor> m = mask.defined() ? hh::opt<at::Tensor>(mask) : hh::opt<at::Tensor>();
 #if HH_TORCH_AT_LEAST(2, 1)
-    return at::scaled_dot_product_attention(qq, kk, vv, mask, /*dropout_p=*/0.0, /*is_causal=*/!mask.defined(), scale);
+    return at::scaled_dot_product_attention(qq, kk, vv, m, /*dropout_p=*/0.0, /*is_causal=*/!mask.defined(), scale);
 #else
     // 2.0 has no scale argument; its default 1/sqrt(Dh) is the Qwen3 scale.
-    return at::scaled_dot_product_attention(qq, kk, vv, mask, /*dropout_p=*/0.0, /*is_causal=*/!mask.defined());
+    return at::scaled_dot_product_attention(qq, kk, vv, m, /*dropout_p=*/0.0, /*is_causal=*/!mask.defined());
 #endif
   };
   at::Tensor out;
