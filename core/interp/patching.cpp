@@ -340,24 +340,28 @@ at::Tensor head_sweep(const Transformer& model, const PreparedExample& ex, const
   }
   const bool noising = opts.mode == Mode::Noising;
   const auto& source_z = noising ? cache.z_corrupt : cache.z_clean;
+  const auto& base_z = noising ? cache.z_clean : cache.z_corrupt;
+  const auto& base_resid = noising ? cache.resid_pre_clean : cache.resid_pre_corrupt;
   const SuffixRun suffix(ex, cache);
   const int64_t batch = batch_size(opts, model, ex);
   const at::Device dev = model.device();
 
   for (const auto& [layer, hs] : by_layer(heads)) {
-    const at::Tensor& src = source_z[static_cast<size_t>(layer)];  // [1, Tq, Hq, Dh]
+    const size_t li = static_cast<size_t>(layer);
     for (size_t b0 = 0; b0 < hs.size(); b0 += static_cast<size_t>(batch)) {
       check_cancel(opts);
       const size_t b1 = std::min(hs.size(), b0 + static_cast<size_t>(batch));
       const int64_t n = static_cast<int64_t>(b1 - b0);
       std::vector<int64_t> chunk(hs.begin() + static_cast<std::ptrdiff_t>(b0), hs.begin() + static_cast<std::ptrdiff_t>(b1));
-      // Variant i patches head chunk[i]: a [n, 1, Hq, 1] mask selects the source's values there.
+      // Variant i patches head chunk[i]: a [n, 1, Hq, 1] mask selects the source's values there. Layer
+      // `layer`'s attention is the base run's (cached), so each variant starts at its o_proj.
       at::Tensor which = at::tensor(at::ArrayRef<int64_t>(chunk), at::TensorOptions().dtype(at::kLong)).to(dev);
       at::Tensor mask = at::one_hot(which, Hq).to(at::kBool).view({n, 1, Hq, 1});
-      Hooks hooks;
-      hooks.add(hook_name(layer, HookKind::Z), [&](at::Tensor& z) { z = at::where(mask, src, z); });
-      const at::Tensor logits =
-          model.forward(suffix_input(ex, cache, noising, layer, n), suffix.options(&hooks, layer)).logits;
+      const at::Tensor z = at::where(mask, source_z[li], base_z[li]);                 // [n, Tq, Hq, Dh]
+      const at::Tensor mid = base_resid[li] + model.attn_out(layer, z);               // [n, Tq, d]
+      const at::Tensor x = mid + model.mlp_out(layer, mid);                            // resid_post
+      const at::Tensor logits = layer + 1 < L ? model.forward(x, suffix.options(nullptr, layer + 1)).logits
+                                               : model.unembed(x.index_select(1, suffix.logit_rows));
       const at::Tensor m = metric_from_logits(logits, ex, opts.metric);  // [n]
       auto ma = m.accessor<double, 1>();
       for (int64_t i = 0; i < n; ++i) acc[layer][chunk[static_cast<size_t>(i)]] = ma[i];

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "core/io/checkpoint.h"
@@ -200,12 +201,74 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 #endif
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                            bool eager) {
-#if HH_TORCH_AT_LEAST(2, 0)
-  if (!eager) return sdpa_attention(q, k, v, scale);
+#if HH_TORCH_AT_LEAST(2, 1)
+// Attention of new rows over [prefix ++ new] in two flash calls merged by log-sum-exp: the prefix part
+// needs no mask (every prefix key is visible to every new row) and the new part is square, where
+// is_causal's top-left alignment is the right one. Rows that share a prefix (and query heads that share
+// a KV head) are folded into one query axis for the prefix part, so the prefix's keys and values are
+// read once and never copied per row. CUDA, bf16/f16 only (flash kernels).
+bool flash_eligible(const at::Tensor& q) {
+  const auto t = q.scalar_type();
+  return q.is_cuda() && (t == at::kBFloat16 || t == at::kHalf) && q.size(3) % 8 == 0 && q.size(3) <= 256;
+}
+
+std::pair<at::Tensor, at::Tensor> flash_with_lse(const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh,
+                                                 bool causal, double scale) {
+  auto r = at::_scaled_dot_product_flash_attention(qh, kh, vh, /*dropout_p=*/0.0, causal, /*return_debug_mask=*/false, scale);
+  return {std::get<0>(r), std::get<1>(r)};  // [B, H, T, Dh], log-sum-exp [B, H, T] float32
+}
+
+at::Tensor prefix_split_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pk,
+                                  const at::Tensor& pv, double scale) {
+  // q [B, Tq, Hq, Dh], k/v [B, Tq, Hkv, Dh], pk/pv [1 or B, P, Hkv, Dh] -> [B, Tq, Hq, Dh]
+  const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), Dh = q.size(3), Hkv = k.size(2), G = Hq / Hkv;
+  // New keys, causal.
+  at::Tensor kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // [B, Hkv, Tq, Dh]
+  if (G > 1) {
+    kh = kh.unsqueeze(2).expand({B, Hkv, G, Tq, Dh}).reshape({B, Hq, Tq, Dh});
+    vh = vh.unsqueeze(2).expand({B, Hkv, G, Tq, Dh}).reshape({B, Hq, Tq, Dh});
+  }
+  auto [o_new, lse_new] = flash_with_lse(q.transpose(1, 2), kh, vh, /*causal=*/true, scale);  // [B, Hq, Tq, *]
+  // Prefix keys, no mask.
+  at::Tensor o_pre, lse_pre;
+  const at::Tensor pkh = pk.transpose(1, 2), pvh = pv.transpose(1, 2);  // [Bp, Hkv, P, Dh]
+  const at::Tensor q5 = q.view({B, Tq, Hkv, G, Dh});
+  if (pk.size(0) == 1) {
+    at::Tensor qf = q5.permute({2, 0, 3, 1, 4}).reshape({1, Hkv, B * G * Tq, Dh});
+    auto [o, lse] = flash_with_lse(qf, pkh, pvh, /*causal=*/false, scale);
+    o_pre = o.view({Hkv, B, G, Tq, Dh}).permute({1, 0, 2, 3, 4}).reshape({B, Hq, Tq, Dh});
+    lse_pre = lse.view({Hkv, B, G, Tq}).permute({1, 0, 2, 3}).reshape({B, Hq, Tq});
+  } else {
+    at::Tensor qf = q5.permute({0, 2, 3, 1, 4}).reshape({B, Hkv, G * Tq, Dh});
+    auto [o, lse] = flash_with_lse(qf, pkh, pvh, /*causal=*/false, scale);
+    o_pre = o.reshape({B, Hq, Tq, Dh});
+    lse_pre = lse.reshape({B, Hq, Tq});
+  }
+  // softmax over both key sets = each part's softmax weighted by its share of the total mass.
+  const at::Tensor w = at::sigmoid(lse_pre - lse_new).unsqueeze(-1);  // [B, Hq, Tq, 1] float32
+  const at::Tensor o_new_f = o_new.to(at::kFloat);
+  const at::Tensor out = (o_new_f + (o_pre.to(at::kFloat) - o_new_f) * w).to(q.scalar_type());
+  return out.transpose(1, 2).contiguous();  // [B, Tq, Hq, Dh]
+}
 #endif
-  return blockwise_attention(q, k, v, scale);
+
+// q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh] for the same T rows, and optionally keys/values of P earlier
+// tokens pk/pv [1 or B, P, Hkv, Dh] (undefined: none).
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pk,
+                            const at::Tensor& pv, double scale, bool eager) {
+#if HH_TORCH_AT_LEAST(2, 1)
+  if (!eager && pk.defined() && flash_eligible(q)) return prefix_split_attention(q, k, v, pk, pv, scale);
+#endif
+  at::Tensor k_all = k, v_all = v;
+  if (pk.defined()) {
+    const int64_t B = q.size(0);
+    k_all = at::cat({pk.expand({B, -1, -1, -1}), k}, 1);
+    v_all = at::cat({pv.expand({B, -1, -1, -1}), v}, 1);
+  }
+#if HH_TORCH_AT_LEAST(2, 0)
+  if (!eager) return sdpa_attention(q, k_all, v_all, scale);
+#endif
+  return blockwise_attention(q, k_all, v_all, scale);
 }
 
 // hook_pattern rows, in blocks of rows so the float32 softmax temporaries stay small. `rows` index q;
@@ -459,7 +522,7 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
     if (pk.size(1) != pv.size(1) || pk.size(0) != pv.size(0))
       throw Error("forward: prefix_k and prefix_v of layer " + std::to_string(l) + " differ in shape: " +
                   shape_str(pk.sizes()) + " vs " + shape_str(pv.sizes()));
-    return {pk.expand({B, -1, -1, -1}), pv.expand({B, -1, -1, -1})};
+    return {pk, pv};  // batch 1 or B; broadcast where used
   };
   const int64_t prefix_len = has_prefix && start < stop ? prefix_of(start).first.size(1) : 0;
 
@@ -488,18 +551,18 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
     hook(l, HookKind::K, k);
     hook(l, HookKind::V, v);
 
-    at::Tensor k_all = k, v_all = v;  // [B, P + T, Hkv, Dh]
+    at::Tensor pk, pv;  // [1 or B, P, Hkv, Dh] or undefined
     if (has_prefix) {
-      auto [pk, pv] = prefix_of(l);
+      std::tie(pk, pv) = prefix_of(l);
       if (pk.size(1) != prefix_len)
         throw Error("forward: prefix of layer " + std::to_string(l) + " holds " + std::to_string(pk.size(1)) +
                     " tokens, layer " + std::to_string(start) + "'s holds " + std::to_string(prefix_len));
-      k_all = at::cat({pk, k}, 1);
-      v_all = at::cat({pv, v}, 1);
     }
-    at::Tensor z = causal_attention(q, k_all, v_all, scale, opts.eager_attention);  // [B, T, Hq, Dh]
+    at::Tensor z = causal_attention(q, k, v, pk, pv, scale, opts.eager_attention);  // [B, T, Hq, Dh]
     if (hook.active(l, HookKind::Pattern)) {
       const at::Tensor& rows = rows_for_pattern();                                        // [R]
+      const at::Tensor k_all = pk.defined() ? at::cat({pk.expand({B, -1, -1, -1}), k}, 1) : k;  // [B, P + T, Hkv, Dh]
+      const at::Tensor v_all = pv.defined() ? at::cat({pv.expand({B, -1, -1, -1}), v}, 1) : v;
       const int64_t Tk = k_all.size(1);
       at::Tensor vh = v_all.transpose(1, 2).contiguous();                                // [B, Hkv, Tk, Dh]
       at::Tensor pattern = attention_pattern(q, k_all.transpose(1, 2).contiguous(), rows, scale);  // [B, Hq, R, Tk]

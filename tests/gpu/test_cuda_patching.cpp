@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "core/interp/patching.h"
+#include "core/model/hooks.h"
 #include "core/model/transformer.h"
 
 namespace {
@@ -98,6 +99,44 @@ TEST(CudaPatching, AutomaticBatchSizeRunsABf16SweepThatMatchesTheReference) {
   const auto e_fast = hh::interp::normalise_effect(fast, cache.metric_clean, cache.metric_corrupt, o.mode);
   const auto e_ref = hh::interp::normalise_effect(ref, cache.metric_clean, cache.metric_corrupt, o.mode);
   EXPECT_LT((e_fast - e_ref).abs().max().item<double>(), 0.05) << e_fast << e_ref;
+}
+
+TEST(CudaPatching, Bf16PrefixAttentionByLogSumExpMergeEqualsTheFullForward) {
+  // bf16 on CUDA takes the two-flash-calls path for a cached prefix; its rows must equal the full
+  // forward's (which runs one causal SDPA) up to bf16 rounding, for a shared and a per-row prefix.
+  ASSERT_TRUE(torch::cuda::is_available()) << "gpu tests need a CUDA device";
+  const auto cfg = small_config();
+  const Transformer gpu = on(cfg, hh::model::random_weights(cfg, 9, torch::kBFloat16, 0.2), torch::kCUDA);
+  torch::manual_seed(1);
+  const auto ids = torch::randint(256, {2, 777}, torch::TensorOptions().dtype(torch::kInt64)).to(torch::kCUDA);
+  std::map<std::string, torch::Tensor> full;
+  hh::model::Hooks hooks;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    hooks.cache(hh::model::hook_name(l, hh::model::HookKind::K), &full);
+    hooks.cache(hh::model::hook_name(l, hh::model::HookKind::V), &full);
+  }
+  hh::model::ForwardOptions f;
+  f.hooks = &hooks;
+  const auto logits = gpu.forward(ids, f).logits;  // [2, 777, V]
+  for (int64_t P : {1, 300, 776}) {
+    for (bool shared : {true, false}) {
+      std::vector<torch::Tensor> pk, pv;
+      for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+        auto k = full.at(hh::model::hook_name(l, hh::model::HookKind::K)).narrow(1, 0, P);
+        auto v = full.at(hh::model::hook_name(l, hh::model::HookKind::V)).narrow(1, 0, P);
+        pk.push_back(shared ? k.narrow(0, 0, 1) : k);
+        pv.push_back(shared ? v.narrow(0, 0, 1) : v);
+      }
+      hh::model::ForwardOptions g;
+      g.prefix_k = &pk;
+      g.prefix_v = &pv;
+      // With a shared prefix both rows continue row 0's tokens.
+      const auto suffix = shared ? ids.narrow(0, 0, 1).narrow(1, P, 777 - P).expand({2, -1}) : ids.narrow(1, P, 777 - P);
+      const auto got = gpu.forward(suffix, g).logits;
+      const auto want = shared ? logits.narrow(0, 0, 1).narrow(1, P, 777 - P).expand({2, -1, -1}) : logits.narrow(1, P, 777 - P);
+      EXPECT_LT(max_rel(got, want), 3e-2) << "P=" << P << " shared=" << shared;
+    }
+  }
 }
 
 }  // namespace

@@ -159,8 +159,8 @@ TEST_F(CliAnalyze, WritesTheDesignLayoutWithTheEnginesNumbersAndGrowsWhenMethods
       "for k in ['cosine_delta','cka','angular']: assert f['similarity/'+k].shape==(3,3)\n"
       "print('h5py ok')\n";
   std::ofstream(dir_ / "check.py") << py;
-  // Debian's interpreter, which has python3-h5py (another python3 may come first on PATH).
-  const std::string python = fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  const std::string python = hh::test::python_with_h5py();
+  ASSERT_FALSE(python.empty()) << "h5py is not importable by python3 or /usr/bin/python3 (scripts/test installs python3-h5py)";
   r = run(python + " " + (dir_ / "check.py").string() + " " + out.string());
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("h5py ok"), std::string::npos) << r.output;

@@ -151,12 +151,8 @@ TEST_P(CliRun, UnknownHookIsRefused) {
 }
 
 TEST_P(CliRun, H5pyReadsTheOutput) {
-  // Debian's python3-h5py belongs to /usr/bin/python3, which may not be the first python3 on PATH.
-  std::string python;
-  for (const char* candidate : {"python3", "/usr/bin/python3"})
-    if (python.empty() && std::system((std::string(candidate) + " -c 'import h5py' >/dev/null 2>&1").c_str()) == 0)
-      python = candidate;
-  if (python.empty()) GTEST_SKIP() << "h5py not importable";
+  const std::string python = hh::test::python_with_h5py();
+  ASSERT_FALSE(python.empty()) << "h5py is not importable by python3 or /usr/bin/python3 (scripts/test installs python3-h5py)";
   const auto out = dir_ / "py.h5";
   ASSERT_EQ(run_cli("run --model " + (dir_ / "model").string() + " --tokens 3,4,5 --out " + out.string() +
                     " --hooks blocks.0.attn.hook_q").status, 0);

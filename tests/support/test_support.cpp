@@ -48,4 +48,10 @@ std::filesystem::path scratch_dir(const std::string& tag) {
   std::filesystem::create_directories(dir);
   return dir;
 }
+std::string python_with_h5py() {
+  for (const char* candidate : {"python3", "/usr/bin/python3"})
+    if (std::system((std::string(candidate) + " -c 'import h5py' >/dev/null 2>&1").c_str()) == 0) return candidate;
+  return {};
+}
+
 }  // namespace hh::test

@@ -15,6 +15,9 @@ std::filesystem::path bin_dir();      // build/bin
 std::filesystem::path qwen3_tokenizer_dir();
 // A fresh, empty directory under the build's test-tmp, unique per test.
 std::filesystem::path scratch_dir(const std::string& tag);
+// A python interpreter that imports h5py: python3 on PATH, else Debian's /usr/bin/python3 (which owns
+// python3-h5py); "" when neither does.
+std::string python_with_h5py();
 // The message of the hh::Error `f` throws; a test failure when it throws nothing.
 template <class F>
 std::string error_of(F&& f) {
