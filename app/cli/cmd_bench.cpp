@@ -5,11 +5,19 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <functional>
+#include <set>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "core/util/compat.h"
+#if __has_include(<torch/csrc/autograd/profiler_kineto.h>) && HH_TORCH_AT_LEAST(2, 0)
+#include <torch/csrc/autograd/profiler_kineto.h>
+#define HH_HAVE_KINETO 1
+#endif
 
 #include "app/cli/commands.h"
 #include "core/interp/patching.h"
@@ -121,7 +129,27 @@ struct AnalyzeBenchArgs {
   double peak_tflops = 813.0;  // bf16 dense GEMM measured on the H200 (docs/BENCHMARKS.md)
   uint64_t seed = 0;
   bool json = false;
+  std::string profile;  // chrome trace of one more run of each method
 };
+
+// Records a Chrome trace (CPU ops and CUDA kernels) of fn() into `path`, where LibTorch has Kineto.
+void profile_to(const std::string& path, const std::function<void()>& fn) {
+#ifdef HH_HAVE_KINETO
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const torch::profiler::impl::ProfilerConfig cfg(torch::profiler::impl::ProfilerState::KINETO);
+  const std::set<ActivityType> acts = {ActivityType::CPU, ActivityType::CUDA};
+  prof::prepareProfiler(cfg, acts);
+  prof::enableProfiler(cfg, acts);
+  fn();
+  auto result = prof::disableProfiler();
+  result->save(path);
+  std::printf("  profile written to %s\n", path.c_str());
+#else
+  (void)fn;
+  throw Error("--profile " + path + ": this LibTorch has no Kineto profiler");
+#endif
+}
 
 // A model of `cfg`'s shape with N(0, 0.02^2) weights drawn on the device (no checkpoint needed).
 model::Transformer random_model(const model::ModelConfig& cfg, const std::string& device, const std::string& dtype,
@@ -253,6 +281,12 @@ int run_bench_analyze(const AnalyzeBenchArgs& a) {
     j["path_sweep_s"] = s;
     std::printf("  path patching -> logits, all heads %8.3f s\n", s);
   }
+  if (!a.profile.empty())
+    profile_to(a.profile, [&] {
+      if (act) (void)interp::head_sweep(model, ex, cache, o);
+      if (attr) (void)interp::attribution(model, ex, cache, o);
+      sync(dev);
+    });
   if (a.json) std::printf("%s\n", j.dump().c_str());
   return kExitOk;
 }
@@ -307,6 +341,7 @@ Runner add_bench(CLI::App& app) {
   an->add_option("--warmup", aargs->warmup, "Untimed repetitions first")->capture_default_str();
   an->add_option("--seed", aargs->seed, "Seed of weights and tokens")->capture_default_str();
   an->add_flag("--json", aargs->json, "Also print one JSON object");
+  an->add_option("--profile", aargs->profile, "Write a Chrome trace of one more sweep and attribution to this file");
   return [args, targs, tk, aargs, an] {
     if (an->parsed()) return run_bench_analyze(*aargs);
     if (tk->parsed()) return run_bench_tokenize(*targs);

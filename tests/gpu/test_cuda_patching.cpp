@@ -95,10 +95,8 @@ TEST(CudaPatching, AutomaticBatchSizeRunsABf16SweepThatMatchesTheReference) {
   const auto cache = hh::interp::run_clean_corrupt(gpu, ex, o.metric);
   const auto fast = hh::interp::head_sweep(gpu, ex, cache, o);
   const auto ref = hh::interp::head_sweep_reference(gpu, ex, o);
-  // bf16: compare normalised effects, which is what users read.
-  const auto e_fast = hh::interp::normalise_effect(fast, cache.metric_clean, cache.metric_corrupt, o.mode);
-  const auto e_ref = hh::interp::normalise_effect(ref, cache.metric_clean, cache.metric_corrupt, o.mode);
-  EXPECT_LT((e_fast - e_ref).abs().max().item<double>(), 0.05) << e_fast << e_ref;
+  // bf16: batched and one-at-a-time forwards round differently; compare at the metric's own scale.
+  EXPECT_LT(max_rel(fast, ref), 2e-2) << fast << ref;
 }
 
 TEST(CudaPatching, Bf16PrefixAttentionByLogSumExpMergeEqualsTheFullForward) {
