@@ -20,6 +20,7 @@
 #include "core/io/fingerprint.h"
 #include "core/io/h5.h"
 #include "core/model/transformer.h"
+#include "core/select/manifest.h"
 #include "support/test_support.h"
 
 namespace {
@@ -200,6 +201,38 @@ TEST_F(CliAnalyze, RefusesAnotherModelOrCalibrationSetAndLeavesTheFileAlone) {
   EXPECT_EQ(r.status, 1);
   EXPECT_MENTIONS(r.output, "unknown method 'everything'");
   EXPECT_FALSE(fs::exists(dir_ / "x.h5"));
+}
+
+TEST_F(CliAnalyze, SelectTurnsTheAnalysisIntoAManifestThatFitsTheModel) {
+  const fs::path out = dir_ / "analysis.h5";
+  ASSERT_EQ(run(base_args() + " --method activation,path --out " + out.string()).status, 0);
+  const fs::path manifest = dir_ / "manifest.json";
+  auto r = run(hydrahead() + " select --analysis " + out.string() + " --model " + (dir_ / "model").string() +
+               " --ratio 3:1 --retrieval-tasks passkey --compare --out " + manifest.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_MENTIONS(r.output, "FA heads per layer (3 of 12)");
+  EXPECT_MENTIONS(r.output, "512K");
+  EXPECT_MENTIONS(r.output, "overlap with baselines");
+  const auto m = hh::select::read_manifest(manifest);
+  EXPECT_EQ(m.fa_heads.size(), 3u);  // round(12 / 4)
+  EXPECT_EQ(m.model.fingerprint, hh::io::model_fingerprint(dir_ / "model"));
+  EXPECT_EQ(m.ratio_la, 3);
+  EXPECT_EQ(m.notes.at("budget").size(), 9u);  // 3 contexts x (dense, layer-wise, selection)
+
+  r = run(hydrahead() + " select --validate " + manifest.string() + " --model " + (dir_ / "model").string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  // Another architecture: refused, naming the field.
+  ModelConfig other = cfg_;
+  other.num_hidden_layers = 4;
+  hh::model::save_model(dir_ / "deeper", other, hh::model::random_weights(other, 1, torch::kFloat32, 0.3));
+  r = run(hydrahead() + " select --validate " + manifest.string() + " --model " + (dir_ / "deeper").string());
+  EXPECT_EQ(r.status, 1);
+  EXPECT_MENTIONS(r.output, "model.num_layers is 3, this model's is 4");
+  r = run(hydrahead() + " select --analysis " + out.string() + " --ratio 3 --weights path=1,bogus=2 --out " +
+          (dir_ / "x.json").string());
+  EXPECT_EQ(r.status, 1);
+  EXPECT_MENTIONS(r.output, "unknown signal 'bogus'");
+  EXPECT_FALSE(fs::exists(dir_ / "x.json"));
 }
 
 TEST_F(CliAnalyze, CtrlCStopsCleanlyAndWritesNothing) {
