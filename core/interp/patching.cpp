@@ -100,6 +100,7 @@ struct SuffixRun {
     f.logit_positions = logit_rows;
     f.prefix_k = pk;
     f.prefix_v = pv;
+    f.fused_kernels = true;  // where built and on CUDA; ignored under autograd
     return f;
   }
 };
@@ -295,6 +296,7 @@ RunCache run_clean_corrupt(const Transformer& model, const PreparedExample& ex, 
   model::ForwardOptions f;
   f.hooks = &clean_hooks;
   f.logit_positions = ex.answer_pos;
+  f.fused_kernels = true;
   c.metric_clean = metric_from_logits(model.forward(ex.clean, f).logits, ex, metric).item<double>();
 
   if (Tq == 0) {  // clean == corrupt: nothing differs
@@ -359,7 +361,7 @@ at::Tensor head_sweep(const Transformer& model, const PreparedExample& ex, const
       at::Tensor mask = at::one_hot(which, Hq).to(at::kBool).view({n, 1, Hq, 1});
       const at::Tensor z = at::where(mask, source_z[li], base_z[li]);                 // [n, Tq, Hq, Dh]
       const at::Tensor mid = base_resid[li] + model.attn_out(layer, z);               // [n, Tq, d]
-      const at::Tensor x = mid + model.mlp_out(layer, mid);                            // resid_post
+      const at::Tensor x = mid + model.mlp_out(layer, mid, /*fused_kernels=*/true);    // resid_post
       const at::Tensor logits = layer + 1 < L ? model.forward(x, suffix.options(nullptr, layer + 1)).logits
                                                : model.unembed(x.index_select(1, suffix.logit_rows));
       const at::Tensor m = metric_from_logits(logits, ex, opts.metric);  // [n]
@@ -514,7 +516,7 @@ at::Tensor frozen_attention_walk(const Transformer& model, const RunCache& cache
       const at::Tensor start_mid = resid + model.attn_out(j, z_patched);                  // [n, R, d]
       mid = at::where((layer_of == j).view({n, 1, 1}), start_mid, mid);
     }
-    x = mid + model.mlp_out(j, mid);
+    x = mid + model.mlp_out(j, mid, /*fused_kernels=*/true);
     if (j + 1 < L && visit) visit(j + 1, x);
   }
   return x;

@@ -12,6 +12,9 @@
 #include <utility>
 
 #include "core/io/checkpoint.h"
+#ifdef HH_HAVE_KERNELS
+#include "kernels/fused_ops.h"
+#endif
 #include "core/util/error.h"
 
 namespace hh::model {
@@ -93,6 +96,38 @@ at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {  // x [B, T
   at::Tensor x2 = x.narrow(-1, half, half);
   at::Tensor rotated = at::cat({-x2, x1}, -1);  // [B, T, H, Dh]
   return x * rope.cos + rotated * rope.sin;
+}
+
+// The fused CUDA kernels (kernels/fused_ops.h) stand in for the op sequences above when a forward asks
+// for them, the tensors are float32/16-bit on CUDA and no gradient is recorded (they have no backward).
+bool use_fused(bool requested, const at::Tensor& x) {
+#ifdef HH_HAVE_KERNELS
+  return requested && x.is_cuda() && x.scalar_type() != at::kDouble && !at::GradMode::is_enabled();
+#else
+  (void)requested;
+  (void)x;
+  return false;
+#endif
+}
+
+at::Tensor rms_norm_maybe_fused(const at::Tensor& x, const at::Tensor& weight, double eps, bool fused) {
+#ifdef HH_HAVE_KERNELS
+  if (fused) return kernels::rms_norm(x.contiguous(), weight, eps);
+#endif
+  (void)fused;
+  return rms_norm(x, weight, eps);
+}
+
+at::Tensor norm_rope_maybe_fused(const at::Tensor& x, const at::Tensor& weight, const RopeTables& rope, double eps,
+                                 bool fused) {
+#ifdef HH_HAVE_KERNELS
+  if (fused) {
+    const int64_t T = rope.cos.size(1), Dh = rope.cos.size(3);
+    return kernels::norm_rope(x.contiguous(), weight, rope.cos.reshape({T, Dh}), rope.sin.reshape({T, Dh}), eps);
+  }
+#endif
+  (void)fused;
+  return apply_rope(rms_norm(x, weight, eps), rope);
 }
 
 // [B, R, Hq, Dh] -> [B, Hkv, G*R, Dh]: the G query heads that share KV head j are stacked along the
@@ -527,6 +562,7 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
   const int64_t prefix_len = has_prefix && start < stop ? prefix_of(start).first.size(1) : 0;
 
   const HookPoints hook(opts.hooks);
+  const bool fused = use_fused(opts.fused_kernels, x);
   const RopeTables rope = rope_tables(inv_freq_, prefix_len + opts.position_offset, T, dt);
   at::Tensor pattern_rows;  // [R], resolved on first use
   auto rows_for_pattern = [&]() -> const at::Tensor& {
@@ -541,12 +577,12 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
 
     // ---- self-attention ----
     hook(l, HookKind::ResidPre, x);
-    at::Tensor h = rms_norm(x, lw.input_layernorm, eps);                      // [B, T, d]
+    at::Tensor h = rms_norm_maybe_fused(x, lw.input_layernorm, eps, fused);   // [B, T, d]
     at::Tensor q = dense(h, lw.q_proj, lw.q_bias).view({B, T, Hq, Dh});       // [B, T, Hq, Dh]
     at::Tensor k = dense(h, lw.k_proj, lw.k_bias).view({B, T, Hkv, Dh});      // [B, T, Hkv, Dh]
     at::Tensor v = dense(h, lw.v_proj, lw.v_bias).view({B, T, Hkv, Dh});      // [B, T, Hkv, Dh]
-    q = apply_rope(rms_norm(q, lw.q_norm, eps), rope);  // per-head norm before RoPE (Qwen3)
-    k = apply_rope(rms_norm(k, lw.k_norm, eps), rope);
+    q = norm_rope_maybe_fused(q, lw.q_norm, rope, eps, fused);  // per-head norm before RoPE (Qwen3)
+    k = norm_rope_maybe_fused(k, lw.k_norm, rope, eps, fused);
     hook(l, HookKind::Q, q);
     hook(l, HookKind::K, k);
     hook(l, HookKind::V, v);
@@ -587,7 +623,7 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
     hook(l, HookKind::ResidMid, x);
 
     // ---- MLP ----
-    at::Tensor mlp = mlp_out(l, x);  // [B, T, d]
+    at::Tensor mlp = mlp_out(l, x, opts.fused_kernels);  // [B, T, d]
     hook(l, HookKind::MlpOut, mlp);
     x = x + mlp;
     hook(l, HookKind::ResidPost, x);
@@ -609,11 +645,16 @@ at::Tensor Transformer::attn_out(int64_t layer, const at::Tensor& z) const {
   return dense(z.flatten(-2, -1), lw.o_proj, lw.o_bias);  // [..., Hq * Dh] -> [..., d]
 }
 
-at::Tensor Transformer::mlp_out(int64_t layer, const at::Tensor& resid_mid) const {
+at::Tensor Transformer::mlp_out(int64_t layer, const at::Tensor& resid_mid, bool fused_kernels) const {
   const LayerWeights& lw = w_.layers.at(static_cast<size_t>(layer));
-  at::Tensor h = rms_norm(resid_mid, lw.post_attention_layernorm, cfg_.rms_norm_eps);  // [..., d]
-  at::Tensor act = at::silu(dense(h, lw.gate_proj)) * dense(h, lw.up_proj);           // [..., I]
-  return dense(act, lw.down_proj);                                                     // [..., d]
+  const bool fused = use_fused(fused_kernels, resid_mid);
+  at::Tensor h = rms_norm_maybe_fused(resid_mid, lw.post_attention_layernorm, cfg_.rms_norm_eps, fused);  // [..., d]
+  at::Tensor act;                                                                                        // [..., I]
+#ifdef HH_HAVE_KERNELS
+  if (fused) act = kernels::silu_mul(dense(h, lw.gate_proj), dense(h, lw.up_proj));
+#endif
+  if (!act.defined()) act = at::silu(dense(h, lw.gate_proj)) * dense(h, lw.up_proj);
+  return dense(act, lw.down_proj);  // [..., d]
 }
 
 at::Tensor Transformer::unembed(const at::Tensor& resid) const {

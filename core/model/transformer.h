@@ -81,6 +81,11 @@ struct ForwardOptions {
   // "sdpa"), else the blockwise eager math. true: always the blockwise eager math (HF "eager":
   // scores in the model dtype, softmax in float32), e.g. to reproduce HF eager logits.
   bool eager_attention = false;
+  // Fused CUDA kernels for RMSNorm, q/k norm + RoPE and SiLU * up (kernels/fused_ops.h) where built,
+  // on CUDA, and without autograd. Same math; results may differ from the default path by one unit
+  // in the last place (the float32 sum of squares is ordered differently), so the default stays the
+  // bit-for-bit HF path and the patching sweeps opt in.
+  bool fused_kernels = false;
 };
 
 struct ForwardOutput {
@@ -115,7 +120,7 @@ class Transformer {
   // attn_out: o_proj of per-head outputs z [..., Hq, Dh] -> [..., d].
   at::Tensor attn_out(int64_t layer, const at::Tensor& z) const;
   // mlp_out: the MLP branch of the block for the residual after attention [..., d] -> [..., d].
-  at::Tensor mlp_out(int64_t layer, const at::Tensor& resid_mid) const;
+  at::Tensor mlp_out(int64_t layer, const at::Tensor& resid_mid, bool fused_kernels = false) const;
   // Final norm and lm_head: [..., d] -> [..., V] float32 (float64 for a float64 model).
   at::Tensor unembed(const at::Tensor& resid) const;
 

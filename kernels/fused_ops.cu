@@ -1,0 +1,162 @@
+#include "kernels/fused_ops.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace hh::kernels {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kMaxHeadDim = 256;
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// One warp per row of n elements.
+template <class T>
+__global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t rows,
+                                int64_t n, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const T* xr = x + row * n;
+  T* yr = y + row * n;
+  float ss = 0.f;
+  for (int64_t i = lane; i < n; i += 32) {
+    const float v = static_cast<float>(xr[i]);
+    ss += v * v;
+  }
+  const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(n) + eps);
+  for (int64_t i = lane; i < n; i += 32) {
+    const T normed = static_cast<T>(static_cast<float>(xr[i]) * inv);  // HF: to(input dtype)
+    yr[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(normed));
+  }
+}
+
+// One warp per (token, head) row of Dh elements: RMSNorm, then RoPE with the token's cos/sin.
+template <class T>
+__global__ void norm_rope_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ cos,
+                                 const T* __restrict__ sin, T* __restrict__ y, int64_t rows, int64_t T_len, int64_t H,
+                                 int64_t Dh, float eps) {
+  __shared__ float normed[kWarpsPerBlock][kMaxHeadDim];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (row >= rows) return;
+  const int64_t t = (row / H) % T_len;  // rows are (b, t, h) in order
+  const T* xr = x + row * Dh;
+  T* yr = y + row * Dh;
+  float ss = 0.f;
+  for (int64_t i = lane; i < Dh; i += 32) {
+    const float v = static_cast<float>(xr[i]);
+    ss += v * v;
+  }
+  const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(Dh) + eps);
+  for (int64_t i = lane; i < Dh; i += 32) {
+    const T n1 = static_cast<T>(static_cast<float>(xr[i]) * inv);
+    normed[warp][i] = static_cast<float>(static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(n1)));
+  }
+  __syncwarp();
+  const int64_t half = Dh / 2;
+  const T* c = cos + t * Dh;
+  const T* s = sin + t * Dh;
+  for (int64_t i = lane; i < Dh; i += 32) {
+    const float rot = i < half ? -normed[warp][i + half] : normed[warp][i - half];
+    const T a = static_cast<T>(normed[warp][i] * static_cast<float>(c[i]));
+    const T b = static_cast<T>(rot * static_cast<float>(s[i]));
+    yr[i] = static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
+  }
+}
+
+template <class T>
+__global__ void silu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ y, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float gv = static_cast<float>(g[i]);
+    const T act = static_cast<T>(gv / (1.0f + ::expf(-gv)));  // LibTorch's silu, rounded to the dtype
+    y[i] = static_cast<T>(static_cast<float>(act) * static_cast<float>(u[i]));
+  }
+}
+
+void check(const at::Tensor& t, const char* what) {
+  if (!t.is_cuda()) throw std::invalid_argument(std::string("hh::kernels: ") + what + " must be a CUDA tensor");
+  if (!t.is_contiguous()) throw std::invalid_argument(std::string("hh::kernels: ") + what + " must be contiguous");
+}
+
+unsigned blocks_for_rows(int64_t rows) {
+  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check(x, "x");
+  check(weight, "weight");
+  const int64_t n = x.size(-1), rows = x.numel() / n;
+  if (weight.numel() != n || weight.scalar_type() != x.scalar_type())
+    throw std::invalid_argument("hh::kernels::rms_norm: weight must be [n] of x's dtype");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty_like(x);
+  if (rows == 0) return y;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_rms_norm", [&] {
+    rms_norm_kernel<scalar_t><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
+        x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n, static_cast<float>(eps));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return y;
+}
+
+at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                     double eps) {
+  check(x, "x");
+  check(weight, "weight");
+  check(cos, "cos");
+  check(sin, "sin");
+  if (x.dim() != 4) throw std::invalid_argument("hh::kernels::norm_rope: x must be [B, T, H, Dh]");
+  const int64_t T = x.size(1), H = x.size(2), Dh = x.size(3), rows = x.numel() / Dh;
+  if (Dh > kMaxHeadDim || Dh % 2 != 0) throw std::invalid_argument("hh::kernels::norm_rope: head_dim must be even and <= 256");
+  if (cos.numel() != T * Dh || sin.numel() != T * Dh)
+    throw std::invalid_argument("hh::kernels::norm_rope: cos/sin must be [T, Dh]");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty_like(x);
+  if (rows == 0) return y;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_norm_rope", [&] {
+    norm_rope_kernel<scalar_t><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
+        x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
+        y.data_ptr<scalar_t>(), rows, T, H, Dh, static_cast<float>(eps));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return y;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+  check(gate, "gate");
+  check(up, "up");
+  if (gate.sizes() != up.sizes() || gate.scalar_type() != up.scalar_type())
+    throw std::invalid_argument("hh::kernels::silu_mul: gate and up must match in shape and dtype");
+  const c10::cuda::CUDAGuard guard(gate.device());
+  at::Tensor y = at::empty_like(gate);
+  const int64_t n = gate.numel();
+  if (n == 0) return y;
+  const unsigned threads = 256;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gate.scalar_type(), "hh_silu_mul", [&] {
+    silu_mul_kernel<scalar_t><<<blocks, threads, 0, stream>>>(gate.data_ptr<scalar_t>(), up.data_ptr<scalar_t>(),
+                                                              y.data_ptr<scalar_t>(), n);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return y;
+}
+
+}  // namespace hh::kernels

@@ -1,0 +1,24 @@
+#pragma once
+// Fused CUDA kernels for the elementwise parts of the Qwen3 block, used by the patching sweeps (which
+// run many forwards and are bound by memory traffic between LibTorch's small kernels). Each one
+// reproduces HF Qwen3's numerics operation by operation (float32 statistics, rounding to the model
+// dtype where HF rounds); only the order of the float32 sum of squares differs from LibTorch's
+// reduction, so results can differ from the unfused ops by one unit in the last place.
+// The LibTorch op sequences in core/model/transformer.cpp are the reference these are tested against
+// (tests/gpu/test_fused_ops.cpp). CUDA tensors of float32, float16 or bfloat16 only.
+#include "core/util/compat.h"
+
+namespace hh::kernels {
+
+// weight * to_dtype(x * rsqrt(mean(x^2, -1) + eps)), statistics in float32. x [..., n] contiguous.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// RoPE(rms_norm(x, weight)) for x [B, T, H, Dh] contiguous, cos/sin [T, Dh] in x's dtype
+// (rotate-half layout: y = x*cos + rotate_half(x)*sin, each product rounded to the dtype as HF does).
+at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                     double eps);
+
+// to_dtype(silu(gate)) * up, elementwise, gate/up contiguous and of one shape.
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
+
+}  // namespace hh::kernels
