@@ -86,6 +86,31 @@ __global__ void silu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u
   }
 }
 
+struct Strides4 {
+  int64_t s[4];
+};
+struct Strides5 {
+  int64_t s[5];
+};
+
+template <class T>
+__global__ void merge_attention_kernel(const T* __restrict__ o_new, Strides4 on, const float* __restrict__ lse_new,
+                                       Strides4 ln, const T* __restrict__ o_pre, Strides5 op,
+                                       const float* __restrict__ lse_pre, Strides4 lp, T* __restrict__ out, int64_t B,
+                                       int64_t Tq, int64_t Hq, int64_t G, int64_t Dh) {
+  const int64_t n = B * Tq * Hq * Dh;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t d = i % Dh, h = (i / Dh) % Hq, t = (i / (Dh * Hq)) % Tq, b = i / (Dh * Hq * Tq);
+    const int64_t kv = h / G, g = h % G;
+    const float a = static_cast<float>(o_new[b * on.s[0] + h * on.s[1] + t * on.s[2] + d * on.s[3]]);
+    const float p = static_cast<float>(o_pre[kv * op.s[0] + b * op.s[1] + g * op.s[2] + t * op.s[3] + d * op.s[4]]);
+    const float x = lse_pre[kv * lp.s[0] + b * lp.s[1] + g * lp.s[2] + t * lp.s[3]] - lse_new[b * ln.s[0] + h * ln.s[1] + t * ln.s[2]];
+    const float w = 1.0f / (1.0f + ::expf(-x));
+    out[i] = static_cast<T>(a + (p - a) * w);
+  }
+}
+
 void check(const at::Tensor& t, const char* what) {
   if (!t.is_cuda()) throw std::invalid_argument(std::string("hh::kernels: ") + what + " must be a CUDA tensor");
   if (!t.is_contiguous()) throw std::invalid_argument(std::string("hh::kernels: ") + what + " must be contiguous");
@@ -157,6 +182,36 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
+}
+
+at::Tensor merge_attention(const at::Tensor& o_new, const at::Tensor& lse_new, const at::Tensor& o_pre,
+                           const at::Tensor& lse_pre) {
+  if (!o_new.is_cuda() || o_new.dim() != 4 || lse_new.dim() != 3 || o_pre.dim() != 5 || lse_pre.dim() != 4)
+    throw std::invalid_argument("hh::kernels::merge_attention: expected CUDA o_new [B,Hq,Tq,Dh], lse_new [B,Hq,Tq], "
+                                "o_pre [Hkv,B,G,Tq,Dh], lse_pre [Hkv,B,G,Tq]");
+  if (lse_new.scalar_type() != at::kFloat || lse_pre.scalar_type() != at::kFloat || o_pre.scalar_type() != o_new.scalar_type())
+    throw std::invalid_argument("hh::kernels::merge_attention: log-sum-exps must be float32, outputs of one dtype");
+  const int64_t B = o_new.size(0), Hq = o_new.size(1), Tq = o_new.size(2), Dh = o_new.size(3), G = o_pre.size(2);
+  if (o_pre.size(0) * G != Hq || o_pre.size(1) != B || o_pre.size(3) != Tq || o_pre.size(4) != Dh)
+    throw std::invalid_argument("hh::kernels::merge_attention: o_pre does not match o_new");
+  const c10::cuda::CUDAGuard guard(o_new.device());
+  at::Tensor out = at::empty({B, Tq, Hq, Dh}, o_new.options());
+  const int64_t n = out.numel();
+  if (n == 0) return out;
+  Strides4 on{{o_new.stride(0), o_new.stride(1), o_new.stride(2), o_new.stride(3)}};
+  Strides4 ln{{lse_new.stride(0), lse_new.stride(1), lse_new.stride(2), 0}};
+  Strides5 op{{o_pre.stride(0), o_pre.stride(1), o_pre.stride(2), o_pre.stride(3), o_pre.stride(4)}};
+  Strides4 lp{{lse_pre.stride(0), lse_pre.stride(1), lse_pre.stride(2), lse_pre.stride(3)}};
+  const unsigned threads = 256;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, o_new.scalar_type(), "hh_merge_attention", [&] {
+    merge_attention_kernel<scalar_t><<<blocks, threads, 0, stream>>>(
+        o_new.data_ptr<scalar_t>(), on, lse_new.data_ptr<float>(), ln, o_pre.data_ptr<scalar_t>(), op,
+        lse_pre.data_ptr<float>(), lp, out.data_ptr<scalar_t>(), B, Tq, Hq, G, Dh);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
 }
 
 }  // namespace hh::kernels

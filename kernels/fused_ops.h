@@ -21,4 +21,12 @@ at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Te
 // to_dtype(silu(gate)) * up, elementwise, gate/up contiguous and of one shape.
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 
+// Attention over [prefix ++ new keys] from its two parts, each with its log-sum-exp:
+//   out = to_dtype(o_new + (o_pre - o_new) * sigmoid(lse_pre - lse_new))   (float32 inside)
+// o_new [B, Hq, Tq, Dh], lse_new [B, Hq, Tq]; o_pre [Hkv, B, G, Tq, Dh], lse_pre [Hkv, B, G, Tq] with
+// query head h = kv * G + g. Any strides (views of the flash outputs are read in place). Returns
+// [B, Tq, Hq, Dh] contiguous, the layout the next projection reads.
+at::Tensor merge_attention(const at::Tensor& o_new, const at::Tensor& lse_new, const at::Tensor& o_pre,
+                           const at::Tensor& lse_pre);
+
 }  // namespace hh::kernels

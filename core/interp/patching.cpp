@@ -101,6 +101,7 @@ struct SuffixRun {
     f.prefix_k = pk;
     f.prefix_v = pv;
     f.fused_kernels = true;  // where built and on CUDA; ignored under autograd
+    f.trim_last_layer = true;
     return f;
   }
 };

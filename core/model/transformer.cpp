@@ -264,25 +264,30 @@ at::Tensor prefix_split_attention(const at::Tensor& q, const at::Tensor& k, cons
     vh = vh.unsqueeze(2).expand({B, Hkv, G, Tq, Dh}).reshape({B, Hq, Tq, Dh});
   }
   auto [o_new, lse_new] = flash_with_lse(q.transpose(1, 2), kh, vh, /*causal=*/true, scale);  // [B, Hq, Tq, *]
-  // Prefix keys, no mask.
+  // Prefix keys, no mask. o_pre / lse_pre as views [Hkv, B, G, Tq, Dh] / [Hkv, B, G, Tq].
   at::Tensor o_pre, lse_pre;
   const at::Tensor pkh = pk.transpose(1, 2), pvh = pv.transpose(1, 2);  // [Bp, Hkv, P, Dh]
   const at::Tensor q5 = q.view({B, Tq, Hkv, G, Dh});
   if (pk.size(0) == 1) {
     at::Tensor qf = q5.permute({2, 0, 3, 1, 4}).reshape({1, Hkv, B * G * Tq, Dh});
     auto [o, lse] = flash_with_lse(qf, pkh, pvh, /*causal=*/false, scale);
-    o_pre = o.view({Hkv, B, G, Tq, Dh}).permute({1, 0, 2, 3, 4}).reshape({B, Hq, Tq, Dh});
-    lse_pre = lse.view({Hkv, B, G, Tq}).permute({1, 0, 2, 3}).reshape({B, Hq, Tq});
+    o_pre = o.reshape({Hkv, B, G, Tq, Dh});
+    lse_pre = lse.reshape({Hkv, B, G, Tq});
   } else {
     at::Tensor qf = q5.permute({0, 2, 3, 1, 4}).reshape({B, Hkv, G * Tq, Dh});
     auto [o, lse] = flash_with_lse(qf, pkh, pvh, /*causal=*/false, scale);
-    o_pre = o.reshape({B, Hq, Tq, Dh});
-    lse_pre = lse.reshape({B, Hq, Tq});
+    o_pre = o.reshape({B, Hkv, G, Tq, Dh}).permute({1, 0, 2, 3, 4});
+    lse_pre = lse.reshape({B, Hkv, G, Tq}).permute({1, 0, 2, 3});
   }
   // softmax over both key sets = each part's softmax weighted by its share of the total mass.
-  const at::Tensor w = at::sigmoid(lse_pre - lse_new).unsqueeze(-1);  // [B, Hq, Tq, 1] float32
+#ifdef HH_HAVE_KERNELS
+  if (!at::GradMode::is_enabled()) return kernels::merge_attention(o_new, lse_new, o_pre, lse_pre);
+#endif
+  const at::Tensor o_pre_h = o_pre.permute({1, 0, 2, 3, 4}).reshape({B, Hq, Tq, Dh});   // [B, Hq, Tq, Dh]
+  const at::Tensor lse_pre_h = lse_pre.permute({1, 0, 2, 3}).reshape({B, Hq, Tq});
+  const at::Tensor w = at::sigmoid(lse_pre_h - lse_new).unsqueeze(-1);  // [B, Hq, Tq, 1] float32
   const at::Tensor o_new_f = o_new.to(at::kFloat);
-  const at::Tensor out = (o_new_f + (o_pre.to(at::kFloat) - o_new_f) * w).to(q.scalar_type());
+  const at::Tensor out = (o_new_f + (o_pre_h.to(at::kFloat) - o_new_f) * w).to(q.scalar_type());
   return out.transpose(1, 2).contiguous();  // [B, Tq, Hq, Dh]
 }
 #endif
@@ -572,7 +577,15 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
     return pattern_rows;
   };
 
-  for (int64_t l = start; l < stop; ++l) {
+  // The last layer at the logit rows only (see ForwardOptions::trim_last_layer).
+  bool trim = opts.trim_last_layer && opts.logit_positions.defined() && stop == L && start < L;
+  if (trim)
+    for (HookKind kind : {HookKind::ResidPre, HookKind::Q, HookKind::K, HookKind::V, HookKind::Pattern, HookKind::Z,
+                          HookKind::AttnOut, HookKind::ResidMid, HookKind::MlpOut, HookKind::ResidPost})
+      trim = trim && !hook.active(L - 1, kind);
+  const int64_t full_stop = trim ? L - 1 : stop;
+
+  for (int64_t l = start; l < full_stop; ++l) {
     const LayerWeights& lw = w_.layers[static_cast<size_t>(l)];
 
     // ---- self-attention ----
@@ -630,6 +643,36 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
   }
 
   ForwardOutput out;
+  if (trim) {
+    // Keys and values of every row, queries and everything after attention at the logit rows only.
+    const int64_t l = L - 1;
+    const LayerWeights& lw = w_.layers[static_cast<size_t>(l)];
+    const at::Tensor rows = checked_positions(opts.logit_positions, T, dev, "logit_positions");  // [R]
+    const int64_t R = rows.size(0);
+    at::Tensor h = rms_norm_maybe_fused(x, lw.input_layernorm, eps, fused);                        // [B, T, d]
+    at::Tensor k = dense(h, lw.k_proj, lw.k_bias).view({B, T, Hkv, Dh});
+    at::Tensor v = dense(h, lw.v_proj, lw.v_bias).view({B, T, Hkv, Dh});
+    k = norm_rope_maybe_fused(k, lw.k_norm, rope, eps, fused);
+    const RopeTables rope_rows{rope.cos.index_select(1, rows).contiguous(), rope.sin.index_select(1, rows).contiguous()};
+    at::Tensor q = dense(h.index_select(1, rows), lw.q_proj, lw.q_bias).view({B, R, Hq, Dh});   // [B, R, Hq, Dh]
+    q = norm_rope_maybe_fused(q, lw.q_norm, rope_rows, eps, fused);
+    at::Tensor k_all = k, v_all = v;
+    if (has_prefix) {
+      auto [pk, pv] = prefix_of(l);
+      k_all = at::cat({pk.expand({B, -1, -1, -1}), k}, 1);
+      v_all = at::cat({pv.expand({B, -1, -1, -1}), v}, 1);
+    }
+    const int64_t Tk = k_all.size(1);
+    const at::Tensor kh = k_all.transpose(1, 2).contiguous(), vh = v_all.transpose(1, 2).contiguous();  // [B, Hkv, Tk, Dh]
+    const at::Tensor local = at::arange(R, rows.options());
+    const at::Tensor probs = softmax_rows(q, kh, local, rows + prefix_len, Tk, scale);     // [B, Hkv, G, R, Tk]
+    const at::Tensor z = ungroup_rows(at::matmul(probs.view({B, Hkv, -1, Tk}), vh), R);   // [B, R, Hq, Dh]
+    at::Tensor xr = x.index_select(1, rows) + attn_out(l, z);                               // [B, R, d]
+    xr = xr + mlp_out(l, xr, opts.fused_kernels);
+    out.resid = xr;
+    out.logits = unembed(xr);  // [B, R, V]
+    return out;
+  }
   out.resid = x;
   if (stop < L) return out;  // stopped early: no logits
 

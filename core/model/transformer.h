@@ -86,6 +86,10 @@ struct ForwardOptions {
   // in the last place (the float32 sum of squares is ordered differently), so the default stays the
   // bit-for-bit HF path and the patching sweeps opt in.
   bool fused_kernels = false;
+  // With logit_positions set and no hook on the last layer: run that layer's queries, attention
+  // output, MLP and residual at those positions only (keys and values still cover every row), since
+  // nothing else reaches the logits. ForwardOutput::resid is then [B, P, d] at those positions.
+  bool trim_last_layer = false;
 };
 
 struct ForwardOutput {

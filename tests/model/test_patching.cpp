@@ -120,6 +120,51 @@ TEST(PrefixForward, SuffixOnCachedKeysAndValuesEqualsTheFullForward) {
   }
 }
 
+TEST(PrefixForward, TrimmedLastLayerGivesTheSameLogitsAtTheAskedRows) {
+  const Transformer model = tiny_model(6);
+  const at::Tensor ids = at::tensor(at::ArrayRef<int64_t>(random_tokens(23, 53, 8))).unsqueeze(0).expand({3, -1});
+  const at::Tensor rows = at::tensor(at::ArrayRef<int64_t>(std::vector<int64_t>{4, 11, 22}));
+  hh::model::ForwardOptions plain;
+  plain.logit_positions = rows;
+  hh::model::ForwardOptions trimmed = plain;
+  trimmed.trim_last_layer = true;
+  const auto a = model.forward(ids, plain), b = model.forward(ids, trimmed);
+  EXPECT_TRUE(at::allclose(a.logits, b.logits, 1e-10, 1e-10));
+  EXPECT_EQ(b.resid.sizes(), (std::vector<int64_t>{3, 3, 32}));
+  EXPECT_TRUE(at::allclose(a.resid.index_select(1, rows), b.resid, 1e-10, 1e-10));
+  // From a cached residual with a key prefix, as the sweeps run it.
+  std::map<std::string, at::Tensor> full;
+  hh::model::Hooks hooks;
+  for (int64_t l = 0; l < 3; ++l) {
+    hooks.cache(hook_name(l, HookKind::K), &full);
+    hooks.cache(hook_name(l, HookKind::V), &full);
+    hooks.cache(hook_name(l, HookKind::ResidPre), &full);
+  }
+  hh::model::ForwardOptions f;
+  f.hooks = &hooks;
+  const at::Tensor logits = model.forward(ids.narrow(0, 0, 1), f).logits;  // [1, 23, V]
+  std::vector<at::Tensor> pk, pv;
+  for (int64_t l = 0; l < 3; ++l) {
+    pk.push_back(full.at(hook_name(l, HookKind::K)).narrow(1, 0, 9));
+    pv.push_back(full.at(hook_name(l, HookKind::V)).narrow(1, 0, 9));
+  }
+  hh::model::ForwardOptions g;
+  g.start_layer = 2;
+  g.prefix_k = &pk;
+  g.prefix_v = &pv;
+  g.logit_positions = rows.narrow(0, 1, 2) - 9;  // rows 11 and 22 of the suffix from 9
+  g.trim_last_layer = true;
+  const at::Tensor got = model.forward(full.at(hook_name(2, HookKind::ResidPre)).narrow(1, 9, 14), g).logits;
+  EXPECT_TRUE(at::allclose(got[0], logits[0].index_select(0, rows.narrow(0, 1, 2)), 1e-10, 1e-10));
+  // A hook on the last layer turns trimming off (it must see every row).
+  std::map<std::string, at::Tensor> seen;
+  hh::model::Hooks last;
+  last.cache(hook_name(2, HookKind::MlpOut), &seen);
+  trimmed.hooks = &last;
+  EXPECT_EQ(model.forward(ids, trimmed).resid.size(1), 23);
+  EXPECT_EQ(seen.at(hook_name(2, HookKind::MlpOut)).size(1), 23);
+}
+
 struct Case {
   Metric metric;
   Mode mode;
