@@ -183,6 +183,17 @@ int run_select(const SelectArgs& a) {
   for (int64_t l = 0; l < shape.num_layers; ++l)
     for (int64_t h = 0; h < shape.num_heads; ++h) dense.push_back({l, h});
 
+  // The seeded random baseline (same k, no quotas), for --compare.
+  std::vector<Head> random;
+  if (a.compare) {
+    select::SelectOptions rnd = o;
+    rnd.strategy = "random";
+    rnd.exclude.clear();
+    rnd.force.clear();
+    rnd.min_per_layer = 0;
+    random = select::select_heads(shape, {}, rnd);
+  }
+
   print_heads(shape, heads);
   std::printf("\nbudget (KV cache in %lld-byte elements, GDN state fp32, prefill attention FLOPs):\n",
               static_cast<long long>(a.kv_bytes));
@@ -190,9 +201,11 @@ int run_select(const SelectArgs& a) {
   nlohmann::json notes_budget = nlohmann::json::array();
   const std::string lw_name = "layer-wise " + std::to_string(ratio) + ":1";
   const std::string sel_name = "this selection";
+  std::vector<std::pair<std::string, const std::vector<Head>*>> configs = {{"dense", &dense}, {lw_name, &layerwise}};
+  if (a.compare) configs.push_back({"random (seed " + std::to_string(a.seed) + ")", &random});
+  configs.push_back({sel_name, &heads});
   for (int64_t n : select::kBudgetContexts) {
-    for (const auto& [name, set] : std::vector<std::pair<std::string, const std::vector<Head>*>>{
-             {"dense", &dense}, {lw_name, &layerwise}, {sel_name, &heads}}) {
+    for (const auto& [name, set] : configs) {
       const auto b = select::budget(shape, *set, n, a.kv_bytes);
       std::printf("  %-8s %-22s %12lld %12s %12s %14.1f\n", context_name(n).c_str(), name.c_str(),
                   static_cast<long long>(b.fa_heads), human_bytes(b.kv_bytes).c_str(), human_bytes(b.state_bytes).c_str(),
@@ -205,12 +218,6 @@ int run_select(const SelectArgs& a) {
 
   nlohmann::json compare = nlohmann::json::object();
   if (a.compare) {
-    select::SelectOptions rnd = o;
-    rnd.strategy = "random";
-    rnd.exclude.clear();
-    rnd.force.clear();
-    rnd.min_per_layer = 0;
-    const auto random = select::select_heads(shape, {}, rnd);
     std::printf("\noverlap with baselines (Jaccard of FA head sets):\n");
     std::printf("  %-22s %8.3f  (%zu heads)\n", lw_name.c_str(), select::jaccard(heads, layerwise), layerwise.size());
     std::printf("  %-22s %8.3f  (%zu heads, seed %llu)\n", "random", select::jaccard(heads, random), random.size(),

@@ -217,7 +217,8 @@ TEST_F(CliAnalyze, SelectTurnsTheAnalysisIntoAManifestThatFitsTheModel) {
   EXPECT_EQ(m.fa_heads.size(), 3u);  // round(12 / 4)
   EXPECT_EQ(m.model.fingerprint, hh::io::model_fingerprint(dir_ / "model"));
   EXPECT_EQ(m.ratio_la, 3);
-  EXPECT_EQ(m.notes.at("budget").size(), 9u);  // 3 contexts x (dense, layer-wise, selection)
+  EXPECT_EQ(m.notes.at("budget").size(), 12u);  // 3 contexts x (dense, layer-wise, random, selection)
+  EXPECT_MENTIONS(r.output, "random (seed 0)");
 
   r = run(hydrahead() + " select --validate " + manifest.string() + " --model " + (dir_ / "model").string());
   EXPECT_EQ(r.status, 0) << r.output;
