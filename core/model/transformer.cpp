@@ -63,12 +63,12 @@ void check_config(const ModelConfig& c) {
 // ---- shared blocks (the per-layer recipe below reads as HF's Qwen3DecoderLayer) ----------------
 
 // HF Qwen3RMSNorm: statistics in float32, normalised value cast back, then `weight * x`.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const at::ScalarType in_dtype = x.scalar_type();
   at::Tensor h = x.to(accum_dtype(in_dtype));                // [..., n]
   at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);  // [..., 1]
   h = h * at::rsqrt(variance + eps);
-  return weight * h.to(in_dtype);
+  return weight.defined() ? weight * h.to(in_dtype) : h.to(in_dtype);
 }
 
 at::Tensor dense(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) {
@@ -465,9 +465,7 @@ Transformer::Transformer(ModelConfig cfg, Weights w) : cfg_(std::move(cfg)), w_(
   }
 
   // HF: inv_freq = 1 / (theta ** (arange(0, Dh, 2).float() / Dh)), built in float32 on the CPU.
-  const int64_t Dh = cfg_.head_dim;
-  at::Tensor exponent = at::arange(0, Dh, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) / Dh;  // [Dh/2]
-  inv_freq_ = at::pow(cfg_.rope_theta, exponent).reciprocal().to(device);                                 // [Dh/2]
+  inv_freq_ = rope_inv_freq(cfg_.rope_theta, cfg_.head_dim, device);  // [Dh/2]
 }
 
 Transformer Transformer::load(const std::filesystem::path& dir, const std::string& device,
@@ -703,6 +701,23 @@ at::Tensor Transformer::mlp_out(int64_t layer, const at::Tensor& resid_mid, bool
 at::Tensor Transformer::unembed(const at::Tensor& resid) const {
   at::Tensor h = rms_norm(resid, w_.norm, cfg_.rms_norm_eps);
   return dense(h, w_.lm_head).to(accum_dtype(dtype()));
+}
+
+// ---- shared building blocks ----------------------------------------------------------------------
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) { return rms_norm_impl(x, weight, eps); }
+
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offset) {
+  return apply_rope(x, rope_tables(inv_freq.to(x.device()), offset, x.size(1), x.scalar_type()));
+}
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  return causal_attention(q, k, v, at::Tensor(), at::Tensor(), scale, /*eager=*/false);
+}
+
+at::Tensor rope_inv_freq(double theta, int64_t head_dim, const at::Device& device) {
+  at::Tensor exponent = at::arange(0, head_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) / head_dim;
+  return at::pow(theta, exponent).reciprocal().to(device);
 }
 
 }  // namespace hh::model

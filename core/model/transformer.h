@@ -132,6 +132,7 @@ class Transformer {
   const Weights& weights() const { return w_; }
   Weights& mutable_weights() { return w_; }
   at::Device device() const;
+  const at::Tensor& inv_freq() const { return inv_freq_; }
   at::ScalarType dtype() const;
 
  private:
@@ -139,6 +140,16 @@ class Transformer {
   Weights w_;
   at::Tensor inv_freq_;  // [Dh/2] float32
 };
+
+// Building blocks of the Qwen3 math shared with the hybrid layer (core/attention), HF's op order:
+// RMSNorm with statistics in float32 then `weight * x` (an undefined weight: no scaling).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// Rotate-half RoPE of x [B, T, H, Dh] at positions offset.., angles from inv_freq [Dh/2] in float32.
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offset);
+// Causal attention, GQA (q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh]) -> [B, T, Hq, Dh]; never T x T.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+// inv_freq = theta^(-2i/Dh) in float32, as HF builds it.
+at::Tensor rope_inv_freq(double theta, int64_t head_dim, const at::Device& device);
 
 // f32|bf16|f16|f64 (and float32, bfloat16, float16, half, float64, fp32, ...). Throws naming the value.
 at::ScalarType parse_dtype(const std::string& name);

@@ -1,0 +1,187 @@
+#include "core/attention/hybrid.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/attention/gdn.h"
+#include "core/model/transformer.h"
+#include "core/util/error.h"
+
+namespace hh::attention {
+namespace {
+
+using nlohmann::json;
+
+// Rows [h * Dh, (h + 1) * Dh) of a [H * Dh, d] projection for the listed heads, stacked.
+at::Tensor head_rows(const at::Tensor& w, const std::vector<int64_t>& heads, int64_t Dh) {
+  std::vector<at::Tensor> rows;
+  for (int64_t h : heads) rows.push_back(w.narrow(0, h * Dh, Dh));
+  return at::cat(rows, 0);
+}
+
+// Depthwise causal conv over time of x [B, T, C] with weight [C, 1, K], then SiLU.
+at::Tensor short_conv(const at::Tensor& x, const at::Tensor& weight) {
+  const int64_t T = x.size(1), C = x.size(2), K = weight.size(2);
+  const at::Tensor y = at::conv1d(x.transpose(1, 2), weight, {}, /*stride=*/1, /*padding=*/K - 1, /*dilation=*/1, C);
+  return at::silu(y.narrow(2, 0, T).transpose(1, 2));  // [B, T, C]
+}
+
+// x * rsqrt(sum(x^2) + 1e-6) over the last axis, in float32.
+at::Tensor l2_normalise(const at::Tensor& x) {
+  const at::Tensor f = x.to(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  return (f * at::rsqrt(f.pow(2).sum(-1, true) + 1e-6)).to(x.scalar_type());
+}
+
+}  // namespace
+
+json HybridOptions::to_json() const {
+  json heads = json::array();
+  for (const auto& [l, h] : fa_heads) heads.push_back({l, h});
+  return {{"fa_rope", fa_rope},
+          {"fa_log_scale", fa_log_scale},
+          {"fa_log_scale_alpha", fa_log_scale_alpha},
+          {"gdn_short_conv", gdn_short_conv},
+          {"gdn_allow_neg_eigval", gdn_allow_neg_eigval},
+          {"gdn_chunk", gdn_chunk},
+          {"fa_heads", heads}};
+}
+
+HybridOptions HybridOptions::from_json(const json& j, const model::ModelConfig& cfg, const std::string& where) {
+  if (!j.is_object()) throw Error(where + ": \"hydrahead\" must be an object");
+  HybridOptions o;
+  auto flag = [&](const char* key, bool& out) {
+    if (auto it = j.find(key); it != j.end()) {
+      if (!it->is_boolean()) throw Error(where + ": hydrahead." + key + " must be true or false, got " + it->dump());
+      out = it->get<bool>();
+    }
+  };
+  flag("fa_rope", o.fa_rope);
+  flag("fa_log_scale", o.fa_log_scale);
+  flag("gdn_short_conv", o.gdn_short_conv);
+  flag("gdn_allow_neg_eigval", o.gdn_allow_neg_eigval);
+  if (auto it = j.find("fa_log_scale_alpha"); it != j.end()) {
+    if (!it->is_number() || !(it->get<double>() > 1.0))
+      throw Error(where + ": hydrahead.fa_log_scale_alpha must be a number > 1, got " + it->dump());
+    o.fa_log_scale_alpha = it->get<double>();
+  }
+  if (auto it = j.find("gdn_chunk"); it != j.end()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 1)
+      throw Error(where + ": hydrahead.gdn_chunk must be a positive integer, got " + it->dump());
+    o.gdn_chunk = it->get<int64_t>();
+  }
+  auto it = j.find("fa_heads");
+  if (it == j.end() || !it->is_array()) throw Error(where + ": hydrahead.fa_heads must be a list of [layer, head] pairs");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& p = (*it)[i];
+    if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() || !p[1].is_number_integer())
+      throw Error(where + ": hydrahead.fa_heads[" + std::to_string(i) + "] must be [layer, head], got " + p.dump());
+    const int64_t l = p[0].get<int64_t>(), h = p[1].get<int64_t>();
+    if (l < 0 || l >= cfg.num_hidden_layers || h < 0 || h >= cfg.num_attention_heads)
+      throw Error(where + ": hydrahead.fa_heads[" + std::to_string(i) + "] = " + p.dump() + " is outside the model's " +
+                  std::to_string(cfg.num_hidden_layers) + " layers x " + std::to_string(cfg.num_attention_heads) + " heads");
+    o.fa_heads.push_back({l, h});
+  }
+  std::sort(o.fa_heads.begin(), o.fa_heads.end());
+  if (auto d = std::adjacent_find(o.fa_heads.begin(), o.fa_heads.end()); d != o.fa_heads.end())
+    throw Error(where + ": hydrahead.fa_heads lists [" + std::to_string(d->first) + ", " + std::to_string(d->second) + "] twice");
+  return o;
+}
+
+std::vector<HeadSplit> split_heads(const HybridOptions& o, const model::ModelConfig& cfg) {
+  std::vector<HeadSplit> s(static_cast<size_t>(cfg.num_hidden_layers));
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
+    for (int64_t h = 0; h < cfg.num_attention_heads; ++h) {
+      const bool fa = std::binary_search(o.fa_heads.begin(), o.fa_heads.end(), std::make_pair(l, h));
+      (fa ? s[static_cast<size_t>(l)].fa : s[static_cast<size_t>(l)].la).push_back(h);
+    }
+  return s;
+}
+
+std::vector<HybridWeightEntry> hybrid_weight_table(const model::ModelConfig& cfg, const HybridOptions& o,
+                                                   const HeadSplit& split, int64_t layer, HybridLayerWeights& w) {
+  const int64_t d = cfg.hidden_size, Dh = cfg.head_dim;
+  const int64_t nF = static_cast<int64_t>(split.fa.size()), nL = static_cast<int64_t>(split.la.size());
+  const std::string p = "model.layers." + std::to_string(layer) + ".self_attn.";
+  std::vector<HybridWeightEntry> t;
+  if (nF > 0) t.push_back({p + "fa_gate.weight", &w.fa_gate, {nF * Dh, d}});
+  if (nL > 0) {
+    t.push_back({p + "la_k_proj.weight", &w.la_k_proj, {nL * Dh, d}});
+    t.push_back({p + "la_v_proj.weight", &w.la_v_proj, {nL * Dh, d}});
+    t.push_back({p + "la_gate.weight", &w.la_gate, {nL * Dh, d}});
+    t.push_back({p + "la_a_proj.weight", &w.la_a_proj, {nL, d}});
+    t.push_back({p + "la_b_proj.weight", &w.la_b_proj, {nL, d}});
+    t.push_back({p + "la_A_log", &w.la_A_log, {nL}});
+    t.push_back({p + "la_dt_bias", &w.la_dt_bias, {nL}});
+    if (o.gdn_short_conv) t.push_back({p + "la_conv.weight", &w.la_conv, {3 * nL * Dh, 1, kShortConvKernel}});
+  }
+  t.push_back({p + "fusion_gamma", &w.fusion_gamma, {cfg.num_attention_heads, Dh}});
+  return t;
+}
+
+at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& o, const HeadSplit& split,
+                            const model::LayerWeights& tw, const HybridLayerWeights& w, const at::Tensor& xn,
+                            const at::Tensor& inv_freq, bool chunked) {
+  const int64_t B = xn.size(0), T = xn.size(1), Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads;
+  const int64_t Dh = cfg.head_dim, G = Hq / Hkv;
+  const double eps = cfg.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+  const int64_t nF = static_cast<int64_t>(split.fa.size()), nL = static_cast<int64_t>(split.la.size());
+  std::vector<at::Tensor> out(static_cast<size_t>(Hq));  // per head [B, T, Dh]
+
+  if (nF > 0) {
+    // FA: the teacher's q (q_norm) for these heads over the teacher's keys and values (k_norm).
+    at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.fa, Dh)).view({B, T, nF, Dh});
+    at::Tensor k = at::linear(xn, tw.k_proj).view({B, T, Hkv, Dh});
+    const at::Tensor v = at::linear(xn, tw.v_proj).view({B, T, Hkv, Dh});
+    q = model::rms_norm(q, tw.q_norm, eps);
+    k = model::rms_norm(k, tw.k_norm, eps);
+    if (o.fa_rope) {
+      q = model::rotary(q, inv_freq, 0);
+      k = model::rotary(k, inv_freq, 0);
+    }
+    if (o.fa_log_scale) {
+      const double a = o.fa_log_scale_alpha;
+      const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // float32 for 16-bit models
+      const at::Tensor t = at::arange(T, xn.options().dtype(acc));
+      q = q * ((t + a).log() / std::log(a)).to(q.scalar_type()).view({1, T, 1, 1});
+    }
+    // Each FA head reads its own KV group: gather the groups into per-head keys (MHA layout).
+    std::vector<int64_t> groups;
+    for (int64_t h : split.fa) groups.push_back(h / G);
+    const at::Tensor gi = at::tensor(at::ArrayRef<int64_t>(groups), at::TensorOptions().dtype(at::kLong)).to(xn.device());
+    const at::Tensor o_fa = model::causal_attention(q, k.index_select(2, gi), v.index_select(2, gi), scale);  // [B, T, nF, Dh]
+    const at::Tensor gate = at::sigmoid(at::linear(xn, w.fa_gate)).view({B, T, nF, Dh});
+    for (int64_t i = 0; i < nF; ++i) {
+      const int64_t h = split.fa[static_cast<size_t>(i)];
+      out[static_cast<size_t>(h)] = gate.select(2, i) * (w.fusion_gamma[h] * model::rms_norm(o_fa.select(2, i), {}, eps));
+    }
+  }
+  if (nL > 0) {
+    at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.la, Dh));  // [B, T, nL*Dh]
+    at::Tensor k = at::linear(xn, w.la_k_proj);
+    at::Tensor v = at::linear(xn, w.la_v_proj);
+    if (o.gdn_short_conv) {
+      const int64_t C = nL * Dh;
+      q = short_conv(q, w.la_conv.narrow(0, 0, C));
+      k = short_conv(k, w.la_conv.narrow(0, C, C));
+      v = short_conv(v, w.la_conv.narrow(0, 2 * C, C));
+    }
+    q = l2_normalise(model::rotary(q.view({B, T, nL, Dh}), inv_freq, 0));
+    k = l2_normalise(model::rotary(k.view({B, T, nL, Dh}), inv_freq, 0));
+    v = v.view({B, T, nL, Dh});
+    at::Tensor beta = at::sigmoid(at::linear(xn, w.la_b_proj));  // [B, T, nL]
+    if (o.gdn_allow_neg_eigval) beta = beta * 2;
+    const at::Tensor g = -w.la_A_log.exp() * at::softplus(at::linear(xn, w.la_a_proj) + w.la_dt_bias);  // [B, T, nL]
+    const GdnOutput r = chunked ? gdn_chunked(q, k, v, g, beta, {}, scale, o.gdn_chunk)
+                                : gdn_recurrent(q, k, v, g, beta, {}, scale);
+    const at::Tensor gate = at::silu(at::linear(xn, w.la_gate)).view({B, T, nL, Dh});
+    for (int64_t i = 0; i < nL; ++i) {
+      const int64_t h = split.la[static_cast<size_t>(i)];
+      out[static_cast<size_t>(h)] = gate.select(2, i) * (w.fusion_gamma[h] * model::rms_norm(r.o.select(2, i), {}, eps));
+    }
+  }
+  return at::stack(out, 2);  // [B, T, Hq, Dh], heads in their original order
+}
+
+}  // namespace hh::attention

@@ -1,0 +1,71 @@
+#pragma once
+// The HydraHead attention block (DESIGN.md section 9): in every layer, the full-attention (FA) query
+// heads keep softmax attention over the teacher's keys and values, and the linear-attention (LA)
+// heads run the gated delta rule on their own key/value projections; every head's output is
+// scale-normalised (gate * gamma * RMSNorm(o)) before the teacher's o_proj.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/model/config.h"
+#include "core/util/compat.h"
+
+namespace hh::model {
+struct LayerWeights;
+}
+
+namespace hh::attention {
+
+// The "hydrahead" block of a hybrid checkpoint's config.json.
+struct HybridOptions {
+  bool fa_rope = false;             // true: FA heads keep the teacher's RoPE (ablation)
+  bool fa_log_scale = true;         // q_t *= ln(t + alpha) / ln(alpha)
+  double fa_log_scale_alpha = 512;
+  bool gdn_short_conv = true;       // depthwise causal conv (kernel 4) + SiLU on LA q, k, v
+  bool gdn_allow_neg_eigval = false;  // beta = 2 * sigmoid(.)
+  int64_t gdn_chunk = 64;
+  std::vector<std::pair<int64_t, int64_t>> fa_heads;  // (layer, head), sorted
+
+  nlohmann::json to_json() const;
+  // Checks every field and every head against the model; `where` names the file in errors.
+  static HybridOptions from_json(const nlohmann::json& j, const model::ModelConfig& cfg, const std::string& where);
+};
+
+// Heads of one layer by kind, ascending: the order of the new tensors' rows.
+struct HeadSplit {
+  std::vector<int64_t> fa, la;
+};
+std::vector<HeadSplit> split_heads(const HybridOptions& o, const model::ModelConfig& cfg);
+
+inline constexpr int64_t kShortConvKernel = 4;
+
+// New tensors of one layer (HF names under model.layers.{l}.self_attn.; shapes for nF FA and nL LA heads).
+struct HybridLayerWeights {
+  at::Tensor fa_gate;                         // fa_gate.weight   [nF*Dh, d]
+  at::Tensor la_k_proj, la_v_proj, la_gate;   // la_*.weight      [nL*Dh, d]
+  at::Tensor la_a_proj, la_b_proj;            // la_{a,b}_proj.weight [nL, d]
+  at::Tensor la_A_log, la_dt_bias;            // [nL]
+  at::Tensor la_conv;                         // la_conv.weight   [3*nL*Dh, 1, 4] (q, k, v blocks, head-major)
+  at::Tensor fusion_gamma;                    // [Hq, Dh]
+};
+
+struct HybridWeightEntry {
+  std::string name;
+  at::Tensor* slot;
+  std::vector<int64_t> shape;
+};
+// The (name, slot, shape) table of one layer's new tensors, in the checkpoint's naming.
+std::vector<HybridWeightEntry> hybrid_weight_table(const model::ModelConfig& cfg, const HybridOptions& o,
+                                                   const HeadSplit& split, int64_t layer, HybridLayerWeights& w);
+
+// The block's per-head outputs y [B, T, Hq, Dh] (the input of o_proj, heads in their original order)
+// for the normed hidden states xn [B, T, d] of a whole sequence (positions 0..T-1).
+// chunked: the chunked gated delta rule (else the per-token recurrence, the oracle).
+at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& o, const HeadSplit& split,
+                            const model::LayerWeights& teacher, const HybridLayerWeights& w, const at::Tensor& xn,
+                            const at::Tensor& inv_freq, bool chunked = true);
+
+}  // namespace hh::attention

@@ -1,0 +1,146 @@
+// The HydraHead attention block against the DESIGN section 9 formulas written out step by step.
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/attention/gdn.h"
+#include "core/attention/hybrid.h"
+#include "core/model/hooks.h"
+#include "core/model/transformer.h"
+#include "support/test_support.h"
+
+namespace {
+
+using hh::attention::HybridLayerWeights;
+using hh::attention::HybridOptions;
+using hh::model::ModelConfig;
+
+ModelConfig one_layer() {
+  ModelConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.rope_theta = 10000.0;
+  return c;
+}
+
+HybridLayerWeights random_hybrid(const ModelConfig& c, const HybridOptions& o, const hh::attention::HeadSplit& s) {
+  HybridLayerWeights w;
+  torch::manual_seed(3);
+  for (auto& e : hh::attention::hybrid_weight_table(c, o, s, 0, w)) *e.slot = torch::randn(e.shape, torch::kDouble) * 0.3;
+  return w;
+}
+
+torch::Tensor rms(const torch::Tensor& x, double eps) { return x * torch::rsqrt(x.pow(2).mean(-1, true) + eps); }
+
+TEST(HybridOptions, RoundTripAndRefusals) {
+  const auto c = one_layer();
+  HybridOptions o;
+  o.fa_heads = {{0, 3}, {0, 1}};
+  o.fa_log_scale_alpha = 256;
+  auto j = o.to_json();
+  const auto back = HybridOptions::from_json(j, c, "config.json");
+  EXPECT_EQ(back.fa_heads, (std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {0, 3}}));
+  EXPECT_EQ(back.fa_log_scale_alpha, 256);
+  j["fa_heads"].push_back({1, 0});
+  EXPECT_MENTIONS(hh::test::error_of([&] { HybridOptions::from_json(j, c, "config.json"); }), "outside the model's 1 layers");
+  j = o.to_json();
+  j["fa_heads"].push_back({0, 3});
+  EXPECT_MENTIONS(hh::test::error_of([&] { HybridOptions::from_json(j, c, "config.json"); }), "lists [0, 3] twice");
+  j = o.to_json();
+  j["gdn_chunk"] = 0;
+  EXPECT_MENTIONS(hh::test::error_of([&] { HybridOptions::from_json(j, c, "config.json"); }), "hydrahead.gdn_chunk");
+  const auto split = hh::attention::split_heads(back, c);
+  EXPECT_EQ(split[0].fa, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(split[0].la, (std::vector<int64_t>{0, 2}));
+}
+
+TEST(HybridAttention, EveryHeadFollowsTheFormulasStepByStep) {
+  const auto c = one_layer();
+  const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(8.0);
+  const auto tw = hh::model::random_weights(c, 9, torch::kDouble, 0.3);
+  const hh::model::Transformer teacher(c, tw);
+  const int64_t T = 70;  // more than one chunk
+  const auto ids = torch::randint(40, {2, T}, torch::TensorOptions().dtype(torch::kLong));
+  std::map<std::string, torch::Tensor> acts;
+  hh::model::Hooks hooks;
+  hooks.cache(hh::model::hook_name(0, hh::model::HookKind::ResidPre), &acts);
+  hooks.cache(hh::model::hook_name(0, hh::model::HookKind::Z), &acts);
+  hh::model::ForwardOptions f;
+  f.hooks = &hooks;
+  teacher.forward(ids, f);
+  const auto xn = hh::model::rms_norm(acts.at("blocks.0.hook_resid_pre"), tw.layers[0].input_layernorm, eps);
+  const auto z_teacher = acts.at("blocks.0.attn.hook_z");  // [2, T, 4, 8]
+
+  for (bool log_scale : {false, true}) {
+    HybridOptions o;
+    o.fa_heads = {{0, 1}, {0, 3}};
+    o.fa_rope = true;  // with RoPE and no log scale the FA heads are the teacher's heads
+    o.fa_log_scale = log_scale;
+    o.fa_log_scale_alpha = 16;
+    o.gdn_allow_neg_eigval = log_scale;  // exercise both beta ranges
+    const auto split = hh::attention::split_heads(o, c)[0];
+    const auto w = random_hybrid(c, o, split);
+    const auto y = hh::attention::hybrid_attention(c, o, split, tw.layers[0], w, xn, teacher.inv_freq(), true);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, T, 4, 8}));
+    const auto y_rec = hh::attention::hybrid_attention(c, o, split, tw.layers[0], w, xn, teacher.inv_freq(), false);
+    EXPECT_LT((y - y_rec).abs().max().item<double>(), 1e-10) << "chunked vs recurrent";
+
+    // FA heads 1 and 3 (rows 0 and 1 of fa_gate).
+    for (int64_t i = 0; i < 2; ++i) {
+      const int64_t h = i == 0 ? 1 : 3;
+      torch::Tensor o_h;
+      if (!log_scale) {
+        o_h = z_teacher.select(2, h);
+      } else {
+        auto q = rms(torch::matmul(xn, tw.layers[0].q_proj.narrow(0, h * 8, 8).t()), eps) * tw.layers[0].q_norm;
+        auto k = rms(torch::matmul(xn, tw.layers[0].k_proj.narrow(0, (h / 2) * 8, 8).t()), eps) * tw.layers[0].k_norm;
+        const auto v = torch::matmul(xn, tw.layers[0].v_proj.narrow(0, (h / 2) * 8, 8).t());
+        q = hh::model::rotary(q.unsqueeze(2), teacher.inv_freq(), 0).squeeze(2);
+        k = hh::model::rotary(k.unsqueeze(2), teacher.inv_freq(), 0).squeeze(2);
+        q = q * (torch::log(torch::arange(T, torch::kDouble) + 16) / std::log(16.0)).view({1, T, 1});
+        auto s = torch::matmul(q, k.transpose(1, 2)) * scale;
+        s = s.masked_fill(torch::ones({T, T}, torch::kBool).triu(1), -INFINITY);
+        o_h = torch::matmul(torch::softmax(s, -1), v);
+      }
+      const auto gate = torch::sigmoid(torch::matmul(xn, w.fa_gate.narrow(0, i * 8, 8).t()));
+      const auto want = gate * (w.fusion_gamma[h] * rms(o_h, eps));
+      EXPECT_LT((y.select(2, h) - want).abs().max().item<double>(), 1e-9) << "FA head " << h << " log_scale " << log_scale;
+    }
+    // LA heads 0 and 2: conv + SiLU, RoPE, L2 norm, gated delta rule, SiLU gate, fusion.
+    for (int64_t i = 0; i < 2; ++i) {
+      const int64_t h = i == 0 ? 0 : 2;
+      auto conv = [&](const torch::Tensor& x, int64_t block) {  // x [2, T, 8], taps of channels of head i
+        const auto wc = w.la_conv.narrow(0, block * 16 + i * 8, 8).squeeze(1);  // [8, 4]
+        auto y = torch::zeros_like(x);
+        for (int64_t j = 0; j < 4; ++j) {
+          const int64_t shift = 3 - j;  // tap j reads x[t - shift]
+          if (shift >= T) continue;
+          y.narrow(1, shift, T - shift).add_(x.narrow(1, 0, T - shift) * wc.select(1, j));
+        }
+        return torch::silu(y);
+      };
+      auto l2 = [](const torch::Tensor& x) { return x * torch::rsqrt(x.pow(2).sum(-1, true) + 1e-6); };
+      auto q = conv(torch::matmul(xn, tw.layers[0].q_proj.narrow(0, h * 8, 8).t()), 0);
+      auto k = conv(torch::matmul(xn, w.la_k_proj.narrow(0, i * 8, 8).t()), 1);
+      const auto v = conv(torch::matmul(xn, w.la_v_proj.narrow(0, i * 8, 8).t()), 2);
+      q = l2(hh::model::rotary(q.unsqueeze(2), teacher.inv_freq(), 0));  // [2, T, 1, 8]
+      k = l2(hh::model::rotary(k.unsqueeze(2), teacher.inv_freq(), 0));
+      auto beta = torch::sigmoid(torch::matmul(xn, w.la_b_proj[i])).unsqueeze(-1);  // [2, T, 1]
+      if (log_scale) beta = beta * 2;
+      const auto g = (-w.la_A_log[i].exp() * torch::softplus(torch::matmul(xn, w.la_a_proj[i]) + w.la_dt_bias[i])).unsqueeze(-1);
+      const auto r = hh::attention::gdn_recurrent(q, k, v.unsqueeze(2), g, beta, {}, scale);
+      const auto gate = torch::silu(torch::matmul(xn, w.la_gate.narrow(0, i * 8, 8).t()));
+      const auto want = gate * (w.fusion_gamma[h] * rms(r.o.squeeze(2), eps));
+      EXPECT_LT((y.select(2, h) - want).abs().max().item<double>(), 1e-9) << "LA head " << h;
+    }
+  }
+}
+
+}  // namespace
