@@ -16,7 +16,6 @@ struct Planned {
   const char* summary;
 };
 constexpr Planned kPlanned[] = {
-    {"convert", "Convert a dense teacher + manifest into a HydraHead hybrid checkpoint"},
     {"train", "Run the three-stage transfer (align, distil, long-context fine-tune) as a job"},
     {"eval", "Evaluate needle-in-a-haystack accuracy and perplexity"},
     {"demo", "Run the whole pipeline on the bundled demo model"},
@@ -41,6 +40,7 @@ int main(int argc, char** argv) {
   reg(hh::cli::add_tasks, app.add_subcommand("tasks", "Calibration-task plugins: list them, generate calibration sets (NIAH, passkey, ...), validate JSONL"));
   reg(hh::cli::add_analyze, app.add_subcommand("analyze", "Causal analysis: activation/path/attribution patching, retrieval score, layer similarity -> analysis.h5"));
   reg(hh::cli::add_select, app.add_subcommand("select", "Pick full-attention heads at a target LA:FA ratio, show the budget, write manifest.json"));
+  reg(hh::cli::add_convert, app.add_subcommand("convert", "Convert a dense teacher + manifest into a HydraHead hybrid checkpoint"));
   reg(hh::cli::add_bench, app.add_subcommand("bench", "Benchmarks: forward pass, tokenizer, patching sweeps (bench analyze)"));
   for (const auto& p : kPlanned) {
     auto* sub = app.add_subcommand(p.name, std::string(p.summary) + " (not available yet)");

@@ -356,6 +356,8 @@ class HookPoints {
   const Hooks* hooks_;
 };
 
+}  // namespace
+
 at::Device parse_device(const std::string& name) {
   try {
     return at::Device(name);
@@ -363,6 +365,8 @@ at::Device parse_device(const std::string& name) {
     throw Error("unknown device '" + name + "' (expected cpu, cuda or cuda:N)");
   }
 }
+
+namespace {
 
 at::Tensor checked_positions(const at::Tensor& p, int64_t T, const at::Device& device, const char* what) {
   if (p.dim() != 1 || !at::isIntegralType(p.scalar_type(), /*includeBool=*/false))
@@ -470,7 +474,11 @@ Transformer::Transformer(ModelConfig cfg, Weights w) : cfg_(std::move(cfg)), w_(
 
 Transformer Transformer::load(const std::filesystem::path& dir, const std::string& device,
                               const std::string& dtype) {
-  ModelConfig cfg = ModelConfig::load(dir / "config.json");
+  return load(dir, ModelConfig::load(dir / "config.json"), device, dtype);
+}
+
+Transformer Transformer::load(const std::filesystem::path& dir, ModelConfig cfg, const std::string& device,
+                              const std::string& dtype) {
   check_config(cfg);
   const at::Device dev = parse_device(device);
   io::Checkpoint ckpt(dir);

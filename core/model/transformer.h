@@ -112,6 +112,9 @@ class Transformer {
   Transformer(ModelConfig cfg, Weights w);
   // Loads config.json + safetensors. dtype: "" keeps the checkpoint's dtype, else f32|bf16|f16.
   // Every tensor's presence and shape is checked; errors name the file and tensor.
+  // The same with the configuration given (e.g. read from a hybrid checkpoint's config.json).
+  static Transformer load(const std::filesystem::path& dir, ModelConfig cfg, const std::string& device,
+                          const std::string& dtype);
   static Transformer load(const std::filesystem::path& dir, const std::string& device = "cpu",
                           const std::string& dtype = "");
 
@@ -150,6 +153,9 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offse
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
 // inv_freq = theta^(-2i/Dh) in float32, as HF builds it.
 at::Tensor rope_inv_freq(double theta, int64_t head_dim, const at::Device& device);
+
+// "cpu", "cuda", "cuda:N"; throws hh::Error naming the value.
+at::Device parse_device(const std::string& name);
 
 // f32|bf16|f16|f64 (and float32, bfloat16, float16, half, float64, fp32, ...). Throws naming the value.
 at::ScalarType parse_dtype(const std::string& name);

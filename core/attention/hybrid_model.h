@@ -1,0 +1,63 @@
+#pragma once
+// A HydraHead hybrid checkpoint (DESIGN.md section 9): the teacher's tensors under their HF names plus
+// each layer's new tensors, and a config.json that keeps the teacher's fields with
+// "architectures": ["HydraHeadForCausalLM"], "model_type": "hydrahead_qwen3" and a "hydrahead" block.
+// Also the conversion teacher + manifest -> hybrid.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/attention/hybrid.h"
+#include "core/interp/calibration.h"
+#include "core/model/transformer.h"
+#include "core/select/manifest.h"
+
+namespace hh::attention {
+
+inline constexpr const char* kHybridArchitecture = "HydraHeadForCausalLM";
+inline constexpr const char* kHybridModelType = "hydrahead_qwen3";
+
+// config.json of `dir` has a "hydrahead" block.
+bool is_hybrid_checkpoint(const std::filesystem::path& dir);
+
+class HybridModel {
+ public:
+  // Checks every new tensor against hybrid_weight_table (presence, shape, dtype and device = the teacher's).
+  HybridModel(model::Transformer teacher, HybridOptions options, std::vector<HybridLayerWeights> layers);
+  static HybridModel load(const std::filesystem::path& dir, const std::string& device = "cpu", const std::string& dtype = "");
+  // Writes the checkpoint into a temporary sibling directory and renames it to `dir`, which must not exist.
+  void save(const std::filesystem::path& dir, uint64_t max_shard_bytes = 0) const;
+
+  // Logits [B, T, V] (float32; float64 for a float64 model) of whole sequences. chunked: the chunked
+  // gated delta rule (else the recurrence, the oracle).
+  at::Tensor forward(const at::Tensor& ids, bool chunked = true) const;
+
+  const model::Transformer& teacher() const { return teacher_; }
+  const model::ModelConfig& config() const { return teacher_.config(); }
+  const HybridOptions& options() const { return options_; }
+  const std::vector<HeadSplit>& splits() const { return splits_; }
+  const std::vector<HybridLayerWeights>& layers() const { return layers_; }
+
+ private:
+  model::Transformer teacher_;
+  HybridOptions options_;
+  std::vector<HeadSplit> splits_;
+  std::vector<HybridLayerWeights> layers_;
+};
+
+struct ConvertOptions {
+  HybridOptions hybrid;                                        // fa_heads are taken from the manifest
+  const std::vector<interp::CalibExample>* calib = nullptr;    // for fusion_gamma; none: gamma = 1
+  int64_t max_calib_tokens = 65536;                            // tokens of `calib` the RMS is taken over
+  uint64_t seed = 0;                                           // for the randomly initialised tensors
+};
+
+// Teacher + manifest -> hybrid (in memory). The manifest must fit the teacher (check_fits). New
+// tensors, documented in docs/CONVERSION.md: la_k/v_proj copy the teacher's rows of each head's KV
+// group; fa_gate = 0 (gate 1/2); la_gate, la_a_proj, la_b_proj ~ N(0, 0.02^2); la_A_log = log U(1, 16);
+// la_dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 1e-1]; la_conv = identity (last tap 1);
+// fusion_gamma = per-channel RMS of the teacher's z of that head over the calibration tokens, else 1.
+HybridModel convert(const model::Transformer& teacher, const select::Manifest& manifest, const ConvertOptions& o);
+
+}  // namespace hh::attention

@@ -1,0 +1,158 @@
+// Conversion teacher + manifest -> hybrid: reused tensors equal the teacher's, the new ones have the
+// documented shapes and values, gamma is the teacher's per-channel RMS of z, the checkpoint round-trips,
+// and `hydrahead convert` refuses a manifest that does not fit before writing anything.
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+
+#include "core/attention/hybrid_model.h"
+#include "core/model/hooks.h"
+#include "support/test_support.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using hh::attention::HybridModel;
+using hh::model::ModelConfig;
+using hh::model::Transformer;
+
+ModelConfig cfg2() {
+  ModelConfig c;
+  c.vocab_size = 50;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.rope_theta = 10000.0;
+  return c;
+}
+
+hh::select::Manifest manifest_for(const ModelConfig& c, std::vector<hh::select::Head> heads) {
+  hh::select::Manifest m;
+  m.model = hh::select::shape_of(c);
+  m.fa_heads = std::move(heads);
+  return m;
+}
+
+TEST(Convert, ReusesTheTeacherAndInitialisesTheNewTensorsAsDocumented) {
+  const auto c = cfg2();
+  const Transformer teacher(c, hh::model::random_weights(c, 4, torch::kDouble, 0.3));
+  const auto m = manifest_for(c, {{0, 1}, {1, 0}, {1, 3}});
+  hh::attention::ConvertOptions o;
+  const HybridModel h = hh::attention::convert(teacher, m, o);
+  EXPECT_EQ(h.splits()[0].fa, (std::vector<int64_t>{1}));
+  EXPECT_EQ(h.splits()[0].la, (std::vector<int64_t>{0, 2, 3}));
+  EXPECT_EQ(h.splits()[1].la, (std::vector<int64_t>{1, 2}));
+  const auto& tw = teacher.weights();
+  // Teacher tensors are the teacher's own.
+  EXPECT_TRUE(h.teacher().weights().layers[1].q_proj.is_same(tw.layers[1].q_proj));
+  const auto& w0 = h.layers()[0];
+  EXPECT_EQ(w0.fa_gate.sizes(), (std::vector<int64_t>{8, 32}));
+  EXPECT_EQ(w0.fa_gate.abs().max().item<double>(), 0.0);
+  EXPECT_EQ(w0.la_k_proj.sizes(), (std::vector<int64_t>{24, 32}));
+  // LA heads 0, 2, 3 copy the rows of KV groups 0, 1, 1.
+  EXPECT_TRUE(torch::equal(w0.la_k_proj.narrow(0, 0, 8), tw.layers[0].k_proj.narrow(0, 0, 8)));
+  EXPECT_TRUE(torch::equal(w0.la_k_proj.narrow(0, 8, 8), tw.layers[0].k_proj.narrow(0, 8, 8)));
+  EXPECT_TRUE(torch::equal(w0.la_v_proj.narrow(0, 16, 8), tw.layers[0].v_proj.narrow(0, 8, 8)));
+  EXPECT_EQ(w0.la_conv.sizes(), (std::vector<int64_t>{72, 1, 4}));
+  EXPECT_EQ(w0.la_conv.select(2, 3).min().item<double>(), 1.0);
+  EXPECT_EQ(w0.la_conv.narrow(2, 0, 3).abs().max().item<double>(), 0.0);
+  const auto A = w0.la_A_log.exp();
+  EXPECT_GE(A.min().item<double>(), 1.0);
+  EXPECT_LE(A.max().item<double>(), 16.0);
+  const auto dt = torch::softplus(w0.la_dt_bias);
+  EXPECT_GE(dt.min().item<double>(), 1e-3 * 0.999);
+  EXPECT_LE(dt.max().item<double>(), 0.1 * 1.001);
+  EXPECT_TRUE(torch::equal(w0.fusion_gamma, torch::ones({4, 8}, torch::kDouble)));
+  // A manifest for another shape is refused.
+  auto bad = m;
+  bad.model.num_heads = 8;
+  EXPECT_MENTIONS(hh::test::error_of([&] { hh::attention::convert(teacher, bad, o); }), "model.num_heads is 8");
+}
+
+TEST(Convert, GammaIsTheTeachersPerChannelRmsOfEachHead) {
+  const auto c = cfg2();
+  const Transformer teacher(c, hh::model::random_weights(c, 5, torch::kDouble, 0.3));
+  std::vector<hh::interp::CalibExample> calib(2);
+  calib[0].clean_ids = {1, 2, 3, 4, 5};
+  calib[1].clean_ids = {9, 8, 7};
+  hh::attention::ConvertOptions o;
+  o.calib = &calib;
+  const HybridModel h = hh::attention::convert(teacher, manifest_for(c, {{0, 0}}), o);
+  // By hand: sum of z^2 over both prompts' tokens, per layer, head and channel, / 8 tokens, sqrt.
+  torch::Tensor sumsq = torch::zeros({2, 4, 8}, torch::kDouble);
+  for (const auto& ex : calib) {
+    std::map<std::string, torch::Tensor> z;
+    hh::model::Hooks hooks;
+    hooks.cache("blocks.0.attn.hook_z", &z);
+    hooks.cache("blocks.1.attn.hook_z", &z);
+    hh::model::ForwardOptions f;
+    f.hooks = &hooks;
+    teacher.forward(torch::tensor(ex.clean_ids).unsqueeze(0), f);
+    sumsq[0] += z.at("blocks.0.attn.hook_z")[0].pow(2).sum(0);
+    sumsq[1] += z.at("blocks.1.attn.hook_z")[0].pow(2).sum(0);
+  }
+  const auto want = (sumsq / 8).sqrt();
+  EXPECT_TRUE(torch::allclose(h.layers()[0].fusion_gamma, want[0], 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(h.layers()[1].fusion_gamma, want[1], 1e-12, 1e-12));
+}
+
+TEST(Convert, CheckpointRoundTripsAndTheChunkedForwardEqualsTheRecurrentOne) {
+  const auto c = cfg2();
+  const Transformer teacher(c, hh::model::random_weights(c, 6, torch::kDouble, 0.3));
+  hh::attention::ConvertOptions o;
+  o.seed = 3;
+  const HybridModel h = hh::attention::convert(teacher, manifest_for(c, {{0, 2}, {1, 1}}), o);
+  const fs::path dir = hh::test::scratch_dir("convert_rt") / "hybrid";
+  h.save(dir);
+  EXPECT_TRUE(hh::attention::is_hybrid_checkpoint(dir));
+  EXPECT_MENTIONS(hh::test::error_of([&] { h.save(dir); }), "already exists");
+  const HybridModel back = HybridModel::load(dir);
+  EXPECT_EQ(back.options().fa_heads, h.options().fa_heads);
+  const auto ids = torch::randint(50, {2, 70}, torch::TensorOptions().dtype(torch::kLong));
+  const auto a = h.forward(ids), b = back.forward(ids), r = h.forward(ids, /*chunked=*/false);
+  EXPECT_TRUE(torch::equal(a, b));
+  EXPECT_LT((a - r).abs().max().item<double>(), 1e-10);
+  EXPECT_EQ(a.sizes(), (std::vector<int64_t>{2, 70, 50}));
+  // A dense reader of the file refuses the hybrid by name rather than misreading it.
+  EXPECT_MENTIONS(hh::test::error_of([&] { Transformer::load(dir); }), "HydraHeadForCausalLM");
+}
+
+TEST(Convert, CliRefusesAManifestThatDoesNotFitAndWritesNothing) {
+  const auto c = cfg2();
+  const fs::path dir = hh::test::scratch_dir("convert_cli");
+  hh::model::save_model(dir / "teacher", c, hh::model::random_weights(c, 7, torch::kFloat, 0.3));
+  auto m = manifest_for(c, {{0, 0}, {1, 2}});
+  hh::select::write_manifest(dir / "ok.json", m);
+  m.model.num_layers = 3;
+  hh::select::write_manifest(dir / "bad.json", m);
+  auto run = [&](const std::string& args) {
+    const std::string cmd = (hh::test::bin_dir() / "hydrahead").string() + " convert " + args + " 2>&1";
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+    const int st = pclose(p);
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+  };
+  auto [rc, out] = run("--model " + (dir / "teacher").string() + " --manifest " + (dir / "bad.json").string() + " --out " +
+                       (dir / "hybrid").string());
+  EXPECT_EQ(rc, 1);
+  EXPECT_MENTIONS(out, "model.num_layers is 3, this model's is 2");
+  EXPECT_FALSE(fs::exists(dir / "hybrid"));
+  std::tie(rc, out) = run("--model " + (dir / "teacher").string() + " --manifest " + (dir / "ok.json").string() +
+                          " --out " + (dir / "hybrid").string());
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_MENTIONS(out, "2 FA and 6 LA heads");
+  const HybridModel h = HybridModel::load(dir / "hybrid");
+  EXPECT_EQ(h.options().fa_heads.size(), 2u);
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos);
+}
+
+}  // namespace
