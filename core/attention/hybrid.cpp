@@ -21,11 +21,16 @@ at::Tensor head_rows(const at::Tensor& w, const std::vector<int64_t>& heads, int
   return at::cat(rows, 0);
 }
 
-// Depthwise causal conv over time of x [B, T, C] with weight [C, 1, K], then SiLU.
-at::Tensor short_conv(const at::Tensor& x, const at::Tensor& weight) {
-  const int64_t T = x.size(1), C = x.size(2), K = weight.size(2);
-  const at::Tensor y = at::conv1d(x.transpose(1, 2), weight, {}, /*stride=*/1, /*padding=*/K - 1, /*dilation=*/1, C);
-  return at::silu(y.narrow(2, 0, T).transpose(1, 2));  // [B, T, C]
+// Depthwise causal conv over time of x [B, T, C] with weight [C, 1, K], then SiLU. `past` [B, C, K-1]
+// holds the K-1 inputs before x (zeros at the start of a sequence) and is replaced by the last K-1.
+at::Tensor short_conv(const at::Tensor& x, const at::Tensor& weight, at::Tensor* past) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), K = weight.size(2);
+  at::Tensor prev = past != nullptr && past->defined() ? *past : at::zeros({B, C, K - 1}, x.options());
+  const at::Tensor full = at::cat({prev, x.transpose(1, 2)}, 2);  // [B, C, K-1+T]
+  if (past != nullptr) *past = full.narrow(2, T, K - 1).contiguous();
+  const std::vector<int64_t> one = {1}, zero = {0};  // stride, padding (the past supplies the left context), dilation
+  const at::Tensor y = at::conv1d(full, weight, at::Tensor(), one, zero, one, C);  // [B, C, T]
+  return at::silu(y.transpose(1, 2));  // [B, T, C]
 }
 
 // x * rsqrt(sum(x^2) + 1e-6) over the last axis, in float32.
@@ -122,8 +127,9 @@ std::vector<HybridWeightEntry> hybrid_weight_table(const model::ModelConfig& cfg
 
 at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& o, const HeadSplit& split,
                             const model::LayerWeights& tw, const HybridLayerWeights& w, const at::Tensor& xn,
-                            const at::Tensor& inv_freq, bool chunked) {
+                            const at::Tensor& inv_freq, bool chunked, HybridLayerCache* cache) {
   const int64_t B = xn.size(0), T = xn.size(1), Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads;
+  const int64_t pos = cache != nullptr ? cache->pos : 0;
   const int64_t Dh = cfg.head_dim, G = Hq / Hkv;
   const double eps = cfg.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(Dh));
   const int64_t nF = static_cast<int64_t>(split.fa.size()), nL = static_cast<int64_t>(split.la.size());
@@ -137,20 +143,28 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     q = model::rms_norm(q, tw.q_norm, eps);
     k = model::rms_norm(k, tw.k_norm, eps);
     if (o.fa_rope) {
-      q = model::rotary(q, inv_freq, 0);
-      k = model::rotary(k, inv_freq, 0);
+      q = model::rotary(q, inv_freq, pos);
+      k = model::rotary(k, inv_freq, pos);
     }
     if (o.fa_log_scale) {
       const double a = o.fa_log_scale_alpha;
       const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // float32 for 16-bit models
-      const at::Tensor t = at::arange(T, xn.options().dtype(acc));
+      const at::Tensor t = at::arange(pos, pos + T, xn.options().dtype(acc));  // absolute positions
       q = q * ((t + a).log() / std::log(a)).to(q.scalar_type()).view({1, T, 1, 1});
     }
     // Each FA head reads its own KV group: gather the groups into per-head keys (MHA layout).
     std::vector<int64_t> groups;
     for (int64_t h : split.fa) groups.push_back(h / G);
     const at::Tensor gi = at::tensor(at::ArrayRef<int64_t>(groups), at::TensorOptions().dtype(at::kLong)).to(xn.device());
-    const at::Tensor o_fa = model::causal_attention(q, k.index_select(2, gi), v.index_select(2, gi), scale);  // [B, T, nF, Dh]
+    const at::Tensor kf = k.index_select(2, gi), vf = v.index_select(2, gi);  // [B, T, nF, Dh]
+    at::Tensor pk, pv;
+    if (cache != nullptr) {
+      pk = cache->fa_k;
+      pv = cache->fa_v;
+      cache->fa_k = pk.defined() ? at::cat({pk, kf}, 1) : kf;
+      cache->fa_v = pv.defined() ? at::cat({pv, vf}, 1) : vf;
+    }
+    const at::Tensor o_fa = model::causal_attention(q, kf, vf, scale, pk, pv);  // [B, T, nF, Dh]
     const at::Tensor gate = at::sigmoid(at::linear(xn, w.fa_gate)).view({B, T, nF, Dh});
     for (int64_t i = 0; i < nF; ++i) {
       const int64_t h = split.fa[static_cast<size_t>(i)];
@@ -162,25 +176,31 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     at::Tensor k = at::linear(xn, w.la_k_proj);
     at::Tensor v = at::linear(xn, w.la_v_proj);
     if (o.gdn_short_conv) {
+      // One convolution over the q, k, v channel blocks (the layout of la_conv.weight).
+      at::Tensor* past = cache != nullptr ? &cache->la_conv : nullptr;
+      const at::Tensor qkv = short_conv(at::cat({q, k, v}, 2), w.la_conv, past);  // [B, T, 3*nL*Dh]
       const int64_t C = nL * Dh;
-      q = short_conv(q, w.la_conv.narrow(0, 0, C));
-      k = short_conv(k, w.la_conv.narrow(0, C, C));
-      v = short_conv(v, w.la_conv.narrow(0, 2 * C, C));
+      q = qkv.narrow(2, 0, C);
+      k = qkv.narrow(2, C, C);
+      v = qkv.narrow(2, 2 * C, C);
     }
-    q = l2_normalise(model::rotary(q.view({B, T, nL, Dh}), inv_freq, 0));
-    k = l2_normalise(model::rotary(k.view({B, T, nL, Dh}), inv_freq, 0));
-    v = v.view({B, T, nL, Dh});
+    q = l2_normalise(model::rotary(q.reshape({B, T, nL, Dh}), inv_freq, pos));
+    k = l2_normalise(model::rotary(k.reshape({B, T, nL, Dh}), inv_freq, pos));
+    v = v.reshape({B, T, nL, Dh});
     at::Tensor beta = at::sigmoid(at::linear(xn, w.la_b_proj));  // [B, T, nL]
     if (o.gdn_allow_neg_eigval) beta = beta * 2;
     const at::Tensor g = -w.la_A_log.exp() * at::softplus(at::linear(xn, w.la_a_proj) + w.la_dt_bias);  // [B, T, nL]
-    const GdnOutput r = chunked ? gdn_chunked(q, k, v, g, beta, {}, scale, o.gdn_chunk)
-                                : gdn_recurrent(q, k, v, g, beta, {}, scale);
+    const at::Tensor s0 = cache != nullptr ? cache->la_state : at::Tensor();
+    const GdnOutput r = chunked ? gdn_chunked(q, k, v, g, beta, s0, scale, o.gdn_chunk)
+                                : gdn_recurrent(q, k, v, g, beta, s0, scale);
+    if (cache != nullptr) cache->la_state = r.state;
     const at::Tensor gate = at::silu(at::linear(xn, w.la_gate)).view({B, T, nL, Dh});
     for (int64_t i = 0; i < nL; ++i) {
       const int64_t h = split.la[static_cast<size_t>(i)];
       out[static_cast<size_t>(h)] = gate.select(2, i) * (w.fusion_gamma[h] * model::rms_norm(r.o.select(2, i), {}, eps));
     }
   }
+  if (cache != nullptr) cache->pos += T;
   return at::stack(out, 2);  // [B, T, Hq, Dh], heads in their original order
 }
 

@@ -61,11 +61,21 @@ struct HybridWeightEntry {
 std::vector<HybridWeightEntry> hybrid_weight_table(const model::ModelConfig& cfg, const HybridOptions& o,
                                                    const HeadSplit& split, int64_t layer, HybridLayerWeights& w);
 
+// What decoding keeps per layer between calls: FA heads' keys and values (per head, after k_norm and,
+// with fa_rope, RoPE), LA heads' recurrent state and the last 3 inputs of their short convolution.
+struct HybridLayerCache {
+  at::Tensor fa_k, fa_v;   // [B, P, nF, Dh]
+  at::Tensor la_state;     // [B, nL, Dh, Dh] float32 (float64 for float64 models)
+  at::Tensor la_conv;      // [B, 3*nL*Dh, kShortConvKernel - 1] (with gdn_short_conv)
+  int64_t pos = 0;         // tokens seen
+};
+
 // The block's per-head outputs y [B, T, Hq, Dh] (the input of o_proj, heads in their original order)
-// for the normed hidden states xn [B, T, d] of a whole sequence (positions 0..T-1).
+// for the normed hidden states xn [B, T, d]. cache null: a whole sequence at positions 0..T-1; else the
+// T tokens continue the cached ones (positions cache->pos..) and the cache is advanced.
 // chunked: the chunked gated delta rule (else the per-token recurrence, the oracle).
 at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& o, const HeadSplit& split,
                             const model::LayerWeights& teacher, const HybridLayerWeights& w, const at::Tensor& xn,
-                            const at::Tensor& inv_freq, bool chunked = true);
+                            const at::Tensor& inv_freq, bool chunked = true, HybridLayerCache* cache = nullptr);
 
 }  // namespace hh::attention

@@ -142,6 +142,39 @@ at::Tensor HybridModel::forward(const at::Tensor& ids, bool chunked) const {
   return teacher_.unembed(x);
 }
 
+at::Tensor HybridModel::step(const at::Tensor& ids, Cache& cache, bool chunked) const {
+  const auto& cfg = config();
+  const auto& w = teacher_.weights();
+  if (ids.dim() != 2) throw Error("hybrid step: token ids must be [B, T], got " + shape_str(ids.sizes()));
+  if (cache.layers.empty()) cache.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
+  at::NoGradGuard no_grad;
+  at::Tensor x = at::embedding(w.embed_tokens, ids.to(teacher_.device(), at::kLong));
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const auto& lw = w.layers[static_cast<size_t>(l)];
+    const at::Tensor xn = model::rms_norm(x, lw.input_layernorm, cfg.rms_norm_eps);
+    const at::Tensor y = hybrid_attention(cfg, options_, splits_[static_cast<size_t>(l)], lw, layers_[static_cast<size_t>(l)],
+                                          xn, teacher_.inv_freq(), chunked, &cache.layers[static_cast<size_t>(l)]);
+    x = x + teacher_.attn_out(l, y);
+    x = x + teacher_.mlp_out(l, x);
+  }
+  cache.pos += ids.size(1);
+  return teacher_.unembed(x);
+}
+
+std::vector<int64_t> HybridModel::generate(const std::vector<int64_t>& prompt, int64_t n) const {
+  if (prompt.empty()) throw Error("generate: the prompt has no tokens");
+  Cache cache;
+  const auto ids = at::tensor(at::ArrayRef<int64_t>(prompt), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
+  at::Tensor logits = step(ids, cache);
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t next = logits[0][logits.size(1) - 1].argmax().item<int64_t>();
+    out.push_back(next);
+    if (i + 1 < n) logits = step(at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong)), cache);
+  }
+  return out;
+}
+
 // ---- conversion ----------------------------------------------------------------------------------
 
 HybridModel convert(const model::Transformer& teacher, const select::Manifest& manifest, const ConvertOptions& co) {

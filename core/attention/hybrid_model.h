@@ -33,6 +33,16 @@ class HybridModel {
   // gated delta rule (else the recurrence, the oracle).
   at::Tensor forward(const at::Tensor& ids, bool chunked = true) const;
 
+  // Incremental inference: the first call is the prefill, each later one continues the same
+  // sequences (e.g. one token at a time). Returns the logits of the new tokens [B, T, V].
+  struct Cache {
+    std::vector<HybridLayerCache> layers;
+    int64_t pos = 0;
+  };
+  at::Tensor step(const at::Tensor& ids, Cache& cache, bool chunked = true) const;
+  // Greedy decoding of `n` tokens after `prompt` (one sequence); returns the new ids.
+  std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t n) const;
+
   const model::Transformer& teacher() const { return teacher_; }
   const model::ModelConfig& config() const { return teacher_.config(); }
   const HybridOptions& options() const { return options_; }

@@ -719,8 +719,9 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offse
   return apply_rope(x, rope_tables(inv_freq.to(x.device()), offset, x.size(1), x.scalar_type()));
 }
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
-  return causal_attention(q, k, v, at::Tensor(), at::Tensor(), scale, /*eager=*/false);
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            const at::Tensor& prefix_k, const at::Tensor& prefix_v) {
+  return causal_attention(q, k, v, prefix_k, prefix_v, scale, /*eager=*/false);
 }
 
 at::Tensor rope_inv_freq(double theta, int64_t head_dim, const at::Device& device) {

@@ -149,8 +149,10 @@ class Transformer {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // Rotate-half RoPE of x [B, T, H, Dh] at positions offset.., angles from inv_freq [Dh/2] in float32.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offset);
-// Causal attention, GQA (q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh]) -> [B, T, Hq, Dh]; never T x T.
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+// Causal attention, GQA (q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh]) -> [B, T, Hq, Dh]; never T x T. With
+// prefix_k/v [1 or B, P, Hkv, Dh], the T rows sit after P cached tokens and see all of them.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            const at::Tensor& prefix_k = {}, const at::Tensor& prefix_v = {});
 // inv_freq = theta^(-2i/Dh) in float32, as HF builds it.
 at::Tensor rope_inv_freq(double theta, int64_t head_dim, const at::Device& device);
 

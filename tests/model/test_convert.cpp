@@ -123,6 +123,48 @@ TEST(Convert, CheckpointRoundTripsAndTheChunkedForwardEqualsTheRecurrentOne) {
   EXPECT_MENTIONS(hh::test::error_of([&] { Transformer::load(dir); }), "HydraHeadForCausalLM");
 }
 
+TEST(HybridDecode, PrefillThenTokenByTokenEqualsTheFullForwardAtEveryPosition) {
+  const auto c = cfg2();
+  const Transformer teacher(c, hh::model::random_weights(c, 8, torch::kDouble, 0.3));
+  for (bool conv : {true, false}) {
+    for (bool rope : {false, true}) {
+      hh::attention::ConvertOptions o;
+      o.hybrid.gdn_short_conv = conv;
+      o.hybrid.fa_rope = rope;
+      o.hybrid.gdn_chunk = 8;  // prefills that cross chunk boundaries
+      o.seed = 2;
+      HybridModel h = hh::attention::convert(teacher, manifest_for(c, {{0, 3}, {1, 0}, {1, 1}}), o);
+      const auto ids = torch::randint(50, {2, 30}, torch::TensorOptions().dtype(torch::kLong));
+      const auto full = h.forward(ids);  // [2, 30, V]
+      for (int64_t P : {1, 13, 29}) {
+        HybridModel::Cache cache;
+        const auto pre = h.step(ids.narrow(1, 0, P), cache);
+        EXPECT_LT((pre - full.narrow(1, 0, P)).abs().max().item<double>(), 1e-9) << "prefill P=" << P;
+        for (int64_t t = P; t < 30; ++t) {
+          const auto got = h.step(ids.narrow(1, t, 1), cache);
+          EXPECT_LT((got[0][0] - full[0][t]).abs().max().item<double>(), 1e-9) << "conv " << conv << " rope " << rope << " t=" << t;
+          EXPECT_LT((got[1][0] - full[1][t]).abs().max().item<double>(), 1e-9);
+        }
+        EXPECT_EQ(cache.pos, 30);
+      }
+    }
+  }
+}
+
+TEST(HybridDecode, GreedyGenerationFollowsTheArgmaxOfFullForwards) {
+  const auto c = cfg2();
+  const Transformer teacher(c, hh::model::random_weights(c, 9, torch::kDouble, 0.5));
+  const HybridModel h = hh::attention::convert(teacher, manifest_for(c, {{0, 0}}), {});
+  std::vector<int64_t> seq = {3, 14, 15, 9, 26};
+  const auto gen = h.generate(seq, 6);
+  ASSERT_EQ(gen.size(), 6u);
+  for (int64_t next : gen) {  // each token is the argmax of a full forward over everything before it
+    const auto logits = h.forward(torch::tensor(seq).unsqueeze(0));
+    EXPECT_EQ(logits[0][static_cast<int64_t>(seq.size()) - 1].argmax().item<int64_t>(), next);
+    seq.push_back(next);
+  }
+}
+
 TEST(Convert, CliRefusesAManifestThatDoesNotFitAndWritesNothing) {
   const auto c = cfg2();
   const fs::path dir = hh::test::scratch_dir("convert_cli");
