@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <set>
+
 #include <cstdio>
 #include <filesystem>
 
@@ -54,6 +56,7 @@ int run_inspect(const InspectArgs& a) {
         {"kv_groups", kv_groups},
         {"fingerprint", sum.fingerprint},
     };
+    if (sum.is_hybrid()) j["hydrahead"] = sum.hydrahead;
     std::printf("%s\n", j.dump(2).c_str());
     return kExitOk;
   }
@@ -76,13 +79,24 @@ int run_inspect(const InspectArgs& a) {
                 model::group_digits(sum.params_from_tensors).c_str());
   std::printf("dtype         %s\n", sum.weights_dtype.c_str());
   std::printf("fingerprint   %s\n", sum.fingerprint.c_str());
+  std::set<std::pair<int64_t, int64_t>> fa;
+  if (sum.is_hybrid()) {
+    if (auto it = sum.hydrahead.find("fa_heads"); it != sum.hydrahead.end() && it->is_array())
+      for (const auto& p : *it)
+        if (p.is_array() && p.size() == 2 && p[0].is_number_integer() && p[1].is_number_integer())
+          fa.insert({p[0].get<int64_t>(), p[1].get<int64_t>()});
+    const int64_t nf = static_cast<int64_t>(fa.size());
+    std::printf("hybrid        HydraHead: %lld full-attention heads, %lld Gated DeltaNet heads (marked * below: FA)\n",
+                static_cast<long long>(nf), static_cast<long long>(L * Hq - nf));
+  }
   std::printf("\nlayers x heads (cell = KV group of the query head)\n");
   std::printf("%8s", "");
   for (int64_t h = 0; h < Hq; ++h) std::printf(" %3lld", static_cast<long long>(h));
   std::printf("\n");
   for (int64_t l = 0; l < L; ++l) {
     std::printf("layer %2lld", static_cast<long long>(l));
-    for (int64_t h = 0; h < Hq; ++h) std::printf(" %3lld", static_cast<long long>(h / G));
+    for (int64_t h = 0; h < Hq; ++h)
+      std::printf(" %3s", (std::to_string(h / G) + (fa.count({l, h}) ? "*" : "")).c_str());
     std::printf("\n");
   }
   return kExitOk;

@@ -2,13 +2,16 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "app/cli/commands.h"
+#include "core/attention/hybrid_model.h"
 #include "core/io/fingerprint.h"
 #include "core/io/h5.h"
 #include "core/model/config.h"
@@ -24,13 +27,17 @@ namespace {
 
 struct RunArgs {
   std::string model, tokens, text, out, device = "cpu", dtype, hooks;
+  int64_t generate = 0;
 };
 
 int run_forward(const RunArgs& a) {
   namespace fs = std::filesystem;
   const fs::path dir = a.model;
   // Everything that can be checked without the weights is checked first, so a bad request fails fast.
-  const auto cfg = model::ModelConfig::load(dir / "config.json");
+  nlohmann::json hybrid_block;
+  const auto cfg = model::ModelConfig::load_teacher_view(dir / "config.json", &hybrid_block);
+  const bool hybrid = !hybrid_block.is_null();
+  if (a.generate < 0) throw Error("--generate must be >= 0");
   if (a.device != "cpu" && a.device.rfind("cuda", 0) != 0)
     throw Error("--device: '" + a.device + "' is not cpu or cuda[:N]");
   if (a.device.rfind("cuda", 0) == 0 && !torch::cuda::is_available())
@@ -59,8 +66,15 @@ int run_forward(const RunArgs& a) {
                   std::to_string(cfg.num_hidden_layers) + " layers");
   }
 
+  if (hybrid && !hook_names.empty())
+    throw Error("--hooks: hook points are not available on HydraHead hybrid checkpoints (" + dir.string() + ")");
+
   const auto t0 = std::chrono::steady_clock::now();
-  const auto model = model::Transformer::load(dir, a.device, a.dtype);
+  std::optional<model::Transformer> dense;
+  std::optional<attention::HybridModel> hyb;
+  if (hybrid) hyb.emplace(attention::HybridModel::load(dir, a.device, a.dtype));
+  else dense.emplace(model::Transformer::load(dir, a.device, a.dtype));
+  const model::Transformer& model = hybrid ? hyb->teacher() : *dense;
   const auto t1 = std::chrono::steady_clock::now();
 
   std::map<std::string, at::Tensor> cache;
@@ -70,9 +84,24 @@ int run_forward(const RunArgs& a) {
   model::ForwardOptions opts;
   opts.hooks = hooks.empty() ? nullptr : &hooks;
   model::ForwardOutput out;
+  std::vector<int64_t> generated;
   {
     torch::NoGradGuard no_grad;
-    out = model.forward(input, opts);
+    if (hybrid) {
+      out.logits = hyb->forward(input);
+      if (a.generate > 0) generated = hyb->generate(ids, a.generate);
+    } else {
+      out = model.forward(input, opts);
+      // Greedy decoding by full forwards over the growing sequence (dense models have no decode cache).
+      std::vector<int64_t> seq = ids;
+      for (int64_t i = 0; i < a.generate; ++i) {
+        model::ForwardOptions last;
+        last.logit_positions = torch::tensor({static_cast<int64_t>(seq.size()) - 1}, torch::kInt64);
+        const auto l = model.forward(torch::tensor(seq, torch::kInt64).unsqueeze(0).to(model.device()), last).logits;
+        seq.push_back(l[0][0].argmax().item<int64_t>());
+        generated.push_back(seq.back());
+      }
+    }
   }
   const auto t2 = std::chrono::steady_clock::now();
 
@@ -84,6 +113,8 @@ int run_forward(const RunArgs& a) {
   file.set_attr("/", "dtype", std::string(c10::toString(model.dtype())));
   file.set_attr("/", "device", a.device);
   file.write("/tokens", torch::tensor(ids, torch::kInt64), {"position"});
+  if (a.generate > 0) file.write("/generated", torch::tensor(generated, torch::kInt64), {"position"});
+  if (hybrid) file.set_attr("/", "hybrid", std::string("hydrahead"));
   file.write("/logits", out.logits.squeeze(0).to(torch::kCPU, torch::kFloat32).contiguous(),
              {"position", "vocab"});
   for (const auto& name : hook_names) {
@@ -105,6 +136,13 @@ int run_forward(const RunArgs& a) {
   std::snprintf(line, sizeof line, "%zu tokens, load %.0f ms, forward %.0f ms, wrote ", ids.size(),
                 ms(t1 - t0).count(), ms(t2 - t1).count());
   log::info(line + a.out);
+  if (a.generate > 0) {
+    std::string list;
+    for (int64_t g : generated) list += (list.empty() ? "" : ",") + std::to_string(g);
+    std::printf("generated %s\n", list.c_str());
+    if (fs::exists(dir / "tokenizer.json"))
+      std::printf("text      %s\n", model::Tokenizer::load(dir / "tokenizer.json").decode(generated).c_str());
+  }
   return kExitOk;
 }
 
@@ -121,6 +159,8 @@ Runner add_run(CLI::App& app) {
       ->required();
   app.add_option("--device", args->device, "cpu or cuda[:N]")->capture_default_str();
   app.add_option("--dtype", args->dtype, "f32, bf16 or f16 (default: the checkpoint's)");
+  app.add_option("--generate", args->generate, "Also decode this many tokens greedily; stored as /generated and printed")
+      ->capture_default_str();
   app.add_option("--hooks", args->hooks,
                  "Comma-separated hook points to store, e.g. blocks.0.attn.hook_z,blocks.3.hook_resid_post");
   app.callback([tokens, text] {

@@ -36,14 +36,6 @@ std::string shape_str(at::IntArrayRef s) {
   return out + "]";
 }
 
-// The teacher's view of a hybrid config.json: the Qwen3 fields without the hybrid markers.
-json teacher_json(json j) {
-  j["architectures"] = json::array({"Qwen3ForCausalLM"});
-  j["model_type"] = "qwen3";
-  j.erase("hydrahead");
-  return j;
-}
-
 }  // namespace
 
 bool is_hybrid_checkpoint(const fs::path& dir) {
@@ -71,12 +63,11 @@ HybridModel::HybridModel(model::Transformer teacher, HybridOptions options, std:
 }
 
 HybridModel HybridModel::load(const fs::path& dir, const std::string& device, const std::string& dtype) {
-  const json j = read_json(dir / "config.json");
-  if (!j.is_object() || !j.contains("hydrahead"))
-    throw Error((dir / "config.json").string() + ": not a HydraHead hybrid (no \"hydrahead\" block)");
+  json block;
   const std::string where = (dir / "config.json").string();
-  const model::ModelConfig cfg = model::ModelConfig::from_json(teacher_json(j), where);
-  HybridOptions o = HybridOptions::from_json(j.at("hydrahead"), cfg, where);
+  const model::ModelConfig cfg = model::ModelConfig::load_teacher_view(dir / "config.json", &block);
+  if (block.is_null()) throw Error(where + ": not a HydraHead hybrid (no \"hydrahead\" block)");
+  HybridOptions o = HybridOptions::from_json(block, cfg, where);
   model::Transformer teacher = model::Transformer::load(dir, cfg, device, dtype);
   const auto splits = split_heads(o, cfg);
   io::Checkpoint ckpt(dir);

@@ -302,6 +302,26 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   return from_json(j, where);
 }
 
+ModelConfig ModelConfig::load_teacher_view(const std::filesystem::path& config_json, nlohmann::json* hydrahead) {
+  std::ifstream in(config_json, std::ios::binary);
+  if (!in) throw Error(config_json.string() + ": cannot open: " + std::strerror(errno));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(config_json.string() + ": not valid JSON: " + e.what());
+  }
+  if (hydrahead != nullptr) *hydrahead = json();
+  if (j.is_object() && j.contains("hydrahead")) {
+    if (hydrahead != nullptr) *hydrahead = j["hydrahead"];
+    j.erase("hydrahead");
+    j["architectures"] = json::array({kArchitecture});
+    j["model_type"] = kModelType;
+  }
+  return from_json(j, config_json.string());
+}
+
 ModelConfig ModelConfig::load(const std::filesystem::path& config_json) {
   std::ifstream in(config_json, std::ios::binary);
   if (!in) throw Error(config_json.string() + ": cannot open: " + std::strerror(errno));

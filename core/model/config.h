@@ -35,6 +35,9 @@ struct ModelConfig {
   static ModelConfig from_json(const nlohmann::json& j, const std::string& where);
   static ModelConfig from_json_text(const std::string& text, const std::string& where);
   static ModelConfig load(const std::filesystem::path& config_json);
+  // The same for a HydraHead hybrid's config.json too: its teacher fields, with the "hydrahead" block
+  // handed back in `hydrahead` (null for a dense checkpoint). load() refuses hybrids.
+  static ModelConfig load_teacher_view(const std::filesystem::path& config_json, nlohmann::json* hydrahead = nullptr);
   nlohmann::json to_json() const;
 };
 

@@ -48,7 +48,7 @@ ModelSummary summarize_checkpoint(const fs::path& dir_in) {
   s.weight_files = list_weight_files(dir);
   if (s.weight_files.empty()) throw hh::Error(dir.string() + ": no *.safetensors weight files");
 
-  s.config = hh::model::ModelConfig::load(dir / "config.json");
+  s.config = hh::model::ModelConfig::load_teacher_view(dir / "config.json", &s.hydrahead);
   s.params_from_config = s.config.num_parameters();
 
   const hh::io::Checkpoint checkpoint(dir);

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/model/config.h"
 
 namespace hh::model {
@@ -28,6 +30,9 @@ struct ModelSummary {
   int64_t params_from_config = 0;          // implied by config.json
   int64_t params_from_tensors = 0;         // sum of the stored tensors' element counts
 
+  nlohmann::json hydrahead;                // a hybrid's "hydrahead" block; null for a dense checkpoint
+
+  bool is_hybrid() const { return !hydrahead.is_null(); }
   bool params_match() const { return params_from_config == params_from_tensors; }
 };
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "core/attention/hybrid_model.h"
+#include "core/io/h5.h"
 #include "core/model/hooks.h"
 #include "support/test_support.h"
 
@@ -195,6 +196,35 @@ TEST(Convert, CliRefusesAManifestThatDoesNotFitAndWritesNothing) {
   const HybridModel h = HybridModel::load(dir / "hybrid");
   EXPECT_EQ(h.options().fa_heads.size(), 2u);
   for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos);
+
+  // inspect and run work on the hybrid; run --generate stores what greedy decoding produces.
+  auto cli = [&](const std::string& args) {
+    const std::string cmd = (hh::test::bin_dir() / "hydrahead").string() + " " + args + " 2>&1";
+    std::string text;
+    FILE* p = popen(cmd.c_str(), "r");
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) text.append(buf.data(), n);
+    const int st = pclose(p);
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, text);
+  };
+  std::tie(rc, out) = cli("inspect --model " + (dir / "hybrid").string());
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_MENTIONS(out, "HydraHead: 2 full-attention heads, 6 Gated DeltaNet heads");
+  EXPECT_MENTIONS(out, "0*");
+  std::tie(rc, out) = cli("run --model " + (dir / "hybrid").string() + " --tokens 3,1,4,1,5 --generate 4 --out " +
+                          (dir / "gen.h5").string());
+  ASSERT_EQ(rc, 0) << out;
+  const auto want = h.generate({3, 1, 4, 1, 5}, 4);
+  const auto f = hh::io::H5File::open_read(dir / "gen.h5");
+  const auto got = f.read("/generated");
+  ASSERT_EQ(got.numel(), 4);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(got[i].item<int64_t>(), want[static_cast<size_t>(i)]);
+  EXPECT_TRUE(torch::allclose(f.read("/logits").to(torch::kDouble), h.forward(torch::tensor({3, 1, 4, 1, 5}).unsqueeze(0))[0].to(torch::kFloat).to(torch::kDouble), 1e-5, 1e-5));
+  std::tie(rc, out) = cli("run --model " + (dir / "hybrid").string() + " --tokens 3,1 --hooks blocks.0.attn.hook_z --out " +
+                          (dir / "no.h5").string());
+  EXPECT_EQ(rc, 1);
+  EXPECT_MENTIONS(out, "not available on HydraHead hybrid checkpoints");
 }
 
 }  // namespace
