@@ -1,0 +1,59 @@
+// The hybrid on CUDA: the same logits as on the CPU (fp32), and prefill + decode equal to the full
+// forward in bf16 (flash attention over the per-sequence key/value cache).
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include "core/attention/hybrid_model.h"
+
+namespace {
+
+using hh::attention::HybridModel;
+
+hh::model::ModelConfig config() {
+  hh::model::ModelConfig c;
+  c.vocab_size = 300;
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  c.rope_theta = 10000.0;
+  return c;
+}
+
+HybridModel hybrid_on(const hh::model::ModelConfig& c, torch::Device d, torch::Dtype t) {
+  auto w = hh::model::random_weights(c, 4, torch::kFloat, 0.1);
+  for (auto& e : hh::model::weight_table(c, w)) *e.slot = e.slot->to(d, t);
+  const hh::model::Transformer teacher(c, w);
+  hh::select::Manifest m;
+  m.model = hh::select::shape_of(c);
+  m.fa_heads = {{0, 1}, {1, 4}, {2, 0}, {2, 7}};
+  hh::attention::ConvertOptions o;
+  o.seed = 1;
+  return hh::attention::convert(teacher, m, o);
+}
+
+TEST(CudaHybrid, MatchesCpuAndDecodesLikeTheFullForward) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto c = config();
+  const auto ids = torch::randint(300, {2, 150}, torch::TensorOptions().dtype(torch::kLong));
+  const auto cpu = hybrid_on(c, torch::kCPU, torch::kFloat).forward(ids);
+  const auto gpu = hybrid_on(c, torch::kCUDA, torch::kFloat).forward(ids.to(torch::kCUDA)).cpu();
+  EXPECT_LT(((gpu - cpu).abs().max() / cpu.abs().max()).item<double>(), 1e-4);
+
+  const auto h = hybrid_on(c, torch::kCUDA, torch::kBFloat16);
+  const auto ids_g = ids.to(torch::kCUDA);
+  const auto full = h.forward(ids_g).cpu();
+  HybridModel::Cache cache;
+  const auto pre = h.step(ids_g.narrow(1, 0, 100), cache).cpu();
+  const double scale = full.abs().max().item<double>();
+  EXPECT_LT((pre - full.narrow(1, 0, 100)).abs().max().item<double>(), 0.05 * scale);
+  for (int64_t t = 100; t < 150; ++t) {
+    const auto got = h.step(ids_g.narrow(1, t, 1), cache).cpu();
+    EXPECT_LT((got.select(1, 0) - full.select(1, t)).abs().max().item<double>(), 0.05 * scale) << "t=" << t;
+  }
+}
+
+}  // namespace
