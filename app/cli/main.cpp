@@ -5,6 +5,7 @@
 #include <map>
 
 #include "app/cli/commands.h"
+#include "core/util/alloc.h"
 #include "core/util/error.h"
 #include "hydrahead/version.h"
 
@@ -24,6 +25,7 @@ constexpr Planned kPlanned[] = {
 }  // namespace
 
 int main(int argc, char** argv) {
+  hh::util::tune_allocator_for_tensors();
   CLI::App app{
       "hydrahead " HYDRAHEAD_VERSION
       " - turn a dense transformer into a head-level hybrid of full attention and Gated DeltaNet.\n"

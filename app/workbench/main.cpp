@@ -3,10 +3,12 @@
 #include <QCommandLineOption>
 #include <QCommandLineParser>
 
+#include "core/util/alloc.h"
 #include "hydrahead/version.h"
 #include "main_window.h"
 
 int main(int argc, char** argv) {
+  hh::util::tune_allocator_for_tensors();
   QApplication app(argc, argv);
   QApplication::setOrganizationName(QStringLiteral("HydraHead"));
   QApplication::setApplicationName(QStringLiteral("hydrahead-workbench"));
