@@ -92,15 +92,7 @@ int run_forward(const RunArgs& a) {
       if (a.generate > 0) generated = hyb->generate(ids, a.generate);
     } else {
       out = model.forward(input, opts);
-      // Greedy decoding by full forwards over the growing sequence (dense models have no decode cache).
-      std::vector<int64_t> seq = ids;
-      for (int64_t i = 0; i < a.generate; ++i) {
-        model::ForwardOptions last;
-        last.logit_positions = torch::tensor({static_cast<int64_t>(seq.size()) - 1}, torch::kInt64);
-        const auto l = model.forward(torch::tensor(seq, torch::kInt64).unsqueeze(0).to(model.device()), last).logits;
-        seq.push_back(l[0][0].argmax().item<int64_t>());
-        generated.push_back(seq.back());
-      }
+      if (a.generate > 0) generated = model::generate_greedy(model, ids, a.generate);
     }
   }
   const auto t2 = std::chrono::steady_clock::now();

@@ -729,4 +729,44 @@ at::Tensor rope_inv_freq(double theta, int64_t head_dim, const at::Device& devic
   return at::pow(theta, exponent).reciprocal().to(device);
 }
 
+std::vector<int64_t> generate_greedy(const Transformer& model, const std::vector<int64_t>& prompt, int64_t n) {
+  if (prompt.empty()) throw Error("generate: the prompt has no tokens");
+  if (n < 0) throw Error("generate: the number of new tokens must be >= 0");
+  at::NoGradGuard no_grad;
+  const int64_t L = model.config().num_hidden_layers;
+  std::vector<at::Tensor> keys(static_cast<size_t>(L)), values(static_cast<size_t>(L));
+  // Each forward hands its new keys/values to the hooks, which append them to the cache after the
+  // layer has used the cache as it was (the prefix options read the vectors before the hook runs).
+  std::vector<at::Tensor> new_k(static_cast<size_t>(L)), new_v(static_cast<size_t>(L));
+  Hooks hooks;
+  for (int64_t l = 0; l < L; ++l) {
+    const size_t i = static_cast<size_t>(l);
+    hooks.add(hook_name(l, HookKind::K), [&new_k, i](at::Tensor& k) { new_k[i] = k; });
+    hooks.add(hook_name(l, HookKind::V), [&new_v, i](at::Tensor& v) { new_v[i] = v; });
+  }
+  auto run = [&](const std::vector<int64_t>& ids, bool with_prefix) {
+    ForwardOptions f;
+    f.hooks = &hooks;
+    const int64_t T = static_cast<int64_t>(ids.size());
+    f.logit_positions = at::full({1}, T - 1, at::TensorOptions().dtype(at::kLong));
+    if (with_prefix) {
+      f.prefix_k = &keys;
+      f.prefix_v = &values;
+    }
+    const at::Tensor input = at::tensor(at::ArrayRef<int64_t>(ids), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
+    const at::Tensor logits = model.forward(input, f).logits;  // [1, 1, V]
+    for (int64_t l = 0; l < L; ++l) {
+      const size_t i = static_cast<size_t>(l);
+      keys[i] = with_prefix ? at::cat({keys[i], new_k[i]}, 1) : new_k[i];
+      values[i] = with_prefix ? at::cat({values[i], new_v[i]}, 1) : new_v[i];
+    }
+    return logits[0][0].argmax().item<int64_t>();
+  };
+  std::vector<int64_t> out;
+  if (n == 0) return out;
+  out.push_back(run(prompt, false));
+  while (static_cast<int64_t>(out.size()) < n) out.push_back(run({out.back()}, true));
+  return out;
+}
+
 }  // namespace hh::model

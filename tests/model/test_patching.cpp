@@ -165,6 +165,20 @@ TEST(PrefixForward, TrimmedLastLayerGivesTheSameLogitsAtTheAskedRows) {
   EXPECT_EQ(seen.at(hook_name(2, HookKind::MlpOut)).size(1), 23);
 }
 
+TEST(Generate, CachedGreedyDecodingEqualsArgmaxOfFullForwards) {
+  const Transformer model = tiny_model(12);
+  std::vector<int64_t> seq = random_tokens(9, 53, 4);
+  const auto gen = hh::model::generate_greedy(model, seq, 7);
+  ASSERT_EQ(gen.size(), 7u);
+  for (int64_t next : gen) {
+    const auto logits = model.forward(at::tensor(at::ArrayRef<int64_t>(seq)).unsqueeze(0)).logits;
+    EXPECT_EQ(logits[0][static_cast<int64_t>(seq.size()) - 1].argmax().item<int64_t>(), next);
+    seq.push_back(next);
+  }
+  EXPECT_TRUE(hh::model::generate_greedy(model, {1, 2}, 0).empty());
+  EXPECT_MENTIONS(hh::test::error_of([&] { hh::model::generate_greedy(model, {}, 3); }), "no tokens");
+}
+
 struct Case {
   Metric metric;
   Mode mode;
