@@ -20,6 +20,7 @@ Runner add_bench(CLI::App& app);
 Runner add_analyze(CLI::App& app);
 Runner add_select(CLI::App& app);
 Runner add_convert(CLI::App& app);
+Runner add_eval(CLI::App& app);
 
 // Exit status conventions shared by every sub-command.
 inline constexpr int kExitOk = 0;

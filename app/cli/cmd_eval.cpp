@@ -1,0 +1,109 @@
+// hydrahead eval --model DIR --task niah-grid --lengths 1K,2K --depths 0,0.5,1 [--n N] [--niah-task T]
+//                [--seed S] [--device] [--dtype] --out eval.h5
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+
+#include "app/cli/commands.h"
+#include "core/attention/hybrid_model.h"
+#include "core/eval/niah.h"
+#include "core/interp/task_registry.h"
+#include "core/io/fingerprint.h"
+#include "core/model/tokenizer.h"
+#include "core/util/error.h"
+#include "hydrahead/version.h"
+
+namespace hh::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct EvalArgs {
+  std::string model, task = "niah-grid", lengths, depths = "0,0.25,0.5,0.75,1", niah_task = "niah-single", out;
+  std::string device = "cpu", dtype;
+  int64_t n = 10;
+  uint64_t seed = 0;
+};
+
+int run_eval(const EvalArgs& a) {
+  const fs::path dir = a.model;
+  if (a.task != "niah-grid")
+    throw Error("--task " + a.task + ": only niah-grid is available (perplexity comes with the training data readers)");
+  if (a.lengths.empty()) throw Error("--lengths is required for niah-grid (e.g. 1K,2K,4K)");
+  eval::NiahGridOptions o;
+  o.task = a.niah_task;
+  o.lengths = eval::parse_lengths(a.lengths);
+  o.depths = eval::parse_depths(a.depths);
+  o.n = a.n;
+  o.seed = a.seed;
+  if (o.n < 1) throw Error("--n must be at least 1");
+  const fs::path out = a.out;
+  if (out.has_parent_path() && !fs::is_directory(out.parent_path()))
+    throw Error("--out " + a.out + ": directory " + out.parent_path().string() + " does not exist");
+  if (!fs::exists(dir / "tokenizer.json")) throw Error(dir.string() + ": no tokenizer.json (NIAH prompts are text)");
+  const auto tok = model::Tokenizer::load(dir / "tokenizer.json");
+  interp::TaskRegistry tasks;
+  tasks.load_default();
+  (void)tasks.resolve_params(o.task, nullptr);  // an unknown task fails here, naming the known ones
+
+  std::optional<model::Transformer> dense;
+  std::optional<attention::HybridModel> hybrid;
+  eval::GenerateFn gen;
+  if (attention::is_hybrid_checkpoint(dir)) {
+    hybrid.emplace(attention::HybridModel::load(dir, a.device, a.dtype));
+    gen = [&](const std::vector<int64_t>& p, int64_t k) { return hybrid->generate(p, k); };
+  } else {
+    dense.emplace(model::Transformer::load(dir, a.device, a.dtype));
+    gen = [&](const std::vector<int64_t>& p, int64_t k) { return model::generate_greedy(*dense, p, k); };
+  }
+  o.cancel = install_interrupt_flag();
+  eval::NiahGridResult r;
+  {
+    ProgressBar bar("eval " + o.task);
+    o.progress = [&bar](int64_t done, int64_t total) {
+      bar.update(static_cast<double>(done) / static_cast<double>(total), std::to_string(done) + "/" + std::to_string(total));
+    };
+    try {
+      r = eval::niah_grid(gen, tasks, tok, o);
+    } catch (const Cancelled&) {
+      bar.finish();
+      std::fprintf(stderr, "interrupted: nothing was written\n");
+      return kExitInterrupted;
+    }
+  }
+  eval::write_niah(out, r, o, io::model_fingerprint(dir), std::string("hydrahead ") + HYDRAHEAD_VERSION);
+  std::printf("NIAH exact-match accuracy (%s, %lld prompts a cell)\n%10s", o.task.c_str(), static_cast<long long>(o.n), "length");
+  for (double d : o.depths) std::printf("  d=%-5.2f", d);
+  std::printf("\n");
+  for (size_t i = 0; i < o.lengths.size(); ++i) {
+    std::printf("%10lld", static_cast<long long>(o.lengths[i]));
+    for (size_t j = 0; j < o.depths.size(); ++j)
+      std::printf("  %7.3f", r.accuracy[static_cast<int64_t>(i)][static_cast<int64_t>(j)].item<double>());
+    std::printf("\n");
+  }
+  std::printf("wrote %s\n", a.out.c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+Runner add_eval(CLI::App& app) {
+  auto a = std::make_shared<EvalArgs>();
+  app.add_option("--model", a->model, "Dense or hybrid checkpoint directory (with tokenizer.json)")->required();
+  app.add_option("--task", a->task, "niah-grid")->capture_default_str();
+  app.add_option("--lengths", a->lengths, "Prompt lengths in tokens: 512,1K,4K");
+  app.add_option("--depths", a->depths, "Needle depths in [0, 1]")->capture_default_str();
+  app.add_option("--n", a->n, "Prompts per (length, depth) cell")->capture_default_str();
+  app.add_option("--niah-task", a->niah_task, "Task plugin that makes the prompts")->capture_default_str();
+  app.add_option("--seed", a->seed, "Cell (i, j) uses seed + 1000 i + j")->capture_default_str();
+  app.add_option("--device", a->device, "cpu or cuda[:N]")->capture_default_str();
+  app.add_option("--dtype", a->dtype, "f32, bf16, f16 (default: the checkpoint's)");
+  app.add_option("--out", a->out, "eval.h5 to write")->required();
+  return [a] { return run_eval(*a); };
+}
+
+}  // namespace hh::cli
