@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,8 @@
 #include "app/cli/commands.h"
 #include "core/attention/hybrid_model.h"
 #include "core/eval/niah.h"
+#include "core/eval/perplexity.h"
+#include "core/io/h5.h"
 #include "core/interp/task_registry.h"
 #include "core/io/fingerprint.h"
 #include "core/model/tokenizer.h"
@@ -24,15 +27,51 @@ namespace fs = std::filesystem;
 
 struct EvalArgs {
   std::string model, task = "niah-grid", lengths, depths = "0,0.25,0.5,0.75,1", niah_task = "niah-single", out;
-  std::string device = "cpu", dtype;
-  int64_t n = 10;
+  std::string device = "cpu", dtype, data;
+  int64_t n = 10, seq = 2048;
   uint64_t seed = 0;
 };
 
+int run_ppl(const EvalArgs& a) {
+  const fs::path dir = a.model, out = a.out;
+  if (a.data.empty()) throw Error("--task ppl needs --data (a .bin of uint32 ids or a .jsonl of {\"text\": ...})");
+  nlohmann::json block;
+  const auto cfg = model::ModelConfig::load_teacher_view(dir / "config.json", &block);
+  std::optional<model::Tokenizer> tok;
+  if (fs::exists(dir / "tokenizer.json")) tok = model::Tokenizer::load(dir / "tokenizer.json");
+  const auto stream = eval::read_token_stream(a.data, tok ? &*tok : nullptr, cfg.vocab_size);
+  std::optional<model::Transformer> dense;
+  std::optional<attention::HybridModel> hybrid;
+  eval::LogitsFn logits;
+  if (!block.is_null()) {
+    hybrid.emplace(attention::HybridModel::load(dir, a.device, a.dtype));
+    logits = [&](const at::Tensor& ids) { return hybrid->forward(ids); };
+  } else {
+    dense.emplace(model::Transformer::load(dir, a.device, a.dtype));
+    logits = [&](const at::Tensor& ids) { return dense->forward(ids).logits; };
+  }
+  const auto r = eval::perplexity(logits, stream, a.seq);
+  io::H5File f = io::H5File::create(out);
+  f.set_attr("/", "format", "hydrahead-eval");
+  f.set_attr("/", "format_version", int64_t{1});
+  f.set_attr("/", "created_by", std::string("hydrahead ") + HYDRAHEAD_VERSION);
+  f.set_attr("/", "model_fingerprint", io::model_fingerprint(dir));
+  f.write("/ppl/ppl", at::full({1}, r.ppl, at::TensorOptions().dtype(at::kDouble)));
+  f.write("/ppl/nll", at::full({1}, r.nll, at::TensorOptions().dtype(at::kDouble)));
+  f.set_attr("/ppl", "tokens", r.tokens);
+  f.set_attr("/ppl", "windows", r.windows);
+  f.set_attr("/ppl", "seq", a.seq);
+  f.set_attr("/ppl", "data", fs::absolute(a.data).string());
+  f.commit();
+  std::printf("perplexity %.4f (NLL %.4f nats over %lld tokens in %lld windows of <= %lld)\nwrote %s\n", r.ppl, r.nll,
+              static_cast<long long>(r.tokens), static_cast<long long>(r.windows), static_cast<long long>(a.seq), a.out.c_str());
+  return kExitOk;
+}
+
 int run_eval(const EvalArgs& a) {
   const fs::path dir = a.model;
-  if (a.task != "niah-grid")
-    throw Error("--task " + a.task + ": only niah-grid is available (perplexity comes with the training data readers)");
+  if (a.task == "ppl") return run_ppl(a);
+  if (a.task != "niah-grid") throw Error("--task " + a.task + ": expected niah-grid or ppl");
   if (a.lengths.empty()) throw Error("--lengths is required for niah-grid (e.g. 1K,2K,4K)");
   eval::NiahGridOptions o;
   o.task = a.niah_task;
@@ -94,7 +133,9 @@ int run_eval(const EvalArgs& a) {
 Runner add_eval(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   app.add_option("--model", a->model, "Dense or hybrid checkpoint directory (with tokenizer.json)")->required();
-  app.add_option("--task", a->task, "niah-grid")->capture_default_str();
+  app.add_option("--task", a->task, "niah-grid or ppl")->capture_default_str();
+  app.add_option("--data", a->data, "ppl: a .bin of uint32 token ids or a .jsonl with a \"text\" field a line");
+  app.add_option("--seq", a->seq, "ppl: window length in tokens")->capture_default_str();
   app.add_option("--lengths", a->lengths, "Prompt lengths in tokens: 512,1K,4K");
   app.add_option("--depths", a->depths, "Needle depths in [0, 1]")->capture_default_str();
   app.add_option("--n", a->n, "Prompts per (length, depth) cell")->capture_default_str();

@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
+#include <fstream>
 #include <map>
 
 #include "core/eval/niah.h"
+#include "core/eval/perplexity.h"
 #include "core/interp/task_registry.h"
 #include "core/io/h5.h"
 #include "core/model/tokenizer.h"
@@ -51,6 +54,41 @@ TEST(NiahGrid, CountsExactMatchesPerCellWithTheDocumentedSeeds) {
   EXPECT_EQ(calls, 18);
   EXPECT_TRUE(torch::equal(r.correct, torch::ones({2, 3}, torch::kLong)));
   EXPECT_TRUE(torch::allclose(r.accuracy, torch::full({2, 3}, 1.0 / 3, torch::kDouble)));
+}
+
+TEST(Perplexity, IsTheExpOfTheMeanTeacherForcedNllOverWindows) {
+  hh::model::ModelConfig c;
+  c.vocab_size = 30;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 8;
+  const hh::model::Transformer m(c, hh::model::random_weights(c, 2, torch::kDouble, 0.3));
+  const std::vector<int64_t> stream = {1, 5, 9, 2, 7, 7, 3, 0, 29, 4};
+  const auto r = hh::eval::perplexity([&](const torch::Tensor& ids) { return m.forward(ids).logits; }, stream, 4);
+  // Windows [0, 4), [4, 8), [8, 10): 3 + 3 + 1 predicted tokens, summed by hand.
+  double nll = 0;
+  for (auto [s, e] : {std::pair<int, int>{0, 4}, {4, 8}, {8, 10}}) {
+    const std::vector<int64_t> w(stream.begin() + s, stream.begin() + e);
+    const auto lp = torch::log_softmax(m.forward(torch::tensor(w).unsqueeze(0)).logits[0], -1);
+    for (int t = 0; t + 1 < e - s; ++t) nll -= lp[t][w[static_cast<size_t>(t + 1)]].item<double>();
+  }
+  EXPECT_EQ(r.tokens, 7);
+  EXPECT_EQ(r.windows, 3);
+  EXPECT_NEAR(r.nll, nll / 7, 1e-12);
+  EXPECT_NEAR(r.ppl, std::exp(nll / 7), 1e-9);
+
+  // .bin streams: uint32 little-endian; an id outside the vocabulary is named.
+  const fs::path dir = hh::test::scratch_dir("ppl_bin");
+  {
+    std::ofstream f(dir / "t.bin", std::ios::binary);
+    for (uint32_t v : {3u, 258u, 7u}) f.write(reinterpret_cast<const char*>(&v), 4);
+  }
+  EXPECT_EQ(hh::eval::read_token_stream(dir / "t.bin", nullptr, 300), (std::vector<int64_t>{3, 258, 7}));
+  EXPECT_MENTIONS(hh::test::error_of([&] { hh::eval::read_token_stream(dir / "t.bin", nullptr, 100); }),
+                  "token 1 = 258 is outside the vocabulary");
 }
 
 TEST(NiahGrid, ParsesLengthsAndDepthsAndRefusesBadItems) {
