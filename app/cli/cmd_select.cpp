@@ -10,6 +10,7 @@
 #include <map>
 
 #include "app/cli/commands.h"
+#include "core/interp/patching.h"
 #include "core/io/fingerprint.h"
 #include "core/model/config.h"
 #include "core/select/manifest.h"
@@ -46,17 +47,13 @@ int64_t parse_ratio(const std::string& s) {
   return std::stoll(la);
 }
 
-std::vector<Head> parse_head_list(const std::string& s, const char* flag) {
+// LAYER:HEAD lists through the analysis parser (range and duplicate checks), as select's pairs.
+std::vector<Head> parse_head_list(const std::string& s, const char* flag, const ModelShape& shape) {
   std::vector<Head> out;
-  for (const auto& item : split_list(s)) {
-    const auto c = item.find(':');
-    const std::string a = c == std::string::npos ? "" : item.substr(0, c), b = c == std::string::npos ? "" : item.substr(c + 1);
-    auto num = [&](const std::string& t) {
-      if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string::npos)
-        throw Error(std::string(flag) + ": '" + item + "' is not LAYER:HEAD");
-      return static_cast<int64_t>(std::stoll(t));
-    };
-    out.push_back({num(a), num(b)});
+  try {
+    for (const auto& h : interp::parse_heads(s, shape.num_layers, shape.num_heads)) out.push_back({h.layer, h.head});
+  } catch (const Error& e) {
+    throw Error(std::string(flag) + ": " + e.what());
   }
   return out;
 }
@@ -169,9 +166,9 @@ int run_select(const SelectArgs& a) {
   o.ratio = ratio;
   o.min_per_layer = a.min_per_layer;
   o.seed = a.seed;
-  o.exclude = parse_head_list(a.exclude, "--exclude");
-  o.force = parse_head_list(a.force, "--force");
-  o.manual = parse_head_list(a.heads, "--heads");
+  o.exclude = parse_head_list(a.exclude, "--exclude", shape);
+  o.force = parse_head_list(a.force, "--force", shape);
+  o.manual = parse_head_list(a.heads, "--heads", shape);
   if (!o.manual.empty() && a.strategy != "manual") throw Error("--heads is the head list of --strategy manual");
   const std::vector<Head> heads = select::select_heads(shape, comp.score, o);
 

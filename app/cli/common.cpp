@@ -10,25 +10,11 @@
 
 #include "app/cli/commands.h"
 #include "core/util/error.h"
+#include "core/util/strings.h"
 
 namespace hh::cli {
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  auto flush = [&] {
-    size_t a = cur.find_first_not_of(" \t");
-    size_t b = cur.find_last_not_of(" \t");
-    if (a != std::string::npos) out.push_back(cur.substr(a, b - a + 1));
-    cur.clear();
-  };
-  for (char c : s) {
-    if (c == ',') flush();
-    else cur += c;
-  }
-  flush();
-  return out;
-}
+std::vector<std::string> split_list(const std::string& s) { return util::split_list(s); }
 
 std::vector<long long> parse_id_list(const std::string& s, const std::string& what) {
   std::vector<long long> ids;

@@ -6,16 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "core/model/summary.h"
 #include "core/util/error.h"
 
 namespace hh::attention {
 namespace {
 
-std::string shape_str(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+std::string shape_str(at::IntArrayRef s) { return model::format_shape(s.vec()); }
 
 // Checks shapes; returns the accumulation dtype (float64 for float64 inputs, else float32).
 at::ScalarType check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,

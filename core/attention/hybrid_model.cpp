@@ -12,6 +12,7 @@
 #include "core/io/checkpoint.h"
 #include "core/io/safetensors.h"
 #include "core/model/hooks.h"
+#include "core/model/summary.h"
 #include "core/util/error.h"
 
 namespace hh::attention {
@@ -30,11 +31,7 @@ json read_json(const fs::path& p) {
   }
 }
 
-std::string shape_str(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+std::string shape_str(at::IntArrayRef s) { return model::format_shape(s.vec()); }
 
 }  // namespace
 
@@ -101,8 +98,7 @@ void HybridModel::save(const fs::path& dir, uint64_t max_shard_bytes) const {
         named.emplace_back(e.name, e.slot->detach().to(at::kCPU).contiguous());
     io::save_sharded(tmp, named, max_shard_bytes == 0 ? UINT64_MAX : max_shard_bytes);
     model::ModelConfig c = config();
-    const at::ScalarType dt = teacher_.dtype();
-    c.torch_dtype = dt == at::kBFloat16 ? "bfloat16" : dt == at::kHalf ? "float16" : dt == at::kDouble ? "float64" : "float32";
+    c.torch_dtype = model::hf_dtype_name(teacher_.dtype());
     json cfg = c.to_json();
     cfg["architectures"] = json::array({kHybridArchitecture});
     cfg["model_type"] = kHybridModelType;

@@ -7,30 +7,13 @@
 #include "core/interp/task_registry.h"
 #include "core/io/h5.h"
 #include "core/util/error.h"
+#include "core/util/strings.h"
 
 namespace hh::eval {
-namespace {
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s + ",") {
-    if (c == ',') {
-      const auto a = cur.find_first_not_of(" \t"), b = cur.find_last_not_of(" \t");
-      if (a != std::string::npos) out.push_back(cur.substr(a, b - a + 1));
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 std::vector<int64_t> parse_lengths(const std::string& list) {
   std::vector<int64_t> out;
-  for (const auto& item : split(list)) {
+  for (const auto& item : util::split_list(list)) {
     std::string digits = item;
     int64_t mult = 1;
     if (!digits.empty() && (digits.back() == 'K' || digits.back() == 'k')) {
@@ -49,7 +32,7 @@ std::vector<int64_t> parse_lengths(const std::string& list) {
 
 std::vector<double> parse_depths(const std::string& list) {
   std::vector<double> out;
-  for (const auto& item : split(list)) {
+  for (const auto& item : util::split_list(list)) {
     size_t used = 0;
     double v = 0;
     try {

@@ -10,6 +10,7 @@
 #include "core/model/transformer.h"
 #include "core/util/error.h"
 #include "core/util/log.h"
+#include "core/util/strings.h"
 
 namespace hh::interp {
 namespace {
@@ -45,17 +46,8 @@ at::Tensor mean_effect(const std::vector<at::Tensor>& per, const AnalysisResult&
 
 void parse_methods(const std::string& list, AnalyzeOptions& o) {
   o.activation = o.path = o.attribution = o.retrieval = o.similarity = false;
-  size_t pos = 0;
-  bool any = false;
-  while (pos <= list.size()) {
-    size_t end = list.find(',', pos);
-    if (end == std::string::npos) end = list.size();
-    std::string m = list.substr(pos, end - pos);
-    m.erase(0, m.find_first_not_of(" \t"));
-    m.erase(m.find_last_not_of(" \t") + 1);
-    pos = end + 1;
-    if (m.empty()) continue;
-    any = true;
+  const auto items = util::split_list(list);
+  for (const std::string& m : items) {
     if (m == "all") o.activation = o.path = o.attribution = o.retrieval = o.similarity = true;
     else if (m == "activation") o.activation = true;
     else if (m == "path") o.path = true;
@@ -64,7 +56,7 @@ void parse_methods(const std::string& list, AnalyzeOptions& o) {
     else if (m == "similarity") o.similarity = true;
     else throw Error("unknown method '" + m + "' (expected activation, path, attribution, retrieval, similarity or all)");
   }
-  if (!any) throw Error("no analysis method given (expected activation, path, attribution, retrieval, similarity or all)");
+  if (items.empty()) throw Error("no analysis method given (expected activation, path, attribution, retrieval, similarity or all)");
 }
 
 AnalysisResult run_analysis(const model::Transformer& model, const std::vector<CalibExample>& examples,

@@ -17,6 +17,7 @@
 #include "core/model/hooks.h"
 #include "core/model/transformer.h"
 #include "core/util/error.h"
+#include "core/util/strings.h"
 
 namespace hh::interp {
 
@@ -117,21 +118,19 @@ at::Tensor suffix_input(const PreparedExample& ex, const RunCache& c, bool clean
   return resid[static_cast<size_t>(layer)].expand({n, -1, -1});
 }
 
-// Full-length activations of one plain forward, for the reference paths.
+// Full-length activations of one plain forward (no logits needed), for the reference paths.
 struct FullRun {
   std::map<std::string, at::Tensor> acts;
-  double metric = 0;
 };
 
-FullRun full_run(const Transformer& m, const at::Tensor& ids, const PreparedExample& ex, Metric metric,
-                 const std::vector<std::string>& cache_names) {
+FullRun full_run(const Transformer& m, const at::Tensor& ids, const std::vector<std::string>& cache_names) {
   Hooks hooks;
   FullRun r;
   for (const auto& n : cache_names) hooks.cache(n, &r.acts);
   model::ForwardOptions f;
   f.hooks = &hooks;
-  at::Tensor logits = m.forward(ids, f).logits.index_select(1, ex.answer_pos);
-  r.metric = metric_from_logits(logits, ex, metric).item<double>();
+  f.stop_layer = m.config().num_hidden_layers;
+  m.forward(ids, f);
   return r;
 }
 
@@ -183,18 +182,7 @@ std::vector<HeadRef> all_heads(int64_t num_layers, int64_t num_heads) {
 std::vector<HeadRef> parse_heads(const std::string& s, int64_t num_layers, int64_t num_heads) {
   std::vector<HeadRef> out;
   std::set<std::pair<int64_t, int64_t>> seen;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t end = s.find(',', pos);
-    if (end == std::string::npos) end = s.size();
-    std::string item = s.substr(pos, end - pos);
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    pos = end + 1;
-    if (item.empty()) {
-      if (end == s.size()) break;
-      continue;
-    }
+  for (const std::string& item : util::split_list(s)) {
     const size_t colon = item.find(':');
     auto number = [&](const std::string& t) -> int64_t {
       if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string::npos)
@@ -210,8 +198,6 @@ std::vector<HeadRef> parse_heads(const std::string& s, int64_t num_layers, int64
     if (!seen.insert({l, h}).second) throw Error("head '" + item + "' is listed twice");
     out.push_back({l, h});
   }
-  if (out.empty() && !s.empty() && s.find_first_not_of(" ,\t") != std::string::npos)
-    throw Error("no heads in '" + s + "'");
   return out;
 }
 
@@ -383,7 +369,7 @@ at::Tensor head_sweep_reference(const Transformer& model, const PreparedExample&
   const at::Tensor& source = noising ? ex.corrupt : ex.clean;
   std::vector<std::string> names;
   for (int64_t l = 0; l < L; ++l) names.push_back(hook_name(l, HookKind::Z));
-  const FullRun src = full_run(model, source, ex, opts.metric, names);
+  const FullRun src = full_run(model, source, names);
 
   const std::vector<HeadRef> heads = heads_or_all(opts, model);
   at::Tensor out = nan_map(L, Hq);
@@ -465,7 +451,7 @@ at::Tensor layer_sweep_reference(const Transformer& model, const PreparedExample
   std::vector<std::string> names;
   for (int64_t l = 0; l < L; ++l)
     for (LayerSite s : kLayerSites) names.push_back(hook_name(l, site_hook(s)));
-  const FullRun src = full_run(model, noising ? ex.corrupt : ex.clean, ex, opts.metric, names);
+  const FullRun src = full_run(model, noising ? ex.corrupt : ex.clean, names);
   at::Tensor out = at::full({S, L}, kNaN, at::TensorOptions().dtype(at::kDouble));
   auto acc = out.accessor<double, 2>();
   for (int64_t s = 0; s < S; ++s)
@@ -612,8 +598,8 @@ at::Tensor path_sweep_reference(const Transformer& model, const PreparedExample&
   const int64_t L = model.config().num_hidden_layers, Hq = model.config().num_attention_heads;
   std::vector<std::string> names;
   for (int64_t l = 0; l < L; ++l) names.push_back(hook_name(l, HookKind::Z));
-  const FullRun clean = full_run(model, ex.clean, ex, opts.metric, names);
-  const FullRun corrupt = full_run(model, ex.corrupt, ex, opts.metric, names);
+  const FullRun clean = full_run(model, ex.clean, names);
+  const FullRun corrupt = full_run(model, ex.corrupt, names);
   const std::vector<HeadRef> senders = heads_or_all(opts, model);
   at::Tensor out = nan_map(L, Hq);
   auto acc = out.accessor<double, 2>();

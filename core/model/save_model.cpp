@@ -8,7 +8,7 @@
 #include "core/util/error.h"
 
 namespace hh::model {
-namespace {
+
 std::string hf_dtype_name(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return "float32";
@@ -18,7 +18,6 @@ std::string hf_dtype_name(at::ScalarType t) {
     default: throw Error(std::string("save_model: unsupported weight dtype ") + c10::toString(t));
   }
 }
-}  // namespace
 
 void save_model(const std::filesystem::path& dir, const ModelConfig& cfg, const Weights& w,
                 uint64_t max_shard_bytes) {

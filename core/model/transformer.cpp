@@ -62,15 +62,6 @@ void check_config(const ModelConfig& c) {
 
 // ---- shared blocks (the per-layer recipe below reads as HF's Qwen3DecoderLayer) ----------------
 
-// HF Qwen3RMSNorm: statistics in float32, normalised value cast back, then `weight * x`.
-at::Tensor rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const at::ScalarType in_dtype = x.scalar_type();
-  at::Tensor h = x.to(accum_dtype(in_dtype));                // [..., n]
-  at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);  // [..., 1]
-  h = h * at::rsqrt(variance + eps);
-  return weight.defined() ? weight * h.to(in_dtype) : h.to(in_dtype);
-}
-
 at::Tensor dense(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) {
   return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
 }
@@ -713,7 +704,14 @@ at::Tensor Transformer::unembed(const at::Tensor& resid) const {
 
 // ---- shared building blocks ----------------------------------------------------------------------
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) { return rms_norm_impl(x, weight, eps); }
+// HF Qwen3RMSNorm: statistics in float32, normalised value cast back, then `weight * x`.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::ScalarType in_dtype = x.scalar_type();
+  at::Tensor h = x.to(accum_dtype(in_dtype));                // [..., n]
+  at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);  // [..., 1]
+  h = h * at::rsqrt(variance + eps);
+  return weight.defined() ? weight * h.to(in_dtype) : h.to(in_dtype);
+}
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offset) {
   return apply_rope(x, rope_tables(inv_freq.to(x.device()), offset, x.size(1), x.scalar_type()));

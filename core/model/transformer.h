@@ -53,6 +53,8 @@ Weights random_weights(const ModelConfig& cfg, uint64_t seed, at::ScalarType dty
 // Every file is written atomically; the directory is created when missing.
 void save_model(const std::filesystem::path& dir, const ModelConfig& cfg, const Weights& w,
                 uint64_t max_shard_bytes = 0);
+// config.json's torch_dtype spelling of a weight dtype ("bfloat16", "float32", ...); throws for others.
+std::string hf_dtype_name(at::ScalarType t);
 
 struct ForwardOptions {
   const Hooks* hooks = nullptr;

@@ -6,21 +6,14 @@
 
 #include "core/attention/hybrid_model.h"
 
+#include "support/tiny_config.h"
+
 namespace {
 
 using hh::attention::HybridModel;
 
 hh::model::ModelConfig config() {
-  hh::model::ModelConfig c;
-  c.vocab_size = 300;
-  c.hidden_size = 128;
-  c.intermediate_size = 256;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.head_dim = 32;
-  c.rope_theta = 10000.0;
-  return c;
+  return hh::test::tiny_config(3, 8, 2, 32, 128, 256, 300);
 }
 
 HybridModel hybrid_on(const hh::model::ModelConfig& c, torch::Device d, torch::Dtype t) {

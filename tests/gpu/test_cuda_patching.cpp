@@ -8,6 +8,8 @@
 #include "core/model/hooks.h"
 #include "core/model/transformer.h"
 
+#include "support/tiny_config.h"
+
 namespace {
 
 using hh::interp::Metric;
@@ -16,16 +18,7 @@ using hh::model::ModelConfig;
 using hh::model::Transformer;
 
 ModelConfig small_config() {
-  ModelConfig c;
-  c.vocab_size = 256;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_hidden_layers = 4;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.rope_theta = 10000.0;
-  return c;
+  return hh::test::tiny_config(4, 8, 2, 16, 64, 128, 256);
 }
 
 Transformer on(const ModelConfig& cfg, hh::model::Weights w, torch::Device d) {

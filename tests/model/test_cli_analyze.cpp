@@ -22,6 +22,7 @@
 #include "core/model/transformer.h"
 #include "core/select/manifest.h"
 #include "support/test_support.h"
+#include "support/tiny_config.h"
 
 namespace {
 
@@ -49,16 +50,7 @@ Result run(const std::string& cmd) {
 std::string hydrahead() { return (hh::test::bin_dir() / "hydrahead").string(); }
 
 ModelConfig tiny_config() {
-  ModelConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.rope_theta = 10000.0;
-  return c;
+  return hh::test::tiny_config(3, 4, 2, 8, 32, 48, 64);
 }
 
 // n copy-style examples: the answer repeats the needle at [3, 6); corrupt changes the needle.

@@ -12,6 +12,7 @@
 #include "core/io/h5.h"
 #include "core/model/hooks.h"
 #include "support/test_support.h"
+#include "support/tiny_config.h"
 
 namespace {
 
@@ -21,16 +22,7 @@ using hh::model::ModelConfig;
 using hh::model::Transformer;
 
 ModelConfig cfg2() {
-  ModelConfig c;
-  c.vocab_size = 50;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.rope_theta = 10000.0;
-  return c;
+  return hh::test::tiny_config(2, 4, 2, 8, 32, 48, 50);
 }
 
 hh::select::Manifest manifest_for(const ModelConfig& c, std::vector<hh::select::Head> heads) {

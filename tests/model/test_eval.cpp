@@ -16,6 +16,7 @@
 #include "core/model/tokenizer.h"
 #include "core/model/transformer.h"
 #include "support/test_support.h"
+#include "support/tiny_config.h"
 
 namespace {
 
@@ -57,14 +58,7 @@ TEST(NiahGrid, CountsExactMatchesPerCellWithTheDocumentedSeeds) {
 }
 
 TEST(Perplexity, IsTheExpOfTheMeanTeacherForcedNllOverWindows) {
-  hh::model::ModelConfig c;
-  c.vocab_size = 30;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 1;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 8;
+  const auto c = hh::test::tiny_config(1, 2, 1, 8, 16, 24, 30);
   const hh::model::Transformer m(c, hh::model::random_weights(c, 2, torch::kDouble, 0.3));
   const std::vector<int64_t> stream = {1, 5, 9, 2, 7, 7, 3, 0, 29, 4};
   const auto r = hh::eval::perplexity([&](const torch::Tensor& ids) { return m.forward(ids).logits; }, stream, 4);
@@ -100,14 +94,7 @@ TEST(NiahGrid, ParsesLengthsAndDepthsAndRefusesBadItems) {
 
 TEST(NiahGrid, CliOnATinyCheckpointMatchesGreedyDecodingRecomputedHere) {
   const fs::path dir = hh::test::scratch_dir("eval_cli");
-  hh::model::ModelConfig c;
-  c.vocab_size = tiny_tokenizer().vocab_size();
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
+  const auto c = hh::test::tiny_config(2, 4, 2, 8, 32, 48, tiny_tokenizer().vocab_size());
   const auto w = hh::model::random_weights(c, 3, torch::kFloat, 0.3);
   hh::model::save_model(dir / "model", c, w);
   fs::copy_file(hh::test::data_dir() / "tokenizer" / "tiny-tokenizer.json", dir / "model" / "tokenizer.json");

@@ -15,6 +15,7 @@
 #include "core/model/hooks.h"
 #include "core/model/transformer.h"
 #include "support/test_support.h"
+#include "support/tiny_config.h"
 
 namespace {
 
@@ -34,16 +35,7 @@ using hh::model::Transformer;
 constexpr double kTolF64 = 1e-9;
 
 ModelConfig tiny_config(int64_t L = 3, int64_t Hq = 4, int64_t Hkv = 2) {
-  ModelConfig c;
-  c.vocab_size = 53;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = L;
-  c.num_attention_heads = Hq;
-  c.num_key_value_heads = Hkv;
-  c.head_dim = 8;
-  c.rope_theta = 10000.0;
-  return c;
+  return hh::test::tiny_config(L, Hq, Hkv, 8, 32, 48, 53);
 }
 
 Transformer tiny_model(uint64_t seed, at::ScalarType dtype = at::kDouble, ModelConfig cfg = tiny_config()) {

@@ -10,6 +10,7 @@
 #include "core/model/hooks.h"
 #include "core/model/transformer.h"
 #include "support/test_support.h"
+#include "support/tiny_config.h"
 
 namespace {
 
@@ -18,16 +19,7 @@ using hh::attention::HybridOptions;
 using hh::model::ModelConfig;
 
 ModelConfig one_layer() {
-  ModelConfig c;
-  c.vocab_size = 40;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 1;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.rope_theta = 10000.0;
-  return c;
+  return hh::test::tiny_config(1, 4, 2, 8, 32, 48, 40);
 }
 
 HybridLayerWeights random_hybrid(const ModelConfig& c, const HybridOptions& o, const hh::attention::HeadSplit& s) {
