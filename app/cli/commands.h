@@ -21,6 +21,7 @@ Runner add_analyze(CLI::App& app);
 Runner add_select(CLI::App& app);
 Runner add_convert(CLI::App& app);
 Runner add_eval(CLI::App& app);
+Runner add_train(CLI::App& app);
 
 // Exit status conventions shared by every sub-command.
 inline constexpr int kExitOk = 0;

@@ -17,7 +17,6 @@ struct Planned {
   const char* summary;
 };
 constexpr Planned kPlanned[] = {
-    {"train", "Run the three-stage transfer (align, distil, long-context fine-tune) as a job"},
     {"demo", "Run the whole pipeline on the bundled demo model"},
 };
 
@@ -43,6 +42,7 @@ int main(int argc, char** argv) {
   reg(hh::cli::add_select, app.add_subcommand("select", "Pick full-attention heads at a target LA:FA ratio, show the budget, write manifest.json"));
   reg(hh::cli::add_convert, app.add_subcommand("convert", "Convert a dense teacher + manifest into a HydraHead hybrid checkpoint"));
   reg(hh::cli::add_eval, app.add_subcommand("eval", "Needle-in-a-haystack accuracy over a grid of lengths and depths -> eval.h5"));
+  reg(hh::cli::add_train, app.add_subcommand("train", "Run a training job: the three-stage transfer (align, distil, long-context fine-tune) or a pretrain, with checkpoints and a live run.h5"));
   reg(hh::cli::add_bench, app.add_subcommand("bench", "Benchmarks: forward pass, tokenizer, patching sweeps (bench analyze)"));
   for (const auto& p : kPlanned) {
     auto* sub = app.add_subcommand(p.name, std::string(p.summary) + " (not available yet)");

@@ -160,6 +160,18 @@ at::Tensor Checkpoint::load(const std::string& name) const {
   return out;
 }
 
+std::map<std::string, at::Tensor> load_tensors(const fs::path& file) {
+  const SafetensorsFile f(file);
+  std::map<std::string, at::Tensor> out;
+  for (const TensorInfo& ti : f.header().tensors) {
+    at::Tensor t = at::empty(ti.shape, at::TensorOptions().dtype(to_scalar_type(ti.dtype)));
+    const std::size_t nbytes = ti.end - ti.begin;
+    if (nbytes > 0) std::memcpy(t.data_ptr(), f.data(ti), nbytes);
+    out.emplace(ti.name, std::move(t));
+  }
+  return out;
+}
+
 at::Tensor Checkpoint::load(const std::string& name, const std::vector<int64_t>& expected_shape) const {
   const TensorInfo& ti = info(name);
   if (ti.shape != expected_shape)

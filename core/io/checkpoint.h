@@ -36,6 +36,9 @@ class Checkpoint {
   std::map<std::string, const SafetensorsFile*> where_;
 };
 
+// Every tensor of one safetensors file, copied into CPU tensors of their stored dtype.
+std::map<std::string, at::Tensor> load_tensors(const std::filesystem::path& file);
+
 // Writes named tensors as one safetensors file (atomic), in the given order. Each tensor is made a
 // contiguous CPU copy first; its dtype must be one safetensors knows. Unless `metadata` sets
 // "format", it records "format": "pt" as HF transformers expects of the files it loads.

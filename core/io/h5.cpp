@@ -143,6 +143,7 @@ H5File::H5File(int64_t id, Mode mode, fs::path path, fs::path open_path)
 H5File::H5File(H5File&& o) noexcept
     : id_(std::exchange(o.id_, -1)),
       mode_(std::exchange(o.mode_, Mode::Closed)),
+      swmr_(std::exchange(o.swmr_, false)),
       path_(std::move(o.path_)),
       open_path_(std::move(o.open_path_)) {}
 
@@ -151,6 +152,7 @@ H5File& H5File::operator=(H5File&& o) noexcept {
     release();
     id_ = std::exchange(o.id_, -1);
     mode_ = std::exchange(o.mode_, Mode::Closed);
+    swmr_ = std::exchange(o.swmr_, false);
     path_ = std::move(o.path_);
     open_path_ = std::move(o.open_path_);
   }
@@ -167,6 +169,7 @@ void H5File::release() noexcept {
   if (mode_ == Mode::Created) ::unlink(open_path_.c_str());
   id_ = -1;
   mode_ = Mode::Closed;
+  swmr_ = false;
 }
 
 void H5File::close() { release(); }
@@ -607,6 +610,163 @@ double H5File::attr_double(const std::string& obj_path, const std::string& name)
   double v = 0;
   if (H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v) < 0) throw Error(ctx + "read failed" + hdf5_detail());
   return v;
+}
+
+
+// ---- live files -----------------------------------------------------------------------------------
+
+namespace {
+
+// File access properties of live files: CLOSE_STRONG as elsewhere and the newest file format, which
+// SWMR requires (HDF5 >= 1.10 readers, h5py included, open it).
+Handle live_fapl() {
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
+  H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
+  return fapl;
+}
+
+}  // namespace
+
+H5File H5File::create_live(const fs::path& path) {
+  QuietErrors quiet;
+  Handle fapl = live_fapl();
+  const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
+  if (id < 0) throw Error(path.string() + ": cannot create HDF5 file" + hdf5_detail());
+  return H5File(id, Mode::ReadWrite, path, path);
+}
+
+H5File H5File::open_live(const fs::path& path) {
+  QuietErrors quiet;
+  if (!fs::is_regular_file(path)) throw Error(path.string() + ": no such file");
+  Handle fapl = live_fapl();
+  const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl.get());
+  if (id < 0) throw Error(path.string() + ": cannot open HDF5 file for writing" + hdf5_detail());
+  return H5File(id, Mode::ReadWrite, path, path);
+}
+
+H5File H5File::open_follow(const fs::path& path) {
+  QuietErrors quiet;
+  return H5File(open_existing(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, "cannot open as HDF5 (SWMR read)"),
+                Mode::ReadOnly, path, path);
+}
+
+void H5File::create_series(const std::string& dataset_path, at::ScalarType dtype, int64_t chunk) {
+  const std::string p = normalise(dataset_path);
+  const std::string ctx = path_.string() + ": dataset '" + p + "': ";
+  require_writable("dataset '" + p + "'");
+  if (swmr_) throw Error(ctx + "cannot create datasets once SWMR writing has started");
+  const TypePair types = types_for(dtype);
+  if (types.file < 0 || !(dtype == at::kDouble || dtype == at::kFloat || dtype == at::kLong || dtype == at::kInt))
+    throw Error(ctx + "series hold f64, f32, i64 or i32, not " + c10::toString(dtype));
+  if (chunk < 1) throw Error(ctx + "chunk must be >= 1");
+  QuietErrors quiet;
+  const hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk_dims[1] = {static_cast<hsize_t>(chunk)};
+  Handle space(H5Screate_simple(1, dims, maxdims), H5Sclose);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_chunk(dcpl.get(), 1, chunk_dims);
+  Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  if (exists(p)) throw Error(ctx + "already exists");
+  Handle ds(H5Dcreate2(id_, p.c_str(), types.file, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) throw Error(ctx + "cannot create" + hdf5_detail());
+}
+
+void H5File::start_swmr_write() {
+  require_writable("start SWMR writing");
+  if (swmr_) return;
+  QuietErrors quiet;
+  if (H5Fstart_swmr_write(id_) < 0) throw Error(path_.string() + ": cannot start SWMR writing" + hdf5_detail());
+  swmr_ = true;
+}
+
+namespace {
+
+// Opens a 1-D dataset, checks the values' type against it and returns (dataset, current length).
+std::pair<Handle, hsize_t> open_series(hid_t file, const std::string& p, const std::string& ctx) {
+  Handle ds(H5Dopen2(file, p.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) throw Error(ctx + "no such dataset" + hdf5_detail());
+  Handle space(H5Dget_space(ds.get()), H5Sclose);
+  if (H5Sget_simple_extent_ndims(space.get()) != 1) throw Error(ctx + "not a 1-D dataset");
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+  return {std::move(ds), n};
+}
+
+at::Tensor values_for(const at::Tensor& values, hid_t ds, const std::string& ctx) {
+  if (!values.defined() || values.dim() != 1) throw Error(ctx + "values must be a 1-D tensor");
+  Handle ftype(H5Dget_type(ds), H5Tclose);
+  const H5T_class_t cls = H5Tget_class(ftype.get());
+  const std::size_t size = H5Tget_size(ftype.get());
+  at::ScalarType want;
+  if (cls == H5T_FLOAT) want = size == 8 ? at::kDouble : at::kFloat;
+  else if (cls == H5T_INTEGER && size == 8) want = at::kLong;
+  else if (cls == H5T_INTEGER && size == 4) want = at::kInt;
+  else throw Error(ctx + "holds a type series cannot write");
+  return values.detach().to(at::kCPU, want).contiguous();
+}
+
+}  // namespace
+
+void H5File::append(const std::string& dataset_path, const at::Tensor& values) {
+  const std::string p = normalise(dataset_path);
+  const std::string ctx = path_.string() + ": dataset '" + p + "': ";
+  require_writable("append to '" + p + "'");
+  QuietErrors quiet;
+  auto [ds, n] = open_series(id_, p, ctx);
+  const at::Tensor v = values_for(values, ds.get(), ctx);
+  const hsize_t add = static_cast<hsize_t>(v.numel());
+  if (add == 0) return;
+  const hsize_t total = n + add;
+  if (H5Dset_extent(ds.get(), &total) < 0) throw Error(ctx + "cannot grow" + hdf5_detail());
+  Handle fspace(H5Dget_space(ds.get()), H5Sclose);
+  H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &n, nullptr, &add, nullptr);
+  Handle mspace(H5Screate_simple(1, &add, nullptr), H5Sclose);
+  if (H5Dwrite(ds.get(), types_for(v.scalar_type()).memory, mspace.get(), fspace.get(), H5P_DEFAULT, v.data_ptr()) < 0)
+    throw Error(ctx + "append failed" + hdf5_detail());
+  if (H5Dflush(ds.get()) < 0) throw Error(ctx + "flush failed" + hdf5_detail());
+}
+
+void H5File::write_at(const std::string& dataset_path, int64_t index, const at::Tensor& values) {
+  const std::string p = normalise(dataset_path);
+  const std::string ctx = path_.string() + ": dataset '" + p + "': ";
+  require_writable("write to '" + p + "'");
+  QuietErrors quiet;
+  auto [ds, n] = open_series(id_, p, ctx);
+  const at::Tensor v = values_for(values, ds.get(), ctx);
+  const hsize_t count = static_cast<hsize_t>(v.numel()), start = static_cast<hsize_t>(index);
+  if (index < 0 || start + count > n)
+    throw Error(ctx + "elements [" + std::to_string(index) + ", " + std::to_string(index + v.numel()) +
+                ") are outside its " + std::to_string(n) + " rows");
+  if (count == 0) return;
+  Handle fspace(H5Dget_space(ds.get()), H5Sclose);
+  H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr);
+  Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
+  if (H5Dwrite(ds.get(), types_for(v.scalar_type()).memory, mspace.get(), fspace.get(), H5P_DEFAULT, v.data_ptr()) < 0)
+    throw Error(ctx + "write failed" + hdf5_detail());
+  if (H5Dflush(ds.get()) < 0) throw Error(ctx + "flush failed" + hdf5_detail());
+}
+
+void H5File::truncate(const std::string& dataset_path, int64_t n) {
+  const std::string p = normalise(dataset_path);
+  const std::string ctx = path_.string() + ": dataset '" + p + "': ";
+  require_writable("truncate '" + p + "'");
+  if (swmr_) throw Error(ctx + "cannot shrink a dataset once SWMR writing has started");
+  QuietErrors quiet;
+  auto [ds, rows] = open_series(id_, p, ctx);
+  if (n < 0 || static_cast<hsize_t>(n) > rows)
+    throw Error(ctx + "cannot keep " + std::to_string(n) + " of its " + std::to_string(rows) + " rows");
+  const hsize_t size = static_cast<hsize_t>(n);
+  if (H5Dset_extent(ds.get(), &size) < 0) throw Error(ctx + "cannot shrink" + hdf5_detail());
+}
+
+void H5File::refresh(const std::string& dataset_path) const {
+  const std::string p = normalise(dataset_path);
+  if (id_ < 0) throw Error(path_.string() + ": refresh('" + p + "'): the file is closed");
+  QuietErrors quiet;
+  Handle ds(H5Dopen2(id_, p.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) throw Error(path_.string() + ": no dataset '" + p + "'" + hdf5_detail());
+  if (H5Drefresh(ds.get()) < 0) throw Error(path_.string() + ": dataset '" + p + "': refresh failed" + hdf5_detail());
 }
 
 }  // namespace hh::io

@@ -80,6 +80,31 @@ class H5File {
   int64_t attr_int(const std::string& obj_path, const std::string& name) const;
   double attr_double(const std::string& obj_path, const std::string& name) const;   // integers convert
 
+  // ---- Live files (HDF5 SWMR): one writer appends while readers follow ----------------------------
+  // Written in place (readers follow the file while it grows, so there is no temp file), in the
+  // file format SWMR needs. Protocol: create every dataset and set every attribute, then
+  // start_swmr_write(); from then on only append() and write_at() are allowed.
+  // A new live file at `path`, replacing one that exists.
+  static H5File create_live(const std::filesystem::path& path);
+  // An existing live file reopened by its writer (e.g. a resumed job), not yet in SWMR mode, so
+  // truncate() and attribute changes are still allowed before start_swmr_write().
+  static H5File open_live(const std::filesystem::path& path);
+  // Read-only, following a writer (SWMR read). Call refresh() on a dataset before reading it again.
+  static H5File open_follow(const std::filesystem::path& path);
+
+  // A 1-D dataset with no rows and no size limit (chunks of `chunk` rows) of f64, f32, i64 or i32.
+  void create_series(const std::string& dataset_path, at::ScalarType dtype, int64_t chunk = 256);
+  void start_swmr_write();
+  bool swmr_writing() const { return swmr_; }
+  // Appends the values of a 1-D tensor to a series and flushes it, so readers see the new rows.
+  void append(const std::string& dataset_path, const at::Tensor& values);
+  // Overwrites elements [index, index + n) of a 1-D dataset in place (n = values' length) and flushes.
+  void write_at(const std::string& dataset_path, int64_t index, const at::Tensor& values);
+  // Keeps the first n rows of a series (not allowed once SWMR writing has started).
+  void truncate(const std::string& dataset_path, int64_t n);
+  // A follower's view of the dataset catches up with what the writer has flushed.
+  void refresh(const std::string& dataset_path) const;
+
   // The hid_t of the open file, for features this wrapper does not cover yet.
   int64_t native_handle() const { return id_; }
 
@@ -93,6 +118,7 @@ class H5File {
 
   int64_t id_ = -1;                      // hid_t of the file
   Mode mode_ = Mode::Closed;
+  bool swmr_ = false;                    // SWMR writing has started
   std::filesystem::path path_;           // final path, used in messages
   std::filesystem::path open_path_;      // what HDF5 has open: the temp file for created files
 };

@@ -1,0 +1,117 @@
+// hydrahead train --job job.json [--stage NAME] [--progress bar|json|none] [--validate]
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <memory>
+
+#include "app/cli/commands.h"
+#include "core/interp/task_registry.h"
+#include "core/jobs/job.h"
+#include "core/train/trainer.h"
+#include "core/util/error.h"
+
+namespace hh::cli {
+namespace {
+
+struct TrainArgs {
+  std::string job, stage, progress = "bar";
+  bool validate = false;
+  int64_t max_steps = -1;
+};
+
+int run_train(const TrainArgs& a) {
+  const jobs::JobSpec job = jobs::JobSpec::load(a.job);
+  if (a.validate) {
+    std::printf("%s: valid; %zu stage(s):\n", a.job.c_str(), job.stages.size());
+    for (const auto& s : job.stages)
+      std::printf("  %-10s %-8s %6lld steps  lr %-8g %-8s seq %-6lld batch %lld x %lld = %lld tokens/step\n", s.name.c_str(),
+                  jobs::stage_kind_name(s.kind), static_cast<long long>(s.steps), s.lr, train::schedule_name(s.schedule),
+                  static_cast<long long>(s.seq_len), static_cast<long long>(s.batch), static_cast<long long>(s.grad_accum),
+                  static_cast<long long>(s.tokens_per_step()));
+    return kExitOk;
+  }
+  if (a.progress != "bar" && a.progress != "json" && a.progress != "none")
+    throw Error("--progress " + a.progress + ": expected bar, json or none");
+
+  interp::TaskRegistry tasks;
+  tasks.load_default();
+
+  std::unique_ptr<ProgressBar> bar;
+  std::string bar_stage;
+  train::TrainOptions o;
+  o.only_stage = a.stage;
+  o.tasks = &tasks;
+  o.stop = install_interrupt_flag();
+  o.max_steps = a.max_steps;
+  o.on_event = [&](const nlohmann::json& e) {
+    const std::string kind = e.at("event");
+    if (a.progress == "json") {
+      std::fputs((e.dump() + "\n").c_str(), stdout);
+      std::fflush(stdout);
+      return;
+    }
+    if (a.progress == "none") return;
+    if (kind == "stage") {
+      if (bar) bar->finish();
+      bar_stage = e.at("stage");
+      bar = std::make_unique<ProgressBar>("train " + bar_stage);
+      std::fprintf(stderr, "stage %s (%s): %lld steps, %lld trainable parameters, %lld tokens a step\n", bar_stage.c_str(),
+                   e.at("kind").get<std::string>().c_str(), static_cast<long long>(e.at("steps").get<int64_t>()),
+                   static_cast<long long>(e.at("params").get<int64_t>()), static_cast<long long>(e.at("tokens_per_step").get<int64_t>()));
+    } else if (kind == "step" && bar) {
+      char detail[160];
+      std::snprintf(detail, sizeof detail, "step %lld/%lld loss %.4f lr %.2e %.0f tok/s", static_cast<long long>(e.at("step").get<int64_t>()),
+                    static_cast<long long>(e.at("steps").get<int64_t>()), e.at("loss").get<double>(), e.at("lr").get<double>(),
+                    e.at("tokens_per_s").get<double>());
+      bar->update(static_cast<double>(e.at("step").get<int64_t>()) / static_cast<double>(e.at("steps").get<int64_t>()), detail);
+    } else if (kind == "eval") {
+      if (bar) bar->finish();
+      std::fprintf(stderr, "eval %s step %lld: loss %.4f\n", e.at("stage").get<std::string>().c_str(),
+                   static_cast<long long>(e.at("step").get<int64_t>()), e.at("loss").get<double>());
+      if (bar) bar = std::make_unique<ProgressBar>("train " + bar_stage);
+    } else if (kind == "done" || kind == "interrupted") {
+      if (bar) bar->finish();
+    }
+  };
+  try {
+    const auto status = train::run_job(job, o);
+    if (status == train::JobStatus::Interrupted) {
+      if (a.progress != "json") std::fprintf(stderr, "interrupted; checkpoint written. Run the same command again to resume.\n");
+      return a.max_steps >= 0 && !(o.stop && o.stop->load()) ? kExitOk : kExitInterrupted;
+    }
+  } catch (const Error& e) {
+    if (a.progress == "json") {
+      std::fputs((nlohmann::json{{"event", "error"}, {"message", e.what()}}.dump() + "\n").c_str(), stdout);
+      std::fflush(stdout);
+    }
+    throw;
+  }
+  if (a.progress != "json") std::fprintf(stderr, "done: %s\n", (job.output / "model").string().c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+Runner add_train(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  app.footer(
+      "The job file (JSON) names the teacher, the manifest (or an already converted hybrid), the data, the\n"
+      "output directory and the stages: align (per-layer attention-output MSE against the frozen teacher),\n"
+      "distil (token KL(teacher || student)), finetune (next-token cross-entropy) or pretrain (a dense model\n"
+      "from scratch). See resources/jobs/ for complete examples and docs/TRAINING.md for every field.\n"
+      "The output directory receives run.h5 (live, readable while the job runs), checkpoints/ and, at the\n"
+      "end, model/. Running the same command again resumes from the last checkpoint; Ctrl-C or SIGTERM\n"
+      "writes a checkpoint and exits with status 130.");
+  app.add_option("--job", a->job, "Job spec (JSON)")->required()->check(CLI::ExistingFile);
+  app.add_option("--stage", a->stage, "Run only this stage of the job (by name)");
+  app.add_option("--progress", a->progress, "bar (stderr, for people), json (one JSON event a line on stdout, for tools) or none")
+      ->capture_default_str();
+  app.add_flag("--validate", a->validate, "Check the job spec and print its stages; train nothing");
+  app.add_option("--max-steps", a->max_steps, "Stop after this many optimiser steps (with a checkpoint), e.g. to test a job");
+  return [a] { return run_train(*a); };
+}
+
+}  // namespace hh::cli

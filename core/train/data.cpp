@@ -1,0 +1,221 @@
+#include "core/train/data.h"
+
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "core/eval/perplexity.h"
+#include "core/interp/task_registry.h"
+#include "core/model/tokenizer.h"
+#include "core/util/error.h"
+
+namespace hh::train {
+
+namespace fs = std::filesystem;
+
+std::string DataSource::describe() const { return kind == "task" ? "task " + task : path.string(); }
+
+uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
+  auto round = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  uint64_t h = round(seed);
+  h = round(h ^ a);
+  h = round(h ^ b);
+  return round(h ^ c);
+}
+
+// A token stream: a read-only mapping of a .bin file (no copy, any size) or ids held in memory.
+struct DataMixture::Stream {
+  const uint32_t* mapped = nullptr;
+  std::size_t mapped_bytes = 0;
+  std::vector<uint32_t> owned;
+  int64_t size = 0;
+  // Permutation of the windows for one epoch, cached per (epoch, window count).
+  int64_t perm_epoch = -1, perm_windows = -1;
+  std::vector<int64_t> perm;
+
+  ~Stream() {
+    if (mapped) ::munmap(const_cast<uint32_t*>(mapped), mapped_bytes);
+  }
+  int64_t at(int64_t i) const { return mapped ? mapped[i] : owned[static_cast<std::size_t>(i)]; }
+};
+
+namespace {
+
+std::unique_ptr<DataMixture::Stream> open_bin(const fs::path& path, int64_t vocab);
+
+}  // namespace
+
+DataMixture::DataMixture(std::vector<DataSource> sources, const model::Tokenizer* tok, const interp::TaskRegistry* tasks,
+                         int64_t vocab_size, int64_t eos, uint64_t seed)
+    : sources_(std::move(sources)), tok_(tok), tasks_(tasks), vocab_(vocab_size), eos_(eos), seed_(seed) {
+  if (sources_.empty()) throw Error("training data: no sources");
+  double total = 0;
+  for (const auto& s : sources_) {
+    if (!(s.weight > 0)) throw Error("training data: " + s.describe() + ": weight must be > 0");
+    total += s.weight;
+  }
+  double acc = 0;
+  for (const auto& s : sources_) cumulative_.push_back((acc += s.weight) / total);
+  cumulative_.back() = 1.0;
+  for (const auto& s : sources_) {
+    if (s.kind == "bin") {
+      streams_.push_back(open_bin(s.path, vocab_));
+    } else if (s.kind == "jsonl") {
+      if (tok_ == nullptr) throw Error(s.path.string() + ": text data needs the model's tokenizer.json");
+      auto st = std::make_unique<Stream>();
+      for (const int64_t id : eval::read_token_stream(s.path, tok_, vocab_)) st->owned.push_back(static_cast<uint32_t>(id));
+      st->size = static_cast<int64_t>(st->owned.size());
+      streams_.push_back(std::move(st));
+    } else if (s.kind == "task") {
+      if (tasks_ == nullptr || tok_ == nullptr) throw Error("training data: task " + s.task + " needs the task plugins and a tokenizer");
+      if (tasks_->find(s.task) == nullptr) {
+        std::string known;
+        for (const auto& t : tasks_->tasks()) known += (known.empty() ? "" : ", ") + t.id;
+        throw Error("training data: unknown task '" + s.task + "' (known: " + known + ")");
+      }
+      tasks_->resolve_params(s.task, s.params);  // refuses unknown or out-of-range parameters now
+      streams_.push_back(nullptr);
+    } else {
+      throw Error("training data: unknown source kind '" + s.kind + "' (bin, jsonl or task)");
+    }
+  }
+}
+
+DataMixture::~DataMixture() = default;
+DataMixture::DataMixture(DataMixture&&) noexcept = default;
+DataMixture& DataMixture::operator=(DataMixture&&) noexcept = default;
+
+std::size_t DataMixture::source_of(int64_t index) const {
+  if (sources_.size() == 1) return 0;
+  const double u = static_cast<double>(mix_seed(seed_, 0x5eed, static_cast<uint64_t>(index)) >> 11) * 0x1.0p-53;
+  return static_cast<std::size_t>(std::upper_bound(cumulative_.begin(), cumulative_.end(), u) - cumulative_.begin());
+}
+
+std::vector<int64_t> DataMixture::sample(int64_t index, int64_t seq_len) {
+  if (index < 0) throw Error("training data: negative sample index");
+  if (seq_len < 1) throw Error("training data: seq_len must be >= 1");
+  const std::size_t s = std::min(source_of(index), sources_.size() - 1);
+  return streams_[s] ? stream_sample(s, index, seq_len) : task_sample(s, index, seq_len);
+}
+
+at::Tensor DataMixture::batch(int64_t first, int64_t n, int64_t seq_len) {
+  at::Tensor out = at::empty({n, seq_len + 1}, at::TensorOptions().dtype(at::kLong));
+  auto* dst = out.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto ids = sample(first + i, seq_len);
+    std::memcpy(dst + i * (seq_len + 1), ids.data(), sizeof(int64_t) * static_cast<std::size_t>(seq_len + 1));
+  }
+  return out;
+}
+
+std::vector<int64_t> DataMixture::stream_sample(std::size_t s, int64_t index, int64_t seq_len) {
+  Stream& st = *streams_[s];
+  const int64_t windows = st.size <= seq_len ? 0 : (st.size - 1) / seq_len;
+  if (windows == 0)
+    throw Error(sources_[s].describe() + ": " + std::to_string(st.size) + " tokens, too few for one sequence of " +
+                std::to_string(seq_len) + " + 1");
+  const int64_t epoch = index / windows, pos = index % windows;
+  if (st.perm_epoch != epoch || st.perm_windows != windows) {
+    st.perm.resize(static_cast<std::size_t>(windows));
+    std::iota(st.perm.begin(), st.perm.end(), 0);
+    std::mt19937_64 rng(mix_seed(seed_, 0xe90c, s, static_cast<uint64_t>(epoch)));
+    // Fisher-Yates with our own index draw, so the order is the same with every standard library.
+    for (int64_t i = windows - 1; i > 0; --i) {
+      const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
+      std::swap(st.perm[static_cast<std::size_t>(i)], st.perm[static_cast<std::size_t>(j)]);
+    }
+    st.perm_epoch = epoch;
+    st.perm_windows = windows;
+  }
+  const int64_t start = st.perm[static_cast<std::size_t>(pos)] * seq_len;
+  std::vector<int64_t> out(static_cast<std::size_t>(seq_len + 1));
+  for (int64_t i = 0; i <= seq_len; ++i) out[static_cast<std::size_t>(i)] = st.at(start + i);
+  return out;
+}
+
+namespace {
+constexpr int64_t kTaskBlock = 16;  // examples generated per plugin call
+}
+
+const interp::CalibExample& DataMixture::task_example(std::size_t s, int64_t k) {
+  const int64_t block = k / kTaskBlock;
+  auto key = std::make_pair(s, block);
+  auto it = task_blocks_.find(key);
+  if (it == task_blocks_.end()) {
+    if (task_blocks_.size() >= 8) task_blocks_.erase(task_blocks_.begin());
+    nlohmann::json params = sources_[s].params;
+    params["num_examples"] = kTaskBlock;
+    auto examples = tasks_->generate(sources_[s].task, params, *tok_, mix_seed(seed_, 0x7a5c, s, static_cast<uint64_t>(block)));
+    if (examples.empty()) throw Error("training data: task " + sources_[s].task + " generated no examples");
+    it = task_blocks_.emplace(key, std::move(examples)).first;
+  }
+  const auto& ex = it->second;
+  return ex[static_cast<std::size_t>(k - block * kTaskBlock) % ex.size()];
+}
+
+std::vector<int64_t> DataMixture::task_sample(std::size_t s, int64_t index, int64_t seq_len) {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<std::size_t>(seq_len + 1));
+  for (int64_t k = index; static_cast<int64_t>(out.size()) < seq_len + 1; ++k) {
+    if (k > index + 4096) throw Error("training data: task " + sources_[s].task + " yields empty examples");
+    if (!out.empty() && eos_ >= 0) out.push_back(eos_);
+    const auto& ex = task_example(s, k);
+    out.insert(out.end(), ex.clean_ids.begin(), ex.clean_ids.end());
+    out.insert(out.end(), ex.answer_ids.begin(), ex.answer_ids.end());
+  }
+  out.resize(static_cast<std::size_t>(seq_len + 1));
+  return out;
+}
+
+namespace {
+
+std::unique_ptr<DataMixture::Stream> open_bin(const fs::path& path, int64_t vocab) {
+  const std::string file = path.string();
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(file + ": cannot read: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw Error(file + ": cannot stat");
+  }
+  const auto bytes = static_cast<std::size_t>(st.st_size);
+  if (bytes % 4 != 0) {
+    ::close(fd);
+    throw Error(file + ": " + std::to_string(bytes) + " bytes is not a whole number of uint32 ids");
+  }
+  auto out = std::make_unique<DataMixture::Stream>();
+  out->size = static_cast<int64_t>(bytes / 4);
+  if (bytes > 0) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      throw Error(file + ": cannot map: " + std::strerror(errno));
+    }
+    out->mapped = static_cast<const uint32_t*>(p);
+    out->mapped_bytes = bytes;
+  }
+  ::close(fd);
+  if (vocab > 0)
+    for (int64_t i = 0; i < out->size; ++i)
+      if (static_cast<int64_t>(out->mapped[i]) >= vocab)
+        throw Error(file + ": token " + std::to_string(i) + " = " + std::to_string(out->mapped[i]) +
+                    " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  return out;
+}
+
+}  // namespace
+
+}  // namespace hh::train

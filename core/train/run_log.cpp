@@ -1,0 +1,94 @@
+#include "core/train/run_log.h"
+
+#include <torch/torch.h>
+
+#include "core/util/error.h"
+#include "hydrahead/version.h"
+
+namespace hh::train {
+
+namespace {
+
+const char* const kTrainF64[] = {"loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"};
+
+at::Tensor i64(int64_t v) { return at::full({1}, v, at::TensorOptions().dtype(at::kLong)); }
+at::Tensor i32(int32_t v) { return at::full({1}, v, at::TensorOptions().dtype(at::kInt)); }
+at::Tensor f64(double v) { return at::full({1}, v, at::TensorOptions().dtype(at::kDouble)); }
+
+}  // namespace
+
+RunLog RunLog::create(const std::filesystem::path& path, const jobs::JobSpec& job) {
+  io::H5File f = io::H5File::create_live(path);
+  f.set_attr("/", "format", "hydrahead-run");
+  f.set_attr("/", "format_version", int64_t{1});
+  f.set_attr("/", "created_by", std::string("hydrahead ") + HYDRAHEAD_VERSION);
+  f.set_attr("/", "job", job.raw.dump());
+  f.set_attr("/", "job_sha256", job.sha256);
+  std::vector<std::string> names, kinds;
+  std::vector<int64_t> steps;
+  for (const auto& s : job.stages) {
+    names.push_back(s.name);
+    kinds.push_back(jobs::stage_kind_name(s.kind));
+    steps.push_back(s.steps);
+  }
+  const int64_t n = static_cast<int64_t>(names.size());
+  f.write_strings("/stages/name", names);
+  f.write_strings("/stages/kind", kinds);
+  f.write("/stages/steps", at::tensor(steps, at::TensorOptions().dtype(at::kLong)));
+  f.write("/stages/first_row", at::full({n}, int64_t{-1}, at::TensorOptions().dtype(at::kLong)));
+  f.write("/stages/end_row", at::full({n}, int64_t{-1}, at::TensorOptions().dtype(at::kLong)));
+  f.create_series("/train/step", at::kLong);
+  f.create_series("/train/stage", at::kInt);
+  f.create_series("/train/stage_step", at::kLong);
+  for (const char* name : kTrainF64) f.create_series(std::string("/train/") + name, at::kDouble);
+  f.create_series("/eval/step", at::kLong);
+  f.create_series("/eval/stage", at::kInt);
+  f.create_series("/eval/loss", at::kDouble);
+  f.start_swmr_write();
+  return RunLog(std::move(f));
+}
+
+RunLog RunLog::resume(const std::filesystem::path& path, int64_t train_rows, int64_t eval_rows, int32_t stage) {
+  io::H5File f = io::H5File::open_live(path);
+  if (!f.has_attr("/", "format") || f.attr_string("/", "format") != "hydrahead-run")
+    throw Error(path.string() + ": not a hydrahead run file");
+  for (const char* name : {"step", "stage", "stage_step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"})
+    f.truncate(std::string("/train/") + name, train_rows);
+  for (const char* name : {"step", "stage", "loss"}) f.truncate(std::string("/eval/") + name, eval_rows);
+  const int64_t n = f.shape("/stages/name").at(0);
+  at::Tensor first = f.read("/stages/first_row"), end = f.read("/stages/end_row");
+  auto* fp = first.data_ptr<int64_t>();
+  auto* ep = end.data_ptr<int64_t>();
+  for (int64_t s = stage; s < n; ++s) {
+    ep[s] = -1;
+    if (s > stage || fp[s] > train_rows) fp[s] = -1;  // marks written after the checkpoint
+  }
+  f.write_at("/stages/first_row", 0, first);
+  f.write_at("/stages/end_row", 0, end);
+  f.start_swmr_write();
+  RunLog log(std::move(f));
+  log.train_rows_ = train_rows;
+  log.eval_rows_ = eval_rows;
+  return log;
+}
+
+void RunLog::stage_started(int32_t stage) { f_.write_at("/stages/first_row", stage, i64(train_rows_)); }
+void RunLog::stage_ended(int32_t stage) { f_.write_at("/stages/end_row", stage, i64(train_rows_)); }
+
+void RunLog::step(const StepRecord& r) {
+  f_.append("/train/step", i64(r.step));
+  f_.append("/train/stage", i32(r.stage));
+  f_.append("/train/stage_step", i64(r.stage_step));
+  const double values[] = {r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.elapsed_s};
+  for (std::size_t i = 0; i < 5; ++i) f_.append(std::string("/train/") + kTrainF64[i], f64(values[i]));
+  ++train_rows_;
+}
+
+void RunLog::eval(int64_t step, int32_t stage, double loss) {
+  f_.append("/eval/step", i64(step));
+  f_.append("/eval/stage", i32(stage));
+  f_.append("/eval/loss", f64(loss));
+  ++eval_rows_;
+}
+
+}  // namespace hh::train

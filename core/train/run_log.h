@@ -1,0 +1,53 @@
+#pragma once
+// run.h5: the live record of a training job, appended under HDF5 SWMR so that the workbench (or h5py
+// with swmr=True) can read it while the job writes. Every dataset exists from the start:
+//   /                 attrs format = "hydrahead-run", format_version = 1, created_by, job (the spec's
+//                     JSON), job_sha256
+//   /stages/name      [S] strings   stage names in job order
+//   /stages/kind      [S] strings   align | distil | finetune | pretrain
+//   /stages/steps     [S] i64       planned optimiser steps
+//   /stages/first_row [S] i64       first /train row of the stage, -1 until it starts
+//   /stages/end_row   [S] i64       one past its last row, -1 until it ends
+//   /train/{step, stage, stage_step}            i64, i32, i64: global step (1-based), stage index, step in stage
+//   /train/{loss, lr, grad_norm, tokens_per_s, elapsed_s}   f64, one row per optimiser step
+//   /eval/{step, stage}, /eval/loss            one row per evaluation (held-out batches, no grad)
+// A resumed job truncates the rows written after its checkpoint, so the file shows one trajectory.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/io/h5.h"
+#include "core/jobs/job.h"
+
+namespace hh::train {
+
+struct StepRecord {
+  int64_t step = 0, stage_step = 0;
+  int32_t stage = 0;
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, elapsed_s = 0;
+};
+
+class RunLog {
+ public:
+  // A new file (replacing any) with every dataset, in SWMR-write mode.
+  static RunLog create(const std::filesystem::path& path, const jobs::JobSpec& job);
+  // Reopens an existing file, keeps the first train_rows / eval_rows rows, resets the stage marks of
+  // stages from `stage` on, and starts SWMR writing.
+  static RunLog resume(const std::filesystem::path& path, int64_t train_rows, int64_t eval_rows, int32_t stage);
+
+  void stage_started(int32_t stage);
+  void stage_ended(int32_t stage);
+  void step(const StepRecord& r);
+  void eval(int64_t step, int32_t stage, double loss);
+  int64_t train_rows() const { return train_rows_; }
+  int64_t eval_rows() const { return eval_rows_; }
+  void close() { f_.commit(); }
+
+ private:
+  explicit RunLog(io::H5File f) : f_(std::move(f)) {}
+  io::H5File f_;
+  int64_t train_rows_ = 0, eval_rows_ = 0;
+};
+
+}  // namespace hh::train

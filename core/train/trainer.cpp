@@ -1,0 +1,530 @@
+#include "core/train/trainer.h"
+
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+
+#include "core/attention/hybrid_model.h"
+#include "core/interp/calibration.h"
+#include "core/io/checkpoint.h"
+#include "core/io/fingerprint.h"
+#include "core/io/safetensors.h"
+#include "core/model/tokenizer.h"
+#include "core/select/manifest.h"
+#include "core/train/data.h"
+#include "core/train/optim.h"
+#include "core/train/run_log.h"
+#include "core/util/error.h"
+
+namespace hh::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using jobs::StageKind;
+
+namespace {
+
+constexpr int64_t kEvalIndexBase = int64_t{1} << 40;  // sample indices no training step reaches
+const char* const kModelExtras[] = {"tokenizer_config.json", "generation_config.json"};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Removes a checkpoint directory: its files and the files of its subdirectories (model/), no deeper.
+void remove_checkpoint_dir(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.is_directory(ec))
+      for (const auto& f : fs::directory_iterator(e.path(), ec)) fs::remove(f.path(), ec);
+    fs::remove(e.path(), ec);
+  }
+  fs::remove(dir, ec);
+}
+
+void write_text_atomic(const fs::path& path, const std::string& text) { io::write_file_atomic(path, text); }
+
+// An exclusive advisory lock on <output>/.lock for the job's lifetime.
+class DirLock {
+ public:
+  explicit DirLock(const fs::path& dir) {
+    const fs::path p = dir / ".lock";
+    fd_ = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error(p.string() + ": cannot open: " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd_);
+      throw Error(dir.string() + ": another training job is running in this directory");
+    }
+  }
+  ~DirLock() {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Where the job stands; state.json of a checkpoint.
+struct JobState {
+  int64_t stage = 0, stage_step = 0;      // next step to run
+  int64_t train_rows = 0, eval_rows = 0;  // rows of run.h5 this state accounts for
+  int64_t optimizer_steps = 0;
+  double elapsed_s = 0;
+  std::string job_sha256;
+
+  json to_json() const {
+    return {{"format", "hydrahead-train-state"}, {"format_version", 1},  {"stage", stage},
+            {"stage_step", stage_step},          {"train_rows", train_rows}, {"eval_rows", eval_rows},
+            {"optimizer_steps", optimizer_steps}, {"elapsed_s", elapsed_s}, {"job_sha256", job_sha256}};
+  }
+  static JobState from_json(const json& j, const std::string& where) {
+    try {
+      if (j.at("format") != "hydrahead-train-state") throw Error(where + ": not a training state file");
+      JobState s;
+      s.stage = j.at("stage").get<int64_t>();
+      s.stage_step = j.at("stage_step").get<int64_t>();
+      s.train_rows = j.at("train_rows").get<int64_t>();
+      s.eval_rows = j.at("eval_rows").get<int64_t>();
+      s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+      s.elapsed_s = j.at("elapsed_s").get<double>();
+      s.job_sha256 = j.at("job_sha256").get<std::string>();
+      return s;
+    } catch (const json::exception& e) {
+      throw Error(where + ": malformed training state: " + e.what());
+    }
+  }
+};
+
+// The models a job trains: a dense model (pretrain) or a hybrid student, and the frozen teacher.
+struct Models {
+  std::optional<model::Transformer> dense;
+  std::optional<attention::HybridModel> student;
+  std::optional<model::Transformer> teacher;
+  // Files that travel with every saved model (tokenizer.json, ...), read once at the start: the
+  // checkpoint they may come from is deleted when a newer one is written.
+  std::map<std::string, std::string> extra_files;
+};
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw Error(p.string() + ": cannot read");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Every weight of a dense model or hybrid under its checkpoint name (tensor handles, shared storage).
+std::vector<std::pair<std::string, at::Tensor>> named_weights(const Models& m) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const model::Transformer& base = m.dense ? *m.dense : m.student->teacher();
+  model::Weights w = base.weights();
+  for (const auto& e : model::weight_table(base.config(), w)) out.emplace_back(e.name, *e.slot);
+  if (m.student) {
+    std::vector<attention::HybridLayerWeights> layers = m.student->layers();
+    for (int64_t l = 0; l < base.config().num_hidden_layers; ++l)
+      for (const auto& e : attention::hybrid_weight_table(base.config(), m.student->options(),
+                                                          m.student->splits()[static_cast<size_t>(l)], l,
+                                                          layers[static_cast<size_t>(l)]))
+        out.emplace_back(e.name, *e.slot);
+  }
+  return out;
+}
+
+// The parameters a stage trains (requires_grad set; every other weight frozen).
+std::vector<Param> stage_params(const Models& m, StageKind kind) {
+  std::vector<Param> out;
+  for (auto& [name, t] : named_weights(m)) {
+    const bool attention = name.find(".self_attn.") != std::string::npos;
+    const bool train = kind != StageKind::Align || attention;
+    t.requires_grad_(train);
+    if (train) out.push_back({name, t, t.dim() >= 2 && name.find("embed_tokens") == std::string::npos});
+  }
+  return out;
+}
+
+model::Transformer deep_copy(const model::Transformer& t) {
+  model::Weights w = t.weights();
+  for (const auto& e : model::weight_table(t.config(), w)) *e.slot = e.slot->detach().clone();
+  if (t.config().tie_word_embeddings) w.lm_head = at::Tensor();
+  return model::Transformer(t.config(), std::move(w));
+}
+
+void save_model_dir(const Models& m, const fs::path& dir) {
+  if (m.student) {
+    m.student->save(dir);
+  } else {
+    model::Weights w = m.dense->weights();
+    for (const auto& e : model::weight_table(m.dense->config(), w)) *e.slot = e.slot->detach();
+    model::save_model(dir, m.dense->config(), w);
+  }
+  for (const auto& [name, bytes] : m.extra_files) io::write_file_atomic(dir / name, bytes);
+}
+
+// ---- losses ---------------------------------------------------------------------------------------
+
+// Mean next-token cross-entropy of logits [B, T, V] for targets [B, T].
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
+  const int64_t V = logits.size(-1);
+  return at::nll_loss(at::log_softmax(logits.reshape({-1, V}).to(at::kFloat), -1), targets.reshape({-1}));
+}
+
+// Mean over tokens of KL(teacher || student) = sum_v p_t (log p_t - log p_s), temperature 1.
+at::Tensor kl_divergence(const at::Tensor& teacher_logits, const at::Tensor& student_logits) {
+  const int64_t V = student_logits.size(-1);
+  const at::Tensor lt = at::log_softmax(teacher_logits.reshape({-1, V}).to(at::kFloat), -1);
+  const at::Tensor ls = at::log_softmax(student_logits.reshape({-1, V}).to(at::kFloat), -1);
+  return (lt.exp() * (lt - ls)).sum(-1).mean();
+}
+
+// One micro-batch's loss of a stage; with `backward`, gradients scaled by `scale` are accumulated.
+// ids [B, seq_len + 1] on the model's device.
+double micro_step(const Models& m, StageKind kind, const at::Tensor& ids, double scale, bool backward) {
+  std::optional<at::NoGradGuard> no_grad;
+  if (!backward) no_grad.emplace();
+  const at::Tensor input = ids.narrow(1, 0, ids.size(1) - 1);
+  const at::Tensor target = ids.narrow(1, 1, ids.size(1) - 1);
+  switch (kind) {
+    case StageKind::Pretrain: {
+      at::Tensor loss = cross_entropy(m.dense->forward(input).logits, target);
+      if (backward) (loss * scale).backward();
+      return loss.item<double>();
+    }
+    case StageKind::Finetune: {
+      at::Tensor loss = cross_entropy(m.student->forward(input), target);
+      if (backward) (loss * scale).backward();
+      return loss.item<double>();
+    }
+    case StageKind::Distil: {
+      at::Tensor t;
+      {
+        at::NoGradGuard ng;
+        t = m.teacher->forward(input).logits;
+      }
+      at::Tensor loss = kl_divergence(t, m.student->forward(input));
+      if (backward) (loss * scale).backward();
+      return loss.item<double>();
+    }
+    case StageKind::Align: {
+      // The teacher's layer inputs and attention outputs; each hybrid attention gets the teacher's input
+      // and matches its output. Layers are independent given the teacher, so each one's graph is freed
+      // by its own backward.
+      const auto& cfg = m.student->config();
+      const int64_t L = cfg.num_hidden_layers;
+      std::map<std::string, at::Tensor> cache;
+      {
+        at::NoGradGuard ng;
+        model::Hooks hooks;
+        for (int64_t l = 0; l < L; ++l) {
+          hooks.cache(model::hook_name(l, model::HookKind::ResidPre), &cache);
+          hooks.cache(model::hook_name(l, model::HookKind::AttnOut), &cache);
+        }
+        model::ForwardOptions fo;
+        fo.hooks = &hooks;
+        fo.stop_layer = L;
+        m.teacher->forward(input, fo);
+      }
+      const model::Transformer& s = m.student->teacher();
+      double total = 0;
+      for (int64_t l = 0; l < L; ++l) {
+        const auto& lw = s.weights().layers[static_cast<size_t>(l)];
+        const at::Tensor xn = model::rms_norm(cache.at(model::hook_name(l, model::HookKind::ResidPre)), lw.input_layernorm,
+                                              cfg.rms_norm_eps);
+        const at::Tensor y = attention::hybrid_attention(cfg, m.student->options(), m.student->splits()[static_cast<size_t>(l)],
+                                                         lw, m.student->layers()[static_cast<size_t>(l)], xn, s.inv_freq());
+        const at::Tensor target_l = cache.at(model::hook_name(l, model::HookKind::AttnOut)).to(at::kFloat);
+        at::Tensor loss = at::mse_loss(s.attn_out(l, y).to(at::kFloat), target_l);
+        if (backward) (loss * (scale / static_cast<double>(L))).backward();
+        total += loss.item<double>();
+      }
+      return total / static_cast<double>(L);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
+  const fs::path out = job.output;
+  const auto emit = [&](json e) {
+    if (o.on_event) o.on_event(e);
+  };
+  fs::create_directories(out);
+  DirLock lock(out);
+  const fs::path ckpt_root = out / "checkpoints";
+  const fs::path run_path = out / "run.h5";
+  const int64_t S = static_cast<int64_t>(job.stages.size());
+
+  // ---- where the job stands ----
+  JobState state;
+  state.job_sha256 = job.sha256;
+  fs::path resume_from;
+  if (fs::exists(ckpt_root / "LATEST")) {
+    std::ifstream in(ckpt_root / "LATEST");
+    std::string name;
+    std::getline(in, name);
+    resume_from = ckpt_root / name;
+    const fs::path sp = resume_from / "state.json";
+    std::ifstream sin(sp);
+    if (!sin) throw Error(sp.string() + ": cannot read (the checkpoint named by " + (ckpt_root / "LATEST").string() + ")");
+    json j;
+    try {
+      j = json::parse(sin);
+    } catch (const json::parse_error& e) {
+      throw Error(sp.string() + ": not valid JSON: " + e.what());
+    }
+    state = JobState::from_json(j, sp.string());
+    if (state.job_sha256 != job.sha256)
+      throw Error(out.string() + ": holds a run of a different job spec; resume with the same spec, or choose a new output directory");
+    if (!fs::exists(run_path)) throw Error(run_path.string() + ": missing, though " + resume_from.string() + " exists");
+  }
+  int64_t first_stage = state.stage;
+  int64_t last_stage = S - 1;
+  if (!o.only_stage.empty()) {
+    const jobs::StageSpec* st = job.find_stage(o.only_stage);
+    if (st == nullptr) {
+      std::string names;
+      for (const auto& s : job.stages) names += (names.empty() ? "" : ", ") + s.name;
+      throw Error("--stage " + o.only_stage + ": the job has no such stage (" + names + ")");
+    }
+    const int64_t idx = st - job.stages.data();
+    if (idx < state.stage)
+      throw Error("--stage " + o.only_stage + ": already finished in " + out.string() + "; choose a new output directory to rerun it");
+    if (idx > state.stage) {
+      state.stage = idx;
+      state.stage_step = 0;
+    }
+    first_stage = last_stage = idx;
+  }
+  if (state.stage >= S) {
+    emit({{"event", "done"}, {"model", (out / "model").string()}, {"already_complete", true}});
+    return JobStatus::Completed;
+  }
+
+  // ---- models ----
+  Models m;
+  bool need_teacher = false;
+  for (int64_t s = first_stage; s <= last_stage; ++s)
+    need_teacher |= job.stages[static_cast<size_t>(s)].kind == StageKind::Align ||
+                    job.stages[static_cast<size_t>(s)].kind == StageKind::Distil;
+  const fs::path resume_model = resume_from.empty() ? fs::path() : resume_from / "model";
+  fs::path extras_from, tokenizer_file;  // where the files that travel with the model come from
+  if (job.pretrain()) {
+    extras_from = resume_from.empty() ? fs::path() : resume_model;
+    tokenizer_file = resume_from.empty() ? job.tokenizer : resume_model / "tokenizer.json";
+    if (!resume_from.empty()) {
+      m.dense.emplace(model::Transformer::load(resume_model, job.device, ""));
+    } else {
+      const auto cfg = model::ModelConfig::load(job.model_config);
+      const at::ScalarType dt = job.dtype.empty() ? at::kFloat : model::parse_dtype(job.dtype);
+      model::Weights w = model::random_weights(cfg, job.seed, dt);
+      for (const auto& e : model::weight_table(cfg, w)) *e.slot = e.slot->to(model::parse_device(job.device));
+      if (cfg.tie_word_embeddings) w.lm_head = at::Tensor();
+      m.dense.emplace(cfg, std::move(w));
+    }
+  } else {
+    extras_from = !resume_from.empty() ? resume_model : !job.hybrid.empty() ? job.hybrid : job.teacher;
+    tokenizer_file = extras_from / "tokenizer.json";
+    if (need_teacher || (resume_from.empty() && job.hybrid.empty()))
+      m.teacher.emplace(model::Transformer::load(job.teacher, job.device, job.dtype));
+    if (!resume_from.empty()) {
+      m.student.emplace(attention::HybridModel::load(resume_model, job.device, ""));
+    } else if (!job.hybrid.empty()) {
+      m.student.emplace(attention::HybridModel::load(job.hybrid, job.device, job.dtype));
+    } else {
+      const auto manifest = select::read_manifest(job.manifest);
+      select::check_fits(manifest, select::shape_of(m.teacher->config(), io::model_fingerprint(job.teacher)),
+                         job.manifest.string());
+      std::optional<model::Tokenizer> tok;
+      if (fs::exists(job.teacher / "tokenizer.json")) tok = model::Tokenizer::load(job.teacher / "tokenizer.json");
+      std::vector<interp::CalibExample> calib;
+      if (!job.calib.empty()) calib = interp::read_calibration(job.calib, tok ? &*tok : nullptr, m.teacher->config().vocab_size);
+      attention::ConvertOptions co;
+      co.calib = calib.empty() ? nullptr : &calib;
+      co.seed = job.seed;
+      m.student.emplace(attention::convert(deep_copy(*m.teacher), manifest, co));
+    }
+    if (!need_teacher) m.teacher.reset();
+  }
+  const model::Transformer& base = m.dense ? *m.dense : m.student->teacher();
+  const auto& cfg = base.config();
+  const at::Device device = base.device();
+  std::optional<model::Tokenizer> tok;
+  if (!tokenizer_file.empty() && fs::exists(tokenizer_file)) {
+    tok = model::Tokenizer::load(tokenizer_file);
+    m.extra_files["tokenizer.json"] = read_bytes(tokenizer_file);
+  }
+  for (const char* extra : kModelExtras)
+    if (!extras_from.empty() && fs::exists(extras_from / extra)) m.extra_files[extra] = read_bytes(extras_from / extra);
+  const int64_t eos = cfg.eos_token_id.value_or(-1);
+
+  // ---- run.h5 ----
+  RunLog log = resume_from.empty() ? RunLog::create(run_path, job)
+                                   : RunLog::resume(run_path, state.train_rows, state.eval_rows, static_cast<int32_t>(state.stage));
+  emit({{"event", "start"},
+        {"stages", [&] { json a = json::array(); for (const auto& s : job.stages) a.push_back(s.name); return a; }()},
+        {"resumed", !resume_from.empty()},
+        {"stage", job.stages[static_cast<size_t>(state.stage)].name},
+        {"stage_step", state.stage_step},
+        {"device", device.str()}});
+
+  const double t_begin = now_s() - state.elapsed_s;
+  int64_t steps_this_call = 0;
+
+  // Checkpoint of the current state (model, optimiser when mid-stage, state.json), then LATEST.
+  auto write_checkpoint = [&](const AdamW* opt) -> fs::path {
+    fs::create_directories(ckpt_root);
+    const std::string name = "stage" + std::to_string(state.stage) + "-step" + std::to_string(state.stage_step);
+    const fs::path final_dir = ckpt_root / name;
+    const fs::path tmp = ckpt_root / (name + ".tmp." + std::to_string(::getpid()));
+    if (fs::exists(tmp)) remove_checkpoint_dir(tmp);
+    fs::create_directories(tmp);
+    save_model_dir(m, tmp / "model");
+    if (opt != nullptr) io::save_tensors(tmp / "optimizer.safetensors", opt->state());
+    state.optimizer_steps = opt ? opt->steps() : 0;
+    state.elapsed_s = now_s() - t_begin;
+    state.train_rows = log.train_rows();
+    state.eval_rows = log.eval_rows();
+    write_text_atomic(tmp / "state.json", state.to_json().dump(2) + "\n");
+    if (fs::exists(final_dir)) remove_checkpoint_dir(final_dir);
+    fs::rename(tmp, final_dir);
+    write_text_atomic(ckpt_root / "LATEST", name + "\n");
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(ckpt_root, ec))
+      if (e.is_directory() && e.path().filename() != name) remove_checkpoint_dir(e.path());
+    // The stage and step the checkpoint resumes at (stage == the stage count: the job is complete).
+    emit({{"event", "checkpoint"}, {"path", final_dir.string()}, {"resume_stage", state.stage}, {"resume_step", state.stage_step}});
+    return final_dir;
+  };
+
+  for (int64_t si = state.stage; si <= last_stage; ++si) {
+    const jobs::StageSpec& st = job.stages[static_cast<size_t>(si)];
+    const std::vector<DataSource>& sources = st.data.empty() ? job.data : st.data;
+    DataMixture data(sources, tok ? &*tok : nullptr, o.tasks, cfg.vocab_size, eos, mix_seed(job.seed, st.seed, 0xda7a));
+    std::optional<DataMixture> held_out;
+    if (!job.eval_data.empty())
+      held_out.emplace(job.eval_data, tok ? &*tok : nullptr, o.tasks, cfg.vocab_size, eos, mix_seed(job.seed, st.seed, 0xe7a1));
+    std::vector<Param> params = stage_params(m, st.kind);
+    AdamWOptions ao;
+    ao.beta1 = st.beta1;
+    ao.beta2 = st.beta2;
+    ao.weight_decay = st.weight_decay;
+    AdamW opt(params, ao);
+    if (state.stage_step > 0) {
+      opt.load_state(io::load_tensors(resume_from / "optimizer.safetensors"), state.optimizer_steps);
+    } else {
+      log.stage_started(static_cast<int32_t>(si));
+    }
+    int64_t trainable = 0;
+    for (const auto& p : params) trainable += p.tensor.numel();
+    emit({{"event", "stage"}, {"stage", st.name}, {"index", si}, {"kind", jobs::stage_kind_name(st.kind)}, {"steps", st.steps},
+          {"params", trainable}, {"tokens_per_step", st.tokens_per_step()}});
+
+    auto evaluate = [&]() {
+      if (st.eval_batches <= 0) return;
+      double sum = 0;
+      for (int64_t b = 0; b < st.eval_batches; ++b) {
+        const int64_t first = held_out ? b * st.batch : kEvalIndexBase + b * st.batch;
+        const at::Tensor ids = (held_out ? *held_out : data).batch(first, st.batch, st.seq_len).to(device);
+        sum += micro_step(m, st.kind, ids, 1.0, false);
+      }
+      const double loss = sum / static_cast<double>(st.eval_batches);
+      const int64_t global = log.train_rows();
+      log.eval(global, static_cast<int32_t>(si), loss);
+      emit({{"event", "eval"}, {"stage", st.name}, {"step", state.stage_step}, {"global_step", global}, {"loss", loss}});
+    };
+
+    double stage_time = 0;
+    int64_t stage_steps_timed = 0;
+    while (state.stage_step < st.steps) {
+      const int64_t k = state.stage_step;
+      const double t0 = now_s();
+      const double lr = schedule_lr(st.schedule, st.lr, st.min_lr, st.warmup, k, st.steps);
+      double loss = 0;
+      for (int64_t a = 0; a < st.grad_accum; ++a) {
+        const at::Tensor ids = data.batch((k * st.grad_accum + a) * st.batch, st.batch, st.seq_len).to(device);
+        loss += micro_step(m, st.kind, ids, 1.0 / static_cast<double>(st.grad_accum), true);
+      }
+      loss /= static_cast<double>(st.grad_accum);
+      if (!std::isfinite(loss))
+        throw Error("stage " + st.name + ", step " + std::to_string(k + 1) + ": the loss is " + std::to_string(loss) +
+                    "; lower the learning rate or check the data (the last checkpoint is intact)");
+      const double gn = clip_grad_norm(params, st.clip);
+      opt.step(lr);
+      opt.zero_grad();
+      const double dt = now_s() - t0;
+      ++state.stage_step;
+      ++steps_this_call;
+      stage_time += dt;
+      ++stage_steps_timed;
+      StepRecord r;
+      r.step = log.train_rows() + 1;
+      r.stage = static_cast<int32_t>(si);
+      r.stage_step = state.stage_step;
+      r.loss = loss;
+      r.lr = lr;
+      r.grad_norm = gn;
+      r.tokens_per_s = static_cast<double>(st.tokens_per_step()) / dt;
+      r.elapsed_s = now_s() - t_begin;
+      log.step(r);
+      // ETA: this stage's mean step time for its remaining steps; later stages by their token share.
+      const double per_token = stage_time / static_cast<double>(stage_steps_timed * st.tokens_per_step());
+      double eta = per_token * static_cast<double>((st.steps - state.stage_step) * st.tokens_per_step());
+      for (int64_t later = si + 1; later <= last_stage; ++later)
+        eta += per_token * static_cast<double>(job.stages[static_cast<size_t>(later)].steps *
+                                               job.stages[static_cast<size_t>(later)].tokens_per_step());
+      emit({{"event", "step"}, {"stage", st.name}, {"index", si}, {"step", state.stage_step}, {"steps", st.steps},
+            {"global_step", r.step}, {"loss", loss}, {"lr", lr}, {"grad_norm", gn}, {"tokens_per_s", r.tokens_per_s},
+            {"elapsed_s", r.elapsed_s}, {"eta_s", eta}});
+      const bool last = state.stage_step == st.steps;
+      if (st.eval_every > 0 && state.stage_step % st.eval_every == 0 && !last) evaluate();
+      const bool stop = (o.stop && o.stop->load()) || (o.max_steps >= 0 && steps_this_call >= o.max_steps);
+      if (!last && (stop || (st.checkpoint_every > 0 && state.stage_step % st.checkpoint_every == 0))) {
+        const fs::path p = write_checkpoint(&opt);
+        if (stop) {
+          log.close();
+          emit({{"event", "interrupted"}, {"checkpoint", p.string()}});
+          return JobStatus::Interrupted;
+        }
+      }
+    }
+    evaluate();
+    log.stage_ended(static_cast<int32_t>(si));
+    for (auto& p : params) p.tensor.requires_grad_(false);
+    state.stage = si + 1;
+    state.stage_step = 0;
+    write_checkpoint(nullptr);
+    const bool stop = (o.stop && o.stop->load()) || (o.max_steps >= 0 && steps_this_call >= o.max_steps);
+    if (stop && si < last_stage) {
+      log.close();
+      emit({{"event", "interrupted"}, {"checkpoint", (ckpt_root / ("stage" + std::to_string(state.stage) + "-step0")).string()}});
+      return JobStatus::Interrupted;
+    }
+  }
+  log.close();
+  if (state.stage >= S) {
+    const fs::path final_dir = out / "model";
+    const fs::path tmp = out / ("model.tmp." + std::to_string(::getpid()));
+    if (fs::exists(tmp)) remove_checkpoint_dir(tmp);
+    save_model_dir(m, tmp);
+    if (fs::exists(final_dir)) remove_checkpoint_dir(final_dir);
+    fs::rename(tmp, final_dir);
+    emit({{"event", "done"}, {"model", final_dir.string()}});
+  } else {
+    emit({{"event", "done"}, {"stage", job.stages[static_cast<size_t>(last_stage)].name},
+          {"checkpoint", (ckpt_root / ("stage" + std::to_string(state.stage) + "-step0")).string()}});
+  }
+  return JobStatus::Completed;
+}
+
+}  // namespace hh::train
