@@ -125,8 +125,8 @@ const char* schedule_name(Schedule s) {
 double schedule_lr(Schedule s, double lr, double min_lr, int64_t warmup, int64_t step, int64_t total) {
   if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
   if (s == Schedule::Constant) return lr;
-  const int64_t span = total - warmup - 1;
-  const double progress = span <= 0 ? 1.0 : std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(span));
+  const int64_t span = total - warmup;
+  const double progress = span <= 0 ? 0.0 : std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(span));
   if (s == Schedule::Linear) return lr + (min_lr - lr) * progress;
   return min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
 }

@@ -64,8 +64,9 @@ Schedule parse_schedule(const std::string& name);  // "constant" | "linear" | "c
 const char* schedule_name(Schedule s);
 
 // Learning rate of optimiser step `step` (0-based) of `total`: linear warmup from lr/warmup to lr over
-// the first `warmup` steps, then constant, or a linear or cosine decay from lr to min_lr reached at the
-// last step.
+// the first `warmup` steps, then constant, or a linear or cosine decay from lr towards min_lr, with
+// progress (step - warmup) / (total - warmup), so the last step still learns and min_lr would be the
+// next one's.
 double schedule_lr(Schedule s, double lr, double min_lr, int64_t warmup, int64_t step, int64_t total);
 
 }  // namespace hh::train

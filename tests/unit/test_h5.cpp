@@ -4,9 +4,17 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <cstdlib>
 #include <iterator>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -265,6 +273,101 @@ TEST(H5File, H5pyReadsWhatWeWrite) {
   const std::string output((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_EQ(rc, 0) << output;
   EXPECT_NE(output.find("h5py-ok"), std::string::npos) << output;
+}
+
+// ---- live files (SWMR) ------------------------------------------------------------------------------
+
+at::Tensor f64s(std::vector<double> v) { return at::tensor(v, at::TensorOptions().dtype(at::kDouble)); }
+
+TEST(H5Live, AppendWriteAtTruncateAndReopen) {
+  const fs::path p = hh::test::scratch_dir("h5_live") / "run.h5";
+  {
+    auto f = hh::io::H5File::create_live(p);
+    f.set_attr("/", "format", "test");
+    f.create_series("/train/loss", at::kDouble, 4);
+    f.create_series("/train/step", at::kLong);
+    f.write("/marks", at::full({3}, int64_t{-1}, at::TensorOptions().dtype(at::kLong)));
+    EXPECT_MENTIONS(hh::test::error_of([&] { f.create_series("/train/loss", at::kDouble); }), "already exists");
+    EXPECT_MENTIONS(hh::test::error_of([&] { f.create_series("/x", at::kBool); }), "/x");
+    f.start_swmr_write();
+    EXPECT_TRUE(f.swmr_writing());
+    f.append("/train/loss", f64s({1.5, 2.5}));
+    f.append("/train/loss", f64s({3.5, 4.5, 5.5, 6.5, 7.5}));   // crosses chunk boundaries
+    f.append("/train/step", at::arange(1, 8, at::TensorOptions().dtype(at::kLong)));
+    f.write_at("/marks", 1, at::full({1}, int64_t{7}, at::TensorOptions().dtype(at::kLong)));
+    std::string msg = hh::test::error_of([&] { f.truncate("/train/loss", 2); });
+    EXPECT_MENTIONS(msg, "SWMR");
+    msg = hh::test::error_of([&] { f.write_at("/marks", 3, at::zeros({1}, at::kLong)); });
+    EXPECT_MENTIONS(msg, "/marks");
+    EXPECT_MENTIONS(msg, "outside its 3 rows");
+    msg = hh::test::error_of([&] { f.create_series("/late", at::kDouble); });
+    EXPECT_MENTIONS(msg, "SWMR");
+    f.commit();
+  }
+  {
+    auto f = hh::io::H5File::open_read(p);
+    EXPECT_TRUE(at::equal(f.read("/train/loss"), f64s({1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5})));
+    EXPECT_TRUE(at::equal(f.read("/marks"), at::tensor({-1, 7, -1}, at::TensorOptions().dtype(at::kLong))));
+  }
+  {
+    auto f = hh::io::H5File::open_live(p);   // a resumed writer drops the rows after its checkpoint
+    f.truncate("/train/loss", 3);
+    EXPECT_MENTIONS(hh::test::error_of([&] { f.truncate("/train/loss", 9); }), "cannot keep 9 of its 3 rows");
+    f.start_swmr_write();
+    f.append("/train/loss", f64s({9.0}));
+    f.commit();
+  }
+  auto f = hh::io::H5File::open_read(p);
+  EXPECT_TRUE(at::equal(f.read("/train/loss"), f64s({1.5, 2.5, 3.5, 9.0})));
+  EXPECT_EQ(f.read("/train/step").size(0), 7);
+}
+
+// The writer half of FollowerSeesRowsWhileTheWriterRuns, run in a child process (skipped otherwise).
+TEST(H5Live, WriterChild) {
+  const char* path = std::getenv("HH_H5_LIVE_CHILD");
+  if (path == nullptr) GTEST_SKIP() << "runs only as the child of FollowerSeesRowsWhileTheWriterRuns";
+  auto f = hh::io::H5File::create_live(std::string(path) + ".part");
+  f.create_series("/rows", at::kDouble);
+  f.start_swmr_write();
+  fs::rename(std::string(path) + ".part", path);   // the follower opens it once it is in SWMR mode
+  for (int i = 0; i < 60; ++i) {
+    f.append("/rows", f64s({static_cast<double>(i)}));
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  f.commit();
+}
+
+TEST(H5Live, FollowerSeesRowsWhileTheWriterRuns) {
+  const fs::path p = hh::test::scratch_dir("h5_follow") / "live.h5";
+  const std::string filter = "--gtest_filter=H5Live.WriterChild";
+  const std::string env = "HH_H5_LIVE_CHILD=" + p.string();
+  char exe[4096] = {};
+  ASSERT_GT(::readlink("/proc/self/exe", exe, sizeof exe - 1), 0);
+  char* argv[] = {exe, const_cast<char*>(filter.c_str()), nullptr};
+  char* envp[] = {const_cast<char*>(env.c_str()), nullptr};
+  pid_t pid = 0;
+  ASSERT_EQ(::posix_spawn(&pid, exe, nullptr, nullptr, argv, envp), 0);
+
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(p) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(fs::exists(p));
+  auto f = hh::io::H5File::open_follow(p);
+  std::set<int64_t> sizes_seen;
+  int64_t rows = 0;
+  while (rows < 60 && std::chrono::steady_clock::now() < deadline) {
+    f.refresh("/rows");
+    const at::Tensor t = f.read("/rows");
+    rows = t.size(0);
+    // Every row the follower sees is complete and in order.
+    for (int64_t i = 0; i < rows; ++i) ASSERT_EQ(t[i].item<double>(), static_cast<double>(i));
+    if (rows > 0 && rows < 60) sizes_seen.insert(rows);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(rows, 60);
+  EXPECT_GE(sizes_seen.size(), 3u) << "the follower saw the dataset grow while it was written";
 }
 
 }  // namespace

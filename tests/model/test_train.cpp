@@ -1,0 +1,337 @@
+// Training jobs end to end on tiny real checkpoints: each stage lowers its own objective, only the
+// parameters a stage owns move, an interrupted job resumes onto the uninterrupted trajectory (in
+// process and through `hydrahead train` with SIGINT), a reader follows run.h5 while the job writes it.
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/attention/hybrid_model.h"
+#include "core/interp/task_registry.h"
+#include "core/io/h5.h"
+#include "core/jobs/job.h"
+#include "core/model/transformer.h"
+#include "core/train/trainer.h"
+#include "support/test_support.h"
+#include "support/tiny_config.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A tiny teacher (2 layers, 4 query heads in 2 KV groups), the tiny tokenizer, a manifest with one FA
+// head per layer and a learnable token stream (a repeating pattern with some noise).
+struct Fixture {
+  fs::path dir, teacher, manifest, corpus;
+};
+
+Fixture make_fixture(const std::string& tag) {
+  Fixture f;
+  f.dir = hh::test::scratch_dir(tag);
+  f.teacher = f.dir / "teacher";
+  const auto cfg = hh::test::tiny_config(2, 4, 2, 8, 32, 64, 273);
+  hh::model::save_model(f.teacher, cfg, hh::model::random_weights(cfg, 11, at::kFloat, 0.05));
+  fs::copy_file(hh::test::data_dir() / "tokenizer/tiny-tokenizer.json", f.teacher / "tokenizer.json");
+  f.manifest = f.dir / "manifest.json";
+  std::ofstream(f.manifest) << R"({"format": "hydrahead-manifest", "format_version": 1,
+    "model": {"architecture": "qwen3", "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8},
+    "fa_heads": [[0, 1], [1, 2]]})";
+  f.corpus = f.dir / "corpus.bin";
+  std::ofstream out(f.corpus, std::ios::binary);
+  uint64_t x = 1;
+  for (int i = 0; i < 6000; ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    const uint32_t id = (x >> 60) == 0 ? static_cast<uint32_t>((x >> 33) % 273) : static_cast<uint32_t>(40 + (i % 23) * 3);
+    out.write(reinterpret_cast<const char*>(&id), 4);   // little-endian hosts only, as the format
+  }
+  return f;
+}
+
+json hybrid_job(const Fixture& f, const std::string& out) {
+  return {{"teacher", f.teacher.string()},
+          {"manifest", f.manifest.string()},
+          {"output", (f.dir / out).string()},
+          {"seed", 5},
+          {"data", json::array({{{"bin", f.corpus.string()}}})}};
+}
+
+json stage(const std::string& name, int64_t steps, double lr, int64_t seq, int64_t batch = 2) {
+  return {{"name", name}, {"steps", steps}, {"lr", lr}, {"seq_len", seq}, {"batch", batch}, {"eval_batches", 1}};
+}
+
+hh::jobs::JobSpec spec(const json& j) { return hh::jobs::JobSpec::parse(j, {}, "job.json"); }
+
+std::vector<double> column(const fs::path& run, const std::string& ds) {
+  auto f = hh::io::H5File::open_read(run);
+  const at::Tensor t = f.read(ds).to(at::kDouble);
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+double mean(const std::vector<double>& v, size_t from, size_t to) {
+  double s = 0;
+  for (size_t i = from; i < to; ++i) s += v[i];
+  return s / static_cast<double>(to - from);
+}
+
+// A batch no training step sees (a different stream offset), for before/after comparisons.
+at::Tensor probe_batch(const fs::path& corpus) {
+  std::ifstream in(corpus, std::ios::binary);
+  std::vector<uint32_t> ids(2 * 48);
+  in.seekg(4 * 3001);
+  in.read(reinterpret_cast<char*>(ids.data()), static_cast<std::streamsize>(4 * ids.size()));
+  return at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::TensorOptions().dtype(at::kLong)).view({2, 48});
+}
+
+// KL(teacher || student) per token and the student's next-token cross-entropy, computed here directly.
+double kl_to_teacher(const hh::model::Transformer& teacher, const hh::attention::HybridModel& student, const at::Tensor& ids) {
+  at::NoGradGuard ng;
+  const at::Tensor lt = at::log_softmax(teacher.forward(ids).logits, -1), ls = at::log_softmax(student.forward(ids), -1);
+  return (lt.exp() * (lt - ls)).sum(-1).mean().item<double>();
+}
+double next_token_ce(const hh::attention::HybridModel& student, const at::Tensor& ids) {
+  at::NoGradGuard ng;
+  const at::Tensor lp = at::log_softmax(student.forward(ids.narrow(1, 0, 47)), -1);
+  return -lp.gather(-1, ids.narrow(1, 1, 47).unsqueeze(-1)).mean().item<double>();
+}
+
+TEST(Train, AlignLowersTheMismatchAndTrainsOnlyAttention) {
+  const Fixture f = make_fixture("train_align");
+  json j = hybrid_job(f, "run");
+  j["stages"] = json::array({stage("align", 40, 3e-3, 32)});
+  EXPECT_EQ(hh::train::run_job(spec(j), {}), hh::train::JobStatus::Completed);
+  const fs::path run = f.dir / "run/run.h5";
+  const auto loss = column(run, "/train/loss");
+  ASSERT_EQ(loss.size(), 40u);
+  EXPECT_LT(mean(loss, 35, 40), 0.5 * mean(loss, 0, 5));
+
+  const auto teacher = hh::model::Transformer::load(f.teacher);
+  const auto student = hh::attention::HybridModel::load(f.dir / "run/model");
+  const auto& tw = teacher.weights();
+  const auto& sw = student.teacher().weights();
+  for (size_t l = 0; l < 2; ++l) {
+    EXPECT_TRUE(at::equal(tw.layers[l].gate_proj, sw.layers[l].gate_proj)) << "the MLP is frozen";
+    EXPECT_TRUE(at::equal(tw.layers[l].input_layernorm, sw.layers[l].input_layernorm));
+    EXPECT_FALSE(at::equal(tw.layers[l].q_proj, sw.layers[l].q_proj)) << "attention trains";
+  }
+  EXPECT_TRUE(at::equal(tw.embed_tokens, sw.embed_tokens));
+  EXPECT_TRUE(fs::exists(f.dir / "run/model/tokenizer.json"));
+}
+
+TEST(Train, StagesRunOneAtATimeAndEachLowersItsObjective) {
+  const Fixture f = make_fixture("train_stages");
+  json j = hybrid_job(f, "run");
+  j["stages"] = json::array({stage("align", 10, 3e-3, 32), stage("distil", 30, 2e-3, 32), stage("finetune", 30, 2e-3, 47)});
+  const auto s = spec(j);
+  const auto teacher = hh::model::Transformer::load(f.teacher);
+  const at::Tensor probe = probe_batch(f.corpus);
+  const fs::path ckpts = f.dir / "run/checkpoints";
+
+  hh::train::TrainOptions o;
+  o.only_stage = "align";
+  hh::train::run_job(s, o);
+  EXPECT_FALSE(fs::exists(f.dir / "run/model")) << "the final model comes with the last stage";
+  const auto after_align = hh::attention::HybridModel::load(ckpts / "stage1-step0/model");
+  o.only_stage = "distil";
+  hh::train::run_job(s, o);
+  const auto after_distil = hh::attention::HybridModel::load(ckpts / "stage2-step0/model");
+  EXPECT_LT(kl_to_teacher(teacher, after_distil, probe), 0.8 * kl_to_teacher(teacher, after_align, probe));
+
+  EXPECT_MENTIONS(hh::test::error_of([&] { o.only_stage = "align"; hh::train::run_job(s, o); }), "already finished");
+  o.only_stage = "";
+  hh::train::run_job(s, o);
+  const auto final_model = hh::attention::HybridModel::load(f.dir / "run/model");
+  EXPECT_LT(next_token_ce(final_model, probe), 0.8 * next_token_ce(after_distil, probe));
+
+  auto h5 = hh::io::H5File::open_read(f.dir / "run/run.h5");
+  EXPECT_EQ(h5.read_strings("/stages/name"), (std::vector<std::string>{"align", "distil", "finetune"}));
+  EXPECT_TRUE(at::equal(h5.read("/stages/first_row"), at::tensor({0, 10, 40}, at::kLong)));
+  EXPECT_TRUE(at::equal(h5.read("/stages/end_row"), at::tensor({10, 40, 70}, at::kLong)));
+  EXPECT_EQ(h5.read("/eval/loss").size(0), 3);
+  EXPECT_TRUE(at::equal(h5.read("/train/step"), at::arange(1, 71, at::kLong)));
+}
+
+TEST(Train, AnInterruptedJobResumesOntoTheUninterruptedTrajectory) {
+  const Fixture f = make_fixture("train_resume");
+  auto job = [&](const std::string& out) {
+    json j = hybrid_job(f, out);
+    json a = stage("align", 6, 3e-3, 24);
+    a["checkpoint_every"] = 2;
+    a["eval_every"] = 3;
+    json d = stage("distil", 8, 1e-3, 24);
+    d["grad_accum"] = 2;
+    d["warmup"] = 2;
+    j["stages"] = json::array({a, d});
+    return j;
+  };
+  const auto straight = spec(job("straight"));
+  ASSERT_EQ(hh::train::run_job(straight, {}), hh::train::JobStatus::Completed);
+
+  const auto stopped = spec(job("stopped"));
+  hh::train::TrainOptions o;
+  o.max_steps = 3;   // mid align, off the checkpoint interval
+  ASSERT_EQ(hh::train::run_job(stopped, o), hh::train::JobStatus::Interrupted);
+  o.max_steps = 7;   // into distil, mid stage (optimiser state and accumulation restored)
+  ASSERT_EQ(hh::train::run_job(stopped, o), hh::train::JobStatus::Interrupted);
+  json changed = job("stopped");
+  changed["stages"][1]["lr"] = 2e-3;
+  EXPECT_MENTIONS(hh::test::error_of([&] { hh::train::run_job(spec(changed), {}); }), "different job spec");
+  o.max_steps = -1;
+  ASSERT_EQ(hh::train::run_job(stopped, o), hh::train::JobStatus::Completed);
+
+  for (const char* ds : {"/train/loss", "/train/grad_norm", "/train/lr", "/train/step", "/eval/loss", "/eval/step"})
+    EXPECT_EQ(column(f.dir / "straight/run.h5", ds), column(f.dir / "stopped/run.h5", ds)) << ds;
+  const auto a = hh::attention::HybridModel::load(f.dir / "straight/model");
+  const auto b = hh::attention::HybridModel::load(f.dir / "stopped/model");
+  EXPECT_TRUE(at::equal(a.layers()[1].la_k_proj, b.layers()[1].la_k_proj));
+  EXPECT_TRUE(at::equal(a.teacher().weights().layers[0].down_proj, b.teacher().weights().layers[0].down_proj));
+
+  // Done is done: running the finished job again changes nothing.
+  EXPECT_EQ(hh::train::run_job(stopped, {}), hh::train::JobStatus::Completed);
+  EXPECT_EQ(column(f.dir / "stopped/run.h5", "/train/loss").size(), 14u);
+}
+
+TEST(Train, ASecondJobInTheSameDirectoryIsRefused) {
+  const Fixture f = make_fixture("train_lock");
+  json j = hybrid_job(f, "run");
+  j["stages"] = json::array({stage("align", 1, 1e-3, 16)});
+  fs::create_directories(f.dir / "run");
+  const int fd = ::open((f.dir / "run/.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  EXPECT_MENTIONS(hh::test::error_of([&] { hh::train::run_job(spec(j), {}); }), "another training job");
+  ::close(fd);
+  EXPECT_EQ(hh::train::run_job(spec(j), {}), hh::train::JobStatus::Completed);
+}
+
+TEST(Train, PretrainsADenseModelOnTaskData) {
+  const Fixture f = make_fixture("train_pretrain");
+  hh::interp::TaskRegistry reg;
+  reg.load_default();
+  std::ofstream(f.dir / "config.json") << R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "hidden_size": 32,
+    "intermediate_size": 64, "vocab_size": 273, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "eos_token_id": 0})";
+  json j = {{"model", {{"config", (f.dir / "config.json").string()},
+                       {"tokenizer", (hh::test::data_dir() / "tokenizer/tiny-tokenizer.json").string()}}},
+            {"output", (f.dir / "run").string()},
+            {"data", json::array({{{"task", "niah-single"}, {"params", {{"length", 400}, {"haystack", "noise"}}}},
+                                  {{"bin", f.corpus.string()}, {"weight", 0.5}}})},
+            {"stages", json::array({stage("pretrain", 30, 1e-2, 64, 4)})}};
+  std::vector<json> events;
+  hh::train::TrainOptions o;
+  o.tasks = &reg;
+  o.on_event = [&](const json& e) { events.push_back(e); };
+  ASSERT_EQ(hh::train::run_job(spec(j), o), hh::train::JobStatus::Completed);
+  const auto loss = column(f.dir / "run/run.h5", "/train/loss");
+  EXPECT_LT(mean(loss, 25, 30), 0.7 * mean(loss, 0, 5));
+  const auto m = hh::model::Transformer::load(f.dir / "run/model");
+  EXPECT_EQ(m.config().num_hidden_layers, 2);
+  EXPECT_TRUE(fs::exists(f.dir / "run/model/tokenizer.json"));
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front()["event"], "start");
+  EXPECT_EQ(events.back()["event"], "done");
+  int steps = 0;
+  for (const auto& e : events)
+    if (e["event"] == "step") {
+      ++steps;
+      for (const char* k : {"loss", "lr", "grad_norm", "tokens_per_s", "eta_s", "global_step"}) EXPECT_TRUE(e.contains(k)) << k;
+    }
+  EXPECT_EQ(steps, 30);
+}
+
+// ---- the CLI: SIGINT, resume, and a reader following run.h5 ----------------------------------------
+
+pid_t spawn_train(const fs::path& job, const fs::path& stdout_file) {
+  const std::string exe = (hh::test::bin_dir() / "hydrahead").string();
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, stdout_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const std::string job_s = job.string();
+  char* argv[] = {const_cast<char*>(exe.c_str()), const_cast<char*>("train"), const_cast<char*>("--job"),
+                  const_cast<char*>(job_s.c_str()), const_cast<char*>("--progress"), const_cast<char*>("json"), nullptr};
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  EXPECT_EQ(rc, 0);
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReaderFollows) {
+  const Fixture f = make_fixture("train_cli");
+  auto write_job = [&](const std::string& name) {
+    json j = hybrid_job(f, name);
+    j["stages"] = json::array({stage("align", 300, 1e-3, 32)});
+    std::ofstream(f.dir / (name + ".json")) << j.dump(2);
+    return f.dir / (name + ".json");
+  };
+  const fs::path job = write_job("cli"), run = f.dir / "cli/run.h5";
+  const pid_t pid = spawn_train(job, f.dir / "events1.jsonl");
+
+  // Follow run.h5 as it grows, then interrupt.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  std::optional<hh::io::H5File> follower;
+  std::set<int64_t> seen;
+  while (std::chrono::steady_clock::now() < deadline && seen.size() < 3) {
+    if (!follower) {
+      try {
+        if (fs::exists(run)) follower.emplace(hh::io::H5File::open_follow(run));
+      } catch (const hh::Error&) {
+        // created but not yet in SWMR mode: try again
+      }
+    } else {
+      follower->refresh("/train/loss");
+      const int64_t rows = follower->shape("/train/loss").at(0);
+      if (rows > 0) seen.insert(rows);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(seen.size(), 3u) << "a reader saw run.h5 grow while the job wrote it";
+  follower.reset();
+  ::kill(pid, SIGINT);
+  EXPECT_EQ(wait_exit(pid), 130);
+  std::ifstream ev(f.dir / "events1.jsonl");
+  std::string line, last;
+  while (std::getline(ev, line)) last = line;
+  EXPECT_EQ(json::parse(last)["event"], "interrupted") << last;
+  const int64_t rows_at_stop = static_cast<int64_t>(column(run, "/train/loss").size());
+  EXPECT_GT(rows_at_stop, 0);
+  EXPECT_LT(rows_at_stop, 300);
+
+  const pid_t again = spawn_train(job, f.dir / "events2.jsonl");
+  EXPECT_EQ(wait_exit(again), 0);
+  const auto straight = write_job("straight");
+  EXPECT_EQ(wait_exit(spawn_train(straight, f.dir / "events3.jsonl")), 0);
+  EXPECT_EQ(column(run, "/train/loss"), column(f.dir / "straight/run.h5", "/train/loss"));
+
+  // h5py reads the finished file (SWMR mode as the workbench does).
+  const std::string py = hh::test::python_with_h5py();
+  if (py.empty()) GTEST_SKIP() << "no python3 with h5py";
+  const std::string cmd = py + " -c \"import h5py; f = h5py.File('" + run.string() +
+                          "', 'r', swmr=True); assert f.attrs['format'] == 'hydrahead-run'; "
+                          "assert f['train/loss'].shape == (300,); assert f['train/step'][-1] == 300; "
+                          "assert list(f['stages/name'].asstr()[:]) == ['align']\"";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+}  // namespace
