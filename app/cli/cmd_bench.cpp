@@ -1,4 +1,4 @@
-// hydrahead bench forward|tokenize|analyze ... (see --help of each)
+// hydrahead bench forward|tokenize|analyze|train ... (see --help of each)
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -19,8 +19,15 @@
 #define HH_HAVE_KINETO 1
 #endif
 
+#if defined(HH_HAVE_CUDA) && __has_include(<c10/cuda/CUDACachingAllocator.h>)
+#include <c10/cuda/CUDACachingAllocator.h>
+#define HH_HAVE_CUDA_ALLOCATOR_STATS 1
+#endif
+
 #include "app/cli/commands.h"
+#include "core/attention/hybrid_model.h"
 #include "core/interp/patching.h"
+#include "core/train/trainer.h"
 #include "core/model/config.h"
 #include "core/model/tokenizer.h"
 #include "core/model/transformer.h"
@@ -293,6 +300,130 @@ int run_bench_analyze(const AnalyzeBenchArgs& a) {
 
 }  // namespace
 
+struct TrainBenchArgs {
+  std::string config, device = "cpu", dtype = "bf16", stages = "align,distil,finetune,dense";
+  int64_t seq = 4096, batch = 1, ratio = 7, iters = 5, warmup = 2;
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+// Peak bytes the caching allocator handed out since the last reset (CUDA only; -1 elsewhere).
+int64_t peak_memory(const at::Device& d, bool reset) {
+#ifdef HH_HAVE_CUDA_ALLOCATOR_STATS
+  if (d.is_cuda()) {
+    const auto idx = static_cast<c10::DeviceIndex>(d.has_index() ? d.index() : 0);
+    sync(d);
+    const int64_t peak = c10::cuda::CUDACachingAllocator::getDeviceStats(idx).allocated_bytes[0].peak;
+    if (reset) c10::cuda::CUDACachingAllocator::resetPeakStats(idx);
+    return peak;
+  }
+#endif
+  (void)d;
+  (void)reset;
+  return -1;
+}
+
+std::string gib(int64_t bytes) {
+  if (bytes < 0) return "n/a";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / 1073741824.0);
+  return buf;
+}
+
+// Training throughput of each stage on a random model of `config`'s shape and its hybrid at
+// LA:FA = ratio:1 (evenly spaced FA heads in every layer), and the teacher's forward for comparison.
+int run_bench_train(const TrainBenchArgs& a) {
+  if (a.seq < 2 || a.batch < 1 || a.iters < 1 || a.warmup < 0 || a.ratio < 1)
+    throw Error("--seq must be >= 2, --batch, --iters and --ratio >= 1, --warmup >= 0");
+  const auto cfg = model::ModelConfig::load(a.config);
+  const at::Device dev = model::parse_device(a.device);
+  train::StageModels m;
+  m.teacher.emplace(random_model(cfg, a.device, a.dtype, a.seed));
+  select::Manifest manifest;
+  manifest.model = select::shape_of(cfg, "");
+  const int64_t per_layer = std::max<int64_t>(1, cfg.num_attention_heads / (a.ratio + 1));
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
+    for (int64_t k = 0; k < per_layer; ++k) manifest.fa_heads.emplace_back(l, k * cfg.num_attention_heads / per_layer);
+  {
+    model::Weights w = m.teacher->weights();
+    for (const auto& e : model::weight_table(cfg, w)) *e.slot = e.slot->clone();
+    if (cfg.tie_word_embeddings) w.lm_head = torch::Tensor();
+    attention::ConvertOptions co;
+    co.seed = a.seed;
+    m.student.emplace(attention::convert(model::Transformer(cfg, std::move(w)), manifest, co));
+  }
+  torch::manual_seed(a.seed + 1);
+  const auto ids = torch::randint(cfg.vocab_size, {a.batch, a.seq + 1}, torch::TensorOptions().dtype(torch::kInt64)).to(dev);
+  const double tokens = static_cast<double>(a.batch * a.seq);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("bench train: %s-shaped random model, %lld layers x %lld heads, hybrid %lld FA heads (LA:FA %lld:1), "
+              "B=%lld T=%lld %s on %s\n", a.config.c_str(), static_cast<long long>(cfg.num_hidden_layers),
+              static_cast<long long>(cfg.num_attention_heads), static_cast<long long>(manifest.fa_heads.size()),
+              static_cast<long long>(a.ratio), static_cast<long long>(a.batch), static_cast<long long>(a.seq),
+              a.dtype.c_str(), dev.str().c_str());
+  nlohmann::json out = {{"config", a.config}, {"seq", a.seq}, {"batch", a.batch}, {"dtype", a.dtype},
+                        {"fa_heads", manifest.fa_heads.size()}, {"stages", nlohmann::json::object()}};
+  {
+    torch::NoGradGuard ng;
+    const auto input = ids.narrow(1, 0, a.seq);
+    peak_memory(dev, true);
+    std::vector<double> ms;
+    for (int64_t i = 0; i < a.warmup + a.iters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      (void)m.teacher->forward(input);
+      sync(dev);
+      if (i >= a.warmup) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    const double t = median(ms);
+    const int64_t peak = peak_memory(dev, true);
+    std::printf("  %-16s %9.1f ms  %10.0f tokens/s  peak %s\n", "teacher forward", t, tokens / t * 1e3, gib(peak).c_str());
+    out["stages"]["teacher_forward"] = {{"ms", t}, {"tokens_per_s", tokens / t * 1e3}, {"peak_bytes", peak}};
+  }
+  for (const auto& name : split_list(a.stages)) {
+    train::StageModels sm;
+    jobs::StageKind kind;
+    if (name == "dense") {
+      kind = jobs::StageKind::Pretrain;   // the teacher itself trained on next-token cross-entropy
+      sm.dense = m.teacher;
+    } else {
+      kind = jobs::parse_stage_kind(name);
+      if (kind == jobs::StageKind::Pretrain) throw Error("--stages: use 'dense' for the teacher's own training step");
+      sm.student = m.student;
+      sm.teacher = m.teacher;
+    }
+    auto params = train::stage_params(sm, kind);
+    {
+      train::AdamW opt(params, {});
+      peak_memory(dev, true);
+      std::vector<double> ms;
+      double loss = 0;
+      for (int64_t i = 0; i < a.warmup + a.iters; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        loss = train::stage_loss(sm, kind, ids, 1.0, true);
+        train::clip_grad_norm(params, 1.0);
+        opt.step(1e-5);
+        opt.zero_grad();
+        sync(dev);
+        if (i >= a.warmup) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+      const double t = median(ms);
+      const int64_t peak = peak_memory(dev, true);
+      int64_t n = 0;
+      for (const auto& p : params) n += p.tensor.numel();
+      const std::string label = name == "dense" ? "dense train" : name;
+      std::printf("  %-16s %9.1f ms  %10.0f tokens/s  peak %s  (%.3fB trainable, loss %.4g)\n", label.c_str(), t,
+                  tokens / t * 1e3, gib(peak).c_str(), static_cast<double>(n) / 1e9, loss);
+      out["stages"][label] = {{"ms", t}, {"tokens_per_s", tokens / t * 1e3}, {"peak_bytes", peak}, {"trainable", n}};
+    }
+    for (auto& p : params) p.tensor.requires_grad_(false);
+  }
+  if (a.json) std::printf("%s\n", out.dump().c_str());
+  return kExitOk;
+}
+
 Runner add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   app.require_subcommand(1);
@@ -342,7 +473,23 @@ Runner add_bench(CLI::App& app) {
   an->add_option("--seed", aargs->seed, "Seed of weights and tokens")->capture_default_str();
   an->add_flag("--json", aargs->json, "Also print one JSON object");
   an->add_option("--profile", aargs->profile, "Write a Chrome trace of one more sweep and attribution to this file");
-  return [args, targs, tk, aargs, an] {
+  auto rargs = std::make_shared<TrainBenchArgs>();
+  auto* tr = app.add_subcommand("train", "Time one optimiser step of each training stage (tokens/s, peak memory) on a random "
+                                         "model of a config's shape and its hybrid, and the teacher's forward");
+  tr->add_option("--config", rargs->config, "config.json of the teacher's shape (random weights on the device)")->required();
+  tr->add_option("--device", rargs->device, "cpu or cuda[:N]")->capture_default_str();
+  tr->add_option("--dtype", rargs->dtype, "f32, bf16 or f16")->capture_default_str();
+  tr->add_option("--seq", rargs->seq, "Sequence length")->capture_default_str();
+  tr->add_option("--batch", rargs->batch, "Sequences per step")->capture_default_str();
+  tr->add_option("--ratio", rargs->ratio, "LA:FA ratio r of the hybrid (r:1)")->capture_default_str();
+  tr->add_option("--stages", rargs->stages, "align, distil, finetune and dense (the teacher's own training step)")
+      ->capture_default_str();
+  tr->add_option("--iters", rargs->iters, "Timed steps (median)")->capture_default_str();
+  tr->add_option("--warmup", rargs->warmup, "Untimed steps first")->capture_default_str();
+  tr->add_option("--seed", rargs->seed, "Seed of weights and tokens")->capture_default_str();
+  tr->add_flag("--json", rargs->json, "Also print one JSON object");
+  return [args, targs, tk, aargs, an, rargs, tr] {
+    if (tr->parsed()) return run_bench_train(*rargs);
     if (an->parsed()) return run_bench_analyze(*aargs);
     if (tk->parsed()) return run_bench_tokenize(*targs);
     return run_bench_forward(*args);

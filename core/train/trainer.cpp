@@ -107,13 +107,9 @@ struct JobState {
   }
 };
 
-// The models a job trains: a dense model (pretrain) or a hybrid student, and the frozen teacher.
-struct Models {
-  std::optional<model::Transformer> dense;
-  std::optional<attention::HybridModel> student;
-  std::optional<model::Transformer> teacher;
-  // Files that travel with every saved model (tokenizer.json, ...), read once at the start: the
-  // checkpoint they may come from is deleted when a newer one is written.
+// The models a job trains, and the files that travel with every saved model (tokenizer.json, ...),
+// read once at the start: the checkpoint they may come from is deleted when a newer one is written.
+struct Models : StageModels {
   std::map<std::string, std::string> extra_files;
 };
 
@@ -123,8 +119,10 @@ std::string read_bytes(const fs::path& p) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+}  // namespace
+
 // Every weight of a dense model or hybrid under its checkpoint name (tensor handles, shared storage).
-std::vector<std::pair<std::string, at::Tensor>> named_weights(const Models& m) {
+std::vector<std::pair<std::string, at::Tensor>> named_weights(const StageModels& m) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   const model::Transformer& base = m.dense ? *m.dense : m.student->teacher();
   model::Weights w = base.weights();
@@ -140,8 +138,7 @@ std::vector<std::pair<std::string, at::Tensor>> named_weights(const Models& m) {
   return out;
 }
 
-// The parameters a stage trains (requires_grad set; every other weight frozen).
-std::vector<Param> stage_params(const Models& m, StageKind kind) {
+std::vector<Param> stage_params(const StageModels& m, StageKind kind) {
   std::vector<Param> out;
   for (auto& [name, t] : named_weights(m)) {
     const bool attention = name.find(".self_attn.") != std::string::npos;
@@ -151,6 +148,8 @@ std::vector<Param> stage_params(const Models& m, StageKind kind) {
   }
   return out;
 }
+
+namespace {
 
 model::Transformer deep_copy(const model::Transformer& t) {
   model::Weights w = t.weights();
@@ -186,9 +185,13 @@ at::Tensor kl_divergence(const at::Tensor& teacher_logits, const at::Tensor& stu
   return (lt.exp() * (lt - ls)).sum(-1).mean();
 }
 
-// One micro-batch's loss of a stage; with `backward`, gradients scaled by `scale` are accumulated.
-// ids [B, seq_len + 1] on the model's device.
-double micro_step(const Models& m, StageKind kind, const at::Tensor& ids, double scale, bool backward) {
+}  // namespace
+
+double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, double scale, bool backward) {
+  if (kind == StageKind::Pretrain ? !m.dense : !m.student) throw Error(std::string("stage ") + jobs::stage_kind_name(kind) + ": no model to train");
+  if ((kind == StageKind::Align || kind == StageKind::Distil) && !m.teacher)
+    throw Error(std::string("stage ") + jobs::stage_kind_name(kind) + " needs the teacher");
+  if (ids.dim() != 2 || ids.size(1) < 2) throw Error("stage loss: token ids must be [B, T + 1] with T >= 1");
   std::optional<at::NoGradGuard> no_grad;
   if (!backward) no_grad.emplace();
   const at::Tensor input = ids.narrow(1, 0, ids.size(1) - 1);
@@ -252,7 +255,6 @@ double micro_step(const Models& m, StageKind kind, const at::Tensor& ids, double
   return 0;
 }
 
-}  // namespace
 
 JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
   const fs::path out = job.output;
@@ -436,7 +438,7 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       for (int64_t b = 0; b < st.eval_batches; ++b) {
         const int64_t first = held_out ? b * st.batch : kEvalIndexBase + b * st.batch;
         const at::Tensor ids = (held_out ? *held_out : data).batch(first, st.batch, st.seq_len).to(device);
-        sum += micro_step(m, st.kind, ids, 1.0, false);
+        sum += stage_loss(m, st.kind, ids, 1.0, false);
       }
       const double loss = sum / static_cast<double>(st.eval_batches);
       const int64_t global = log.train_rows();
@@ -453,7 +455,7 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       double loss = 0;
       for (int64_t a = 0; a < st.grad_accum; ++a) {
         const at::Tensor ids = data.batch((k * st.grad_accum + a) * st.batch, st.batch, st.seq_len).to(device);
-        loss += micro_step(m, st.kind, ids, 1.0 / static_cast<double>(st.grad_accum), true);
+        loss += stage_loss(m, st.kind, ids, 1.0 / static_cast<double>(st.grad_accum), true);
       }
       loss /= static_cast<double>(st.grad_accum);
       if (!std::isfinite(loss))

@@ -23,7 +23,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "core/attention/hybrid_model.h"
 #include "core/jobs/job.h"
+#include "core/model/transformer.h"
+#include "core/train/optim.h"
 
 namespace hh::interp {
 class TaskRegistry;
@@ -51,5 +58,30 @@ struct TrainOptions {
 enum class JobStatus { Completed, Interrupted };
 
 JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& options);
+
+// ---- the pieces run_job is made of (benchmarks and tools use them directly) ----------------------
+
+// The models of a stage: a dense model (pretrain) or a hybrid student, and the frozen teacher that
+// align and distil need.
+struct StageModels {
+  std::optional<model::Transformer> dense;
+  std::optional<attention::HybridModel> student;
+  std::optional<model::Transformer> teacher;
+};
+
+// Every weight of the dense model or the hybrid under its checkpoint name (handles: shared storage).
+std::vector<std::pair<std::string, at::Tensor>> named_weights(const StageModels& m);
+// The parameters a stage trains, with requires_grad set on them and cleared on every other weight:
+// align trains the attention blocks (teacher projections and norms of self_attn, and every new
+// hybrid tensor); the other stages train everything. Matrices other than embeddings decay.
+std::vector<Param> stage_params(const StageModels& m, jobs::StageKind kind);
+// One micro-batch's loss (ids [B, T + 1] on the model's device: inputs and next-token targets):
+//   pretrain, finetune  mean next-token cross-entropy
+//   distil              mean over tokens of KL(teacher || student), temperature 1
+//   align               mean over layers of the MSE between the student's attention output on the
+//                       teacher's layer input and the teacher's attention output
+// With `backward`, the gradients of scale * loss are accumulated (align: layer by layer, so only one
+// layer's graph is alive at a time). Returns the loss.
+double stage_loss(const StageModels& m, jobs::StageKind kind, const at::Tensor& ids, double scale, bool backward);
 
 }  // namespace hh::train

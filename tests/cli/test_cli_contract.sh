@@ -11,7 +11,7 @@ for sub in inspect run tokenize tasks analyze select convert train eval demo ben
   grep -qE "^  $sub " <<<"$help" || fail "--help does not list '$sub'"
 done
 
-for sub in train demo; do
+for sub in demo; do
   set +e; msg=$("$HH" "$sub" 2>&1); rc=$?; set -e
   [[ $rc -eq 2 ]] || fail "$sub exited $rc, expected 2"
   grep -q "not available yet" <<<"$msg" || fail "$sub did not say 'not available yet': $msg"
@@ -30,6 +30,13 @@ set +e; msg=$("$HH" run --model "$TMP/bad" --tokens 1,2 --out "$TMP/out.h5" 2>&1
 grep -q "config.json" <<<"$msg" || fail "message does not name config.json: $msg"
 [[ ! -e "$TMP/out.h5" ]] || fail "a partial output file was left behind"
 ls "$TMP" | grep -q "out.h5" && fail "a temporary output file was left behind"
+
+# A job spec with a mistake: status 1, the file and the field named, nothing created.
+printf '{"output": "%s/run", "data": [{"bin": "x.bin"}], "stages": [{"name": "align", "steps": 0, "lr": 1, "seq_len": 8}]}' "$TMP" > "$TMP/job.json"
+set +e; msg=$("$HH" train --job "$TMP/job.json" 2>&1); rc=$?; set -e
+[[ $rc -eq 1 ]] || fail "train with a bad job exited $rc: $msg"
+grep -q "job.json" <<<"$msg" && grep -q "stages\[0\].steps" <<<"$msg" || fail "message does not name the file and field: $msg"
+[[ ! -e "$TMP/run" ]] || fail "a refused job created its output directory"
 
 # Usage errors exit 2.
 set +e; "$HH" run --model "$TMP/bad" >/dev/null 2>&1; rc=$?; set -e
