@@ -127,7 +127,7 @@ std::vector<std::pair<std::string, at::Tensor>> named_weights(const StageModels&
   const model::Transformer& base = m.dense ? *m.dense : m.student->teacher();
   model::Weights w = base.weights();
   for (const auto& e : model::weight_table(base.config(), w)) out.emplace_back(e.name, *e.slot);
-  if (m.student) {
+  if (!m.dense && m.student) {
     std::vector<attention::HybridLayerWeights> layers = m.student->layers();
     for (int64_t l = 0; l < base.config().num_hidden_layers; ++l)
       for (const auto& e : attention::hybrid_weight_table(base.config(), m.student->options(),

@@ -69,7 +69,8 @@ struct StageModels {
   std::optional<model::Transformer> teacher;
 };
 
-// Every weight of the dense model or the hybrid under its checkpoint name (handles: shared storage).
+// Every weight of the dense model (when set) or else the hybrid under its checkpoint name (handles:
+// shared storage).
 std::vector<std::pair<std::string, at::Tensor>> named_weights(const StageModels& m);
 // The parameters a stage trains, with requires_grad set on them and cleared on every other weight:
 // align trains the attention blocks (teacher projections and norms of self_attn, and every new
