@@ -24,7 +24,9 @@
 #include "core/interp/task_registry.h"
 #include "core/io/h5.h"
 #include "core/jobs/job.h"
+#include "core/model/tokenizer.h"
 #include "core/model/transformer.h"
+#include "core/train/data.h"
 #include "core/train/trainer.h"
 #include "support/test_support.h"
 #include "support/tiny_config.h"
@@ -252,6 +254,31 @@ TEST(Train, PretrainsADenseModelOnTaskData) {
       for (const char* k : {"loss", "lr", "grad_norm", "tokens_per_s", "eta_s", "global_step"}) EXPECT_TRUE(e.contains(k)) << k;
     }
   EXPECT_EQ(steps, 30);
+}
+
+// The task sources of the shipped job specs name real tasks with valid parameters.
+TEST(Train, ShippedJobSpecsUseRealTasks) {
+  hh::interp::TaskRegistry reg;
+  reg.load_default();
+  const auto tok = hh::model::Tokenizer::load(hh::test::data_dir() / "tokenizer/tiny-tokenizer.json");
+  int tasks = 0;
+  for (const auto& e : fs::directory_iterator(hh::test::source_dir() / "resources/jobs")) {
+    std::ifstream in(e.path());
+    const json j = json::parse(in);
+    std::vector<hh::train::DataSource> sources;
+    for (const auto& src : j["data"])
+      if (src.contains("task")) {
+        hh::train::DataSource s;
+        s.kind = "task";
+        s.task = src["task"];
+        if (src.contains("params")) s.params = src["params"];
+        sources.push_back(s);
+      }
+    if (sources.empty()) continue;
+    tasks += static_cast<int>(sources.size());
+    EXPECT_NO_THROW(hh::train::DataMixture(sources, &tok, &reg, tok.vocab_size(), -1, 0)) << e.path();
+  }
+  EXPECT_GT(tasks, 0);
 }
 
 // ---- the CLI: SIGINT, resume, and a reader following run.h5 ----------------------------------------

@@ -132,5 +132,31 @@ TEST_F(JobSpecTest, LoadNamesTheFileOnBadJson) {
   EXPECT_EQ(s.teacher, dir_ / "teacher") << "paths resolve against the job file's directory";
 }
 
+// The job specs shipped in resources/jobs are valid once their paths point at real files.
+TEST_F(JobSpecTest, ShippedDefaultSpecsAreValid) {
+  std::ofstream(dir_ / "text.jsonl") << "{\"text\": \"x\"}\n";
+  std::ofstream(dir_ / "tok.json") << "{}";
+  std::ofstream(dir_ / "calib.jsonl") << "";
+  int checked = 0;
+  for (const auto& e : fs::directory_iterator(test::source_dir() / "resources/jobs")) {
+    if (e.path().extension() != ".json") continue;
+    std::ifstream in(e.path());
+    json j = json::parse(in);
+    for (const char* k : {"teacher", "hybrid"})
+      if (j.contains(k)) j[k] = (dir_ / "teacher").string();
+    if (j.contains("manifest")) j["manifest"] = (dir_ / "manifest.json").string();
+    if (j.contains("calib")) j["calib"] = (dir_ / "calib.jsonl").string();
+    if (j.contains("model")) j["model"] = {{"config", (dir_ / "config.json").string()}, {"tokenizer", (dir_ / "tok.json").string()}};
+    for (auto& src : j["data"]) {
+      if (src.contains("bin")) src["bin"] = (dir_ / "corpus.bin").string();
+      if (src.contains("jsonl")) src["jsonl"] = (dir_ / "text.jsonl").string();
+    }
+    const JobSpec s = JobSpec::parse(j, dir_, e.path().string());
+    EXPECT_FALSE(s.stages.empty()) << e.path();
+    ++checked;
+  }
+  EXPECT_GE(checked, 3);
+}
+
 }  // namespace
 }  // namespace hh::jobs
