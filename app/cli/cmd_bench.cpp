@@ -304,7 +304,7 @@ struct TrainBenchArgs {
   std::string config, device = "cpu", dtype = "bf16", stages = "align,distil,finetune,dense";
   int64_t seq = 4096, batch = 1, ratio = 7, iters = 5, warmup = 2;
   uint64_t seed = 0;
-  bool json = false;
+  bool json = false, checkpoint_layers = false;
 };
 
 // Peak bytes the caching allocator handed out since the last reset (CUDA only; -1 elsewhere).
@@ -402,7 +402,7 @@ int run_bench_train(const TrainBenchArgs& a) {
       double loss = 0;
       for (int64_t i = 0; i < a.warmup + a.iters; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
-        loss = train::stage_loss(sm, kind, ids, 1.0, true);
+        loss = train::stage_loss(sm, kind, ids, 1.0, true, a.checkpoint_layers);
         train::clip_grad_norm(params, 1.0);
         opt.step(1e-5);
         opt.zero_grad();
@@ -487,6 +487,8 @@ Runner add_bench(CLI::App& app) {
   tr->add_option("--iters", rargs->iters, "Timed steps (median)")->capture_default_str();
   tr->add_option("--warmup", rargs->warmup, "Untimed steps first")->capture_default_str();
   tr->add_option("--seed", rargs->seed, "Seed of weights and tokens")->capture_default_str();
+  tr->add_flag("--activation-checkpointing", rargs->checkpoint_layers,
+               "Recompute each student layer in the backward pass (distil, finetune)");
   tr->add_flag("--json", rargs->json, "Also print one JSON object");
   return [args, targs, tk, aargs, an, rargs, tr] {
     if (tr->parsed()) return run_bench_train(*rargs);

@@ -113,19 +113,57 @@ void HybridModel::save(const fs::path& dir, uint64_t max_shard_bytes) const {
   }
 }
 
-at::Tensor HybridModel::forward(const at::Tensor& ids, bool chunked) const {
+at::Tensor HybridModel::layer_forward(int64_t l, const at::Tensor& x_in, bool chunked) const {
+  const auto& cfg = config();
+  const auto& lw = teacher_.weights().layers[static_cast<size_t>(l)];
+  const at::Tensor xn = model::rms_norm(x_in, lw.input_layernorm, cfg.rms_norm_eps);
+  const at::Tensor y = hybrid_attention(cfg, options_, splits_[static_cast<size_t>(l)], lw, layers_[static_cast<size_t>(l)],
+                                        xn, teacher_.inv_freq(), chunked);
+  const at::Tensor x = x_in + teacher_.attn_out(l, y);
+  return x + teacher_.mlp_out(l, x);
+}
+
+namespace {
+
+// Activation checkpointing of one layer: the forward runs without recording a graph and keeps only
+// the layer's input; the backward runs the layer again with autograd and back-propagates through it,
+// which accumulates the weights' gradients and returns the input's. The model outlives the backward
+// (it is the model being trained), so the node refers to it by address.
+struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t model, int64_t layer,
+                            bool chunked) {
+    ctx->saved_data["model"] = model;
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["chunked"] = chunked;
+    ctx->save_for_backward({x});
+    return reinterpret_cast<const HybridModel*>(model)->layer_forward(layer, x, chunked);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    const auto* model = reinterpret_cast<const HybridModel*>(ctx->saved_data["model"].toInt());
+    const at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    at::Tensor y;
+    {
+      at::AutoGradMode enable(true);
+      y = model->layer_forward(ctx->saved_data["layer"].toInt(), x, ctx->saved_data["chunked"].toBool());
+    }
+    torch::autograd::backward({y}, {grad[0]});
+    return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor HybridModel::forward(const at::Tensor& ids, bool chunked, bool checkpoint_layers) const {
   const auto& cfg = config();
   const auto& w = teacher_.weights();
   if (ids.dim() != 2) throw Error("hybrid forward: token ids must be [B, T], got " + shape_str(ids.sizes()));
   at::Tensor x = at::embedding(w.embed_tokens, ids.to(teacher_.device(), at::kLong));  // [B, T, d]
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    const auto& lw = w.layers[static_cast<size_t>(l)];
-    const at::Tensor xn = model::rms_norm(x, lw.input_layernorm, cfg.rms_norm_eps);
-    const at::Tensor y = hybrid_attention(cfg, options_, splits_[static_cast<size_t>(l)], lw,
-                                          layers_[static_cast<size_t>(l)], xn, teacher_.inv_freq(), chunked);
-    x = x + teacher_.attn_out(l, y);
-    x = x + teacher_.mlp_out(l, x);
-  }
+  const bool checkpoint = checkpoint_layers && at::GradMode::is_enabled();
+  // A checkpointed layer's weights get their gradients only when its node runs, which needs an input
+  // that requires grad even when the embeddings are frozen.
+  if (checkpoint && !x.requires_grad()) x = x.detach().requires_grad_(true);
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
+    x = checkpoint ? CheckpointedLayer::apply(x, reinterpret_cast<int64_t>(this), l, chunked) : layer_forward(l, x, chunked);
   return teacher_.unembed(x);
 }
 

@@ -30,8 +30,13 @@ class HybridModel {
   void save(const std::filesystem::path& dir, uint64_t max_shard_bytes = 0) const;
 
   // Logits [B, T, V] (float32; float64 for a float64 model) of whole sequences. chunked: the chunked
-  // gated delta rule (else the recurrence, the oracle).
-  at::Tensor forward(const at::Tensor& ids, bool chunked = true) const;
+  // gated delta rule (else the recurrence, the oracle). checkpoint_layers (activation checkpointing,
+  // for training on long sequences): with autograd on, each layer keeps only its input and is run
+  // again during the backward pass, so the graph holds one layer's activations at a time; the values
+  // and gradients are those of the plain forward.
+  at::Tensor forward(const at::Tensor& ids, bool chunked = true, bool checkpoint_layers = false) const;
+  // One decoder layer on the residual stream x [B, T, d] (attention block + MLP, residuals added).
+  at::Tensor layer_forward(int64_t layer, const at::Tensor& x, bool chunked = true) const;
 
   // Incremental inference: the first call is the prefill, each later one continues the same
   // sequences (e.g. one token at a time). Returns the logits of the new tokens [B, T, V].

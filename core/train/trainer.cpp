@@ -187,7 +187,8 @@ at::Tensor kl_divergence(const at::Tensor& teacher_logits, const at::Tensor& stu
 
 }  // namespace
 
-double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, double scale, bool backward) {
+double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, double scale, bool backward,
+                  bool checkpoint_layers) {
   if (kind == StageKind::Pretrain ? !m.dense : !m.student) throw Error(std::string("stage ") + jobs::stage_kind_name(kind) + ": no model to train");
   if ((kind == StageKind::Align || kind == StageKind::Distil) && !m.teacher)
     throw Error(std::string("stage ") + jobs::stage_kind_name(kind) + " needs the teacher");
@@ -203,7 +204,7 @@ double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, d
       return loss.item<double>();
     }
     case StageKind::Finetune: {
-      at::Tensor loss = cross_entropy(m.student->forward(input), target);
+      at::Tensor loss = cross_entropy(m.student->forward(input, true, checkpoint_layers), target);
       if (backward) (loss * scale).backward();
       return loss.item<double>();
     }
@@ -213,7 +214,7 @@ double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, d
         at::NoGradGuard ng;
         t = m.teacher->forward(input).logits;
       }
-      at::Tensor loss = kl_divergence(t, m.student->forward(input));
+      at::Tensor loss = kl_divergence(t, m.student->forward(input, true, checkpoint_layers));
       if (backward) (loss * scale).backward();
       return loss.item<double>();
     }
@@ -455,7 +456,7 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       double loss = 0;
       for (int64_t a = 0; a < st.grad_accum; ++a) {
         const at::Tensor ids = data.batch((k * st.grad_accum + a) * st.batch, st.batch, st.seq_len).to(device);
-        loss += stage_loss(m, st.kind, ids, 1.0 / static_cast<double>(st.grad_accum), true);
+        loss += stage_loss(m, st.kind, ids, 1.0 / static_cast<double>(st.grad_accum), true, st.activation_checkpointing);
       }
       loss /= static_cast<double>(st.grad_accum);
       if (!std::isfinite(loss))

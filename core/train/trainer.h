@@ -82,7 +82,9 @@ std::vector<Param> stage_params(const StageModels& m, jobs::StageKind kind);
 //   align               mean over layers of the MSE between the student's attention output on the
 //                       teacher's layer input and the teacher's attention output
 // With `backward`, the gradients of scale * loss are accumulated (align: layer by layer, so only one
-// layer's graph is alive at a time). Returns the loss.
-double stage_loss(const StageModels& m, jobs::StageKind kind, const at::Tensor& ids, double scale, bool backward);
+// layer's graph is alive at a time). checkpoint_layers: activation checkpointing of the student's layers
+// in distil and finetune (HybridModel::forward). Returns the loss.
+double stage_loss(const StageModels& m, jobs::StageKind kind, const at::Tensor& ids, double scale, bool backward,
+                  bool checkpoint_layers = false);
 
 }  // namespace hh::train

@@ -24,6 +24,7 @@
 #include "core/interp/task_registry.h"
 #include "core/io/h5.h"
 #include "core/jobs/job.h"
+#include "core/select/manifest.h"
 #include "core/model/tokenizer.h"
 #include "core/model/transformer.h"
 #include "core/train/data.h"
@@ -254,6 +255,34 @@ TEST(Train, PretrainsADenseModelOnTaskData) {
       for (const char* k : {"loss", "lr", "grad_norm", "tokens_per_s", "eta_s", "global_step"}) EXPECT_TRUE(e.contains(k)) << k;
     }
   EXPECT_EQ(steps, 30);
+}
+
+// Activation checkpointing changes memory, not math: the same loss and the same gradient for every
+// weight, including the layers' (accumulated by the re-run in the backward pass).
+TEST(Train, ActivationCheckpointingGivesTheSameLossAndGradients) {
+  const Fixture f = make_fixture("train_ckpt_layers");
+  hh::train::StageModels m;
+  m.teacher.emplace(hh::model::Transformer::load(f.teacher));
+  hh::attention::ConvertOptions co;
+  co.seed = 2;
+  m.student.emplace(hh::attention::convert(hh::model::Transformer::load(f.teacher), hh::select::read_manifest(f.manifest), co));
+  const at::Tensor ids = probe_batch(f.corpus);
+  for (auto kind : {hh::jobs::StageKind::Finetune, hh::jobs::StageKind::Distil}) {
+    const auto params = hh::train::stage_params(m, kind);
+    const double plain = hh::train::stage_loss(m, kind, ids, 1.0, true, false);
+    std::vector<at::Tensor> g_plain;
+    for (const auto& p : params) {
+      g_plain.push_back(p.tensor.grad().clone());
+      p.tensor.mutable_grad() = at::Tensor();
+    }
+    const double ckpt = hh::train::stage_loss(m, kind, ids, 1.0, true, true);
+    EXPECT_EQ(plain, ckpt);
+    for (size_t i = 0; i < params.size(); ++i) {
+      ASSERT_TRUE(params[i].tensor.grad().defined()) << params[i].name;
+      EXPECT_TRUE(at::allclose(params[i].tensor.grad(), g_plain[i], 1e-5, 1e-7)) << params[i].name;
+      params[i].tensor.mutable_grad() = at::Tensor();
+    }
+  }
 }
 
 // The task sources of the shipped job specs name real tasks with valid parameters.
