@@ -571,6 +571,22 @@ TEST(BuiltinTasks, OtherParametersTakeEffect) {
   }
 }
 
+// Training draws thousands of arithmetic problems; one whose operands cannot
+// be changed to move the result's first digit is drawn again rather than failing the generator.
+TEST(BuiltinTasks, ArithmeticRedrawsProblemsWithoutACorruption) {
+  TokenizerAdapter adapter(tiny());
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    const Generated ar = generate(task_by_id("arithmetic"), {{"length", 400}, {"num_examples", 1000}, {"digits", 1}},
+                                  seed, adapter.abi);
+    ASSERT_EQ(ar.rc, 0) << ar.err;
+    ASSERT_EQ(ar.examples.size(), 1000u);
+    for (const auto& ex : ar.examples) {
+      const std::string r = ex["meta"]["result"], c = ex["meta"]["corrupt_result"];
+      ASSERT_NE(r[0], c[0]) << r << " vs " << c;
+    }
+  }
+}
+
 TEST(BuiltinTasks, ImpossibleContentsFailClearly) {
   TokenizerAdapter adapter(tiny());
   // Twelve distinct one-digit numbers do not exist.

@@ -39,35 +39,41 @@ sdk::Example arithmetic_example(const sdk::Context& ctx, const Haystack& hay, in
   const int digits = static_cast<int>(ctx.params.integer("digits"));
   const std::string container = rng.pick(kContainers), items = rng.pick(kItems);
 
-  std::set<std::string> taken;
-  std::vector<int64_t> operands{std::stoll(draw_number(rng, digits, taken))};
+  // A problem, then one operand changed so that the result changes its first digit. Some problems
+  // have no such change (e.g. a small total that every same-length operand keeps below ten); those
+  // are drawn again.
+  std::vector<int64_t> operands;
   std::vector<char> ops;
-  int64_t total = operands[0];
-  for (int64_t s = 0; s < steps; ++s) {
-    // Numbers may repeat across steps, so draw from a fresh set each time.
-    std::set<std::string> any;
-    const int64_t n = std::stoll(draw_number(rng, digits, any));
-    const char op = rng.below(2) == 0 || n > total ? '+' : '-';
-    total += op == '+' ? n : -n;
-    operands.push_back(n);
-    ops.push_back(op);
-  }
-  const std::string result = std::to_string(total);
-
-  // Corrupt one operand so that the result changes its first digit.
+  std::string result;
   size_t which = 0;
   std::string corrupt_operand, corrupt_result;
-  for (int attempt = 0; attempt < kMaxDraws && corrupt_result.empty(); ++attempt) {
-    which = static_cast<size_t>(rng.below(operands.size()));
-    std::set<std::string> seen{std::to_string(operands[which])};
-    auto candidate = try_same_length_number(rng, tok, std::to_string(operands[which]), digits, seen);
-    if (!candidate) continue;
-    std::vector<int64_t> changed = operands;
-    changed[which] = std::stoll(*candidate);
-    const auto r = evaluate(changed, ops);
-    if (!r || !differs_at_first_digit(result, std::to_string(*r))) continue;
-    corrupt_operand = *candidate;
-    corrupt_result = std::to_string(*r);
+  for (int problem = 0; problem < 64 && corrupt_result.empty(); ++problem) {
+    std::set<std::string> taken;
+    operands = {std::stoll(draw_number(rng, digits, taken))};
+    ops.clear();
+    int64_t total = operands[0];
+    for (int64_t s = 0; s < steps; ++s) {
+      // Numbers may repeat across steps, so draw from a fresh set each time.
+      std::set<std::string> any;
+      const int64_t n = std::stoll(draw_number(rng, digits, any));
+      const char op = rng.below(2) == 0 || n > total ? '+' : '-';
+      total += op == '+' ? n : -n;
+      operands.push_back(n);
+      ops.push_back(op);
+    }
+    result = std::to_string(total);
+    for (int attempt = 0; attempt < kMaxDraws && corrupt_result.empty(); ++attempt) {
+      which = static_cast<size_t>(rng.below(operands.size()));
+      std::set<std::string> seen{std::to_string(operands[which])};
+      auto candidate = try_same_length_number(rng, tok, std::to_string(operands[which]), digits, seen);
+      if (!candidate) continue;
+      std::vector<int64_t> changed = operands;
+      changed[which] = std::stoll(*candidate);
+      const auto r = evaluate(changed, ops);
+      if (!r || !differs_at_first_digit(result, std::to_string(*r))) continue;
+      corrupt_operand = *candidate;
+      corrupt_result = std::to_string(*r);
+    }
   }
   if (corrupt_result.empty()) {
     throw sdk::Error(
