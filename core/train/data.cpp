@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <thread>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -112,12 +115,40 @@ std::vector<int64_t> DataMixture::sample(int64_t index, int64_t seq_len) {
 }
 
 at::Tensor DataMixture::batch(int64_t first, int64_t n, int64_t seq_len) {
+  if (first < 0 || n < 0) throw Error("training data: negative sample index or count");
+  if (seq_len < 1) throw Error("training data: seq_len must be >= 1");
   at::Tensor out = at::empty({n, seq_len + 1}, at::TensorOptions().dtype(at::kLong));
   auto* dst = out.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    const auto ids = sample(first + i, seq_len);
+  auto put = [&](int64_t i, const std::vector<int64_t>& ids) {
     std::memcpy(dst + i * (seq_len + 1), ids.data(), sizeof(int64_t) * static_cast<std::size_t>(seq_len + 1));
+  };
+  // Stream samples are copies (serial); task samples run generators, spread over worker threads.
+  std::vector<int64_t> task_rows;
+  for (int64_t i = 0; i < n; ++i) {
+    if (streams_[source_of(first + i)]) put(i, sample(first + i, seq_len));
+    else task_rows.push_back(i);
   }
+  if (task_rows.empty()) return out;
+  const std::size_t workers = std::min<std::size_t>(task_rows.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::atomic<std::size_t> next{0};
+  std::vector<std::exception_ptr> errors(workers);
+  auto work = [&](std::size_t w) {
+    try {
+      for (std::size_t j = next++; j < task_rows.size(); j = next++) {
+        const int64_t i = task_rows[j];
+        put(i, task_sample(source_of(first + i), first + i, seq_len));
+      }
+    } catch (...) {
+      errors[w] = std::current_exception();
+      next = task_rows.size();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(work, w);
+  work(0);
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
   return out;
 }
 
@@ -146,35 +177,20 @@ std::vector<int64_t> DataMixture::stream_sample(std::size_t s, int64_t index, in
   return out;
 }
 
-namespace {
-constexpr int64_t kTaskBlock = 16;  // examples generated per plugin call
-}
-
-const interp::CalibExample& DataMixture::task_example(std::size_t s, int64_t k) {
-  const int64_t block = k / kTaskBlock;
-  auto key = std::make_pair(s, block);
-  auto it = task_blocks_.find(key);
-  if (it == task_blocks_.end()) {
-    if (task_blocks_.size() >= 8) task_blocks_.erase(task_blocks_.begin());
-    nlohmann::json params = sources_[s].params;
-    params["num_examples"] = kTaskBlock;
-    auto examples = tasks_->generate(sources_[s].task, params, *tok_, mix_seed(seed_, 0x7a5c, s, static_cast<uint64_t>(block)));
-    if (examples.empty()) throw Error("training data: task " + sources_[s].task + " generated no examples");
-    it = task_blocks_.emplace(key, std::move(examples)).first;
-  }
-  const auto& ex = it->second;
-  return ex[static_cast<std::size_t>(k - block * kTaskBlock) % ex.size()];
-}
-
-std::vector<int64_t> DataMixture::task_sample(std::size_t s, int64_t index, int64_t seq_len) {
+std::vector<int64_t> DataMixture::task_sample(std::size_t s, int64_t index, int64_t seq_len) const {
+  // Example k of the sample comes from its own seed, one plugin call each: nothing is generated that
+  // the sample does not use, and samples can be made in any order or in parallel.
+  nlohmann::json params = sources_[s].params;
+  params["num_examples"] = 1;
   std::vector<int64_t> out;
   out.reserve(static_cast<std::size_t>(seq_len + 1));
-  for (int64_t k = index; static_cast<int64_t>(out.size()) < seq_len + 1; ++k) {
-    if (k > index + 4096) throw Error("training data: task " + sources_[s].task + " yields empty examples");
+  for (uint64_t k = 0; static_cast<int64_t>(out.size()) < seq_len + 1; ++k) {
+    if (k > 4096) throw Error("training data: task " + sources_[s].task + " yields empty examples");
+    const auto ex = tasks_->generate(sources_[s].task, params, *tok_, mix_seed(seed_, 0x7a5c00 + s, static_cast<uint64_t>(index), k));
+    if (ex.empty()) throw Error("training data: task " + sources_[s].task + " generated no example");
     if (!out.empty() && eos_ >= 0) out.push_back(eos_);
-    const auto& ex = task_example(s, k);
-    out.insert(out.end(), ex.clean_ids.begin(), ex.clean_ids.end());
-    out.insert(out.end(), ex.answer_ids.begin(), ex.answer_ids.end());
+    out.insert(out.end(), ex[0].clean_ids.begin(), ex[0].clean_ids.end());
+    out.insert(out.end(), ex[0].answer_ids.begin(), ex[0].answer_ids.end());
   }
   out.resize(static_cast<std::size_t>(seq_len + 1));
   return out;

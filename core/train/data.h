@@ -7,9 +7,10 @@
 //             the windows are visited in a fresh seeded permutation every epoch.
 //  - "jsonl": one {"text": ...} object a line, tokenised when the source is opened and concatenated,
 //             then as "bin".
-//  - "task":  examples of a calibration-task plugin (prompt followed by its answer), generated from a
-//             seed derived from the sample index; an example shorter than the window is followed by
-//             the next ones (separated by the end-of-sequence id when the model has one).
+//  - "task":  examples of a calibration-task plugin (prompt followed by its answer), each generated from
+//             a seed derived from the sample index; an example shorter than the window is followed by
+//             more (separated by the end-of-sequence id when the model has one). batch() generates
+//             them on several threads.
 // Sample i takes its source from a seeded draw over the weights, then that source's i-th sample.
 #include <cstdint>
 #include <filesystem>
@@ -65,8 +66,7 @@ class DataMixture {
 
  private:
   std::vector<int64_t> stream_sample(std::size_t s, int64_t index, int64_t seq_len);
-  std::vector<int64_t> task_sample(std::size_t s, int64_t index, int64_t seq_len);
-  const interp::CalibExample& task_example(std::size_t s, int64_t k);
+  std::vector<int64_t> task_sample(std::size_t s, int64_t index, int64_t seq_len) const;
 
   std::vector<DataSource> sources_;
   std::vector<double> cumulative_;   // normalised cumulative weights
@@ -75,8 +75,6 @@ class DataMixture {
   const interp::TaskRegistry* tasks_;
   int64_t vocab_, eos_;
   uint64_t seed_;
-  // Generated task examples by (source, block), a few blocks kept.
-  std::map<std::pair<std::size_t, int64_t>, std::vector<interp::CalibExample>> task_blocks_;
 };
 
 }  // namespace hh::train

@@ -285,6 +285,32 @@ TEST(Train, ActivationCheckpointingGivesTheSameLossAndGradients) {
   }
 }
 
+// Task samples are generated on several threads; the batch must equal the samples made one by one,
+// in any order, from their indices alone.
+TEST(TrainData, TaskSamplesInParallelEqualSerialOnes) {
+  hh::interp::TaskRegistry reg;
+  reg.load_default();
+  const auto tok = hh::model::Tokenizer::load(hh::test::data_dir() / "tokenizer/tiny-tokenizer.json");
+  hh::train::DataSource a, b;
+  a.kind = b.kind = "task";
+  a.task = "niah-single";
+  a.params = {{"length", 400}, {"haystack", "noise"}};
+  b.task = "induction";
+  b.params = {{"length", 200}};
+  hh::train::DataMixture mix({a, b}, &tok, &reg, tok.vocab_size(), 0, 9);
+  const at::Tensor batch = mix.batch(100, 12, 300);
+  std::set<std::vector<int64_t>> distinct;
+  for (int64_t i = 11; i >= 0; --i) {
+    const auto one = mix.sample(100 + i, 300);
+    distinct.insert(one);
+    EXPECT_TRUE(at::equal(batch[i], at::tensor(one, at::kLong))) << "row " << i;
+  }
+  EXPECT_EQ(distinct.size(), 12u);
+  // A 200-token induction example does not fill 301 tokens: the next one follows after the separator.
+  for (int64_t i = 0; i < 12; ++i)
+    if (mix.source_of(100 + i) == 1) EXPECT_TRUE((batch[i] == 0).any().item<bool>()) << "row " << i;
+}
+
 // The task sources of the shipped job specs name real tasks with valid parameters.
 TEST(Train, ShippedJobSpecsUseRealTasks) {
   hh::interp::TaskRegistry reg;
