@@ -107,7 +107,7 @@ std::vector<train::DataSource> parse_sources(const json& j, const fs::path& base
   std::vector<train::DataSource> out;
   for (std::size_t i = 0; i < j.size(); ++i) {
     const Fields f(j[i], where, path + "[" + std::to_string(i) + "]");
-    f.only({"bin", "jsonl", "task", "params", "weight"});
+    f.only({"bin", "jsonl", "task", "params", "weight", "loss"});
     train::DataSource s;
     const int kinds = int(f.has("bin")) + int(f.has("jsonl")) + int(f.has("task"));
     if (kinds != 1) f.fail("", "needs exactly one of \"bin\", \"jsonl\" or \"task\"");
@@ -127,6 +127,10 @@ std::vector<train::DataSource> parse_sources(const json& j, const fs::path& base
       s.params = f.at("params");
     }
     s.weight = f.number("weight", 1.0, 1e-12, 1e12);
+    const std::string loss = f.str("loss", "all");
+    if (loss != "all" && loss != "answer") f.fail("loss", "must be \"all\" or \"answer\", got \"" + loss + "\"");
+    if (loss == "answer" && s.kind != "task") f.fail("loss", "\"answer\" needs a task source (its examples have answers)");
+    s.answer_loss_only = loss == "answer";
     if (s.kind != "task" && !fs::is_regular_file(s.path)) f.fail(s.kind, s.path.string() + ": no such file");
     out.push_back(std::move(s));
   }

@@ -107,25 +107,32 @@ std::size_t DataMixture::source_of(int64_t index) const {
   return static_cast<std::size_t>(std::upper_bound(cumulative_.begin(), cumulative_.end(), u) - cumulative_.begin());
 }
 
-std::vector<int64_t> DataMixture::sample(int64_t index, int64_t seq_len) {
+DataMixture::Sample DataMixture::make_sample(int64_t index, int64_t seq_len) {
   if (index < 0) throw Error("training data: negative sample index");
   if (seq_len < 1) throw Error("training data: seq_len must be >= 1");
   const std::size_t s = std::min(source_of(index), sources_.size() - 1);
-  return streams_[s] ? stream_sample(s, index, seq_len) : task_sample(s, index, seq_len);
+  if (!streams_[s]) return task_sample(s, index, seq_len);
+  return {stream_sample(s, index, seq_len), std::vector<uint8_t>(static_cast<std::size_t>(seq_len), 1)};
 }
 
-at::Tensor DataMixture::batch(int64_t first, int64_t n, int64_t seq_len) {
+std::vector<int64_t> DataMixture::sample(int64_t index, int64_t seq_len) { return make_sample(index, seq_len).ids; }
+
+at::Tensor DataMixture::batch(int64_t first, int64_t n, int64_t seq_len, at::Tensor* target_mask) {
   if (first < 0 || n < 0) throw Error("training data: negative sample index or count");
   if (seq_len < 1) throw Error("training data: seq_len must be >= 1");
   at::Tensor out = at::empty({n, seq_len + 1}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor mask = at::empty({n, seq_len}, at::TensorOptions().dtype(at::kByte));
   auto* dst = out.data_ptr<int64_t>();
-  auto put = [&](int64_t i, const std::vector<int64_t>& ids) {
-    std::memcpy(dst + i * (seq_len + 1), ids.data(), sizeof(int64_t) * static_cast<std::size_t>(seq_len + 1));
+  auto* mdst = mask.data_ptr<uint8_t>();
+  auto put = [&](int64_t i, const Sample& x) {
+    std::memcpy(dst + i * (seq_len + 1), x.ids.data(), sizeof(int64_t) * static_cast<std::size_t>(seq_len + 1));
+    std::memcpy(mdst + i * seq_len, x.targets.data(), static_cast<std::size_t>(seq_len));
   };
+  if (target_mask) *target_mask = mask;
   // Stream samples are copies (serial); task samples run generators, spread over worker threads.
   std::vector<int64_t> task_rows;
   for (int64_t i = 0; i < n; ++i) {
-    if (streams_[source_of(first + i)]) put(i, sample(first + i, seq_len));
+    if (streams_[source_of(first + i)]) put(i, make_sample(first + i, seq_len));
     else task_rows.push_back(i);
   }
   if (task_rows.empty()) return out;
@@ -177,22 +184,31 @@ std::vector<int64_t> DataMixture::stream_sample(std::size_t s, int64_t index, in
   return out;
 }
 
-std::vector<int64_t> DataMixture::task_sample(std::size_t s, int64_t index, int64_t seq_len) const {
+DataMixture::Sample DataMixture::task_sample(std::size_t s, int64_t index, int64_t seq_len) const {
   // Example k of the sample comes from its own seed, one plugin call each: nothing is generated that
   // the sample does not use, and samples can be made in any order or in parallel.
   nlohmann::json params = sources_[s].params;
   params["num_examples"] = 1;
-  std::vector<int64_t> out;
-  out.reserve(static_cast<std::size_t>(seq_len + 1));
-  for (uint64_t k = 0; static_cast<int64_t>(out.size()) < seq_len + 1; ++k) {
+  const bool all = !sources_[s].answer_loss_only;
+  const auto need = static_cast<std::size_t>(seq_len + 1);
+  Sample out;
+  out.ids.reserve(need);
+  std::vector<uint8_t> counts;   // per token: does predicting it count
+  for (uint64_t k = 0; out.ids.size() < need; ++k) {
     if (k > 4096) throw Error("training data: task " + sources_[s].task + " yields empty examples");
     const auto ex = tasks_->generate(sources_[s].task, params, *tok_, mix_seed(seed_, 0x7a5c00 + s, static_cast<uint64_t>(index), k));
     if (ex.empty()) throw Error("training data: task " + sources_[s].task + " generated no example");
-    if (!out.empty() && eos_ >= 0) out.push_back(eos_);
-    out.insert(out.end(), ex[0].clean_ids.begin(), ex[0].clean_ids.end());
-    out.insert(out.end(), ex[0].answer_ids.begin(), ex[0].answer_ids.end());
+    if (!out.ids.empty() && eos_ >= 0) {
+      out.ids.push_back(eos_);
+      counts.push_back(all);
+    }
+    out.ids.insert(out.ids.end(), ex[0].clean_ids.begin(), ex[0].clean_ids.end());
+    counts.insert(counts.end(), ex[0].clean_ids.size(), all);
+    out.ids.insert(out.ids.end(), ex[0].answer_ids.begin(), ex[0].answer_ids.end());
+    counts.insert(counts.end(), ex[0].answer_ids.size(), 1);
   }
-  out.resize(static_cast<std::size_t>(seq_len + 1));
+  out.ids.resize(need);
+  out.targets.assign(counts.begin() + 1, counts.begin() + static_cast<std::ptrdiff_t>(need));
   return out;
 }
 

@@ -39,6 +39,7 @@ struct DataSource {
   std::string task;                 // task id
   nlohmann::json params = nlohmann::json::object();   // task parameters
   double weight = 1.0;
+  bool answer_loss_only = false;    // task: only the answer tokens are prediction targets
   std::string describe() const;     // "corpus.bin", "task niah-single"
 };
 
@@ -55,8 +56,10 @@ class DataMixture {
   DataMixture(DataMixture&&) noexcept;
   DataMixture& operator=(DataMixture&&) noexcept;
 
-  // Token ids [n, seq_len + 1] (int64, CPU) of samples first .. first + n - 1.
-  at::Tensor batch(int64_t first, int64_t n, int64_t seq_len);
+  // Token ids [n, seq_len + 1] (int64, CPU) of samples first .. first + n - 1. With target_mask, also
+  // which next-token targets count [n, seq_len] (uint8; column j is the prediction of token j + 1):
+  // all of them, except in samples of answer_loss_only task sources, where only answer tokens count.
+  at::Tensor batch(int64_t first, int64_t n, int64_t seq_len, at::Tensor* target_mask = nullptr);
   // One sample; its source index is source_of(index).
   std::vector<int64_t> sample(int64_t index, int64_t seq_len);
   std::size_t source_of(int64_t index) const;
@@ -65,8 +68,13 @@ class DataMixture {
   struct Stream;  // a token stream (defined in data.cpp)
 
  private:
+  struct Sample {
+    std::vector<int64_t> ids;       // seq_len + 1
+    std::vector<uint8_t> targets;   // seq_len: 1 where predicting ids[j + 1] counts
+  };
+  Sample make_sample(int64_t index, int64_t seq_len);
   std::vector<int64_t> stream_sample(std::size_t s, int64_t index, int64_t seq_len);
-  std::vector<int64_t> task_sample(std::size_t s, int64_t index, int64_t seq_len) const;
+  Sample task_sample(std::size_t s, int64_t index, int64_t seq_len) const;
 
   std::vector<DataSource> sources_;
   std::vector<double> cumulative_;   // normalised cumulative weights

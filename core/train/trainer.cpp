@@ -171,10 +171,18 @@ void save_model_dir(const Models& m, const fs::path& dir) {
 
 // ---- losses ---------------------------------------------------------------------------------------
 
-// Mean next-token cross-entropy of logits [B, T, V] for targets [B, T].
-at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
+// Next-token cross-entropy of logits [B, T, V] for targets [B, T]: the mean over all tokens, or with a
+// mask [B, T] the mean over rows (that have any) of each row's mean over its counted targets.
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& mask) {
   const int64_t V = logits.size(-1);
-  return at::nll_loss(at::log_softmax(logits.reshape({-1, V}).to(at::kFloat), -1), targets.reshape({-1}));
+  if (!mask.defined())
+    return at::nll_loss(at::log_softmax(logits.reshape({-1, V}).to(at::kFloat), -1), targets.reshape({-1}));
+  const at::Tensor nll = -at::log_softmax(logits.to(at::kFloat), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1);  // [B, T]
+  const at::Tensor m = mask.to(at::kFloat);
+  const at::Tensor count = m.sum(1);                                              // [B]
+  const at::Tensor row = (nll * m).sum(1) / count.clamp_min(1.0);
+  const at::Tensor has = (count > 0).to(at::kFloat);
+  return (row * has).sum() / has.sum().clamp_min(1.0);
 }
 
 // Mean over tokens of KL(teacher || student) = sum_v p_t (log p_t - log p_s), temperature 1.
@@ -188,7 +196,7 @@ at::Tensor kl_divergence(const at::Tensor& teacher_logits, const at::Tensor& stu
 }  // namespace
 
 double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, double scale, bool backward,
-                  bool checkpoint_layers) {
+                  bool checkpoint_layers, const at::Tensor& target_mask) {
   if (kind == StageKind::Pretrain ? !m.dense : !m.student) throw Error(std::string("stage ") + jobs::stage_kind_name(kind) + ": no model to train");
   if ((kind == StageKind::Align || kind == StageKind::Distil) && !m.teacher)
     throw Error(std::string("stage ") + jobs::stage_kind_name(kind) + " needs the teacher");
@@ -199,12 +207,12 @@ double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, d
   const at::Tensor target = ids.narrow(1, 1, ids.size(1) - 1);
   switch (kind) {
     case StageKind::Pretrain: {
-      at::Tensor loss = cross_entropy(m.dense->forward(input).logits, target);
+      at::Tensor loss = cross_entropy(m.dense->forward(input).logits, target, target_mask);
       if (backward) (loss * scale).backward();
       return loss.item<double>();
     }
     case StageKind::Finetune: {
-      at::Tensor loss = cross_entropy(m.student->forward(input, true, checkpoint_layers), target);
+      at::Tensor loss = cross_entropy(m.student->forward(input, true, checkpoint_layers), target, target_mask);
       if (backward) (loss * scale).backward();
       return loss.item<double>();
     }
@@ -438,8 +446,9 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       double sum = 0;
       for (int64_t b = 0; b < st.eval_batches; ++b) {
         const int64_t first = held_out ? b * st.batch : kEvalIndexBase + b * st.batch;
-        const at::Tensor ids = (held_out ? *held_out : data).batch(first, st.batch, st.seq_len).to(device);
-        sum += stage_loss(m, st.kind, ids, 1.0, false);
+        at::Tensor mask;
+        const at::Tensor ids = (held_out ? *held_out : data).batch(first, st.batch, st.seq_len, &mask).to(device);
+        sum += stage_loss(m, st.kind, ids, 1.0, false, false, mask.to(device));
       }
       const double loss = sum / static_cast<double>(st.eval_batches);
       const int64_t global = log.train_rows();
@@ -455,8 +464,10 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       const double lr = schedule_lr(st.schedule, st.lr, st.min_lr, st.warmup, k, st.steps);
       double loss = 0;
       for (int64_t a = 0; a < st.grad_accum; ++a) {
-        const at::Tensor ids = data.batch((k * st.grad_accum + a) * st.batch, st.batch, st.seq_len).to(device);
-        loss += stage_loss(m, st.kind, ids, 1.0 / static_cast<double>(st.grad_accum), true, st.activation_checkpointing);
+        at::Tensor mask;
+        const at::Tensor ids = data.batch((k * st.grad_accum + a) * st.batch, st.batch, st.seq_len, &mask).to(device);
+        loss += stage_loss(m, st.kind, ids, 1.0 / static_cast<double>(st.grad_accum), true, st.activation_checkpointing,
+                           mask.to(device));
       }
       loss /= static_cast<double>(st.grad_accum);
       if (!std::isfinite(loss))

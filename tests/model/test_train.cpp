@@ -311,6 +311,66 @@ TEST(TrainData, TaskSamplesInParallelEqualSerialOnes) {
     if (mix.source_of(100 + i) == 1) EXPECT_TRUE((batch[i] == 0).any().item<bool>()) << "row " << i;
 }
 
+// "loss": "answer" task sources count only their answers: the mask marks exactly the answer tokens of
+// each example, and the cross-entropy averages each row over them.
+TEST(TrainData, AnswerOnlySourcesMaskEverythingButTheAnswers) {
+  hh::interp::TaskRegistry reg;
+  reg.load_default();
+  const auto tok = hh::model::Tokenizer::load(hh::test::data_dir() / "tokenizer/tiny-tokenizer.json");
+  hh::train::DataSource a;
+  a.kind = "task";
+  a.task = "niah-single";
+  a.params = {{"length", 400}, {"haystack", "noise"}};
+  a.answer_loss_only = true;
+  hh::train::DataMixture mix({a}, &tok, &reg, tok.vocab_size(), -1, 4);
+  // The examples the source makes: seed mix(seed, 0x7a5c00 + source, index, k) for example k of a sample.
+  auto example = [&](uint64_t index, uint64_t k) {
+    return reg.generate("niah-single", {{"length", 400}, {"haystack", "noise"}, {"num_examples", 1}}, tok,
+                        hh::train::mix_seed(4, 0x7a5c00, index, k))[0];
+  };
+  const auto first = example(7, 0);
+  const int64_t p = static_cast<int64_t>(first.clean_ids.size()), n = static_cast<int64_t>(first.answer_ids.size());
+  const int64_t seq = p + n + 20;   // one example and the start of the next, whose answer is cut off
+  at::Tensor mask;
+  const at::Tensor ids = mix.batch(7, 2, seq, &mask);
+  ASSERT_EQ(mask.sizes(), (at::IntArrayRef{2, seq}));
+  for (int64_t r = 0; r < 2; ++r) {
+    const auto ex = example(static_cast<uint64_t>(7 + r), 0);
+    ASSERT_EQ(static_cast<int64_t>(ex.clean_ids.size()), p);
+    ASSERT_EQ(static_cast<int64_t>(ex.answer_ids.size()), n);
+    const auto next = example(static_cast<uint64_t>(7 + r), 1);
+    for (int64_t j = 0; j < seq; ++j) {
+      const bool answer = j + 1 >= p && j + 1 < p + n;
+      EXPECT_EQ(mask[r][j].item<int>(), answer ? 1 : 0) << "row " << r << " target " << j;
+      if (answer) EXPECT_EQ(ids[r][j + 1].item<int64_t>(), ex.answer_ids[static_cast<size_t>(j + 1 - p)]);
+      if (j + 1 >= p + n) EXPECT_EQ(ids[r][j + 1].item<int64_t>(), next.clean_ids[static_cast<size_t>(j + 1 - p - n)]);
+    }
+  }
+}
+
+TEST(Train, MaskedCrossEntropyAveragesEachRowOverItsCountedTargets) {
+  const Fixture f = make_fixture("train_masked_ce");
+  hh::train::StageModels m;
+  m.dense.emplace(hh::model::Transformer::load(f.teacher));
+  const at::Tensor ids = probe_batch(f.corpus);   // [2, 48]
+  const at::Tensor input = ids.narrow(1, 0, 47), target = ids.narrow(1, 1, 47);
+  at::Tensor nll;
+  {
+    at::NoGradGuard ng;
+    nll = -at::log_softmax(m.dense->forward(input).logits, -1).gather(-1, target.unsqueeze(-1)).squeeze(-1);  // [2, 47]
+  }
+  at::Tensor mask = at::zeros({2, 47}, at::kByte);
+  mask[0].narrow(0, 10, 3).fill_(1);   // row 0 counts 3 targets, row 1 all 47
+  mask[1].fill_(1);
+  const double expect = 0.5 * (nll[0].narrow(0, 10, 3).mean().item<double>() + nll[1].mean().item<double>());
+  EXPECT_NEAR(hh::train::stage_loss(m, hh::jobs::StageKind::Pretrain, ids, 1.0, false, false, mask), expect, 1e-5);
+  EXPECT_NEAR(hh::train::stage_loss(m, hh::jobs::StageKind::Pretrain, ids, 1.0, false, false, at::ones({2, 47}, at::kByte)),
+              nll.mean().item<double>(), 1e-5);
+  mask[1].zero_();   // a row without counted targets drops out
+  EXPECT_NEAR(hh::train::stage_loss(m, hh::jobs::StageKind::Pretrain, ids, 1.0, false, false, mask),
+              nll[0].narrow(0, 10, 3).mean().item<double>(), 1e-5);
+}
+
 // The task sources of the shipped job specs name real tasks with valid parameters.
 TEST(Train, ShippedJobSpecsUseRealTasks) {
   hh::interp::TaskRegistry reg;

@@ -79,6 +79,8 @@ TEST_F(JobSpecTest, RefusalsNameTheField) {
       {"/data/0/bin", "nope.bin", "data[0].bin: " },
       {"/data/0/task", "niah-single", "data[0]: needs exactly one of"},
       {"/data/0/weight", -1, "data[0].weight"},
+      {"/data/0/loss", "answer", "data[0].loss: \"answer\" needs a task source"},
+      {"/data/0/loss", "some", "data[0].loss: must be \"all\" or \"answer\""},
       {"/data", nullptr, "data: is required"},
       {"/hybrid", "teacher", "hybrid: give either"},
       {"/manifest", nullptr, "manifest: is required"},
