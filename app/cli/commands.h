@@ -22,11 +22,12 @@ Runner add_select(CLI::App& app);
 Runner add_convert(CLI::App& app);
 Runner add_eval(CLI::App& app);
 Runner add_train(CLI::App& app);
+Runner add_demo(CLI::App& app);
 
 // Exit status conventions shared by every sub-command.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitError = 1;        // bad input or failure; the message names what and where
-inline constexpr int kExitUnavailable = 2;  // usage error, or a sub-command that is not available yet
+inline constexpr int kExitUnavailable = 2;  // usage error
 inline constexpr int kExitInterrupted = 130;  // stopped by Ctrl-C / SIGTERM; nothing was written
 
 // A one-line bar on stderr, redrawn in place on a terminal (at most a few times a second) with the

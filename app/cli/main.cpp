@@ -9,19 +9,6 @@
 #include "core/util/error.h"
 #include "hydrahead/version.h"
 
-namespace {
-
-// Sub-commands whose capability has not landed yet; listed so `--help` shows the whole tool.
-struct Planned {
-  const char* name;
-  const char* summary;
-};
-constexpr Planned kPlanned[] = {
-    {"demo", "Run the whole pipeline on the bundled demo model"},
-};
-
-}  // namespace
-
 int main(int argc, char** argv) {
   hh::util::tune_allocator_for_tensors();
   CLI::App app{
@@ -43,15 +30,8 @@ int main(int argc, char** argv) {
   reg(hh::cli::add_convert, app.add_subcommand("convert", "Convert a dense teacher + manifest into a HydraHead hybrid checkpoint"));
   reg(hh::cli::add_eval, app.add_subcommand("eval", "Needle-in-a-haystack accuracy over a grid of lengths and depths -> eval.h5"));
   reg(hh::cli::add_train, app.add_subcommand("train", "Run a training job: the three-stage transfer (align, distil, long-context fine-tune) or a pretrain, with checkpoints and a live run.h5"));
-  reg(hh::cli::add_bench, app.add_subcommand("bench", "Benchmarks: forward pass, tokenizer, patching sweeps (bench analyze)"));
-  for (const auto& p : kPlanned) {
-    auto* sub = app.add_subcommand(p.name, std::string(p.summary) + " (not available yet)");
-    sub->allow_extras();
-    runners[sub] = [name = p.name] {
-      std::fprintf(stderr, "hydrahead %s: not available yet\n", name);
-      return hh::cli::kExitUnavailable;
-    };
-  }
+  reg(hh::cli::add_demo, app.add_subcommand("demo", "The whole pipeline on the bundled demo model: calibration, analysis, selection at 7:1, training, evaluation -> summary.json"));
+  reg(hh::cli::add_bench, app.add_subcommand("bench", "Benchmarks: forward pass, tokenizer, patching sweeps (bench analyze), training steps (bench train)"));
 
   try {
     app.parse(argc, argv);

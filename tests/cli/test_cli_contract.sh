@@ -11,12 +11,6 @@ for sub in inspect run tokenize tasks analyze select convert train eval demo ben
   grep -qE "^  $sub " <<<"$help" || fail "--help does not list '$sub'"
 done
 
-for sub in demo; do
-  set +e; msg=$("$HH" "$sub" 2>&1); rc=$?; set -e
-  [[ $rc -eq 2 ]] || fail "$sub exited $rc, expected 2"
-  grep -q "not available yet" <<<"$msg" || fail "$sub did not say 'not available yet': $msg"
-done
-
 # Missing checkpoint: status 1 and the path in the message.
 set +e; msg=$("$HH" inspect --model "$TMP/nope" 2>&1); rc=$?; set -e
 [[ $rc -eq 1 ]] || fail "inspect on a missing dir exited $rc"
