@@ -6,9 +6,11 @@ HH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HH_BUILD_DIR="${HH_BUILD_DIR:-$HH_ROOT/build}"
 
 # Debian 12 packages (DESIGN §11). nodejs/npm only fetch and run the reference tokenizer in tests.
+# libopenblas0-pthread takes over libblas.so.3 (update-alternatives) from the reference BLAS that
+# libtorch-dev pulls in: CPU matmuls get 10-16x faster (docs/BENCHMARKS.md).
 HH_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev libhdf5-dev libgtest-dev libgmock-dev nlohmann-json3-dev
+  libtorch-dev libopenblas0-pthread libhdf5-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   libcli11-dev libpcre2-dev libbenchmark-dev
   qt6-base-dev libqcustomplot-dev libqcustomplot2.1-qt6 libgl-dev
   clang libclang-rt-14-dev
