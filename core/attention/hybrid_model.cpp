@@ -154,6 +154,10 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
 }  // namespace
 
 at::Tensor HybridModel::forward(const at::Tensor& ids, bool chunked, bool checkpoint_layers) const {
+  return teacher_.unembed(hidden(ids, chunked, checkpoint_layers));
+}
+
+at::Tensor HybridModel::hidden(const at::Tensor& ids, bool chunked, bool checkpoint_layers) const {
   const auto& cfg = config();
   const auto& w = teacher_.weights();
   if (ids.dim() != 2) throw Error("hybrid forward: token ids must be [B, T], got " + shape_str(ids.sizes()));
@@ -164,7 +168,7 @@ at::Tensor HybridModel::forward(const at::Tensor& ids, bool chunked, bool checkp
   if (checkpoint && !x.requires_grad()) x = x.detach().requires_grad_(true);
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
     x = checkpoint ? CheckpointedLayer::apply(x, reinterpret_cast<int64_t>(this), l, chunked) : layer_forward(l, x, chunked);
-  return teacher_.unembed(x);
+  return x;
 }
 
 at::Tensor HybridModel::step(const at::Tensor& ids, Cache& cache, bool chunked) const {

@@ -35,6 +35,8 @@ class HybridModel {
   // again during the backward pass, so the graph holds one layer's activations at a time; the values
   // and gradients are those of the plain forward.
   at::Tensor forward(const at::Tensor& ids, bool chunked = true, bool checkpoint_layers = false) const;
+  // The residual stream after the last layer [B, T, d] (forward() without the final norm and lm_head).
+  at::Tensor hidden(const at::Tensor& ids, bool chunked = true, bool checkpoint_layers = false) const;
   // One decoder layer on the residual stream x [B, T, d] (attention block + MLP, residuals added).
   at::Tensor layer_forward(int64_t layer, const at::Tensor& x, bool chunked = true) const;
 

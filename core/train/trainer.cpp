@@ -193,6 +193,72 @@ at::Tensor kl_divergence(const at::Tensor& teacher_logits, const at::Tensor& stu
   return (lt.exp() * (lt - ls)).sum(-1).mean();
 }
 
+// Per-token weights of the loss in the nll: 1 / (B T), or mask / (count of the row * rows with any).
+at::Tensor loss_weights(const at::Tensor& targets, const at::Tensor& mask) {
+  if (!mask.defined())
+    return at::full(targets.sizes(), 1.0 / static_cast<double>(targets.numel()), targets.options().dtype(at::kFloat));
+  const at::Tensor m = mask.to(targets.device(), at::kFloat);
+  const at::Tensor count = m.sum(1, true);
+  const at::Tensor rows = (count > 0).to(at::kFloat).sum().clamp_min(1.0);
+  return m / count.clamp_min(1.0) / rows;
+}
+
+// sum over chunks of positions of w * nll, the vocabulary projected one chunk at a time; with
+// backward_scale set, each chunk's graph is back-propagated (scaled) and freed before the next.
+struct ChunkedLoss : public torch::autograd::Function<ChunkedLoss> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& targets,
+                            const at::Tensor& weights, int64_t base, int64_t chunk) {
+    ctx->saved_data["base"] = base;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->save_for_backward({hidden, targets, weights});
+    const auto* model = reinterpret_cast<const model::Transformer*>(base);
+    at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
+    for (int64_t t0 = 0; t0 < hidden.size(1); t0 += chunk) {
+      const int64_t n = std::min(chunk, hidden.size(1) - t0);
+      const at::Tensor lp = at::log_softmax(model->unembed(hidden.narrow(1, t0, n)).to(at::kFloat), -1);
+      const at::Tensor nll = -lp.gather(-1, targets.narrow(1, t0, n).unsqueeze(-1)).squeeze(-1);
+      total += (nll * weights.narrow(1, t0, n)).sum();
+    }
+    return total;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    const auto* model = reinterpret_cast<const model::Transformer*>(ctx->saved_data["base"].toInt());
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& hidden = saved[0];
+    at::Tensor grad_hidden = at::zeros_like(hidden);
+    for (int64_t t0 = 0; t0 < hidden.size(1); t0 += chunk) {
+      const int64_t n = std::min(chunk, hidden.size(1) - t0);
+      const at::Tensor h = hidden.narrow(1, t0, n).detach().requires_grad_(true);
+      at::Tensor part;
+      {
+        at::AutoGradMode enable(true);
+        const at::Tensor lp = at::log_softmax(model->unembed(h).to(at::kFloat), -1);
+        const at::Tensor nll = -lp.gather(-1, saved[1].narrow(1, t0, n).unsqueeze(-1)).squeeze(-1);
+        part = (nll * saved[2].narrow(1, t0, n)).sum() * grad[0];
+      }
+      torch::autograd::backward({part});   // accumulates the final norm's and lm_head's gradients
+      grad_hidden.narrow(1, t0, n).copy_(h.grad());
+    }
+    return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor chunked_next_token_loss(const model::Transformer& base, const at::Tensor& hidden, const at::Tensor& targets,
+                                   const at::Tensor& target_mask, int64_t chunk) {
+  if (chunk < 1) throw Error("chunked loss: chunk must be >= 1");
+  const at::Tensor w = loss_weights(targets, target_mask);
+  // The node must exist even when nothing upstream requires grad but the lm_head does.
+  const at::Tensor h = at::GradMode::is_enabled() && !hidden.requires_grad() ? hidden.detach().requires_grad_(true) : hidden;
+  return ChunkedLoss::apply(h, targets, w, reinterpret_cast<int64_t>(&base), chunk);
+}
+
+namespace {
+// Tokens in a batch above which the cross-entropy projects the vocabulary in chunks of positions.
+constexpr int64_t kChunkedLossTokens = 8192;
+constexpr int64_t kLossChunk = 1024;
 }  // namespace
 
 double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, double scale, bool backward,
@@ -207,12 +273,22 @@ double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, d
   const at::Tensor target = ids.narrow(1, 1, ids.size(1) - 1);
   switch (kind) {
     case StageKind::Pretrain: {
-      at::Tensor loss = cross_entropy(m.dense->forward(input).logits, target, target_mask);
+      at::Tensor loss;
+      if (input.numel() > kChunkedLossTokens) {
+        model::ForwardOptions fo;
+        fo.stop_layer = m.dense->config().num_hidden_layers;
+        loss = chunked_next_token_loss(*m.dense, m.dense->forward(input, fo).resid, target, target_mask, kLossChunk);
+      } else {
+        loss = cross_entropy(m.dense->forward(input).logits, target, target_mask);
+      }
       if (backward) (loss * scale).backward();
       return loss.item<double>();
     }
     case StageKind::Finetune: {
-      at::Tensor loss = cross_entropy(m.student->forward(input, true, checkpoint_layers), target, target_mask);
+      at::Tensor loss = input.numel() > kChunkedLossTokens
+          ? chunked_next_token_loss(m.student->teacher(), m.student->hidden(input, true, checkpoint_layers), target,
+                                    target_mask, kLossChunk)
+          : cross_entropy(m.student->forward(input, true, checkpoint_layers), target, target_mask);
       if (backward) (loss * scale).backward();
       return loss.item<double>();
     }

@@ -59,6 +59,15 @@ enum class JobStatus { Completed, Interrupted };
 
 JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& options);
 
+// Next-token cross-entropy from the residual stream after the last layer, hidden [B, T, d], through
+// `base`'s final norm and lm_head, for targets [B, T]: the mean over tokens, or with target_mask the
+// mean over sequences of each one's mean over its counted targets (as stage_loss). The vocabulary
+// projection runs `chunk` positions at a time, in the forward pass and again in the backward pass, so
+// the float32 logits of the whole sequence never exist at once (at T = 16K and a 152K vocabulary they
+// alone take 10 GiB, their log-softmax as much again). Differentiable in hidden and the weights.
+at::Tensor chunked_next_token_loss(const model::Transformer& base, const at::Tensor& hidden, const at::Tensor& targets,
+                                   const at::Tensor& target_mask, int64_t chunk);
+
 // ---- the pieces run_job is made of (benchmarks and tools use them directly) ----------------------
 
 // The models of a stage: a dense model (pretrain) or a hybrid student, and the frozen teacher that

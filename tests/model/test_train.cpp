@@ -371,6 +371,74 @@ TEST(Train, MaskedCrossEntropyAveragesEachRowOverItsCountedTargets) {
               nll[0].narrow(0, 10, 3).mean().item<double>(), 1e-5);
 }
 
+// The chunked cross-entropy (vocabulary projected a few positions at a time, recomputed in backward)
+// equals the plain one: loss and every gradient, with and without a mask, tied and untied embeddings.
+TEST(Train, ChunkedCrossEntropyEqualsThePlainOne) {
+  for (bool tied : {false, true}) {
+    auto cfg = hh::test::tiny_config(2, 4, 2, 8, 32, 64, 97);
+    cfg.tie_word_embeddings = tied;
+    auto w = hh::model::random_weights(cfg, 5, at::kFloat, 0.1);
+    if (tied) w.lm_head = at::Tensor();
+    const hh::model::Transformer model(cfg, w);
+    hh::train::StageModels m;
+    m.dense.emplace(model);
+    const auto params = hh::train::stage_params(m, hh::jobs::StageKind::Pretrain);
+    at::manual_seed(3);
+    const at::Tensor ids = at::randint(97, {3, 30}, at::kLong);
+    const at::Tensor input = ids.narrow(1, 0, 29), target = ids.narrow(1, 1, 29);
+    at::Tensor mask = (at::rand({3, 29}) > 0.6).to(at::kByte);
+    mask[2].zero_();
+    for (const at::Tensor& msk : {at::Tensor(), mask}) {
+      auto grads = [&](bool chunked) {
+        for (const auto& p : params) p.tensor.mutable_grad() = at::Tensor();
+        at::Tensor loss;
+        if (chunked) {
+          hh::model::ForwardOptions fo;
+          fo.stop_layer = cfg.num_hidden_layers;
+          loss = hh::train::chunked_next_token_loss(model, model.forward(input, fo).resid, target, msk, 7);
+        } else {
+          // The reference: full logits, per-token NLL, the documented averages.
+          const at::Tensor nll = -at::log_softmax(model.forward(input).logits, -1).gather(-1, target.unsqueeze(-1)).squeeze(-1);
+          if (!msk.defined()) {
+            loss = nll.mean();
+          } else {
+            const at::Tensor mf = msk.to(at::kFloat), count = mf.sum(1);
+            loss = ((nll * mf).sum(1) / count.clamp_min(1)).sum() / (count > 0).sum();
+          }
+        }
+        loss.backward();
+        std::vector<at::Tensor> g{loss.detach().clone()};
+        for (const auto& p : params) g.push_back(p.tensor.grad().clone());
+        return g;
+      };
+      const auto a = grads(false), b = grads(true);
+      EXPECT_NEAR(a[0].item<double>(), b[0].item<double>(), 1e-5) << "tied " << tied;
+      for (size_t i = 1; i < a.size(); ++i)
+        EXPECT_TRUE(at::allclose(a[i], b[i], 1e-4, 1e-6)) << params[i - 1].name << " tied " << tied << " masked " << msk.defined();
+    }
+  }
+}
+
+// Long batches take the chunked path inside stage_loss; its value is the plain cross-entropy's.
+TEST(Train, LongBatchesUseTheChunkedLossWithTheSameValue) {
+  const Fixture f = make_fixture("train_long_ce");
+  hh::train::StageModels m;
+  hh::attention::ConvertOptions co;
+  m.student.emplace(hh::attention::convert(hh::model::Transformer::load(f.teacher), hh::select::read_manifest(f.manifest), co));
+  at::manual_seed(4);
+  const at::Tensor ids = at::randint(273, {1, 9001}, at::kLong);   // 9000 inputs: above the chunking threshold
+  double plain;
+  {
+    at::NoGradGuard ng;
+    const at::Tensor lp = at::log_softmax(m.student->forward(ids.narrow(1, 0, 9000)), -1);
+    plain = -lp.gather(-1, ids.narrow(1, 1, 9000).unsqueeze(-1)).mean().item<double>();
+  }
+  EXPECT_NEAR(hh::train::stage_loss(m, hh::jobs::StageKind::Finetune, ids, 1.0, false), plain, 1e-5);
+  hh::train::stage_params(m, hh::jobs::StageKind::Finetune);
+  EXPECT_NEAR(hh::train::stage_loss(m, hh::jobs::StageKind::Finetune, ids, 1.0, true), plain, 1e-5);
+  EXPECT_TRUE(m.student->teacher().weights().lm_head.grad().defined()) << "the chunked backward reaches lm_head";
+}
+
 // The task sources of the shipped job specs name real tasks with valid parameters.
 TEST(Train, ShippedJobSpecsUseRealTasks) {
   hh::interp::TaskRegistry reg;
