@@ -24,7 +24,10 @@ struct TrainArgs {
 
 int run_train(const TrainArgs& a) {
   const jobs::JobSpec job = jobs::JobSpec::load(a.job);
+  interp::TaskRegistry tasks;
+  tasks.load_default();
   if (a.validate) {
+    train::check_job_data(job, &tasks);   // data files, task names and parameters, with the model's tokenizer
     std::printf("%s: valid; %zu stage(s):\n", a.job.c_str(), job.stages.size());
     for (const auto& s : job.stages)
       std::printf("  %-10s %-8s %6lld steps  lr %-8g %-8s seq %-6lld batch %lld x %lld = %lld tokens/step\n", s.name.c_str(),
@@ -35,9 +38,6 @@ int run_train(const TrainArgs& a) {
   }
   if (a.progress != "bar" && a.progress != "json" && a.progress != "none")
     throw Error("--progress " + a.progress + ": expected bar, json or none");
-
-  interp::TaskRegistry tasks;
-  tasks.load_default();
 
   std::unique_ptr<ProgressBar> bar;
   std::string bar_stage;

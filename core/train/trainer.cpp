@@ -340,6 +340,50 @@ double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, d
   return 0;
 }
 
+namespace {
+
+// What the data streams need, read from the configuration and tokenizer without loading any weights,
+// so that a mistake in the data is reported before minutes of loading and conversion.
+struct DataSetup {
+  std::optional<model::Tokenizer> tok;
+  fs::path tokenizer_file, extras_from;   // where the files that travel with the model come from
+  int64_t vocab = 0, eos = -1;
+  std::vector<std::unique_ptr<DataMixture>> train, held_out;   // per stage; null for stages not run
+
+  DataSetup(const jobs::JobSpec& job, const fs::path& resume_model, const interp::TaskRegistry* tasks, int64_t first,
+            int64_t last) {
+    model::ModelConfig cfg;
+    if (job.pretrain()) {
+      extras_from = resume_model;
+      tokenizer_file = resume_model.empty() ? job.tokenizer : resume_model / "tokenizer.json";
+      cfg = model::ModelConfig::load(resume_model.empty() ? job.model_config : resume_model / "config.json");
+    } else {
+      extras_from = !resume_model.empty() ? resume_model : !job.hybrid.empty() ? job.hybrid : job.teacher;
+      tokenizer_file = extras_from / "tokenizer.json";
+      cfg = model::ModelConfig::load_teacher_view(extras_from / "config.json");
+    }
+    if (!tokenizer_file.empty() && fs::exists(tokenizer_file)) tok = model::Tokenizer::load(tokenizer_file);
+    vocab = cfg.vocab_size;
+    eos = cfg.eos_token_id.value_or(-1);
+    train.resize(job.stages.size());
+    held_out.resize(job.stages.size());
+    for (int64_t si = first; si <= last; ++si) {
+      const jobs::StageSpec& st = job.stages[static_cast<size_t>(si)];
+      const std::vector<DataSource>& sources = st.data.empty() ? job.data : st.data;
+      const model::Tokenizer* t = tok ? &*tok : nullptr;
+      train[static_cast<size_t>(si)] = std::make_unique<DataMixture>(sources, t, tasks, vocab, eos, mix_seed(job.seed, st.seed, 0xda7a));
+      if (!job.eval_data.empty())
+        held_out[static_cast<size_t>(si)] =
+            std::make_unique<DataMixture>(job.eval_data, t, tasks, vocab, eos, mix_seed(job.seed, st.seed, 0xe7a1));
+    }
+  }
+};
+
+}  // namespace
+
+void check_job_data(const jobs::JobSpec& job, const interp::TaskRegistry* tasks) {
+  DataSetup(job, {}, tasks, 0, static_cast<int64_t>(job.stages.size()) - 1);
+}
 
 JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
   const fs::path out = job.output;
@@ -405,10 +449,10 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
     need_teacher |= job.stages[static_cast<size_t>(s)].kind == StageKind::Align ||
                     job.stages[static_cast<size_t>(s)].kind == StageKind::Distil;
   const fs::path resume_model = resume_from.empty() ? fs::path() : resume_from / "model";
-  fs::path extras_from, tokenizer_file;  // where the files that travel with the model come from
+  DataSetup data_setup(job, resume_model, o.tasks, state.stage, last_stage);
+  const fs::path& extras_from = data_setup.extras_from;
+  const fs::path& tokenizer_file = data_setup.tokenizer_file;
   if (job.pretrain()) {
-    extras_from = resume_from.empty() ? fs::path() : resume_model;
-    tokenizer_file = resume_from.empty() ? job.tokenizer : resume_model / "tokenizer.json";
     if (!resume_from.empty()) {
       m.dense.emplace(model::Transformer::load(resume_model, job.device, ""));
     } else {
@@ -420,8 +464,6 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       m.dense.emplace(cfg, std::move(w));
     }
   } else {
-    extras_from = !resume_from.empty() ? resume_model : !job.hybrid.empty() ? job.hybrid : job.teacher;
-    tokenizer_file = extras_from / "tokenizer.json";
     if (need_teacher || (resume_from.empty() && job.hybrid.empty()))
       m.teacher.emplace(model::Transformer::load(job.teacher, job.device, job.dtype));
     if (!resume_from.empty()) {
@@ -444,16 +486,10 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
     if (!need_teacher) m.teacher.reset();
   }
   const model::Transformer& base = m.dense ? *m.dense : m.student->teacher();
-  const auto& cfg = base.config();
   const at::Device device = base.device();
-  std::optional<model::Tokenizer> tok;
-  if (!tokenizer_file.empty() && fs::exists(tokenizer_file)) {
-    tok = model::Tokenizer::load(tokenizer_file);
-    m.extra_files["tokenizer.json"] = read_bytes(tokenizer_file);
-  }
+  if (data_setup.tok) m.extra_files["tokenizer.json"] = read_bytes(tokenizer_file);
   for (const char* extra : kModelExtras)
     if (!extras_from.empty() && fs::exists(extras_from / extra)) m.extra_files[extra] = read_bytes(extras_from / extra);
-  const int64_t eos = cfg.eos_token_id.value_or(-1);
 
   // ---- run.h5 ----
   RunLog log = resume_from.empty() ? RunLog::create(run_path, job)
@@ -496,11 +532,8 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
 
   for (int64_t si = state.stage; si <= last_stage; ++si) {
     const jobs::StageSpec& st = job.stages[static_cast<size_t>(si)];
-    const std::vector<DataSource>& sources = st.data.empty() ? job.data : st.data;
-    DataMixture data(sources, tok ? &*tok : nullptr, o.tasks, cfg.vocab_size, eos, mix_seed(job.seed, st.seed, 0xda7a));
-    std::optional<DataMixture> held_out;
-    if (!job.eval_data.empty())
-      held_out.emplace(job.eval_data, tok ? &*tok : nullptr, o.tasks, cfg.vocab_size, eos, mix_seed(job.seed, st.seed, 0xe7a1));
+    DataMixture& data = *data_setup.train[static_cast<size_t>(si)];
+    DataMixture* held_out = data_setup.held_out[static_cast<size_t>(si)].get();
     std::vector<Param> params = stage_params(m, st.kind);
     AdamWOptions ao;
     ao.beta1 = st.beta1;

@@ -59,6 +59,11 @@ enum class JobStatus { Completed, Interrupted };
 
 JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& options);
 
+// Opens every stage's data (files read, task names and parameters checked against `tasks`) with the
+// model's configuration and tokenizer, loading no weights; throws hh::Error naming the source at fault.
+// run_job does the same before it loads the models.
+void check_job_data(const jobs::JobSpec& job, const interp::TaskRegistry* tasks);
+
 // Next-token cross-entropy from the residual stream after the last layer, hidden [B, T, d], through
 // `base`'s final norm and lm_head, for targets [B, T]: the mean over tokens, or with target_mask the
 // mean over sequences of each one's mean over its counted targets (as stage_loss). The vocabulary

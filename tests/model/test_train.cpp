@@ -439,6 +439,26 @@ TEST(Train, LongBatchesUseTheChunkedLossWithTheSameValue) {
   EXPECT_TRUE(m.student->teacher().weights().lm_head.grad().defined()) << "the chunked backward reaches lm_head";
 }
 
+// A mistake in the data (an unknown task, a bad parameter) is reported before any model loads and
+// before run.h5 exists.
+TEST(Train, DataMistakesAreReportedBeforeAnythingIsWritten) {
+  const Fixture f = make_fixture("train_data_mistake");
+  hh::interp::TaskRegistry reg;
+  reg.load_default();
+  json j = hybrid_job(f, "run");
+  j["stages"] = json::array({stage("align", 2, 1e-3, 16)});
+  j["data"] = json::array({{{"task", "niah-singel"}}});
+  EXPECT_MENTIONS(hh::test::error_of([&] { hh::train::check_job_data(spec(j), &reg); }), "niah-singel");
+  j["data"] = json::array({{{"task", "niah-single"}, {"params", {{"lenght", 400}}}}});
+  EXPECT_MENTIONS(hh::test::error_of([&] { hh::train::check_job_data(spec(j), &reg); }), "lenght");
+  hh::train::TrainOptions o;
+  o.tasks = &reg;
+  EXPECT_MENTIONS(hh::test::error_of([&] { hh::train::run_job(spec(j), o); }), "lenght");
+  EXPECT_FALSE(fs::exists(f.dir / "run/run.h5"));
+  j["data"] = json::array({{{"task", "niah-single"}, {"params", {{"length", 400}}}}});
+  EXPECT_NO_THROW(hh::train::check_job_data(spec(j), &reg));
+}
+
 // The task sources of the shipped job specs name real tasks with valid parameters.
 TEST(Train, ShippedJobSpecsUseRealTasks) {
   hh::interp::TaskRegistry reg;
