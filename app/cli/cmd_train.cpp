@@ -1,14 +1,17 @@
-// hydrahead train --job job.json [--stage NAME] [--progress bar|json|none] [--validate]
+// hydrahead train --job job.json [--stage NAME] [--progress bar|json|none] [--validate] | --status DIR
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "app/cli/commands.h"
 #include "core/interp/task_registry.h"
+#include "core/io/h5.h"
 #include "core/jobs/job.h"
 #include "core/train/trainer.h"
 #include "core/util/error.h"
@@ -16,13 +19,63 @@
 namespace hh::cli {
 namespace {
 
+namespace fs = std::filesystem;
+
 struct TrainArgs {
-  std::string job, stage, progress = "bar";
+  std::string job, stage, progress = "bar", status;
   bool validate = false;
   int64_t max_steps = -1;
 };
 
+// The state of a run directory, read from run.h5 (SWMR: also while the job writes it).
+int print_status(const fs::path& dir) {
+  const fs::path run = dir / "run.h5";
+  if (!fs::exists(run)) throw Error(dir.string() + ": no run.h5 (not a training run directory, or the job has not started)");
+  io::H5File f = io::H5File::open_follow(run);
+  auto read = [&](const std::string& ds) {
+    f.refresh(ds);
+    return f.read(ds);
+  };
+  const auto names = f.read_strings("/stages/name"), kinds = f.read_strings("/stages/kind");
+  const at::Tensor planned = f.read("/stages/steps").to(at::kLong), first = read("/stages/first_row").to(at::kLong),
+                   end = read("/stages/end_row").to(at::kLong);
+  const at::Tensor stage = read("/train/stage").to(at::kLong), loss = read("/train/loss").to(at::kDouble),
+                   tps = read("/train/tokens_per_s").to(at::kDouble), elapsed = read("/train/elapsed_s").to(at::kDouble);
+  const at::Tensor eval_stage = read("/eval/stage").to(at::kLong), eval_loss = read("/eval/loss").to(at::kDouble);
+  std::printf("%s\n%-12s %-9s %13s %10s %10s %10s\n", run.string().c_str(), "stage", "kind", "steps", "loss", "eval",
+              "tokens/s");
+  for (size_t s = 0; s < names.size(); ++s) {
+    const at::Tensor rows = (stage == static_cast<int64_t>(s)).nonzero().flatten();
+    const int64_t done = rows.numel(), total = planned[static_cast<int64_t>(s)].item<int64_t>();
+    const char* state = end[static_cast<int64_t>(s)].item<int64_t>() >= 0 ? " done" : first[static_cast<int64_t>(s)].item<int64_t>() >= 0 ? "  run" : "     ";
+    std::string l = "-", e = "-", t = "-";
+    char buf[64];
+    if (done > 0) {
+      std::snprintf(buf, sizeof buf, "%.4g", loss[rows[done - 1]].item<double>());
+      l = buf;
+      const at::Tensor last = tps.index_select(0, rows.slice(0, std::max<int64_t>(0, done - 20)));
+      std::snprintf(buf, sizeof buf, "%.0f", last.median().item<double>());
+      t = buf;
+    }
+    const at::Tensor erows = (eval_stage == static_cast<int64_t>(s)).nonzero().flatten();
+    if (erows.numel() > 0) {
+      std::snprintf(buf, sizeof buf, "%.4g", eval_loss[erows[erows.numel() - 1]].item<double>());
+      e = buf;
+    }
+    std::snprintf(buf, sizeof buf, "%lld/%lld%s", static_cast<long long>(done), static_cast<long long>(total), state);
+    std::printf("%-12s %-9s %13s %10s %10s %10s\n", names[s].c_str(), kinds[s].c_str(), buf, l.c_str(), e.c_str(), t.c_str());
+  }
+  if (elapsed.numel() > 0) std::printf("elapsed %s\n", format_seconds(elapsed[-1].item<double>()).c_str());
+  std::ifstream latest(dir / "checkpoints/LATEST");
+  std::string name;
+  if (latest && std::getline(latest, name)) std::printf("latest checkpoint: %s\n", (dir / "checkpoints" / name).string().c_str());
+  if (fs::is_regular_file(dir / "model/config.json")) std::printf("final model: %s\n", (dir / "model").string().c_str());
+  return kExitOk;
+}
+
 int run_train(const TrainArgs& a) {
+  if (!a.status.empty()) return print_status(a.status);
+  if (a.job.empty()) throw Error("--job is required (or --status DIR)");
   const jobs::JobSpec job = jobs::JobSpec::load(a.job);
   interp::TaskRegistry tasks;
   tasks.load_default();
@@ -79,8 +132,11 @@ int run_train(const TrainArgs& a) {
   try {
     const auto status = train::run_job(job, o);
     if (status == train::JobStatus::Interrupted) {
-      if (a.progress != "json") std::fprintf(stderr, "interrupted; checkpoint written. Run the same command again to resume.\n");
-      return a.max_steps >= 0 && !(o.stop && o.stop->load()) ? kExitOk : kExitInterrupted;
+      const bool signalled = o.stop && o.stop->load();
+      if (a.progress != "json")
+        std::fprintf(stderr, "%s; checkpoint written. Run the same command again to resume.\n",
+                     signalled ? "interrupted" : "stopped after --max-steps");
+      return signalled ? kExitInterrupted : kExitOk;
     }
   } catch (const Error& e) {
     if (a.progress == "json") {
@@ -105,7 +161,8 @@ Runner add_train(CLI::App& app) {
       "The output directory receives run.h5 (live, readable while the job runs), checkpoints/ and, at the\n"
       "end, model/. Running the same command again resumes from the last checkpoint; Ctrl-C or SIGTERM\n"
       "writes a checkpoint and exits with status 130.");
-  app.add_option("--job", a->job, "Job spec (JSON)")->required()->check(CLI::ExistingFile);
+  app.add_option("--job", a->job, "Job spec (JSON)")->check(CLI::ExistingFile);
+  app.add_option("--status", a->status, "Print the state of a run directory (its run.h5, also while the job runs) and exit");
   app.add_option("--stage", a->stage, "Run only this stage of the job (by name)");
   app.add_option("--progress", a->progress, "bar (stderr, for people), json (one JSON event a line on stdout, for tools) or none")
       ->capture_default_str();

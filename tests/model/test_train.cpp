@@ -501,6 +501,16 @@ pid_t spawn_train(const fs::path& job, const fs::path& stdout_file) {
   return pid;
 }
 
+std::string status_of(const fs::path& run_dir) {
+  const std::string cmd = (hh::test::bin_dir() / "hydrahead").string() + " train --status " + run_dir.string() + " 2>&1";
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[512];
+  while (p && fgets(buf, sizeof buf, p)) out += buf;
+  if (p) pclose(p);
+  return out;
+}
+
 int wait_exit(pid_t pid) {
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -538,6 +548,8 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   }
   ASSERT_GE(seen.size(), 3u) << "a reader saw run.h5 grow while the job wrote it";
   follower.reset();
+  // `train --status` reads the live file from another process too.
+  EXPECT_NE(status_of(f.dir / "cli").find("/300  run"), std::string::npos) << status_of(f.dir / "cli");
   ::kill(pid, SIGINT);
   EXPECT_EQ(wait_exit(pid), 130);
   std::ifstream ev(f.dir / "events1.jsonl");
@@ -553,6 +565,9 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   const auto straight = write_job("straight");
   EXPECT_EQ(wait_exit(spawn_train(straight, f.dir / "events3.jsonl")), 0);
   EXPECT_EQ(column(run, "/train/loss"), column(f.dir / "straight/run.h5", "/train/loss"));
+  const std::string done = status_of(f.dir / "cli");
+  EXPECT_NE(done.find("300/300 done"), std::string::npos) << done;
+  EXPECT_NE(done.find("final model: "), std::string::npos) << done;
 
   // h5py reads the finished file (SWMR mode as the workbench does).
   const std::string py = hh::test::python_with_h5py();
