@@ -25,6 +25,7 @@
 #include "core/io/h5.h"
 #include "core/io/safetensors.h"
 #include "core/util/error.h"
+#include "core/util/files.h"
 #include "hydrahead/version.h"
 
 extern char** environ;
@@ -80,18 +81,6 @@ void run_step(const std::vector<std::string>& args) {
 }
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// Removes a directory tree the demo made (its own temporary directory and the training run inside it;
-// never deeper than they go).
-void remove_made_dir(const fs::path& dir, int depth = 0) {
-  std::error_code ec;
-  if (depth > 6) return;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.is_directory(ec) && !e.is_symlink(ec)) remove_made_dir(e.path(), depth + 1);
-    else fs::remove(e.path(), ec);
-  }
-  fs::remove(dir, ec);
-}
 
 int run_demo(const DemoArgs& a) {
   const fs::path out = a.out;
@@ -169,7 +158,7 @@ int run_demo(const DemoArgs& a) {
       run_step({"train", "--job", W + "/job.json"});
       fs::rename(work / "train/model", work / "hybrid");
       fs::rename(work / "train/run.h5", work / "run.h5");
-      remove_made_dir(work / "train");
+      util::remove_tree(work / "train");
     });
     step("evaluation", 5, [&] {
       for (const auto& [who, dir] : {std::pair<std::string, std::string>{"teacher", M}, {"hybrid", W + "/hybrid"}}) {
@@ -216,7 +205,7 @@ int run_demo(const DemoArgs& a) {
     std::fprintf(stderr, "demo done in %s: %s/{analysis.h5, manifest.json, hybrid/, run.h5, eval.h5, summary.json}\n",
                  format_seconds(seconds["total"]).c_str(), a.out.c_str());
   } catch (...) {
-    remove_made_dir(work);
+    util::remove_tree(work);
     throw;
   }
   return kExitOk;

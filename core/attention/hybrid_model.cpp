@@ -14,6 +14,7 @@
 #include "core/model/hooks.h"
 #include "core/model/summary.h"
 #include "core/util/error.h"
+#include "core/util/files.h"
 
 namespace hh::attention {
 namespace {
@@ -106,9 +107,7 @@ void HybridModel::save(const fs::path& dir, uint64_t max_shard_bytes) const {
     io::write_file_atomic(tmp / "config.json", cfg.dump(2) + "\n");
     fs::rename(tmp, dir);
   } catch (...) {
-    // Remove the partial directory file by file (no recursive removal helpers).
-    for (const auto& entry : fs::directory_iterator(tmp, ec)) fs::remove(entry.path(), ec);
-    fs::remove(tmp, ec);
+    util::remove_tree(tmp);
     throw;
   }
 }

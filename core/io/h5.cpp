@@ -706,6 +706,18 @@ at::Tensor values_for(const at::Tensor& values, hid_t ds, const std::string& ctx
   return values.detach().to(at::kCPU, want).contiguous();
 }
 
+// Writes v (values_for's result) into elements [start, start + numel) of a 1-D dataset, then flushes
+// it so that SWMR readers see the change.
+void write_range(hid_t ds, hsize_t start, const at::Tensor& v, const std::string& ctx) {
+  const hsize_t count = static_cast<hsize_t>(v.numel());
+  Handle fspace(H5Dget_space(ds), H5Sclose);
+  H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr);
+  Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
+  if (H5Dwrite(ds, types_for(v.scalar_type()).memory, mspace.get(), fspace.get(), H5P_DEFAULT, v.data_ptr()) < 0)
+    throw Error(ctx + "write failed" + hdf5_detail());
+  if (H5Dflush(ds) < 0) throw Error(ctx + "flush failed" + hdf5_detail());
+}
+
 }  // namespace
 
 void H5File::append(const std::string& dataset_path, const at::Tensor& values) {
@@ -719,12 +731,7 @@ void H5File::append(const std::string& dataset_path, const at::Tensor& values) {
   if (add == 0) return;
   const hsize_t total = n + add;
   if (H5Dset_extent(ds.get(), &total) < 0) throw Error(ctx + "cannot grow" + hdf5_detail());
-  Handle fspace(H5Dget_space(ds.get()), H5Sclose);
-  H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &n, nullptr, &add, nullptr);
-  Handle mspace(H5Screate_simple(1, &add, nullptr), H5Sclose);
-  if (H5Dwrite(ds.get(), types_for(v.scalar_type()).memory, mspace.get(), fspace.get(), H5P_DEFAULT, v.data_ptr()) < 0)
-    throw Error(ctx + "append failed" + hdf5_detail());
-  if (H5Dflush(ds.get()) < 0) throw Error(ctx + "flush failed" + hdf5_detail());
+  write_range(ds.get(), n, v, ctx);
 }
 
 void H5File::write_at(const std::string& dataset_path, int64_t index, const at::Tensor& values) {
@@ -739,12 +746,7 @@ void H5File::write_at(const std::string& dataset_path, int64_t index, const at::
     throw Error(ctx + "elements [" + std::to_string(index) + ", " + std::to_string(index + v.numel()) +
                 ") are outside its " + std::to_string(n) + " rows");
   if (count == 0) return;
-  Handle fspace(H5Dget_space(ds.get()), H5Sclose);
-  H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr);
-  Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
-  if (H5Dwrite(ds.get(), types_for(v.scalar_type()).memory, mspace.get(), fspace.get(), H5P_DEFAULT, v.data_ptr()) < 0)
-    throw Error(ctx + "write failed" + hdf5_detail());
-  if (H5Dflush(ds.get()) < 0) throw Error(ctx + "flush failed" + hdf5_detail());
+  write_range(ds.get(), start, v, ctx);
 }
 
 void H5File::truncate(const std::string& dataset_path, int64_t n) {

@@ -121,14 +121,16 @@ at::Tensor DataMixture::batch(int64_t first, int64_t n, int64_t seq_len, at::Ten
   if (first < 0 || n < 0) throw Error("training data: negative sample index or count");
   if (seq_len < 1) throw Error("training data: seq_len must be >= 1");
   at::Tensor out = at::empty({n, seq_len + 1}, at::TensorOptions().dtype(at::kLong));
-  at::Tensor mask = at::empty({n, seq_len}, at::TensorOptions().dtype(at::kByte));
   auto* dst = out.data_ptr<int64_t>();
-  auto* mdst = mask.data_ptr<uint8_t>();
+  const bool any_masked = std::any_of(sources_.begin(), sources_.end(), [](const DataSource& s) { return s.answer_loss_only; });
+  at::Tensor mask;
+  if (target_mask && any_masked) mask = at::empty({n, seq_len}, at::TensorOptions().dtype(at::kByte));
+  if (target_mask) *target_mask = mask;
+  uint8_t* mdst = mask.defined() ? mask.data_ptr<uint8_t>() : nullptr;
   auto put = [&](int64_t i, const Sample& x) {
     std::memcpy(dst + i * (seq_len + 1), x.ids.data(), sizeof(int64_t) * static_cast<std::size_t>(seq_len + 1));
-    std::memcpy(mdst + i * seq_len, x.targets.data(), static_cast<std::size_t>(seq_len));
+    if (mdst) std::memcpy(mdst + i * seq_len, x.targets.data(), static_cast<std::size_t>(seq_len));
   };
-  if (target_mask) *target_mask = mask;
   // Stream samples are copies (serial); task samples run generators, spread over worker threads.
   std::vector<int64_t> task_rows;
   for (int64_t i = 0; i < n; ++i) {

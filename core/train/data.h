@@ -58,7 +58,8 @@ class DataMixture {
 
   // Token ids [n, seq_len + 1] (int64, CPU) of samples first .. first + n - 1. With target_mask, also
   // which next-token targets count [n, seq_len] (uint8; column j is the prediction of token j + 1):
-  // all of them, except in samples of answer_loss_only task sources, where only answer tokens count.
+  // in samples of answer_loss_only task sources only the answer tokens, elsewhere all of them. Left
+  // undefined when no source is answer_loss_only (every target counts).
   at::Tensor batch(int64_t first, int64_t n, int64_t seq_len, at::Tensor* target_mask = nullptr);
   // One sample; its source index is source_of(index).
   std::vector<int64_t> sample(int64_t index, int64_t seq_len);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -24,6 +25,7 @@
 #include "core/train/optim.h"
 #include "core/train/run_log.h"
 #include "core/util/error.h"
+#include "core/util/files.h"
 
 namespace hh::train {
 
@@ -39,19 +41,6 @@ const char* const kModelExtras[] = {"tokenizer_config.json", "generation_config.
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-// Removes a checkpoint directory: its files and the files of its subdirectories (model/), no deeper.
-void remove_checkpoint_dir(const fs::path& dir) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.is_directory(ec))
-      for (const auto& f : fs::directory_iterator(e.path(), ec)) fs::remove(f.path(), ec);
-    fs::remove(e.path(), ec);
-  }
-  fs::remove(dir, ec);
-}
-
-void write_text_atomic(const fs::path& path, const std::string& text) { io::write_file_atomic(path, text); }
 
 // An exclusive advisory lock on <output>/.lock for the job's lifetime.
 class DirLock {
@@ -113,6 +102,21 @@ struct Models : StageModels {
   std::map<std::string, std::string> extra_files;
 };
 
+// `fill` creates a directory at a temporary sibling path of `final_dir`, which is then renamed over
+// `final_dir` (replacing an older one), so that `final_dir` is never seen half-written.
+void publish_dir(const fs::path& final_dir, const std::function<void(const fs::path&)>& fill) {
+  const fs::path tmp = final_dir.string() + ".tmp." + std::to_string(::getpid());
+  util::remove_tree(tmp);
+  try {
+    fill(tmp);
+  } catch (...) {
+    util::remove_tree(tmp);
+    throw;
+  }
+  util::remove_tree(final_dir);
+  fs::rename(tmp, final_dir);
+}
+
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) throw Error(p.string() + ": cannot read");
@@ -171,18 +175,25 @@ void save_model_dir(const Models& m, const fs::path& dir) {
 
 // ---- losses ---------------------------------------------------------------------------------------
 
-// Next-token cross-entropy of logits [B, T, V] for targets [B, T]: the mean over all tokens, or with a
-// mask [B, T] the mean over rows (that have any) of each row's mean over its counted targets.
-at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& mask) {
-  const int64_t V = logits.size(-1);
+// The next-token loss is sum(w * nll) with these per-token weights [B, T]: 1 / (B T) (the mean over all
+// tokens), or with a mask mask / (the row's count * rows that count any): the mean over rows of each
+// row's mean over its counted targets.
+at::Tensor loss_weights(const at::Tensor& targets, const at::Tensor& mask) {
   if (!mask.defined())
-    return at::nll_loss(at::log_softmax(logits.reshape({-1, V}).to(at::kFloat), -1), targets.reshape({-1}));
-  const at::Tensor nll = -at::log_softmax(logits.to(at::kFloat), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1);  // [B, T]
-  const at::Tensor m = mask.to(at::kFloat);
-  const at::Tensor count = m.sum(1);                                              // [B]
-  const at::Tensor row = (nll * m).sum(1) / count.clamp_min(1.0);
-  const at::Tensor has = (count > 0).to(at::kFloat);
-  return (row * has).sum() / has.sum().clamp_min(1.0);
+    return at::full(targets.sizes(), 1.0 / static_cast<double>(targets.numel()), targets.options().dtype(at::kFloat));
+  const at::Tensor m = mask.to(targets.device(), at::kFloat);
+  const at::Tensor count = m.sum(1, true);
+  const at::Tensor rows = (count > 0).to(at::kFloat).sum().clamp_min(1.0);
+  return m / count.clamp_min(1.0) / rows;
+}
+
+// Negative log-likelihood [B, T] of targets [B, T] under logits [B, T, V], in float32.
+at::Tensor token_nll(const at::Tensor& logits, const at::Tensor& targets) {
+  return -at::log_softmax(logits.to(at::kFloat), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+}
+
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& mask) {
+  return (token_nll(logits, targets) * loss_weights(targets, mask)).sum();
 }
 
 // Mean over tokens of KL(teacher || student) = sum_v p_t (log p_t - log p_s), temperature 1.
@@ -193,18 +204,8 @@ at::Tensor kl_divergence(const at::Tensor& teacher_logits, const at::Tensor& stu
   return (lt.exp() * (lt - ls)).sum(-1).mean();
 }
 
-// Per-token weights of the loss in the nll: 1 / (B T), or mask / (count of the row * rows with any).
-at::Tensor loss_weights(const at::Tensor& targets, const at::Tensor& mask) {
-  if (!mask.defined())
-    return at::full(targets.sizes(), 1.0 / static_cast<double>(targets.numel()), targets.options().dtype(at::kFloat));
-  const at::Tensor m = mask.to(targets.device(), at::kFloat);
-  const at::Tensor count = m.sum(1, true);
-  const at::Tensor rows = (count > 0).to(at::kFloat).sum().clamp_min(1.0);
-  return m / count.clamp_min(1.0) / rows;
-}
-
-// sum over chunks of positions of w * nll, the vocabulary projected one chunk at a time; with
-// backward_scale set, each chunk's graph is back-propagated (scaled) and freed before the next.
+// sum(w * nll) with the vocabulary projected `chunk` positions at a time; the backward pass projects
+// each chunk again and back-propagates it before the next, so no chunk's graph outlives it.
 struct ChunkedLoss : public torch::autograd::Function<ChunkedLoss> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& targets,
                             const at::Tensor& weights, int64_t base, int64_t chunk) {
@@ -215,9 +216,7 @@ struct ChunkedLoss : public torch::autograd::Function<ChunkedLoss> {
     at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
     for (int64_t t0 = 0; t0 < hidden.size(1); t0 += chunk) {
       const int64_t n = std::min(chunk, hidden.size(1) - t0);
-      const at::Tensor lp = at::log_softmax(model->unembed(hidden.narrow(1, t0, n)).to(at::kFloat), -1);
-      const at::Tensor nll = -lp.gather(-1, targets.narrow(1, t0, n).unsqueeze(-1)).squeeze(-1);
-      total += (nll * weights.narrow(1, t0, n)).sum();
+      total += (token_nll(model->unembed(hidden.narrow(1, t0, n)), targets.narrow(1, t0, n)) * weights.narrow(1, t0, n)).sum();
     }
     return total;
   }
@@ -233,9 +232,7 @@ struct ChunkedLoss : public torch::autograd::Function<ChunkedLoss> {
       at::Tensor part;
       {
         at::AutoGradMode enable(true);
-        const at::Tensor lp = at::log_softmax(model->unembed(h).to(at::kFloat), -1);
-        const at::Tensor nll = -lp.gather(-1, saved[1].narrow(1, t0, n).unsqueeze(-1)).squeeze(-1);
-        part = (nll * saved[2].narrow(1, t0, n)).sum() * grad[0];
+        part = (token_nll(model->unembed(h), saved[1].narrow(1, t0, n)) * saved[2].narrow(1, t0, n)).sum() * grad[0];
       }
       torch::autograd::backward({part});   // accumulates the final norm's and lm_head's gradients
       grad_hidden.narrow(1, t0, n).copy_(h.grad());
@@ -503,33 +500,32 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
 
   const double t_begin = now_s() - state.elapsed_s;
   int64_t steps_this_call = 0;
+  auto should_stop = [&] { return (o.stop && o.stop->load()) || (o.max_steps >= 0 && steps_this_call >= o.max_steps); };
 
   // Checkpoint of the current state (model, optimiser when mid-stage, state.json), then LATEST.
   auto write_checkpoint = [&](const AdamW* opt) -> fs::path {
-    fs::create_directories(ckpt_root);
     const std::string name = "stage" + std::to_string(state.stage) + "-step" + std::to_string(state.stage_step);
     const fs::path final_dir = ckpt_root / name;
-    const fs::path tmp = ckpt_root / (name + ".tmp." + std::to_string(::getpid()));
-    if (fs::exists(tmp)) remove_checkpoint_dir(tmp);
-    fs::create_directories(tmp);
-    save_model_dir(m, tmp / "model");
-    if (opt != nullptr) io::save_tensors(tmp / "optimizer.safetensors", opt->state());
     state.optimizer_steps = opt ? opt->steps() : 0;
     state.elapsed_s = now_s() - t_begin;
     state.train_rows = log.train_rows();
     state.eval_rows = log.eval_rows();
-    write_text_atomic(tmp / "state.json", state.to_json().dump(2) + "\n");
-    if (fs::exists(final_dir)) remove_checkpoint_dir(final_dir);
-    fs::rename(tmp, final_dir);
-    write_text_atomic(ckpt_root / "LATEST", name + "\n");
+    publish_dir(final_dir, [&](const fs::path& tmp) {
+      fs::create_directories(tmp);
+      save_model_dir(m, tmp / "model");
+      if (opt != nullptr) io::save_tensors(tmp / "optimizer.safetensors", opt->state());
+      io::write_file_atomic(tmp / "state.json", state.to_json().dump(2) + "\n");
+    });
+    io::write_file_atomic(ckpt_root / "LATEST", name + "\n");
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(ckpt_root, ec))
-      if (e.is_directory() && e.path().filename() != name) remove_checkpoint_dir(e.path());
+      if (e.is_directory() && e.path().filename() != name) util::remove_tree(e.path());
     // The stage and step the checkpoint resumes at (stage == the stage count: the job is complete).
     emit({{"event", "checkpoint"}, {"path", final_dir.string()}, {"resume_stage", state.stage}, {"resume_step", state.stage_step}});
     return final_dir;
   };
 
+  fs::path last_checkpoint;
   for (int64_t si = state.stage; si <= last_stage; ++si) {
     const jobs::StageSpec& st = job.stages[static_cast<size_t>(si)];
     DataMixture& data = *data_setup.train[static_cast<size_t>(si)];
@@ -557,7 +553,7 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
         const int64_t first = held_out ? b * st.batch : kEvalIndexBase + b * st.batch;
         at::Tensor mask;
         const at::Tensor ids = (held_out ? *held_out : data).batch(first, st.batch, st.seq_len, &mask).to(device);
-        sum += stage_loss(m, st.kind, ids, 1.0, false, false, mask.to(device));
+        sum += stage_loss(m, st.kind, ids, 1.0, false, false, (mask.defined() ? mask.to(device) : mask));
       }
       const double loss = sum / static_cast<double>(st.eval_batches);
       const int64_t global = log.train_rows();
@@ -576,7 +572,7 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
         at::Tensor mask;
         const at::Tensor ids = data.batch((k * st.grad_accum + a) * st.batch, st.batch, st.seq_len, &mask).to(device);
         loss += stage_loss(m, st.kind, ids, 1.0 / static_cast<double>(st.grad_accum), true, st.activation_checkpointing,
-                           mask.to(device));
+                           (mask.defined() ? mask.to(device) : mask));
       }
       loss /= static_cast<double>(st.grad_accum);
       if (!std::isfinite(loss))
@@ -611,7 +607,7 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
             {"elapsed_s", r.elapsed_s}, {"eta_s", eta}});
       const bool last = state.stage_step == st.steps;
       if (st.eval_every > 0 && state.stage_step % st.eval_every == 0 && !last) evaluate();
-      const bool stop = (o.stop && o.stop->load()) || (o.max_steps >= 0 && steps_this_call >= o.max_steps);
+      const bool stop = should_stop();
       if (!last && (stop || (st.checkpoint_every > 0 && state.stage_step % st.checkpoint_every == 0))) {
         const fs::path p = write_checkpoint(&opt);
         if (stop) {
@@ -626,26 +622,19 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
     for (auto& p : params) p.tensor.requires_grad_(false);
     state.stage = si + 1;
     state.stage_step = 0;
-    write_checkpoint(nullptr);
-    const bool stop = (o.stop && o.stop->load()) || (o.max_steps >= 0 && steps_this_call >= o.max_steps);
-    if (stop && si < last_stage) {
+    last_checkpoint = write_checkpoint(nullptr);
+    if (should_stop() && si < last_stage) {
       log.close();
-      emit({{"event", "interrupted"}, {"checkpoint", (ckpt_root / ("stage" + std::to_string(state.stage) + "-step0")).string()}});
+      emit({{"event", "interrupted"}, {"checkpoint", last_checkpoint.string()}});
       return JobStatus::Interrupted;
     }
   }
   log.close();
   if (state.stage >= S) {
-    const fs::path final_dir = out / "model";
-    const fs::path tmp = out / ("model.tmp." + std::to_string(::getpid()));
-    if (fs::exists(tmp)) remove_checkpoint_dir(tmp);
-    save_model_dir(m, tmp);
-    if (fs::exists(final_dir)) remove_checkpoint_dir(final_dir);
-    fs::rename(tmp, final_dir);
-    emit({{"event", "done"}, {"model", final_dir.string()}});
+    publish_dir(out / "model", [&](const fs::path& tmp) { save_model_dir(m, tmp); });
+    emit({{"event", "done"}, {"model", (out / "model").string()}});
   } else {
-    emit({{"event", "done"}, {"stage", job.stages[static_cast<size_t>(last_stage)].name},
-          {"checkpoint", (ckpt_root / ("stage" + std::to_string(state.stage) + "-step0")).string()}});
+    emit({{"event", "done"}, {"stage", job.stages[static_cast<size_t>(last_stage)].name}, {"checkpoint", last_checkpoint.string()}});
   }
   return JobStatus::Completed;
 }

@@ -306,9 +306,25 @@ TEST(TrainData, TaskSamplesInParallelEqualSerialOnes) {
     EXPECT_TRUE(at::equal(batch[i], at::tensor(one, at::kLong))) << "row " << i;
   }
   EXPECT_EQ(distinct.size(), 12u);
-  // A 200-token induction example does not fill 301 tokens: the next one follows after the separator.
-  for (int64_t i = 0; i < 12; ++i)
-    if (mix.source_of(100 + i) == 1) EXPECT_TRUE((batch[i] == 0).any().item<bool>()) << "row " << i;
+  // A 200-token induction example does not fill 301 tokens: the sample is that example (prompt, answer),
+  // the separator (eos 0), then the start of the sample's next example.
+  int induction_rows = 0;
+  for (int64_t i = 0; i < 12; ++i) {
+    if (mix.source_of(100 + i) != 1) continue;
+    ++induction_rows;
+    auto example = [&](uint64_t k) {
+      return reg.generate("induction", {{"length", 200}, {"num_examples", 1}}, tok,
+                          hh::train::mix_seed(9, 0x7a5c00 + 1, static_cast<uint64_t>(100 + i), k))[0];
+    };
+    std::vector<int64_t> expect = example(0).clean_ids;
+    const auto first = example(0), second = example(1);
+    expect.insert(expect.end(), first.answer_ids.begin(), first.answer_ids.end());
+    expect.push_back(0);
+    expect.insert(expect.end(), second.clean_ids.begin(), second.clean_ids.end());
+    expect.resize(301);
+    EXPECT_TRUE(at::equal(batch[i], at::tensor(expect, at::kLong))) << "row " << i;
+  }
+  EXPECT_GT(induction_rows, 0);
 }
 
 // "loss": "answer" task sources count only their answers: the mask marks exactly the answer tokens of

@@ -66,7 +66,9 @@ TEST(TrainData, BinWindowsCoverTheStreamOncePerEpochInASeededOrder) {
   for (int64_t i = 0; i < 25; ++i) other0.push_back(other.sample(i, 4)[0] / 4);
   EXPECT_NE(other0, epoch0);
 
-  const at::Tensor b = d.batch(10, 3, 4);
+  at::Tensor mask;
+  const at::Tensor b = d.batch(10, 3, 4, &mask);
+  EXPECT_FALSE(mask.defined()) << "no answers-only source: every target counts, no mask is made";
   ASSERT_EQ(b.sizes(), (at::IntArrayRef{3, 5}));
   for (int64_t r = 0; r < 3; ++r)
     for (int64_t k = 0; k < 5; ++k) EXPECT_EQ(b[r][k].item<int64_t>(), d.sample(10 + r, 4)[static_cast<size_t>(k)]);
