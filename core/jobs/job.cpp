@@ -38,9 +38,8 @@ class Fields {
     if (!j_.is_object()) fail("", "must be an object");
   }
   [[noreturn]] void fail(const std::string& field, const std::string& msg) const {
-    std::string name = path_;
-    if (!field.empty()) name += (name.empty() ? "" : ".") + field;
-    throw Error(where_ + ": " + (name.empty() ? "" : name + ": ") + msg);
+    const std::string n = field.empty() ? path_ : name(field);
+    throw Error(where_ + ": " + (n.empty() ? "" : n + ": ") + msg);
   }
   std::string name(const std::string& field) const { return path_.empty() ? field : path_ + "." + field; }
   bool has(const std::string& f) const { return j_.contains(f) && !j_.at(f).is_null(); }

@@ -35,7 +35,6 @@ class AdamW {
   void step(double lr);
   void zero_grad();
   int64_t steps() const { return steps_; }
-  const std::vector<Param>& params() const { return params_; }
 
   // Named state for checkpoints: "<param>.exp_avg", "<param>.exp_avg_sq" and, for low-precision
   // parameters, "<param>.master"; plus the step count.
