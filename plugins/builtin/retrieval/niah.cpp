@@ -54,7 +54,7 @@ std::string question_text(Variant v, const std::vector<std::string>& keys) {
 sdk::Example niah_example(const sdk::Context& ctx, Variant variant, const Haystack& hay, int64_t index, sdk::Rng& rng) {
   const sdk::Tokenizer& tok = ctx.tokenizer;
   const int64_t length = ctx.params.integer("length");
-  const double depth = ctx.params.number("depth");
+  const double depth = needle_depth(ctx.params, rng);
   const int digits = static_cast<int>(ctx.params.integer("value_digits"));
   const int64_t distractors =
       variant == Variant::multikey || variant == Variant::multiquery ? ctx.params.integer("distractors") : 0;
@@ -161,7 +161,7 @@ struct NiahSingle {
   static constexpr const char* id = "niah-single";
   static constexpr const char* description = "one needle (key -> number) in a haystack; recall its number";
   static constexpr const char* kind = "retrieval";
-  static constexpr hh_param_v1 params[] = {kLengthParam, kDepthParam, kNumExamplesParam, kEssaysHaystackParam,
+  static constexpr hh_param_v1 params[] = {kLengthParam, kDepthParam, kRandomDepthParam, kNumExamplesParam, kEssaysHaystackParam,
                                            kValueDigitsParam};
   static void generate(const sdk::Context& ctx) { generate_niah(ctx, Variant::single); }
 };
@@ -171,7 +171,7 @@ struct NiahMultikey {
   static constexpr const char* description = "one asked needle among needles with other keys";
   static constexpr const char* kind = "retrieval";
   static constexpr hh_param_v1 params[] = {
-      kLengthParam,      kDepthParam,
+      kLengthParam,      kDepthParam, kRandomDepthParam,
       kNumExamplesParam, kEssaysHaystackParam,
       kValueDigitsParam, sdk::int_param("distractors", "needles with other keys placed at random", 3, 1, 64)};
   static void generate(const sdk::Context& ctx) { generate_niah(ctx, Variant::multikey); }
@@ -183,7 +183,7 @@ struct NiahMultivalue {
   static constexpr const char* kind = "retrieval";
   static constexpr hh_param_v1 params[] = {
       kLengthParam,
-      kDepthParam,
+      kDepthParam, kRandomDepthParam,
       kNumExamplesParam,
       kEssaysHaystackParam,
       kValueDigitsParam,
@@ -197,7 +197,7 @@ struct NiahMultiquery {
   static constexpr const char* kind = "retrieval";
   static constexpr hh_param_v1 params[] = {
       kLengthParam,
-      kDepthParam,
+      kDepthParam, kRandomDepthParam,
       kNumExamplesParam,
       kEssaysHaystackParam,
       kValueDigitsParam,

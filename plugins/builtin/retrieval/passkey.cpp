@@ -21,7 +21,7 @@ constexpr const char* kQuestion = "\nWhat is the pass key? The pass key is";
 sdk::Example passkey_example(const sdk::Context& ctx, const Haystack& hay, int64_t index, sdk::Rng& rng) {
   const sdk::Tokenizer& tok = ctx.tokenizer;
   const int64_t length = ctx.params.integer("length");
-  const double depth = ctx.params.number("depth");
+  const double depth = needle_depth(ctx.params, rng);
   const int digits = static_cast<int>(ctx.params.integer("value_digits"));
 
   std::set<std::string> taken;
@@ -71,7 +71,7 @@ struct Passkey {
   static constexpr const char* id = "passkey";
   static constexpr const char* description = "a pass key stated twice inside filler; recall it";
   static constexpr const char* kind = "retrieval";
-  static constexpr hh_param_v1 params[] = {kLengthParam, kDepthParam, kNumExamplesParam, kNoiseHaystackParam,
+  static constexpr hh_param_v1 params[] = {kLengthParam, kDepthParam, kRandomDepthParam, kNumExamplesParam, kNoiseHaystackParam,
                                            sdk::int_param("value_digits", "digits of the pass key", 5, 1, 18)};
   static void generate(const sdk::Context& ctx) {
     const Haystack hay(parse_haystack_kind(ctx.params.string("haystack")), ctx.tokenizer);
