@@ -24,6 +24,7 @@ struct ConvertArgs {
   uint64_t seed = 0;
   int64_t max_calib_tokens = 65536;
   bool fa_rope = false, no_fa_log_scale = false, no_short_conv = false, neg_eigval = false;
+  std::string fusion = "scale-normalised";
   double log_scale_alpha = 512;
 };
 
@@ -47,6 +48,7 @@ int run_convert(const ConvertArgs& a) {
   o.hybrid.fa_log_scale_alpha = a.log_scale_alpha;
   o.hybrid.gdn_short_conv = !a.no_short_conv;
   o.hybrid.gdn_allow_neg_eigval = a.neg_eigval;
+  o.hybrid.fusion_concat = a.fusion == "concat";
   o.calib = calib.empty() ? nullptr : &calib;
   o.max_calib_tokens = a.max_calib_tokens;
   o.seed = a.seed;
@@ -83,6 +85,10 @@ Runner add_convert(CLI::App& app) {
   app.add_flag("--no-fa-log-scale", a->no_fa_log_scale, "No log-length scaling of FA queries");
   app.add_option("--fa-log-scale-alpha", a->log_scale_alpha, "alpha of q_t *= ln(t + alpha) / ln(alpha)")->capture_default_str();
   app.add_flag("--no-short-conv", a->no_short_conv, "No short convolution on LA q, k, v");
+  app.add_option("--fusion", a->fusion,
+                 "How head outputs join before o_proj: scale-normalised (gate * gamma * RMSNorm(o), default) or "
+                 "concat (the raw outputs: the plain-concatenation ablation)")
+      ->check(CLI::IsMember({"scale-normalised", "concat"}));
   app.add_flag("--allow-neg-eigval", a->neg_eigval, "beta = 2 sigmoid(.) (negative eigenvalues in the delta rule)");
   return [a] { return run_convert(*a); };
 }

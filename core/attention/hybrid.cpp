@@ -50,6 +50,7 @@ json HybridOptions::to_json() const {
           {"gdn_short_conv", gdn_short_conv},
           {"gdn_allow_neg_eigval", gdn_allow_neg_eigval},
           {"gdn_chunk", gdn_chunk},
+          {"fusion", fusion_concat ? "concat" : "scale-normalised"},
           {"fa_heads", heads}};
 }
 
@@ -75,6 +76,11 @@ HybridOptions HybridOptions::from_json(const json& j, const model::ModelConfig& 
     if (!it->is_number_integer() || it->get<int64_t>() < 1)
       throw Error(where + ": hydrahead.gdn_chunk must be a positive integer, got " + it->dump());
     o.gdn_chunk = it->get<int64_t>();
+  }
+  if (auto f = j.find("fusion"); f != j.end()) {
+    if (!f->is_string() || (*f != "scale-normalised" && *f != "concat"))
+      throw Error(where + ": hydrahead.fusion must be \"scale-normalised\" or \"concat\", got " + f->dump());
+    o.fusion_concat = *f == "concat";
   }
   auto it = j.find("fa_heads");
   if (it == j.end() || !it->is_array()) throw Error(where + ": hydrahead.fa_heads must be a list of [layer, head] pairs");
@@ -110,18 +116,19 @@ std::vector<HybridWeightEntry> hybrid_weight_table(const model::ModelConfig& cfg
   const int64_t nF = static_cast<int64_t>(split.fa.size()), nL = static_cast<int64_t>(split.la.size());
   const std::string p = "model.layers." + std::to_string(layer) + ".self_attn.";
   std::vector<HybridWeightEntry> t;
-  if (nF > 0) t.push_back({p + "fa_gate.weight", &w.fa_gate, {nF * Dh, d}});
+  const bool fused = !o.fusion_concat;
+  if (nF > 0 && fused) t.push_back({p + "fa_gate.weight", &w.fa_gate, {nF * Dh, d}});
   if (nL > 0) {
     t.push_back({p + "la_k_proj.weight", &w.la_k_proj, {nL * Dh, d}});
     t.push_back({p + "la_v_proj.weight", &w.la_v_proj, {nL * Dh, d}});
-    t.push_back({p + "la_gate.weight", &w.la_gate, {nL * Dh, d}});
+    if (fused) t.push_back({p + "la_gate.weight", &w.la_gate, {nL * Dh, d}});
     t.push_back({p + "la_a_proj.weight", &w.la_a_proj, {nL, d}});
     t.push_back({p + "la_b_proj.weight", &w.la_b_proj, {nL, d}});
     t.push_back({p + "la_A_log", &w.la_A_log, {nL}});
     t.push_back({p + "la_dt_bias", &w.la_dt_bias, {nL}});
     if (o.gdn_short_conv) t.push_back({p + "la_conv.weight", &w.la_conv, {3 * nL * Dh, 1, kShortConvKernel}});
   }
-  t.push_back({p + "fusion_gamma", &w.fusion_gamma, {cfg.num_attention_heads, Dh}});
+  if (fused) t.push_back({p + "fusion_gamma", &w.fusion_gamma, {cfg.num_attention_heads, Dh}});
   return t;
 }
 
@@ -134,6 +141,11 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
   const double eps = cfg.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(Dh));
   const int64_t nF = static_cast<int64_t>(split.fa.size()), nL = static_cast<int64_t>(split.la.size());
   std::vector<at::Tensor> out(static_cast<size_t>(Hq));  // per head [B, T, Dh]
+  // Head h's contribution: gate_i * (gamma_h * RMSNorm(o)), or o itself under fusion_concat.
+  auto fuse = [&](const at::Tensor& o_h, const at::Tensor& gate, int64_t i, int64_t h) {
+    if (o.fusion_concat) return o_h;
+    return gate.select(2, i) * (w.fusion_gamma[h] * model::rms_norm(o_h, {}, eps));
+  };
 
   if (nF > 0) {
     // FA: the teacher's q (q_norm) for these heads over the teacher's keys and values (k_norm).
@@ -165,10 +177,10 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       cache->fa_v = pv.defined() ? at::cat({pv, vf}, 1) : vf;
     }
     const at::Tensor o_fa = model::causal_attention(q, kf, vf, scale, pk, pv);  // [B, T, nF, Dh]
-    const at::Tensor gate = at::sigmoid(at::linear(xn, w.fa_gate)).view({B, T, nF, Dh});
+    const at::Tensor gate = o.fusion_concat ? at::Tensor() : at::sigmoid(at::linear(xn, w.fa_gate)).view({B, T, nF, Dh});
     for (int64_t i = 0; i < nF; ++i) {
       const int64_t h = split.fa[static_cast<size_t>(i)];
-      out[static_cast<size_t>(h)] = gate.select(2, i) * (w.fusion_gamma[h] * model::rms_norm(o_fa.select(2, i), {}, eps));
+      out[static_cast<size_t>(h)] = fuse(o_fa.select(2, i), gate, i, h);
     }
   }
   if (nL > 0) {
@@ -194,10 +206,10 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     const GdnOutput r = chunked ? gdn_chunked(q, k, v, g, beta, s0, scale, o.gdn_chunk)
                                 : gdn_recurrent(q, k, v, g, beta, s0, scale);
     if (cache != nullptr) cache->la_state = r.state;
-    const at::Tensor gate = at::silu(at::linear(xn, w.la_gate)).view({B, T, nL, Dh});
+    const at::Tensor gate = o.fusion_concat ? at::Tensor() : at::silu(at::linear(xn, w.la_gate)).view({B, T, nL, Dh});
     for (int64_t i = 0; i < nL; ++i) {
       const int64_t h = split.la[static_cast<size_t>(i)];
-      out[static_cast<size_t>(h)] = gate.select(2, i) * (w.fusion_gamma[h] * model::rms_norm(r.o.select(2, i), {}, eps));
+      out[static_cast<size_t>(h)] = fuse(r.o.select(2, i), gate, i, h);
     }
   }
   if (cache != nullptr) cache->pos += T;

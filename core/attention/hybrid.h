@@ -27,6 +27,7 @@ struct HybridOptions {
   bool gdn_short_conv = true;       // depthwise causal conv (kernel 4) + SiLU on LA q, k, v
   bool gdn_allow_neg_eigval = false;  // beta = 2 * sigmoid(.)
   int64_t gdn_chunk = 64;
+  bool fusion_concat = false;       // true: y_h = o_h, no gate, gamma or RMSNorm (the plain-concatenation ablation)
   std::vector<std::pair<int64_t, int64_t>> fa_heads;  // (layer, head), sorted
 
   nlohmann::json to_json() const;
@@ -50,6 +51,7 @@ struct HybridLayerWeights {
   at::Tensor la_A_log, la_dt_bias;            // [nL]
   at::Tensor la_conv;                         // la_conv.weight   [3*nL*Dh, 1, 4] (q, k, v blocks, head-major)
   at::Tensor fusion_gamma;                    // [Hq, Dh]
+  // fa_gate, la_gate and fusion_gamma are absent under fusion_concat.
 };
 
 struct HybridWeightEntry {

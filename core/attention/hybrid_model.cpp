@@ -249,7 +249,8 @@ HybridModel convert(const model::Transformer& teacher, const select::Manifest& m
     HybridLayerWeights& w = layers[static_cast<size_t>(l)];
     const auto& lw = tw.layers[static_cast<size_t>(l)];
     const int64_t nF = static_cast<int64_t>(s.fa.size()), nL = static_cast<int64_t>(s.la.size()), d = cfg.hidden_size;
-    if (nF > 0) w.fa_gate = at::zeros({nF * Dh, d}, f32);
+    const bool fused = !o.fusion_concat;
+    if (nF > 0 && fused) w.fa_gate = at::zeros({nF * Dh, d}, f32);
     if (nL > 0) {
       std::vector<at::Tensor> krows, vrows;
       for (int64_t h : s.la) {
@@ -258,7 +259,8 @@ HybridModel convert(const model::Transformer& teacher, const select::Manifest& m
       }
       w.la_k_proj = at::cat(krows, 0);
       w.la_v_proj = at::cat(vrows, 0);
-      w.la_gate = normal({nL * Dh, d});
+      const at::Tensor gate = normal({nL * Dh, d});  // drawn either way: the other tensors keep their values
+      if (fused) w.la_gate = gate;
       w.la_a_proj = normal({nL, d});
       w.la_b_proj = normal({nL, d});
       w.la_A_log = (at::rand({nL}, gen, f32) * 15 + 1).log();                                   // A ~ U(1, 16)
@@ -269,7 +271,7 @@ HybridModel convert(const model::Transformer& teacher, const select::Manifest& m
         w.la_conv.select(2, kShortConvKernel - 1).fill_(1.0);                                  // identity
       }
     }
-    w.fusion_gamma = gamma_all[l].clone();  // float64 sums; cast to the model dtype below
+    if (fused) w.fusion_gamma = gamma_all[l].clone();  // float64 sums; cast to the model dtype below
     for (const auto& e : hybrid_weight_table(cfg, o, s, l, w)) *e.slot = e.slot->to(teacher.device(), teacher.dtype());
   }
   return HybridModel(teacher, std::move(o), std::move(layers));

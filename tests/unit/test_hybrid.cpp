@@ -135,4 +135,53 @@ TEST(HybridAttention, EveryHeadFollowsTheFormulasStepByStep) {
   }
 }
 
+TEST(HybridAttention, ConcatFusionPassesEachHeadsRawOutput) {
+  const auto c = one_layer();
+  const auto tw = hh::model::random_weights(c, 5, torch::kDouble, 0.3);
+  const hh::model::Transformer teacher(c, tw);
+  const int64_t T = 67;
+  const auto ids = torch::randint(40, {1, T}, torch::TensorOptions().dtype(torch::kLong));
+  std::map<std::string, torch::Tensor> acts;
+  hh::model::Hooks hooks;
+  hooks.cache(hh::model::hook_name(0, hh::model::HookKind::ResidPre), &acts);
+  hooks.cache(hh::model::hook_name(0, hh::model::HookKind::Z), &acts);
+  hh::model::ForwardOptions f;
+  f.hooks = &hooks;
+  teacher.forward(ids, f);
+  const auto xn = hh::model::rms_norm(acts.at("blocks.0.hook_resid_pre"), tw.layers[0].input_layernorm, c.rms_norm_eps);
+
+  HybridOptions norm;
+  norm.fa_heads = {{0, 2}};
+  norm.fa_rope = true;
+  norm.fa_log_scale = false;
+  HybridOptions concat = norm;
+  concat.fusion_concat = true;
+  const auto split = hh::attention::split_heads(norm, c)[0];
+  const auto w = random_hybrid(c, norm, split);  // the scale-normalised set: concat ignores its gates and gamma
+  HybridLayerWeights wc;
+  std::vector<std::string> names;
+  for (auto& e : hh::attention::hybrid_weight_table(c, concat, split, 0, wc)) names.push_back(e.name);
+  for (const auto& n : names) {
+    EXPECT_EQ(n.find("gate"), std::string::npos) << n;
+    EXPECT_EQ(n.find("fusion_gamma"), std::string::npos) << n;
+  }
+  const auto y = hh::attention::hybrid_attention(c, concat, split, tw.layers[0], w, xn, teacher.inv_freq(), true);
+  const auto y_norm = hh::attention::hybrid_attention(c, norm, split, tw.layers[0], w, xn, teacher.inv_freq(), true);
+  // FA head 2 with RoPE and no log scale is the teacher's head: its raw output is the teacher's z.
+  EXPECT_LT((y.select(2, 2) - acts.at("blocks.0.attn.hook_z").select(2, 2)).abs().max().item<double>(), 1e-10);
+  // Every LA head: the scale-normalised output is the SiLU gate times gamma times RMSNorm of the raw one.
+  for (int64_t i = 0; i < 3; ++i) {
+    const int64_t h = split.la[static_cast<size_t>(i)];
+    const auto gate = torch::silu(torch::matmul(xn, w.la_gate.narrow(0, i * 8, 8).t()));
+    const auto want = gate * (w.fusion_gamma[h] * rms(y.select(2, h), c.rms_norm_eps));
+    EXPECT_LT((y_norm.select(2, h) - want).abs().max().item<double>(), 1e-9) << "LA head " << h;
+  }
+  // The option survives config.json and a wrong value is refused by name.
+  auto j = concat.to_json();
+  EXPECT_EQ(j.at("fusion"), "concat");
+  EXPECT_TRUE(HybridOptions::from_json(j, c, "config.json").fusion_concat);
+  j["fusion"] = "sum";
+  EXPECT_MENTIONS(hh::test::error_of([&] { HybridOptions::from_json(j, c, "config.json"); }), "hydrahead.fusion");
+}
+
 }  // namespace
