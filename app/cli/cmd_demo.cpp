@@ -135,6 +135,7 @@ int run_demo(const DemoArgs& a) {
       io::write_file_atomic(work / "heldout.bin", bytes);
       const int64_t seq = a.length + 32, steps = a.train_steps;
       const json task_params = {{"length", a.length}};
+      const json needle_params = {{"length", a.length}, {"random_depth", true}};
       json job = {
           {"description", "hydrahead demo: a short three-stage transfer of the demo teacher at LA:FA 7:1"},
           {"teacher", M},
@@ -144,8 +145,8 @@ int run_demo(const DemoArgs& a) {
           {"device", a.device},
           {"dtype", dtype},
           {"seed", a.seed + 1},
-          {"data", json::array({{{"task", "niah-single"}, {"params", task_params}},
-                                {{"task", "niah-multikey"}, {"params", task_params}},
+          {"data", json::array({{{"task", "niah-single"}, {"params", needle_params}},
+                                {{"task", "niah-multikey"}, {"params", needle_params}},
                                 {{"task", "variable-tracking"}, {"params", task_params}},
                                 {{"task", "induction"}, {"params", task_params}}})},
           {"stages", json::array({{{"name", "align"}, {"steps", steps}, {"lr", 2e-3}, {"warmup", steps / 10},

@@ -264,7 +264,7 @@ struct GenContext {
   std::string task;
   const model::Tokenizer* tok = nullptr;
   int64_t vocab_size = -1;
-  const ProgressFn* progress = nullptr;
+  const GenerateProgressFn* progress = nullptr;
   const CancelFn* cancel = nullptr;
   std::vector<CalibExample> out;
   std::string error;     // the first invalid example or callback failure
@@ -638,7 +638,7 @@ json TaskRegistry::resolve_params(const std::string& id, const json& partial) co
 
 std::vector<CalibExample> TaskRegistry::generate(const std::string& id, const json& partial,
                                                  const model::Tokenizer& tok, uint64_t seed,
-                                                 const ProgressFn& progress, const CancelFn& cancel) const {
+                                                 const GenerateProgressFn& progress, const CancelFn& cancel) const {
   const TaskInfo* task = find(id);
   if (!task) impl_->unknown_task(id);
   const auto index = static_cast<std::size_t>(task - impl_->tasks.data());

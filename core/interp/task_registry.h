@@ -56,7 +56,7 @@ struct TaskInfo {
 };
 
 // Progress of a generator: fraction in [0, 1] and the number of examples received so far.
-using ProgressFn = std::function<void(double fraction, std::size_t examples)>;
+using GenerateProgressFn = std::function<void(double fraction, std::size_t examples)>;
 // Polled after every example; returning true stops the generator.
 using CancelFn = std::function<bool()>;
 
@@ -106,7 +106,7 @@ class TaskRegistry {
   // and validated against `tok`'s vocabulary; an invalid one, or a failing generator, is an hh::Error
   // naming the plugin file and the task. Throws Cancelled when `cancel` returned true.
   std::vector<CalibExample> generate(const std::string& id, const nlohmann::json& partial,
-                                     const model::Tokenizer& tok, uint64_t seed, const ProgressFn& progress = {},
+                                     const model::Tokenizer& tok, uint64_t seed, const GenerateProgressFn& progress = {},
                                      const CancelFn& cancel = {}) const;
 
  private:

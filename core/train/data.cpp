@@ -46,7 +46,7 @@ struct DataMixture::Stream {
   std::vector<uint32_t> owned;
   int64_t size = 0;
   // Permutation of the windows for one epoch, cached per (epoch, window count).
-  int64_t perm_epoch = -1, perm_windows = -1;
+  int64_t perm_epoch = -1, perm_windows = -1, offset = 0;
   std::vector<int64_t> perm;
 
   ~Stream() {
@@ -163,15 +163,20 @@ at::Tensor DataMixture::batch(int64_t first, int64_t n, int64_t seq_len, at::Ten
 
 std::vector<int64_t> DataMixture::stream_sample(std::size_t s, int64_t index, int64_t seq_len) {
   Stream& st = *streams_[s];
-  const int64_t windows = st.size <= seq_len ? 0 : (st.size - 1) / seq_len;
-  if (windows == 0)
+  if (st.size <= seq_len)
     throw Error(sources_[s].describe() + ": " + std::to_string(st.size) + " tokens, too few for one sequence of " +
                 std::to_string(seq_len) + " + 1");
+  // W windows an epoch, leaving room for every shift in [0, seq_len) when the stream is long enough:
+  // epoch 0 cuts at multiples of seq_len, each later epoch at a seeded shift of them, so a small corpus
+  // is not seen at the same boundaries every time (a model would learn the cut, not the text).
+  const int64_t windows = std::max<int64_t>(1, (st.size - seq_len) / seq_len);
+  const int64_t slack = std::min(seq_len - 1, st.size - 1 - windows * seq_len);
   const int64_t epoch = index / windows, pos = index % windows;
   if (st.perm_epoch != epoch || st.perm_windows != windows) {
     st.perm.resize(static_cast<std::size_t>(windows));
     std::iota(st.perm.begin(), st.perm.end(), 0);
     std::mt19937_64 rng(mix_seed(seed_, 0xe90c, s, static_cast<uint64_t>(epoch)));
+    st.offset = epoch == 0 ? 0 : static_cast<int64_t>(rng() % static_cast<uint64_t>(slack + 1));
     // Fisher-Yates with our own index draw, so the order is the same with every standard library.
     for (int64_t i = windows - 1; i > 0; --i) {
       const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
@@ -180,7 +185,7 @@ std::vector<int64_t> DataMixture::stream_sample(std::size_t s, int64_t index, in
     st.perm_epoch = epoch;
     st.perm_windows = windows;
   }
-  const int64_t start = st.perm[static_cast<std::size_t>(pos)] * seq_len;
+  const int64_t start = st.offset + st.perm[static_cast<std::size_t>(pos)] * seq_len;
   std::vector<int64_t> out(static_cast<std::size_t>(seq_len + 1));
   for (int64_t i = 0; i <= seq_len; ++i) out[static_cast<std::size_t>(i)] = st.at(start + i);
   return out;

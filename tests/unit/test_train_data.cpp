@@ -41,18 +41,29 @@ DataSource bin_source(const fs::path& p, double weight = 1) {
 
 TEST(TrainData, BinWindowsCoverTheStreamOncePerEpochInASeededOrder) {
   const auto dir = test::scratch_dir("train_data_bin");
-  const auto p = write_bin(dir, "a.bin", iota_ids(101));   // 25 windows of 4 + 1 tokens (stride 4)
+  const auto p = write_bin(dir, "a.bin", iota_ids(101));   // W = (101 - 4) / 4 = 24 windows of 4 + 1 tokens
   DataMixture d({bin_source(p)}, nullptr, nullptr, 1000, -1, 42);
-  std::vector<int64_t> epoch0, epoch1;
-  for (int64_t i = 0; i < 50; ++i) {
+  constexpr int64_t W = 24, kEpochs = 8;
+  std::vector<std::vector<int64_t>> epochs(kEpochs);
+  std::set<int64_t> shifts;
+  for (int64_t i = 0; i < W * kEpochs; ++i) {
     const auto s = d.sample(i, 4);
     ASSERT_EQ(s.size(), 5u);
-    ASSERT_EQ(s[0] % 4, 0) << "windows start at multiples of seq_len";
     for (size_t k = 1; k < s.size(); ++k) ASSERT_EQ(s[k], s[0] + static_cast<int64_t>(k)) << "consecutive tokens";
-    (i < 25 ? epoch0 : epoch1).push_back(s[0] / 4);
+    ASSERT_LE(s[4], 100) << "inside the stream";
+    const int64_t e = i / W;
+    if (e == 0) ASSERT_EQ(s[0] % 4, 0) << "the first epoch cuts at multiples of seq_len";
+    if (i % W > 0) ASSERT_EQ(s[0] % 4, epochs[static_cast<size_t>(e)][0] % 4) << "one shift per epoch";
+    if (i % W == 0) shifts.insert(s[0] % 4);
+    epochs[static_cast<size_t>(e)].push_back(s[0]);
   }
-  EXPECT_EQ(std::set<int64_t>(epoch0.begin(), epoch0.end()).size(), 25u) << "every window once in epoch 0";
-  EXPECT_EQ(std::set<int64_t>(epoch1.begin(), epoch1.end()).size(), 25u) << "every window once in epoch 1";
+  for (int64_t e = 0; e < kEpochs; ++e)
+    EXPECT_EQ(std::set<int64_t>(epochs[static_cast<size_t>(e)].begin(), epochs[static_cast<size_t>(e)].end()).size(),
+              static_cast<size_t>(W)) << "every window once in epoch " << e;
+  EXPECT_GE(shifts.size(), 2u) << "later epochs cut the stream elsewhere";
+  std::vector<int64_t> epoch0, epoch1;
+  for (int64_t x : epochs[0]) epoch0.push_back(x / 4);
+  for (int64_t x : epochs[1]) epoch1.push_back(x / 4);
   EXPECT_NE(epoch0, epoch1) << "a fresh order each epoch";
   std::vector<int64_t> sorted = epoch0;
   std::sort(sorted.begin(), sorted.end());
@@ -63,7 +74,7 @@ TEST(TrainData, BinWindowsCoverTheStreamOncePerEpochInASeededOrder) {
   EXPECT_EQ(same.sample(37, 4), d.sample(37, 4));
   EXPECT_EQ(same.sample(3, 4)[0] / 4, epoch0[3]);
   std::vector<int64_t> other0;
-  for (int64_t i = 0; i < 25; ++i) other0.push_back(other.sample(i, 4)[0] / 4);
+  for (int64_t i = 0; i < W; ++i) other0.push_back(other.sample(i, 4)[0] / 4);
   EXPECT_NE(other0, epoch0);
 
   at::Tensor mask;
@@ -105,7 +116,7 @@ TEST(TrainData, JsonlTextIsTokenisedAndPacked) {
   s.kind = "jsonl";
   s.path = dir / "t.jsonl";
   DataMixture d({s}, &tok, nullptr, tok.vocab_size(), -1, 0);
-  const int64_t seq = 5, windows = (static_cast<int64_t>(stream.size()) - 1) / seq;
+  const int64_t seq = 5, windows = (static_cast<int64_t>(stream.size()) - seq) / seq;  // the first epoch
   ASSERT_GE(windows, 2);
   std::set<int64_t> starts;
   for (int64_t i = 0; i < windows; ++i) {
