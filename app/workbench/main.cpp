@@ -1,7 +1,10 @@
-// hydrahead-workbench: the Qt front end. Usage: hydrahead-workbench [--model DIR]
+// hydrahead-workbench: the Qt front end.
+// Usage: hydrahead-workbench [--model DIR] [--analysis FILE] [--manifest FILE] [--screenshot FILE]
 #include <QApplication>
 #include <QCommandLineOption>
 #include <QCommandLineParser>
+#include <QTimer>
+#include <cstdio>
 
 #include "core/util/alloc.h"
 #include "hydrahead/version.h"
@@ -24,10 +27,42 @@ int main(int argc, char** argv) {
                                  QStringLiteral("Open the checkpoint folder <DIR> (config.json and *.safetensors)."),
                                  QStringLiteral("DIR"));
   parser.addOption(model);
+  const QCommandLineOption analysis({QStringLiteral("a"), QStringLiteral("analysis")},
+                                    QStringLiteral("Open the analysis file <FILE> (from `hydrahead analyze`) in the Heads view."),
+                                    QStringLiteral("FILE"));
+  parser.addOption(analysis);
+  const QCommandLineOption manifest(QStringLiteral("manifest"),
+                                    QStringLiteral("Make the full-attention heads of <FILE> (a manifest.json) the selection."),
+                                    QStringLiteral("FILE"));
+  parser.addOption(manifest);
+  const QCommandLineOption screenshot(
+      QStringLiteral("screenshot"),
+      QStringLiteral("Render the window into the PNG <FILE> once the model and analysis are open, then exit "
+                     "(status 1 when something failed to open or the file cannot be written)."),
+      QStringLiteral("FILE"));
+  parser.addOption(screenshot);
   parser.process(app);
 
   hh::workbench::MainWindow window;
+  const bool scripted = parser.isSet(screenshot);
+  window.setInteractive(!scripted);
+  bool ok = true;
+  if (scripted) {
+    QObject::connect(&window, &hh::workbench::MainWindow::loadFailed, [](const QString& message) {
+      std::fprintf(stderr, "hydrahead-workbench: %s\n", message.toLocal8Bit().constData());
+    });
+  }
   window.show();
-  if (parser.isSet(model)) window.openCheckpoint(parser.value(model));
+  if (parser.isSet(model)) ok = window.openCheckpoint(parser.value(model)) && ok;
+  if (parser.isSet(analysis)) ok = window.openAnalysis(parser.value(analysis)) && ok;
+  if (parser.isSet(manifest)) ok = window.importManifest(parser.value(manifest)) && ok;
+  if (scripted) {
+    const QString file = parser.value(screenshot);
+    QTimer::singleShot(0, &window, [&window, file, ok] {
+      const bool saved = window.grab().save(file, "PNG");
+      if (!saved) std::fprintf(stderr, "hydrahead-workbench: cannot write %s\n", file.toLocal8Bit().constData());
+      QApplication::exit(ok && saved ? 0 : 1);
+    });
+  }
   return app.exec();
 }

@@ -18,10 +18,15 @@
 #include <QMimeData>
 #include <QStackedWidget>
 #include <QStatusBar>
+#include <set>
+#include <QUndoStack>
 #include <exception>
 #include <torch/version.h>
 
 #include "core/util/error.h"
+#include "core/select/manifest.h"
+#include "head_selection.h"
+#include "heads_view.h"
 #include "hydrahead/version.h"
 #include "model_view.h"
 #include "placeholder_page.h"
@@ -56,11 +61,7 @@ const PageInfo kPages[] = {
                        "Causal-analysis sweeps over the calibration set (activation patching by noising or "
                        "denoising, path patching, attribution patching, retrieval score, layer similarity), with "
                        "progress and cancel, saved to analysis.h5.")},
-    {MainWindow::Page::Heads, QT_TRANSLATE_NOOP("MainWindow", "Heads"),
-     QT_TRANSLATE_NOOP("MainWindow",
-                       "Per-head maps (layers \u00d7 query heads) of the analysis signals and their composite "
-                       "score, the choice of full-attention heads at a target LA:FA ratio with its KV-cache and "
-                       "FLOP budget, and the manifest export.")},
+    {MainWindow::Page::Heads, QT_TRANSLATE_NOOP("MainWindow", "Heads"), ""},
     {MainWindow::Page::Layers, QT_TRANSLATE_NOOP("MainWindow", "Layers"),
      QT_TRANSLATE_NOOP("MainWindow",
                        "Layer-by-layer similarity of the residual stream (cosine of residual updates, linear CKA, "
@@ -141,12 +142,17 @@ void MainWindow::createPages() {
   pages_ = new QStackedWidget(this);
   model_view_ = new ModelView(pages_);
   connect(model_view_, &ModelView::openRequested, this, &MainWindow::openCheckpointDialog);
+  selection_ = new HeadSelection(this);
+  heads_view_ = new HeadsView(selection_, pages_);
 
   for (const PageInfo& info : kPages) {
     auto* item = new QListWidgetItem(tr(info.name), navigation_);
     if (info.page == Page::Model) {
       pages_->addWidget(model_view_);
       item->setToolTip(tr("The open checkpoint: configuration, heads and tensors"));
+    } else if (info.page == Page::Heads) {
+      pages_->addWidget(heads_view_);
+      item->setToolTip(tr("Per-head maps of an analysis.h5; click a head to make it full attention"));
     } else {
       pages_->addWidget(new PlaceholderPage(tr(info.name), tr(info.description), pages_));
       item->setToolTip(tr("Not available in this version yet"));
@@ -179,10 +185,23 @@ void MainWindow::createMenus() {
   recent_menu_->setObjectName(QStringLiteral("recentMenu"));
   recent_menu_->setToolTipsVisible(true);
   connect(recent_menu_, &QMenu::aboutToShow, this, &MainWindow::refreshRecentMenu);
+  QAction* openAnalysisAction = file->addAction(tr("Open &Analysis\u2026"), this, &MainWindow::openAnalysisDialog);
+  openAnalysisAction->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_O));
+  openAnalysisAction->setStatusTip(tr("Open an analysis.h5 written by `hydrahead analyze`"));
+  QAction* importAction = file->addAction(tr("&Import Manifest\u2026"), this, &MainWindow::importManifestDialog);
+  importAction->setStatusTip(tr("Take the full-attention heads of a manifest.json (from `hydrahead select`)"));
   file->addSeparator();
   QAction* quit = file->addAction(tr("&Quit"), this, &QWidget::close);
   quit->setShortcut(QKeySequence::Quit);
   quit->setMenuRole(QAction::QuitRole);
+
+  QMenu* edit = menuBar()->addMenu(tr("&Edit"));
+  QAction* undo = selection_->undoStack()->createUndoAction(edit, tr("&Undo"));
+  undo->setShortcut(QKeySequence::Undo);
+  QAction* redo = selection_->undoStack()->createRedoAction(edit, tr("&Redo"));
+  redo->setShortcut(QKeySequence::Redo);
+  edit->addAction(undo);
+  edit->addAction(redo);
 
   QMenu* help = menuBar()->addMenu(tr("&Help"));
   QAction* about = help->addAction(tr("&About HydraHead Workbench"), this, &MainWindow::showAbout);
@@ -231,13 +250,13 @@ bool MainWindow::openCheckpoint(const QString& dir) {
   setWindowTitle(tr("%1 \u2014 %2").arg(name, QApplication::applicationDisplayName()));
   setWindowFilePath(path);
   rememberRecent(path);
-  emit modelLoaded(path);
+  Q_EMIT modelLoaded(path);
   return true;
 }
 
 void MainWindow::reportError(const QString& dir, const QString& message) {
   statusBar()->showMessage(tr("Could not open %1").arg(dir), kErrorStatusTimeoutMs);
-  emit loadFailed(message);
+  Q_EMIT loadFailed(message);
   if (!interactive_) return;
   QMessageBox box(QMessageBox::Critical, tr("Could not open checkpoint"),
                   tr("Could not open the checkpoint \u201c%1\u201d.").arg(displayName(dir)),
@@ -246,6 +265,58 @@ void MainWindow::reportError(const QString& dir, const QString& message) {
   if (model_) details += tr("\n\n%1 stays open.").arg(QString::fromStdString(model_->name));
   box.setInformativeText(details);
   box.exec();
+}
+
+bool MainWindow::openAnalysis(const QString& path) {
+  if (path.isEmpty()) return false;
+  QString error;
+  bool ok = false;
+  {
+    OverrideCursor busy;
+    ok = heads_view_->openAnalysis(path, &error);
+  }
+  if (!ok) {
+    reportError(path, error);
+    return false;
+  }
+  statusBar()->showMessage(tr("Opened %1").arg(QDir::toNativeSeparators(path)), kErrorStatusTimeoutMs);
+  showPage(Page::Heads);
+  Q_EMIT analysisLoaded(heads_view_->analysisPath());
+  return true;
+}
+
+bool MainWindow::importManifest(const QString& path) {
+  if (path.isEmpty()) return false;
+  try {
+    const select::Manifest m = select::read_manifest(toPath(path));
+    if (!heads_view_->hasAnalysis() && selection_->layers() == 0)
+      selection_->setShape(static_cast<int>(m.model.num_layers), static_cast<int>(m.model.num_heads));
+    if (m.model.num_layers != selection_->layers() || m.model.num_heads != selection_->queryHeads())
+      throw Error(path.toStdString() + ": the manifest is for " + std::to_string(m.model.num_layers) + " layers x " +
+                  std::to_string(m.model.num_heads) + " heads, the open analysis has " +
+                  std::to_string(selection_->layers()) + " x " + std::to_string(selection_->queryHeads()));
+    std::set<HeadRef> heads;
+    for (const auto& [l, h] : m.fa_heads) heads.insert({static_cast<int>(l), static_cast<int>(h)});
+    selection_->replace(heads, tr("Import %1").arg(QFileInfo(path).fileName()));
+  } catch (const std::exception& e) {
+    reportError(path, QString::fromStdString(e.what()));
+    return false;
+  }
+  statusBar()->showMessage(tr("Imported %1: %2 full-attention heads").arg(QDir::toNativeSeparators(path)).arg(selection_->count()),
+                           kErrorStatusTimeoutMs);
+  return true;
+}
+
+void MainWindow::importManifestDialog() {
+  const QString file = QFileDialog::getOpenFileName(this, tr("Import Manifest"), options::kLastOpenFolder.get(),
+                                                    tr("Manifests (*.json);;All files (*)"));
+  if (!file.isEmpty()) importManifest(file);
+}
+
+void MainWindow::openAnalysisDialog() {
+  const QString file = QFileDialog::getOpenFileName(this, tr("Open Analysis"), options::kLastOpenFolder.get(),
+                                                    tr("Analysis files (*.h5);;All files (*)"));
+  if (!file.isEmpty()) openAnalysis(file);
 }
 
 void MainWindow::openCheckpointDialog() {

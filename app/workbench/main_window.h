@@ -1,7 +1,7 @@
 #pragma once
-// The workbench window: File and Help menus, a navigation list of the views (Model now; Calibration,
-// Analysis, Heads, Layers and Runs to come), the current page, and a status bar naming the open
-// model. Opening a checkpoint goes through openCheckpoint(), whatever asked for it (menu, recent
+// The workbench window: File, Edit and Help menus, a navigation list of the views (Model and Heads
+// now; Calibration, Analysis, Layers and Runs to come), the current page, and a status bar naming the
+// open model. Opening a checkpoint goes through openCheckpoint(), whatever asked for it (menu, recent
 // list, drop, command line).
 #include <QList>
 #include <QMainWindow>
@@ -17,6 +17,8 @@ class QStackedWidget;
 
 namespace hh::workbench {
 
+class HeadSelection;
+class HeadsView;
 class ModelView;
 
 class MainWindow : public QMainWindow {
@@ -36,6 +38,8 @@ class MainWindow : public QMainWindow {
   // The open model, if any.
   const ModelSummary* currentModel() const { return model_ ? &*model_ : nullptr; }
   ModelView* modelView() const { return model_view_; }
+  HeadsView* headsView() const { return heads_view_; }
+  HeadSelection* selection() const { return selection_; }
   QListWidget* navigation() const { return navigation_; }
   Page currentPage() const;
   void showPage(Page page);
@@ -44,17 +48,24 @@ class MainWindow : public QMainWindow {
   QStringList recentCheckpoints() const;
   QMenu* recentMenu() const { return recent_menu_; }
 
- public slots:
+ public Q_SLOTS:
   // Opens the checkpoint folder `dir`; on failure reports the error and keeps the current model.
   bool openCheckpoint(const QString& dir);
   void openCheckpointDialog();
+  // Opens an analysis.h5 in the Heads view; on failure reports the error and keeps the current one.
+  bool openAnalysis(const QString& path);
+  void openAnalysisDialog();
+  // Makes a manifest's FA heads the selection (one undoable step); the manifest must fit the grid.
+  bool importManifest(const QString& path);
+  void importManifestDialog();
   void refreshRecentMenu();
   void clearRecentCheckpoints();
   void showAbout();
 
- signals:
+ Q_SIGNALS:
   void modelLoaded(const QString& dir);
   void loadFailed(const QString& message);
+  void analysisLoaded(const QString& path);
 
  protected:
   void dragEnterEvent(QDragEnterEvent* event) override;
@@ -72,6 +83,8 @@ class MainWindow : public QMainWindow {
   QListWidget* navigation_ = nullptr;
   QStackedWidget* pages_ = nullptr;
   ModelView* model_view_ = nullptr;
+  HeadSelection* selection_ = nullptr;
+  HeadsView* heads_view_ = nullptr;
   QMenu* recent_menu_ = nullptr;
   QLabel* model_status_ = nullptr;
 };

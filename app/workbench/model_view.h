@@ -45,7 +45,7 @@ class ModelView : public QWidget {
   QTableView* headGridView() const { return head_view_; }
   QTabWidget* tabs() const { return tabs_; }
 
- signals:
+ Q_SIGNALS:
   void openRequested();  // the empty page's "Open Checkpoint…" button
 
  private:

@@ -31,7 +31,7 @@ fs::path scratchRoot() {
 class TestModelSummary : public QObject {
   Q_OBJECT
 
- private slots:
+ private Q_SLOTS:
   void initTestCase() {
     fs::remove_all(scratchRoot());
     fs::create_directories(scratchRoot());

@@ -20,6 +20,7 @@
 
 #include "gui/tiny_checkpoint.h"
 #include "head_grid_model.h"
+#include "heads_view.h"
 #include "main_window.h"
 #include "model_view.h"
 #include "placeholder_page.h"
@@ -64,7 +65,7 @@ class TestModelView : public QObject {
     return hh::test::write_tiny_checkpoint(scratchRoot() / name, spec);
   }
 
- private slots:
+ private Q_SLOTS:
   void initTestCase() {
     QStandardPaths::setTestModeEnabled(true);
     fs::remove_all(scratchRoot());
@@ -366,8 +367,9 @@ class TestModelView : public QObject {
 
     w->showPage(MainWindow::Page::Heads);
     QCOMPARE(w->currentPage(), MainWindow::Page::Heads);
+    QVERIFY(!w->headsView()->isHidden());  // the current page of the stack
     const auto placeholders = w->findChildren<PlaceholderPage*>();
-    QCOMPARE(placeholders.size(), 5);
+    QCOMPARE(placeholders.size(), 4);  // Calibration, Analysis, Layers, Runs
     for (const PlaceholderPage* p : placeholders) {
       const auto* text = p->findChild<QLabel*>(QStringLiteral("placeholderDescription"));
       QVERIFY(text);

@@ -1,0 +1,106 @@
+#pragma once
+// The Heads view: a layers x query-heads heatmap of any per-head signal of an analysis.h5 (noising,
+// denoising, attribution, path, retrieval score, the task-split noising maps and their composite),
+// on a diverging colour scale centred on zero, with the KV-group boundaries drawn and the
+// full-attention heads outlined. Hovering a cell names it (layer, head, KV group, value, rank);
+// clicking toggles the head between full and linear attention (undoable, through HeadSelection);
+// the panel beside the map lists every signal of the last clicked head and its per-example effects.
+#include <QString>
+#include <QStringList>
+#include <QWidget>
+#include <map>
+#include <memory>
+#include <vector>
+
+class QComboBox;
+class QCPColorMap;
+class QCPColorScale;
+class QCPItemRect;
+class QCustomPlot;
+class QLabel;
+class QMouseEvent;
+class QTableWidget;
+
+namespace hh::select {
+struct Signals;
+}
+
+namespace hh::workbench {
+
+class HeadSelection;
+
+class HeadsView : public QWidget {
+  Q_OBJECT
+
+ public:
+  explicit HeadsView(HeadSelection* selection, QWidget* parent = nullptr);
+  ~HeadsView() override;
+
+  // Loads the per-head maps of `path` (a hydrahead analysis.h5) and resets the selection to its grid.
+  // On failure returns false with *error naming the file and what is wrong; the current map stays.
+  bool openAnalysis(const QString& path, QString* error);
+  QString analysisPath() const { return path_; }
+  bool hasAnalysis() const { return !path_.isEmpty(); }
+
+  // Maps in the file, in the core's order, then "composite" (DESIGN's default weights).
+  QStringList signalNames() const;
+  QString currentSignal() const;
+  void setSignal(const QString& name);
+
+  int layers() const { return layers_; }
+  int queryHeads() const { return heads_; }
+  int kvGroupSize() const { return group_; }
+  // The shown map's value (NaN where the file has none) and rank (1 = largest; 0 for NaN).
+  double value(int layer, int head) const;
+  int rank(int layer, int head) const;
+  QString tooltipFor(int layer, int head) const;
+
+  QCustomPlot* plot() const { return plot_; }
+  QCPColorMap* colorMap() const { return map_; }
+  // Centre of a cell in plot() coordinates, and the cell under a point (false outside the grid).
+  QPoint cellCenter(int layer, int head) const;
+  bool cellAt(const QPoint& pos, int* layer, int* head) const;
+  int outlinedHeads() const { return static_cast<int>(outlines_.size()); }
+  // The head the detail panel describes, (-1, -1) before the first click.
+  std::pair<int, int> detailHead() const { return detail_; }
+  QTableWidget* detailTable() const { return detail_table_; }
+
+  // Writes the plot as PNG (or PDF, by the suffix); false when the file cannot be written.
+  bool exportPlot(const QString& file);
+
+ Q_SIGNALS:
+  void headClicked(int layer, int head);
+  void analysisOpened(const QString& path);
+
+ private:
+  void redraw();
+  void updateOutlines();
+  void showDetail(int layer, int head);
+  void onMouseMove(QMouseEvent* event);
+  void onMousePress(QMouseEvent* event);
+  const std::vector<double>* currentMap() const;
+  double valueIn(const std::vector<double>* map, int layer, int head) const;
+  int rankIn(const std::vector<double>* map, int layer, int head) const;
+
+  HeadSelection* selection_;
+  QString path_;
+  int layers_ = 0, heads_ = 0, group_ = 1;
+  std::map<QString, std::vector<double>> maps_;   // name -> [L * Hq]
+  QStringList order_;
+  // Per-example normalised noising effect [N][L * Hq] and the examples' task ids (empty when absent).
+  std::vector<std::vector<double>> per_example_;
+  QStringList example_tasks_;
+  std::pair<int, int> detail_{-1, -1};
+
+  QComboBox* signal_box_;
+  QLabel* caption_;
+  QCustomPlot* plot_;
+  QCPColorMap* map_;
+  QCPColorScale* scale_;
+  std::vector<QCPItemRect*> outlines_;
+  QLabel* detail_title_;
+  QTableWidget* detail_table_;
+  QTableWidget* example_table_;
+};
+
+}  // namespace hh::workbench

@@ -1,0 +1,239 @@
+// The Heads view on a real analysis: the bundled demo teacher, a small NIAH calibration set and
+// `hydrahead analyze`, all run here. The heatmap must show the file's numbers, clicks must toggle heads
+// (with undo), bad files must be refused by name, and the app's --screenshot must render something.
+#include <QCoreApplication>
+#include <QImage>
+#include <QProcess>
+#include <QSet>
+#include <QSettings>
+#include <QSignalSpy>
+#include <QStandardPaths>
+#include <QTableWidget>
+#include <QUndoStack>
+#include <QtTest>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include "qcustomplot_include.h"
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/io/h5.h"
+#include "core/select/manifest.h"
+#include "head_selection.h"
+#include "heads_view.h"
+#include "main_window.h"
+
+namespace fs = std::filesystem;
+using namespace hh::workbench;
+
+namespace {
+
+fs::path scratchRoot() {
+  const char* tmp = std::getenv("HH_TEST_TMP");
+  fs::path root = (tmp && *tmp) ? fs::path(tmp) : fs::temp_directory_path();
+  return root / "gui_heads_view";
+}
+
+QString qpath(const fs::path& p) { return QString::fromStdString(p.string()); }
+QString env(const char* name) { return QString::fromLocal8Bit(std::getenv(name) ? std::getenv(name) : ""); }
+fs::path demoModel() { return fs::path(env("HH_SOURCE_DIR").toStdString()) / "datasets/models/hydrahead-demo"; }
+
+// Runs a program to completion; fails the test with its output when it does not exit 0.
+bool run(const QString& program, const QStringList& args, QString* output = nullptr) {
+  QProcess p;
+  p.setProcessChannelMode(QProcess::MergedChannels);
+  p.start(program, args);
+  if (!p.waitForFinished(300000)) return false;
+  const QString out = QString::fromLocal8Bit(p.readAll());
+  if (output) *output = out;
+  if (p.exitStatus() != QProcess::NormalExit || p.exitCode() != 0) {
+    qWarning("%s failed:\n%s", qPrintable(program), qPrintable(out));
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<MainWindow> newWindow() {
+  auto w = std::make_unique<MainWindow>();
+  w->setInteractive(false);
+  w->resize(1200, 800);
+  w->show();
+  QCoreApplication::processEvents();
+  return w;
+}
+
+}  // namespace
+
+class TestHeadsView : public QObject {
+  Q_OBJECT
+
+  fs::path analysis_;
+
+ private Q_SLOTS:
+  void initTestCase() {
+    QStandardPaths::setTestModeEnabled(true);
+    fs::remove_all(scratchRoot());
+    fs::create_directories(scratchRoot());
+    QSettings::setDefaultFormat(QSettings::IniFormat);
+    QSettings::setPath(QSettings::IniFormat, QSettings::UserScope, qpath(scratchRoot() / "settings"));
+    QCoreApplication::setOrganizationName(QStringLiteral("HydraHeadTest"));
+    QCoreApplication::setApplicationName(QStringLiteral("gui_test_heads_view"));
+    QVERIFY2(fs::exists(demoModel() / "config.json"), "the bundled demo model is missing");
+    const QString hh = env("HH_BIN_DIR") + QStringLiteral("/hydrahead");
+    const fs::path calib = scratchRoot() / "calib.jsonl";
+    analysis_ = scratchRoot() / "analysis.h5";
+    QVERIFY(run(hh, {"tasks", "generate", "--model", qpath(demoModel()), "--task", "niah-single", "--n", "3", "--length",
+                     "256", "--param", "random_depth=true", "--seed", "3", "--out", qpath(calib)}));
+    QVERIFY(run(hh, {"analyze", "--model", qpath(demoModel()), "--calib", qpath(calib), "--method",
+                     "activation,path,retrieval", "--dtype", "f32", "--out", qpath(analysis_)}));
+  }
+
+  void showsTheFileValuesOnASymmetricScale() {
+    auto w = newWindow();
+    QSignalSpy loaded(w.get(), &MainWindow::analysisLoaded);
+    QVERIFY(w->openAnalysis(qpath(analysis_)));
+    QCOMPARE(loaded.count(), 1);
+    QCOMPARE(w->currentPage(), MainWindow::Page::Heads);
+    HeadsView* v = w->headsView();
+    QCOMPARE(v->layers(), 6);
+    QCOMPARE(v->queryHeads(), 8);
+    QCOMPARE(v->kvGroupSize(), 4);
+    for (const char* name : {"noising", "path", "retrieval_score", "retrieval_noising", "composite"})
+      QVERIFY2(v->signalNames().contains(QLatin1String(name)), name);
+    QCOMPARE(v->currentSignal(), QStringLiteral("composite"));
+
+    const auto file = hh::io::H5File::open_read(analysis_);
+    for (const auto& [signal, dataset] : {std::pair<QString, std::string>{"noising", "/activation/noising/effect"},
+                                          {"path", "/path/effect"},
+                                          {"retrieval_score", "/retrieval/score"}}) {
+      v->setSignal(signal);
+      QCOMPARE(v->currentSignal(), signal);
+      const at::Tensor want = file.read(dataset).to(at::kDouble);
+      double lim = 0;
+      for (int l = 0; l < 6; ++l)
+        for (int h = 0; h < 8; ++h) {
+          const double x = want[l][h].item<double>();
+          QCOMPARE(v->value(l, h), x);
+          QCOMPARE(v->colorMap()->data()->cell(h, l), x);
+          lim = std::max(lim, std::abs(x));
+        }
+      QCOMPARE(v->colorMap()->dataRange().upper, lim);
+      QCOMPARE(v->colorMap()->dataRange().lower, -lim);
+    }
+    // The demo teacher's retrieval heads (layer 3, KV group 1) lead the retrieval-score ranking.
+    v->setSignal(QStringLiteral("retrieval_score"));
+    for (int h = 4; h < 8; ++h) QVERIFY2(v->rank(3, h) <= 4, qPrintable(v->tooltipFor(3, h)));
+  }
+
+  void clickTogglesAHeadWithUndo() {
+    auto w = newWindow();
+    QVERIFY(w->openAnalysis(qpath(analysis_)));
+    HeadsView* v = w->headsView();
+    HeadSelection* sel = w->selection();
+    v->plot()->replot();
+    QCOMPARE(sel->count(), 0);
+    QSignalSpy changed(sel, &HeadSelection::changed);
+    QSignalSpy clicked(v, &HeadsView::headClicked);
+
+    int l = -1, h = -1;
+    QVERIFY(v->cellAt(v->cellCenter(3, 5), &l, &h));
+    QCOMPARE(std::make_pair(l, h), std::make_pair(3, 5));
+    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(3, 5));
+    QCOMPARE(clicked.count(), 1);
+    QCOMPARE(changed.count(), 1);
+    QVERIFY(sel->isFullAttention(3, 5));
+    QCOMPARE(v->outlinedHeads(), 1);
+    QCOMPARE(v->detailHead(), std::make_pair(3, 5));
+    QCOMPARE(v->detailTable()->rowCount(), static_cast<int>(v->signalNames().size()));
+    QVERIFY(v->tooltipFor(3, 5).contains(QStringLiteral("layer 3, head 5 (KV group 1)")));
+    QVERIFY(v->tooltipFor(3, 5).contains(QStringLiteral("full attention")));
+
+    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(0, 0));
+    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(3, 5));  // back to linear
+    QCOMPARE(sel->sorted(), (std::vector<HeadRef>{{0, 0}}));
+    QCOMPARE(v->outlinedHeads(), 1);
+    QCOMPARE(sel->undoStack()->count(), 3);
+    sel->undoStack()->undo();
+    QCOMPARE(sel->sorted(), (std::vector<HeadRef>{{0, 0}, {3, 5}}));
+    QCOMPARE(v->outlinedHeads(), 2);
+    sel->undoStack()->undo();
+    sel->undoStack()->undo();
+    QCOMPARE(sel->count(), 0);
+    sel->undoStack()->redo();
+    QCOMPARE(sel->sorted(), (std::vector<HeadRef>{{3, 5}}));
+    // A click outside the grid changes nothing.
+    const int before = changed.count();
+    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, QPoint(2, 2));
+    QCOMPARE(changed.count(), before);
+  }
+
+  void importsTheManifestSelectWrites() {
+    auto w = newWindow();
+    QVERIFY(w->openAnalysis(qpath(analysis_)));
+    const fs::path manifest = scratchRoot() / "manifest.json";
+    QVERIFY(run(env("HH_BIN_DIR") + QStringLiteral("/hydrahead"),
+                {"select", "--analysis", qpath(analysis_), "--ratio", "7", "--out", qpath(manifest)}));
+    const auto m = hh::select::read_manifest(manifest);
+    std::vector<HeadRef> want;
+    for (const auto& [l, h] : m.fa_heads) want.push_back({static_cast<int>(l), static_cast<int>(h)});
+    QCOMPARE(want.size(), size_t{6});
+    w->selection()->toggle(0, 1);
+    QVERIFY(w->importManifest(qpath(manifest)));
+    QCOMPARE(w->selection()->sorted(), want);
+    QCOMPARE(w->headsView()->outlinedHeads(), 6);
+    w->selection()->undoStack()->undo();  // the import is one step
+    QCOMPARE(w->selection()->sorted(), (std::vector<HeadRef>{{0, 1}}));
+
+    // A manifest for another grid is refused by name and changes nothing.
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(manifest));
+    j["model"]["num_layers"] = 7;
+    j.erase("fa_heads");
+    j["fa_heads"] = nlohmann::json::array({{6, 0}});
+    const fs::path other = scratchRoot() / "other-model.json";
+    std::ofstream(other) << j.dump();
+    QSignalSpy failed(w.get(), &MainWindow::loadFailed);
+    QVERIFY(!w->importManifest(qpath(other)));
+    QCOMPARE(failed.count(), 1);
+    QVERIFY2(failed.first().first().toString().contains(QStringLiteral("other-model.json")),
+             qPrintable(failed.first().first().toString()));
+    QCOMPARE(w->selection()->sorted(), (std::vector<HeadRef>{{0, 1}}));
+  }
+
+  void refusesAFileThatIsNotAnAnalysis() {
+    auto w = newWindow();
+    QVERIFY(w->openAnalysis(qpath(analysis_)));
+    const fs::path bad = scratchRoot() / "not-an-analysis.h5";
+    std::ofstream(bad) << "plain text";
+    QSignalSpy failed(w.get(), &MainWindow::loadFailed);
+    QVERIFY(!w->openAnalysis(qpath(bad)));
+    QCOMPARE(failed.count(), 1);
+    QVERIFY2(failed.first().first().toString().contains(QStringLiteral("not-an-analysis.h5")),
+             qPrintable(failed.first().first().toString()));
+    QCOMPARE(w->headsView()->analysisPath(), qpath(fs::absolute(analysis_)));  // the previous file stays
+  }
+
+  void screenshotRendersTheWindow() {
+    const fs::path png = scratchRoot() / "heads.png";
+    QString out;
+    QVERIFY(run(env("HH_BIN_DIR") + QStringLiteral("/hydrahead-workbench"),
+                {"--model", qpath(demoModel()), "--analysis", qpath(analysis_), "--screenshot", qpath(png)}, &out));
+    QImage image(qpath(png));
+    QVERIFY(!image.isNull());
+    QVERIFY(image.width() > 400 && image.height() > 300);
+    QSet<QRgb> colours;
+    for (int y = 0; y < image.height(); y += 3)
+      for (int x = 0; x < image.width(); x += 3) colours.insert(image.pixel(x, y));
+    QVERIFY2(colours.size() > 50, qPrintable(QString::number(colours.size())));
+    // And a failure to open is an exit status, not a silent picture.
+    QVERIFY(!run(env("HH_BIN_DIR") + QStringLiteral("/hydrahead-workbench"),
+                 {"--analysis", qpath(scratchRoot() / "missing.h5"), "--screenshot", qpath(png)}));
+  }
+};
+
+QTEST_MAIN(TestHeadsView)
+#include "test_heads_view.moc"
