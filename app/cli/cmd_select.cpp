@@ -59,21 +59,11 @@ std::vector<Head> parse_head_list(const std::string& s, const char* flag, const 
 }
 
 std::map<std::string, double> parse_weights(const std::string& s) {
-  if (s.empty()) return select::default_weights();
-  std::map<std::string, double> w;
-  for (const auto& item : split_list(s)) {
-    const auto eq = item.find('=');
-    if (eq == std::string::npos) throw Error("--weights: '" + item + "' is not NAME=WEIGHT");
-    try {
-      size_t used = 0;
-      const double v = std::stod(item.substr(eq + 1), &used);
-      if (used != item.size() - eq - 1) throw std::invalid_argument("trailing");
-      w[item.substr(0, eq)] = v;
-    } catch (const std::exception&) {
-      throw Error("--weights: '" + item + "': the weight is not a number");
-    }
+  try {
+    return select::parse_weights(s);
+  } catch (const Error& e) {
+    throw Error(std::string("--weights: ") + e.what());
   }
-  return w;
 }
 
 std::string human_bytes(double b) {
@@ -89,11 +79,6 @@ std::string human_bytes(double b) {
 }
 
 std::string context_name(int64_t n) { return std::to_string(n / 1024) + "K"; }
-
-nlohmann::json budget_json(const select::Budget& b) {
-  return {{"context", b.context}, {"fa_heads", b.fa_heads}, {"la_heads", b.la_heads}, {"kv_groups", b.kv_groups},
-          {"kv_cache_bytes", b.kv_bytes}, {"gdn_state_bytes", b.state_bytes}, {"attention_flops", b.attn_flops}};
-}
 
 void print_heads(const ModelShape& s, const std::vector<Head>& heads) {
   std::printf("FA heads per layer (%zu of %lld):\n", heads.size(), static_cast<long long>(s.num_layers * s.num_heads));
@@ -133,7 +118,6 @@ int run_select(const SelectArgs& a) {
   ModelShape shape;
   select::Signals signals;
   std::map<std::string, double> weights;
-  select::Composite comp;
   if (!a.analysis.empty()) {
     auto tasks = select::default_retrieval_tasks();
     if (!a.retrieval_tasks.empty()) {
@@ -155,8 +139,6 @@ int run_select(const SelectArgs& a) {
   }
   if (needs_analysis) {
     weights = parse_weights(a.weights);
-    comp = select::composite(signals, weights);
-    for (const auto& n : comp.notes) log::warn(n);
   } else if (!a.weights.empty()) {
     throw Error("--weights applies to the global, per-layer and kv-group strategies");
   }
@@ -170,73 +152,30 @@ int run_select(const SelectArgs& a) {
   o.force = parse_head_list(a.force, "--force", shape);
   o.manual = parse_head_list(a.heads, "--heads", shape);
   if (!o.manual.empty() && a.strategy != "manual") throw Error("--heads is the head list of --strategy manual");
-  const std::vector<Head> heads = select::select_heads(shape, comp.score, o);
+  const select::SelectionReport r = select::make_selection(shape, a.analysis.empty() ? nullptr : &signals, weights, o,
+                                                           a.compare, a.kv_bytes,
+                                                           std::string("hydrahead ") + HYDRAHEAD_VERSION);
+  for (const auto& n : r.composite.notes) log::warn(n);
 
-  // Budget: dense, layer-wise r:1 and this selection.
-  select::SelectOptions lw = o;
-  lw.strategy = "layerwise";
-  const std::vector<Head> layerwise = select::select_heads(shape, {}, lw);
-  std::vector<Head> dense;
-  for (int64_t l = 0; l < shape.num_layers; ++l)
-    for (int64_t h = 0; h < shape.num_heads; ++h) dense.push_back({l, h});
-
-  // The seeded random baseline (same k, no quotas), for --compare.
-  std::vector<Head> random;
-  if (a.compare) {
-    select::SelectOptions rnd = o;
-    rnd.strategy = "random";
-    rnd.exclude.clear();
-    rnd.force.clear();
-    rnd.min_per_layer = 0;
-    random = select::select_heads(shape, {}, rnd);
-  }
-
-  print_heads(shape, heads);
+  print_heads(shape, r.heads);
   std::printf("\nbudget (KV cache in %lld-byte elements, GDN state fp32, prefill attention FLOPs):\n",
               static_cast<long long>(a.kv_bytes));
   std::printf("  %-8s %-22s %12s %12s %12s %14s\n", "context", "configuration", "FA heads", "KV cache", "GDN state", "attn TFLOP");
-  nlohmann::json notes_budget = nlohmann::json::array();
-  const std::string lw_name = "layer-wise " + std::to_string(ratio) + ":1";
-  const std::string sel_name = "this selection";
-  std::vector<std::pair<std::string, const std::vector<Head>*>> configs = {{"dense", &dense}, {lw_name, &layerwise}};
-  if (a.compare) configs.push_back({"random (seed " + std::to_string(a.seed) + ")", &random});
-  configs.push_back({sel_name, &heads});
-  for (int64_t n : select::kBudgetContexts) {
-    for (const auto& [name, set] : configs) {
-      const auto b = select::budget(shape, *set, n, a.kv_bytes);
-      std::printf("  %-8s %-22s %12lld %12s %12s %14.1f\n", context_name(n).c_str(), name.c_str(),
-                  static_cast<long long>(b.fa_heads), human_bytes(b.kv_bytes).c_str(), human_bytes(b.state_bytes).c_str(),
-                  b.attn_flops / 1e12);
-      nlohmann::json j = budget_json(b);
-      j["configuration"] = name;
-      notes_budget.push_back(j);
-    }
+  for (const auto& row : r.budget) {
+    const auto& b = row.budget;
+    std::printf("  %-8s %-22s %12lld %12s %12s %14.1f\n", context_name(b.context).c_str(), row.configuration.c_str(),
+                static_cast<long long>(b.fa_heads), human_bytes(b.kv_bytes).c_str(), human_bytes(b.state_bytes).c_str(),
+                b.attn_flops / 1e12);
   }
-
-  nlohmann::json compare = nlohmann::json::object();
   if (a.compare) {
     std::printf("\noverlap with baselines (Jaccard of FA head sets):\n");
-    std::printf("  %-22s %8.3f  (%zu heads)\n", lw_name.c_str(), select::jaccard(heads, layerwise), layerwise.size());
-    std::printf("  %-22s %8.3f  (%zu heads, seed %llu)\n", "random", select::jaccard(heads, random), random.size(),
+    std::printf("  %-22s %8.3f  (%zu heads)\n", ("layer-wise " + std::to_string(ratio) + ":1").c_str(),
+                r.layerwise_jaccard, r.layerwise.size());
+    std::printf("  %-22s %8.3f  (%zu heads, seed %llu)\n", "random", r.random_jaccard, r.random.size(),
                 static_cast<unsigned long long>(a.seed));
-    compare = {{"layerwise_jaccard", select::jaccard(heads, layerwise)}, {"random_jaccard", select::jaccard(heads, random)}};
   }
-
-  select::Manifest m;
-  m.model = shape;
-  m.ratio_la = ratio;
-  m.ratio_fa = 1;
-  m.strategy = a.strategy;
-  if (!a.analysis.empty()) m.analysis_sha256 = signals.analysis_sha256;
-  m.signals = nlohmann::json(comp.used);
-  m.fa_heads = heads;
-  m.created = select::iso8601_now();
-  m.created_by = std::string("hydrahead ") + HYDRAHEAD_VERSION;
-  m.notes = {{"budget", notes_budget}, {"kv_bytes_per_element", a.kv_bytes}};
-  if (!comp.notes.empty()) m.notes["signal_notes"] = comp.notes;
-  if (a.compare) m.notes["compare"] = compare;
-  if (a.strategy == "random") m.notes["seed"] = a.seed;
-  select::write_manifest(a.out, m);
+  const std::vector<Head>& heads = r.heads;
+  select::write_manifest(a.out, r.manifest);
   std::printf("\nwrote %s: %zu FA heads, %s, LA:FA = %lld:1\n", a.out.c_str(), heads.size(), a.strategy.c_str(),
               static_cast<long long>(ratio));
   return kExitOk;

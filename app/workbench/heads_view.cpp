@@ -22,6 +22,7 @@
 #include "core/io/h5.h"
 #include "core/select/selection.h"
 #include "head_selection.h"
+#include "selection_panel.h"
 
 namespace hh::workbench {
 
@@ -113,9 +114,11 @@ HeadsView::HeadsView(HeadSelection* selection, QWidget* parent) : QWidget(parent
   example_table_->verticalHeader()->hide();
   example_table_->setEditTriggers(QAbstractItemView::NoEditTriggers);
   example_table_->horizontalHeader()->setStretchLastSection(true);
+  panel_ = new SelectionPanel(selection_, this);
   auto* side = new QWidget(this);
   auto* side_layout = new QVBoxLayout(side);
   side_layout->setContentsMargins(0, 0, 0, 0);
+  side_layout->addWidget(panel_, 2);
   side_layout->addWidget(detail_title_);
   side_layout->addWidget(detail_table_, 1);
   side_layout->addWidget(new QLabel(tr("Per example:"), side));
@@ -143,8 +146,10 @@ bool HeadsView::openAnalysis(const QString& path, QString* error) {
   std::vector<std::vector<double>> per_example;
   QStringList tasks;
   int layers = 0, heads = 0, group = 1;
+  auto loaded = std::make_unique<select::Signals>();
   try {
-    const select::Signals s = select::load_signals(p, select::default_retrieval_tasks());
+    select::Signals& s = *loaded;
+    s = select::load_signals(p, select::default_retrieval_tasks());
     layers = static_cast<int>(s.num_layers);
     heads = static_cast<int>(s.num_heads);
     group = s.shape.num_kv_heads > 0 ? static_cast<int>(s.shape.num_heads / s.shape.num_kv_heads) : 1;
@@ -175,6 +180,8 @@ bool HeadsView::openAnalysis(const QString& path, QString* error) {
     if (error) *error = QString::fromStdString(e.what());
     return false;
   }
+  panel_->setSignals(nullptr);  // before the old signals go
+  signals_ = std::move(loaded);
   path_ = QFileInfo(path).absoluteFilePath();
   layers_ = layers;
   heads_ = heads;
@@ -198,6 +205,7 @@ bool HeadsView::openAnalysis(const QString& path, QString* error) {
     signal_box_->setEnabled(true);
   }
   redraw();
+  panel_->setSignals(signals_.get());  // applies the default strategy: the selection starts at 7:1
   Q_EMIT analysisOpened(path_);
   return true;
 }

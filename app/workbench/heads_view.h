@@ -28,6 +28,7 @@ struct Signals;
 namespace hh::workbench {
 
 class HeadSelection;
+class SelectionPanel;
 
 class HeadsView : public QWidget {
   Q_OBJECT
@@ -64,6 +65,8 @@ class HeadsView : public QWidget {
   // The head the detail panel describes, (-1, -1) before the first click.
   std::pair<int, int> detailHead() const { return detail_; }
   QTableWidget* detailTable() const { return detail_table_; }
+  SelectionPanel* selectionPanel() const { return panel_; }
+  const select::Signals* analysisSignals() const { return signals_.get(); }
 
   // Writes the plot as PNG (or PDF, by the suffix); false when the file cannot be written.
   bool exportPlot(const QString& file);
@@ -83,6 +86,7 @@ class HeadsView : public QWidget {
   int rankIn(const std::vector<double>* map, int layer, int head) const;
 
   HeadSelection* selection_;
+  std::unique_ptr<select::Signals> signals_;
   QString path_;
   int layers_ = 0, heads_ = 0, group_ = 1;
   std::map<QString, std::vector<double>> maps_;   // name -> [L * Hq]
@@ -101,6 +105,7 @@ class HeadsView : public QWidget {
   QLabel* detail_title_;
   QTableWidget* detail_table_;
   QTableWidget* example_table_;
+  SelectionPanel* panel_;
 };
 
 }  // namespace hh::workbench

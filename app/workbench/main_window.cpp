@@ -31,6 +31,7 @@
 #include "model_view.h"
 #include "placeholder_page.h"
 #include "recent_checkpoints.h"
+#include "selection_panel.h"
 #include "settings.h"
 #include "style_helpers.h"
 
@@ -190,6 +191,9 @@ void MainWindow::createMenus() {
   openAnalysisAction->setStatusTip(tr("Open an analysis.h5 written by `hydrahead analyze`"));
   QAction* importAction = file->addAction(tr("&Import Manifest\u2026"), this, &MainWindow::importManifestDialog);
   importAction->setStatusTip(tr("Take the full-attention heads of a manifest.json (from `hydrahead select`)"));
+  QAction* exportAction = file->addAction(tr("&Export Manifest\u2026"), this, &MainWindow::exportManifestDialog);
+  exportAction->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_E));
+  exportAction->setStatusTip(tr("Write the selected full-attention heads as manifest.json, as `hydrahead select` would"));
   file->addSeparator();
   QAction* quit = file->addAction(tr("&Quit"), this, &QWidget::close);
   quit->setShortcut(QKeySequence::Quit);
@@ -305,6 +309,23 @@ bool MainWindow::importManifest(const QString& path) {
   statusBar()->showMessage(tr("Imported %1: %2 full-attention heads").arg(QDir::toNativeSeparators(path)).arg(selection_->count()),
                            kErrorStatusTimeoutMs);
   return true;
+}
+
+bool MainWindow::exportManifest(const QString& path) {
+  if (path.isEmpty()) return false;
+  if (!heads_view_->selectionPanel()->exportManifest(path)) {
+    reportError(path, tr("%1: %2").arg(path, heads_view_->selectionPanel()->exportError()));
+    return false;
+  }
+  statusBar()->showMessage(tr("Wrote %1: %2 full-attention heads").arg(QDir::toNativeSeparators(path)).arg(selection_->count()),
+                           kErrorStatusTimeoutMs);
+  return true;
+}
+
+void MainWindow::exportManifestDialog() {
+  const QString file = QFileDialog::getSaveFileName(this, tr("Export Manifest"), QStringLiteral("manifest.json"),
+                                                    tr("Manifests (*.json)"));
+  if (!file.isEmpty()) exportManifest(file);
 }
 
 void MainWindow::importManifestDialog() {

@@ -58,6 +58,9 @@ class MainWindow : public QMainWindow {
   // Makes a manifest's FA heads the selection (one undoable step); the manifest must fit the grid.
   bool importManifest(const QString& path);
   void importManifestDialog();
+  // Writes the current selection's manifest (what `hydrahead select` writes for the same choices).
+  bool exportManifest(const QString& path);
+  void exportManifestDialog();
   void refreshRecentMenu();
   void clearRecentCheckpoints();
   void showAbout();

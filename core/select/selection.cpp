@@ -326,4 +326,92 @@ std::vector<Head> select_heads(const ModelShape& s, const std::vector<double>& s
   return {chosen.begin(), chosen.end()};
 }
 
+std::map<std::string, double> parse_weights(const std::string& spec) {
+  if (spec.find_first_not_of(" ,") == std::string::npos) return default_weights();
+  std::map<std::string, double> w;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    const size_t comma = std::min(spec.find(',', pos), spec.size());
+    std::string item = spec.substr(pos, comma - pos);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    pos = comma + 1;
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) throw Error("'" + item + "' is not NAME=WEIGHT");
+    try {
+      size_t used = 0;
+      const double v = std::stod(item.substr(eq + 1), &used);
+      if (used != item.size() - eq - 1) throw std::invalid_argument("trailing");
+      w[item.substr(0, eq)] = v;
+    } catch (const std::exception&) {
+      throw Error("'" + item + "': the weight is not a number");
+    }
+  }
+  return w;
+}
+
+nlohmann::json budget_json(const Budget& b) {
+  return {{"context", b.context}, {"fa_heads", b.fa_heads}, {"la_heads", b.la_heads}, {"kv_groups", b.kv_groups},
+          {"kv_cache_bytes", b.kv_bytes}, {"gdn_state_bytes", b.state_bytes}, {"attention_flops", b.attn_flops}};
+}
+
+SelectionReport make_selection(const ModelShape& shape, const Signals* signals,
+                               const std::map<std::string, double>& weights, const SelectOptions& o, bool compare,
+                               int64_t kv_bytes, const std::string& created_by) {
+  if (kv_bytes <= 0) throw Error("kv bytes per element must be positive");
+  const bool ranks = o.strategy == "global" || o.strategy == "per-layer" || o.strategy == "kv-group";
+  if (ranks && signals == nullptr) throw Error("strategy " + o.strategy + " ranks heads: it needs an analysis file");
+  SelectionReport r;
+  if (ranks) r.composite = composite(*signals, weights);
+  r.heads = select_heads(shape, r.composite.score, o);
+
+  SelectOptions lw = o;
+  lw.strategy = "layerwise";
+  r.layerwise = select_heads(shape, {}, lw);
+  std::vector<Head> dense;
+  for (int64_t l = 0; l < shape.num_layers; ++l)
+    for (int64_t h = 0; h < shape.num_heads; ++h) dense.push_back({l, h});
+  r.compared = compare;
+  if (compare) {  // the seeded random baseline: same k, no quotas
+    SelectOptions rnd = o;
+    rnd.strategy = "random";
+    rnd.exclude.clear();
+    rnd.force.clear();
+    rnd.min_per_layer = 0;
+    r.random = select_heads(shape, {}, rnd);
+    r.layerwise_jaccard = jaccard(r.heads, r.layerwise);
+    r.random_jaccard = jaccard(r.heads, r.random);
+  }
+  std::vector<std::pair<std::string, const std::vector<Head>*>> configs = {
+      {"dense", &dense}, {"layer-wise " + std::to_string(o.ratio) + ":1", &r.layerwise}};
+  if (compare) configs.push_back({"random (seed " + std::to_string(o.seed) + ")", &r.random});
+  configs.push_back({"this selection", &r.heads});
+  nlohmann::json notes_budget = nlohmann::json::array();
+  for (int64_t n : kBudgetContexts)
+    for (const auto& [name, set] : configs) {
+      r.budget.push_back({name, budget(shape, *set, n, kv_bytes)});
+      nlohmann::json j = budget_json(r.budget.back().budget);
+      j["configuration"] = name;
+      notes_budget.push_back(j);
+    }
+
+  Manifest& m = r.manifest;
+  m.model = shape;
+  m.ratio_la = o.ratio;
+  m.ratio_fa = 1;
+  m.strategy = o.strategy;
+  if (signals != nullptr) m.analysis_sha256 = signals->analysis_sha256;
+  m.signals = nlohmann::json(r.composite.used);
+  m.fa_heads = r.heads;
+  m.created = iso8601_now();
+  m.created_by = created_by;
+  m.notes = {{"budget", notes_budget}, {"kv_bytes_per_element", kv_bytes}};
+  if (!r.composite.notes.empty()) m.notes["signal_notes"] = r.composite.notes;
+  if (compare)
+    m.notes["compare"] = {{"layerwise_jaccard", r.layerwise_jaccard}, {"random_jaccard", r.random_jaccard}};
+  if (o.strategy == "random") m.notes["seed"] = o.seed;
+  return r;
+}
+
 }  // namespace hh::select

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/select/manifest.h"
 
 namespace hh::select {
@@ -55,6 +57,8 @@ struct Composite {
   std::map<std::string, double> used;        // weights of the signals that were present (renormalised to sum 1)
   std::vector<std::string> notes;            // what was missing or partial, in words
 };
+// "name=w,name=w" -> weights; empty -> default_weights(). Throws naming the item that is not NAME=NUMBER.
+std::map<std::string, double> parse_weights(const std::string& spec);
 // Throws when no weighted signal is present; names unknown signal names.
 Composite composite(const Signals& s, const std::map<std::string, double>& weights);
 
@@ -75,5 +79,32 @@ int64_t fa_count(const ModelShape& shape, int64_t ratio);
 std::vector<Head> select_heads(const ModelShape& shape, const std::vector<double>& score, const SelectOptions& o);
 // |a n b| / |a u b| (1 when both are empty).
 double jaccard(const std::vector<Head>& a, const std::vector<Head>& b);
+
+// ---- a whole selection, as `hydrahead select` reports and writes it ---------------------------------
+
+struct BudgetRow {
+  std::string configuration;  // "dense", "layer-wise r:1", "random (seed s)", "this selection"
+  Budget budget;
+};
+
+struct SelectionReport {
+  std::vector<Head> heads;                // the selection, sorted
+  std::vector<Head> layerwise, random;    // the baselines at the same ratio (random only with compare)
+  Composite composite;                    // empty score for strategies that rank nothing
+  std::vector<BudgetRow> budget;          // per kBudgetContexts: dense, layer-wise, [random], this selection
+  bool compared = false;
+  double layerwise_jaccard = 0, random_jaccard = 0;
+  Manifest manifest;                      // ready for write_manifest (created = now)
+};
+
+// Runs the strategy and builds the budget table, the baseline overlaps and the manifest. `signals` may
+// be null when no analysis is open (then only manual, layerwise and random work); the composite uses
+// `weights` for global, per-layer and kv-group. `created_by` goes into the manifest.
+SelectionReport make_selection(const ModelShape& shape, const Signals* signals,
+                               const std::map<std::string, double>& weights, const SelectOptions& o, bool compare,
+                               int64_t kv_bytes, const std::string& created_by);
+
+// The budget table entry as the manifest's notes store it.
+nlohmann::json budget_json(const Budget& b);
 
 }  // namespace hh::select

@@ -6,6 +6,7 @@
 #include <QProcess>
 #include <QSet>
 #include <QSettings>
+#include <QSlider>
 #include <QSignalSpy>
 #include <QStandardPaths>
 #include <QTableWidget>
@@ -24,8 +25,10 @@
 
 #include "core/io/h5.h"
 #include "core/select/manifest.h"
+#include "core/select/selection.h"
 #include "head_selection.h"
 #include "heads_view.h"
+#include "selection_panel.h"
 #include "main_window.h"
 
 namespace fs = std::filesystem;
@@ -136,40 +139,137 @@ class TestHeadsView : public QObject {
     HeadsView* v = w->headsView();
     HeadSelection* sel = w->selection();
     v->plot()->replot();
-    QCOMPARE(sel->count(), 0);
+    const std::vector<HeadRef> start = sel->sorted();  // the default strategy, applied on open
+    QCOMPARE(start.size(), size_t{6});
+    QVERIFY(!sel->isFullAttention(3, 5) || !sel->isFullAttention(0, 1));
+    const HeadRef a = sel->isFullAttention(3, 5) ? HeadRef{0, 1} : HeadRef{3, 5};  // a head outside the set
+    const HeadRef b = start.front();                                                // one inside it
+    const int steps = sel->undoStack()->count();
     QSignalSpy changed(sel, &HeadSelection::changed);
     QSignalSpy clicked(v, &HeadsView::headClicked);
 
     int l = -1, h = -1;
-    QVERIFY(v->cellAt(v->cellCenter(3, 5), &l, &h));
-    QCOMPARE(std::make_pair(l, h), std::make_pair(3, 5));
-    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(3, 5));
+    QVERIFY(v->cellAt(v->cellCenter(a.first, a.second), &l, &h));
+    QCOMPARE(std::make_pair(l, h), a);
+    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(a.first, a.second));
     QCOMPARE(clicked.count(), 1);
     QCOMPARE(changed.count(), 1);
-    QVERIFY(sel->isFullAttention(3, 5));
-    QCOMPARE(v->outlinedHeads(), 1);
-    QCOMPARE(v->detailHead(), std::make_pair(3, 5));
+    QVERIFY(sel->isFullAttention(a.first, a.second));
+    QCOMPARE(v->outlinedHeads(), 7);
+    QCOMPARE(v->detailHead(), a);
     QCOMPARE(v->detailTable()->rowCount(), static_cast<int>(v->signalNames().size()));
-    QVERIFY(v->tooltipFor(3, 5).contains(QStringLiteral("layer 3, head 5 (KV group 1)")));
-    QVERIFY(v->tooltipFor(3, 5).contains(QStringLiteral("full attention")));
+    const QString where = QStringLiteral("layer %1, head %2 (KV group %3)").arg(a.first).arg(a.second).arg(a.second / 4);
+    QVERIFY2(v->tooltipFor(a.first, a.second).contains(where), qPrintable(v->tooltipFor(a.first, a.second)));
+    QVERIFY(v->tooltipFor(a.first, a.second).contains(QStringLiteral("full attention")));
+    QVERIFY(v->selectionPanel()->countText().contains(QStringLiteral("7 of 48")));
+    QVERIFY(v->selectionPanel()->countText().contains(QStringLiteral("by hand")));
 
-    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(0, 0));
-    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(3, 5));  // back to linear
-    QCOMPARE(sel->sorted(), (std::vector<HeadRef>{{0, 0}}));
-    QCOMPARE(v->outlinedHeads(), 1);
-    QCOMPARE(sel->undoStack()->count(), 3);
+    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(b.first, b.second));  // to linear
+    QVERIFY(!sel->isFullAttention(b.first, b.second));
+    QCOMPARE(v->outlinedHeads(), 6);
+    QCOMPARE(sel->undoStack()->count(), steps + 2);
     sel->undoStack()->undo();
-    QCOMPARE(sel->sorted(), (std::vector<HeadRef>{{0, 0}, {3, 5}}));
-    QCOMPARE(v->outlinedHeads(), 2);
+    QVERIFY(sel->isFullAttention(b.first, b.second));
     sel->undoStack()->undo();
-    sel->undoStack()->undo();
-    QCOMPARE(sel->count(), 0);
+    QCOMPARE(sel->sorted(), start);
+    QVERIFY(v->selectionPanel()->countText().contains(QStringLiteral("global")));
     sel->undoStack()->redo();
-    QCOMPARE(sel->sorted(), (std::vector<HeadRef>{{3, 5}}));
+    QVERIFY(sel->isFullAttention(a.first, a.second));
     // A click outside the grid changes nothing.
     const int before = changed.count();
     QTest::mouseClick(v->plot(), Qt::LeftButton, {}, QPoint(2, 2));
     QCOMPARE(changed.count(), before);
+  }
+
+  void ratioDragIsOneStepAndStrategiesFollowTheCore() {
+    auto w = newWindow();
+    QVERIFY(w->openAnalysis(qpath(analysis_)));
+    HeadSelection* sel = w->selection();
+    SelectionPanel* p = w->headsView()->selectionPanel();
+    const auto* signals = w->headsView()->analysisSignals();
+    QVERIFY(signals);
+    const int steps = sel->undoStack()->count();
+    QSlider* slider = p->ratioSlider();
+    slider->setSliderDown(true);
+    for (int r : {6, 5, 4, 3, 2}) slider->setValue(r);  // a drag: previews only
+    QCOMPARE(sel->count(), 6);
+    QCOMPARE(sel->undoStack()->count(), steps);
+    slider->setSliderDown(false);  // release: one step
+    QCOMPARE(sel->undoStack()->count(), steps + 1);
+    QCOMPARE(sel->count(), static_cast<int>(hh::select::fa_count(signals->shape, 2)));  // round(48 / 3) = 16
+    QCOMPARE(sel->count(), 16);
+
+    // Every strategy gives the core's heads for the same inputs.
+    const auto weights = hh::select::default_weights();
+    const auto comp = hh::select::composite(*signals, weights);
+    for (const char* strategy : {"per-layer", "kv-group", "layerwise", "random", "global"}) {
+      p->setStrategy(QString::fromLatin1(strategy));
+      hh::select::SelectOptions o;
+      o.strategy = strategy;
+      o.ratio = 2;
+      const auto want = hh::select::select_heads(signals->shape, comp.score, o);
+      std::vector<HeadRef> heads;
+      for (const auto& [l, h] : want) heads.push_back({static_cast<int>(l), static_cast<int>(h)});
+      QCOMPARE(sel->sorted(), heads);
+      QVERIFY2(p->applyError().isEmpty(), qPrintable(p->applyError()));
+    }
+    QCOMPARE(p->budgetTable()->rowCount(), 12);  // 3 contexts x (dense, layer-wise, random, this selection)
+    w->selection()->undoStack()->undo();
+    QCOMPARE(p->strategy(), QStringLiteral("global"));  // the controls keep their values; the heads go back
+    QCOMPARE(sel->count(), 16);
+  }
+
+  void exportedManifestEqualsTheClis() {
+    auto w = newWindow();
+    QVERIFY(w->openAnalysis(qpath(analysis_)));
+    SelectionPanel* p = w->headsView()->selectionPanel();
+    const QString hh = env("HH_BIN_DIR") + QStringLiteral("/hydrahead");
+    auto strip = [](const fs::path& f) {
+      nlohmann::json j = nlohmann::json::parse(std::ifstream(f));
+      j.erase("created");
+      j.erase("created_by");
+      return j;
+    };
+    struct Case {
+      QString strategy;
+      int ratio, seed, min_per_layer;
+      QStringList cli;
+    };
+    const std::vector<Case> cases = {
+        {"global", 7, 0, 0, {"--strategy", "global", "--ratio", "7"}},
+        {"per-layer", 3, 0, 0, {"--strategy", "per-layer", "--ratio", "3"}},
+        {"random", 5, 11, 0, {"--strategy", "random", "--ratio", "5", "--seed", "11"}},
+        {"global", 4, 0, 1, {"--strategy", "global", "--ratio", "4", "--min-per-layer", "1"}},
+    };
+    int i = 0;
+    for (const Case& c : cases) {
+      p->setStrategy(c.strategy);
+      p->setRatio(c.ratio);
+      p->setSeed(c.seed);
+      p->setMinPerLayer(c.min_per_layer);
+      const fs::path gui = scratchRoot() / ("gui-" + std::to_string(i) + ".json");
+      const fs::path cli = scratchRoot() / ("cli-" + std::to_string(i++) + ".json");
+      QVERIFY(w->exportManifest(qpath(gui)));
+      QVERIFY(run(hh, QStringList{"select", "--analysis", qpath(analysis_), "--compare", "--out", qpath(cli)} + c.cli));
+      QCOMPARE(QString::fromStdString(strip(gui).dump(1)), QString::fromStdString(strip(cli).dump(1)));
+      p->setMinPerLayer(0);
+    }
+    // Hand edits export as a manual selection, as `select --strategy manual --heads ...` writes it.
+    p->setStrategy(QStringLiteral("global"));
+    p->setRatio(7);
+    w->selection()->toggle(5, 0);
+    QString heads;
+    for (const auto& [l, h] : w->selection()->sorted()) heads += QStringLiteral("%1%2:%3").arg(heads.isEmpty() ? "" : ",").arg(l).arg(h);
+    const fs::path gui = scratchRoot() / "gui-manual.json", cli = scratchRoot() / "cli-manual.json";
+    QVERIFY(w->exportManifest(qpath(gui)));
+    QVERIFY(run(hh, {"select", "--analysis", qpath(analysis_), "--compare", "--strategy", "manual", "--heads", heads,
+                     "--ratio", "7", "--out", qpath(cli)}));
+    QCOMPARE(QString::fromStdString(strip(gui).dump(1)), QString::fromStdString(strip(cli).dump(1)));
+    // An unwritable place is an error naming it, not a crash or a partial file.
+    QSignalSpy failed(w.get(), &MainWindow::loadFailed);
+    QVERIFY(!w->exportManifest(QStringLiteral("/nonexistent-dir/m.json")));
+    QCOMPARE(failed.count(), 1);
+    QVERIFY(failed.first().first().toString().contains(QStringLiteral("/nonexistent-dir/m.json")));
   }
 
   void importsTheManifestSelectWrites() {
@@ -182,12 +282,14 @@ class TestHeadsView : public QObject {
     std::vector<HeadRef> want;
     for (const auto& [l, h] : m.fa_heads) want.push_back({static_cast<int>(l), static_cast<int>(h)});
     QCOMPARE(want.size(), size_t{6});
-    w->selection()->toggle(0, 1);
+    w->headsView()->selectionPanel()->setStrategy(QStringLiteral("layerwise"));
+    const std::vector<HeadRef> before = w->selection()->sorted();
+    QVERIFY(before != want);
     QVERIFY(w->importManifest(qpath(manifest)));
     QCOMPARE(w->selection()->sorted(), want);
     QCOMPARE(w->headsView()->outlinedHeads(), 6);
     w->selection()->undoStack()->undo();  // the import is one step
-    QCOMPARE(w->selection()->sorted(), (std::vector<HeadRef>{{0, 1}}));
+    QCOMPARE(w->selection()->sorted(), before);
 
     // A manifest for another grid is refused by name and changes nothing.
     nlohmann::json j = nlohmann::json::parse(std::ifstream(manifest));
@@ -201,7 +303,7 @@ class TestHeadsView : public QObject {
     QCOMPARE(failed.count(), 1);
     QVERIFY2(failed.first().first().toString().contains(QStringLiteral("other-model.json")),
              qPrintable(failed.first().first().toString()));
-    QCOMPARE(w->selection()->sorted(), (std::vector<HeadRef>{{0, 1}}));
+    QCOMPARE(w->selection()->sorted(), before);
   }
 
   void refusesAFileThatIsNotAnAnalysis() {
