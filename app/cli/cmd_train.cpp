@@ -2,6 +2,8 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include "core/interp/task_registry.h"
 #include "core/io/h5.h"
 #include "core/jobs/job.h"
+#include "core/train/run_log.h"
 #include "core/train/trainer.h"
 #include "core/util/error.h"
 
@@ -31,41 +34,37 @@ struct TrainArgs {
 int print_status(const fs::path& dir) {
   const fs::path run = dir / "run.h5";
   if (!fs::exists(run)) throw Error(dir.string() + ": no run.h5 (not a training run directory, or the job has not started)");
-  io::H5File f = io::H5File::open_follow(run);
-  auto read = [&](const std::string& ds) {
-    f.refresh(ds);
-    return f.read(ds);
-  };
-  const auto names = f.read_strings("/stages/name"), kinds = f.read_strings("/stages/kind");
-  const at::Tensor planned = f.read("/stages/steps").to(at::kLong), first = read("/stages/first_row").to(at::kLong),
-                   end = read("/stages/end_row").to(at::kLong);
-  const at::Tensor stage = read("/train/stage").to(at::kLong), loss = read("/train/loss").to(at::kDouble),
-                   tps = read("/train/tokens_per_s").to(at::kDouble), elapsed = read("/train/elapsed_s").to(at::kDouble);
-  const at::Tensor eval_stage = read("/eval/stage").to(at::kLong), eval_loss = read("/eval/loss").to(at::kDouble);
+  const train::RunSnapshot r = train::read_run(run);
   std::printf("%s\n%-12s %-9s %13s %10s %10s %10s\n", run.string().c_str(), "stage", "kind", "steps", "loss", "eval",
               "tokens/s");
-  for (size_t s = 0; s < names.size(); ++s) {
-    const at::Tensor rows = (stage == static_cast<int64_t>(s)).nonzero().flatten();
-    const int64_t done = rows.numel(), total = planned[static_cast<int64_t>(s)].item<int64_t>();
-    const char* state = end[static_cast<int64_t>(s)].item<int64_t>() >= 0 ? " done" : first[static_cast<int64_t>(s)].item<int64_t>() >= 0 ? "  run" : "     ";
+  for (size_t s = 0; s < r.stage_names.size(); ++s) {
+    std::vector<size_t> rows;
+    for (size_t i = 0; i < r.stage.size(); ++i)
+      if (r.stage[i] == static_cast<int32_t>(s)) rows.push_back(i);
+    const int64_t done = static_cast<int64_t>(rows.size()), total = r.planned_steps[s];
+    const char* state = r.end_row[s] >= 0 ? " done" : r.first_row[s] >= 0 ? "  run" : "     ";
     std::string l = "-", e = "-", t = "-";
     char buf[64];
     if (done > 0) {
-      std::snprintf(buf, sizeof buf, "%.4g", loss[rows[done - 1]].item<double>());
+      std::snprintf(buf, sizeof buf, "%.4g", r.loss[rows.back()]);
       l = buf;
-      const at::Tensor last = tps.index_select(0, rows.slice(0, std::max<int64_t>(0, done - 20)));
-      std::snprintf(buf, sizeof buf, "%.0f", last.median().item<double>());
+      std::vector<double> last;
+      for (size_t k = rows.size() > 20 ? rows.size() - 20 : 0; k < rows.size(); ++k) last.push_back(r.tokens_per_s[rows[k]]);
+      std::sort(last.begin(), last.end());
+      std::snprintf(buf, sizeof buf, "%.0f", last[(last.size() - 1) / 2]);  // the lower median, as torch's
       t = buf;
     }
-    const at::Tensor erows = (eval_stage == static_cast<int64_t>(s)).nonzero().flatten();
-    if (erows.numel() > 0) {
-      std::snprintf(buf, sizeof buf, "%.4g", eval_loss[erows[erows.numel() - 1]].item<double>());
-      e = buf;
-    }
+    for (size_t i = r.eval_stage.size(); i-- > 0;)
+      if (r.eval_stage[i] == static_cast<int32_t>(s)) {
+        std::snprintf(buf, sizeof buf, "%.4g", r.eval_loss[i]);
+        e = buf;
+        break;
+      }
     std::snprintf(buf, sizeof buf, "%lld/%lld%s", static_cast<long long>(done), static_cast<long long>(total), state);
-    std::printf("%-12s %-9s %13s %10s %10s %10s\n", names[s].c_str(), kinds[s].c_str(), buf, l.c_str(), e.c_str(), t.c_str());
+    std::printf("%-12s %-9s %13s %10s %10s %10s\n", r.stage_names[s].c_str(), r.stage_kinds[s].c_str(), buf, l.c_str(),
+                e.c_str(), t.c_str());
   }
-  if (elapsed.numel() > 0) std::printf("elapsed %s\n", format_seconds(elapsed[-1].item<double>()).c_str());
+  if (!r.elapsed_s.empty()) std::printf("elapsed %s\n", format_seconds(r.elapsed_s.back()).c_str());
   std::ifstream latest(dir / "checkpoints/LATEST");
   std::string name;
   if (latest && std::getline(latest, name)) std::printf("latest checkpoint: %s\n", (dir / "checkpoints" / name).string().c_str());

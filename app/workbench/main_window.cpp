@@ -27,6 +27,8 @@
 #include "core/select/manifest.h"
 #include "head_selection.h"
 #include "heads_view.h"
+#include "layers_view.h"
+#include "runs_view.h"
 #include "hydrahead/version.h"
 #include "model_view.h"
 #include "placeholder_page.h"
@@ -63,15 +65,8 @@ const PageInfo kPages[] = {
                        "denoising, path patching, attribution patching, retrieval score, layer similarity), with "
                        "progress and cancel, saved to analysis.h5.")},
     {MainWindow::Page::Heads, QT_TRANSLATE_NOOP("MainWindow", "Heads"), ""},
-    {MainWindow::Page::Layers, QT_TRANSLATE_NOOP("MainWindow", "Layers"),
-     QT_TRANSLATE_NOOP("MainWindow",
-                       "Layer-by-layer similarity of the residual stream (cosine of residual updates, linear CKA, "
-                       "angular distance) and per-layer summaries of the head scores.")},
-    {MainWindow::Page::Runs, QT_TRANSLATE_NOOP("MainWindow", "Runs"),
-     QT_TRANSLATE_NOOP("MainWindow",
-                       "Conversion runs: launch the three-stage transfer (alignment, distillation, long-context "
-                       "fine-tuning) as a separate process, follow its losses while it trains, and compare the "
-                       "evaluations (needle-in-a-haystack grid, perplexity).")},
+    {MainWindow::Page::Layers, QT_TRANSLATE_NOOP("MainWindow", "Layers"), ""},
+    {MainWindow::Page::Runs, QT_TRANSLATE_NOOP("MainWindow", "Runs"), ""},
 };
 
 class OverrideCursor {
@@ -145,6 +140,8 @@ void MainWindow::createPages() {
   connect(model_view_, &ModelView::openRequested, this, &MainWindow::openCheckpointDialog);
   selection_ = new HeadSelection(this);
   heads_view_ = new HeadsView(selection_, pages_);
+  layers_view_ = new LayersView(pages_);
+  runs_view_ = new RunsView(pages_);
 
   for (const PageInfo& info : kPages) {
     auto* item = new QListWidgetItem(tr(info.name), navigation_);
@@ -154,6 +151,12 @@ void MainWindow::createPages() {
     } else if (info.page == Page::Heads) {
       pages_->addWidget(heads_view_);
       item->setToolTip(tr("Per-head maps of an analysis.h5; click a head to make it full attention"));
+    } else if (info.page == Page::Runs) {
+      pages_->addWidget(runs_view_);
+      item->setToolTip(tr("Training jobs: launch, follow the losses live, cancel and resume"));
+    } else if (info.page == Page::Layers) {
+      pages_->addWidget(layers_view_);
+      item->setToolTip(tr("Layer similarity of an analysis.h5, with blocks of alike layers outlined"));
     } else {
       pages_->addWidget(new PlaceholderPage(tr(info.name), tr(info.description), pages_));
       item->setToolTip(tr("Not available in this version yet"));
@@ -277,7 +280,7 @@ bool MainWindow::openAnalysis(const QString& path) {
   bool ok = false;
   {
     OverrideCursor busy;
-    ok = heads_view_->openAnalysis(path, &error);
+    ok = heads_view_->openAnalysis(path, &error) && layers_view_->openAnalysis(path, &error);
   }
   if (!ok) {
     reportError(path, error);

@@ -1,7 +1,7 @@
 #pragma once
-// The workbench window: File, Edit and Help menus, a navigation list of the views (Model and Heads
-// now; Calibration, Analysis, Layers and Runs to come), the current page, and a status bar naming the
-// open model. Opening a checkpoint goes through openCheckpoint(), whatever asked for it (menu, recent
+// The workbench window: File, Edit and Help menus, a navigation list of the views (Model, Heads,
+// Layers and Runs now; Calibration and Analysis to come), the current page, and a status bar naming
+// the open model. Opening a checkpoint goes through openCheckpoint(), whatever asked for it (menu, recent
 // list, drop, command line).
 #include <QList>
 #include <QMainWindow>
@@ -19,6 +19,8 @@ namespace hh::workbench {
 
 class HeadSelection;
 class HeadsView;
+class LayersView;
+class RunsView;
 class ModelView;
 
 class MainWindow : public QMainWindow {
@@ -39,6 +41,8 @@ class MainWindow : public QMainWindow {
   const ModelSummary* currentModel() const { return model_ ? &*model_ : nullptr; }
   ModelView* modelView() const { return model_view_; }
   HeadsView* headsView() const { return heads_view_; }
+  LayersView* layersView() const { return layers_view_; }
+  RunsView* runsView() const { return runs_view_; }
   HeadSelection* selection() const { return selection_; }
   QListWidget* navigation() const { return navigation_; }
   Page currentPage() const;
@@ -88,6 +92,8 @@ class MainWindow : public QMainWindow {
   ModelView* model_view_ = nullptr;
   HeadSelection* selection_ = nullptr;
   HeadsView* heads_view_ = nullptr;
+  LayersView* layers_view_ = nullptr;
+  RunsView* runs_view_ = nullptr;
   QMenu* recent_menu_ = nullptr;
   QLabel* model_status_ = nullptr;
 };

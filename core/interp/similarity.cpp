@@ -115,4 +115,22 @@ SimilarityAccumulator::Result SimilarityAccumulator::finish() const {
   return r;
 }
 
+std::vector<std::pair<int64_t, int64_t>> similarity_blocks(const at::Tensor& sim, double threshold, bool distance) {
+  if (sim.dim() != 2 || sim.size(0) != sim.size(1)) throw Error("similarity_blocks: expected a square [L, L] matrix");
+  const at::Tensor m = sim.to(at::kDouble).cpu();
+  const int64_t L = m.size(0);
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  if (L == 0) return blocks;
+  int64_t first = 0;
+  for (int64_t l = 1; l < L; ++l) {
+    const double v = m[l - 1][l].item<double>();
+    if ((distance ? 1.0 - v : v) < threshold) {
+      blocks.push_back({first, l - 1});
+      first = l;
+    }
+  }
+  blocks.push_back({first, L - 1});
+  return blocks;
+}
+
 }  // namespace hh::interp

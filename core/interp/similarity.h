@@ -8,6 +8,7 @@
 //  - angular[i, j]: mean over tokens of arccos(cos(h_{i+1}, h_{j+1})) / pi, in [0, 1].
 // cosine_delta and cka are symmetric with unit diagonal; angular is symmetric with zero diagonal.
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/util/compat.h"
@@ -39,5 +40,10 @@ class SimilarityAccumulator {
 
 // Linear CKA of two [n, d] representations (rows are samples), computed in float64.
 double linear_cka(const at::Tensor& x, const at::Tensor& y);
+
+// Blocks of consecutive layers in a similarity matrix [L, L]: a new block starts at layer l when
+// sim[l - 1, l] < threshold. With `distance` the matrix holds distances (angular): the test is
+// 1 - sim[l - 1, l] < threshold. Returns [first, last] layer pairs covering 0..L-1 in order.
+std::vector<std::pair<int64_t, int64_t>> similarity_blocks(const at::Tensor& sim, double threshold, bool distance = false);
 
 }  // namespace hh::interp

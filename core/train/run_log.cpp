@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "core/util/error.h"
 #include "hydrahead/version.h"
 
@@ -89,6 +91,59 @@ void RunLog::eval(int64_t step, int32_t stage, double loss) {
   f_.append("/eval/stage", i32(stage));
   f_.append("/eval/loss", f64(loss));
   ++eval_rows_;
+}
+
+int64_t RunSnapshot::total_steps() const {
+  int64_t n = 0;
+  for (int64_t s : planned_steps) n += s;
+  return n;
+}
+
+RunSnapshot read_run(const std::filesystem::path& run_h5) {
+  if (!std::filesystem::exists(run_h5)) throw Error(run_h5.string() + ": no such file");
+  io::H5File f = io::H5File::open_follow(run_h5);
+  auto read = [&](const std::string& ds, at::ScalarType type) {
+    f.refresh(ds);
+    return f.read(ds).to(type).contiguous();
+  };
+  auto i64 = [&](const std::string& ds) {
+    const at::Tensor t = read(ds, at::kLong);
+    return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  };
+  auto i32 = [&](const std::string& ds) {
+    const at::Tensor t = read(ds, at::kInt);
+    return std::vector<int32_t>(t.data_ptr<int32_t>(), t.data_ptr<int32_t>() + t.numel());
+  };
+  auto f64 = [&](const std::string& ds) {
+    const at::Tensor t = read(ds, at::kDouble);
+    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  };
+  RunSnapshot r;
+  r.stage_names = f.read_strings("/stages/name");
+  r.stage_kinds = f.read_strings("/stages/kind");
+  r.planned_steps = i64("/stages/steps");
+  r.first_row = i64("/stages/first_row");
+  r.end_row = i64("/stages/end_row");
+  // Rows are appended dataset by dataset: keep only rows every /train dataset has.
+  r.step = i64("/train/step");
+  r.stage = i32("/train/stage");
+  r.loss = f64("/train/loss");
+  r.tokens_per_s = f64("/train/tokens_per_s");
+  r.elapsed_s = f64("/train/elapsed_s");
+  const size_t n = std::min({r.step.size(), r.stage.size(), r.loss.size(), r.tokens_per_s.size(), r.elapsed_s.size()});
+  r.step.resize(n);
+  r.stage.resize(n);
+  r.loss.resize(n);
+  r.tokens_per_s.resize(n);
+  r.elapsed_s.resize(n);
+  r.eval_step = i64("/eval/step");
+  r.eval_stage = i32("/eval/stage");
+  r.eval_loss = f64("/eval/loss");
+  const size_t e = std::min({r.eval_step.size(), r.eval_stage.size(), r.eval_loss.size()});
+  r.eval_step.resize(e);
+  r.eval_stage.resize(e);
+  r.eval_loss.resize(e);
+  return r;
 }
 
 }  // namespace hh::train

@@ -50,4 +50,19 @@ class RunLog {
   int64_t train_rows_ = 0, eval_rows_ = 0;
 };
 
+// What a reader sees of a run.h5 at one moment (SWMR: also while the job writes it).
+struct RunSnapshot {
+  std::vector<std::string> stage_names, stage_kinds;
+  std::vector<int64_t> planned_steps, first_row, end_row;  // per stage; -1 until it starts / ends
+  std::vector<int64_t> step;                               // per /train row: global step
+  std::vector<int32_t> stage;                              // per row: stage index
+  std::vector<double> loss, tokens_per_s, elapsed_s;       // per row
+  std::vector<int64_t> eval_step;                          // per /eval row
+  std::vector<int32_t> eval_stage;
+  std::vector<double> eval_loss;
+  int64_t total_steps() const;  // planned, all stages
+};
+// Reads `run_h5` as it is now (opened for SWMR reading, every dataset refreshed). Throws naming the file.
+RunSnapshot read_run(const std::filesystem::path& run_h5);
+
 }  // namespace hh::train

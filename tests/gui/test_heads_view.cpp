@@ -23,11 +23,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/interp/similarity.h"
 #include "core/io/h5.h"
 #include "core/select/manifest.h"
 #include "core/select/selection.h"
 #include "head_selection.h"
 #include "heads_view.h"
+#include "layers_view.h"
 #include "selection_panel.h"
 #include "main_window.h"
 
@@ -75,7 +77,7 @@ std::unique_ptr<MainWindow> newWindow() {
 class TestHeadsView : public QObject {
   Q_OBJECT
 
-  fs::path analysis_;
+  fs::path analysis_, heads_only_;
 
  private Q_SLOTS:
   void initTestCase() {
@@ -93,7 +95,10 @@ class TestHeadsView : public QObject {
     QVERIFY(run(hh, {"tasks", "generate", "--model", qpath(demoModel()), "--task", "niah-single", "--n", "3", "--length",
                      "256", "--param", "random_depth=true", "--seed", "3", "--out", qpath(calib)}));
     QVERIFY(run(hh, {"analyze", "--model", qpath(demoModel()), "--calib", qpath(calib), "--method",
-                     "activation,path,retrieval", "--dtype", "f32", "--out", qpath(analysis_)}));
+                     "activation,path,retrieval,similarity", "--dtype", "f32", "--out", qpath(analysis_)}));
+    heads_only_ = scratchRoot() / "heads-only.h5";
+    QVERIFY(run(hh, {"analyze", "--model", qpath(demoModel()), "--calib", qpath(calib), "--method", "retrieval",
+                     "--dtype", "f32", "--out", qpath(heads_only_)}));
   }
 
   void showsTheFileValuesOnASymmetricScale() {
@@ -304,6 +309,49 @@ class TestHeadsView : public QObject {
     QVERIFY2(failed.first().first().toString().contains(QStringLiteral("other-model.json")),
              qPrintable(failed.first().first().toString()));
     QCOMPARE(w->selection()->sorted(), before);
+  }
+
+  void layersViewShowsSimilarityAndTheCoresBlocks() {
+    auto w = newWindow();
+    QVERIFY(w->openAnalysis(qpath(analysis_)));
+    LayersView* v = w->layersView();
+    QCOMPARE(v->metrics(), (QStringList{"cosine_delta", "cka", "angular"}));
+    QCOMPARE(v->currentMetric(), QStringLiteral("cka"));
+    QCOMPARE(v->layers(), 6);
+    const auto file = hh::io::H5File::open_read(analysis_);
+    for (const char* metric : {"cosine_delta", "cka", "angular"}) {
+      v->setMetric(QString::fromLatin1(metric));
+      const at::Tensor m = file.read(std::string("/similarity/") + metric).to(at::kDouble);
+      for (int i = 0; i < 6; ++i)
+        for (int j = 0; j < 6; ++j) {
+          QCOMPARE(v->value(i, j), m[i][j].item<double>());
+          QCOMPARE(v->colorMap()->data()->cell(j, i), m[i][j].item<double>());
+        }
+      for (double t : {0.5, 0.8, 0.95}) {
+        v->setThreshold(t);
+        std::vector<std::pair<int, int>> want;
+        for (const auto& [a, b] : hh::interp::similarity_blocks(m, t, std::string(metric) == "angular"))
+          want.push_back({static_cast<int>(a), static_cast<int>(b)});
+        QCOMPARE(v->blocks(), want);
+        QVERIFY(v->noteText().contains(v->blocksText()));
+      }
+    }
+    // Blocks tile the layers in order.
+    v->setMetric(QStringLiteral("cka"));
+    v->setThreshold(0.9);
+    int next = 0;
+    for (const auto& [a, b] : v->blocks()) {
+      QCOMPARE(a, next);
+      QVERIFY(b >= a);
+      next = b + 1;
+    }
+    QCOMPARE(next, 6);
+
+    // A file without similarity opens (its heads are fine) and says what is missing.
+    QVERIFY(w->openAnalysis(qpath(heads_only_)));
+    QVERIFY(v->metrics().isEmpty());
+    QVERIFY(v->noteText().contains(QStringLiteral("no layer similarity")));
+    QVERIFY(w->headsView()->signalNames().contains(QStringLiteral("retrieval_score")));
   }
 
   void refusesAFileThatIsNotAnAnalysis() {

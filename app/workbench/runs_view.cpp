@@ -1,0 +1,357 @@
+#include "runs_view.h"
+
+#include <torch/torch.h>
+
+#include <QCoreApplication>
+#include <QDir>
+#include <QFile>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QHBoxLayout>
+#include <QJsonDocument>
+#include <QLabel>
+#include <QListWidget>
+#include <QPlainTextEdit>
+#include <QProgressBar>
+#include <QPushButton>
+#include <QSplitter>
+#include <QTimer>
+#include <QVBoxLayout>
+#include <csignal>
+
+#include "core/jobs/job.h"
+#include "core/train/run_log.h"
+#include "job_dialog.h"
+#include "qcustomplot_include.h"
+
+namespace hh::workbench {
+
+namespace {
+
+constexpr int kLogLines = 400;
+const QColor kStageColours[] = {QColor(31, 119, 180), QColor(255, 127, 14), QColor(44, 160, 44), QColor(214, 39, 40),
+                                QColor(148, 103, 189), QColor(140, 86, 75)};
+
+QString formatSeconds(double s) {
+  if (!(s >= 0)) return QStringLiteral("-");
+  const int t = static_cast<int>(s + 0.5);
+  return t >= 3600 ? QStringLiteral("%1 h %2 min").arg(t / 3600).arg((t % 3600) / 60)
+                   : QStringLiteral("%1 min %2 s").arg(t / 60).arg(t % 60);
+}
+
+}  // namespace
+
+RunsView::RunsView(QWidget* parent) : QWidget(parent) {
+  program_ = QCoreApplication::applicationDirPath() + QStringLiteral("/hydrahead");
+  runs_list_ = new QListWidget(this);
+  runs_list_->setObjectName(QStringLiteral("runsList"));
+  new_button_ = new QPushButton(tr("New Run\u2026"), this);
+  open_button_ = new QPushButton(tr("Open Run\u2026"), this);
+  cancel_button_ = new QPushButton(tr("Cancel"), this);
+  resume_button_ = new QPushButton(tr("Resume"), this);
+  cancel_button_->setEnabled(false);
+  resume_button_->setEnabled(false);
+  cancel_button_->setToolTip(tr("Stop the job: it writes a checkpoint first, and Resume continues from it"));
+  status_ = new QLabel(tr("No run. New Run\u2026 launches `hydrahead train` on a job; Open Run\u2026 shows one."), this);
+  status_->setWordWrap(true);
+  progress_ = new QProgressBar(this);
+  progress_->setRange(0, 1);
+  progress_->setValue(0);
+
+  plot_ = new QCustomPlot(this);
+  plot_->setObjectName(QStringLiteral("lossPlot"));
+  plot_->xAxis->setLabel(tr("step"));
+  plot_->yAxis->setLabel(tr("training loss"));
+  plot_->yAxis->setScaleType(QCPAxis::stLogarithmic);
+  plot_->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));
+  plot_->legend->setVisible(true);
+  plot_->setMinimumHeight(240);
+  log_ = new QPlainTextEdit(this);
+  log_->setObjectName(QStringLiteral("runLog"));
+  log_->setReadOnly(true);
+  log_->setMaximumBlockCount(kLogLines);
+  log_->setFont(QFontDatabase::systemFont(QFontDatabase::FixedFont));
+
+  auto* buttons = new QHBoxLayout;
+  buttons->addWidget(new_button_);
+  buttons->addWidget(open_button_);
+  buttons->addStretch(1);
+  buttons->addWidget(cancel_button_);
+  buttons->addWidget(resume_button_);
+  auto* left = new QWidget(this);
+  auto* left_layout = new QVBoxLayout(left);
+  left_layout->setContentsMargins(0, 0, 0, 0);
+  left_layout->addWidget(new QLabel(tr("Runs"), left));
+  left_layout->addWidget(runs_list_);
+  auto* right = new QWidget(this);
+  auto* right_layout = new QVBoxLayout(right);
+  right_layout->setContentsMargins(0, 0, 0, 0);
+  right_layout->addLayout(buttons);
+  right_layout->addWidget(status_);
+  right_layout->addWidget(progress_);
+  right_layout->addWidget(plot_, 3);
+  right_layout->addWidget(log_, 1);
+  auto* split = new QSplitter(this);
+  split->addWidget(left);
+  split->addWidget(right);
+  split->setStretchFactor(1, 4);
+  auto* layout = new QVBoxLayout(this);
+  layout->addWidget(split);
+
+  poll_ = new QTimer(this);
+  poll_->setInterval(1000);
+  connect(poll_, &QTimer::timeout, this, &RunsView::refreshCurves);
+  connect(cancel_button_, &QPushButton::clicked, this, &RunsView::cancel);
+  connect(resume_button_, &QPushButton::clicked, this, [this] {
+    QString error;
+    if (!resume(&error)) appendLog(tr("cannot resume: %1").arg(error));
+  });
+  connect(new_button_, &QPushButton::clicked, this, [this] {
+    JobDialog dialog(this);
+    if (dialog.exec() != QDialog::Accepted) return;
+    QString error;
+    if (!launch(dialog.jobFile(), &error)) appendLog(tr("cannot start: %1").arg(error));
+  });
+  connect(open_button_, &QPushButton::clicked, this, [this] {
+    const QString dir = QFileDialog::getExistingDirectory(this, tr("Open Run Directory"));
+    QString error;
+    if (!dir.isEmpty() && !openRun(dir, &error)) appendLog(error);
+  });
+  connect(runs_list_, &QListWidget::itemActivated, this, [this](QListWidgetItem* item) {
+    if (state_ == State::Running) return;
+    QString error;
+    if (!openRun(item->text(), &error)) appendLog(error);
+  });
+}
+
+RunsView::~RunsView() {
+  if (proc_ && proc_->state() != QProcess::NotRunning) {
+    // The window is closing: stop the job cleanly (it checkpoints), but do not wait for long.
+    ::kill(static_cast<pid_t>(proc_->processId()), SIGINT);
+    proc_->waitForFinished(3000);
+  }
+}
+
+QString RunsView::stateText() const {
+  switch (state_) {
+    case State::Idle: return tr("idle");
+    case State::Running: return tr("running");
+    case State::Done: return tr("done");
+    case State::Interrupted: return tr("interrupted (checkpoint written; Resume continues)");
+    case State::Failed: return tr("failed");
+  }
+  return {};
+}
+
+bool RunsView::launch(const QString& job_file, QString* error) {
+  if (state_ == State::Running) {
+    if (error) *error = tr("a job is running; cancel it first");
+    return false;
+  }
+  QString out_dir;
+  try {
+    const auto spec = jobs::JobSpec::load(std::filesystem::path(QFile::encodeName(job_file).toStdString()));
+    out_dir = QString::fromStdString(std::filesystem::absolute(spec.output).lexically_normal().string());
+  } catch (const std::exception& e) {
+    if (error) *error = QString::fromStdString(e.what());
+    return false;
+  }
+  job_file_ = QFileInfo(job_file).absoluteFilePath();
+  run_dir_ = out_dir;
+  addRun(run_dir_);
+  delete proc_;
+  proc_ = new QProcess(this);
+  proc_->setProcessChannelMode(QProcess::MergedChannels);
+  connect(proc_, &QProcess::readyReadStandardOutput, this, &RunsView::onOutput);
+  connect(proc_, &QProcess::finished, this, &RunsView::onFinished);
+  connect(proc_, &QProcess::errorOccurred, this, [this](QProcess::ProcessError e) {
+    if (e == QProcess::FailedToStart) {
+      appendLog(tr("could not start %1: %2").arg(program_, proc_->errorString()));
+      setState(State::Failed);
+      Q_EMIT finished(-1);
+    }
+  });
+  global_step_ = 0;
+  total_steps_ = 0;
+  pending_.clear();
+  appendLog(tr("$ %1 train --job %2 --progress json").arg(program_, job_file_));
+  setState(State::Running);
+  proc_->start(program_, {QStringLiteral("train"), QStringLiteral("--job"), job_file_, QStringLiteral("--progress"),
+                          QStringLiteral("json")});
+  poll_->start();
+  return true;
+}
+
+void RunsView::cancel() {
+  if (!proc_ || proc_->state() == QProcess::NotRunning) return;
+  appendLog(tr("cancelling: the job writes a checkpoint, then stops"));
+  ::kill(static_cast<pid_t>(proc_->processId()), SIGINT);
+}
+
+bool RunsView::resume(QString* error) {
+  if (job_file_.isEmpty()) {
+    if (error) *error = tr("no job to resume");
+    return false;
+  }
+  return launch(job_file_, error);
+}
+
+bool RunsView::openRun(const QString& dir, QString* error) {
+  if (!QFileInfo::exists(dir + QStringLiteral("/run.h5"))) {
+    if (error) *error = tr("%1: no run.h5 (not a training run directory, or the job has not started)").arg(dir);
+    return false;
+  }
+  run_dir_ = QFileInfo(dir).absoluteFilePath();
+  addRun(run_dir_);
+  refreshCurves();
+  return true;
+}
+
+void RunsView::addRun(const QString& dir) {
+  const auto found = runs_list_->findItems(dir, Qt::MatchExactly);
+  for (QListWidgetItem* item : found) delete runs_list_->takeItem(runs_list_->row(item));
+  runs_list_->insertItem(0, dir);
+  runs_list_->setCurrentRow(0);
+}
+
+QStringList RunsView::runs() const {
+  QStringList out;
+  for (int i = 0; i < runs_list_->count(); ++i) out << runs_list_->item(i)->text();
+  return out;
+}
+
+QString RunsView::logText() const { return log_->toPlainText(); }
+
+void RunsView::appendLog(const QString& line) { log_->appendPlainText(line); }
+
+void RunsView::setState(State s) {
+  state_ = s;
+  const bool running = s == State::Running;
+  cancel_button_->setEnabled(running);
+  resume_button_->setEnabled(!running && (s == State::Interrupted || s == State::Failed) && !job_file_.isEmpty());
+  new_button_->setEnabled(!running);
+}
+
+void RunsView::onOutput() {
+  pending_ += proc_->readAllStandardOutput();
+  int nl;
+  while ((nl = pending_.indexOf('\n')) >= 0) {
+    const QByteArray line = pending_.left(nl).trimmed();
+    pending_.remove(0, nl + 1);
+    if (line.isEmpty()) continue;
+    QJsonParseError err;
+    const QJsonDocument doc = QJsonDocument::fromJson(line, &err);
+    if (err.error == QJsonParseError::NoError && doc.isObject() && doc.object().contains(QStringLiteral("event")))
+      handleEvent(doc.object());
+    else
+      appendLog(QString::fromLocal8Bit(line));  // warnings and anything else the job prints
+  }
+}
+
+void RunsView::handleEvent(const QJsonObject& e) {
+  const QString ev = e.value(QStringLiteral("event")).toString();
+  if (ev == QLatin1String("step")) {
+    global_step_ = e.value(QStringLiteral("global_step")).toInt();
+    last_loss_ = e.value(QStringLiteral("loss")).toDouble();
+    if (total_steps_ > 0) progress_->setValue(std::min(global_step_, total_steps_));
+    status_->setText(tr("%1: step %2 of %3 \u00b7 loss %4 \u00b7 %5 tokens/s \u00b7 ETA %6")
+                         .arg(e.value(QStringLiteral("stage")).toString())
+                         .arg(e.value(QStringLiteral("step")).toInt())
+                         .arg(e.value(QStringLiteral("steps")).toInt())
+                         .arg(last_loss_, 0, 'g', 4)
+                         .arg(e.value(QStringLiteral("tokens_per_s")).toDouble(), 0, 'f', 0)
+                         .arg(formatSeconds(e.value(QStringLiteral("eta_s")).toDouble(-1))));
+    Q_EMIT progressed(global_step_, total_steps_);
+    return;
+  }
+  if (ev == QLatin1String("start")) {
+    // Planned steps of every stage come from run.h5 (the job has created it by now).
+    try {
+      total_steps_ = static_cast<int>(
+          train::read_run(std::filesystem::path(QFile::encodeName(run_dir_).toStdString()) / "run.h5").total_steps());
+      progress_->setRange(0, std::max(1, total_steps_));
+    } catch (const std::exception&) {
+    }
+    appendLog(tr("started on %1%2").arg(e.value(QStringLiteral("device")).toString(),
+                                        e.value(QStringLiteral("resumed")).toBool() ? tr(", resumed from a checkpoint")
+                                                                                    : QString()));
+  } else if (ev == QLatin1String("stage")) {
+    appendLog(tr("stage %1 (%2): %3 steps").arg(e.value(QStringLiteral("stage")).toString(),
+                                                 e.value(QStringLiteral("kind")).toString())
+                  .arg(e.value(QStringLiteral("steps")).toInt()));
+  } else if (ev == QLatin1String("eval")) {
+    appendLog(tr("eval %1 step %2: loss %3").arg(e.value(QStringLiteral("stage")).toString())
+                  .arg(e.value(QStringLiteral("step")).toInt())
+                  .arg(e.value(QStringLiteral("loss")).toDouble(), 0, 'g', 5));
+  } else if (ev == QLatin1String("checkpoint")) {
+    appendLog(tr("checkpoint %1").arg(e.value(QStringLiteral("path")).toString()));
+  } else if (ev == QLatin1String("error")) {
+    appendLog(tr("error: %1").arg(e.value(QStringLiteral("message")).toString()));
+  } else if (ev == QLatin1String("done")) {
+    appendLog(tr("done: %1").arg(e.value(QStringLiteral("model")).toString()));
+  } else if (ev == QLatin1String("interrupted")) {
+    appendLog(tr("interrupted; checkpoint %1").arg(e.value(QStringLiteral("checkpoint")).toString()));
+  }
+}
+
+void RunsView::onFinished(int exit_code, QProcess::ExitStatus status) {
+  onOutput();
+  poll_->stop();
+  refreshCurves();
+  if (status == QProcess::CrashExit) {
+    appendLog(tr("the job crashed (%1)").arg(proc_->errorString()));
+    setState(State::Failed);
+  } else if (exit_code == 0) {
+    setState(State::Done);
+    progress_->setValue(progress_->maximum());
+  } else if (exit_code == 130) {
+    setState(State::Interrupted);
+  } else {
+    appendLog(tr("the job exited with status %1").arg(exit_code));
+    setState(State::Failed);
+  }
+  status_->setText(tr("%1 \u00b7 %2").arg(QDir::toNativeSeparators(run_dir_), stateText()));
+  Q_EMIT finished(status == QProcess::CrashExit ? -1 : exit_code);
+}
+
+int RunsView::curvePoints() const { return curve_points_; }
+
+void RunsView::refreshCurves() {
+  if (run_dir_.isEmpty()) return;
+  const std::filesystem::path run = std::filesystem::path(QFile::encodeName(run_dir_).toStdString()) / "run.h5";
+  if (!std::filesystem::exists(run)) return;
+  train::RunSnapshot r;
+  try {
+    r = train::read_run(run);
+  } catch (const std::exception&) {
+    return;  // being created: the next tick reads it
+  }
+  plot_->clearGraphs();
+  curve_points_ = 0;
+  for (size_t s = 0; s < r.stage_names.size(); ++s) {
+    QVector<double> x, y;
+    for (size_t i = 0; i < r.stage.size(); ++i)
+      if (r.stage[i] == static_cast<int32_t>(s) && r.loss[i] > 0) {
+        x << static_cast<double>(r.step[i]);
+        y << r.loss[i];
+      }
+    QCPGraph* g = plot_->addGraph();
+    g->setName(QString::fromStdString(r.stage_names[s]));
+    g->setPen(QPen(kStageColours[s % std::size(kStageColours)], 1.5));
+    g->setData(x, y, true);
+    curve_points_ += static_cast<int>(x.size());
+  }
+  if (total_steps_ == 0) {
+    total_steps_ = static_cast<int>(r.total_steps());
+    progress_->setRange(0, std::max(1, total_steps_));
+  }
+  if (state_ != State::Running) {
+    global_step_ = r.step.empty() ? 0 : static_cast<int>(r.step.back());
+    progress_->setValue(std::min(global_step_, std::max(1, total_steps_)));
+    if (!r.loss.empty()) last_loss_ = r.loss.back();
+  }
+  plot_->rescaleAxes();
+  plot_->replot();
+}
+
+}  // namespace hh::workbench

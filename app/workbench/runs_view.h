@@ -1,0 +1,90 @@
+#pragma once
+// The Runs view: training jobs launched as `hydrahead train --job J --progress json` child processes
+// (a crash of the job never takes the window down), followed live through their JSON events (state,
+// progress, ETA, log tail) and their run.h5 (loss curves per stage, read under SWMR every second while
+// the job writes it). Cancel sends SIGINT, so the job checkpoints and exits 130; Resume starts the same
+// job again, which continues from its checkpoint. Finished runs open from their directory.
+#include <QJsonObject>
+#include <QProcess>
+#include <QString>
+#include <QStringList>
+#include <QWidget>
+#include <vector>
+
+class QCustomPlot;
+class QLabel;
+class QListWidget;
+class QPlainTextEdit;
+class QProgressBar;
+class QPushButton;
+class QTimer;
+
+namespace hh::workbench {
+
+class RunsView : public QWidget {
+  Q_OBJECT
+
+ public:
+  enum class State { Idle, Running, Done, Interrupted, Failed };
+
+  explicit RunsView(QWidget* parent = nullptr);
+  ~RunsView() override;
+
+  // The `hydrahead` program the view runs (default: next to this executable).
+  void setProgram(const QString& path) { program_ = path; }
+  QString program() const { return program_; }
+
+  // Starts the job; false with *error when one is running or the spec has no readable "output".
+  bool launch(const QString& job_file, QString* error);
+  void cancel();                  // SIGINT: checkpoint and exit 130
+  bool resume(QString* error);    // the last job again, from its checkpoint
+  // Shows an existing run directory (its run.h5); false with *error when it has none.
+  bool openRun(const QString& dir, QString* error);
+
+  State state() const { return state_; }
+  QString stateText() const;
+  int globalStep() const { return global_step_; }
+  int totalSteps() const { return total_steps_; }
+  double lastLoss() const { return last_loss_; }
+  QString runDirectory() const { return run_dir_; }
+  QString logText() const;
+  QCustomPlot* plot() const { return plot_; }
+  int curvePoints() const;        // loss rows drawn, all stages
+  QStringList runs() const;       // directories in the list, newest first
+  // Reads run.h5 now (the timer does this every second while a job runs).
+  void refreshCurves();
+
+ Q_SIGNALS:
+  void progressed(int global_step, int total_steps);
+  void finished(int exit_code);
+
+ private:
+  void onOutput();
+  void onFinished(int exit_code, QProcess::ExitStatus status);
+  void handleEvent(const QJsonObject& e);
+  void appendLog(const QString& line);
+  void setState(State s);
+  void addRun(const QString& dir);
+
+  QString program_;
+  QString job_file_, run_dir_;
+  QProcess* proc_ = nullptr;
+  QByteArray pending_;
+  State state_ = State::Idle;
+  int global_step_ = 0, total_steps_ = 0;
+  double last_loss_ = 0;
+  int curve_points_ = 0;
+
+  QListWidget* runs_list_;
+  QPushButton* new_button_;
+  QPushButton* open_button_;
+  QPushButton* cancel_button_;
+  QPushButton* resume_button_;
+  QLabel* status_;
+  QProgressBar* progress_;
+  QCustomPlot* plot_;
+  QPlainTextEdit* log_;
+  QTimer* poll_;
+};
+
+}  // namespace hh::workbench

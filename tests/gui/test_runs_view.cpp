@@ -1,0 +1,213 @@
+// The Runs view and the New Run dialog with real jobs: the bundled demo teacher converted at 7:1 and
+// trained for a few steps on the CPU by `hydrahead train`, launched, followed, cancelled and resumed
+// from the view.
+#include <QCoreApplication>
+#include <QProcess>
+#include <QSettings>
+#include <QSignalSpy>
+#include <QStandardPaths>
+#include <QTableWidget>
+#include <QtTest>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+
+#include <torch/torch.h>
+
+#include "core/jobs/job.h"
+#include "core/train/run_log.h"
+#include "job_dialog.h"
+#include "main_window.h"
+#include "runs_view.h"
+
+namespace fs = std::filesystem;
+using namespace hh::workbench;
+
+namespace {
+
+fs::path scratchRoot() {
+  const char* tmp = std::getenv("HH_TEST_TMP");
+  fs::path root = (tmp && *tmp) ? fs::path(tmp) : fs::temp_directory_path();
+  return root / "gui_runs_view";
+}
+
+QString qpath(const fs::path& p) { return QString::fromStdString(p.string()); }
+QString env(const char* name) { return QString::fromLocal8Bit(std::getenv(name) ? std::getenv(name) : ""); }
+fs::path demoModel() { return fs::path(env("HH_SOURCE_DIR").toStdString()) / "datasets/models/hydrahead-demo"; }
+QString hydrahead() { return env("HH_BIN_DIR") + QStringLiteral("/hydrahead"); }
+
+void setStages(JobDialog& d, const std::vector<std::array<const char*, 4>>& rows) {
+  for (int r = 0; r < static_cast<int>(rows.size()); ++r)
+    for (int c = 0; c < 4; ++c) d.stages()->item(r, c + 1)->setText(QString::fromLatin1(rows[static_cast<size_t>(r)][static_cast<size_t>(c)]));
+}
+
+}  // namespace
+
+class TestRunsView : public QObject {
+  Q_OBJECT
+
+  fs::path manifest_;
+
+  // A job file for the demo teacher: the quick template with these stage sizes.
+  QString job(const std::string& name, const std::vector<std::array<const char*, 4>>& stages) {
+    JobDialog d;
+    d.setTemplate(QStringLiteral("three-stage-quick"));
+    d.setTeacher(qpath(demoModel()));
+    d.setManifest(qpath(manifest_));
+    d.setOutput(qpath(scratchRoot() / name));
+    d.setDevice(QStringLiteral("cpu"));
+    d.setTaskLength(384);  // variable-tracking needs 317 tokens with this tokenizer
+    setStages(d, stages);
+    QString error;
+    if (!d.writeJob(&error)) qWarning("%s", qPrintable(error));
+    return d.jobFile();
+  }
+
+ private Q_SLOTS:
+  void initTestCase() {
+    QStandardPaths::setTestModeEnabled(true);
+    fs::remove_all(scratchRoot());
+    fs::create_directories(scratchRoot());
+    QSettings::setDefaultFormat(QSettings::IniFormat);
+    QSettings::setPath(QSettings::IniFormat, QSettings::UserScope, qpath(scratchRoot() / "settings"));
+    manifest_ = scratchRoot() / "manifest.json";
+    QProcess p;
+    p.setProcessChannelMode(QProcess::MergedChannels);
+    p.start(hydrahead(), {"select", "--model", qpath(demoModel()), "--strategy", "random", "--ratio", "7", "--seed", "1",
+                          "--out", qpath(manifest_)});
+    QVERIFY(p.waitForFinished(60000));
+    QVERIFY2(p.exitCode() == 0, p.readAll().constData());
+  }
+
+  void dialogWritesASpecTheCoreAccepts() {
+    const QString file = job("dialog", {{"3", "0.002", "288", "2"}, {"4", "0.0005", "288", "1"}, {"2", "0.0001", "544", "1"}});
+    const auto spec = hh::jobs::JobSpec::load(file.toStdString());
+    QCOMPARE(spec.stages.size(), size_t{3});
+    QCOMPARE(spec.stages[0].steps, int64_t{3});
+    QCOMPARE(spec.stages[0].batch, int64_t{2});
+    QCOMPARE(spec.stages[1].lr, 0.0005);
+    QCOMPARE(spec.stages[2].seq_len, int64_t{544});
+    QCOMPARE(QString::fromStdString(spec.teacher.string()), qpath(demoModel()));
+    QCOMPARE(spec.device, std::string("cpu"));
+    QCOMPARE(spec.data.size(), size_t{4});  // the built-in task mix
+    QVERIFY(spec.stages[0].warmup < spec.stages[0].steps);
+
+    JobDialog bad;
+    bad.setTeacher(qpath(demoModel()));
+    bad.setManifest(qpath(manifest_));
+    bad.setOutput(qpath(scratchRoot() / "bad"));
+    bad.stages()->item(1, 1)->setText(QStringLiteral("many"));
+    QString error;
+    QVERIFY(!bad.writeJob(&error));
+    QVERIFY2(error.contains(QStringLiteral("distil")), qPrintable(error));
+    QVERIFY(!QFileInfo::exists(bad.jobFile()));
+  }
+
+  void launchFollowsTheJobToTheEnd() {
+    MainWindow w;
+    w.setInteractive(false);
+    RunsView* v = w.runsView();
+    v->setProgram(hydrahead());
+    const QString file = job("full", {{"4", "0.002", "288", "1"}, {"3", "0.0005", "288", "1"}, {"2", "0.0001", "288", "1"}});
+    QSignalSpy progressed(v, &RunsView::progressed);
+    QSignalSpy finished(v, &RunsView::finished);
+    QString error;
+    QVERIFY2(v->launch(file, &error), qPrintable(error));
+    QCOMPARE(v->state(), RunsView::State::Running);
+    QVERIFY(!v->launch(file, &error));  // one job at a time
+    QVERIFY(finished.wait(300000));
+    QCOMPARE(finished.first().first().toInt(), 0);
+    QCOMPARE(v->state(), RunsView::State::Done);
+    QCOMPARE(progressed.count(), 9);  // one event a step
+    QCOMPARE(progressed.last().at(0).toInt(), 9);
+    QCOMPARE(v->totalSteps(), 9);
+    QCOMPARE(v->curvePoints(), 9);
+    QVERIFY(v->logText().contains(QStringLiteral("done:")));
+    const auto run = hh::train::read_run(scratchRoot() / "full" / "run.h5");
+    QCOMPARE(v->lastLoss(), run.loss.back());
+    QVERIFY(fs::exists(scratchRoot() / "full" / "model" / "config.json"));
+
+    // Another view opens the finished run from its directory.
+    RunsView other;
+    QVERIFY(other.openRun(qpath(scratchRoot() / "full"), &error));
+    QCOMPARE(other.curvePoints(), 9);
+    QCOMPARE(other.globalStep(), 9);
+    QVERIFY(!other.openRun(qpath(scratchRoot()), &error));
+    QVERIFY(error.contains(QStringLiteral("no run.h5")));
+  }
+
+  void cancelCheckpointsAndResumeFinishes() {
+    RunsView v;
+    v.setProgram(hydrahead());
+    const QString file = job("cancel", {{"40", "0.002", "288", "1"}, {"2", "0.0005", "288", "1"}, {"2", "0.0001", "288", "1"}});
+    QSignalSpy progressed(&v, &RunsView::progressed);
+    QSignalSpy finished(&v, &RunsView::finished);
+    QString error;
+    QVERIFY(v.launch(file, &error));
+    QVERIFY(progressed.wait(120000));
+    v.cancel();
+    QVERIFY(finished.wait(120000));
+    QCOMPARE(finished.first().first().toInt(), 130);
+    QCOMPARE(v.state(), RunsView::State::Interrupted);
+    QVERIFY(fs::exists(scratchRoot() / "cancel" / "checkpoints" / "LATEST"));
+    const int stopped_at = v.globalStep();
+    QVERIFY(stopped_at < 44);
+
+    finished.clear();
+    QVERIFY(v.resume(&error));
+    QVERIFY(finished.wait(300000));
+    QCOMPARE(finished.first().first().toInt(), 0);
+    QCOMPARE(v.state(), RunsView::State::Done);
+    QCOMPARE(v.globalStep(), 44);
+    QVERIFY(v.logText().contains(QStringLiteral("resumed")));
+    QCOMPARE(v.curvePoints(), 44);  // one trajectory: the rows after the checkpoint were replaced
+  }
+
+  void aFailingJobLeavesTheViewStanding() {
+    RunsView v;
+    QSignalSpy finished(&v, &RunsView::finished);
+    QString error;
+    v.setProgram(QStringLiteral("/nonexistent/hydrahead"));
+    const QString file = job("fail", {{"2", "0.002", "288", "1"}, {"2", "0.0005", "288", "1"}, {"2", "0.0001", "288", "1"}});
+    QVERIFY(v.launch(file, &error));
+    QVERIFY(finished.count() == 1 || finished.wait(10000));
+    QCOMPARE(v.state(), RunsView::State::Failed);
+    QVERIFY(v.logText().contains(QStringLiteral("could not start")));
+
+    // The dialog refuses a teacher that does not exist, naming it.
+    JobDialog missing;
+    missing.setTeacher(qpath(scratchRoot() / "no-such-teacher"));
+    missing.setManifest(qpath(manifest_));
+    missing.setOutput(qpath(scratchRoot() / "fail-missing"));
+    QVERIFY(!missing.writeJob(&error));
+    QVERIFY2(error.contains(QStringLiteral("no-such-teacher")), qPrintable(error));
+
+    // A job that fails inside (a manifest for another model) exits 1 with its error in the log.
+    finished.clear();
+    v.setProgram(hydrahead());
+    QFile in(qpath(manifest_));
+    QVERIFY(in.open(QIODevice::ReadOnly));
+    QByteArray text = in.readAll();
+    text.replace("\"num_layers\": 6", "\"num_layers\": 7");
+    QVERIFY(text.contains("\"num_layers\": 7"));
+    const fs::path other = scratchRoot() / "other-model-manifest.json";
+    QFile out(qpath(other));
+    QVERIFY(out.open(QIODevice::WriteOnly));
+    out.write(text);
+    out.close();
+    JobDialog d;
+    d.setTeacher(qpath(demoModel()));
+    d.setManifest(qpath(other));
+    d.setOutput(qpath(scratchRoot() / "fail2"));
+    setStages(d, {{"2", "0.002", "288", "1"}, {"2", "0.0005", "288", "1"}, {"2", "0.0001", "288", "1"}});
+    QVERIFY(d.writeJob(&error));
+    QVERIFY(v.launch(d.jobFile(), &error));
+    QVERIFY(finished.wait(60000));
+    QCOMPARE(finished.first().first().toInt(), 1);
+    QCOMPARE(v.state(), RunsView::State::Failed);
+    QVERIFY2(v.logText().contains(QStringLiteral("other-model-manifest.json")), qPrintable(v.logText()));
+  }
+};
+
+QTEST_MAIN(TestRunsView)
+#include "test_runs_view.moc"
