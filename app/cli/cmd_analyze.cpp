@@ -35,14 +35,6 @@ struct AnalyzeArgs {
   bool reference = false, no_layers = false;
 };
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(p.string() + ": cannot read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The `top` heads of an effect map, largest first, as "L:H value" lines.
 void print_top(const char* title, const at::Tensor& effect, int64_t top) {
   if (!effect.defined()) return;
@@ -78,56 +70,43 @@ int run_analyze(const AnalyzeArgs& a) {
   o.layers = !a.no_layers;
   o.cka_tokens = a.cka_tokens;
   if (a.device != "cpu" && a.device.rfind("cuda", 0) != 0) throw Error("--device: '" + a.device + "' is not cpu or cuda[:N]");
-  if (a.device.rfind("cuda", 0) == 0 && !torch::cuda::is_available())
-    throw Error("--device " + a.device + ": this build or machine has no CUDA device");
-  if (!a.dtype.empty()) (void)model::parse_dtype(a.dtype);
   const fs::path out = a.out;
   if (out.has_parent_path() && !fs::is_directory(out.parent_path()))
     throw Error("--out " + a.out + ": directory " + out.parent_path().string() + " does not exist");
 
-  // Text fields need the model's tokenizer; id-only files do not.
-  std::optional<model::Tokenizer> tok;
-  if (fs::exists(dir / "tokenizer.json")) tok = model::Tokenizer::load(dir / "tokenizer.json");
-  const auto examples = interp::read_calibration(a.calib, tok ? &*tok : nullptr, cfg.vocab_size);
-
-  interp::AnalysisProvenance prov;
-  prov.model_fingerprint = io::model_fingerprint(dir);
-  prov.calib_sha256 = interp::calibration_sha256(a.calib);
-  prov.config_json = read_text(dir / "config.json");
-  prov.created_by = std::string("hydrahead ") + HYDRAHEAD_VERSION;
-  prov.model_path = fs::absolute(dir).string();
-  prov.calib_path = fs::absolute(a.calib).string();
-  // Refuse an incompatible existing --out now, before the (long) analysis.
-  if (fs::exists(out)) interp::check_can_extend(out, prov, o.metric);
-
-  const auto model = model::Transformer::load(dir, a.device, a.dtype);
-  prov.dtype = c10::toString(model.dtype());
-  prov.device = a.device;
-  o.cancel = install_interrupt_flag();
-  std::fprintf(stderr, "analyzing %zu examples of %s on %s (%s), %lld layers x %lld heads\n", examples.size(),
-               a.calib.c_str(), a.device.c_str(), prov.dtype.c_str(), static_cast<long long>(cfg.num_hidden_layers),
-               static_cast<long long>(cfg.num_attention_heads));
+  interp::AnalyzeCheckpoint job;
+  job.model_dir = dir;
+  job.calib = a.calib;
+  job.out = out;
+  job.device = a.device;
+  job.dtype = a.dtype;
+  job.created_by = std::string("hydrahead ") + HYDRAHEAD_VERSION;
+  job.options = o;
+  job.options.cancel = install_interrupt_flag();
   interp::AnalysisResult r;
   {
-    ProgressBar bar("analyze");
-    o.progress = [&bar](const std::string& step, int64_t done, int64_t total) {
-      bar.update(static_cast<double>(done) / static_cast<double>(std::max<int64_t>(total, 1)), step);
+    std::optional<ProgressBar> bar;  // shown once the weights are loaded
+    job.options.progress = [&bar](const std::string& step, int64_t done, int64_t total) {
+      if (bar) bar->update(static_cast<double>(done) / static_cast<double>(std::max<int64_t>(total, 1)), step);
     };
     try {
-      r = interp::run_analysis(model, examples, o, a.calib);
+      r = interp::analyze_checkpoint(job, [&bar](const std::string& what) {
+        std::fprintf(stderr, "%s\n", what.c_str());
+        bar.emplace("analyze");
+      });
     } catch (const Cancelled&) {
-      bar.finish();
+      if (bar) bar->finish();
       std::fprintf(stderr, "interrupted: nothing was written%s\n",
                    fs::exists(out) ? (" (" + out.string() + " is unchanged)").c_str() : "");
       return kExitInterrupted;
     }
   }
-  interp::write_analysis(out, r, prov);
+  const size_t examples_size = r.tasks.size();
 
   const int64_t kept = r.kept.sum().item<int64_t>();
   std::printf("wrote %s: %zu examples (%lld kept, %lld with |M_clean - M_corrupt| < %g skipped), metric %s\n",
-              out.string().c_str(), examples.size(), static_cast<long long>(kept),
-              static_cast<long long>(static_cast<int64_t>(examples.size()) - kept), interp::kMinMetricGap,
+              out.string().c_str(), examples_size, static_cast<long long>(kept),
+              static_cast<long long>(static_cast<int64_t>(examples_size) - kept), interp::kMinMetricGap,
               interp::metric_name(o.metric));
   for (const auto& [method, s] : r.seconds) std::printf("  %-12s %s\n", method.c_str(), format_seconds(s).c_str());
   const std::string mode = interp::mode_name(o.mode);

@@ -4,9 +4,15 @@
 
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <optional>
 
+#include "core/interp/calibration.h"
+#include "core/io/fingerprint.h"
 #include "core/io/h5.h"
+#include "core/model/config.h"
+#include "core/model/tokenizer.h"
 #include "core/model/transformer.h"
 #include "core/util/error.h"
 #include "core/util/log.h"
@@ -310,6 +316,49 @@ void write_analysis(const std::filesystem::path& path, const AnalysisResult& r, 
     f.set_attr("/similarity", "cka_tokens", r.similarity.cka_tokens);
   }
   f.commit();
+}
+
+AnalysisResult analyze_checkpoint(const AnalyzeCheckpoint& job, const std::function<void(const std::string&)>& started) {
+  namespace fs = std::filesystem;
+  const fs::path& dir = job.model_dir;
+  const auto cfg = model::ModelConfig::load(dir / "config.json");
+  const AnalyzeOptions& o = job.options;
+  if (!o.receivers.empty() && !o.path) throw Error("receivers apply to path patching only");
+  if (job.device != "cpu" && job.device.rfind("cuda", 0) != 0)
+    throw Error("device '" + job.device + "' is not cpu or cuda[:N]");
+  if (job.device.rfind("cuda", 0) == 0 && !torch::cuda::is_available())
+    throw Error("device " + job.device + ": this build or machine has no CUDA device");
+  if (!job.dtype.empty()) (void)model::parse_dtype(job.dtype);
+  if (job.out.has_parent_path() && !fs::is_directory(job.out.parent_path()))
+    throw Error(job.out.string() + ": directory " + job.out.parent_path().string() + " does not exist");
+
+  std::optional<model::Tokenizer> tok;
+  if (fs::exists(dir / "tokenizer.json")) tok = model::Tokenizer::load(dir / "tokenizer.json");
+  const auto examples = read_calibration(job.calib, tok ? &*tok : nullptr, cfg.vocab_size);
+
+  AnalysisProvenance prov;
+  prov.model_fingerprint = io::model_fingerprint(dir);
+  prov.calib_sha256 = calibration_sha256(job.calib);
+  {
+    std::ifstream in(dir / "config.json", std::ios::binary);
+    prov.config_json.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  prov.created_by = job.created_by;
+  prov.model_path = fs::absolute(dir).string();
+  prov.calib_path = fs::absolute(job.calib).string();
+  // An incompatible existing output is refused now, before the (long) analysis.
+  if (fs::exists(job.out)) check_can_extend(job.out, prov, o.metric);
+
+  const auto model = model::Transformer::load(dir, job.device, job.dtype);
+  prov.dtype = c10::toString(model.dtype());
+  prov.device = job.device;
+  if (started)
+    started("analyzing " + std::to_string(examples.size()) + " examples of " + job.calib.string() + " on " + job.device +
+            " (" + prov.dtype + "), " + std::to_string(cfg.num_hidden_layers) + " layers x " +
+            std::to_string(cfg.num_attention_heads) + " heads");
+  AnalysisResult r = run_analysis(model, examples, o, job.calib.string());
+  write_analysis(job.out, r, prov);
+  return r;
 }
 
 }  // namespace hh::interp

@@ -79,6 +79,20 @@ void write_analysis(const std::filesystem::path& path, const AnalysisResult& r, 
 // The check write_analysis() makes on an existing file, for front ends to run before the analysis.
 void check_can_extend(const std::filesystem::path& path, const AnalysisProvenance& prov, Metric metric);
 
+// `hydrahead analyze` after its arguments are parsed, for every front end: checks what can be checked
+// before the weights load (device, dtype, output directory, an existing output's model and
+// calibration set), loads the checkpoint and the calibration set (text fields through the model's
+// tokenizer.json when it has one), runs the analysis and writes (or extends) `out`. Cancelling through
+// options.cancel throws hh::Cancelled and writes nothing. `started` (may be empty) is told what runs.
+struct AnalyzeCheckpoint {
+  std::filesystem::path model_dir, calib, out;
+  std::string device = "cpu", dtype;  // dtype "": the checkpoint's
+  std::string created_by;
+  AnalyzeOptions options;
+};
+AnalysisResult analyze_checkpoint(const AnalyzeCheckpoint& job,
+                                  const std::function<void(const std::string&)>& started = {});
+
 inline constexpr const char* kAnalysisFormat = "hydrahead-analysis";
 inline constexpr int64_t kAnalysisFormatVersion = 1;
 
