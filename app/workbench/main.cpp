@@ -1,8 +1,9 @@
 // hydrahead-workbench: the Qt front end.
-// Usage: hydrahead-workbench [--model DIR] [--analysis FILE] [--manifest FILE] [--screenshot FILE]
+// Usage: hydrahead-workbench [--model DIR] [--analysis FILE] [--manifest FILE] [--demo] [--screenshot FILE]
 #include <QApplication>
 #include <QCommandLineOption>
 #include <QCommandLineParser>
+#include <QTemporaryDir>
 #include <QTimer>
 #include <cstdio>
 
@@ -41,6 +42,10 @@ int main(int argc, char** argv) {
                      "(status 1 when something failed to open or the file cannot be written)."),
       QStringLiteral("FILE"));
   parser.addOption(screenshot);
+  const QCommandLineOption demo(QStringLiteral("demo"),
+                                QStringLiteral("Open the bundled demo model and run a quick analysis of it (results in a "
+                                               "temporary folder); with --screenshot, the picture is taken when it is done."));
+  parser.addOption(demo);
   parser.process(app);
 
   hh::workbench::MainWindow window;
@@ -56,13 +61,28 @@ int main(int argc, char** argv) {
   if (parser.isSet(model)) ok = window.openCheckpoint(parser.value(model)) && ok;
   if (parser.isSet(analysis)) ok = window.openAnalysis(parser.value(analysis)) && ok;
   if (parser.isSet(manifest)) ok = window.importManifest(parser.value(manifest)) && ok;
+  QTemporaryDir demo_dir;
+  bool demo_running = false;
+  if (parser.isSet(demo)) {
+    demo_running = window.runDemo(demo_dir.path());
+    ok = demo_running && ok;
+  }
   if (scripted) {
     const QString file = parser.value(screenshot);
-    QTimer::singleShot(0, &window, [&window, file, ok] {
+    auto shoot = [&window, file](bool fine) {
       const bool saved = window.grab().save(file, "PNG");
       if (!saved) std::fprintf(stderr, "hydrahead-workbench: cannot write %s\n", file.toLocal8Bit().constData());
-      QApplication::exit(ok && saved ? 0 : 1);
-    });
+      QApplication::exit(fine && saved ? 0 : 1);
+    };
+    if (demo_running) {  // after the analysis
+      QObject::connect(&window, &hh::workbench::MainWindow::analysisLoaded, &window, [shoot, &ok] { shoot(ok); });
+      QObject::connect(&window, &hh::workbench::MainWindow::analysisFailed, &window, [](const QString& message) {
+        std::fprintf(stderr, "hydrahead-workbench: %s\n", message.toLocal8Bit().constData());
+        QApplication::exit(1);
+      });
+    } else {
+      QTimer::singleShot(0, &window, [shoot, ok] { shoot(ok); });
+    }
   }
   return app.exec();
 }

@@ -3,6 +3,7 @@
 #include <QAction>
 #include <QApplication>
 #include <QCloseEvent>
+#include <QCoreApplication>
 #include <QDir>
 #include <QDragEnterEvent>
 #include <QDropEvent>
@@ -27,6 +28,7 @@
 #include "core/select/manifest.h"
 #include "head_selection.h"
 #include "heads_view.h"
+#include "analysis_view.h"
 #include "layers_view.h"
 #include "runs_view.h"
 #include "hydrahead/version.h"
@@ -59,11 +61,7 @@ const PageInfo kPages[] = {
                        "multi-value and multi-query, passkey, variable tracking, arithmetic, copying) or a JSONL "
                        "file. Here you will inspect its clean and corrupt prompt pairs and the answer tokens the "
                        "causal analysis measures.")},
-    {MainWindow::Page::Analysis, QT_TRANSLATE_NOOP("MainWindow", "Analysis"),
-     QT_TRANSLATE_NOOP("MainWindow",
-                       "Causal-analysis sweeps over the calibration set (activation patching by noising or "
-                       "denoising, path patching, attribution patching, retrieval score, layer similarity), with "
-                       "progress and cancel, saved to analysis.h5.")},
+    {MainWindow::Page::Analysis, QT_TRANSLATE_NOOP("MainWindow", "Analysis"), ""},
     {MainWindow::Page::Heads, QT_TRANSLATE_NOOP("MainWindow", "Heads"), ""},
     {MainWindow::Page::Layers, QT_TRANSLATE_NOOP("MainWindow", "Layers"), ""},
     {MainWindow::Page::Runs, QT_TRANSLATE_NOOP("MainWindow", "Runs"), ""},
@@ -142,6 +140,9 @@ void MainWindow::createPages() {
   heads_view_ = new HeadsView(selection_, pages_);
   layers_view_ = new LayersView(pages_);
   runs_view_ = new RunsView(pages_);
+  analysis_view_ = new AnalysisView(pages_);
+  connect(analysis_view_, &AnalysisView::analysisWritten, this, [this](const QString& path) { openAnalysis(path); });
+  connect(analysis_view_, &AnalysisView::analysisFailed, this, &MainWindow::analysisFailed);
 
   for (const PageInfo& info : kPages) {
     auto* item = new QListWidgetItem(tr(info.name), navigation_);
@@ -151,6 +152,9 @@ void MainWindow::createPages() {
     } else if (info.page == Page::Heads) {
       pages_->addWidget(heads_view_);
       item->setToolTip(tr("Per-head maps of an analysis.h5; click a head to make it full attention"));
+    } else if (info.page == Page::Analysis) {
+      pages_->addWidget(analysis_view_);
+      item->setToolTip(tr("Run the causal analysis on the open model, with progress and cancel"));
     } else if (info.page == Page::Runs) {
       pages_->addWidget(runs_view_);
       item->setToolTip(tr("Training jobs: launch, follow the losses live, cancel and resume"));
@@ -245,6 +249,7 @@ bool MainWindow::openCheckpoint(const QString& dir) {
   }
   model_ = std::move(loaded);
   model_view_->setSummary(*model_);
+  analysis_view_->setModelDir(fromPath(model_->dir));
   showPage(Page::Model);
 
   const QString name = QString::fromStdString(model_->name);
@@ -272,6 +277,44 @@ void MainWindow::reportError(const QString& dir, const QString& message) {
   if (model_) details += tr("\n\n%1 stays open.").arg(QString::fromStdString(model_->name));
   box.setInformativeText(details);
   box.exec();
+}
+
+QString MainWindow::demoModelDir() {
+  const QString env = qEnvironmentVariable("HH_DEMO_MODEL");
+  if (!env.isEmpty()) return env;
+  const QDir app(QCoreApplication::applicationDirPath());
+  for (const QString& rel : {QStringLiteral("../../datasets/models/hydrahead-demo"),
+                             QStringLiteral("../share/hydrahead/models/hydrahead-demo"),
+                             QStringLiteral("../../../datasets/models/hydrahead-demo")}) {
+    const QString dir = QDir::cleanPath(app.absoluteFilePath(rel));
+    if (QFileInfo::exists(dir + QStringLiteral("/config.json"))) return dir;
+  }
+  return {};
+}
+
+bool MainWindow::runDemo(const QString& work_dir) {
+  const QString model = demoModelDir();
+  if (model.isEmpty()) {
+    reportError(QStringLiteral("hydrahead-demo"),
+                tr("the bundled demo model was not found next to this program (set HH_DEMO_MODEL to its folder)"));
+    return false;
+  }
+  if (!openCheckpoint(model)) return false;
+  QString error;
+  if (!analysis_view_->generateCalibration(work_dir, 4, 512, &error)) {
+    reportError(work_dir, error);
+    return false;
+  }
+  analysis_view_->setOutput(QDir(work_dir).absoluteFilePath(QStringLiteral("analysis.h5")));
+  QFile::remove(analysis_view_->output());  // a fresh file for this calibration set
+  analysis_view_->setMethods({QStringLiteral("activation"), QStringLiteral("path"), QStringLiteral("attribution"),
+                              QStringLiteral("retrieval"), QStringLiteral("similarity")});
+  showPage(Page::Analysis);
+  if (!analysis_view_->start(&error)) {
+    reportError(work_dir, error);
+    return false;
+  }
+  return true;
 }
 
 bool MainWindow::openAnalysis(const QString& path) {

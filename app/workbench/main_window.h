@@ -1,7 +1,7 @@
 #pragma once
-// The workbench window: File, Edit and Help menus, a navigation list of the views (Model, Heads,
-// Layers and Runs now; Calibration and Analysis to come), the current page, and a status bar naming
-// the open model. Opening a checkpoint goes through openCheckpoint(), whatever asked for it (menu, recent
+// The workbench window: File, Edit and Help menus, a navigation list of the views (Model, Analysis,
+// Heads, Layers and Runs now; Calibration to come), the current page, and a status bar naming the
+// open model. Opening a checkpoint goes through openCheckpoint(), whatever asked for it (menu, recent
 // list, drop, command line).
 #include <QList>
 #include <QMainWindow>
@@ -18,6 +18,7 @@ class QStackedWidget;
 namespace hh::workbench {
 
 class HeadSelection;
+class AnalysisView;
 class HeadsView;
 class LayersView;
 class RunsView;
@@ -43,6 +44,9 @@ class MainWindow : public QMainWindow {
   HeadsView* headsView() const { return heads_view_; }
   LayersView* layersView() const { return layers_view_; }
   RunsView* runsView() const { return runs_view_; }
+  AnalysisView* analysisView() const { return analysis_view_; }
+  // The bundled demo model: $HH_DEMO_MODEL, else found next to the program (build tree or install).
+  static QString demoModelDir();
   HeadSelection* selection() const { return selection_; }
   QListWidget* navigation() const { return navigation_; }
   Page currentPage() const;
@@ -65,6 +69,9 @@ class MainWindow : public QMainWindow {
   // Writes the current selection's manifest (what `hydrahead select` writes for the same choices).
   bool exportManifest(const QString& path);
   void exportManifestDialog();
+  // Opens the demo model, writes a small calibration set into `work_dir` and starts its analysis; the
+  // result opens in the Heads view when it is done (analysisLoaded) or analysisFailed is emitted.
+  bool runDemo(const QString& work_dir);
   void refreshRecentMenu();
   void clearRecentCheckpoints();
   void showAbout();
@@ -73,6 +80,7 @@ class MainWindow : public QMainWindow {
   void modelLoaded(const QString& dir);
   void loadFailed(const QString& message);
   void analysisLoaded(const QString& path);
+  void analysisFailed(const QString& message);
 
  protected:
   void dragEnterEvent(QDragEnterEvent* event) override;
@@ -94,6 +102,7 @@ class MainWindow : public QMainWindow {
   HeadsView* heads_view_ = nullptr;
   LayersView* layers_view_ = nullptr;
   RunsView* runs_view_ = nullptr;
+  AnalysisView* analysis_view_ = nullptr;
   QMenu* recent_menu_ = nullptr;
   QLabel* model_status_ = nullptr;
 };

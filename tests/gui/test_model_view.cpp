@@ -369,7 +369,7 @@ class TestModelView : public QObject {
     QCOMPARE(w->currentPage(), MainWindow::Page::Heads);
     QVERIFY(!w->headsView()->isHidden());  // the current page of the stack
     const auto placeholders = w->findChildren<PlaceholderPage*>();
-    QCOMPARE(placeholders.size(), 2);  // Calibration, Analysis
+    QCOMPARE(placeholders.size(), 1);  // Calibration
     for (const PlaceholderPage* p : placeholders) {
       const auto* text = p->findChild<QLabel*>(QStringLiteral("placeholderDescription"));
       QVERIFY(text);
