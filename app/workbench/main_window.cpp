@@ -29,11 +29,11 @@
 #include "head_selection.h"
 #include "heads_view.h"
 #include "analysis_view.h"
+#include "calibration_view.h"
 #include "layers_view.h"
 #include "runs_view.h"
 #include "hydrahead/version.h"
 #include "model_view.h"
-#include "placeholder_page.h"
 #include "recent_checkpoints.h"
 #include "selection_panel.h"
 #include "settings.h"
@@ -47,25 +47,6 @@ constexpr int kRecentMenuTextWidth = 460;  // px; longer paths are elided in the
 constexpr int kErrorStatusTimeoutMs = 10000;
 constexpr QSize kDefaultWindowSize{1280, 800};
 
-struct PageInfo {
-  MainWindow::Page page;
-  const char* name;
-  const char* description;  // empty for pages that exist
-};
-
-const PageInfo kPages[] = {
-    {MainWindow::Page::Model, QT_TRANSLATE_NOOP("MainWindow", "Model"), ""},
-    {MainWindow::Page::Calibration, QT_TRANSLATE_NOOP("MainWindow", "Calibration"),
-     QT_TRANSLATE_NOOP("MainWindow",
-                       "Build or load a calibration set: a built-in task (needle-in-a-haystack single, multi-key, "
-                       "multi-value and multi-query, passkey, variable tracking, arithmetic, copying) or a JSONL "
-                       "file. Here you will inspect its clean and corrupt prompt pairs and the answer tokens the "
-                       "causal analysis measures.")},
-    {MainWindow::Page::Analysis, QT_TRANSLATE_NOOP("MainWindow", "Analysis"), ""},
-    {MainWindow::Page::Heads, QT_TRANSLATE_NOOP("MainWindow", "Heads"), ""},
-    {MainWindow::Page::Layers, QT_TRANSLATE_NOOP("MainWindow", "Layers"), ""},
-    {MainWindow::Page::Runs, QT_TRANSLATE_NOOP("MainWindow", "Runs"), ""},
-};
 
 class OverrideCursor {
  public:
@@ -144,28 +125,26 @@ void MainWindow::createPages() {
   connect(analysis_view_, &AnalysisView::analysisWritten, this, [this](const QString& path) { openAnalysis(path); });
   connect(analysis_view_, &AnalysisView::analysisFailed, this, &MainWindow::analysisFailed);
 
-  for (const PageInfo& info : kPages) {
-    auto* item = new QListWidgetItem(tr(info.name), navigation_);
-    if (info.page == Page::Model) {
-      pages_->addWidget(model_view_);
-      item->setToolTip(tr("The open checkpoint: configuration, heads and tensors"));
-    } else if (info.page == Page::Heads) {
-      pages_->addWidget(heads_view_);
-      item->setToolTip(tr("Per-head maps of an analysis.h5; click a head to make it full attention"));
-    } else if (info.page == Page::Analysis) {
-      pages_->addWidget(analysis_view_);
-      item->setToolTip(tr("Run the causal analysis on the open model, with progress and cancel"));
-    } else if (info.page == Page::Runs) {
-      pages_->addWidget(runs_view_);
-      item->setToolTip(tr("Training jobs: launch, follow the losses live, cancel and resume"));
-    } else if (info.page == Page::Layers) {
-      pages_->addWidget(layers_view_);
-      item->setToolTip(tr("Layer similarity of an analysis.h5, with blocks of alike layers outlined"));
-    } else {
-      pages_->addWidget(new PlaceholderPage(tr(info.name), tr(info.description), pages_));
-      item->setToolTip(tr("Not available in this version yet"));
-      item->setForeground(mutedTextColor(palette()));
-    }
+  calibration_view_ = new CalibrationView(pages_);
+  connect(calibration_view_, &CalibrationView::useForAnalysis, this, [this](const QString& file) {
+    analysis_view_->setCalibration(file);
+    showPage(Page::Analysis);
+  });
+  // In Page order.
+  const std::pair<QWidget*, QString> pages[] = {
+      {model_view_, tr("The open checkpoint: configuration, heads and tensors")},
+      {calibration_view_, tr("Make or load a calibration set and read its prompts")},
+      {analysis_view_, tr("Run the causal analysis on the open model, with progress and cancel")},
+      {heads_view_, tr("Per-head maps of an analysis.h5; click a head to make it full attention")},
+      {layers_view_, tr("Layer similarity of an analysis.h5, with blocks of alike layers outlined")},
+      {runs_view_, tr("Training jobs: launch, follow the losses live, cancel and resume")},
+  };
+  const char* const names[] = {QT_TR_NOOP("Model"), QT_TR_NOOP("Calibration"), QT_TR_NOOP("Analysis"),
+                               QT_TR_NOOP("Heads"), QT_TR_NOOP("Layers"), QT_TR_NOOP("Runs")};
+  for (size_t i = 0; i < std::size(pages); ++i) {
+    auto* item = new QListWidgetItem(tr(names[i]), navigation_);
+    item->setToolTip(pages[i].second);
+    pages_->addWidget(pages[i].first);
   }
   connect(navigation_, &QListWidget::currentRowChanged, pages_, &QStackedWidget::setCurrentIndex);
   navigation_->setCurrentRow(static_cast<int>(Page::Model));
@@ -250,6 +229,7 @@ bool MainWindow::openCheckpoint(const QString& dir) {
   model_ = std::move(loaded);
   model_view_->setSummary(*model_);
   analysis_view_->setModelDir(fromPath(model_->dir));
+  calibration_view_->setModelDir(fromPath(model_->dir));
   showPage(Page::Model);
 
   const QString name = QString::fromStdString(model_->name);

@@ -1,7 +1,7 @@
 #pragma once
-// The workbench window: File, Edit and Help menus, a navigation list of the views (Model, Analysis,
-// Heads, Layers and Runs now; Calibration to come), the current page, and a status bar naming the
-// open model. Opening a checkpoint goes through openCheckpoint(), whatever asked for it (menu, recent
+// The workbench window: File, Edit and Help menus, a navigation list of the views (Model,
+// Calibration, Analysis, Heads, Layers, Runs), the current page, and a status bar naming the open
+// model. Opening a checkpoint goes through openCheckpoint(), whatever asked for it (menu, recent
 // list, drop, command line).
 #include <QList>
 #include <QMainWindow>
@@ -19,6 +19,7 @@ namespace hh::workbench {
 
 class HeadSelection;
 class AnalysisView;
+class CalibrationView;
 class HeadsView;
 class LayersView;
 class RunsView;
@@ -45,6 +46,7 @@ class MainWindow : public QMainWindow {
   LayersView* layersView() const { return layers_view_; }
   RunsView* runsView() const { return runs_view_; }
   AnalysisView* analysisView() const { return analysis_view_; }
+  CalibrationView* calibrationView() const { return calibration_view_; }
   // The bundled demo model: $HH_DEMO_MODEL, else found next to the program (build tree or install).
   static QString demoModelDir();
   HeadSelection* selection() const { return selection_; }
@@ -103,6 +105,7 @@ class MainWindow : public QMainWindow {
   LayersView* layers_view_ = nullptr;
   RunsView* runs_view_ = nullptr;
   AnalysisView* analysis_view_ = nullptr;
+  CalibrationView* calibration_view_ = nullptr;
   QMenu* recent_menu_ = nullptr;
   QLabel* model_status_ = nullptr;
 };

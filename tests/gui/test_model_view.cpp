@@ -23,7 +23,6 @@
 #include "heads_view.h"
 #include "main_window.h"
 #include "model_view.h"
-#include "placeholder_page.h"
 #include "recent_checkpoints.h"
 #include "settings.h"
 #include "tensor_table_model.h"
@@ -368,13 +367,6 @@ class TestModelView : public QObject {
     w->showPage(MainWindow::Page::Heads);
     QCOMPARE(w->currentPage(), MainWindow::Page::Heads);
     QVERIFY(!w->headsView()->isHidden());  // the current page of the stack
-    const auto placeholders = w->findChildren<PlaceholderPage*>();
-    QCOMPARE(placeholders.size(), 1);  // Calibration
-    for (const PlaceholderPage* p : placeholders) {
-      const auto* text = p->findChild<QLabel*>(QStringLiteral("placeholderDescription"));
-      QVERIFY(text);
-      QVERIFY2(text->text().size() > 40, qPrintable(p->title()));
-    }
 
     // Opening a model brings the Model page forward.
     QVERIFY(w->openCheckpoint(qpath(checkpoint("nav"))));
@@ -384,7 +376,7 @@ class TestModelView : public QObject {
 
   // Writes screenshots into $HH_SCREENSHOT_DIR (skipped when unset): the Model page with a
   // Qwen3-0.6B-shaped (28 layers x 16 query heads, 8 KV heads) but tiny model, its Tensors tab, the
-  // empty window, a placeholder page, and a checkpoint whose tensors disagree with its config.
+  // empty window, the Heads page before an analysis, and a checkpoint whose tensors disagree with its config.
   void screenshots() {
     const QString out = qEnvironmentVariable("HH_SCREENSHOT_DIR");
     if (out.isEmpty()) QSKIP("set HH_SCREENSHOT_DIR to write screenshots");
@@ -416,7 +408,7 @@ class TestModelView : public QObject {
     save(w, "workbench-tensors.png");
     w.modelView()->tabs()->setCurrentIndex(0);
     w.showPage(MainWindow::Page::Heads);
-    save(w, "workbench-placeholder.png");
+    save(w, "workbench-heads-empty.png");
     spec.skip_tensor = "model.layers.27.mlp.down_proj.weight";
     QVERIFY(w.openCheckpoint(qpath(checkpoint("qwen3-tiny-missing-tensor", spec))));
     save(w, "workbench-mismatch.png");

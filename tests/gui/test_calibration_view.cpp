@@ -1,0 +1,122 @@
+// The Calibration view with the bundled demo teacher's tokenizer: generating a set from a plugin's
+// parameter form in the background, reading it back through the core reader, showing the needle and
+// the answer, refusing a broken file by line, and handing the set to the Analysis view.
+#include <QCoreApplication>
+#include <QFile>
+#include <QSettings>
+#include <QSignalSpy>
+#include <QStandardPaths>
+#include <QTextBrowser>
+#include <QtTest>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <torch/torch.h>
+
+#include "analysis_view.h"
+#include "calibration_view.h"
+#include "core/interp/calibration.h"
+#include "core/model/tokenizer.h"
+#include "main_window.h"
+
+namespace fs = std::filesystem;
+using namespace hh::workbench;
+
+namespace {
+
+fs::path scratchRoot() {
+  const char* tmp = std::getenv("HH_TEST_TMP");
+  fs::path root = (tmp && *tmp) ? fs::path(tmp) : fs::temp_directory_path();
+  return root / "gui_calibration_view";
+}
+
+QString qpath(const fs::path& p) { return QString::fromStdString(p.string()); }
+fs::path demoModel() {
+  const char* src = std::getenv("HH_SOURCE_DIR");
+  return fs::path(src ? src : ".") / "datasets/models/hydrahead-demo";
+}
+
+}  // namespace
+
+class TestCalibrationView : public QObject {
+  Q_OBJECT
+
+ private Q_SLOTS:
+  void initTestCase() {
+    QStandardPaths::setTestModeEnabled(true);
+    fs::remove_all(scratchRoot());
+    fs::create_directories(scratchRoot());
+    QSettings::setDefaultFormat(QSettings::IniFormat);
+    QSettings::setPath(QSettings::IniFormat, QSettings::UserScope, qpath(scratchRoot() / "settings"));
+  }
+
+  void generatesFromTheFormAndShowsTheNeedle() {
+    MainWindow w;
+    w.setInteractive(false);
+    QVERIFY(w.openCheckpoint(qpath(demoModel())));
+    CalibrationView* v = w.calibrationView();
+    QVERIFY(v->taskIds().contains(QStringLiteral("niah-single")));
+    QVERIFY(v->taskIds().contains(QStringLiteral("variable-tracking")));
+    v->setTask(QStringLiteral("niah-single"));
+    QVERIFY(v->setParam(QStringLiteral("length"), QStringLiteral("300")));
+    QVERIFY(v->setParam(QStringLiteral("random_depth"), QStringLiteral("true")));
+    QVERIFY(v->setParam(QStringLiteral("haystack"), QStringLiteral("noise")));
+    QVERIFY(!v->setParam(QStringLiteral("no_such_param"), QStringLiteral("1")));
+    v->setCount(5);
+    v->setSeed(9);
+    const fs::path out = scratchRoot() / "niah.jsonl";
+    QSignalSpy generated(v, &CalibrationView::generated);
+    QString error;
+    QVERIFY2(v->generate(qpath(out), &error), qPrintable(error));
+    QVERIFY(generated.wait(60000));
+    QCOMPARE(v->exampleCount(), 5);
+
+    // The file is what the core reader reads, with the form's parameters.
+    const auto tok = hh::model::Tokenizer::load(demoModel() / "tokenizer.json");
+    const auto examples = hh::interp::read_calibration(out, &tok, tok.vocab_size());
+    QCOMPARE(examples.size(), size_t{5});
+    for (const auto& ex : examples) {
+      QCOMPARE(ex.clean_ids.size(), size_t{300});
+      QCOMPARE(ex.meta.at("source").at("params").at("haystack").get<std::string>(), std::string("noise"));
+      QVERIFY(ex.meta.at("source").at("params").at("random_depth").get<bool>());
+    }
+    // The needle is marked and holds the answer; the answer follows the prompt, marked too.
+    for (int i = 0; i < 5; ++i) {
+      const QString html = v->exampleHtml(i);
+      const QString answer = QString::fromStdString(tok.decode(examples[static_cast<size_t>(i)].answer_ids)).trimmed();
+      const int needle = html.indexOf(QStringLiteral("title='needle'>"));
+      QVERIFY2(needle >= 0, qPrintable(html.left(200)));
+      const int needle_end = html.indexOf(QStringLiteral("</span>"), needle);
+      QVERIFY2(html.mid(needle, needle_end - needle).contains(answer), qPrintable(answer));
+      QVERIFY(html.indexOf(QStringLiteral("title='answer'>")) > needle_end);
+    }
+    v->showExample(2);
+    QVERIFY(v->browser()->toPlainText().contains(QStringLiteral("niah-single")));
+
+    // Use for analysis hands the file over.
+    QSignalSpy use(v, &CalibrationView::useForAnalysis);
+    QMetaObject::invokeMethod(v, [v] { Q_EMIT v->useForAnalysis(v->file()); });
+    QCOMPARE(use.count(), 1);
+    QCOMPARE(w.currentPage(), MainWindow::Page::Analysis);
+  }
+
+  void refusesABrokenFileByLine() {
+    CalibrationView v;
+    v.setModelDir(qpath(demoModel()));
+    const fs::path bad = scratchRoot() / "bad.jsonl";
+    std::ofstream(bad) << R"({"task":"t","clean_ids":[1,2],"corrupt_ids":[1,3],"answer_ids":[4]})" << "\n"
+                       << R"({"task":"t","clean_ids":[1,2],"corrupt_ids":[1],"answer_ids":[4]})" << "\n";
+    QString error;
+    QVERIFY(!v.load(qpath(bad), &error));
+    QVERIFY2(error.contains(QStringLiteral("bad.jsonl:2")), qPrintable(error));
+    QCOMPARE(v.exampleCount(), 0);
+    // Without a tokenizer nothing is generated.
+    CalibrationView bare;
+    QVERIFY(!bare.generate(qpath(scratchRoot() / "x.jsonl"), &error));
+    QVERIFY(error.contains(QStringLiteral("tokenizer")));
+  }
+};
+
+QTEST_MAIN(TestCalibrationView)
+#include "test_calibration_view.moc"
