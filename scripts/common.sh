@@ -12,7 +12,7 @@ HH_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libopenblas0-pthread libhdf5-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   libcli11-dev libpcre2-dev libbenchmark-dev
-  qt6-base-dev libqcustomplot-dev libqcustomplot2.1-qt6 libgl-dev
+  qt6-base-dev qt6-svg-dev libqcustomplot-dev libqcustomplot2.1-qt6 libgl-dev
   clang libclang-rt-14-dev
   python3 python3-h5py python3-numpy
 )

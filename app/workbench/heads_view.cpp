@@ -21,6 +21,7 @@
 #include "core/interp/patching.h"
 #include "core/io/h5.h"
 #include "core/select/selection.h"
+#include "export.h"
 #include "head_selection.h"
 #include "selection_panel.h"
 
@@ -98,6 +99,7 @@ HeadsView::HeadsView(HeadSelection* selection, QWidget* parent) : QWidget(parent
   plot_->axisRect()->setMarginGroup(QCP::msBottom | QCP::msTop, margins);
   scale_->setMarginGroup(QCP::msBottom | QCP::msTop, margins);
   connect(plot_, &QCustomPlot::mouseMove, this, &HeadsView::onMouseMove);
+  addExportMenu(plot_);
   connect(plot_, &QCustomPlot::mousePress, this, &HeadsView::onMousePress);
 
   detail_title_ = new QLabel(tr("Click a head for its details."), this);
@@ -114,6 +116,8 @@ HeadsView::HeadsView(HeadSelection* selection, QWidget* parent) : QWidget(parent
   example_table_->verticalHeader()->hide();
   example_table_->setEditTriggers(QAbstractItemView::NoEditTriggers);
   example_table_->horizontalHeader()->setStretchLastSection(true);
+  addExportMenu(detail_table_);
+  addExportMenu(example_table_);
   panel_ = new SelectionPanel(selection_, this);
   auto* side = new QWidget(this);
   auto* side_layout = new QVBoxLayout(side);

@@ -15,6 +15,7 @@
 
 #include "core/interp/similarity.h"
 #include "core/io/h5.h"
+#include "export.h"
 #include "qcustomplot_include.h"
 
 namespace hh::workbench {
@@ -76,6 +77,7 @@ LayersView::LayersView(QWidget* parent) : QWidget(parent) {
   connect(metric_box_, &QComboBox::currentTextChanged, this, [this] { redraw(); });
   connect(threshold_, qOverload<double>(&QDoubleSpinBox::valueChanged), this, [this] { redraw(); });
   connect(plot_, &QCustomPlot::mouseMove, this, &LayersView::onMouseMove);
+  addExportMenu(plot_);
 }
 
 bool LayersView::openAnalysis(const QString& path, QString* error) {

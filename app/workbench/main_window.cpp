@@ -30,6 +30,7 @@
 #include "heads_view.h"
 #include "analysis_view.h"
 #include "calibration_view.h"
+#include "eval_view.h"
 #include "layers_view.h"
 #include "runs_view.h"
 #include "hydrahead/version.h"
@@ -126,6 +127,7 @@ void MainWindow::createPages() {
   connect(analysis_view_, &AnalysisView::analysisFailed, this, &MainWindow::analysisFailed);
 
   calibration_view_ = new CalibrationView(pages_);
+  eval_view_ = new EvalView(pages_);
   connect(calibration_view_, &CalibrationView::useForAnalysis, this, [this](const QString& file) {
     analysis_view_->setCalibration(file);
     showPage(Page::Analysis);
@@ -138,9 +140,10 @@ void MainWindow::createPages() {
       {heads_view_, tr("Per-head maps of an analysis.h5; click a head to make it full attention")},
       {layers_view_, tr("Layer similarity of an analysis.h5, with blocks of alike layers outlined")},
       {runs_view_, tr("Training jobs: launch, follow the losses live, cancel and resume")},
+      {eval_view_, tr("NIAH grids and perplexity of teacher and hybrid, side by side")},
   };
   const char* const names[] = {QT_TR_NOOP("Model"), QT_TR_NOOP("Calibration"), QT_TR_NOOP("Analysis"),
-                               QT_TR_NOOP("Heads"), QT_TR_NOOP("Layers"), QT_TR_NOOP("Runs")};
+                               QT_TR_NOOP("Heads"), QT_TR_NOOP("Layers"), QT_TR_NOOP("Runs"), QT_TR_NOOP("Eval")};
   for (size_t i = 0; i < std::size(pages); ++i) {
     auto* item = new QListWidgetItem(tr(names[i]), navigation_);
     item->setToolTip(pages[i].second);

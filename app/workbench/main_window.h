@@ -1,6 +1,6 @@
 #pragma once
 // The workbench window: File, Edit and Help menus, a navigation list of the views (Model,
-// Calibration, Analysis, Heads, Layers, Runs), the current page, and a status bar naming the open
+// Calibration, Analysis, Heads, Layers, Runs, Eval), the current page, and a status bar naming the open
 // model. Opening a checkpoint goes through openCheckpoint(), whatever asked for it (menu, recent
 // list, drop, command line).
 #include <QList>
@@ -20,6 +20,7 @@ namespace hh::workbench {
 class HeadSelection;
 class AnalysisView;
 class CalibrationView;
+class EvalView;
 class HeadsView;
 class LayersView;
 class RunsView;
@@ -32,7 +33,7 @@ class MainWindow : public QMainWindow {
   Q_PROPERTY(bool interactive READ isInteractive WRITE setInteractive)
 
  public:
-  enum class Page { Model, Calibration, Analysis, Heads, Layers, Runs };
+  enum class Page { Model, Calibration, Analysis, Heads, Layers, Runs, Eval };
 
   explicit MainWindow(QWidget* parent = nullptr);
 
@@ -47,6 +48,7 @@ class MainWindow : public QMainWindow {
   RunsView* runsView() const { return runs_view_; }
   AnalysisView* analysisView() const { return analysis_view_; }
   CalibrationView* calibrationView() const { return calibration_view_; }
+  EvalView* evalView() const { return eval_view_; }
   // The bundled demo model: $HH_DEMO_MODEL, else found next to the program (build tree or install).
   static QString demoModelDir();
   HeadSelection* selection() const { return selection_; }
@@ -106,6 +108,7 @@ class MainWindow : public QMainWindow {
   RunsView* runs_view_ = nullptr;
   AnalysisView* analysis_view_ = nullptr;
   CalibrationView* calibration_view_ = nullptr;
+  EvalView* eval_view_ = nullptr;
   QMenu* recent_menu_ = nullptr;
   QLabel* model_status_ = nullptr;
 };

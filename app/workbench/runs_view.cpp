@@ -21,6 +21,7 @@
 
 #include "core/jobs/job.h"
 #include "core/train/run_log.h"
+#include "export.h"
 #include "job_dialog.h"
 #include "qcustomplot_include.h"
 
@@ -66,6 +67,7 @@ RunsView::RunsView(QWidget* parent) : QWidget(parent) {
   plot_->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));
   plot_->legend->setVisible(true);
   plot_->setMinimumHeight(240);
+  addExportMenu(plot_);
   log_ = new QPlainTextEdit(this);
   log_->setObjectName(QStringLiteral("runLog"));
   log_->setReadOnly(true);

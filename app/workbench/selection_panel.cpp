@@ -14,6 +14,7 @@
 #include <set>
 
 #include "core/select/selection.h"
+#include "export.h"
 #include "head_selection.h"
 #include "hydrahead/version.h"
 
@@ -82,6 +83,7 @@ SelectionPanel::SelectionPanel(HeadSelection* selection, QWidget* parent) : QWid
   budget_->verticalHeader()->hide();
   budget_->setEditTriggers(QAbstractItemView::NoEditTriggers);
   budget_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+  addExportMenu(budget_);
 
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);

@@ -362,7 +362,7 @@ class TestModelView : public QObject {
     QListWidget* nav = w->navigation();
     QStringList names;
     for (int i = 0; i < nav->count(); ++i) names << nav->item(i)->text();
-    QCOMPARE(names, (QStringList{"Model", "Calibration", "Analysis", "Heads", "Layers", "Runs"}));
+    QCOMPARE(names, (QStringList{"Model", "Calibration", "Analysis", "Heads", "Layers", "Runs", "Eval"}));
 
     w->showPage(MainWindow::Page::Heads);
     QCOMPARE(w->currentPage(), MainWindow::Page::Heads);

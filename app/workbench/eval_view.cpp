@@ -1,0 +1,168 @@
+#include "eval_view.h"
+
+#include <torch/torch.h>
+
+#include <QFile>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QGridLayout>
+#include <QHBoxLayout>
+#include <QLabel>
+#include <QPushButton>
+#include <QVBoxLayout>
+
+#include "core/io/h5.h"
+#include "core/util/error.h"
+#include "export.h"
+#include "qcustomplot_include.h"
+
+namespace hh::workbench {
+
+double NiahGrid::mean() const {
+  double s = 0;
+  for (double a : accuracy) s += a;
+  return accuracy.empty() ? 0 : s / static_cast<double>(accuracy.size());
+}
+
+namespace {
+
+// Reads `group`/niah/* and `group`/ppl/ppl where present.
+void readModel(const io::H5File& f, const std::string& group, std::optional<NiahGrid>* grid, std::optional<double>* ppl) {
+  if (f.exists(group + "/niah/accuracy")) {
+    NiahGrid g;
+    const at::Tensor acc = f.read(group + "/niah/accuracy").to(at::kDouble).contiguous();
+    const at::Tensor len = f.read(group + "/niah/lengths").to(at::kLong).contiguous();
+    const at::Tensor dep = f.read(group + "/niah/depths").to(at::kDouble).contiguous();
+    if (acc.dim() != 2 || acc.size(0) != len.numel() || acc.size(1) != dep.numel())
+      throw Error(f.path().string() + ": " + group + "/niah/accuracy does not match its lengths and depths");
+    g.lengths.assign(len.data_ptr<int64_t>(), len.data_ptr<int64_t>() + len.numel());
+    g.depths.assign(dep.data_ptr<double>(), dep.data_ptr<double>() + dep.numel());
+    g.accuracy.assign(acc.data_ptr<double>(), acc.data_ptr<double>() + acc.numel());
+    *grid = g;
+  }
+  if (f.exists(group + "/ppl/ppl")) *ppl = f.read(group + "/ppl/ppl").to(at::kDouble)[0].item<double>();
+}
+
+}  // namespace
+
+EvalView::EvalView(QWidget* parent) : QWidget(parent) {
+  auto* grid = new QGridLayout;
+  const QString names[2] = {tr("Teacher"), tr("Hybrid")};
+  for (int side = 0; side < 2; ++side) {
+    titles_[side] = new QLabel(tr("%1: no evaluation open").arg(names[side]), this);
+    auto* open = new QPushButton(tr("Open %1 eval.h5\u2026").arg(names[side].toLower()), this);
+    plots_[side] = new QCustomPlot(this);
+    plots_[side]->setObjectName(side == 0 ? QStringLiteral("teacherNiah") : QStringLiteral("hybridNiah"));
+    plots_[side]->setMinimumSize(320, 260);
+    addExportMenu(plots_[side]);
+    auto* head = new QHBoxLayout;
+    head->addWidget(titles_[side], 1);
+    head->addWidget(open);
+    grid->addLayout(head, 0, side);
+    grid->addWidget(plots_[side], 1, side);
+    connect(open, &QPushButton::clicked, this, [this, side] {
+      const QString f = QFileDialog::getOpenFileName(this, tr("Evaluation file"), QString(), tr("HDF5 (*.h5)"));
+      QString error;
+      if (!f.isEmpty() && !openFile(f, static_cast<Side>(side), &error)) summary_->setText(error);
+    });
+  }
+  summary_ = new QLabel(tr("`hydrahead eval --task niah-grid` and `--task ppl` write these files; the eval.h5 of "
+                           "`hydrahead demo` holds both models."),
+                        this);
+  summary_->setWordWrap(true);
+  auto* layout = new QVBoxLayout(this);
+  layout->addLayout(grid, 1);
+  layout->addWidget(summary_);
+}
+
+bool EvalView::openFile(const QString& path, Side side, QString* error) {
+  std::optional<NiahGrid> g[2];
+  std::optional<double> p[2];
+  bool both = false;
+  try {
+    const io::H5File f = io::H5File::open_read(std::filesystem::path(QFile::encodeName(path).toStdString()));
+    both = f.exists("/teacher") && f.exists("/hybrid");
+    if (both) {
+      readModel(f, "/teacher", &g[Teacher], &p[Teacher]);
+      readModel(f, "/hybrid", &g[Hybrid], &p[Hybrid]);
+    } else {
+      readModel(f, "", &g[side], &p[side]);
+      if (!g[side] && !p[side]) throw Error(path.toStdString() + ": holds no /niah grid and no /ppl (not an eval.h5)");
+    }
+  } catch (const std::exception& e) {
+    if (error) *error = QString::fromStdString(e.what());
+    return false;
+  }
+  for (int s = 0; s < 2; ++s) {
+    if (!both && s != side) continue;
+    if (g[s]) grids_[s] = g[s];
+    if (p[s]) ppl_[s] = p[s];
+    files_[s] = QFileInfo(path).fileName();
+    redraw(static_cast<Side>(s));
+  }
+  summary_->setText(summaryText());
+  return true;
+}
+
+QString EvalView::summaryText() const {
+  QStringList parts;
+  const QString names[2] = {tr("teacher"), tr("hybrid")};
+  for (int s = 0; s < 2; ++s) {
+    QString part = names[s] + QStringLiteral(": ");
+    part += grids_[s] ? tr("NIAH %1").arg(grids_[s]->mean(), 0, 'f', 3) : tr("NIAH -");
+    part += ppl_[s] ? tr(", perplexity %1").arg(*ppl_[s], 0, 'f', 2) : QString();
+    parts << part;
+  }
+  return parts.join(QStringLiteral(" \u00b7 "));
+}
+
+void EvalView::redraw(Side side) {
+  QCustomPlot* plot = plots_[side];
+  plot->clearPlottables();
+  plot->clearItems();
+  if (plot->plotLayout()->elementCount() > 1) plot->plotLayout()->removeAt(1);
+  const QString name = side == Teacher ? tr("Teacher") : tr("Hybrid");
+  titles_[side]->setText(tr("%1 (%2)%3").arg(name, files_[side],
+                                             ppl_[side] ? tr(" \u00b7 perplexity %1").arg(*ppl_[side], 0, 'f', 2) : QString()));
+  if (!grids_[side]) {
+    plot->replot();
+    return;
+  }
+  const NiahGrid& g = *grids_[side];
+  const int nl = static_cast<int>(g.lengths.size()), nd = static_cast<int>(g.depths.size());
+  auto* map = new QCPColorMap(plot->xAxis, plot->yAxis);
+  map->data()->setSize(nd, nl);
+  map->data()->setRange(QCPRange(0, std::max(0, nd - 1)), QCPRange(0, std::max(0, nl - 1)));
+  for (int i = 0; i < nl; ++i)
+    for (int j = 0; j < nd; ++j) {
+      const double a = g.accuracy[static_cast<size_t>(i * nd + j)];
+      map->data()->setCell(j, i, a);
+      auto* label = new QCPItemText(plot);
+      label->position->setCoords(j, i);
+      label->setText(QString::number(a, 'f', 2));
+      label->setColor(a < 0.5 ? Qt::white : Qt::black);
+    }
+  QCPColorGradient grad;
+  grad.setColorStopAt(0.0, QColor(120, 20, 30));
+  grad.setColorStopAt(0.5, QColor(240, 190, 80));
+  grad.setColorStopAt(1.0, QColor(40, 140, 80));
+  map->setGradient(grad);
+  map->setDataRange(QCPRange(0, 1));
+  map->setInterpolate(false);
+  auto* scale = new QCPColorScale(plot);
+  plot->plotLayout()->addElement(0, 1, scale);
+  map->setColorScale(scale);
+  scale->axis()->setLabel(tr("exact match"));
+  QSharedPointer<QCPAxisTickerText> xt(new QCPAxisTickerText), yt(new QCPAxisTickerText);
+  for (int j = 0; j < nd; ++j) xt->addTick(j, QString::number(g.depths[static_cast<size_t>(j)], 'g', 3));
+  for (int i = 0; i < nl; ++i) yt->addTick(i, QString::number(g.lengths[static_cast<size_t>(i)]));
+  plot->xAxis->setTicker(xt);
+  plot->yAxis->setTicker(yt);
+  plot->xAxis->setLabel(tr("needle depth"));
+  plot->yAxis->setLabel(tr("context tokens"));
+  plot->xAxis->setRange(-0.5, nd - 0.5);
+  plot->yAxis->setRange(-0.5, nl - 0.5);
+  plot->replot();
+}
+
+}  // namespace hh::workbench

@@ -1,0 +1,164 @@
+// The Eval view on files `hydrahead eval` writes (and on the two-model layout of `hydrahead demo`),
+// and exporting plots (PNG, SVG, PDF) and tables (CSV).
+#include <QCoreApplication>
+#include <QFile>
+#include <QImage>
+#include <QProcess>
+#include <QSettings>
+#include <QStandardPaths>
+#include <QTableWidget>
+#include <QtTest>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <torch/torch.h>
+
+#include "core/io/h5.h"
+#include "eval_view.h"
+#include "export.h"
+#include "qcustomplot_include.h"
+
+namespace fs = std::filesystem;
+using namespace hh::workbench;
+
+namespace {
+
+fs::path scratchRoot() {
+  const char* tmp = std::getenv("HH_TEST_TMP");
+  fs::path root = (tmp && *tmp) ? fs::path(tmp) : fs::temp_directory_path();
+  return root / "gui_eval_export";
+}
+
+QString qpath(const fs::path& p) { return QString::fromStdString(p.string()); }
+QString env(const char* name) { return QString::fromLocal8Bit(std::getenv(name) ? std::getenv(name) : ""); }
+fs::path demoModel() { return fs::path(env("HH_SOURCE_DIR").toStdString()) / "datasets/models/hydrahead-demo"; }
+
+bool run(const QStringList& args) {
+  QProcess p;
+  p.setProcessChannelMode(QProcess::MergedChannels);
+  p.start(env("HH_BIN_DIR") + QStringLiteral("/hydrahead"), args);
+  if (!p.waitForFinished(300000)) return false;
+  if (p.exitCode() != 0) qWarning("%s", p.readAll().constData());
+  return p.exitStatus() == QProcess::NormalExit && p.exitCode() == 0;
+}
+
+QByteArray head(const fs::path& f, int n) {
+  QFile in(qpath(f));
+  return in.open(QIODevice::ReadOnly) ? in.read(n) : QByteArray();
+}
+
+}  // namespace
+
+class TestEvalAndExport : public QObject {
+  Q_OBJECT
+
+  fs::path niah_, ppl_;
+
+ private Q_SLOTS:
+  void initTestCase() {
+    QStandardPaths::setTestModeEnabled(true);
+    fs::remove_all(scratchRoot());
+    fs::create_directories(scratchRoot());
+    niah_ = scratchRoot() / "niah.h5";
+    ppl_ = scratchRoot() / "ppl.h5";
+    QVERIFY(run({"eval", "--model", qpath(demoModel()), "--task", "niah-grid", "--lengths", "512,1024", "--depths",
+                 "0,0.5,1", "--n", "2", "--out", qpath(niah_)}));
+    std::ofstream(scratchRoot() / "text.jsonl") << R"({"text": "The water comes in and goes out twice a day, more or less."})" << "\n";
+    QVERIFY(run({"eval", "--model", qpath(demoModel()), "--task", "ppl", "--data", qpath(scratchRoot() / "text.jsonl"),
+                 "--seq", "64", "--out", qpath(ppl_)}));
+  }
+
+  void showsTheGridsAndPerplexities() {
+    EvalView v;
+    QString error;
+    QVERIFY2(v.openFile(qpath(niah_), EvalView::Teacher, &error), qPrintable(error));
+    const auto f = hh::io::H5File::open_read(niah_);
+    const at::Tensor acc = f.read("/niah/accuracy").to(at::kDouble);
+    QVERIFY(v.grid(EvalView::Teacher).has_value());
+    const NiahGrid& g = *v.grid(EvalView::Teacher);
+    QCOMPARE(g.lengths, (std::vector<int64_t>{512, 1024}));
+    QCOMPARE(g.depths, (std::vector<double>{0, 0.5, 1}));
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 3; ++j) {
+        QCOMPARE(g.accuracy[static_cast<size_t>(i * 3 + j)], acc[i][j].item<double>());
+        auto* map = qobject_cast<QCPColorMap*>(v.plot(EvalView::Teacher)->plottable(0));
+        QVERIFY(map);
+        QCOMPARE(map->data()->cell(j, i), acc[i][j].item<double>());
+      }
+    QVERIFY(!v.perplexity(EvalView::Teacher).has_value());
+    QVERIFY(v.openFile(qpath(ppl_), EvalView::Teacher, &error));  // adds the perplexity, keeps the grid
+    QCOMPARE(*v.perplexity(EvalView::Teacher), hh::io::H5File::open_read(ppl_).read("/ppl/ppl").to(at::kDouble)[0].item<double>());
+    QVERIFY(v.grid(EvalView::Teacher).has_value());
+    QVERIFY(!v.grid(EvalView::Hybrid).has_value());
+
+    // The two-model layout of `hydrahead demo` fills both sides.
+    const fs::path both = scratchRoot() / "both.h5";
+    {
+      auto out = hh::io::H5File::create(both);
+      for (const char* who : {"teacher", "hybrid"}) {
+        const std::string g0 = std::string("/") + who;
+        out.create_group(g0);
+        out.create_group(g0 + "/niah");
+        out.create_group(g0 + "/ppl");
+        out.write(g0 + "/niah/accuracy", std::string(who) == "teacher" ? torch::ones({1, 2}, torch::kDouble)
+                                                                        : torch::tensor({{0.25, 0.75}}, torch::kDouble));
+        out.write(g0 + "/niah/lengths", torch::tensor({512}, torch::kLong));
+        out.write(g0 + "/niah/depths", torch::tensor({0.0, 1.0}, torch::kDouble));
+        out.write(g0 + "/ppl/ppl", torch::tensor({std::string(who) == "teacher" ? 3.0 : 4.5}, torch::kDouble));
+      }
+      out.commit();
+    }
+    EvalView v2;
+    QVERIFY2(v2.openFile(qpath(both), EvalView::Teacher, &error), qPrintable(error));
+    QCOMPARE(v2.grid(EvalView::Hybrid)->accuracy, (std::vector<double>{0.25, 0.75}));
+    QCOMPARE(v2.grid(EvalView::Teacher)->mean(), 1.0);
+    QCOMPARE(*v2.perplexity(EvalView::Hybrid), 4.5);
+    QVERIFY(v2.summaryText().contains(QStringLiteral("hybrid: NIAH 0.500, perplexity 4.50")));
+
+    // Not an eval file: refused by name, nothing changes.
+    const fs::path other = scratchRoot() / "other.h5";
+    {
+      auto out = hh::io::H5File::create(other);
+      out.write("/x", torch::zeros({1}));
+      out.commit();
+    }
+    QVERIFY(!v2.openFile(qpath(other), EvalView::Hybrid, &error));
+    QVERIFY2(error.contains(QStringLiteral("other.h5")), qPrintable(error));
+    QCOMPARE(*v2.perplexity(EvalView::Hybrid), 4.5);
+  }
+
+  void exportsPlotsAndTables() {
+    EvalView v;
+    v.resize(900, 500);
+    v.show();
+    QString error;
+    QVERIFY(v.openFile(qpath(niah_), EvalView::Teacher, &error));
+    QCustomPlot* plot = v.plot(EvalView::Teacher);
+    QVERIFY(exportPlot(plot, qpath(scratchRoot() / "grid.png"), &error));
+    QVERIFY(!QImage(qpath(scratchRoot() / "grid.png")).isNull());
+    QVERIFY(exportPlot(plot, qpath(scratchRoot() / "grid.svg"), &error));
+    QVERIFY(head(scratchRoot() / "grid.svg", 400).contains("<svg"));
+    QVERIFY(exportPlot(plot, qpath(scratchRoot() / "grid.pdf"), &error));
+    QVERIFY(head(scratchRoot() / "grid.pdf", 5).startsWith("%PDF"));
+    QVERIFY(!exportPlot(plot, qpath(scratchRoot() / "grid.bmp"), &error));
+    QVERIFY(error.contains(QStringLiteral(".png, .svg or .pdf")));
+    QVERIFY(!exportPlot(plot, QStringLiteral("/nonexistent-dir/grid.png"), &error));
+    QVERIFY(!fs::exists(scratchRoot() / "grid.png.tmp-export.png"));
+
+    QTableWidget t(2, 2);
+    t.setHorizontalHeaderLabels({QStringLiteral("name"), QStringLiteral("value")});
+    t.setItem(0, 0, new QTableWidgetItem(QStringLiteral("plain")));
+    t.setItem(0, 1, new QTableWidgetItem(QStringLiteral("1.5")));
+    t.setItem(1, 0, new QTableWidgetItem(QStringLiteral("a, \"quoted\" one")));
+    const fs::path csv = scratchRoot() / "t.csv";
+    QVERIFY(exportTableCsv(&t, qpath(csv), &error));
+    QFile in(qpath(csv));
+    QVERIFY(in.open(QIODevice::ReadOnly));
+    QCOMPARE(QString::fromUtf8(in.readAll()),
+             QStringLiteral("name,value\nplain,1.5\n\"a, \"\"quoted\"\" one\",\n"));
+  }
+};
+
+QTEST_MAIN(TestEvalAndExport)
+#include "test_eval_and_export.moc"
