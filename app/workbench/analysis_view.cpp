@@ -26,6 +26,7 @@
 #include "core/model/tokenizer.h"
 #include "core/util/error.h"
 #include "hydrahead/version.h"
+#include "settings.h"
 
 namespace hh::workbench {
 
@@ -124,6 +125,15 @@ AnalysisView::AnalysisView(QWidget* parent) : QWidget(parent), cancel_(std::make
     if (!generateCalibration(QFileInfo(output()).absolutePath(), 8, 512, &error)) appendLog(error);
   });
   connect(&watcher_, &QFutureWatcher<QString>::finished, this, &AnalysisView::onFinished);
+
+  // The last choices come back, and every change is remembered.
+  setMethods(options::kAnalysisMethods.get());
+  if (device_->findText(options::kAnalysisDevice.get()) >= 0) device_->setCurrentText(options::kAnalysisDevice.get());
+  dtype_->setCurrentText(options::kAnalysisDtype.get());
+  for (QCheckBox* box : method_boxes_)
+    connect(box, &QCheckBox::toggled, this, [this] { options::kAnalysisMethods.set(methods()); });
+  connect(device_, &QComboBox::currentTextChanged, this, [](const QString& d) { options::kAnalysisDevice.set(d); });
+  connect(dtype_, &QComboBox::currentTextChanged, this, [](const QString& d) { options::kAnalysisDtype.set(d); });
 }
 
 AnalysisView::~AnalysisView() {

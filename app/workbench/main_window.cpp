@@ -18,13 +18,18 @@
 #include <QMessageBox>
 #include <QMimeData>
 #include <QStackedWidget>
+#include <QDockWidget>
+#include <QPlainTextEdit>
+#include <QPointer>
 #include <QStatusBar>
+#include <QTime>
 #include <set>
 #include <QUndoStack>
 #include <exception>
 #include <torch/version.h>
 
 #include "core/util/error.h"
+#include "core/util/log.h"
 #include "core/select/manifest.h"
 #include "head_selection.h"
 #include "heads_view.h"
@@ -86,6 +91,7 @@ QString checkpointFolderFromDrop(const QList<QUrl>& urls) {
 MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   setAcceptDrops(true);
   createPages();
+  createLogPanel();
   createMenus();
 
   model_status_ = new QLabel(tr("No model open"), this);
@@ -196,6 +202,12 @@ void MainWindow::createMenus() {
   edit->addAction(undo);
   edit->addAction(redo);
 
+  QMenu* view = menuBar()->addMenu(tr("&View"));
+  QAction* showLog = log_dock_->toggleViewAction();
+  showLog->setText(tr("&Log"));
+  showLog->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_L));
+  view->addAction(showLog);
+
   QMenu* help = menuBar()->addMenu(tr("&Help"));
   QAction* about = help->addAction(tr("&About HydraHead Workbench"), this, &MainWindow::showAbout);
   about->setMenuRole(QAction::AboutRole);
@@ -251,10 +263,13 @@ bool MainWindow::openCheckpoint(const QString& dir) {
 
 void MainWindow::reportError(const QString& dir, const QString& message) {
   statusBar()->showMessage(tr("Could not open %1").arg(dir), kErrorStatusTimeoutMs);
+  log::error(message.toStdString());
   Q_EMIT loadFailed(message);
   if (!interactive_) return;
-  QMessageBox box(QMessageBox::Critical, tr("Could not open checkpoint"),
-                  tr("Could not open the checkpoint \u201c%1\u201d.").arg(displayName(dir)),
+  const bool checkpoint = QFileInfo(dir).isDir();
+  QMessageBox box(QMessageBox::Critical, checkpoint ? tr("Could not open checkpoint") : tr("Could not open file"),
+                  checkpoint ? tr("Could not open the checkpoint \u201c%1\u201d.").arg(displayName(dir))
+                             : tr("Could not use \u201c%1\u201d.").arg(displayName(dir)),
                   QMessageBox::Ok, this);
   QString details = message;
   if (model_) details += tr("\n\n%1 stays open.").arg(QString::fromStdString(model_->name));
@@ -364,9 +379,11 @@ void MainWindow::importManifestDialog() {
 }
 
 void MainWindow::openAnalysisDialog() {
-  const QString file = QFileDialog::getOpenFileName(this, tr("Open Analysis"), options::kLastOpenFolder.get(),
+  const QString file = QFileDialog::getOpenFileName(this, tr("Open Analysis"), options::kLastAnalysisFolder.get(),
                                                     tr("Analysis files (*.h5);;All files (*)"));
-  if (!file.isEmpty()) openAnalysis(file);
+  if (file.isEmpty()) return;
+  options::kLastAnalysisFolder.set(QFileInfo(file).absolutePath());
+  openAnalysis(file);
 }
 
 void MainWindow::openCheckpointDialog() {
@@ -442,6 +459,32 @@ void MainWindow::dropEvent(QDropEvent* event) {
   // box does not run inside the drag-and-drop event loop).
   QMetaObject::invokeMethod(this, [this, dir] { openCheckpoint(dir); }, Qt::QueuedConnection);
 }
+
+void MainWindow::createLogPanel() {
+  log_panel_ = new QPlainTextEdit(this);
+  log_panel_->setObjectName(QStringLiteral("logPanel"));
+  log_panel_->setReadOnly(true);
+  log_panel_->setMaximumBlockCount(2000);
+  log_dock_ = new QDockWidget(tr("Log"), this);
+  log_dock_->setObjectName(QStringLiteral("logDock"));
+  log_dock_->setWidget(log_panel_);
+  addDockWidget(Qt::BottomDockWidgetArea, log_dock_);
+  log_dock_->hide();
+  // The core's log lines, from any thread, arrive here through the event loop.
+  QPointer<QPlainTextEdit> panel(log_panel_);
+  log::set_sink([panel](log::Level level, const std::string& message) {
+    static const char* const names[] = {"debug", "info", "warning", "error"};
+    const QString line = QStringLiteral("%1  %2: %3")
+                             .arg(QTime::currentTime().toString(QStringLiteral("HH:mm:ss")),
+                                  QLatin1String(names[static_cast<int>(level)]), QString::fromStdString(message));
+    QMetaObject::invokeMethod(
+        qApp, [panel, line] { if (panel) panel->appendPlainText(line); }, Qt::QueuedConnection);
+  });
+}
+
+QString MainWindow::logText() const { return log_panel_->toPlainText(); }
+
+MainWindow::~MainWindow() { log::set_sink({}); }
 
 void MainWindow::closeEvent(QCloseEvent* event) {
   options::kWindowGeometry.set(saveGeometry());

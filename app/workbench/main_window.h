@@ -10,7 +10,9 @@
 
 #include "model_summary.h"
 
+class QDockWidget;
 class QLabel;
+class QPlainTextEdit;
 class QListWidget;
 class QMenu;
 class QStackedWidget;
@@ -36,6 +38,9 @@ class MainWindow : public QMainWindow {
   enum class Page { Model, Calibration, Analysis, Heads, Layers, Runs, Eval };
 
   explicit MainWindow(QWidget* parent = nullptr);
+  ~MainWindow() override;
+  // What the log panel (View > Log) shows: the core's log lines and the errors reported here.
+  QString logText() const;
 
   bool isInteractive() const { return interactive_; }
   void setInteractive(bool on) { interactive_ = on; }
@@ -94,6 +99,7 @@ class MainWindow : public QMainWindow {
  private:
   void createMenus();
   void createPages();
+  void createLogPanel();
   void reportError(const QString& dir, const QString& message);
   void rememberRecent(const QString& dir);
 
@@ -111,6 +117,8 @@ class MainWindow : public QMainWindow {
   EvalView* eval_view_ = nullptr;
   QMenu* recent_menu_ = nullptr;
   QLabel* model_status_ = nullptr;
+  QPlainTextEdit* log_panel_ = nullptr;
+  QDockWidget* log_dock_ = nullptr;
 };
 
 // The checkpoint folder named by a drop, or an empty string: a dropped folder, or the folder of a

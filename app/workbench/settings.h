@@ -24,6 +24,11 @@ inline const Option<QStringList> kRecentCheckpoints{"files/recentCheckpoints", {
 inline const Option<QString> kLastOpenFolder{"files/lastOpenFolder", {}};  // where the folder dialog starts
 inline const Option<QByteArray> kWindowGeometry{"window/geometry", {}};
 inline const Option<QByteArray> kWindowState{"window/state", {}};
+inline const Option<QStringList> kAnalysisMethods{"analysis/methods",
+                                                  {"activation", "path", "attribution", "retrieval", "similarity"}};
+inline const Option<QString> kAnalysisDevice{"analysis/device", "cpu"};
+inline const Option<QString> kAnalysisDtype{"analysis/dtype", "f32"};
+inline const Option<QString> kLastAnalysisFolder{"files/lastAnalysisFolder", {}};
 }  // namespace options
 
 }  // namespace hh::workbench

@@ -12,7 +12,14 @@ namespace hh::log {
 namespace {
 std::atomic<Level> g_level{Level::Info};
 std::mutex g_mutex;
+Sink g_sink;  // guarded by g_mutex
 }  // namespace
+
+Sink set_sink(Sink sink) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::swap(g_sink, sink);
+  return sink;
+}
 
 void set_level(Level level) { g_level.store(level); }
 Level level() { return g_level.load(); }
@@ -35,6 +42,7 @@ void write(Level level, const std::string& message) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (colour) std::fprintf(stderr, "%s%s\033[0m: %s\n", colours[i], names[i], message.c_str());
   else std::fprintf(stderr, "%s: %s\n", names[i], message.c_str());
+  if (g_sink) g_sink(level, message);
 }
 
 }  // namespace hh::log

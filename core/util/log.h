@@ -1,6 +1,7 @@
 #pragma once
 // Minimal levelled logging to stderr, shared by the core and the front ends.
 // (spdlog is not used: its fmt dependency clashes with the fmt headers LibTorch 2.x ships.)
+#include <functional>
 #include <string>
 
 namespace hh::log {
@@ -13,6 +14,11 @@ Level level();
 Level parse_level(const std::string& name);
 // One line "level: message" on stderr, whole lines even when several threads log.
 void write(Level level, const std::string& message);
+
+// Also hands every line that passes the level to `sink` (from any thread; empty: none), e.g. a
+// front end's log panel. Returns the previous sink.
+using Sink = std::function<void(Level level, const std::string& message)>;
+Sink set_sink(Sink sink);
 
 inline void debug(const std::string& m) { write(Level::Debug, m); }
 inline void info(const std::string& m) { write(Level::Info, m); }

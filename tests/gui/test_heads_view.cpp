@@ -365,6 +365,7 @@ class TestHeadsView : public QObject {
     QVERIFY2(failed.first().first().toString().contains(QStringLiteral("not-an-analysis.h5")),
              qPrintable(failed.first().first().toString()));
     QCOMPARE(w->headsView()->analysisPath(), qpath(fs::absolute(analysis_)));  // the previous file stays
+    QTRY_VERIFY(w->logText().contains(QStringLiteral("not-an-analysis.h5")));  // and the log panel has it
   }
 
   void screenshotRendersTheWindow() {
