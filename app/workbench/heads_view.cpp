@@ -9,6 +9,7 @@
 #include <QHeaderView>
 #include <QLabel>
 #include <QMouseEvent>
+#include <QSpinBox>
 #include <QSplitter>
 #include <QTableWidget>
 #include <QToolTip>
@@ -18,7 +19,10 @@
 #include <limits>
 #include "qcustomplot_include.h"
 
+#include "core/interp/calibration.h"
 #include "core/interp/patching.h"
+#include "core/model/tokenizer.h"
+#include "core/model/transformer.h"
 #include "core/io/h5.h"
 #include "core/select/selection.h"
 #include "export.h"
@@ -127,6 +131,28 @@ HeadsView::HeadsView(HeadSelection* selection, QWidget* parent) : QWidget(parent
   side_layout->addWidget(detail_table_, 1);
   side_layout->addWidget(new QLabel(tr("Per example:"), side));
   side_layout->addWidget(example_table_, 1);
+  example_spin_ = new QSpinBox(side);
+  example_spin_->setRange(0, 0);
+  example_spin_->setToolTip(tr("Calibration example whose attention is shown"));
+  auto* attn_row = new QHBoxLayout;
+  attn_row->addWidget(new QLabel(tr("Attention on example"), side));
+  attn_row->addWidget(example_spin_);
+  attn_row->addStretch(1);
+  side_layout->addLayout(attn_row);
+  attn_plot_ = new QCustomPlot(side);
+  attn_plot_->setObjectName(QStringLiteral("headAttention"));
+  attn_plot_->setMinimumHeight(140);
+  attn_plot_->yAxis->setLabel(tr("answer row"));
+  attn_plot_->yAxis->setRangeReversed(true);
+  addExportMenu(attn_plot_);
+  attn_label_ = new QLabel(side);
+  attn_label_->setWordWrap(true);
+  side_layout->addWidget(attn_plot_, 1);
+  side_layout->addWidget(attn_label_);
+  connect(example_spin_, qOverload<int>(&QSpinBox::valueChanged), this, [this](int i) {
+    QString error;
+    if (detail_.first >= 0 && !showAttention(i, &error)) attn_label_->setText(error);
+  });
 
   auto* split = new QSplitter(this);
   split->addWidget(plot_);
@@ -187,6 +213,24 @@ bool HeadsView::openAnalysis(const QString& path, QString* error) {
   panel_->setSignals(nullptr);  // before the old signals go
   signals_ = std::move(loaded);
   path_ = QFileInfo(path).absoluteFilePath();
+  model_.reset();
+  tok_.reset();
+  calib_.clear();
+  attn_rows_.clear();
+  attn_shape_ = {0, 0};
+  try {
+    const io::H5File f = io::H5File::open_read(p);
+    model_path_ = f.has_attr("/", "model_path") ? QString::fromStdString(f.attr_string("/", "model_path")) : QString();
+    calib_path_ = f.has_attr("/", "calib_path") ? QString::fromStdString(f.attr_string("/", "calib_path")) : QString();
+  } catch (const std::exception&) {
+    model_path_.clear();
+    calib_path_.clear();
+  }
+  {
+    const QSignalBlocker block(example_spin_);
+    example_spin_->setRange(0, std::max(0, static_cast<int>(per_example_.size()) - 1));
+    example_spin_->setValue(0);
+  }
   layers_ = layers;
   heads_ = heads;
   group_ = std::max(1, group);
@@ -351,6 +395,10 @@ void HeadsView::showDetail(int layer, int head) {
     detail_table_->setItem(i, 1, new QTableWidgetItem(formatValue(valueIn(m, layer, head))));
     detail_table_->setItem(i, 2, new QTableWidgetItem(r > 0 ? QString::number(r) : tr("-")));
   }
+  {
+    QString error;
+    if (!showAttention(example_spin_->value(), &error)) attn_label_->setText(error);
+  }
   example_table_->setRowCount(static_cast<int>(per_example_.size()));
   for (size_t i = 0; i < per_example_.size(); ++i) {
     const QString task = i < static_cast<size_t>(example_tasks_.size()) ? example_tasks_[static_cast<int>(i)] : QString();
@@ -360,9 +408,72 @@ void HeadsView::showDetail(int layer, int head) {
   }
 }
 
-bool HeadsView::exportPlot(const QString& file) {
-  if (file.endsWith(QLatin1String(".pdf"), Qt::CaseInsensitive)) return plot_->savePdf(file);
-  return plot_->savePng(file, 0, 0, 2.0);
+QString HeadsView::attentionText() const { return attn_label_->text(); }
+
+bool HeadsView::showAttention(int index, QString* error) {
+  auto fail = [error](const QString& why) {
+    if (error) *error = why;
+    return false;
+  };
+  if (detail_.first < 0) return fail(tr("click a head first"));
+  if (model_path_.isEmpty() || calib_path_.isEmpty())
+    return fail(tr("%1 does not name its model and calibration set").arg(path_));
+  try {
+    if (!model_) {
+      const std::filesystem::path dir(QFile::encodeName(model_path_).toStdString());
+      model_ = std::make_unique<model::Transformer>(model::Transformer::load(dir, "cpu", "f32"));
+      if (std::filesystem::exists(dir / "tokenizer.json"))
+        tok_ = std::make_unique<model::Tokenizer>(model::Tokenizer::load(dir / "tokenizer.json"));
+      calib_ = interp::read_calibration(std::filesystem::path(QFile::encodeName(calib_path_).toStdString()), tok_.get(),
+                                        model_->config().vocab_size);
+    }
+    if (index < 0 || index >= static_cast<int>(calib_.size()))
+      return fail(tr("example %1 is not in the calibration set (%2 examples)").arg(index).arg(calib_.size()));
+    const auto& raw = calib_[static_cast<size_t>(index)];
+    const interp::PreparedExample ex =
+        interp::prepare_example(raw, *model_, interp::Metric::LogProb, "example " + std::to_string(index));
+    const at::Tensor rows = interp::answer_attention(*model_, ex, detail_.first, detail_.second).contiguous();
+    const int A = static_cast<int>(rows.size(0)), T = static_cast<int>(rows.size(1));
+    attn_rows_.assign(rows.data_ptr<double>(), rows.data_ptr<double>() + rows.numel());
+    attn_shape_ = {A, T};
+
+    attn_plot_->clearPlottables();
+    if (attn_plot_->plotLayout()->elementCount() > 1) attn_plot_->plotLayout()->removeAt(1);
+    auto* map = new QCPColorMap(attn_plot_->xAxis, attn_plot_->yAxis);
+    map->data()->setSize(T, A);
+    map->data()->setRange(QCPRange(0, T - 1), QCPRange(0, std::max(0, A - 1)));
+    for (int i = 0; i < A; ++i)
+      for (int t = 0; t < T; ++t) map->data()->setCell(t, i, attn_rows_[static_cast<size_t>(i * T + t)]);
+    map->setGradient(QCPColorGradient::gpThermal);
+    map->setDataRange(QCPRange(0, 1));
+    map->setInterpolate(false);
+    // Label the most attended tokens (over all rows) with their text.
+    const at::Tensor peak = rows.amax(0);
+    const at::Tensor top = std::get<1>(peak.topk(std::min<int64_t>(6, T)));
+    QSharedPointer<QCPAxisTickerText> ticker(new QCPAxisTickerText);
+    QStringList notes;
+    for (int64_t k = 0; k < top.numel(); ++k) {
+      const int64_t pos = top[k].item<int64_t>();
+      const QString text = tok_ ? QString::fromStdString(tok_->decode({ex.clean[0][pos].item<int64_t>()})).trimmed()
+                                : QString::number(ex.clean[0][pos].item<int64_t>());
+      ticker->addTick(static_cast<double>(pos), text);
+      notes << QStringLiteral("%1 \u201c%2\u201d %3").arg(pos).arg(text).arg(peak[pos].item<double>(), 0, 'f', 2);
+    }
+    attn_plot_->xAxis->setTicker(ticker);
+    attn_plot_->xAxis->setTickLabelRotation(60);
+    attn_plot_->xAxis->setRange(-0.5, T - 0.5);
+    attn_plot_->yAxis->setRange(-0.5, A - 0.5);
+    attn_plot_->replot();
+    attn_label_->setText(tr("Head %1:%2 on example %3 (%4 tokens): most attended %5")
+                             .arg(detail_.first)
+                             .arg(detail_.second)
+                             .arg(index)
+                             .arg(T)
+                             .arg(notes.join(QStringLiteral(", "))));
+  } catch (const std::exception& e) {
+    return fail(QString::fromStdString(e.what()));
+  }
+  return true;
 }
 
 }  // namespace hh::workbench

@@ -21,8 +21,17 @@ class QLabel;
 class QMouseEvent;
 class QTableWidget;
 
+class QSpinBox;
+
 namespace hh::select {
 struct Signals;
+}
+namespace hh::interp {
+struct CalibExample;
+}
+namespace hh::model {
+class Tokenizer;
+class Transformer;
 }
 
 namespace hh::workbench {
@@ -68,8 +77,15 @@ class HeadsView : public QWidget {
   SelectionPanel* selectionPanel() const { return panel_; }
   const select::Signals* analysisSignals() const { return signals_.get(); }
 
-  // Writes the plot as PNG (or PDF, by the suffix); false when the file cannot be written.
-  bool exportPlot(const QString& file);
+  // The clicked head's attention on calibration example `index` (of the file's calibration set, run
+  // through the file's model): rows = the positions that predict answer tokens, columns = tokens.
+  // Loads the model and the set on first use; false with *error when they cannot be read.
+  bool showAttention(int index, QString* error);
+  // The rows last shown, [A x T] row-major, and their shape.
+  const std::vector<double>& attentionRows() const { return attn_rows_; }
+  std::pair<int, int> attentionShape() const { return attn_shape_; }
+  QCustomPlot* attentionPlot() const { return attn_plot_; }
+  QString attentionText() const;
 
  Q_SIGNALS:
   void headClicked(int layer, int head);
@@ -106,6 +122,15 @@ class HeadsView : public QWidget {
   QTableWidget* detail_table_;
   QTableWidget* example_table_;
   SelectionPanel* panel_;
+  QSpinBox* example_spin_;
+  QCustomPlot* attn_plot_;
+  QLabel* attn_label_;
+  QString model_path_, calib_path_;  // from the analysis file's attributes
+  std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<model::Tokenizer> tok_;
+  std::vector<interp::CalibExample> calib_;
+  std::vector<double> attn_rows_;
+  std::pair<int, int> attn_shape_{0, 0};
 };
 
 }  // namespace hh::workbench

@@ -742,4 +742,21 @@ at::Tensor retrieval_score(const Transformer& model, const CalibExample& raw, co
   return score;
 }
 
+at::Tensor answer_attention(const Transformer& model, const PreparedExample& ex, int64_t layer, int64_t head) {
+  const auto& cfg = model.config();
+  if (layer < 0 || layer >= cfg.num_hidden_layers || head < 0 || head >= cfg.num_attention_heads)
+    throw Error("head " + std::to_string(layer) + ":" + std::to_string(head) + " is outside the model's " +
+                std::to_string(cfg.num_hidden_layers) + " layers x " + std::to_string(cfg.num_attention_heads) + " heads");
+  at::NoGradGuard no_grad;
+  at::Tensor rows;
+  Hooks hooks;
+  hooks.add(hook_name(layer, HookKind::Pattern), [&rows, head](at::Tensor& p) { rows = p[0][head].to(at::kDouble).cpu(); });
+  model::ForwardOptions f;
+  f.hooks = &hooks;
+  f.pattern_rows = ex.answer_pos;
+  f.stop_layer = layer + 1;  // nothing after the layer is needed
+  model.forward(ex.clean, f);
+  return rows;
+}
+
 }  // namespace hh::interp

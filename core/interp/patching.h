@@ -122,6 +122,9 @@ at::Tensor attribution(const model::Transformer& model, const PreparedExample& e
 // spans come from meta.needles[*].span of the asked needles, else meta.needle. Returns [L, Hq]
 // float64 hits / answer length, or an undefined tensor when the example has no needle span.
 at::Tensor retrieval_score(const model::Transformer& model, const CalibExample& raw, const PreparedExample& ex);
+// Head (layer, head)'s attention from each answer-predicting position of the clean run (prompt ++
+// answer[:-1]) over its T tokens: [A, T] float64, each row a softmax row (zero after its query).
+at::Tensor answer_attention(const model::Transformer& model, const PreparedExample& ex, int64_t layer, int64_t head);
 // The needle spans ([begin, end) token positions) retrieval_score uses; empty when none.
 std::vector<std::pair<int64_t, int64_t>> needle_spans(const CalibExample& raw);
 

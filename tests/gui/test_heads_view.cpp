@@ -24,7 +24,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/interp/similarity.h"
+#include "core/interp/calibration.h"
+#include "core/interp/patching.h"
 #include "core/io/h5.h"
+#include "core/model/tokenizer.h"
 #include "core/select/manifest.h"
 #include "core/select/selection.h"
 #include "head_selection.h"
@@ -184,6 +187,42 @@ class TestHeadsView : public QObject {
     const int before = changed.count();
     QTest::mouseClick(v->plot(), Qt::LeftButton, {}, QPoint(2, 2));
     QCOMPARE(changed.count(), before);
+  }
+
+  void detailShowsTheHeadsAttentionOnAnExample() {
+    auto w = newWindow();
+    QVERIFY(w->openAnalysis(qpath(analysis_)));
+    HeadsView* v = w->headsView();
+    v->plot()->replot();
+    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(3, 4));  // a retrieval head
+    QString error;
+    QVERIFY2(v->showAttention(1, &error), qPrintable(error));
+    const auto [A, T] = v->attentionShape();
+    // Example 1 of the calibration set, as the core reads it: the needle holds what the head reads.
+    const auto tok = hh::model::Tokenizer::load(demoModel() / "tokenizer.json");
+    const auto examples = hh::interp::read_calibration(scratchRoot() / "calib.jsonl", &tok, tok.vocab_size());
+    const auto& ex = examples[1];
+    QCOMPARE(A, static_cast<int>(ex.answer_ids.size()));
+    QCOMPARE(T, static_cast<int>(ex.clean_ids.size() + ex.answer_ids.size() - 1));
+    const auto spans = hh::interp::needle_spans(ex);
+    QVERIFY(!spans.empty());
+    const auto& rows = v->attentionRows();
+    for (int i = 0; i < A; ++i) {
+      double sum = 0;
+      int best = 0;
+      for (int t = 0; t < T; ++t) {
+        const double x = rows[static_cast<size_t>(i * T + t)];
+        sum += x;
+        if (x > rows[static_cast<size_t>(i * T + best)]) best = t;
+      }
+      QVERIFY(std::abs(sum - 1.0) < 1e-6);
+      bool inside = false;
+      for (const auto& [b, e] : spans) inside = inside || (best >= b && best < e);
+      QVERIFY2(inside, qPrintable(QStringLiteral("row %1 peaks at %2").arg(i).arg(best)));
+    }
+    QVERIFY(v->attentionText().contains(QStringLiteral("Head 3:4 on example 1")));
+    QVERIFY(!v->showAttention(99, &error));
+    QVERIFY(error.contains(QStringLiteral("not in the calibration set")));
   }
 
   void ratioDragIsOneStepAndStrategiesFollowTheCore() {

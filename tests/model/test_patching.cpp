@@ -453,6 +453,31 @@ TEST(Retrieval, MatchesArgmaxOfFullAttentionPatterns) {
     }
 }
 
+TEST(Retrieval, AnswerAttentionIsTheHeadsFullPatternAtTheAnswerRows) {
+  const Transformer model = tiny_model(53);
+  CalibExample raw = make_example(20, 9, 3, 78);
+  const PreparedExample ex = hh::interp::prepare_example(raw, model, Metric::LogProb, "rows");
+  std::map<std::string, at::Tensor> pat;
+  hh::model::Hooks hooks;
+  for (int64_t l = 0; l < 3; ++l) hooks.cache(hook_name(l, HookKind::Pattern), &pat);
+  hh::model::ForwardOptions f;
+  f.hooks = &hooks;  // every row, every layer
+  model.forward(ex.clean, f);
+  for (int64_t l = 0; l < 3; ++l)
+    for (int64_t h = 0; h < 4; ++h) {
+      const at::Tensor rows = hh::interp::answer_attention(model, ex, l, h);
+      ASSERT_EQ(rows.sizes(), (at::IntArrayRef{3, ex.T}));
+      const at::Tensor want = pat.at(hook_name(l, HookKind::Pattern))[0][h].index_select(0, ex.answer_pos).to(at::kDouble);
+      EXPECT_TRUE(at::allclose(rows, want, 1e-6, 1e-7)) << l << ":" << h;
+      EXPECT_TRUE(at::allclose(rows.sum(1), at::ones({3}, at::kDouble), 1e-6));
+      for (int64_t i = 0; i < 3; ++i) {  // causal: nothing after the query position
+        const int64_t q = ex.answer_pos[i].item<int64_t>();
+        if (q + 1 < ex.T) EXPECT_EQ(rows[i].narrow(0, q + 1, ex.T - q - 1).abs().max().item<double>(), 0.0);
+      }
+    }
+  EXPECT_MENTIONS(hh::test::error_of([&] { hh::interp::answer_attention(model, ex, 3, 0); }), "outside the model");
+}
+
 // ---- layer similarity ----------------------------------------------------------------------------
 
 // Linear CKA straight from its definition: HSIC with explicit centring matrices.
