@@ -13,6 +13,7 @@
 
 #include <torch/torch.h>
 
+#include "gui/gui_support.h"
 #include "analysis_view.h"
 #include "core/io/h5.h"
 #include "heads_view.h"
@@ -23,15 +24,13 @@ using namespace hh::workbench;
 
 namespace {
 
-fs::path scratchRoot() {
-  const char* tmp = std::getenv("HH_TEST_TMP");
-  fs::path root = (tmp && *tmp) ? fs::path(tmp) : fs::temp_directory_path();
-  return root / "gui_analysis_view";
-}
+using hh::test::gui::demo_model;
+using hh::test::gui::env;
+using hh::test::gui::qpath;
 
-QString qpath(const fs::path& p) { return QString::fromStdString(p.string()); }
-QString env(const char* name) { return QString::fromLocal8Bit(std::getenv(name) ? std::getenv(name) : ""); }
-fs::path demoModel() { return fs::path(env("HH_SOURCE_DIR").toStdString()) / "datasets/models/hydrahead-demo"; }
+fs::path scratchRoot() { return hh::test::gui::scratch("gui_analysis_view"); }
+fs::path demoModel() { return demo_model(); }
+
 
 }  // namespace
 
@@ -40,11 +39,7 @@ class TestAnalysisView : public QObject {
 
  private Q_SLOTS:
   void initTestCase() {
-    QStandardPaths::setTestModeEnabled(true);
-    fs::remove_all(scratchRoot());
-    fs::create_directories(scratchRoot());
-    QSettings::setDefaultFormat(QSettings::IniFormat);
-    QSettings::setPath(QSettings::IniFormat, QSettings::UserScope, qpath(scratchRoot() / "settings"));
+    hh::test::gui::fresh_scratch("gui_analysis_view");
     qputenv("HH_DEMO_MODEL", QByteArray::fromStdString(demoModel().string()));
   }
 

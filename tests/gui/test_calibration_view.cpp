@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "gui/gui_support.h"
 #include "analysis_view.h"
 #include "calibration_view.h"
 #include "core/interp/calibration.h"
@@ -25,17 +26,13 @@ using namespace hh::workbench;
 
 namespace {
 
-fs::path scratchRoot() {
-  const char* tmp = std::getenv("HH_TEST_TMP");
-  fs::path root = (tmp && *tmp) ? fs::path(tmp) : fs::temp_directory_path();
-  return root / "gui_calibration_view";
-}
+using hh::test::gui::demo_model;
+using hh::test::gui::env;
+using hh::test::gui::qpath;
 
-QString qpath(const fs::path& p) { return QString::fromStdString(p.string()); }
-fs::path demoModel() {
-  const char* src = std::getenv("HH_SOURCE_DIR");
-  return fs::path(src ? src : ".") / "datasets/models/hydrahead-demo";
-}
+fs::path scratchRoot() { return hh::test::gui::scratch("gui_calibration_view"); }
+fs::path demoModel() { return demo_model(); }
+
 
 }  // namespace
 
@@ -44,11 +41,7 @@ class TestCalibrationView : public QObject {
 
  private Q_SLOTS:
   void initTestCase() {
-    QStandardPaths::setTestModeEnabled(true);
-    fs::remove_all(scratchRoot());
-    fs::create_directories(scratchRoot());
-    QSettings::setDefaultFormat(QSettings::IniFormat);
-    QSettings::setPath(QSettings::IniFormat, QSettings::UserScope, qpath(scratchRoot() / "settings"));
+    hh::test::gui::fresh_scratch("gui_calibration_view");
   }
 
   void generatesFromTheFormAndShowsTheNeedle() {

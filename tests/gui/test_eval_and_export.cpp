@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "gui/gui_support.h"
 #include "core/io/h5.h"
 #include "eval_view.h"
 #include "export.h"
@@ -24,24 +25,15 @@ using namespace hh::workbench;
 
 namespace {
 
-fs::path scratchRoot() {
-  const char* tmp = std::getenv("HH_TEST_TMP");
-  fs::path root = (tmp && *tmp) ? fs::path(tmp) : fs::temp_directory_path();
-  return root / "gui_eval_export";
-}
+using hh::test::gui::demo_model;
+using hh::test::gui::env;
+using hh::test::gui::qpath;
 
-QString qpath(const fs::path& p) { return QString::fromStdString(p.string()); }
-QString env(const char* name) { return QString::fromLocal8Bit(std::getenv(name) ? std::getenv(name) : ""); }
-fs::path demoModel() { return fs::path(env("HH_SOURCE_DIR").toStdString()) / "datasets/models/hydrahead-demo"; }
+fs::path scratchRoot() { return hh::test::gui::scratch("gui_eval_export"); }
+fs::path demoModel() { return demo_model(); }
 
-bool run(const QStringList& args) {
-  QProcess p;
-  p.setProcessChannelMode(QProcess::MergedChannels);
-  p.start(env("HH_BIN_DIR") + QStringLiteral("/hydrahead"), args);
-  if (!p.waitForFinished(300000)) return false;
-  if (p.exitCode() != 0) qWarning("%s", p.readAll().constData());
-  return p.exitStatus() == QProcess::NormalExit && p.exitCode() == 0;
-}
+
+bool run(const QStringList& args) { return hh::test::gui::run_hydrahead(args); }
 
 QByteArray head(const fs::path& f, int n) {
   QFile in(qpath(f));
@@ -57,9 +49,7 @@ class TestEvalAndExport : public QObject {
 
  private Q_SLOTS:
   void initTestCase() {
-    QStandardPaths::setTestModeEnabled(true);
-    fs::remove_all(scratchRoot());
-    fs::create_directories(scratchRoot());
+    hh::test::gui::fresh_scratch("gui_eval_export");
     niah_ = scratchRoot() / "niah.h5";
     ppl_ = scratchRoot() / "ppl.h5";
     QVERIFY(run({"eval", "--model", qpath(demoModel()), "--task", "niah-grid", "--lengths", "512,1024", "--depths",

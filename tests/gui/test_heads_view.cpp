@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include "gui/gui_support.h"
 #include "qcustomplot_include.h"
 
 #include <torch/torch.h>
@@ -41,29 +42,16 @@ using namespace hh::workbench;
 
 namespace {
 
-fs::path scratchRoot() {
-  const char* tmp = std::getenv("HH_TEST_TMP");
-  fs::path root = (tmp && *tmp) ? fs::path(tmp) : fs::temp_directory_path();
-  return root / "gui_heads_view";
-}
+using hh::test::gui::demo_model;
+using hh::test::gui::env;
+using hh::test::gui::qpath;
 
-QString qpath(const fs::path& p) { return QString::fromStdString(p.string()); }
-QString env(const char* name) { return QString::fromLocal8Bit(std::getenv(name) ? std::getenv(name) : ""); }
-fs::path demoModel() { return fs::path(env("HH_SOURCE_DIR").toStdString()) / "datasets/models/hydrahead-demo"; }
+fs::path scratchRoot() { return hh::test::gui::scratch("gui_heads_view"); }
+fs::path demoModel() { return demo_model(); }
 
-// Runs a program to completion; fails the test with its output when it does not exit 0.
+
 bool run(const QString& program, const QStringList& args, QString* output = nullptr) {
-  QProcess p;
-  p.setProcessChannelMode(QProcess::MergedChannels);
-  p.start(program, args);
-  if (!p.waitForFinished(300000)) return false;
-  const QString out = QString::fromLocal8Bit(p.readAll());
-  if (output) *output = out;
-  if (p.exitStatus() != QProcess::NormalExit || p.exitCode() != 0) {
-    qWarning("%s failed:\n%s", qPrintable(program), qPrintable(out));
-    return false;
-  }
-  return true;
+  return hh::test::gui::run_program(program, args, output);
 }
 
 std::unique_ptr<MainWindow> newWindow() {
@@ -84,13 +72,7 @@ class TestHeadsView : public QObject {
 
  private Q_SLOTS:
   void initTestCase() {
-    QStandardPaths::setTestModeEnabled(true);
-    fs::remove_all(scratchRoot());
-    fs::create_directories(scratchRoot());
-    QSettings::setDefaultFormat(QSettings::IniFormat);
-    QSettings::setPath(QSettings::IniFormat, QSettings::UserScope, qpath(scratchRoot() / "settings"));
-    QCoreApplication::setOrganizationName(QStringLiteral("HydraHeadTest"));
-    QCoreApplication::setApplicationName(QStringLiteral("gui_test_heads_view"));
+    hh::test::gui::fresh_scratch("gui_heads_view");
     QVERIFY2(fs::exists(demoModel() / "config.json"), "the bundled demo model is missing");
     const QString hh = env("HH_BIN_DIR") + QStringLiteral("/hydrahead");
     const fs::path calib = scratchRoot() / "calib.jsonl";

@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "gui/gui_support.h"
 #include "core/jobs/job.h"
 #include "core/train/run_log.h"
 #include "job_dialog.h"
@@ -25,15 +26,13 @@ using namespace hh::workbench;
 
 namespace {
 
-fs::path scratchRoot() {
-  const char* tmp = std::getenv("HH_TEST_TMP");
-  fs::path root = (tmp && *tmp) ? fs::path(tmp) : fs::temp_directory_path();
-  return root / "gui_runs_view";
-}
+using hh::test::gui::demo_model;
+using hh::test::gui::env;
+using hh::test::gui::qpath;
 
-QString qpath(const fs::path& p) { return QString::fromStdString(p.string()); }
-QString env(const char* name) { return QString::fromLocal8Bit(std::getenv(name) ? std::getenv(name) : ""); }
-fs::path demoModel() { return fs::path(env("HH_SOURCE_DIR").toStdString()) / "datasets/models/hydrahead-demo"; }
+fs::path scratchRoot() { return hh::test::gui::scratch("gui_runs_view"); }
+fs::path demoModel() { return demo_model(); }
+
 QString hydrahead() { return env("HH_BIN_DIR") + QStringLiteral("/hydrahead"); }
 
 void setStages(JobDialog& d, const std::vector<std::array<const char*, 4>>& rows) {
@@ -65,11 +64,7 @@ class TestRunsView : public QObject {
 
  private Q_SLOTS:
   void initTestCase() {
-    QStandardPaths::setTestModeEnabled(true);
-    fs::remove_all(scratchRoot());
-    fs::create_directories(scratchRoot());
-    QSettings::setDefaultFormat(QSettings::IniFormat);
-    QSettings::setPath(QSettings::IniFormat, QSettings::UserScope, qpath(scratchRoot() / "settings"));
+    hh::test::gui::fresh_scratch("gui_runs_view");
     manifest_ = scratchRoot() / "manifest.json";
     QProcess p;
     p.setProcessChannelMode(QProcess::MergedChannels);
