@@ -117,6 +117,17 @@ DataMixture::Sample DataMixture::make_sample(int64_t index, int64_t seq_len) {
 
 std::vector<int64_t> DataMixture::sample(int64_t index, int64_t seq_len) { return make_sample(index, seq_len).ids; }
 
+void DataMixture::probe_tasks(int64_t seq_len) const {
+  for (std::size_t s = 0; s < sources_.size(); ++s) {
+    if (streams_[s]) continue;
+    try {
+      (void)task_sample(s, 0, seq_len);
+    } catch (const std::exception& e) {
+      throw Error("training data: " + sources_[s].describe() + ": " + e.what());
+    }
+  }
+}
+
 at::Tensor DataMixture::batch(int64_t first, int64_t n, int64_t seq_len, at::Tensor* target_mask) {
   if (first < 0 || n < 0) throw Error("training data: negative sample index or count");
   if (seq_len < 1) throw Error("training data: seq_len must be >= 1");

@@ -63,6 +63,10 @@ class DataMixture {
   at::Tensor batch(int64_t first, int64_t n, int64_t seq_len, at::Tensor* target_mask = nullptr);
   // One sample; its source index is source_of(index).
   std::vector<int64_t> sample(int64_t index, int64_t seq_len);
+  // Makes one sample of every task source (its first), so that a generator that cannot run with
+  // these parameters and this tokenizer (a length too small for its prompt, say) fails now, naming
+  // the source, rather than in the middle of training.
+  void probe_tasks(int64_t seq_len) const;
   std::size_t source_of(int64_t index) const;
   const std::vector<DataSource>& sources() const { return sources_; }
 

@@ -369,9 +369,12 @@ struct DataSetup {
       const std::vector<DataSource>& sources = st.data.empty() ? job.data : st.data;
       const model::Tokenizer* t = tok ? &*tok : nullptr;
       train[static_cast<size_t>(si)] = std::make_unique<DataMixture>(sources, t, tasks, vocab, eos, mix_seed(job.seed, st.seed, 0xda7a));
-      if (!job.eval_data.empty())
+      train[static_cast<size_t>(si)]->probe_tasks(st.seq_len);
+      if (!job.eval_data.empty()) {
         held_out[static_cast<size_t>(si)] =
             std::make_unique<DataMixture>(job.eval_data, t, tasks, vocab, eos, mix_seed(job.seed, st.seed, 0xe7a1));
+        held_out[static_cast<size_t>(si)]->probe_tasks(st.seq_len);
+      }
     }
   }
 };

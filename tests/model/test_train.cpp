@@ -471,6 +471,13 @@ TEST(Train, DataMistakesAreReportedBeforeAnythingIsWritten) {
   o.tasks = &reg;
   EXPECT_MENTIONS(hh::test::error_of([&] { hh::train::run_job(spec(j), o); }), "lenght");
   EXPECT_FALSE(fs::exists(f.dir / "run/run.h5"));
+  // Parameters in range that the generator still cannot honour with this tokenizer fail here too.
+  j["data"] = json::array({{{"task", "niah-single"}, {"params", {{"length", 64}}}}});
+  const std::string small = hh::test::error_of([&] { hh::train::check_job_data(spec(j), &reg); });
+  EXPECT_MENTIONS(small, "task niah-single");
+  EXPECT_MENTIONS(small, "too small");
+  EXPECT_MENTIONS(hh::test::error_of([&] { hh::train::run_job(spec(j), o); }), "too small");
+  EXPECT_FALSE(fs::exists(f.dir / "run/run.h5"));
   j["data"] = json::array({{{"task", "niah-single"}, {"params", {{"length", 400}}}}});
   EXPECT_NO_THROW(hh::train::check_job_data(spec(j), &reg));
 }
