@@ -24,6 +24,7 @@
 #include "export.h"
 #include "job_dialog.h"
 #include "qcustomplot_include.h"
+#include "settings.h"
 
 namespace hh::workbench {
 
@@ -119,6 +120,9 @@ RunsView::RunsView(QWidget* parent) : QWidget(parent) {
     QString error;
     if (!dir.isEmpty() && !openRun(dir, &error)) appendLog(error);
   });
+  // Runs of earlier sessions whose directories still exist.
+  for (const QString& dir : options::kRecentRuns.get())
+    if (QFileInfo::exists(dir)) runs_list_->addItem(dir);
   connect(runs_list_, &QListWidget::itemActivated, this, [this](QListWidgetItem* item) {
     if (state_ == State::Running) return;
     QString error;
@@ -214,6 +218,9 @@ void RunsView::addRun(const QString& dir) {
   for (QListWidgetItem* item : found) delete runs_list_->takeItem(runs_list_->row(item));
   runs_list_->insertItem(0, dir);
   runs_list_->setCurrentRow(0);
+  QStringList kept = runs();
+  while (kept.size() > 20) kept.removeLast();
+  options::kRecentRuns.set(kept);
 }
 
 QStringList RunsView::runs() const {

@@ -50,7 +50,7 @@ class RunsView : public QWidget {
   QString logText() const;
   QCustomPlot* plot() const { return plot_; }
   int curvePoints() const;        // loss rows drawn, all stages
-  QStringList runs() const;       // directories in the list, newest first
+  QStringList runs() const;       // directories in the list, newest first (kept across sessions)
   // Reads run.h5 now (the timer does this every second while a job runs).
   void refreshCurves();
 

@@ -29,6 +29,7 @@ inline const Option<QStringList> kAnalysisMethods{"analysis/methods",
 inline const Option<QString> kAnalysisDevice{"analysis/device", "cpu"};
 inline const Option<QString> kAnalysisDtype{"analysis/dtype", "f32"};
 inline const Option<QString> kLastAnalysisFolder{"files/lastAnalysisFolder", {}};
+inline const Option<QStringList> kRecentRuns{"runs/recent", {}};  // run directories, newest first
 }  // namespace options
 
 }  // namespace hh::workbench

@@ -122,8 +122,9 @@ class TestRunsView : public QObject {
     QCOMPARE(v->lastLoss(), run.loss.back());
     QVERIFY(fs::exists(scratchRoot() / "full" / "model" / "config.json"));
 
-    // Another view opens the finished run from its directory.
+    // Another view (a later session) lists the run and opens it from its directory.
     RunsView other;
+    QVERIFY(other.runs().contains(qpath(scratchRoot() / "full")));
     QVERIFY(other.openRun(qpath(scratchRoot() / "full"), &error));
     QCOMPARE(other.curvePoints(), 9);
     QCOMPARE(other.globalStep(), 9);
