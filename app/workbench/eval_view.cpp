@@ -2,12 +2,15 @@
 
 #include <torch/torch.h>
 
+#include <QCoreApplication>
+#include <QDateTime>
 #include <QFile>
 #include <QFileDialog>
 #include <QFileInfo>
 #include <QGridLayout>
 #include <QHBoxLayout>
 #include <QLabel>
+#include <QLineEdit>
 #include <QPushButton>
 #include <QVBoxLayout>
 
@@ -46,8 +49,11 @@ void readModel(const io::H5File& f, const std::string& group, std::optional<Niah
 }  // namespace
 
 EvalView::EvalView(QWidget* parent) : QWidget(parent) {
+  program_ = QCoreApplication::applicationDirPath() + QStringLiteral("/hydrahead");
   auto* grid = new QGridLayout;
   const QString names[2] = {tr("Teacher"), tr("Hybrid")};
+  lengths_ = new QLineEdit(QStringLiteral("512,1024,2048"), this);
+  lengths_->setToolTip(tr("Context lengths of the NIAH grid, in tokens (1K = 1024)"));
   for (int side = 0; side < 2; ++side) {
     titles_[side] = new QLabel(tr("%1: no evaluation open").arg(names[side]), this);
     auto* open = new QPushButton(tr("Open %1 eval.h5\u2026").arg(names[side].toLower()), this);
@@ -58,8 +64,20 @@ EvalView::EvalView(QWidget* parent) : QWidget(parent) {
     auto* head = new QHBoxLayout;
     head->addWidget(titles_[side], 1);
     head->addWidget(open);
+    model_edit_[side] = new QLineEdit(this);
+    model_edit_[side]->setPlaceholderText(tr("%1 checkpoint folder").arg(names[side].toLower()));
+    run_buttons_[side] = new QPushButton(tr("Evaluate"), this);
+    auto* run_row = new QHBoxLayout;
+    run_row->addWidget(model_edit_[side], 1);
+    run_row->addWidget(run_buttons_[side]);
     grid->addLayout(head, 0, side);
-    grid->addWidget(plots_[side], 1, side);
+    grid->addLayout(run_row, 1, side);
+    grid->addWidget(plots_[side], 2, side);
+    connect(run_buttons_[side], &QPushButton::clicked, this, [this, side] {
+      QString error;
+      if (!evaluate(model_edit_[side]->text(), static_cast<Side>(side), lengths_->text(), 10, &error))
+        summary_->setText(error);
+    });
     connect(open, &QPushButton::clicked, this, [this, side] {
       const QString f = QFileDialog::getOpenFileName(this, tr("Evaluation file"), QString(), tr("HDF5 (*.h5)"));
       QString error;
@@ -70,9 +88,56 @@ EvalView::EvalView(QWidget* parent) : QWidget(parent) {
                            "`hydrahead demo` holds both models."),
                         this);
   summary_->setWordWrap(true);
+  auto* lengths_row = new QHBoxLayout;
+  lengths_row->addWidget(new QLabel(tr("NIAH lengths:"), this));
+  lengths_row->addWidget(lengths_);
+  lengths_row->addStretch(1);
   auto* layout = new QVBoxLayout(this);
+  layout->addLayout(lengths_row);
   layout->addLayout(grid, 1);
   layout->addWidget(summary_);
+}
+
+bool EvalView::evaluate(const QString& model_dir, Side side, const QString& lengths, int n, QString* error) {
+  if (isEvaluating()) {
+    if (error) *error = tr("an evaluation is running");
+    return false;
+  }
+  if (!QFileInfo::exists(model_dir + QStringLiteral("/config.json"))) {
+    if (error) *error = tr("%1: not a checkpoint folder (no config.json)").arg(model_dir);
+    return false;
+  }
+  model_edit_[side]->setText(model_dir);
+  const QString out = out_dir_.filePath(QStringLiteral("niah-%1-%2.h5").arg(side).arg(QDateTime::currentMSecsSinceEpoch()));
+  delete proc_;
+  proc_ = new QProcess(this);
+  proc_->setProcessChannelMode(QProcess::MergedChannels);
+  for (QPushButton* b : run_buttons_) b->setEnabled(false);
+  summary_->setText(tr("evaluating %1\u2026").arg(model_dir));
+  connect(proc_, &QProcess::finished, this, [this, side, out](int code, QProcess::ExitStatus status) {
+    for (QPushButton* b : run_buttons_) b->setEnabled(true);
+    const QString log = QString::fromLocal8Bit(proc_->readAll()).trimmed();
+    QString error;
+    if (status != QProcess::NormalExit || code != 0) {
+      error = log.isEmpty() ? tr("hydrahead eval exited with status %1").arg(code) : log.section(QLatin1Char('\n'), -1);
+    } else if (openFile(out, side, &error)) {
+      Q_EMIT evaluated(side);
+      return;
+    }
+    summary_->setText(error);
+    Q_EMIT failed(error);
+  });
+  connect(proc_, &QProcess::errorOccurred, this, [this](QProcess::ProcessError e) {
+    if (e != QProcess::FailedToStart) return;
+    for (QPushButton* b : run_buttons_) b->setEnabled(true);
+    const QString why = tr("could not start %1").arg(program_);
+    summary_->setText(why);
+    Q_EMIT failed(why);
+  });
+  proc_->start(program_, {QStringLiteral("eval"), QStringLiteral("--model"), model_dir, QStringLiteral("--task"),
+                          QStringLiteral("niah-grid"), QStringLiteral("--lengths"), lengths, QStringLiteral("--n"),
+                          QString::number(n), QStringLiteral("--out"), out});
+  return true;
 }
 
 bool EvalView::openFile(const QString& path, Side side, QString* error) {

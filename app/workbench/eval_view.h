@@ -3,13 +3,17 @@
 // side by side, each cell labelled with its accuracy, and their perplexities. It reads the files
 // `hydrahead eval` writes (one model each: /niah/*, /ppl/*) and the eval.h5 of `hydrahead demo`
 // (both models: /teacher/..., /hybrid/...).
+#include <QProcess>
 #include <QString>
+#include <QTemporaryDir>
 #include <QWidget>
 #include <optional>
 #include <vector>
 
 class QCustomPlot;
 class QLabel;
+class QLineEdit;
+class QPushButton;
 
 namespace hh::workbench {
 
@@ -35,6 +39,16 @@ class EvalView : public QWidget {
   QCustomPlot* plot(Side side) const { return plots_[side]; }
   QString summaryText() const;
 
+  // Runs `hydrahead eval --task niah-grid` on `model_dir` at `lengths` ("512,1K") with `n` prompts a
+  // cell, as a child process, and opens its file on `side`; evaluated() or failed() follows.
+  bool evaluate(const QString& model_dir, Side side, const QString& lengths, int n, QString* error);
+  void setProgram(const QString& path) { program_ = path; }
+  bool isEvaluating() const { return proc_ && proc_->state() != QProcess::NotRunning; }
+
+ Q_SIGNALS:
+  void evaluated(int side);
+  void failed(const QString& message);
+
  private:
   void redraw(Side side);
 
@@ -44,6 +58,12 @@ class EvalView : public QWidget {
   QCustomPlot* plots_[2];
   QLabel* titles_[2];
   QLabel* summary_;
+  QLineEdit* model_edit_[2];
+  QLineEdit* lengths_;
+  QPushButton* run_buttons_[2];
+  QString program_;
+  QProcess* proc_ = nullptr;
+  QTemporaryDir out_dir_;
 };
 
 }  // namespace hh::workbench

@@ -5,6 +5,7 @@
 #include <QImage>
 #include <QProcess>
 #include <QSettings>
+#include <QSignalSpy>
 #include <QStandardPaths>
 #include <QTableWidget>
 #include <QtTest>
@@ -116,6 +117,27 @@ class TestEvalAndExport : public QObject {
     QVERIFY(!v2.openFile(qpath(other), EvalView::Hybrid, &error));
     QVERIFY2(error.contains(QStringLiteral("other.h5")), qPrintable(error));
     QCOMPARE(*v2.perplexity(EvalView::Hybrid), 4.5);
+  }
+
+  void evaluatesAModelInTheBackground() {
+    EvalView v;
+    v.setProgram(env("HH_BIN_DIR") + QStringLiteral("/hydrahead"));
+    QSignalSpy evaluated(&v, &EvalView::evaluated);
+    QSignalSpy failed(&v, &EvalView::failed);
+    QString error;
+    QVERIFY(!v.evaluate(qpath(scratchRoot()), EvalView::Hybrid, QStringLiteral("512"), 1, &error));
+    QVERIFY(error.contains(QStringLiteral("config.json")));
+    QVERIFY2(v.evaluate(qpath(demoModel()), EvalView::Hybrid, QStringLiteral("512,640"), 1, &error), qPrintable(error));
+    QVERIFY(v.isEvaluating());
+    QVERIFY(evaluated.wait(120000));
+    QCOMPARE(evaluated.first().first().toInt(), static_cast<int>(EvalView::Hybrid));
+    QCOMPARE(v.grid(EvalView::Hybrid)->lengths, (std::vector<int64_t>{512, 640}));
+    QCOMPARE(v.grid(EvalView::Hybrid)->depths.size(), size_t{5});
+    QVERIFY(!v.grid(EvalView::Teacher).has_value());
+    // A bad length list is the child's error, shown and signalled.
+    QVERIFY(v.evaluate(qpath(demoModel()), EvalView::Teacher, QStringLiteral("abc"), 1, &error));
+    QVERIFY(failed.wait(60000));
+    QVERIFY2(failed.first().first().toString().contains(QStringLiteral("abc")), qPrintable(failed.first().first().toString()));
   }
 
   void exportsPlotsAndTables() {
