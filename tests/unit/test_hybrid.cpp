@@ -31,6 +31,23 @@ HybridLayerWeights random_hybrid(const ModelConfig& c, const HybridOptions& o, c
 
 torch::Tensor rms(const torch::Tensor& x, double eps) { return x * torch::rsqrt(x.pow(2).mean(-1, true) + eps); }
 
+// The teacher's layer 0 on `ids`: its normed input x^ and its per-head outputs z.
+struct LayerZero {
+  torch::Tensor xn, z;
+};
+LayerZero teacher_layer0(const ModelConfig& c, const hh::model::Weights& tw, const hh::model::Transformer& teacher,
+                         const torch::Tensor& ids) {
+  std::map<std::string, torch::Tensor> acts;
+  hh::model::Hooks hooks;
+  hooks.cache(hh::model::hook_name(0, hh::model::HookKind::ResidPre), &acts);
+  hooks.cache(hh::model::hook_name(0, hh::model::HookKind::Z), &acts);
+  hh::model::ForwardOptions f;
+  f.hooks = &hooks;
+  teacher.forward(ids, f);
+  return {hh::model::rms_norm(acts.at("blocks.0.hook_resid_pre"), tw.layers[0].input_layernorm, c.rms_norm_eps),
+          acts.at("blocks.0.attn.hook_z")};
+}
+
 TEST(HybridOptions, RoundTripAndRefusals) {
   const auto c = one_layer();
   HybridOptions o;
@@ -60,15 +77,7 @@ TEST(HybridAttention, EveryHeadFollowsTheFormulasStepByStep) {
   const hh::model::Transformer teacher(c, tw);
   const int64_t T = 70;  // more than one chunk
   const auto ids = torch::randint(40, {2, T}, torch::TensorOptions().dtype(torch::kLong));
-  std::map<std::string, torch::Tensor> acts;
-  hh::model::Hooks hooks;
-  hooks.cache(hh::model::hook_name(0, hh::model::HookKind::ResidPre), &acts);
-  hooks.cache(hh::model::hook_name(0, hh::model::HookKind::Z), &acts);
-  hh::model::ForwardOptions f;
-  f.hooks = &hooks;
-  teacher.forward(ids, f);
-  const auto xn = hh::model::rms_norm(acts.at("blocks.0.hook_resid_pre"), tw.layers[0].input_layernorm, eps);
-  const auto z_teacher = acts.at("blocks.0.attn.hook_z");  // [2, T, 4, 8]
+  const auto [xn, z_teacher] = teacher_layer0(c, tw, teacher, ids);  // z: [2, T, 4, 8]
 
   for (bool log_scale : {false, true}) {
     HybridOptions o;
@@ -141,14 +150,7 @@ TEST(HybridAttention, ConcatFusionPassesEachHeadsRawOutput) {
   const hh::model::Transformer teacher(c, tw);
   const int64_t T = 67;
   const auto ids = torch::randint(40, {1, T}, torch::TensorOptions().dtype(torch::kLong));
-  std::map<std::string, torch::Tensor> acts;
-  hh::model::Hooks hooks;
-  hooks.cache(hh::model::hook_name(0, hh::model::HookKind::ResidPre), &acts);
-  hooks.cache(hh::model::hook_name(0, hh::model::HookKind::Z), &acts);
-  hh::model::ForwardOptions f;
-  f.hooks = &hooks;
-  teacher.forward(ids, f);
-  const auto xn = hh::model::rms_norm(acts.at("blocks.0.hook_resid_pre"), tw.layers[0].input_layernorm, c.rms_norm_eps);
+  const auto [xn, z_teacher] = teacher_layer0(c, tw, teacher, ids);
 
   HybridOptions norm;
   norm.fa_heads = {{0, 2}};
@@ -168,7 +170,7 @@ TEST(HybridAttention, ConcatFusionPassesEachHeadsRawOutput) {
   const auto y = hh::attention::hybrid_attention(c, concat, split, tw.layers[0], w, xn, teacher.inv_freq(), true);
   const auto y_norm = hh::attention::hybrid_attention(c, norm, split, tw.layers[0], w, xn, teacher.inv_freq(), true);
   // FA head 2 with RoPE and no log scale is the teacher's head: its raw output is the teacher's z.
-  EXPECT_LT((y.select(2, 2) - acts.at("blocks.0.attn.hook_z").select(2, 2)).abs().max().item<double>(), 1e-10);
+  EXPECT_LT((y.select(2, 2) - z_teacher.select(2, 2)).abs().max().item<double>(), 1e-10);
   // Every LA head: the scale-normalised output is the SiLU gate times gamma times RMSNorm of the raw one.
   for (int64_t i = 0; i < 3; ++i) {
     const int64_t h = split.la[static_cast<size_t>(i)];
