@@ -62,17 +62,13 @@ int run_analyze(const AnalyzeArgs& a) {
   o.metric = interp::parse_metric(a.metric);
   o.heads = interp::parse_heads(a.heads, cfg.num_hidden_layers, cfg.num_attention_heads);
   o.receivers = interp::parse_heads(a.receivers, cfg.num_hidden_layers, cfg.num_attention_heads);
-  if (!o.receivers.empty() && !o.path) throw Error("--receivers applies to --method path only");
   if (a.max_batch < 0) throw Error("--max-batch must be >= 0 (0: sized from free memory)");
   if (a.cka_tokens < 2) throw Error("--cka-tokens must be at least 2");
   o.max_batch = a.max_batch;
   o.reference = a.reference;
   o.layers = !a.no_layers;
   o.cka_tokens = a.cka_tokens;
-  if (a.device != "cpu" && a.device.rfind("cuda", 0) != 0) throw Error("--device: '" + a.device + "' is not cpu or cuda[:N]");
   const fs::path out = a.out;
-  if (out.has_parent_path() && !fs::is_directory(out.parent_path()))
-    throw Error("--out " + a.out + ": directory " + out.parent_path().string() + " does not exist");
 
   interp::AnalyzeCheckpoint job;
   job.model_dir = dir;

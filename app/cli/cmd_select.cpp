@@ -66,18 +66,6 @@ std::map<std::string, double> parse_weights(const std::string& s) {
   }
 }
 
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", b, units[u]);
-  return buf;
-}
-
 std::string context_name(int64_t n) { return std::to_string(n / 1024) + "K"; }
 
 void print_heads(const ModelShape& s, const std::vector<Head>& heads) {
@@ -164,7 +152,7 @@ int run_select(const SelectArgs& a) {
   for (const auto& row : r.budget) {
     const auto& b = row.budget;
     std::printf("  %-8s %-22s %12lld %12s %12s %14.1f\n", context_name(b.context).c_str(), row.configuration.c_str(),
-                static_cast<long long>(b.fa_heads), human_bytes(b.kv_bytes).c_str(), human_bytes(b.state_bytes).c_str(),
+                static_cast<long long>(b.fa_heads), util::human_bytes(b.kv_bytes).c_str(), util::human_bytes(b.state_bytes).c_str(),
                 b.attn_flops / 1e12);
   }
   if (a.compare) {
@@ -174,9 +162,8 @@ int run_select(const SelectArgs& a) {
     std::printf("  %-22s %8.3f  (%zu heads, seed %llu)\n", "random", r.random_jaccard, r.random.size(),
                 static_cast<unsigned long long>(a.seed));
   }
-  const std::vector<Head>& heads = r.heads;
   select::write_manifest(a.out, r.manifest);
-  std::printf("\nwrote %s: %zu FA heads, %s, LA:FA = %lld:1\n", a.out.c_str(), heads.size(), a.strategy.c_str(),
+  std::printf("\nwrote %s: %zu FA heads, %s, LA:FA = %lld:1\n", a.out.c_str(), r.heads.size(), a.strategy.c_str(),
               static_cast<long long>(ratio));
   return kExitOk;
 }

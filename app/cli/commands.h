@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "core/util/strings.h"
+
 namespace CLI { class App; }
 
 namespace hh::cli {
@@ -49,8 +51,7 @@ class ProgressBar {
   double start_s_, last_draw_s_ = -1;
 };
 
-// "1h02m", "3m05s", "12.4s"
-std::string format_seconds(double s);
+using util::format_seconds;  // core/util/strings.h
 
 // Ctrl-C / SIGTERM set the returned flag instead of killing the process, so a long command can stop
 // between steps and leave no half-written file; a second signal kills as usual.

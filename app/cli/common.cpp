@@ -57,14 +57,6 @@ extern "C" void on_interrupt(int sig) {
 
 }  // namespace
 
-std::string format_seconds(double s) {
-  char buf[32];
-  if (s < 60) std::snprintf(buf, sizeof buf, "%.1fs", s);
-  else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  else std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) % 3600) / 60);
-  return buf;
-}
-
 ProgressBar::ProgressBar(std::string label)
     : label_(std::move(label)), tty_(isatty(STDERR_FILENO) == 1), start_s_(now_s()) {}
 

@@ -27,19 +27,13 @@
 #include "core/util/error.h"
 #include "hydrahead/version.h"
 #include "settings.h"
+#include "qt_util.h"
 
 namespace hh::workbench {
 
 namespace {
 
 const char* const kMethods[] = {"activation", "path", "attribution", "retrieval", "similarity"};
-
-std::filesystem::path toPath(const QString& s) { return std::filesystem::path(QFile::encodeName(s).toStdString()); }
-
-QString formatSeconds(double s) {
-  const int t = static_cast<int>(s + 0.5);
-  return t >= 60 ? QStringLiteral("%1 min %2 s").arg(t / 60).arg(t % 60) : QStringLiteral("%1 s").arg(t);
-}
 
 }  // namespace
 

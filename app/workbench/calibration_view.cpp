@@ -29,12 +29,11 @@
 #include "core/interp/patching.h"
 #include "core/interp/task_registry.h"
 #include "core/model/tokenizer.h"
+#include "qt_util.h"
 
 namespace hh::workbench {
 
 namespace {
-
-std::filesystem::path toPath(const QString& s) { return std::filesystem::path(QFile::encodeName(s).toStdString()); }
 
 QString escaped(const std::string& text) { return QString::fromStdString(text).toHtmlEscaped(); }
 

@@ -18,6 +18,7 @@
 #include "core/util/error.h"
 #include "export.h"
 #include "qcustomplot_include.h"
+#include "qt_util.h"
 
 namespace hh::workbench {
 
@@ -145,7 +146,7 @@ bool EvalView::openFile(const QString& path, Side side, QString* error) {
   std::optional<double> p[2];
   bool both = false;
   try {
-    const io::H5File f = io::H5File::open_read(std::filesystem::path(QFile::encodeName(path).toStdString()));
+    const io::H5File f = io::H5File::open_read(toPath(path));
     both = f.exists("/teacher") && f.exists("/hybrid");
     if (both) {
       readModel(f, "/teacher", &g[Teacher], &p[Teacher]);

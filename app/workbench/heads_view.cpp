@@ -9,6 +9,7 @@
 #include <QHeaderView>
 #include <QLabel>
 #include <QMouseEvent>
+#include <QPushButton>
 #include <QSpinBox>
 #include <QSplitter>
 #include <QTableWidget>
@@ -28,6 +29,7 @@
 #include "export.h"
 #include "head_selection.h"
 #include "selection_panel.h"
+#include "qt_util.h"
 
 namespace hh::workbench {
 
@@ -137,6 +139,10 @@ HeadsView::HeadsView(HeadSelection* selection, QWidget* parent) : QWidget(parent
   auto* attn_row = new QHBoxLayout;
   attn_row->addWidget(new QLabel(tr("Attention on example"), side));
   attn_row->addWidget(example_spin_);
+  auto* attn_button = new QPushButton(tr("Show"), side);
+  attn_button->setToolTip(tr("Run the analysed model on the example (it loads on first use); from then on every "
+                             "clicked head shows its attention"));
+  attn_row->addWidget(attn_button);
   attn_row->addStretch(1);
   side_layout->addLayout(attn_row);
   attn_plot_ = new QCustomPlot(side);
@@ -149,9 +155,13 @@ HeadsView::HeadsView(HeadSelection* selection, QWidget* parent) : QWidget(parent
   attn_label_->setWordWrap(true);
   side_layout->addWidget(attn_plot_, 1);
   side_layout->addWidget(attn_label_);
-  connect(example_spin_, qOverload<int>(&QSpinBox::valueChanged), this, [this](int i) {
+  auto show = [this] {
     QString error;
-    if (detail_.first >= 0 && !showAttention(i, &error)) attn_label_->setText(error);
+    if (detail_.first >= 0 && !showAttention(example_spin_->value(), &error)) attn_label_->setText(error);
+  };
+  connect(attn_button, &QPushButton::clicked, this, show);
+  connect(example_spin_, qOverload<int>(&QSpinBox::valueChanged), this, [this, show] {
+    if (attention_on_) show();
   });
 
   auto* split = new QSplitter(this);
@@ -170,11 +180,12 @@ HeadsView::HeadsView(HeadSelection* selection, QWidget* parent) : QWidget(parent
 HeadsView::~HeadsView() = default;
 
 bool HeadsView::openAnalysis(const QString& path, QString* error) {
-  const std::filesystem::path p(QFile::encodeName(path).toStdString());
+  const std::filesystem::path p = toPath(path);
   std::map<QString, std::vector<double>> maps;
   QStringList order;
   std::vector<std::vector<double>> per_example;
   QStringList tasks;
+  QString model_path, calib_path;
   int layers = 0, heads = 0, group = 1;
   auto loaded = std::make_unique<select::Signals>();
   try {
@@ -197,6 +208,8 @@ bool HeadsView::openAnalysis(const QString& path, QString* error) {
       // None of the default signals is in the file: no composite to show.
     }
     const io::H5File f = io::H5File::open_read(p);
+    if (f.has_attr("/", "model_path")) model_path = QString::fromStdString(f.attr_string("/", "model_path"));
+    if (f.has_attr("/", "calib_path")) calib_path = QString::fromStdString(f.attr_string("/", "calib_path"));
     if (f.exists("/activation/noising/metric_patched")) {
       const at::Tensor mp = f.read("/activation/noising/metric_patched").to(at::kDouble);  // [N, L, Hq]
       const at::Tensor mc = f.read("/examples/metric_clean").to(at::kDouble);
@@ -218,14 +231,9 @@ bool HeadsView::openAnalysis(const QString& path, QString* error) {
   calib_.clear();
   attn_rows_.clear();
   attn_shape_ = {0, 0};
-  try {
-    const io::H5File f = io::H5File::open_read(p);
-    model_path_ = f.has_attr("/", "model_path") ? QString::fromStdString(f.attr_string("/", "model_path")) : QString();
-    calib_path_ = f.has_attr("/", "calib_path") ? QString::fromStdString(f.attr_string("/", "calib_path")) : QString();
-  } catch (const std::exception&) {
-    model_path_.clear();
-    calib_path_.clear();
-  }
+  attention_on_ = false;
+  model_path_ = model_path;
+  calib_path_ = calib_path;
   {
     const QSignalBlocker block(example_spin_);
     example_spin_->setRange(0, std::max(0, static_cast<int>(per_example_.size()) - 1));
@@ -395,7 +403,7 @@ void HeadsView::showDetail(int layer, int head) {
     detail_table_->setItem(i, 1, new QTableWidgetItem(formatValue(valueIn(m, layer, head))));
     detail_table_->setItem(i, 2, new QTableWidgetItem(r > 0 ? QString::number(r) : tr("-")));
   }
-  {
+  if (attention_on_) {  // a forward pass: only once the user has asked for attention
     QString error;
     if (!showAttention(example_spin_->value(), &error)) attn_label_->setText(error);
   }
@@ -416,19 +424,25 @@ bool HeadsView::showAttention(int index, QString* error) {
     return false;
   };
   if (detail_.first < 0) return fail(tr("click a head first"));
+  attention_on_ = true;
   if (model_path_.isEmpty() || calib_path_.isEmpty())
     return fail(tr("%1 does not name its model and calibration set").arg(path_));
   try {
     if (!model_) {
-      const std::filesystem::path dir(QFile::encodeName(model_path_).toStdString());
+      const std::filesystem::path dir = toPath(model_path_);
       model_ = std::make_unique<model::Transformer>(model::Transformer::load(dir, "cpu", "f32"));
       if (std::filesystem::exists(dir / "tokenizer.json"))
         tok_ = std::make_unique<model::Tokenizer>(model::Tokenizer::load(dir / "tokenizer.json"));
-      calib_ = interp::read_calibration(std::filesystem::path(QFile::encodeName(calib_path_).toStdString()), tok_.get(),
+      calib_ = interp::read_calibration(toPath(calib_path_), tok_.get(),
                                         model_->config().vocab_size);
     }
     if (index < 0 || index >= static_cast<int>(calib_.size()))
       return fail(tr("example %1 is not in the calibration set (%2 examples)").arg(index).arg(calib_.size()));
+    {
+      const QSignalBlocker block(example_spin_);  // the box names the example shown
+      example_spin_->setMaximum(std::max(example_spin_->maximum(), static_cast<int>(calib_.size()) - 1));
+      example_spin_->setValue(index);
+    }
     const auto& raw = calib_[static_cast<size_t>(index)];
     const interp::PreparedExample ex =
         interp::prepare_example(raw, *model_, interp::Metric::LogProb, "example " + std::to_string(index));

@@ -79,7 +79,8 @@ class HeadsView : public QWidget {
 
   // The clicked head's attention on calibration example `index` (of the file's calibration set, run
   // through the file's model): rows = the positions that predict answer tokens, columns = tokens.
-  // Loads the model and the set on first use; false with *error when they cannot be read.
+  // Loads the model and the set on first use; false with *error when they cannot be read. After the
+  // first call (the panel's Show button), each clicked head shows its attention too.
   bool showAttention(int index, QString* error);
   // The rows last shown, [A x T] row-major, and their shape.
   const std::vector<double>& attentionRows() const { return attn_rows_; }
@@ -131,6 +132,7 @@ class HeadsView : public QWidget {
   std::vector<interp::CalibExample> calib_;
   std::vector<double> attn_rows_;
   std::pair<int, int> attn_shape_{0, 0};
+  bool attention_on_ = false;  // a click runs a forward only once the user asked for attention
 };
 
 }  // namespace hh::workbench

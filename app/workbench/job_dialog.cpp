@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/jobs/job.h"
+#include "qt_util.h"
 
 // Resources of a static library are registered by name, from the global namespace.
 static void initWorkbenchResources() { Q_INIT_RESOURCE(workbench); }
@@ -179,7 +180,7 @@ bool JobDialog::writeJob(QString* error) {
   const QString text = jobJson(&why);
   try {
     if (text.isEmpty()) throw std::runtime_error(why.toStdString());
-    const std::filesystem::path file(QFile::encodeName(jobFile()).toStdString());
+    const std::filesystem::path file = toPath(jobFile());
     jobs::JobSpec::parse(json::parse(text.toStdString()), file.parent_path(), file.string());
   } catch (const std::exception& e) {
     why = QString::fromStdString(e.what());

@@ -17,6 +17,7 @@
 #include "core/io/h5.h"
 #include "export.h"
 #include "qcustomplot_include.h"
+#include "qt_util.h"
 
 namespace hh::workbench {
 
@@ -84,7 +85,7 @@ bool LayersView::openAnalysis(const QString& path, QString* error) {
   std::map<QString, std::vector<double>> mats;
   int layers = 0;
   try {
-    const io::H5File f = io::H5File::open_read(std::filesystem::path(QFile::encodeName(path).toStdString()));
+    const io::H5File f = io::H5File::open_read(toPath(path));
     for (const char* name : kMetrics) {
       const std::string ds = std::string("/similarity/") + name;
       if (!f.exists(ds)) continue;

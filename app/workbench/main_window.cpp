@@ -44,6 +44,7 @@
 #include "selection_panel.h"
 #include "settings.h"
 #include "style_helpers.h"
+#include "qt_util.h"
 
 namespace hh::workbench {
 namespace {
@@ -62,8 +63,6 @@ class OverrideCursor {
   OverrideCursor& operator=(const OverrideCursor&) = delete;
 };
 
-std::filesystem::path toPath(const QString& s) { return std::filesystem::path(QFile::encodeName(s).toStdString()); }
-QString fromPath(const std::filesystem::path& p) { return QFile::decodeName(p.string().c_str()); }
 
 // The folder's own name ("Qwen3-0.6B"), or the whole path where it has none ("/").
 QString displayName(const QString& dir) {

@@ -25,6 +25,7 @@
 #include "job_dialog.h"
 #include "qcustomplot_include.h"
 #include "settings.h"
+#include "qt_util.h"
 
 namespace hh::workbench {
 
@@ -33,13 +34,6 @@ namespace {
 constexpr int kLogLines = 400;
 const QColor kStageColours[] = {QColor(31, 119, 180), QColor(255, 127, 14), QColor(44, 160, 44), QColor(214, 39, 40),
                                 QColor(148, 103, 189), QColor(140, 86, 75)};
-
-QString formatSeconds(double s) {
-  if (!(s >= 0)) return QStringLiteral("-");
-  const int t = static_cast<int>(s + 0.5);
-  return t >= 3600 ? QStringLiteral("%1 h %2 min").arg(t / 3600).arg((t % 3600) / 60)
-                   : QStringLiteral("%1 min %2 s").arg(t / 60).arg(t % 60);
-}
 
 }  // namespace
 
@@ -156,7 +150,7 @@ bool RunsView::launch(const QString& job_file, QString* error) {
   }
   QString out_dir;
   try {
-    const auto spec = jobs::JobSpec::load(std::filesystem::path(QFile::encodeName(job_file).toStdString()));
+    const auto spec = jobs::JobSpec::load(toPath(job_file));
     out_dir = QString::fromStdString(std::filesystem::absolute(spec.output).lexically_normal().string());
   } catch (const std::exception& e) {
     if (error) *error = QString::fromStdString(e.what());
@@ -277,7 +271,7 @@ void RunsView::handleEvent(const QJsonObject& e) {
     // Planned steps of every stage come from run.h5 (the job has created it by now).
     try {
       total_steps_ = static_cast<int>(
-          train::read_run(std::filesystem::path(QFile::encodeName(run_dir_).toStdString()) / "run.h5").total_steps());
+          train::read_run(toPath(run_dir_) / "run.h5").total_steps());
       progress_->setRange(0, std::max(1, total_steps_));
     } catch (const std::exception&) {
     }
@@ -327,7 +321,7 @@ int RunsView::curvePoints() const { return curve_points_; }
 
 void RunsView::refreshCurves() {
   if (run_dir_.isEmpty()) return;
-  const std::filesystem::path run = std::filesystem::path(QFile::encodeName(run_dir_).toStdString()) / "run.h5";
+  const std::filesystem::path run = toPath(run_dir_) / "run.h5";
   if (!std::filesystem::exists(run)) return;
   train::RunSnapshot r;
   try {

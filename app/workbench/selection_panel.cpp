@@ -17,20 +17,11 @@
 #include "export.h"
 #include "head_selection.h"
 #include "hydrahead/version.h"
+#include "qt_util.h"
 
 namespace hh::workbench {
 
 namespace {
-
-QString humanBytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  return QStringLiteral("%1 %2").arg(b, 0, 'f', 1).arg(QLatin1String(units[u]));
-}
 
 std::set<HeadRef> toSet(const std::vector<select::Head>& heads) {
   std::set<HeadRef> out;
@@ -221,7 +212,7 @@ bool SelectionPanel::exportManifest(const QString& path) {
   try {
     const bool manual = !applied_ || toSet(applied_->heads) != selection_->faHeads();
     auto r = report(manual);
-    select::write_manifest(std::filesystem::path(QFile::encodeName(path).toStdString()), r->manifest);
+    select::write_manifest(toPath(path), r->manifest);
   } catch (const std::exception& e) {
     export_error_ = QString::fromStdString(e.what());
     return false;

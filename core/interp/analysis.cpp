@@ -323,14 +323,15 @@ AnalysisResult analyze_checkpoint(const AnalyzeCheckpoint& job, const std::funct
   const fs::path& dir = job.model_dir;
   const auto cfg = model::ModelConfig::load(dir / "config.json");
   const AnalyzeOptions& o = job.options;
-  if (!o.receivers.empty() && !o.path) throw Error("receivers apply to path patching only");
+  // Messages name the CLI's options, which the other front ends mirror in their fields.
+  if (!o.receivers.empty() && !o.path) throw Error("--receivers applies to --method path only");
   if (job.device != "cpu" && job.device.rfind("cuda", 0) != 0)
-    throw Error("device '" + job.device + "' is not cpu or cuda[:N]");
+    throw Error("--device: '" + job.device + "' is not cpu or cuda[:N]");
   if (job.device.rfind("cuda", 0) == 0 && !torch::cuda::is_available())
-    throw Error("device " + job.device + ": this build or machine has no CUDA device");
+    throw Error("--device " + job.device + ": this build or machine has no CUDA device");
   if (!job.dtype.empty()) (void)model::parse_dtype(job.dtype);
   if (job.out.has_parent_path() && !fs::is_directory(job.out.parent_path()))
-    throw Error(job.out.string() + ": directory " + job.out.parent_path().string() + " does not exist");
+    throw Error("--out " + job.out.string() + ": directory " + job.out.parent_path().string() + " does not exist");
 
   std::optional<model::Tokenizer> tok;
   if (fs::exists(dir / "tokenizer.json")) tok = model::Tokenizer::load(dir / "tokenizer.json");

@@ -372,7 +372,6 @@ SelectionReport make_selection(const ModelShape& shape, const Signals* signals,
   std::vector<Head> dense;
   for (int64_t l = 0; l < shape.num_layers; ++l)
     for (int64_t h = 0; h < shape.num_heads; ++h) dense.push_back({l, h});
-  r.compared = compare;
   if (compare) {  // the seeded random baseline: same k, no quotas
     SelectOptions rnd = o;
     rnd.strategy = "random";

@@ -92,7 +92,6 @@ struct SelectionReport {
   std::vector<Head> layerwise, random;    // the baselines at the same ratio (random only with compare)
   Composite composite;                    // empty score for strategies that rank nothing
   std::vector<BudgetRow> budget;          // per kBudgetContexts: dense, layer-wise, [random], this selection
-  bool compared = false;
   double layerwise_jaccard = 0, random_jaccard = 0;
   Manifest manifest;                      // ready for write_manifest (created = now)
 };

@@ -1,5 +1,7 @@
 #include "core/util/strings.h"
 
+#include <cstdio>
+
 namespace hh::util {
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -14,6 +16,26 @@ std::vector<std::string> split_list(const std::string& s) {
     pos = end + 1;
   }
   return out;
+}
+
+std::string format_seconds(double s) {
+  char buf[32];
+  if (s < 60) std::snprintf(buf, sizeof buf, "%.1fs", s);
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  else std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) % 3600) / 60);
+  return buf;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", b, units[u]);
+  return buf;
 }
 
 }  // namespace hh::util

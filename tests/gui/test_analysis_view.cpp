@@ -21,16 +21,11 @@
 
 namespace fs = std::filesystem;
 using namespace hh::workbench;
+using namespace hh::test::gui;
 
 namespace {
 
-using hh::test::gui::demo_model;
-using hh::test::gui::env;
-using hh::test::gui::qpath;
-
-fs::path scratchRoot() { return hh::test::gui::scratch("gui_analysis_view"); }
-fs::path demoModel() { return demo_model(); }
-
+fs::path scratchRoot() { return scratch("gui_analysis_view"); }
 
 }  // namespace
 
@@ -39,16 +34,16 @@ class TestAnalysisView : public QObject {
 
  private Q_SLOTS:
   void initTestCase() {
-    hh::test::gui::fresh_scratch("gui_analysis_view");
-    qputenv("HH_DEMO_MODEL", QByteArray::fromStdString(demoModel().string()));
+    fresh_scratch("gui_analysis_view");
+    qputenv("HH_DEMO_MODEL", QByteArray::fromStdString(demo_model().string()));
   }
 
   void runsInTheBackgroundAndFillsTheHeadsMap() {
     MainWindow w;
     w.setInteractive(false);
-    QVERIFY(w.openCheckpoint(qpath(demoModel())));
+    QVERIFY(w.openCheckpoint(qpath(demo_model())));
     AnalysisView* v = w.analysisView();
-    QCOMPARE(v->modelDir(), QFileInfo(qpath(demoModel())).absoluteFilePath());
+    QCOMPARE(v->modelDir(), QFileInfo(qpath(demo_model())).absoluteFilePath());
     QString error;
     QVERIFY2(v->generateCalibration(qpath(scratchRoot() / "run"), 2, 384, &error), qPrintable(error));
     v->setMethods({QStringLiteral("activation"), QStringLiteral("retrieval")});
@@ -74,7 +69,7 @@ class TestAnalysisView : public QObject {
   void cancelWritesNothing() {
     MainWindow w;
     w.setInteractive(false);
-    QVERIFY(w.openCheckpoint(qpath(demoModel())));
+    QVERIFY(w.openCheckpoint(qpath(demo_model())));
     AnalysisView* v = w.analysisView();
     QString error;
     QVERIFY(v->generateCalibration(qpath(scratchRoot() / "cancel"), 6, 512, &error));
@@ -99,7 +94,7 @@ class TestAnalysisView : public QObject {
     const fs::path png = scratchRoot() / "demo.png";
     QProcess p;
     p.setProcessChannelMode(QProcess::MergedChannels);
-    p.start(env("HH_BIN_DIR") + QStringLiteral("/hydrahead-workbench"), {"--demo", "--screenshot", qpath(png)});
+    p.start(program("hydrahead-workbench"), {"--demo", "--screenshot", qpath(png)});
     QVERIFY(p.waitForFinished(300000));
     QVERIFY2(p.exitCode() == 0, p.readAll().constData());
     QImage image(qpath(png));

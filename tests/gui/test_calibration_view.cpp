@@ -4,6 +4,8 @@
 #include <QCoreApplication>
 #include <QFile>
 #include <QSettings>
+#include <QLineEdit>
+#include <QPushButton>
 #include <QSignalSpy>
 #include <QStandardPaths>
 #include <QTextBrowser>
@@ -23,16 +25,11 @@
 
 namespace fs = std::filesystem;
 using namespace hh::workbench;
+using namespace hh::test::gui;
 
 namespace {
 
-using hh::test::gui::demo_model;
-using hh::test::gui::env;
-using hh::test::gui::qpath;
-
-fs::path scratchRoot() { return hh::test::gui::scratch("gui_calibration_view"); }
-fs::path demoModel() { return demo_model(); }
-
+fs::path scratchRoot() { return scratch("gui_calibration_view"); }
 
 }  // namespace
 
@@ -41,13 +38,13 @@ class TestCalibrationView : public QObject {
 
  private Q_SLOTS:
   void initTestCase() {
-    hh::test::gui::fresh_scratch("gui_calibration_view");
+    fresh_scratch("gui_calibration_view");
   }
 
   void generatesFromTheFormAndShowsTheNeedle() {
     MainWindow w;
     w.setInteractive(false);
-    QVERIFY(w.openCheckpoint(qpath(demoModel())));
+    QVERIFY(w.openCheckpoint(qpath(demo_model())));
     CalibrationView* v = w.calibrationView();
     QVERIFY(v->taskIds().contains(QStringLiteral("niah-single")));
     QVERIFY(v->taskIds().contains(QStringLiteral("variable-tracking")));
@@ -66,7 +63,7 @@ class TestCalibrationView : public QObject {
     QCOMPARE(v->exampleCount(), 5);
 
     // The file is what the core reader reads, with the form's parameters.
-    const auto tok = hh::model::Tokenizer::load(demoModel() / "tokenizer.json");
+    const auto tok = hh::model::Tokenizer::load(demo_model() / "tokenizer.json");
     const auto examples = hh::interp::read_calibration(out, &tok, tok.vocab_size());
     QCOMPARE(examples.size(), size_t{5});
     for (const auto& ex : examples) {
@@ -87,16 +84,22 @@ class TestCalibrationView : public QObject {
     v->showExample(2);
     QVERIFY(v->browser()->toPlainText().contains(QStringLiteral("niah-single")));
 
-    // Use for analysis hands the file over.
-    QSignalSpy use(v, &CalibrationView::useForAnalysis);
-    QMetaObject::invokeMethod(v, [v] { Q_EMIT v->useForAnalysis(v->file()); });
-    QCOMPARE(use.count(), 1);
+    // "Use for Analysis" hands the file over to the Analysis view.
+    QPushButton* use = nullptr;
+    for (QPushButton* b : v->findChildren<QPushButton*>())
+      if (b->text() == QStringLiteral("Use for Analysis")) use = b;
+    QVERIFY(use && use->isEnabled());
+    QTest::mouseClick(use, Qt::LeftButton);
     QCOMPARE(w.currentPage(), MainWindow::Page::Analysis);
+    QVERIFY(w.analysisView()->findChild<QLineEdit*>() != nullptr);
+    bool handed = false;
+    for (QLineEdit* e : w.analysisView()->findChildren<QLineEdit*>()) handed = handed || e->text() == v->file();
+    QVERIFY(handed);
   }
 
   void refusesABrokenFileByLine() {
     CalibrationView v;
-    v.setModelDir(qpath(demoModel()));
+    v.setModelDir(qpath(demo_model()));
     const fs::path bad = scratchRoot() / "bad.jsonl";
     std::ofstream(bad) << R"({"task":"t","clean_ids":[1,2],"corrupt_ids":[1,3],"answer_ids":[4]})" << "\n"
                        << R"({"task":"t","clean_ids":[1,2],"corrupt_ids":[1],"answer_ids":[4]})" << "\n";

@@ -23,18 +23,12 @@
 
 namespace fs = std::filesystem;
 using namespace hh::workbench;
+using namespace hh::test::gui;
 
 namespace {
 
-using hh::test::gui::demo_model;
-using hh::test::gui::env;
-using hh::test::gui::qpath;
+fs::path scratchRoot() { return scratch("gui_eval_export"); }
 
-fs::path scratchRoot() { return hh::test::gui::scratch("gui_eval_export"); }
-fs::path demoModel() { return demo_model(); }
-
-
-bool run(const QStringList& args) { return hh::test::gui::run_hydrahead(args); }
 
 QByteArray head(const fs::path& f, int n) {
   QFile in(qpath(f));
@@ -50,13 +44,13 @@ class TestEvalAndExport : public QObject {
 
  private Q_SLOTS:
   void initTestCase() {
-    hh::test::gui::fresh_scratch("gui_eval_export");
+    fresh_scratch("gui_eval_export");
     niah_ = scratchRoot() / "niah.h5";
     ppl_ = scratchRoot() / "ppl.h5";
-    QVERIFY(run({"eval", "--model", qpath(demoModel()), "--task", "niah-grid", "--lengths", "512,1024", "--depths",
+    QVERIFY(run_hydrahead({"eval", "--model", qpath(demo_model()), "--task", "niah-grid", "--lengths", "512,1024", "--depths",
                  "0,0.5,1", "--n", "2", "--out", qpath(niah_)}));
     std::ofstream(scratchRoot() / "text.jsonl") << R"({"text": "The water comes in and goes out twice a day, more or less."})" << "\n";
-    QVERIFY(run({"eval", "--model", qpath(demoModel()), "--task", "ppl", "--data", qpath(scratchRoot() / "text.jsonl"),
+    QVERIFY(run_hydrahead({"eval", "--model", qpath(demo_model()), "--task", "ppl", "--data", qpath(scratchRoot() / "text.jsonl"),
                  "--seq", "64", "--out", qpath(ppl_)}));
   }
 
@@ -121,13 +115,13 @@ class TestEvalAndExport : public QObject {
 
   void evaluatesAModelInTheBackground() {
     EvalView v;
-    v.setProgram(env("HH_BIN_DIR") + QStringLiteral("/hydrahead"));
+    v.setProgram(program("hydrahead"));
     QSignalSpy evaluated(&v, &EvalView::evaluated);
     QSignalSpy failed(&v, &EvalView::failed);
     QString error;
     QVERIFY(!v.evaluate(qpath(scratchRoot()), EvalView::Hybrid, QStringLiteral("512"), 1, &error));
     QVERIFY(error.contains(QStringLiteral("config.json")));
-    QVERIFY2(v.evaluate(qpath(demoModel()), EvalView::Hybrid, QStringLiteral("512,640"), 1, &error), qPrintable(error));
+    QVERIFY2(v.evaluate(qpath(demo_model()), EvalView::Hybrid, QStringLiteral("512,640"), 1, &error), qPrintable(error));
     QVERIFY(v.isEvaluating());
     QVERIFY(evaluated.wait(120000));
     QCOMPARE(evaluated.first().first().toInt(), static_cast<int>(EvalView::Hybrid));
@@ -135,7 +129,7 @@ class TestEvalAndExport : public QObject {
     QCOMPARE(v.grid(EvalView::Hybrid)->depths.size(), size_t{5});
     QVERIFY(!v.grid(EvalView::Teacher).has_value());
     // A bad length list is the child's error, shown and signalled.
-    QVERIFY(v.evaluate(qpath(demoModel()), EvalView::Teacher, QStringLiteral("abc"), 1, &error));
+    QVERIFY(v.evaluate(qpath(demo_model()), EvalView::Teacher, QStringLiteral("abc"), 1, &error));
     QVERIFY(failed.wait(60000));
     QVERIFY2(failed.first().first().toString().contains(QStringLiteral("abc")), qPrintable(failed.first().first().toString()));
   }

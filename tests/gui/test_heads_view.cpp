@@ -39,20 +39,12 @@
 
 namespace fs = std::filesystem;
 using namespace hh::workbench;
+using namespace hh::test::gui;
 
 namespace {
 
-using hh::test::gui::demo_model;
-using hh::test::gui::env;
-using hh::test::gui::qpath;
+fs::path scratchRoot() { return scratch("gui_heads_view"); }
 
-fs::path scratchRoot() { return hh::test::gui::scratch("gui_heads_view"); }
-fs::path demoModel() { return demo_model(); }
-
-
-bool run(const QString& program, const QStringList& args, QString* output = nullptr) {
-  return hh::test::gui::run_program(program, args, output);
-}
 
 std::unique_ptr<MainWindow> newWindow() {
   auto w = std::make_unique<MainWindow>();
@@ -72,17 +64,16 @@ class TestHeadsView : public QObject {
 
  private Q_SLOTS:
   void initTestCase() {
-    hh::test::gui::fresh_scratch("gui_heads_view");
-    QVERIFY2(fs::exists(demoModel() / "config.json"), "the bundled demo model is missing");
-    const QString hh = env("HH_BIN_DIR") + QStringLiteral("/hydrahead");
+    fresh_scratch("gui_heads_view");
+    QVERIFY2(fs::exists(demo_model() / "config.json"), "the bundled demo model is missing");
     const fs::path calib = scratchRoot() / "calib.jsonl";
     analysis_ = scratchRoot() / "analysis.h5";
-    QVERIFY(run(hh, {"tasks", "generate", "--model", qpath(demoModel()), "--task", "niah-single", "--n", "3", "--length",
+    QVERIFY(run_hydrahead({"tasks", "generate", "--model", qpath(demo_model()), "--task", "niah-single", "--n", "3", "--length",
                      "256", "--param", "random_depth=true", "--seed", "3", "--out", qpath(calib)}));
-    QVERIFY(run(hh, {"analyze", "--model", qpath(demoModel()), "--calib", qpath(calib), "--method",
+    QVERIFY(run_hydrahead({"analyze", "--model", qpath(demo_model()), "--calib", qpath(calib), "--method",
                      "activation,path,retrieval,similarity", "--dtype", "f32", "--out", qpath(analysis_)}));
     heads_only_ = scratchRoot() / "heads-only.h5";
-    QVERIFY(run(hh, {"analyze", "--model", qpath(demoModel()), "--calib", qpath(calib), "--method", "retrieval",
+    QVERIFY(run_hydrahead({"analyze", "--model", qpath(demo_model()), "--calib", qpath(calib), "--method", "retrieval",
                      "--dtype", "f32", "--out", qpath(heads_only_)}));
   }
 
@@ -177,11 +168,12 @@ class TestHeadsView : public QObject {
     HeadsView* v = w->headsView();
     v->plot()->replot();
     QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(3, 4));  // a retrieval head
+    QCOMPARE(v->attentionShape(), std::make_pair(0, 0));  // no forward pass until asked for
     QString error;
     QVERIFY2(v->showAttention(1, &error), qPrintable(error));
     const auto [A, T] = v->attentionShape();
     // Example 1 of the calibration set, as the core reads it: the needle holds what the head reads.
-    const auto tok = hh::model::Tokenizer::load(demoModel() / "tokenizer.json");
+    const auto tok = hh::model::Tokenizer::load(demo_model() / "tokenizer.json");
     const auto examples = hh::interp::read_calibration(scratchRoot() / "calib.jsonl", &tok, tok.vocab_size());
     const auto& ex = examples[1];
     QCOMPARE(A, static_cast<int>(ex.answer_ids.size()));
@@ -203,6 +195,8 @@ class TestHeadsView : public QObject {
       QVERIFY2(inside, qPrintable(QStringLiteral("row %1 peaks at %2").arg(i).arg(best)));
     }
     QVERIFY(v->attentionText().contains(QStringLiteral("Head 3:4 on example 1")));
+    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(2, 1));  // now each click follows
+    QVERIFY2(v->attentionText().contains(QStringLiteral("Head 2:1 on example 1")), qPrintable(v->attentionText()));
     QVERIFY(!v->showAttention(99, &error));
     QVERIFY(error.contains(QStringLiteral("not in the calibration set")));
   }
@@ -249,7 +243,6 @@ class TestHeadsView : public QObject {
     auto w = newWindow();
     QVERIFY(w->openAnalysis(qpath(analysis_)));
     SelectionPanel* p = w->headsView()->selectionPanel();
-    const QString hh = env("HH_BIN_DIR") + QStringLiteral("/hydrahead");
     auto strip = [](const fs::path& f) {
       nlohmann::json j = nlohmann::json::parse(std::ifstream(f));
       j.erase("created");
@@ -276,7 +269,7 @@ class TestHeadsView : public QObject {
       const fs::path gui = scratchRoot() / ("gui-" + std::to_string(i) + ".json");
       const fs::path cli = scratchRoot() / ("cli-" + std::to_string(i++) + ".json");
       QVERIFY(w->exportManifest(qpath(gui)));
-      QVERIFY(run(hh, QStringList{"select", "--analysis", qpath(analysis_), "--compare", "--out", qpath(cli)} + c.cli));
+      QVERIFY(run_hydrahead(QStringList{"select", "--analysis", qpath(analysis_), "--compare", "--out", qpath(cli)} + c.cli));
       QCOMPARE(QString::fromStdString(strip(gui).dump(1)), QString::fromStdString(strip(cli).dump(1)));
       p->setMinPerLayer(0);
     }
@@ -288,7 +281,7 @@ class TestHeadsView : public QObject {
     for (const auto& [l, h] : w->selection()->sorted()) heads += QStringLiteral("%1%2:%3").arg(heads.isEmpty() ? "" : ",").arg(l).arg(h);
     const fs::path gui = scratchRoot() / "gui-manual.json", cli = scratchRoot() / "cli-manual.json";
     QVERIFY(w->exportManifest(qpath(gui)));
-    QVERIFY(run(hh, {"select", "--analysis", qpath(analysis_), "--compare", "--strategy", "manual", "--heads", heads,
+    QVERIFY(run_hydrahead({"select", "--analysis", qpath(analysis_), "--compare", "--strategy", "manual", "--heads", heads,
                      "--ratio", "7", "--out", qpath(cli)}));
     QCOMPARE(QString::fromStdString(strip(gui).dump(1)), QString::fromStdString(strip(cli).dump(1)));
     // An unwritable place is an error naming it, not a crash or a partial file.
@@ -302,8 +295,7 @@ class TestHeadsView : public QObject {
     auto w = newWindow();
     QVERIFY(w->openAnalysis(qpath(analysis_)));
     const fs::path manifest = scratchRoot() / "manifest.json";
-    QVERIFY(run(env("HH_BIN_DIR") + QStringLiteral("/hydrahead"),
-                {"select", "--analysis", qpath(analysis_), "--ratio", "7", "--out", qpath(manifest)}));
+    QVERIFY(run_hydrahead({"select", "--analysis", qpath(analysis_), "--ratio", "7", "--out", qpath(manifest)}));
     const auto m = hh::select::read_manifest(manifest);
     std::vector<HeadRef> want;
     for (const auto& [l, h] : m.fa_heads) want.push_back({static_cast<int>(l), static_cast<int>(h)});
@@ -392,8 +384,8 @@ class TestHeadsView : public QObject {
   void screenshotRendersTheWindow() {
     const fs::path png = scratchRoot() / "heads.png";
     QString out;
-    QVERIFY(run(env("HH_BIN_DIR") + QStringLiteral("/hydrahead-workbench"),
-                {"--model", qpath(demoModel()), "--analysis", qpath(analysis_), "--screenshot", qpath(png)}, &out));
+    QVERIFY(run_program(program("hydrahead-workbench"),
+                {"--model", qpath(demo_model()), "--analysis", qpath(analysis_), "--screenshot", qpath(png)}, &out));
     QImage image(qpath(png));
     QVERIFY(!image.isNull());
     QVERIFY(image.width() > 400 && image.height() > 300);
@@ -402,7 +394,7 @@ class TestHeadsView : public QObject {
       for (int x = 0; x < image.width(); x += 3) colours.insert(image.pixel(x, y));
     QVERIFY2(colours.size() > 50, qPrintable(QString::number(colours.size())));
     // And a failure to open is an exit status, not a silent picture.
-    QVERIFY(!run(env("HH_BIN_DIR") + QStringLiteral("/hydrahead-workbench"),
+    QVERIFY(!run_program(program("hydrahead-workbench"),
                  {"--analysis", qpath(scratchRoot() / "missing.h5"), "--screenshot", qpath(png)}));
   }
 };

@@ -23,17 +23,12 @@
 
 namespace fs = std::filesystem;
 using namespace hh::workbench;
+using namespace hh::test::gui;
 
 namespace {
 
-using hh::test::gui::demo_model;
-using hh::test::gui::env;
-using hh::test::gui::qpath;
+fs::path scratchRoot() { return scratch("gui_runs_view"); }
 
-fs::path scratchRoot() { return hh::test::gui::scratch("gui_runs_view"); }
-fs::path demoModel() { return demo_model(); }
-
-QString hydrahead() { return env("HH_BIN_DIR") + QStringLiteral("/hydrahead"); }
 
 void setStages(JobDialog& d, const std::vector<std::array<const char*, 4>>& rows) {
   for (int r = 0; r < static_cast<int>(rows.size()); ++r)
@@ -51,7 +46,7 @@ class TestRunsView : public QObject {
   QString job(const std::string& name, const std::vector<std::array<const char*, 4>>& stages) {
     JobDialog d;
     d.setTemplate(QStringLiteral("three-stage-quick"));
-    d.setTeacher(qpath(demoModel()));
+    d.setTeacher(qpath(demo_model()));
     d.setManifest(qpath(manifest_));
     d.setOutput(qpath(scratchRoot() / name));
     d.setDevice(QStringLiteral("cpu"));
@@ -64,11 +59,11 @@ class TestRunsView : public QObject {
 
  private Q_SLOTS:
   void initTestCase() {
-    hh::test::gui::fresh_scratch("gui_runs_view");
+    fresh_scratch("gui_runs_view");
     manifest_ = scratchRoot() / "manifest.json";
     QProcess p;
     p.setProcessChannelMode(QProcess::MergedChannels);
-    p.start(hydrahead(), {"select", "--model", qpath(demoModel()), "--strategy", "random", "--ratio", "7", "--seed", "1",
+    p.start(program("hydrahead"), {"select", "--model", qpath(demo_model()), "--strategy", "random", "--ratio", "7", "--seed", "1",
                           "--out", qpath(manifest_)});
     QVERIFY(p.waitForFinished(60000));
     QVERIFY2(p.exitCode() == 0, p.readAll().constData());
@@ -82,13 +77,13 @@ class TestRunsView : public QObject {
     QCOMPARE(spec.stages[0].batch, int64_t{2});
     QCOMPARE(spec.stages[1].lr, 0.0005);
     QCOMPARE(spec.stages[2].seq_len, int64_t{544});
-    QCOMPARE(QString::fromStdString(spec.teacher.string()), qpath(demoModel()));
+    QCOMPARE(QString::fromStdString(spec.teacher.string()), qpath(demo_model()));
     QCOMPARE(spec.device, std::string("cpu"));
     QCOMPARE(spec.data.size(), size_t{4});  // the built-in task mix
     QVERIFY(spec.stages[0].warmup < spec.stages[0].steps);
 
     JobDialog bad;
-    bad.setTeacher(qpath(demoModel()));
+    bad.setTeacher(qpath(demo_model()));
     bad.setManifest(qpath(manifest_));
     bad.setOutput(qpath(scratchRoot() / "bad"));
     bad.stages()->item(1, 1)->setText(QStringLiteral("many"));
@@ -102,7 +97,7 @@ class TestRunsView : public QObject {
     MainWindow w;
     w.setInteractive(false);
     RunsView* v = w.runsView();
-    v->setProgram(hydrahead());
+    v->setProgram(program("hydrahead"));
     const QString file = job("full", {{"4", "0.002", "288", "1"}, {"3", "0.0005", "288", "1"}, {"2", "0.0001", "288", "1"}});
     QSignalSpy progressed(v, &RunsView::progressed);
     QSignalSpy finished(v, &RunsView::finished);
@@ -134,7 +129,7 @@ class TestRunsView : public QObject {
 
   void cancelCheckpointsAndResumeFinishes() {
     RunsView v;
-    v.setProgram(hydrahead());
+    v.setProgram(program("hydrahead"));
     const QString file = job("cancel", {{"40", "0.002", "288", "1"}, {"2", "0.0005", "288", "1"}, {"2", "0.0001", "288", "1"}});
     QSignalSpy progressed(&v, &RunsView::progressed);
     QSignalSpy finished(&v, &RunsView::finished);
@@ -180,7 +175,7 @@ class TestRunsView : public QObject {
 
     // A job that fails inside (a manifest for another model) exits 1 with its error in the log.
     finished.clear();
-    v.setProgram(hydrahead());
+    v.setProgram(program("hydrahead"));
     QFile in(qpath(manifest_));
     QVERIFY(in.open(QIODevice::ReadOnly));
     QByteArray text = in.readAll();
@@ -192,7 +187,7 @@ class TestRunsView : public QObject {
     out.write(text);
     out.close();
     JobDialog d;
-    d.setTeacher(qpath(demoModel()));
+    d.setTeacher(qpath(demo_model()));
     d.setManifest(qpath(other));
     d.setOutput(qpath(scratchRoot() / "fail2"));
     setStages(d, {{"2", "0.002", "288", "1"}, {"2", "0.0005", "288", "1"}, {"2", "0.0001", "288", "1"}});
