@@ -6,8 +6,14 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
 #include "core/model/summary.h"
 #include "core/util/error.h"
+#ifdef HH_HAVE_KERNELS
+#include "kernels/gdn.h"
+#endif
 
 namespace hh::attention {
 namespace {
@@ -114,6 +120,311 @@ GdnOutput gdn_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   }
   at::Tensor o = at::stack(outs, 2).reshape({B, H, N * C, Dv}).narrow(2, 0, T).transpose(1, 2);  // [B, T, H, Dv]
   return {o.to(v.scalar_type()), S};
+}
+
+// ---- gdn_chunked_scan ------------------------------------------------------------------------------
+
+namespace {
+
+// The LibTorch form of hydrahead::gdn_state_scan, for any device and dtype: the loop the kernel runs.
+std::tuple<at::Tensor, at::Tensor> state_scan_reference(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0,
+                                                        at::IntArrayRef offsets, bool reverse) {
+  at::Tensor hist = at::empty_like(Z);
+  std::vector<at::Tensor> finals;
+  for (int64_t s = 0; s + 1 < static_cast<int64_t>(offsets.size()); ++s) {
+    at::Tensor Y = y0.select(0, s);  // [H, Dk, Dv]
+    const int64_t a = offsets[s], b = offsets[s + 1];
+    for (int64_t i = 0; i < b - a; ++i) {
+      const int64_t n = reverse ? b - 1 - i : a + i;
+      hist.select(1, n).copy_(Y);
+      Y = at::matmul(P.select(1, n).transpose(-1, -2), Y) + Z.select(1, n);
+    }
+    finals.push_back(Y);
+  }
+  return {hist, finals.empty() ? at::empty_like(y0) : at::stack(finals, 0)};
+}
+
+void check_scan_args(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, at::IntArrayRef offsets) {
+  if (P.dim() != 4 || Z.dim() != 4 || y0.dim() != 4 || P.size(2) != P.size(3) || Z.size(0) != P.size(0) ||
+      Z.size(1) != P.size(1) || Z.size(2) != P.size(2) || y0.size(1) != P.size(0) || y0.size(2) != P.size(2) ||
+      y0.size(3) != Z.size(3))
+    throw Error("gdn_state_scan: expected P [H, N, Dk, Dk], Z [H, N, Dk, Dv], y0 [S, H, Dk, Dv], got " +
+                shape_str(P.sizes()) + ", " + shape_str(Z.sizes()) + ", " + shape_str(y0.sizes()));
+  if (static_cast<int64_t>(offsets.size()) != y0.size(0) + 1 || offsets.front() != 0 || offsets.back() != P.size(1))
+    throw Error("gdn_state_scan: offsets must hold S + 1 = " + std::to_string(y0.size(0) + 1) + " values from 0 to N = " +
+                std::to_string(P.size(1)));
+  for (size_t i = 1; i < offsets.size(); ++i)
+    if (offsets[i] < offsets[i - 1]) throw Error("gdn_state_scan: offsets must not decrease");
+}
+
+std::tuple<at::Tensor, at::Tensor> state_scan_cpu(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0,
+                                                  at::IntArrayRef offsets, bool reverse) {
+  check_scan_args(P, Z, y0, offsets);
+  return state_scan_reference(P, Z, y0, offsets, reverse);
+}
+
+std::tuple<at::Tensor, at::Tensor> state_scan_cuda(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0,
+                                                   at::IntArrayRef offsets, bool reverse) {
+  check_scan_args(P, Z, y0, offsets);
+#ifdef HH_HAVE_KERNELS
+  if (kernels::state_scan_supported(P.size(2), Z.size(3), P.scalar_type()) && Z.scalar_type() == P.scalar_type() &&
+      y0.scalar_type() == P.scalar_type()) {
+    at::Tensor hist = at::empty_like(Z);
+    const at::Tensor fin =
+        kernels::state_scan(P.contiguous(), Z.contiguous(), y0.contiguous(), offsets.vec(), reverse, hist);
+    return {hist, fin};
+  }
+#endif
+  return state_scan_reference(P, Z, y0, offsets, reverse);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(hydrahead, m) {
+  m.def("gdn_state_scan(Tensor P, Tensor Z, Tensor y0, int[] offsets, bool reverse) -> (Tensor, Tensor)");
+}
+TORCH_LIBRARY_IMPL(hydrahead, CPU, m) { m.impl("gdn_state_scan", &state_scan_cpu); }
+TORCH_LIBRARY_IMPL(hydrahead, CUDA, m) { m.impl("gdn_state_scan", &state_scan_cuda); }
+
+ScanResult gdn_state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0,
+                          const std::vector<int64_t>& offsets, bool reverse) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("hydrahead::gdn_state_scan", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                    at::IntArrayRef, bool)>();
+  auto [hist, fin] = op.call(P, Z, y0, at::IntArrayRef(offsets), reverse);
+  return {hist, fin};
+}
+
+namespace {
+
+// Where each sequence's tokens go in the chunk grid: sequences are padded to whole chunks and laid
+// end to end, N chunks in all; chunk tensors are [H, N, C, ...].
+struct ChunkLayout {
+  int64_t rows = 0;              // B * T input rows
+  int64_t C = 0, N = 0;          // chunk length, chunks in all
+  std::vector<int64_t> offsets;  // S + 1 chunk offsets
+  at::Tensor gather;             // [N * C] input row of each grid slot (rows = the zero row of padding)
+  at::Tensor scatter;            // [rows] grid slot of each input row
+};
+
+ChunkLayout make_layout(int64_t B, int64_t T, int64_t C, const std::vector<int64_t>& cu_seqlens, const at::Device& dev) {
+  ChunkLayout L;
+  L.rows = B * T;
+  L.C = C;
+  std::vector<int64_t> starts, lens;
+  if (cu_seqlens.empty()) {
+    for (int64_t b = 0; b < B; ++b) starts.push_back(b * T), lens.push_back(T);
+  } else {
+    if (B != 1) throw Error("gated delta rule: cu_seqlens needs the sequences packed into one row (B = 1), got B = " +
+                            std::to_string(B));
+    if (cu_seqlens.size() < 2 || cu_seqlens.front() != 0 || cu_seqlens.back() != T)
+      throw Error("gated delta rule: cu_seqlens must run from 0 to T = " + std::to_string(T));
+    for (size_t i = 1; i < cu_seqlens.size(); ++i) {
+      if (cu_seqlens[i] < cu_seqlens[i - 1])
+        throw Error("gated delta rule: cu_seqlens must not decrease (entry " + std::to_string(i) + ")");
+      starts.push_back(cu_seqlens[i - 1]);
+      lens.push_back(cu_seqlens[i] - cu_seqlens[i - 1]);
+    }
+  }
+  L.offsets.push_back(0);
+  for (int64_t len : lens) L.offsets.push_back(L.offsets.back() + (len + C - 1) / C);
+  L.N = L.offsets.back();
+  std::vector<int64_t> gather(static_cast<size_t>(L.N * C), L.rows), scatter(static_cast<size_t>(L.rows));
+  for (size_t s = 0; s < starts.size(); ++s)
+    for (int64_t p = 0; p < lens[s]; ++p) {
+      const int64_t slot = L.offsets[s] * C + p;
+      gather[static_cast<size_t>(slot)] = starts[s] + p;
+      scatter[static_cast<size_t>(starts[s] + p)] = slot;
+    }
+  const auto li = at::TensorOptions().dtype(at::kLong);
+  L.gather = at::tensor(at::ArrayRef<int64_t>(gather), li).to(dev);
+  L.scatter = at::tensor(at::ArrayRef<int64_t>(scatter), li).to(dev);
+  return L;
+}
+
+// [B, T, H, ...] -> [H, N, C, ...] in dtype acc, padding slots zero.
+at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType acc) {
+  std::vector<int64_t> flat = {L.rows};
+  for (int64_t i = 2; i < x.dim(); ++i) flat.push_back(x.size(i));
+  at::Tensor f = x.to(acc).reshape(flat);
+  std::vector<int64_t> zero_shape = flat;
+  zero_shape[0] = 1;
+  f = at::cat({f, at::zeros(zero_shape, f.options())}, 0).index_select(0, L.gather);  // [N*C, H, ...]
+  std::vector<int64_t> grid = {L.N, L.C};
+  grid.insert(grid.end(), flat.begin() + 1, flat.end());
+  f = f.view(grid);  // [N, C, H, ...]
+  std::vector<int64_t> perm = {2, 0, 1};
+  for (int64_t i = 3; i < f.dim(); ++i) perm.push_back(i);
+  return f.permute(perm).contiguous();
+}
+
+// [H, N, C, D] -> [B, T, H, D]
+at::Tensor from_chunks(const at::Tensor& x, const ChunkLayout& L, int64_t B, int64_t T) {
+  const int64_t H = x.size(0), D = x.size(3);
+  return x.permute({1, 2, 0, 3}).reshape({L.N * L.C, H, D}).index_select(0, L.scatter).view({B, T, H, D});
+}
+
+// The chunk-local part of the rule for all chunks at once (the first half of gdn_chunked above,
+// on the chunk grid). Everything here is differentiable LibTorch.
+struct ChunkLocal {
+  at::Tensor W, U;      // [H, N, C, Dk], [H, N, C, Dv]: the UT transform's e^G K and V terms
+  at::Tensor attn;      // [H, N, C, C]: (Q K^T) * decay, i <= t
+  at::Tensor qdecay;    // e^{G_t} q_t
+  at::Tensor kdecay;    // e^{G_C - G_i} k_i
+  at::Tensor dl;        // [H, N]: e^{G_C}
+};
+
+ChunkLocal chunk_local(const at::Tensor& Q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& g,
+                       const at::Tensor& beta) {
+  const int64_t C = Q.size(2), Dk = Q.size(3);
+  const auto opts = Q.options();
+  const at::Tensor G = g.cumsum(-1);  // [H, N, C]
+  const at::Tensor incl = at::ones({C, C}, opts.dtype(at::kBool)).tril();
+  const at::Tensor strict = at::ones({C, C}, opts.dtype(at::kBool)).tril(-1);
+  const at::Tensor gamma = (G.unsqueeze(-1) - G.unsqueeze(-2))
+                               .masked_fill(incl.logical_not(), -std::numeric_limits<double>::infinity())
+                               .exp();
+  const at::Tensor Kt = K.transpose(-1, -2);
+  const at::Tensor L = (beta.unsqueeze(-1) * at::matmul(K, Kt) * gamma).masked_fill(strict.logical_not(), 0.0);
+  const at::Tensor M = L + at::eye(C, opts);
+  const at::Tensor rhs = at::cat({(beta * G.exp()).unsqueeze(-1) * K, beta.unsqueeze(-1) * V}, -1);
+  const at::Tensor WU = at::linalg_solve_triangular(M, rhs, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+  ChunkLocal r;
+  r.W = WU.narrow(-1, 0, Dk);
+  r.U = WU.narrow(-1, Dk, V.size(-1));
+  r.attn = at::matmul(Q, Kt) * gamma;
+  r.qdecay = G.exp().unsqueeze(-1) * Q;
+  const at::Tensor G_last = G.select(-1, C - 1);  // [H, N]
+  r.kdecay = (G_last.unsqueeze(-1) - G).exp().unsqueeze(-1) * K;
+  r.dl = G_last.exp();
+  return r;
+}
+
+// P_n with S_{n+1} = P_n^T S_n + Z_n: P_n^T = e^{G_C} I - kdecay^T W.
+at::Tensor transition(const ChunkLocal& c, bool transposed) {
+  const int64_t Dk = c.W.size(-1);
+  const at::Tensor eye = at::eye(Dk, c.W.options());
+  const at::Tensor KW = transposed ? at::matmul(c.kdecay.transpose(-1, -2), c.W)   // P_n^T
+                                   : at::matmul(c.W.transpose(-1, -2), c.kdecay);  // P_n
+  return c.dl.unsqueeze(-1).unsqueeze(-1) * eye - KW;
+}
+
+struct ChunkedInputs {
+  at::Tensor Q, K, V, g, beta;
+};
+ChunkedInputs chunk_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                           const at::Tensor& beta, const ChunkLayout& L, at::ScalarType acc) {
+  return {to_chunks(q, L, acc), to_chunks(k, L, acc), to_chunks(v, L, acc), to_chunks(g, L, acc),
+          to_chunks(beta, L, acc)};
+}
+
+class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                                const at::Tensor& beta, const at::Tensor& s0, double scale,
+                                                int64_t chunk, std::vector<int64_t> cu_seqlens) {
+    const int64_t B = q.size(0), T = q.size(1);
+    const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
+    const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
+    const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
+    const at::Tensor Z = at::matmul(c.kdecay.transpose(-1, -2), c.U);  // [H, N, Dk, Dv]
+    const ScanResult scan = gdn_state_scan(transition(c, /*transposed=*/false).contiguous(), Z.contiguous(),
+                                           s0.to(acc).contiguous(), L.offsets, /*reverse=*/false);
+    const at::Tensor S = scan.hist;  // the state at the start of each chunk
+    const at::Tensor O = (at::matmul(c.qdecay, S) + at::matmul(c.attn, c.U - at::matmul(c.W, S))) * scale;
+    ctx->save_for_backward({q, k, v, g, beta, S});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["cu_seqlens"] = cu_seqlens;
+    ctx->saved_data["s0_dtype"] = static_cast<int64_t>(s0.scalar_type());
+    return {from_chunks(O, L, B, T).to(v.scalar_type()), scan.final_state};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &beta = saved[4], &S = saved[5];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const std::vector<int64_t> cu_seqlens = ctx->saved_data["cu_seqlens"].toIntVector();
+    const auto s0_dtype = static_cast<at::ScalarType>(ctx->saved_data["s0_dtype"].toInt());
+    const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
+    const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
+    const int64_t nseq = static_cast<int64_t>(L.offsets.size()) - 1;
+    const at::Tensor dO = grads[0].defined() ? to_chunks(grads[0], L, acc)
+                                             : at::zeros({H, L.N, chunk, Dv}, q.options().dtype(acc));
+    const at::Tensor dfin = grads[1].defined() ? grads[1].to(acc).contiguous()
+                                               : at::zeros({nseq, H, Dk, Dv}, q.options().dtype(acc));
+
+    // 1. State gradients, last chunk to first: dS_n = P_n dS_{n+1} + X_n with
+    //    X_n = scale (qdecay - attn W)^T dO_n, the direct effect of S_n on chunk n's output.
+    at::Tensor dS_end, dS0;
+    {
+      at::NoGradGuard no_grad;
+      const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
+      const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
+      const at::Tensor X = at::matmul((c.qdecay - at::matmul(c.attn, c.W)).transpose(-1, -2), dO) * scale;
+      const ScanResult scan = gdn_state_scan(transition(c, /*transposed=*/true).contiguous(), X.contiguous(), dfin,
+                                             L.offsets, /*reverse=*/true);
+      dS_end = scan.hist;  // the gradient of the state at the end of each chunk
+      dS0 = scan.final_state;
+    }
+    // 2. With every chunk's start state S_n and end-state gradient fixed, the inputs' gradients are
+    //    those of sum_n <dO_n, O_n> + <dS_end_n, S_{n+1}> through the chunk-local function.
+    at::Tensor lq = q.detach().requires_grad_(true), lk = k.detach().requires_grad_(true),
+               lv = v.detach().requires_grad_(true), lg = g.detach().requires_grad_(true),
+               lb = beta.detach().requires_grad_(true);
+    torch::autograd::variable_list input_grads;
+    {
+      at::AutoGradMode grad_mode(true);
+      const ChunkedInputs in = chunk_inputs(lq, lk, lv, lg, lb, L, acc);
+      const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
+      const at::Tensor Uc = c.U - at::matmul(c.W, S);
+      const at::Tensor O = (at::matmul(c.qdecay, S) + at::matmul(c.attn, Uc)) * scale;
+      const at::Tensor S_next = c.dl.unsqueeze(-1).unsqueeze(-1) * S + at::matmul(c.kdecay.transpose(-1, -2), Uc);
+      const at::Tensor objective = (O * dO).sum() + (S_next * dS_end).sum();
+      input_grads = torch::autograd::grad({objective}, {lq, lk, lv, lg, lb}, {}, /*retain_graph=*/false,
+                                          /*create_graph=*/false, /*allow_unused=*/true);
+    }
+    auto cast = [](const at::Tensor& gr, const at::Tensor& like) {
+      return gr.defined() ? gr.to(like.scalar_type()) : at::zeros_like(like);
+    };
+    return {cast(input_grads[0], q), cast(input_grads[1], k), cast(input_grads[2], v), cast(input_grads[3], g),
+            cast(input_grads[4], beta), dS0.to(s0_dtype), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+GdnOutput gdn_chunked_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                           const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
+                           const std::vector<int64_t>& cu_seqlens) {
+  if (chunk < 1) throw Error("gated delta rule: chunk must be >= 1");
+  const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  if (q.dim() != 4) throw Error("gated delta rule: q must be [B, T, H, Dk], got " + shape_str(q.sizes()));
+  const int64_t B = q.size(0), H = q.size(2), Dk = q.size(3);
+  const int64_t nseq = cu_seqlens.empty() ? B : static_cast<int64_t>(cu_seqlens.size()) - 1;
+  // Shape checks on the batch form (initial_state checked against the number of sequences).
+  check_inputs(q, k, v, g, beta, at::Tensor());
+  const int64_t Dv = v.size(3);
+  if (initial_state.defined() && initial_state.sizes() != at::IntArrayRef({nseq, H, Dk, Dv}))
+    throw Error("gated delta rule: initial_state must be [S, H, Dk, Dv] = " + shape_str({nseq, H, Dk, Dv}) + ", got " +
+                shape_str(initial_state.sizes()));
+  const at::Tensor s0 =
+      initial_state.defined() ? initial_state : at::zeros({std::max<int64_t>(nseq, 0), H, Dk, Dv}, q.options().dtype(acc));
+  auto r = GdnScanFunction::apply(q, k, v, g, beta, s0, scale, chunk, cu_seqlens);
+  return {r[0], r[1]};
+}
+
+GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
+              const at::Tensor& initial_state, double scale, int64_t chunk) {
+  if (q.is_cuda()) return gdn_chunked_scan(q, k, v, g, beta, initial_state, scale, chunk);
+  return gdn_chunked(q, k, v, g, beta, initial_state, scale, chunk);
 }
 
 }  // namespace hh::attention

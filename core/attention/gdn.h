@@ -12,6 +12,7 @@
 // hand-off is batched matrix work. Both are plain LibTorch ops, so autograd differentiates them, and
 // both take any T (not a multiple of the chunk, shorter than a chunk).
 #include <cstdint>
+#include <vector>
 
 #include "core/util/compat.h"
 
@@ -27,5 +28,34 @@ GdnOutput gdn_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         const at::Tensor& beta, const at::Tensor& initial_state, double scale);
 GdnOutput gdn_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                       const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk = 64);
+
+// The same chunked rule evaluated for speed, and the path the hybrid layer takes on CUDA tensors:
+//  - everything inside a chunk (the UT transform, the intra-chunk attention, each chunk's state
+//    transition P_n and input Z_n) is batched over all chunks of all sequences at once;
+//  - only the chunk-to-chunk recurrence S_{n+1} = P_n^T S_n + Z_n runs in order, as the op
+//    hydrahead::gdn_state_scan (a CUDA kernel, kernels/gdn.cu; a LibTorch loop elsewhere);
+//  - the backward runs the same scan in reverse for the state gradients (dS_n = P_n dS_{n+1} + X_n),
+//    then differentiates the chunk-local function for all chunks at once with the chunk-start
+//    states and the chunk-end state gradients held fixed, which is the exact gradient.
+// cu_seqlens (host values 0 = c_0 < c_1 < ... < c_S = T, B must be 1) packs S sequences of lengths
+// c_{s+1} - c_s into one row: chunks never cross a boundary, initial_state and the returned state are
+// then [S, H, Dk, Dv]. Without it, each of the B rows is one sequence.
+GdnOutput gdn_chunked_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                           const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk = 64,
+                           const std::vector<int64_t>& cu_seqlens = {});
+
+// gdn_chunked_scan on CUDA tensors, gdn_chunked elsewhere.
+GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
+              const at::Tensor& initial_state, double scale, int64_t chunk = 64);
+
+// The op hydrahead::gdn_state_scan, through the dispatcher. P [H, N, Dk, Dk], Z [H, N, Dk, Dv],
+// y0 [S, H, Dk, Dv] of one floating dtype; the chunks of sequence s are [offsets[s], offsets[s+1]).
+// Per (s, h): Y = y0; for each chunk n in order (reversed when reverse): hist[h, n] = Y; Y = P^T Y + Z.
+// Returns {hist [H, N, Dk, Dv], final Y [S, H, Dk, Dv]}.
+struct ScanResult {
+  at::Tensor hist, final_state;
+};
+ScanResult gdn_state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0,
+                          const std::vector<int64_t>& offsets, bool reverse);
 
 }  // namespace hh::attention

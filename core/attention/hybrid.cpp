@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/attention/fusion.h"
 #include "core/attention/gdn.h"
 #include "core/model/transformer.h"
 #include "core/util/error.h"
@@ -141,10 +142,15 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
   const double eps = cfg.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(Dh));
   const int64_t nF = static_cast<int64_t>(split.fa.size()), nL = static_cast<int64_t>(split.la.size());
   std::vector<at::Tensor> out(static_cast<size_t>(Hq));  // per head [B, T, Dh]
-  // Head h's contribution: gate_i * (gamma_h * RMSNorm(o)), or o itself under fusion_concat.
-  auto fuse = [&](const at::Tensor& o_h, const at::Tensor& gate, int64_t i, int64_t h) {
-    if (o.fusion_concat) return o_h;
-    return gate.select(2, i) * (w.fusion_gamma[h] * model::rms_norm(o_h, {}, eps));
+  // The heads' contributions gate * (gamma_h * RMSNorm(o_h)), or o itself under fusion_concat, placed
+  // at their original head positions. o_grp, gate [B, T, n, Dh] for the n heads of `heads`.
+  auto fuse = [&](const at::Tensor& o_grp, const at::Tensor& gate, const std::vector<int64_t>& heads) {
+    at::Tensor y = o_grp;
+    if (!o.fusion_concat) {
+      const at::Tensor idx = at::tensor(at::ArrayRef<int64_t>(heads), at::TensorOptions().dtype(at::kLong));
+      y = fusion_norm(o_grp, gate, w.fusion_gamma.index_select(0, idx.to(o_grp.device())), eps);
+    }
+    for (size_t i = 0; i < heads.size(); ++i) out[static_cast<size_t>(heads[i])] = y.select(2, static_cast<int64_t>(i));
   };
 
   if (nF > 0) {
@@ -178,10 +184,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     }
     const at::Tensor o_fa = model::causal_attention(q, kf, vf, scale, pk, pv);  // [B, T, nF, Dh]
     const at::Tensor gate = o.fusion_concat ? at::Tensor() : at::sigmoid(at::linear(xn, w.fa_gate)).view({B, T, nF, Dh});
-    for (int64_t i = 0; i < nF; ++i) {
-      const int64_t h = split.fa[static_cast<size_t>(i)];
-      out[static_cast<size_t>(h)] = fuse(o_fa.select(2, i), gate, i, h);
-    }
+    fuse(o_fa, gate, split.fa);
   }
   if (nL > 0) {
     at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.la, Dh));  // [B, T, nL*Dh]
@@ -203,14 +206,11 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     if (o.gdn_allow_neg_eigval) beta = beta * 2;
     const at::Tensor g = -w.la_A_log.exp() * at::softplus(at::linear(xn, w.la_a_proj) + w.la_dt_bias);  // [B, T, nL]
     const at::Tensor s0 = cache != nullptr ? cache->la_state : at::Tensor();
-    const GdnOutput r = chunked ? gdn_chunked(q, k, v, g, beta, s0, scale, o.gdn_chunk)
+    const GdnOutput r = chunked ? gdn(q, k, v, g, beta, s0, scale, o.gdn_chunk)
                                 : gdn_recurrent(q, k, v, g, beta, s0, scale);
     if (cache != nullptr) cache->la_state = r.state;
     const at::Tensor gate = o.fusion_concat ? at::Tensor() : at::silu(at::linear(xn, w.la_gate)).view({B, T, nL, Dh});
-    for (int64_t i = 0; i < nL; ++i) {
-      const int64_t h = split.la[static_cast<size_t>(i)];
-      out[static_cast<size_t>(h)] = fuse(r.o.select(2, i), gate, i, h);
-    }
+    fuse(r.o, gate, split.la);
   }
   if (cache != nullptr) cache->pos += T;
   return at::stack(out, 2);  // [B, T, Hq, Dh], heads in their original order

@@ -113,6 +113,117 @@ TEST(GatedDeltaRule, ChunkedGradientsMatchFiniteDifferencesAndTheRecurrence) {
   }
 }
 
+// ---- gdn_chunked_scan: batched chunk-local work around the state scan, with its own backward ----
+
+using hh::attention::gdn_chunked_scan;
+using hh::attention::gdn_state_scan;
+
+TEST(GatedDeltaRuleScan, StateScanOpRunsTheRecurrenceForwardAndBackward) {
+  // Two sequences of 2 and 1 chunks (and an empty one), H = 1, Dk = 2, Dv = 1, numbers by hand:
+  // Y_{n+1} = P_n^T Y_n + Z_n.
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  const auto P = torch::tensor({1.0, 2.0, 0.0, 1.0,    // P_0 = [[1, 2], [0, 1]]
+                                0.5, 0.0, 0.0, 2.0,    // P_1 = diag(0.5, 2)
+                                0.0, 1.0, 1.0, 0.0},   // P_2 = [[0, 1], [1, 0]]
+                               f64).view({1, 3, 2, 2});
+  const auto Z = torch::tensor({1.0, 0.0, 0.0, 1.0, 3.0, 4.0}, f64).view({1, 3, 2, 1});
+  const auto y0 = torch::tensor({1.0, 1.0, 2.0, -1.0, 7.0, 8.0}, f64).view({3, 1, 2, 1});
+  const auto fw = gdn_state_scan(P, Z, y0, {0, 2, 2, 3}, /*reverse=*/false);
+  // seq 0: Y0 = (1, 1); P_0^T Y0 = (1, 3) + (1, 0) = (2, 3); P_1^T (2, 3) = (1, 6) + (0, 1) = (1, 7).
+  // seq 1: no chunks, final = (2, -1). seq 2: Y0 = (7, 8); P_2^T Y0 = (8, 7) + (3, 4) = (11, 11).
+  EXPECT_TRUE(torch::equal(fw.hist.flatten(), torch::tensor({1.0, 1.0, 2.0, 3.0, 7.0, 8.0}, f64)));
+  EXPECT_TRUE(torch::equal(fw.final_state.flatten(), torch::tensor({1.0, 7.0, 2.0, -1.0, 11.0, 11.0}, f64)));
+  const auto bw = gdn_state_scan(P, Z, y0, {0, 2, 2, 3}, /*reverse=*/true);
+  // seq 0 reversed: Y = (1, 1); P_1^T Y + Z_1 = (0.5, 2) + (0, 1) = (0.5, 3); P_0^T (0.5, 3) + Z_0 = (1.5, 4).
+  EXPECT_TRUE(torch::equal(bw.hist.flatten(), torch::tensor({0.5, 3.0, 1.0, 1.0, 7.0, 8.0}, f64)));
+  EXPECT_TRUE(torch::equal(bw.final_state.flatten(), torch::tensor({1.5, 4.0, 2.0, -1.0, 11.0, 11.0}, f64)));
+  EXPECT_MENTIONS(hh::test::error_of([&] { gdn_state_scan(P, Z, y0, {0, 2, 3}, false); }), "offsets must hold S + 1 = 4");
+}
+
+TEST(GatedDeltaRuleScan, EqualsTheRecurrenceForAnyLengthAndRegime) {
+  struct Case {
+    int64_t B, T, chunk;
+    double decay, beta_lo, beta_hi;
+    bool state;
+  };
+  for (const Case& c : {Case{2, 1, 64, 1, 0, 1, false}, Case{2, 63, 64, 1, 0, 1, true}, Case{1, 65, 64, 1, 0, 1, true},
+                        Case{2, 200, 64, 8, 0, 1, true}, Case{1, 150, 16, 0.5, 0, 2, true}, Case{1, 37, 8, 0, 0.99, 1, false}}) {
+    const auto in = make_inputs(c.B, c.T, 3, 16, 8, 40 + c.T, c.decay, c.beta_lo, c.beta_hi, c.state);
+    const auto r = gdn_recurrent(in.q, in.k, in.v, in.g, in.beta, in.s0, 0.25);
+    const auto s = gdn_chunked_scan(in.q, in.k, in.v, in.g, in.beta, in.s0, 0.25, c.chunk);
+    const std::string what = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " chunk=" + std::to_string(c.chunk);
+    ASSERT_EQ(s.o.sizes(), r.o.sizes()) << what;
+    EXPECT_LT((s.o - r.o).abs().max().item<double>(), 1e-10) << what;
+    EXPECT_LT((s.state - r.state).abs().max().item<double>(), 1e-10) << what;
+  }
+}
+
+TEST(GatedDeltaRuleScan, PackedSequencesEqualEachSequenceAlone) {
+  // Lengths 5, 0, 64, 70 packed into one row; each must see only its own tokens and its own state.
+  const std::vector<int64_t> cu = {0, 5, 5, 69, 139};
+  const auto in = make_inputs(1, 139, 2, 8, 16, 77, 1.0, 0.0, 1.0);
+  const auto s0 = torch::randn({4, 2, 8, 16}, torch::kDouble);
+  const auto packed = gdn_chunked_scan(in.q, in.k, in.v, in.g, in.beta, s0, 0.5, 16, cu);
+  ASSERT_EQ(packed.state.sizes(), s0.sizes());
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
+    const int64_t a = cu[s], len = cu[s + 1] - cu[s];
+    const auto init = s0.narrow(0, static_cast<int64_t>(s), 1);
+    if (len == 0) {
+      EXPECT_TRUE(torch::equal(packed.state[static_cast<int64_t>(s)], s0[static_cast<int64_t>(s)])) << "empty sequence";
+      continue;
+    }
+    auto cut = [&](const torch::Tensor& x) { return x.narrow(1, a, len); };
+    const auto alone = gdn_recurrent(cut(in.q), cut(in.k), cut(in.v), cut(in.g), cut(in.beta), init, 0.5);
+    EXPECT_LT((cut(packed.o) - alone.o).abs().max().item<double>(), 1e-10) << "sequence " << s;
+    EXPECT_LT((packed.state.narrow(0, static_cast<int64_t>(s), 1) - alone.state).abs().max().item<double>(), 1e-10)
+        << "sequence " << s;
+  }
+  EXPECT_MENTIONS(hh::test::error_of([&] { gdn_chunked_scan(in.q, in.k, in.v, in.g, in.beta, {}, 0.5, 16, {0, 5, 100}); }),
+                  "cu_seqlens must run from 0 to T = 139");
+  EXPECT_MENTIONS(hh::test::error_of([&] { gdn_chunked_scan(in.q, in.k, in.v, in.g, in.beta, s0, 0.5, 16, {0, 139}); }),
+                  "initial_state must be [S, H, Dk, Dv] = [1, 2, 8, 16]");
+}
+
+TEST(GatedDeltaRuleScan, GradientsEqualAutogradThroughTheReference) {
+  // Several chunks and a ragged end, initial state, loss on the output and the final state; and the
+  // packed form against its sequences' reference gradients.
+  for (const std::vector<int64_t>& cu : {std::vector<int64_t>{}, std::vector<int64_t>{0, 9, 9, 30}}) {
+    const int64_t B = cu.empty() ? 2 : 1, S = cu.empty() ? 2 : 3;
+    Inputs in = make_inputs(B, 30, 2, 6, 5, 8, 1.0, 0.1, 1.5);
+    in.s0 = torch::randn({S, 2, 6, 5}, torch::kDouble);
+    for (auto* t : {&in.q, &in.k, &in.v, &in.g, &in.beta, &in.s0}) t->requires_grad_(true);
+    const auto w_o = torch::randn({B, 30, 2, 5}, torch::kDouble), w_s = torch::randn({S, 2, 6, 5}, torch::kDouble);
+    const std::vector<torch::Tensor> leaves = {in.q, in.k, in.v, in.g, in.beta, in.s0};
+    const auto fast = gdn_chunked_scan(in.q, in.k, in.v, in.g, in.beta, in.s0, 0.5, 8, cu);
+    const auto g_fast = torch::autograd::grad({(fast.o * w_o).sum() + (fast.state * w_s).sum()}, leaves);
+    torch::Tensor ref_loss = torch::zeros({}, torch::kDouble);
+    if (cu.empty()) {
+      const auto ref = gdn_chunked(in.q, in.k, in.v, in.g, in.beta, in.s0, 0.5, 8);
+      ref_loss = (ref.o * w_o).sum() + (ref.state * w_s).sum();
+    } else {
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t a = cu[static_cast<size_t>(s)], len = cu[static_cast<size_t>(s) + 1] - a;
+        const auto init = in.s0.narrow(0, s, 1);
+        if (len == 0) {
+          ref_loss = ref_loss + (init * w_s.narrow(0, s, 1)).sum();
+          continue;
+        }
+        auto cut = [&](const torch::Tensor& x) { return x.narrow(1, a, len); };
+        const auto ref = gdn_chunked(cut(in.q), cut(in.k), cut(in.v), cut(in.g), cut(in.beta), init, 0.5, 8);
+        ref_loss = ref_loss + (ref.o * cut(w_o)).sum() + (ref.state * w_s.narrow(0, s, 1)).sum();
+      }
+    }
+    const auto g_ref = torch::autograd::grad({ref_loss}, leaves);
+    const char* names[] = {"q", "k", "v", "g", "beta", "s0"};
+    for (size_t i = 0; i < leaves.size(); ++i) {
+      const double scale = g_ref[i].abs().max().item<double>();
+      EXPECT_GT(scale, 0.0) << names[i];
+      EXPECT_LT((g_fast[i] - g_ref[i]).abs().max().item<double>(), 1e-9 * std::max(1.0, scale))
+          << names[i] << (cu.empty() ? " (batch)" : " (packed)");
+    }
+  }
+}
+
 TEST(GatedDeltaRule, BadShapesAreRefusedNamingTheTensor) {
   const auto in = make_inputs(1, 4, 2, 8, 8, 7);
   EXPECT_MENTIONS(hh::test::error_of([&] { gdn_chunked(in.q, in.k.narrow(3, 0, 4), in.v, in.g, in.beta, {}, 1.0); }),

@@ -1,0 +1,302 @@
+#include "kernels/gdn.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hh::kernels {
+namespace {
+
+constexpr int kScanColumns = 16;  // state columns a block owns
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// One block per (16 state columns, head, sequence). Thread (rg, cg) owns state rows 4rg..4rg+3 and
+// columns 4cg..4cg+3 of the block's slice, in registers; the slice is mirrored in shared memory for
+// the product, and P of the next chunk streams into the other half of a double buffer while this
+// chunk's product runs.
+template <int DK, int BV>
+__global__ void __launch_bounds__((DK / 4) * (BV / 4))
+    state_scan_kernel(const float* __restrict__ P, const float* __restrict__ Z, const float* __restrict__ y0,
+                      float* __restrict__ hist, float* __restrict__ fin, const int64_t* __restrict__ offsets, int H,
+                      int64_t N, int Dv, bool reverse) {
+  constexpr int RG = DK / 4, NT = (DK / 4) * (BV / 4);
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* const Ps0 = smem;
+  float* const Ps1 = smem + DK * DK;
+  float* const Ys = smem + 2 * DK * DK;  // [DK][BV]
+  const int t = threadIdx.x, rg = t % RG, cg = t / RG;
+  const int h = blockIdx.y, s = blockIdx.z;
+  const int64_t n0 = offsets[s], n1 = offsets[s + 1], count = n1 - n0;
+  const int col = blockIdx.x * BV + cg * 4;  // first of this thread's 4 columns of Dv
+  const int64_t state = static_cast<int64_t>(DK) * Dv;
+
+  float y[4][4];
+  {
+    const float* src = y0 + (static_cast<int64_t>(s) * H + h) * state;
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      const int row = rg * 4 + a;
+      const float4 v = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(row) * Dv + col);
+      y[a][0] = v.x, y[a][1] = v.y, y[a][2] = v.z, y[a][3] = v.w;
+      *reinterpret_cast<float4*>(Ys + row * BV + cg * 4) = v;
+    }
+  }
+  auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
+  auto load_P = [&](int64_t n, float* dst) {
+    const float* src = P + (static_cast<int64_t>(h) * N + n) * DK * DK;
+    for (int i = t; i < DK * DK / 4; i += NT) cp_async16(dst + 4 * i, src + 4 * i);
+    cp_async_commit();
+  };
+  if (count > 0) load_P(chunk(0), Ps0);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t n = chunk(i);
+    if (i + 1 < count) {
+      load_P(chunk(i + 1), (i & 1) ? Ps0 : Ps1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // P_n and the state slice in shared memory are complete
+    const int64_t base = (static_cast<int64_t>(h) * N + n) * state;
+    float acc[4][4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      const int64_t off = base + static_cast<int64_t>(rg * 4 + a) * Dv + col;
+      const float4 z = *reinterpret_cast<const float4*>(Z + off);
+      acc[a][0] = z.x, acc[a][1] = z.y, acc[a][2] = z.z, acc[a][3] = z.w;
+      *reinterpret_cast<float4*>(hist + off) = make_float4(y[a][0], y[a][1], y[a][2], y[a][3]);
+    }
+    const float* Pn = (i & 1) ? Ps1 : Ps0;
+#pragma unroll 8
+    for (int j = 0; j < DK; ++j) {
+      const float4 p = *reinterpret_cast<const float4*>(Pn + j * DK + rg * 4);  // P[j][rows]
+      const float4 v = *reinterpret_cast<const float4*>(Ys + j * BV + cg * 4);  // Y[j][cols]
+      const float pa[4] = {p.x, p.y, p.z, p.w}, va[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(pa[a], va[b], acc[a][b]);
+    }
+    __syncthreads();  // every thread has read P_n and the old state slice
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) y[a][b] = acc[a][b];
+      *reinterpret_cast<float4*>(Ys + (rg * 4 + a) * BV + cg * 4) = make_float4(y[a][0], y[a][1], y[a][2], y[a][3]);
+    }
+  }
+  float* dst = fin + (static_cast<int64_t>(s) * H + h) * state;
+#pragma unroll
+  for (int a = 0; a < 4; ++a)
+    *reinterpret_cast<float4*>(dst + static_cast<int64_t>(rg * 4 + a) * Dv + col) =
+        make_float4(y[a][0], y[a][1], y[a][2], y[a][3]);
+}
+
+template <int DK>
+void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, at::Tensor& hist, at::Tensor& fin,
+                 const at::Tensor& offsets, bool reverse) {
+  constexpr int BV = kScanColumns, NT = (DK / 4) * (BV / 4);
+  const int H = static_cast<int>(P.size(0)), Dv = static_cast<int>(Z.size(3));
+  const int64_t N = P.size(1), S = y0.size(0);
+  const size_t smem = (2 * DK * DK + DK * BV) * sizeof(float);
+  auto kernel = state_scan_kernel<DK, BV>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(Dv / BV), static_cast<unsigned>(H), static_cast<unsigned>(S));
+  kernel<<<grid, NT, smem, at::cuda::getCurrentCUDAStream()>>>(P.data_ptr<float>(), Z.data_ptr<float>(),
+                                                               y0.data_ptr<float>(), hist.data_ptr<float>(),
+                                                               fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H,
+                                                               N, Dv, reverse);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// ---- scale-normalised fusion: one warp per row of Dh <= 256 elements (8 a lane) ----
+constexpr int kFusionWarps = 8;
+constexpr int kMaxPerLane = 8;
+
+template <class T>
+__global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restrict__ gate, const T* __restrict__ gamma,
+                                      T* __restrict__ y, int64_t rows, int n, int Dh, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kFusionWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const T* orow = o + row * Dh;
+  const T* grow = gate + row * Dh;
+  const T* gm = gamma + (row % n) * Dh;
+  float x[kMaxPerLane];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) {
+    const int d = lane + 32 * k;
+    x[k] = d < Dh ? static_cast<float>(orow[d]) : 0.f;
+    ss += x[k] * x[k];
+  }
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float rstd = rsqrtf(ss / static_cast<float>(Dh) + eps);
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) {
+    const int d = lane + 32 * k;
+    if (d >= Dh) continue;
+    const T normed = static_cast<T>(x[k] * rstd);
+    const T scaled = static_cast<T>(static_cast<float>(gm[d]) * static_cast<float>(normed));
+    y[row * Dh + d] = static_cast<T>(static_cast<float>(grow[d]) * static_cast<float>(scaled));
+  }
+}
+
+template <class T>
+__global__ void fusion_backward_kernel(const T* __restrict__ dy, const T* __restrict__ o, const T* __restrict__ gate,
+                                       const T* __restrict__ gamma, T* __restrict__ d_o, T* __restrict__ d_gate,
+                                       float* __restrict__ d_gamma_rows, int64_t rows, int n, int Dh, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kFusionWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int64_t base = row * Dh;
+  const T* gm = gamma + (row % n) * Dh;
+  float x[kMaxPerLane], dn[kMaxPerLane];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) {
+    const int d = lane + 32 * k;
+    x[k] = d < Dh ? static_cast<float>(o[base + d]) : 0.f;
+    ss += x[k] * x[k];
+  }
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float rstd = rsqrtf(ss / static_cast<float>(Dh) + eps);
+  float dot = 0.f;  // sum(dn * normed)
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) {
+    const int d = lane + 32 * k;
+    dn[k] = 0.f;
+    if (d >= Dh) continue;
+    const float normed = x[k] * rstd;
+    const float nr = static_cast<float>(static_cast<T>(normed));
+    const float g = static_cast<float>(gm[d]);
+    const float dyv = static_cast<float>(dy[base + d]);
+    const float a = dyv * static_cast<float>(gate[base + d]);
+    d_gate[base + d] = static_cast<T>(dyv * static_cast<float>(static_cast<T>(g * nr)));
+    d_gamma_rows[base + d] = a * nr;
+    dn[k] = a * g;
+    dot += dn[k] * normed;
+  }
+  for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+  const float mean = dot / static_cast<float>(Dh);
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) {
+    const int d = lane + 32 * k;
+    if (d < Dh) d_o[base + d] = static_cast<T>(rstd * (dn[k] - x[k] * rstd * mean));
+  }
+}
+
+void check(const at::Tensor& t, const char* what) {
+  if (!t.is_cuda()) throw std::invalid_argument(std::string("hh::kernels: ") + what + " must be a CUDA tensor");
+  if (!t.is_contiguous()) throw std::invalid_argument(std::string("hh::kernels: ") + what + " must be contiguous");
+}
+
+void check_fusion(const at::Tensor& o, const at::Tensor& gate, const at::Tensor& gamma) {
+  check(o, "o");
+  check(gate, "gate");
+  check(gamma, "gamma");
+  if (o.dim() != 3 || gate.sizes() != o.sizes() || gamma.dim() != 2 || gamma.size(0) != o.size(1) ||
+      gamma.size(1) != o.size(2))
+    throw std::invalid_argument("hh::kernels::fusion_norm: expected o and gate [R, n, Dh], gamma [n, Dh]");
+  if (gate.scalar_type() != o.scalar_type() || gamma.scalar_type() != o.scalar_type())
+    throw std::invalid_argument("hh::kernels::fusion_norm: o, gate and gamma must share a dtype");
+  if (o.size(2) > 32 * kMaxPerLane) throw std::invalid_argument("hh::kernels::fusion_norm: head_dim must be <= 256");
+}
+
+}  // namespace
+
+bool state_scan_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
+  return dtype == at::kFloat && (Dk == 32 || Dk == 64 || Dk == 128) && Dv > 0 && Dv % kScanColumns == 0;
+}
+
+at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, const std::vector<int64_t>& offsets,
+                      bool reverse, at::Tensor& hist) {
+  check(P, "P");
+  check(Z, "Z");
+  check(y0, "y0");
+  check(hist, "hist");
+  if (P.dim() != 4 || Z.dim() != 4 || y0.dim() != 4 || P.size(2) != P.size(3))
+    throw std::invalid_argument("hh::kernels::state_scan: expected P [H, N, Dk, Dk], Z [H, N, Dk, Dv], y0 [S, H, Dk, Dv]");
+  const int64_t H = P.size(0), N = P.size(1), Dk = P.size(2), Dv = Z.size(3), S = y0.size(0);
+  if (Z.size(0) != H || Z.size(1) != N || Z.size(2) != Dk || y0.size(1) != H || y0.size(2) != Dk || y0.size(3) != Dv ||
+      hist.sizes() != Z.sizes())
+    throw std::invalid_argument("hh::kernels::state_scan: P, Z, y0 and hist disagree in shape");
+  if (!state_scan_supported(Dk, Dv, P.scalar_type()) || Z.scalar_type() != at::kFloat ||
+      y0.scalar_type() != at::kFloat || hist.scalar_type() != at::kFloat)
+    throw std::invalid_argument("hh::kernels::state_scan: float32 with Dk in {32, 64, 128} and Dv a multiple of 16 only");
+  if (static_cast<int64_t>(offsets.size()) != S + 1 || offsets.front() != 0 || offsets.back() != N)
+    throw std::invalid_argument("hh::kernels::state_scan: offsets must hold S + 1 values from 0 to N");
+  for (size_t i = 1; i < offsets.size(); ++i)
+    if (offsets[i] < offsets[i - 1]) throw std::invalid_argument("hh::kernels::state_scan: offsets must not decrease");
+  const c10::cuda::CUDAGuard guard(P.device());
+  at::Tensor fin = at::empty_like(y0);
+  if (S == 0 || H == 0) return fin;
+  const at::Tensor off =
+      at::tensor(at::ArrayRef<int64_t>(offsets), at::TensorOptions().dtype(at::kLong)).to(P.device(), /*non_blocking=*/true);
+  switch (Dk) {
+    case 32: launch_scan<32>(P, Z, y0, hist, fin, off, reverse); break;
+    case 64: launch_scan<64>(P, Z, y0, hist, fin, off, reverse); break;
+    default: launch_scan<128>(P, Z, y0, hist, fin, off, reverse); break;
+  }
+  return fin;
+}
+
+at::Tensor fusion_norm_forward(const at::Tensor& o, const at::Tensor& gate, const at::Tensor& gamma, double eps) {
+  check_fusion(o, gate, gamma);
+  const c10::cuda::CUDAGuard guard(o.device());
+  at::Tensor y = at::empty_like(o);
+  const int64_t rows = o.size(0) * o.size(1);
+  if (rows == 0) return y;
+  const unsigned blocks = static_cast<unsigned>((rows + kFusionWarps - 1) / kFusionWarps);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, o.scalar_type(), "hh_fusion_forward", [&] {
+    fusion_forward_kernel<scalar_t><<<blocks, kFusionWarps * 32, 0, at::cuda::getCurrentCUDAStream()>>>(
+        o.data_ptr<scalar_t>(), gate.data_ptr<scalar_t>(), gamma.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows,
+        static_cast<int>(o.size(1)), static_cast<int>(o.size(2)), static_cast<float>(eps));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return y;
+}
+
+FusionNormGrads fusion_norm_backward(const at::Tensor& dy, const at::Tensor& o, const at::Tensor& gate,
+                                     const at::Tensor& gamma, double eps) {
+  check_fusion(o, gate, gamma);
+  check(dy, "dy");
+  if (dy.sizes() != o.sizes() || dy.scalar_type() != o.scalar_type())
+    throw std::invalid_argument("hh::kernels::fusion_norm_backward: dy must match o");
+  const c10::cuda::CUDAGuard guard(o.device());
+  FusionNormGrads g;
+  g.d_o = at::empty_like(o);
+  g.d_gate = at::empty_like(o);
+  at::Tensor rows_grad = at::empty(o.sizes(), o.options().dtype(at::kFloat));
+  const int64_t rows = o.size(0) * o.size(1);
+  if (rows > 0) {
+    const unsigned blocks = static_cast<unsigned>((rows + kFusionWarps - 1) / kFusionWarps);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, o.scalar_type(), "hh_fusion_backward", [&] {
+      fusion_backward_kernel<scalar_t><<<blocks, kFusionWarps * 32, 0, at::cuda::getCurrentCUDAStream()>>>(
+          dy.data_ptr<scalar_t>(), o.data_ptr<scalar_t>(), gate.data_ptr<scalar_t>(), gamma.data_ptr<scalar_t>(),
+          g.d_o.data_ptr<scalar_t>(), g.d_gate.data_ptr<scalar_t>(), rows_grad.data_ptr<float>(), rows,
+          static_cast<int>(o.size(1)), static_cast<int>(o.size(2)), static_cast<float>(eps));
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  g.d_gamma = rows_grad.sum(0);  // [n, Dh]
+  return g;
+}
+
+}  // namespace hh::kernels

@@ -1,0 +1,38 @@
+#pragma once
+// CUDA kernels for the HydraHead LA heads (DESIGN.md section 9). core/attention/gdn.cpp builds the
+// chunked gated delta rule around these; its LibTorch forms are the references tests/gpu compares with.
+#include "core/util/compat.h"
+
+namespace hh::kernels {
+
+// True when state_scan has a CUDA kernel for this state shape (Dk in {32, 64, 128}, Dv a multiple of 16)
+// and dtype (float32).
+bool state_scan_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
+
+// The chunk-to-chunk recurrence of the chunked gated delta rule, one sequence and head per (s, h):
+//   Y = y0[s, h];  for each chunk n of sequence s (first to last, or last to first when reverse):
+//     hist[h, n] = Y;  Y = P[h, n]^T Y + Z[h, n]
+//   final[s, h] = Y
+// P [H, N, Dk, Dk], Z [H, N, Dk, Dv], y0 [S, H, Dk, Dv], all float32 CUDA and contiguous; the chunks of
+// sequence s are n in [offsets[s], offsets[s + 1]) (offsets: S + 1 host values, non-decreasing, last = N).
+// Writes hist (preallocated [H, N, Dk, Dv]) and returns final [S, H, Dk, Dv].
+// The state's Dv columns evolve independently, so blocks split them (16 columns a block).
+at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, const std::vector<int64_t>& offsets,
+                      bool reverse, at::Tensor& hist);
+
+// The scale-normalised fusion of every head's output (DESIGN.md section 9), rows of Dh elements:
+//   y = to_dtype(gate * to_dtype(gamma * to_dtype(o * rsqrt(mean(o^2) + eps))))
+// rounding where the LibTorch op sequence (model::rms_norm, then two products) rounds. o, gate [R, n, Dh]
+// contiguous in one dtype (float32, float16, bfloat16), gamma [n, Dh]; row r of o uses gamma[r % n].
+at::Tensor fusion_norm_forward(const at::Tensor& o, const at::Tensor& gate, const at::Tensor& gamma, double eps);
+
+struct FusionNormGrads {
+  at::Tensor d_o, d_gate;  // like o
+  at::Tensor d_gamma;      // [n, Dh] float32 (summed over rows)
+};
+// Gradients of sum(dy * y) for the forward above, in float32 inside (the roundings are treated as
+// identities, as autograd of the op sequence does for the casts). dy like o.
+FusionNormGrads fusion_norm_backward(const at::Tensor& dy, const at::Tensor& o, const at::Tensor& gate,
+                                     const at::Tensor& gamma, double eps);
+
+}  // namespace hh::kernels
