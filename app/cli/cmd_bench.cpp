@@ -490,7 +490,9 @@ Runner add_bench(CLI::App& app) {
   tr->add_flag("--activation-checkpointing", rargs->checkpoint_layers,
                "Recompute each student layer in the backward pass (distil, finetune)");
   tr->add_flag("--json", rargs->json, "Also print one JSON object");
-  return [args, targs, tk, aargs, an, rargs, tr] {
+  const BenchSub gdn = add_bench_gdn(app);
+  return [args, targs, tk, aargs, an, rargs, tr, gdn] {
+    if (gdn.command->parsed()) return gdn.run();
     if (tr->parsed()) return run_bench_train(*rargs);
     if (an->parsed()) return run_bench_analyze(*aargs);
     if (tk->parsed()) return run_bench_tokenize(*targs);

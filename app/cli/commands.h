@@ -19,6 +19,12 @@ Runner add_run(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
 Runner add_tasks(CLI::App& app);
 Runner add_bench(CLI::App& app);
+// A sub-command of `bench` that lives in its own file: the parsed command and its runner.
+struct BenchSub {
+  CLI::App* command;
+  Runner run;
+};
+BenchSub add_bench_gdn(CLI::App& bench);  // cmd_bench_gdn.cpp
 Runner add_analyze(CLI::App& app);
 Runner add_select(CLI::App& app);
 Runner add_convert(CLI::App& app);

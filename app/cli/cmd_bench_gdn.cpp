@@ -1,0 +1,227 @@
+// `hydrahead bench gdn`: the LA heads' gated delta rule (our CUDA path against the LibTorch chunked
+// reference), forward and forward + backward, and one attention layer of a hybrid against the dense
+// teacher's attention at long context.
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <sstream>
+
+#include "app/cli/commands.h"
+#include "core/attention/gdn.h"
+#include "core/attention/hybrid_model.h"
+#include "core/model/config.h"
+#include "core/model/transformer.h"
+#include "core/util/error.h"
+
+namespace hh::cli {
+namespace {
+
+struct GdnBenchArgs {
+  std::string device = "cuda", dtype = "bf16", shapes = "1x8192,1x32768,1x131072,4x8192";
+  int64_t heads = 16, dim = 128, chunk = 64, iters = 10, warmup = 3;
+  int64_t reference_max_seq = 32768;  // the LibTorch reference loops over chunks: skip it above this
+  std::string layer_config, layer_shapes = "1x32768,1x131072";
+  int64_t ratio = 7;
+  bool json = false;
+  uint64_t seed = 0;
+};
+
+struct Shape {
+  int64_t B, T;
+};
+
+std::vector<Shape> parse_shapes(const std::string& s, const char* flag) {
+  std::vector<Shape> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto x = item.find('x');
+    try {
+      if (x == std::string::npos) throw std::invalid_argument(item);
+      out.push_back({std::stoll(item.substr(0, x)), std::stoll(item.substr(x + 1))});
+    } catch (const std::exception&) {
+      throw Error(std::string(flag) + ": expected BxT items such as 1x32768, got '" + item + "'");
+    }
+    if (out.back().B < 1 || out.back().T < 1) throw Error(std::string(flag) + ": B and T must be positive in '" + item + "'");
+  }
+  if (out.empty()) throw Error(std::string(flag) + " is empty");
+  return out;
+}
+
+void sync(const at::Device& d) {
+  if (d.is_cuda()) torch::cuda::synchronize(d.index());
+}
+
+// Median milliseconds of fn over `iters` runs after `warmup`.
+double time_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
+  for (int64_t i = 0; i < warmup; ++i) fn();
+  sync(dev);
+  std::vector<double> ms;
+  for (int64_t i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    sync(dev);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Matmul FLOPs of the chunked forward (2 per multiply-add), per chunk and head: K K^T, Q K^T, the
+// triangular solve for W and U (C^2 (Dk + Dv) / 2 each way), attn U, and W S, Q S, K^T U against the state.
+double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) {
+  const double n = static_cast<double>((T + C - 1) / C) * B * H, c = static_cast<double>(C), d = static_cast<double>(D);
+  return 2.0 * n * (2 * c * c * d + c * c * d + c * c * d + 3 * c * d * d);
+}
+
+int run_bench_gdn(const GdnBenchArgs& a) {
+  if (a.iters < 1 || a.warmup < 0 || a.heads < 1 || a.dim < 1 || a.chunk < 1)
+    throw Error("--iters, --heads, --dim and --chunk must be positive and --warmup non-negative");
+  const at::Device dev = model::parse_device(a.device);
+  const auto dt = model::parse_dtype(a.dtype);
+  const auto opts = torch::TensorOptions().dtype(dt).device(dev);
+  torch::manual_seed(a.seed);
+  nlohmann::json out = {{"device", a.device}, {"dtype", a.dtype}, {"heads", a.heads}, {"dim", a.dim}, {"rows", nlohmann::json::array()}};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(a.dim));
+  std::printf("gated delta rule, H=%lld Dk=Dv=%lld, chunk %lld, %s on %s; median of %lld after %lld warm-up\n",
+              static_cast<long long>(a.heads), static_cast<long long>(a.dim), static_cast<long long>(a.chunk),
+              a.dtype.c_str(), a.device.c_str(), static_cast<long long>(a.iters), static_cast<long long>(a.warmup));
+  std::printf("  %-10s %12s %12s %10s %10s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms", "TFLOP/s", "GB/s",
+              "ref fwd ms", "ref fwd+bwd ms");
+  for (const Shape& s : parse_shapes(a.shapes, "--shapes")) {
+    namespace F = torch::nn::functional;
+    const auto nrm = F::NormalizeFuncOptions().dim(-1);
+    const auto q = F::normalize(torch::randn({s.B, s.T, a.heads, a.dim}, opts.dtype(torch::kFloat)), nrm).to(dt);
+    const auto k = F::normalize(torch::randn({s.B, s.T, a.heads, a.dim}, opts.dtype(torch::kFloat)), nrm).to(dt);
+    const auto v = torch::randn({s.B, s.T, a.heads, a.dim}, opts);
+    const auto g = (-0.5 * torch::rand({s.B, s.T, a.heads}, opts.dtype(torch::kFloat))).to(dt);
+    const auto beta = torch::rand({s.B, s.T, a.heads}, opts);
+    const auto dO = torch::randn_like(v);
+    using Fn = std::function<attention::GdnOutput(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                  const at::Tensor&, const at::Tensor&)>;
+    const Fn ours = [&](auto& q_, auto& k_, auto& v_, auto& g_, auto& b_) {
+      return attention::gdn_chunked_scan(q_, k_, v_, g_, b_, {}, scale, a.chunk);
+    };
+    const Fn reference = [&](auto& q_, auto& k_, auto& v_, auto& g_, auto& b_) {
+      return attention::gdn_chunked(q_, k_, v_, g_, b_, {}, scale, a.chunk);
+    };
+    auto forward = [&](const Fn& fn) {
+      return time_ms(dev, a.warmup, a.iters, [&] {
+        torch::NoGradGuard no_grad;
+        (void)fn(q, k, v, g, beta);
+      });
+    };
+    auto forward_backward = [&](const Fn& fn) {
+      std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
+                                        v.detach().requires_grad_(true), g.detach().requires_grad_(true),
+                                        beta.detach().requires_grad_(true)};
+      return time_ms(dev, a.warmup, a.iters, [&] {
+        const auto r = fn(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4]);
+        torch::autograd::backward({r.o}, {dO});
+        for (auto& l : leaves) l.mutable_grad() = at::Tensor();
+      });
+    };
+    const double f = forward(ours), fb = forward_backward(ours);
+    const bool with_ref = s.T <= a.reference_max_seq;
+    const double rf = with_ref ? forward(reference) : 0, rfb = with_ref ? forward_backward(reference) : 0;
+    const double flops = gdn_forward_flops(s.B, s.T, a.heads, a.dim, a.chunk);
+    const double bytes = static_cast<double>(s.B * s.T * a.heads) * (4.0 * a.dim + 2.0) * static_cast<double>(v.element_size());
+    const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
+    auto ref_str = [&](double x) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.3f", x);
+      return with_ref ? std::string(buf) : std::string("-");
+    };
+    std::printf("  %-10s %12.3f %12.3f %10.1f %10.0f %14s %14s\n", label.c_str(), f, fb, flops / f * 1e-9,
+                bytes / f * 1e-6, ref_str(rf).c_str(), ref_str(rfb).c_str());
+    nlohmann::json row = {{"B", s.B}, {"T", s.T}, {"fwd_ms", f}, {"fwd_bwd_ms", fb}, {"fwd_tflops", flops / f * 1e-9},
+                          {"fwd_gbps", bytes / f * 1e-6}};
+    if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
+    out["rows"].push_back(row);
+  }
+
+  if (!a.layer_config.empty()) {
+    // One attention layer of a config's shape (random weights, a tiny vocabulary: the embedding is not
+    // used), dense against its hybrid at LA:FA = ratio:1, both up to the per-head outputs (o_proj
+    // excluded from both).
+    model::ModelConfig cfg = model::ModelConfig::load(a.layer_config);
+    cfg.num_hidden_layers = 1;
+    cfg.vocab_size = 256;
+    model::Weights w = model::random_weights(cfg, a.seed, torch::kFloat, 0.02);
+    for (const auto& e : model::weight_table(cfg, w)) *e.slot = e.slot->to(dev, dt);
+    const model::Transformer teacher(cfg, w);
+    select::Manifest manifest;
+    manifest.model = select::shape_of(cfg, "");
+    const int64_t per_layer = std::max<int64_t>(1, cfg.num_attention_heads / (a.ratio + 1));
+    for (int64_t k = 0; k < per_layer; ++k) manifest.fa_heads.emplace_back(0, k * cfg.num_attention_heads / per_layer);
+    attention::ConvertOptions co;
+    co.seed = a.seed;
+    const attention::HybridModel hybrid = attention::convert(teacher, manifest, co);
+    const auto& lw = teacher.weights().layers[0];
+    const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, Dh = cfg.head_dim;
+    const double eps = cfg.rms_norm_eps, sc = 1.0 / std::sqrt(static_cast<double>(Dh));
+    std::printf("attention layer of %s (d=%lld, Hq=%lld, Hkv=%lld, Dh=%lld), hybrid %lld FA + %lld LA heads:\n",
+                a.layer_config.c_str(), static_cast<long long>(cfg.hidden_size), static_cast<long long>(Hq),
+                static_cast<long long>(Hkv), static_cast<long long>(Dh), static_cast<long long>(per_layer),
+                static_cast<long long>(Hq - per_layer));
+    std::printf("  %-10s %14s %14s %10s\n", "B x T", "dense ms", "hybrid ms", "speed-up");
+    out["layer"] = nlohmann::json::array();
+    for (const Shape& s : parse_shapes(a.layer_shapes, "--layer-shapes")) {
+      torch::NoGradGuard no_grad;
+      const auto x = torch::randn({s.B, s.T, cfg.hidden_size}, opts);
+      const auto xn = model::rms_norm(x, lw.input_layernorm, eps);
+      const double dense = time_ms(dev, a.warmup, a.iters, [&] {
+        auto q = model::rms_norm(at::linear(xn, lw.q_proj).view({s.B, s.T, Hq, Dh}), lw.q_norm, eps);
+        auto k = model::rms_norm(at::linear(xn, lw.k_proj).view({s.B, s.T, Hkv, Dh}), lw.k_norm, eps);
+        const auto v = at::linear(xn, lw.v_proj).view({s.B, s.T, Hkv, Dh});
+        q = model::rotary(q, teacher.inv_freq(), 0);
+        k = model::rotary(k, teacher.inv_freq(), 0);
+        (void)model::causal_attention(q, k, v, sc);
+      });
+      const double hyb = time_ms(dev, a.warmup, a.iters, [&] {
+        (void)attention::hybrid_attention(cfg, hybrid.options(), hybrid.splits()[0], lw, hybrid.layers()[0], xn,
+                                          teacher.inv_freq());
+      });
+      const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
+      std::printf("  %-10s %14.2f %14.2f %9.2fx\n", label.c_str(), dense, hyb, dense / hyb);
+      out["layer"].push_back({{"B", s.B}, {"T", s.T}, {"dense_ms", dense}, {"hybrid_ms", hyb}});
+    }
+  }
+  if (a.json) std::printf("%s\n", out.dump().c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+BenchSub add_bench_gdn(CLI::App& bench) {
+  auto a = std::make_shared<GdnBenchArgs>();
+  auto* c = bench.add_subcommand("gdn", "Time the gated delta rule of the LA heads (forward, forward + backward) against the "
+                                        "LibTorch chunked reference, and optionally one hybrid attention layer against "
+                                        "the dense one");
+  c->add_option("--device", a->device, "cuda[:N] (cpu works, slowly)")->capture_default_str();
+  c->add_option("--dtype", a->dtype, "bf16, f16 or f32 inputs (the state is float32)")->capture_default_str();
+  c->add_option("--shapes", a->shapes, "Comma-separated BxT sizes")->capture_default_str();
+  c->add_option("--heads", a->heads, "Heads H")->capture_default_str();
+  c->add_option("--dim", a->dim, "Head dimension Dk = Dv")->capture_default_str();
+  c->add_option("--chunk", a->chunk, "Chunk length")->capture_default_str();
+  c->add_option("--reference-max-seq", a->reference_max_seq, "Time the LibTorch reference only up to this T")
+      ->capture_default_str();
+  c->add_option("--layer-config", a->layer_config,
+                "config.json: also time one attention layer of this shape, dense vs hybrid (random weights)");
+  c->add_option("--layer-shapes", a->layer_shapes, "BxT sizes of the layer comparison")->capture_default_str();
+  c->add_option("--ratio", a->ratio, "LA:FA ratio r of the hybrid layer (r:1)")->capture_default_str();
+  c->add_option("--iters", a->iters, "Timed repetitions (median)")->capture_default_str();
+  c->add_option("--warmup", a->warmup, "Untimed repetitions first")->capture_default_str();
+  c->add_option("--seed", a->seed, "Seed of the random inputs")->capture_default_str();
+  c->add_flag("--json", a->json, "Also print one JSON object");
+  return {c, [a] { return run_bench_gdn(*a); }};
+}
+
+}  // namespace hh::cli

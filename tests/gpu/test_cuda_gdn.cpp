@@ -1,0 +1,181 @@
+// The CUDA path of the gated delta rule and the fused fusion norm against their references, on fresh
+// random inputs every run: the state-scan kernel against the LibTorch loop in float64, the chunked
+// rule on CUDA against the per-token recurrence in float64 (values, final states, packed sequences,
+// gradients), and the fusion kernel against the LibTorch op sequence (values and gradients).
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/attention/fusion.h"
+#include "core/attention/gdn.h"
+#ifdef HH_HAVE_KERNELS
+#include "kernels/gdn.h"
+#endif
+
+namespace {
+
+using hh::attention::gdn_chunked;
+using hh::attention::gdn_chunked_scan;
+using hh::attention::gdn_recurrent;
+
+const auto kCuda = torch::TensorOptions().device(torch::kCUDA);
+const auto kF64 = torch::TensorOptions().dtype(torch::kDouble);
+
+double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
+  const auto g = got.to(torch::kCPU, torch::kDouble), w = want.to(torch::kCPU, torch::kDouble);
+  EXPECT_FALSE(g.isnan().any().item<bool>()) << "NaN in the result";
+  return ((g - w).norm() / w.norm()).item<double>();
+}
+
+struct Inputs {
+  torch::Tensor q, k, v, g, beta, s0;  // float64 on the CPU
+};
+
+Inputs make_inputs(int64_t B, int64_t T, int64_t H, int64_t D, int64_t S) {
+  namespace F = torch::nn::functional;
+  Inputs in;
+  in.q = F::normalize(torch::randn({B, T, H, D}, kF64), F::NormalizeFuncOptions().dim(-1));
+  in.k = F::normalize(torch::randn({B, T, H, D}, kF64), F::NormalizeFuncOptions().dim(-1));
+  in.v = torch::randn({B, T, H, D}, kF64);
+  in.g = -torch::rand({B, T, H}, kF64) * 0.5;
+  in.beta = torch::rand({B, T, H}, kF64);
+  in.s0 = torch::randn({S, H, D, D}, kF64) * 0.5;
+  return in;
+}
+
+// The inputs as the device sees them: rounded to dtype (q, k, v) and float32 (g, beta, state).
+Inputs on_device(const Inputs& in, torch::Dtype dt) {
+  return {in.q.to(kCuda.dtype(dt)), in.k.to(kCuda.dtype(dt)), in.v.to(kCuda.dtype(dt)), in.g.to(kCuda.dtype(torch::kFloat)),
+          in.beta.to(kCuda.dtype(torch::kFloat)), in.s0.to(kCuda.dtype(torch::kFloat))};
+}
+Inputs back_in_f64(const Inputs& d) {
+  auto c = [](const torch::Tensor& t) { return t.to(torch::kCPU, torch::kDouble); };
+  return {c(d.q), c(d.k), c(d.v), c(d.g), c(d.beta), c(d.s0)};
+}
+
+#ifdef HH_HAVE_KERNELS
+TEST(CudaGdn, StateScanKernelEqualsTheLoopInFloat64) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  for (int64_t Dk : {32, 64, 128})
+    for (int64_t Dv : {16, 128}) {
+      const int64_t H = 3;
+      const std::vector<int64_t> offsets = {0, 7, 7, 40, 41};  // includes an empty sequence
+      const int64_t N = offsets.back(), S = 4;
+      // Contractive-ish transitions, like the rule's: 0.9 I + small noise.
+      const auto P = 0.9 * torch::eye(Dk, kF64) + 0.3 / std::sqrt(static_cast<double>(Dk)) * torch::randn({H, N, Dk, Dk}, kF64);
+      const auto Z = torch::randn({H, N, Dk, Dv}, kF64), y0 = torch::randn({S, H, Dk, Dv}, kF64);
+      for (bool reverse : {false, true}) {
+        const auto want = hh::attention::gdn_state_scan(P, Z, y0, offsets, reverse);
+        auto hist = torch::full({H, N, Dk, Dv}, std::numeric_limits<float>::quiet_NaN(), kCuda.dtype(torch::kFloat));
+        const auto fin = hh::kernels::state_scan(P.to(kCuda.dtype(torch::kFloat)), Z.to(kCuda.dtype(torch::kFloat)),
+                                                 y0.to(kCuda.dtype(torch::kFloat)), offsets, reverse, hist);
+        const std::string what = "Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) + (reverse ? " reverse" : "");
+        EXPECT_LT(rel_err(hist, want.hist), 1e-5) << what;  // rel_err also fails on NaN: every element written
+        EXPECT_LT(rel_err(fin, want.final_state), 1e-5) << what;
+        // Through the dispatcher as well (hydrahead::gdn_state_scan on CUDA tensors).
+        const auto op = hh::attention::gdn_state_scan(P.to(kCuda.dtype(torch::kFloat)), Z.to(kCuda.dtype(torch::kFloat)),
+                                                      y0.to(kCuda.dtype(torch::kFloat)), offsets, reverse);
+        EXPECT_TRUE(torch::equal(op.hist, hist)) << what;
+      }
+    }
+}
+#endif
+
+TEST(CudaGdn, ChunkedRuleOnCudaEqualsTheRecurrence) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  struct Case {
+    int64_t B, T, H, D;
+    torch::Dtype dt;
+    double tol;
+  };
+  // float32 arithmetic throughout: far under 1e-3; bf16 inputs and output: the output's rounding.
+  for (const Case& c : {Case{2, 1, 3, 128, torch::kFloat, 2e-4}, Case{2, 65, 3, 128, torch::kFloat, 2e-4},
+                        Case{1, 1000, 2, 128, torch::kFloat, 2e-4}, Case{2, 333, 4, 64, torch::kFloat, 2e-4},
+                        Case{1, 200, 5, 32, torch::kFloat, 2e-4}, Case{2, 777, 3, 128, torch::kBFloat16, 1e-2},
+                        Case{1, 130, 2, 48, torch::kFloat, 2e-4}}) {  // Dv 48: the LibTorch scan
+    const Inputs in = make_inputs(c.B, c.T, c.H, c.D, c.B);
+    const Inputs d = on_device(in, c.dt);
+    const Inputs ref_in = back_in_f64(d);
+    const auto ref = gdn_recurrent(ref_in.q, ref_in.k, ref_in.v, ref_in.g, ref_in.beta, ref_in.s0, 0.1);
+    const auto got = hh::attention::gdn(d.q, d.k, d.v, d.g, d.beta, d.s0, 0.1);
+    const std::string what = "T=" + std::to_string(c.T) + " D=" + std::to_string(c.D) + " " + std::string(c10::toString(c.dt));
+    EXPECT_EQ(got.o.scalar_type(), c.dt) << what;
+    EXPECT_LT(rel_err(got.o, ref.o), c.tol) << what;
+    EXPECT_LT(rel_err(got.state, ref.state), c.tol) << what;
+  }
+}
+
+TEST(CudaGdn, PackedSequencesOnCudaEqualEachAlone) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const std::vector<int64_t> cu = {0, 100, 100, 164, 1000};
+  const int64_t S = 4;
+  const Inputs in = make_inputs(1, 1000, 3, 128, S);
+  const Inputs d = on_device(in, torch::kBFloat16);
+  const Inputs r = back_in_f64(d);
+  const auto got = gdn_chunked_scan(d.q, d.k, d.v, d.g, d.beta, d.s0, 0.1, 64, cu);
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t a = cu[static_cast<size_t>(s)], len = cu[static_cast<size_t>(s) + 1] - a;
+    if (len == 0) {
+      EXPECT_LT(rel_err(got.state[s], r.s0[s]), 1e-7) << "empty sequence keeps its state";
+      continue;
+    }
+    auto cut = [&](const torch::Tensor& x) { return x.narrow(1, a, len); };
+    const auto alone = gdn_recurrent(cut(r.q), cut(r.k), cut(r.v), cut(r.g), cut(r.beta), r.s0.narrow(0, s, 1), 0.1);
+    EXPECT_LT(rel_err(cut(got.o), alone.o), 1e-2) << "sequence " << s;
+    EXPECT_LT(rel_err(got.state.narrow(0, s, 1), alone.state), 1e-4) << "sequence " << s;
+  }
+}
+
+TEST(CudaGdn, GradientsOnCudaEqualTheReferenceInFloat64) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  for (torch::Dtype dt : {torch::kFloat, torch::kBFloat16}) {
+    const Inputs in = make_inputs(2, 300, 3, 128, 2);
+    Inputs d = on_device(in, dt);
+    for (auto* t : {&d.q, &d.k, &d.v, &d.g, &d.beta, &d.s0}) t->requires_grad_(true);
+    Inputs r = back_in_f64(d);
+    for (auto* t : {&r.q, &r.k, &r.v, &r.g, &r.beta, &r.s0}) t->requires_grad_(true);
+    const auto w_o = torch::randn({2, 300, 3, 128}, kF64), w_s = torch::randn({2, 3, 128, 128}, kF64);
+    const auto got = gdn_chunked_scan(d.q, d.k, d.v, d.g, d.beta, d.s0, 0.1);
+    const auto g_got = torch::autograd::grad(
+        {(got.o.to(torch::kFloat) * w_o.to(kCuda.dtype(torch::kFloat))).sum() + (got.state * w_s.to(kCuda.dtype(torch::kFloat))).sum()},
+        {d.q, d.k, d.v, d.g, d.beta, d.s0});
+    const auto ref = gdn_chunked(r.q, r.k, r.v, r.g, r.beta, r.s0, 0.1);
+    const auto g_ref = torch::autograd::grad({(ref.o * w_o).sum() + (ref.state * w_s).sum()}, {r.q, r.k, r.v, r.g, r.beta, r.s0});
+    const char* names[] = {"q", "k", "v", "g", "beta", "s0"};
+    // float32 arithmetic: 1e-4; bf16: the gradients are rounded to bf16 where the inputs are.
+    const double tol = dt == torch::kFloat ? 1e-4 : 1e-2;
+    for (size_t i = 0; i < 6; ++i) EXPECT_LT(rel_err(g_got[i], g_ref[i]), tol) << names[i] << " " << std::string(c10::toString(dt));
+  }
+}
+
+TEST(CudaGdn, FusionKernelMatchesTheOpSequence) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  for (torch::Dtype dt : {torch::kFloat, torch::kBFloat16, torch::kHalf})
+    for (int64_t Dh : {32, 100, 128, 256}) {
+      const auto opts = kCuda.dtype(dt);
+      auto o = (torch::randn({2, 37, 5, Dh}, opts) * 2).requires_grad_(true);
+      auto gate = torch::sigmoid(torch::randn({2, 37, 5, Dh}, opts)).requires_grad_(true);
+      auto gamma = (1 + 0.3 * torch::randn({5, Dh}, opts)).requires_grad_(true);
+      const std::string what = std::string(c10::toString(dt)) + " Dh=" + std::to_string(Dh);
+      const auto want = hh::attention::fusion_norm_reference(o, gate, gamma, 1e-6);
+      const auto got = hh::attention::fusion_norm(o, gate, gamma, 1e-6);
+      if (dt == torch::kFloat) {
+        EXPECT_LT(rel_err(got, want), 1e-6) << what;
+      } else {  // the same roundings: bit-identical but for a different float32 sum order in a few rows
+        const double same = got.eq(want).to(torch::kDouble).mean().item<double>();
+        EXPECT_GE(same, 0.98) << what;
+        EXPECT_LT(rel_err(got, want), 1e-2) << what;
+      }
+      const auto dy = torch::randn_like(want);
+      const auto g_want = torch::autograd::grad({(want * dy).sum()}, {o, gate, gamma});
+      const auto g_got = torch::autograd::grad({(got * dy).sum()}, {o, gate, gamma});
+      const double tol = dt == torch::kFloat ? 1e-5 : 2e-2;
+      const char* names[] = {"o", "gate", "gamma"};
+      for (size_t i = 0; i < 3; ++i) EXPECT_LT(rel_err(g_got[i], g_want[i]), tol) << names[i] << " " << what;
+    }
+}
+
+}  // namespace
