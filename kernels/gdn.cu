@@ -125,6 +125,32 @@ void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// ---- unit lower triangular inverse: T = (I + L)^{-1}, column j of T by forward substitution ----
+constexpr int kMaxInverse = 64;
+
+__global__ void __launch_bounds__(kMaxInverse) unit_lower_inverse_kernel(const float* __restrict__ L, float* __restrict__ T,
+                                                                         int C) {
+  __shared__ float Ls[kMaxInverse][kMaxInverse + 1];
+  __shared__ float Ts[kMaxInverse][kMaxInverse + 1];
+  const int j = threadIdx.x;  // this thread's column
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * C * C;
+  for (int i = 0; i < C; ++i) Ls[i][j] = j < C ? L[base + static_cast<int64_t>(i) * C + j] : 0.f;
+  __syncthreads();
+  if (j < C) {
+    for (int i = 0; i < C; ++i) {
+      // T[i][j] = [i == j] - sum_{k=j}^{i-1} L[i][k] T[k][j]   (zero above the diagonal)
+      float t = i == j ? 1.f : 0.f;
+      if (i > j) {
+        float acc = 0.f;
+        for (int k = j; k < i; ++k) acc = fmaf(Ls[i][k], Ts[k][j], acc);
+        t = -acc;
+      }
+      Ts[i][j] = t;
+    }
+    for (int i = 0; i < C; ++i) T[base + static_cast<int64_t>(i) * C + j] = Ts[i][j];
+  }
+}
+
 // ---- scale-normalised fusion: one warp per row of Dh <= 256 elements (8 a lane) ----
 constexpr int kFusionWarps = 8;
 constexpr int kMaxPerLane = 8;
@@ -255,6 +281,21 @@ at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor
     default: launch_scan<128>(P, Z, y0, hist, fin, off, reverse); break;
   }
   return fin;
+}
+
+at::Tensor unit_lower_inverse(const at::Tensor& L) {
+  check(L, "L");
+  if (L.dim() < 2 || L.size(-1) != L.size(-2) || L.size(-1) > kMaxInverse || L.scalar_type() != at::kFloat)
+    throw std::invalid_argument("hh::kernels::unit_lower_inverse: L must be float32 [..., C, C] with C <= 64");
+  const c10::cuda::CUDAGuard guard(L.device());
+  at::Tensor T = at::empty_like(L);
+  const int C = static_cast<int>(L.size(-1));
+  const int64_t mats = C == 0 ? 0 : L.numel() / (static_cast<int64_t>(C) * C);
+  if (mats == 0) return T;
+  unit_lower_inverse_kernel<<<static_cast<unsigned>(mats), kMaxInverse, 0, at::cuda::getCurrentCUDAStream()>>>(
+      L.data_ptr<float>(), T.data_ptr<float>(), C);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return T;
 }
 
 at::Tensor fusion_norm_forward(const at::Tensor& o, const at::Tensor& gate, const at::Tensor& gamma, double eps) {

@@ -20,6 +20,10 @@ bool state_scan_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, const std::vector<int64_t>& offsets,
                       bool reverse, at::Tensor& hist);
 
+// T = (I + L)^{-1} for strictly lower triangular L [..., C, C] float32 contiguous, C <= 64, by forward
+// substitution (one block a matrix, one thread a column). Returns T, unit lower triangular.
+at::Tensor unit_lower_inverse(const at::Tensor& L);
+
 // The scale-normalised fusion of every head's output (DESIGN.md section 9), rows of Dh elements:
 //   y = to_dtype(gate * to_dtype(gamma * to_dtype(o * rsqrt(mean(o^2) + eps))))
 // rounding where the LibTorch op sequence (model::rms_norm, then two products) rounds. o, gate [R, n, Dh]

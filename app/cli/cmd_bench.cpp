@@ -139,6 +139,8 @@ struct AnalyzeBenchArgs {
   std::string profile;  // chrome trace of one more run of each method
 };
 
+}  // namespace
+
 // Records a Chrome trace (CPU ops and CUDA kernels) of fn() into `path`, where LibTorch has Kineto.
 void profile_to(const std::string& path, const std::function<void()>& fn) {
 #ifdef HH_HAVE_KINETO
@@ -157,6 +159,8 @@ void profile_to(const std::string& path, const std::function<void()>& fn) {
   throw Error("--profile " + path + ": this LibTorch has no Kineto profiler");
 #endif
 }
+
+namespace {
 
 // A model of `cfg`'s shape with N(0, 0.02^2) weights drawn on the device (no checkpoint needed).
 model::Transformer random_model(const model::ModelConfig& cfg, const std::string& device, const std::string& dtype,

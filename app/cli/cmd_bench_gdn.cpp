@@ -31,6 +31,7 @@ struct GdnBenchArgs {
   int64_t ratio = 7;
   bool json = false;
   uint64_t seed = 0;
+  std::string profile;  // Chrome trace of one forward and one forward + backward at the first shape
 };
 
 struct Shape {
@@ -129,6 +130,20 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       });
     };
     const double f = forward(ours), fb = forward_backward(ours);
+    if (!a.profile.empty() && out["rows"].empty()) {
+      std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
+                                        v.detach().requires_grad_(true), g.detach().requires_grad_(true),
+                                        beta.detach().requires_grad_(true)};
+      profile_to(a.profile, [&] {
+        {
+          torch::NoGradGuard no_grad;
+          (void)ours(q, k, v, g, beta);
+        }
+        const auto r = ours(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4]);
+        torch::autograd::backward({r.o}, {dO});
+        sync(dev);
+      });
+    }
     const bool with_ref = s.T <= a.reference_max_seq;
     const double rf = with_ref ? forward(reference) : 0, rfb = with_ref ? forward_backward(reference) : 0;
     const double flops = gdn_forward_flops(s.B, s.T, a.heads, a.dim, a.chunk);
@@ -156,6 +171,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     cfg.vocab_size = 256;
     model::Weights w = model::random_weights(cfg, a.seed, torch::kFloat, 0.02);
     for (const auto& e : model::weight_table(cfg, w)) *e.slot = e.slot->to(dev, dt);
+    if (cfg.tie_word_embeddings) w.lm_head = at::Tensor();  // the constructor ties it to the moved embedding
     const model::Transformer teacher(cfg, w);
     select::Manifest manifest;
     manifest.model = select::shape_of(cfg, "");
@@ -221,6 +237,7 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_option("--warmup", a->warmup, "Untimed repetitions first")->capture_default_str();
   c->add_option("--seed", a->seed, "Seed of the random inputs")->capture_default_str();
   c->add_flag("--json", a->json, "Also print one JSON object");
+  c->add_option("--profile", a->profile, "Write a Chrome trace of one forward and one forward + backward at the first shape");
   return {c, [a] { return run_bench_gdn(*a); }};
 }
 

@@ -25,6 +25,9 @@ struct BenchSub {
   Runner run;
 };
 BenchSub add_bench_gdn(CLI::App& bench);  // cmd_bench_gdn.cpp
+// Records a Chrome trace (CPU ops and CUDA kernels) of fn() into `path` where LibTorch has Kineto;
+// throws hh::Error otherwise.
+void profile_to(const std::string& path, const std::function<void()>& fn);
 Runner add_analyze(CLI::App& app);
 Runner add_select(CLI::App& app);
 Runner add_convert(CLI::App& app);

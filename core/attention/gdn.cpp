@@ -266,6 +266,59 @@ at::Tensor from_chunks(const at::Tensor& x, const ChunkLayout& L, int64_t B, int
   return x.permute({1, 2, 0, 3}).reshape({L.N * L.C, H, D}).index_select(0, L.scatter).view({B, T, H, D});
 }
 
+#ifdef HH_HAVE_KERNELS
+// T = (I + L)^{-1} of strictly lower triangular L by the CUDA kernel; backward dL = -(T^T dT T^T),
+// kept strictly lower.
+class UnitLowerInverse : public torch::autograd::Function<UnitLowerInverse> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& L) {
+    at::Tensor T = kernels::unit_lower_inverse(L.contiguous());
+    ctx->save_for_backward({T});
+    return {T};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor T = ctx->get_saved_variables()[0];
+    const at::Tensor Tt = T.transpose(-1, -2);
+    return {(-at::matmul(at::matmul(Tt, grads[0]), Tt)).tril(-1)};
+  }
+};
+#endif
+
+// (I + L)^{-1} rhs for strictly lower triangular L [..., C, C].
+at::Tensor unit_lower_solve(const at::Tensor& L, const at::Tensor& rhs) {
+#ifdef HH_HAVE_KERNELS
+  if (L.is_cuda() && L.scalar_type() == at::kFloat && L.size(-1) <= 64)
+    return at::matmul(UnitLowerInverse::apply(L)[0], rhs);
+#endif
+  const at::Tensor M = L + at::eye(L.size(-1), L.options());
+  return at::linalg_solve_triangular(M, rhs, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+}
+
+// Float32 matrix products on CUDA may use TF32 tensor cores while the rule runs on 16-bit inputs
+// (whose own rounding is coarser); restores the previous setting on exit.
+class Tf32Scope {
+ public:
+  explicit Tf32Scope(bool on) : active_(on) {
+    if (!active_) return;
+    previous_ = at::globalContext().allowTF32CuBLAS();
+    at::globalContext().setAllowTF32CuBLAS(true);
+  }
+  ~Tf32Scope() {
+    if (active_) at::globalContext().setAllowTF32CuBLAS(previous_);
+  }
+  Tf32Scope(const Tf32Scope&) = delete;
+  Tf32Scope& operator=(const Tf32Scope&) = delete;
+
+ private:
+  bool active_;
+  bool previous_ = false;
+};
+
+bool use_tf32(const at::Tensor& q) {
+  return q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf);
+}
+
 // The chunk-local part of the rule for all chunks at once (the first half of gdn_chunked above,
 // on the chunk grid). Everything here is differentiable LibTorch.
 struct ChunkLocal {
@@ -288,9 +341,8 @@ ChunkLocal chunk_local(const at::Tensor& Q, const at::Tensor& K, const at::Tenso
                                .exp();
   const at::Tensor Kt = K.transpose(-1, -2);
   const at::Tensor L = (beta.unsqueeze(-1) * at::matmul(K, Kt) * gamma).masked_fill(strict.logical_not(), 0.0);
-  const at::Tensor M = L + at::eye(C, opts);
   const at::Tensor rhs = at::cat({(beta * G.exp()).unsqueeze(-1) * K, beta.unsqueeze(-1) * V}, -1);
-  const at::Tensor WU = at::linalg_solve_triangular(M, rhs, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+  const at::Tensor WU = unit_lower_solve(L, rhs);
   ChunkLocal r;
   r.W = WU.narrow(-1, 0, Dk);
   r.U = WU.narrow(-1, Dk, V.size(-1));
@@ -328,6 +380,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
                                                 int64_t chunk, std::vector<int64_t> cu_seqlens) {
     const int64_t B = q.size(0), T = q.size(1);
     const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const Tf32Scope tf32(use_tf32(q));
     const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
     const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
     const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
@@ -354,6 +407,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     const auto s0_dtype = static_cast<at::ScalarType>(ctx->saved_data["s0_dtype"].toInt());
     const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
     const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const Tf32Scope tf32(use_tf32(q));
     const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
     const int64_t nseq = static_cast<int64_t>(L.offsets.size()) - 1;
     const at::Tensor dO = grads[0].defined() ? to_chunks(grads[0], L, acc)

@@ -82,6 +82,18 @@ TEST(CudaGdn, StateScanKernelEqualsTheLoopInFloat64) {
       }
     }
 }
+
+TEST(CudaGdn, UnitLowerInverseKernelInverts) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  for (int64_t C : {1, 17, 64}) {
+    const auto L = (torch::randn({3, 5, C, C}, kF64) * 0.3).tril(-1);
+    const auto T = hh::kernels::unit_lower_inverse(L.to(kCuda.dtype(torch::kFloat)));
+    const auto eye = torch::eye(C, kF64);
+    const auto want = torch::linalg_solve_triangular(L + eye, eye.expand({3, 5, C, C}), false, true, true);
+    EXPECT_LT(rel_err(T, want), 1e-5) << "C=" << C;
+    EXPECT_TRUE(torch::equal(T.cpu().triu(1), torch::zeros({3, 5, C, C}))) << "C=" << C;
+  }
+}
 #endif
 
 TEST(CudaGdn, ChunkedRuleOnCudaEqualsTheRecurrence) {
