@@ -108,17 +108,157 @@ __global__ void __launch_bounds__((DK / 4) * (BV / 4))
         make_float4(y[a][0], y[a][1], y[a][2], y[a][3]);
 }
 
+// ---- the same scan on the tensor cores: mma.sync m16n8k8 TF32 with the 3xTF32 split ----
+// Each float32 operand x is split into hi = tf32(x) and lo = tf32(x - hi); a*b is accumulated as
+// hi*hi + hi*lo + lo*hi, which keeps float32 accuracy (the dropped lo*lo term is ~2^-22 relative).
+// Warp w owns state rows 32w..32w+31 (two 16-row tiles) and the block's 16 columns (two 8-column
+// tiles); the accumulators hold Y in the mma C layout from chunk to chunk.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
+  hi = to_tf32(x);
+  lo = to_tf32(x - __uint_as_float(hi));
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <int DK>
+__global__ void __launch_bounds__(DK)
+    state_scan_mma_kernel(const float* __restrict__ P, const float* __restrict__ Z, const float* __restrict__ y0,
+                          float* __restrict__ hist, float* __restrict__ fin, const int64_t* __restrict__ offsets, int H,
+                          int64_t N, int Dv, bool reverse) {
+  constexpr int BV = 16, LDP = DK + 8, LDY = 24, NT = DK;  // padded rows: conflict-free fragment loads
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* const Ps0 = smem;
+  float* const Ps1 = smem + DK * LDP;
+  float* const Ys = smem + 2 * DK * LDP;  // [DK][LDY]
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int h = blockIdx.y, s = blockIdx.z;
+  const int64_t n0 = offsets[s], n1 = offsets[s + 1], count = n1 - n0;
+  const int col0 = blockIdx.x * BV;
+  const int64_t state = static_cast<int64_t>(DK) * Dv;
+  // Element (mt, nt, e) of this thread's accumulators sits at row rows(mt, e), column cols(nt, e).
+  auto row_of = [&](int mt, int e) { return warp * 32 + mt * 16 + g + (e >= 2 ? 8 : 0); };
+  auto col_of = [&](int nt, int e) { return nt * 8 + 2 * t + (e & 1); };
+
+  float y[2][2][4];
+  {
+    const float* src = y0 + (static_cast<int64_t>(s) * H + h) * state;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = row_of(mt, e), c = col_of(nt, e);
+          const float2 v = *reinterpret_cast<const float2*>(src + static_cast<int64_t>(r) * Dv + col0 + c);
+          y[mt][nt][e] = v.x, y[mt][nt][e + 1] = v.y;
+          Ys[r * LDY + c] = v.x, Ys[r * LDY + c + 1] = v.y;
+        }
+  }
+  auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
+  auto load_P = [&](int64_t n, float* dst) {
+    const float* src = P + (static_cast<int64_t>(h) * N + n) * DK * DK;
+    for (int i = tid; i < DK * DK / 4; i += NT) {
+      const int r = (4 * i) / DK, c = (4 * i) % DK;
+      cp_async16(dst + r * LDP + c, src + 4 * i);
+    }
+    cp_async_commit();
+  };
+  if (count > 0) load_P(chunk(0), Ps0);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t n = chunk(i);
+    if (i + 1 < count) {
+      load_P(chunk(i + 1), (i & 1) ? Ps0 : Ps1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int64_t base = (static_cast<int64_t>(h) * N + n) * state + col0;
+    float acc[2][2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int64_t off = base + static_cast<int64_t>(row_of(mt, e)) * Dv + col_of(nt, e);
+          const float2 z = *reinterpret_cast<const float2*>(Z + off);
+          acc[mt][nt][e] = z.x, acc[mt][nt][e + 1] = z.y;
+          *reinterpret_cast<float2*>(hist + off) = make_float2(y[mt][nt][e], y[mt][nt][e + 1]);
+        }
+    const float* Pn = (i & 1) ? Ps1 : Ps0;
+#pragma unroll 4
+    for (int k0 = 0; k0 < DK; k0 += 8) {
+      unsigned bh[2][2], bl[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        split_tf32(Ys[(k0 + t) * LDY + nt * 8 + g], bh[nt][0], bl[nt][0]);
+        split_tf32(Ys[(k0 + t + 4) * LDY + nt * 8 + g], bh[nt][1], bl[nt][1]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int m = warp * 32 + mt * 16;
+        unsigned ah[4], al[4];  // A = P^T: A[row][k] = P[k][row]
+        split_tf32(Pn[(k0 + t) * LDP + m + g], ah[0], al[0]);
+        split_tf32(Pn[(k0 + t) * LDP + m + g + 8], ah[1], al[1]);
+        split_tf32(Pn[(k0 + t + 4) * LDP + m + g], ah[2], al[2]);
+        split_tf32(Pn[(k0 + t + 4) * LDP + m + g + 8], ah[3], al[3]);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const unsigned b_hi[2] = {bh[nt][0], bh[nt][1]}, b_lo[2] = {bl[nt][0], bl[nt][1]};
+          mma_tf32(acc[mt][nt], al, b_hi);
+          mma_tf32(acc[mt][nt], ah, b_lo);
+          mma_tf32(acc[mt][nt], ah, b_hi);
+        }
+      }
+    }
+    __syncthreads();  // every warp has read P_n and the old state
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          y[mt][nt][e] = acc[mt][nt][e];
+          Ys[row_of(mt, e) * LDY + col_of(nt, e)] = acc[mt][nt][e];
+        }
+  }
+  float* dst = fin + (static_cast<int64_t>(s) * H + h) * state + col0;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        *reinterpret_cast<float2*>(dst + static_cast<int64_t>(row_of(mt, e)) * Dv + col_of(nt, e)) =
+            make_float2(y[mt][nt][e], y[mt][nt][e + 1]);
+}
+
+ScanKernel g_scan_kernel = ScanKernel::kTensorCores;
+
 template <int DK>
 void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, at::Tensor& hist, at::Tensor& fin,
                  const at::Tensor& offsets, bool reverse) {
-  constexpr int BV = kScanColumns, NT = (DK / 4) * (BV / 4);
+  constexpr int BV = kScanColumns;
   const int H = static_cast<int>(P.size(0)), Dv = static_cast<int>(Z.size(3));
   const int64_t N = P.size(1), S = y0.size(0);
-  const size_t smem = (2 * DK * DK + DK * BV) * sizeof(float);
-  auto kernel = state_scan_kernel<DK, BV>;
+  const bool mma = g_scan_kernel == ScanKernel::kTensorCores;
+  const int threads = mma ? DK : (DK / 4) * (BV / 4);
+  const size_t smem = mma ? (2 * DK * (DK + 8) + DK * 24) * sizeof(float) : (2 * DK * DK + DK * BV) * sizeof(float);
+  auto kernel = mma ? state_scan_mma_kernel<DK> : state_scan_kernel<DK, BV>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(Dv / BV), static_cast<unsigned>(H), static_cast<unsigned>(S));
-  kernel<<<grid, NT, smem, at::cuda::getCurrentCUDAStream()>>>(P.data_ptr<float>(), Z.data_ptr<float>(),
+  kernel<<<grid, threads, smem, at::cuda::getCurrentCUDAStream()>>>(P.data_ptr<float>(), Z.data_ptr<float>(),
                                                                y0.data_ptr<float>(), hist.data_ptr<float>(),
                                                                fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H,
                                                                N, Dv, reverse);
@@ -246,6 +386,8 @@ void check_fusion(const at::Tensor& o, const at::Tensor& gate, const at::Tensor&
 }
 
 }  // namespace
+
+void set_state_scan_kernel(ScanKernel k) { g_scan_kernel = k; }
 
 bool state_scan_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
   return dtype == at::kFloat && (Dk == 32 || Dk == 64 || Dk == 128) && Dv > 0 && Dv % kScanColumns == 0;

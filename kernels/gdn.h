@@ -9,6 +9,11 @@ namespace hh::kernels {
 // and dtype (float32).
 bool state_scan_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 
+// Which kernel state_scan runs (process-wide; for benchmarks): the tensor cores (mma.sync TF32 with
+// the 3xTF32 split, float32 accuracy; the default) or plain float32 FMAs.
+enum class ScanKernel { kTensorCores, kFma };
+void set_state_scan_kernel(ScanKernel k);
+
 // The chunk-to-chunk recurrence of the chunked gated delta rule, one sequence and head per (s, h):
 //   Y = y0[s, h];  for each chunk n of sequence s (first to last, or last to first when reverse):
 //     hist[h, n] = Y;  Y = P[h, n]^T Y + Z[h, n]

@@ -19,6 +19,9 @@
 #include "core/model/config.h"
 #include "core/model/transformer.h"
 #include "core/util/error.h"
+#ifdef HH_HAVE_KERNELS
+#include "kernels/gdn.h"
+#endif
 
 namespace hh::cli {
 namespace {
@@ -32,6 +35,7 @@ struct GdnBenchArgs {
   bool json = false;
   uint64_t seed = 0;
   std::string profile;  // Chrome trace of one forward and one forward + backward at the first shape
+  std::string scan_kernel = "tensor";
 };
 
 struct Shape {
@@ -87,6 +91,9 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     throw Error("--iters, --heads, --dim and --chunk must be positive and --warmup non-negative");
   const at::Device dev = model::parse_device(a.device);
   const auto dt = model::parse_dtype(a.dtype);
+#ifdef HH_HAVE_KERNELS
+  kernels::set_state_scan_kernel(a.scan_kernel == "fma" ? kernels::ScanKernel::kFma : kernels::ScanKernel::kTensorCores);
+#endif
   const auto opts = torch::TensorOptions().dtype(dt).device(dev);
   torch::manual_seed(a.seed);
   nlohmann::json out = {{"device", a.device}, {"dtype", a.dtype}, {"heads", a.heads}, {"dim", a.dim}, {"rows", nlohmann::json::array()}};
@@ -237,6 +244,9 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_option("--warmup", a->warmup, "Untimed repetitions first")->capture_default_str();
   c->add_option("--seed", a->seed, "Seed of the random inputs")->capture_default_str();
   c->add_flag("--json", a->json, "Also print one JSON object");
+  c->add_option("--scan-kernel", a->scan_kernel, "The state scan's CUDA kernel: tensor (TF32 x3) or fma")
+      ->check(CLI::IsMember({"tensor", "fma"}))
+      ->capture_default_str();
   c->add_option("--profile", a->profile, "Write a Chrome trace of one forward and one forward + backward at the first shape");
   return {c, [a] { return run_bench_gdn(*a); }};
 }

@@ -202,6 +202,7 @@ namespace {
 // Where each sequence's tokens go in the chunk grid: sequences are padded to whole chunks and laid
 // end to end, N chunks in all; chunk tensors are [H, N, C, ...].
 struct ChunkLayout {
+  bool regular = false;          // B sequences of T tokens (no cu_seqlens): chunk b * (N / B) + n
   int64_t rows = 0;              // B * T input rows
   int64_t C = 0, N = 0;          // chunk length, chunks in all
   std::vector<int64_t> offsets;  // S + 1 chunk offsets
@@ -211,6 +212,7 @@ struct ChunkLayout {
 
 ChunkLayout make_layout(int64_t B, int64_t T, int64_t C, const std::vector<int64_t>& cu_seqlens, const at::Device& dev) {
   ChunkLayout L;
+  L.regular = cu_seqlens.empty();
   L.rows = B * T;
   L.C = C;
   std::vector<int64_t> starts, lens;
@@ -231,6 +233,7 @@ ChunkLayout make_layout(int64_t B, int64_t T, int64_t C, const std::vector<int64
   L.offsets.push_back(0);
   for (int64_t len : lens) L.offsets.push_back(L.offsets.back() + (len + C - 1) / C);
   L.N = L.offsets.back();
+  if (L.regular) return L;  // to_chunks / from_chunks pad and permute instead
   std::vector<int64_t> gather(static_cast<size_t>(L.N * C), L.rows), scatter(static_cast<size_t>(L.rows));
   for (size_t s = 0; s < starts.size(); ++s)
     for (int64_t p = 0; p < lens[s]; ++p) {
@@ -246,6 +249,23 @@ ChunkLayout make_layout(int64_t B, int64_t T, int64_t C, const std::vector<int64
 
 // [B, T, H, ...] -> [H, N, C, ...] in dtype acc, padding slots zero.
 at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType acc) {
+  if (L.regular) {  // pad T to whole chunks, then one permuting copy (with the dtype change)
+    const int64_t B = x.size(0), T = x.size(1), per = L.N / std::max<int64_t>(B, 1), pad = per * L.C - T;
+    at::Tensor f = x;
+    if (pad > 0) {
+      std::vector<int64_t> spec(static_cast<size_t>(2 * (x.dim() - 1)), 0);
+      spec.back() = pad;  // constant_pad_nd pads from the last dimension backwards; T is dimension 1
+      f = at::constant_pad_nd(f, spec, 0);
+    }
+    std::vector<int64_t> grid = {B, per, L.C};
+    std::vector<int64_t> perm = {3, 0, 1, 2};  // [H, B, per, C, ...]
+    for (int64_t i = 2; i < x.dim(); ++i) grid.push_back(x.size(i));
+    for (int64_t i = 4; i < static_cast<int64_t>(grid.size()); ++i) perm.push_back(i);
+    f = f.view(grid).permute(perm).to(acc, false, false, at::MemoryFormat::Contiguous);
+    std::vector<int64_t> out = {x.size(2), L.N, L.C};
+    for (int64_t i = 3; i < x.dim(); ++i) out.push_back(x.size(i));
+    return f.view(out);
+  }
   std::vector<int64_t> flat = {L.rows};
   for (int64_t i = 2; i < x.dim(); ++i) flat.push_back(x.size(i));
   at::Tensor f = x.to(acc).reshape(flat);
@@ -260,10 +280,12 @@ at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType a
   return f.permute(perm).contiguous();
 }
 
-// [H, N, C, D] -> [B, T, H, D]
-at::Tensor from_chunks(const at::Tensor& x, const ChunkLayout& L, int64_t B, int64_t T) {
+// [H, N, C, D] -> [B, T, H, D] in dtype `dtype`
+at::Tensor from_chunks(const at::Tensor& x, const ChunkLayout& L, int64_t B, int64_t T, at::ScalarType dtype) {
   const int64_t H = x.size(0), D = x.size(3);
-  return x.permute({1, 2, 0, 3}).reshape({L.N * L.C, H, D}).index_select(0, L.scatter).view({B, T, H, D});
+  if (L.regular)
+    return x.view({H, B, -1, D}).narrow(2, 0, T).permute({1, 2, 0, 3}).to(dtype, false, false, at::MemoryFormat::Contiguous);
+  return x.permute({1, 2, 0, 3}).reshape({L.N * L.C, H, D}).index_select(0, L.scatter).view({B, T, H, D}).to(dtype);
 }
 
 #ifdef HH_HAVE_KERNELS
@@ -394,7 +416,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
     ctx->saved_data["s0_dtype"] = static_cast<int64_t>(s0.scalar_type());
-    return {from_chunks(O, L, B, T).to(v.scalar_type()), scan.final_state};
+    return {from_chunks(O, L, B, T, v.scalar_type()), scan.final_state};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

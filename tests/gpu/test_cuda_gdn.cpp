@@ -67,18 +67,22 @@ TEST(CudaGdn, StateScanKernelEqualsTheLoopInFloat64) {
       // Contractive-ish transitions, like the rule's: 0.9 I + small noise.
       const auto P = 0.9 * torch::eye(Dk, kF64) + 0.3 / std::sqrt(static_cast<double>(Dk)) * torch::randn({H, N, Dk, Dk}, kF64);
       const auto Z = torch::randn({H, N, Dk, Dv}, kF64), y0 = torch::randn({S, H, Dk, Dv}, kF64);
+      for (auto kernel : {hh::kernels::ScanKernel::kTensorCores, hh::kernels::ScanKernel::kFma})
       for (bool reverse : {false, true}) {
+        hh::kernels::set_state_scan_kernel(kernel);
         const auto want = hh::attention::gdn_state_scan(P, Z, y0, offsets, reverse);
         auto hist = torch::full({H, N, Dk, Dv}, std::numeric_limits<float>::quiet_NaN(), kCuda.dtype(torch::kFloat));
         const auto fin = hh::kernels::state_scan(P.to(kCuda.dtype(torch::kFloat)), Z.to(kCuda.dtype(torch::kFloat)),
                                                  y0.to(kCuda.dtype(torch::kFloat)), offsets, reverse, hist);
-        const std::string what = "Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) + (reverse ? " reverse" : "");
+        hh::kernels::set_state_scan_kernel(hh::kernels::ScanKernel::kTensorCores);
+        const std::string what = "Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) + (reverse ? " reverse" : "") +
+                                 (kernel == hh::kernels::ScanKernel::kFma ? " fma" : " tensor cores");
         EXPECT_LT(rel_err(hist, want.hist), 1e-5) << what;  // rel_err also fails on NaN: every element written
         EXPECT_LT(rel_err(fin, want.final_state), 1e-5) << what;
         // Through the dispatcher as well (hydrahead::gdn_state_scan on CUDA tensors).
         const auto op = hh::attention::gdn_state_scan(P.to(kCuda.dtype(torch::kFloat)), Z.to(kCuda.dtype(torch::kFloat)),
                                                       y0.to(kCuda.dtype(torch::kFloat)), offsets, reverse);
-        EXPECT_TRUE(torch::equal(op.hist, hist)) << what;
+        if (kernel == hh::kernels::ScanKernel::kTensorCores) EXPECT_TRUE(torch::equal(op.hist, hist)) << what;
       }
     }
 }
@@ -137,7 +141,8 @@ TEST(CudaGdn, PackedSequencesOnCudaEqualEachAlone) {
     auto cut = [&](const torch::Tensor& x) { return x.narrow(1, a, len); };
     const auto alone = gdn_recurrent(cut(r.q), cut(r.k), cut(r.v), cut(r.g), cut(r.beta), r.s0.narrow(0, s, 1), 0.1);
     EXPECT_LT(rel_err(cut(got.o), alone.o), 1e-2) << "sequence " << s;
-    EXPECT_LT(rel_err(got.state.narrow(0, s, 1), alone.state), 1e-4) << "sequence " << s;
+    // float32 states from TF32 products (16-bit inputs): ~3e-4.
+    EXPECT_LT(rel_err(got.state.narrow(0, s, 1), alone.state), 2e-3) << "sequence " << s;
   }
 }
 
