@@ -247,6 +247,13 @@ ChunkLayout make_layout(int64_t B, int64_t T, int64_t C, const std::vector<int64
   return L;
 }
 
+// A contiguous copy of x in `dtype`, in one pass (x.to() may hand back x itself, strides and all).
+at::Tensor dense_copy(const at::Tensor& x, at::ScalarType dtype) {
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(dtype));
+  out.copy_(x);
+  return out;
+}
+
 // [B, T, H, ...] -> [H, N, C, ...] in dtype acc, padding slots zero.
 at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType acc) {
   if (L.regular) {  // pad T to whole chunks, then one permuting copy (with the dtype change)
@@ -261,10 +268,10 @@ at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType a
     std::vector<int64_t> perm = {3, 0, 1, 2};  // [H, B, per, C, ...]
     for (int64_t i = 2; i < x.dim(); ++i) grid.push_back(x.size(i));
     for (int64_t i = 4; i < static_cast<int64_t>(grid.size()); ++i) perm.push_back(i);
-    f = f.view(grid).permute(perm).to(acc, false, false, at::MemoryFormat::Contiguous);
+    f = f.reshape(grid).permute(perm);
     std::vector<int64_t> out = {x.size(2), L.N, L.C};
     for (int64_t i = 3; i < x.dim(); ++i) out.push_back(x.size(i));
-    return f.view(out);
+    return dense_copy(f, acc).view(out);
   }
   std::vector<int64_t> flat = {L.rows};
   for (int64_t i = 2; i < x.dim(); ++i) flat.push_back(x.size(i));
@@ -284,7 +291,7 @@ at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType a
 at::Tensor from_chunks(const at::Tensor& x, const ChunkLayout& L, int64_t B, int64_t T, at::ScalarType dtype) {
   const int64_t H = x.size(0), D = x.size(3);
   if (L.regular)
-    return x.view({H, B, -1, D}).narrow(2, 0, T).permute({1, 2, 0, 3}).to(dtype, false, false, at::MemoryFormat::Contiguous);
+    return dense_copy(x.reshape({H, B, -1, D}).narrow(2, 0, T).permute({1, 2, 0, 3}), dtype);
   return x.permute({1, 2, 0, 3}).reshape({L.N * L.C, H, D}).index_select(0, L.scatter).view({B, T, H, D}).to(dtype);
 }
 

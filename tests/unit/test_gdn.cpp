@@ -158,6 +158,27 @@ TEST(GatedDeltaRuleScan, EqualsTheRecurrenceForAnyLengthAndRegime) {
   }
 }
 
+TEST(GatedDeltaRuleScan, AcceptsStridedInputs) {
+  // The hybrid layer hands over narrowed and reshaped projections: q, k, v as slices of one tensor;
+  // T = 64 needs no padding (the slices themselves get permuted), T = 70 does.
+  for (int64_t T : {64, 70}) {
+  const auto in = make_inputs(2, T, 3, 8, 8, 21);
+  const auto qkv = torch::cat({in.q, in.k, in.v}, 3);  // [B, T, H, 24]
+  const auto q = qkv.narrow(3, 0, 8), k = qkv.narrow(3, 8, 8), v = qkv.narrow(3, 16, 8);
+  const auto g = torch::stack({in.g, in.beta}, 3).select(3, 0), beta = torch::stack({in.g, in.beta}, 3).select(3, 1);
+  ASSERT_FALSE(q.is_contiguous());
+  ASSERT_FALSE(g.is_contiguous());
+  const auto r = gdn_recurrent(in.q, in.k, in.v, in.g, in.beta, {}, 0.3);
+  const auto s = gdn_chunked_scan(q, k, v, g, beta, {}, 0.3, 16);
+  // float32 strided inputs too: no dtype change, so nothing but the layout code makes them dense.
+  const auto f32 = gdn_chunked_scan(q.to(torch::kFloat), k.to(torch::kFloat), v.to(torch::kFloat), g.to(torch::kFloat),
+                                    beta.to(torch::kFloat), {}, 0.3, 16);
+  EXPECT_LT((f32.o.to(torch::kDouble) - r.o).abs().max().item<double>(), 1e-4) << "float32, T=" << T;
+  EXPECT_LT((s.o - r.o).abs().max().item<double>(), 1e-10) << "T=" << T;
+  EXPECT_LT((s.state - r.state).abs().max().item<double>(), 1e-10) << "T=" << T;
+  }
+}
+
 TEST(GatedDeltaRuleScan, PackedSequencesEqualEachSequenceAlone) {
   // Lengths 5, 0, 64, 70 packed into one row; each must see only its own tokens and its own state.
   const std::vector<int64_t> cu = {0, 5, 5, 69, 139};
