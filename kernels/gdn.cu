@@ -25,6 +25,19 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Starts the next chunk's copy (when there is one), then waits for the current chunk's copy and for
+// every thread: the double-buffered loop of both scan kernels.
+template <class LoadNext>
+__device__ __forceinline__ void wait_for_chunk(bool has_next, LoadNext&& load_next) {
+  if (has_next) {
+    load_next();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();  // P_n and the state slice in shared memory are complete
+}
+
 // One block per (16 state columns, head, sequence). Thread (rg, cg) owns state rows 4rg..4rg+3 and
 // columns 4cg..4cg+3 of the block's slice, in registers; the slice is mirrored in shared memory for
 // the product, and P of the next chunk streams into the other half of a double buffer while this
@@ -66,13 +79,7 @@ __global__ void __launch_bounds__((DK / 4) * (BV / 4))
   if (count > 0) load_P(chunk(0), Ps0);
   for (int64_t i = 0; i < count; ++i) {
     const int64_t n = chunk(i);
-    if (i + 1 < count) {
-      load_P(chunk(i + 1), (i & 1) ? Ps0 : Ps1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // P_n and the state slice in shared memory are complete
+    wait_for_chunk(i + 1 < count, [&] { load_P(chunk(i + 1), (i & 1) ? Ps0 : Ps1); });
     const int64_t base = (static_cast<int64_t>(h) * N + n) * state;
     float acc[4][4];
 #pragma unroll
@@ -176,13 +183,7 @@ __global__ void __launch_bounds__(DK)
   if (count > 0) load_P(chunk(0), Ps0);
   for (int64_t i = 0; i < count; ++i) {
     const int64_t n = chunk(i);
-    if (i + 1 < count) {
-      load_P(chunk(i + 1), (i & 1) ? Ps0 : Ps1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    wait_for_chunk(i + 1 < count, [&] { load_P(chunk(i + 1), (i & 1) ? Ps0 : Ps1); });
     const int64_t base = (static_cast<int64_t>(h) * N + n) * state + col0;
     float acc[2][2][4];
 #pragma unroll
