@@ -458,7 +458,16 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       dS0 = scan.final_state;
     }
     // 2. With every chunk's start state S_n and end-state gradient fixed, the inputs' gradients are
-    //    those of sum_n <dO_n, O_n> + <dS_end_n, S_{n+1}> through the chunk-local function.
+    //    those of sum_n <dO_n, O_n> + <dS_end_n, S_{n+1}> through the chunk-local function. Written so
+    //    that nothing state-sized ([Dk, Dv] a chunk) needs a gradient, with Uc = U - W S:
+    //      <O, dO>      = scale (<qdecay, dO S^T> + <attn Uc, dO>)
+    //      <S_next, dS> = e^{G_C} <S, dS> + <Uc, kdecay dS>
+    at::Tensor dO_St, S_dS;
+    {
+      at::NoGradGuard no_grad;
+      dO_St = at::matmul(dO, S.transpose(-1, -2));  // [H, N, C, Dk]
+      S_dS = (S * dS_end).sum({-1, -2});             // [H, N]
+    }
     at::Tensor lq = q.detach().requires_grad_(true), lk = k.detach().requires_grad_(true),
                lv = v.detach().requires_grad_(true), lg = g.detach().requires_grad_(true),
                lb = beta.detach().requires_grad_(true);
@@ -468,9 +477,8 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       const ChunkedInputs in = chunk_inputs(lq, lk, lv, lg, lb, L, acc);
       const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
       const at::Tensor Uc = c.U - at::matmul(c.W, S);
-      const at::Tensor O = (at::matmul(c.qdecay, S) + at::matmul(c.attn, Uc)) * scale;
-      const at::Tensor S_next = c.dl.unsqueeze(-1).unsqueeze(-1) * S + at::matmul(c.kdecay.transpose(-1, -2), Uc);
-      const at::Tensor objective = (O * dO).sum() + (S_next * dS_end).sum();
+      const at::Tensor objective = ((c.qdecay * dO_St).sum() + (at::matmul(c.attn, Uc) * dO).sum()) * scale +
+                                   (c.dl * S_dS).sum() + (Uc * at::matmul(c.kdecay, dS_end)).sum();
       input_grads = torch::autograd::grad({objective}, {lq, lk, lv, lg, lb}, {}, /*retain_graph=*/false,
                                           /*create_graph=*/false, /*allow_unused=*/true);
     }
