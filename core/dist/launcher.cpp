@@ -134,7 +134,10 @@ LaunchResult launch_local(const LaunchOptions& o, const std::function<void(const
         if (alive > 0) {
           report(result.message + "; stopping the other " + std::to_string(alive) + " rank(s)");
           for (pid_t p : pids)
-            if (p > 0) ::kill(-p, SIGTERM);
+            if (p > 0) {
+              ::kill(-p, SIGTERM);
+              ::kill(-p, SIGCONT);  // a stopped rank gets to act on the SIGTERM
+            }
           stopping = true;
           deadline = std::chrono::steady_clock::now() +
                      std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000.0));

@@ -14,10 +14,13 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <future>
 #include <string>
+#include <thread>
 
 #include "core/util/error.h"
 #include "core/util/log.h"
@@ -46,6 +49,52 @@ std::string first_line(const std::string& s) {
 
 c10d::ReduceOp to_c10d(ReduceOp op) { return op == ReduceOp::Max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM; }
 
+constexpr auto kHeartbeat = std::chrono::milliseconds(200);   // how often a rank publishes its collective count
+constexpr auto kStoreAnswer = std::chrono::seconds(3);        // how long a failing rank asks the store
+
+// Runs `fn` on a thread of its own and gives up after `limit`: the store of a job in trouble may not
+// answer (1.13's TCPStore server reads a request to its end, so a peer stopped mid-request stalls it),
+// and a failing rank must still exit. A stuck thread is left behind; the process is about to end.
+template <class T, class F>
+bool bounded(F fn, std::chrono::milliseconds limit, T* out) {
+  auto task = std::make_shared<std::packaged_task<T()>>(std::move(fn));
+  std::future<T> f = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  if (f.wait_for(limit) != std::future_status::ready) return false;
+  try {
+    *out = f.get();
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// Publishes this rank's collective count (hydrahead/seq/<rank>) every kHeartbeat, on its own store
+// connection and thread, so that the training thread never waits on the store and a stalled store
+// never stalls training.
+struct Heartbeat {
+  std::atomic<int64_t> sequence{0};
+  std::atomic<bool> stop{false};
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string key;
+  void run() {
+    int64_t published = -1;
+    while (!stop.load()) {
+      const int64_t now = sequence.load();
+      if (now != published) {
+        try {
+          const std::string v = std::to_string(now);
+          store->set(key, std::vector<uint8_t>(v.begin(), v.end()));
+          published = now;
+        } catch (const std::exception&) {
+          return;  // the store is gone: rank 0 ended
+        }
+      }
+      std::this_thread::sleep_for(kHeartbeat);
+    }
+  }
+};
+
 }  // namespace
 
 struct ProcessGroup::Impl {
@@ -56,15 +105,16 @@ struct ProcessGroup::Impl {
   bool nccl = false;
   double timeout_s = 300;
   int64_t sequence = 0;  // collectives issued, for messages
+  std::shared_ptr<Heartbeat> heartbeat;
 
-  // The number of the collective about to start, published for describe_failure.
+  ~Impl() {
+    if (heartbeat) heartbeat->stop.store(true);   // its thread ends within kHeartbeat (detached)
+  }
+
+  // The number of the collective about to start; the heartbeat publishes it.
   int64_t next() {
     ++sequence;
-    try {
-      store->set(seq_key(env.rank), [&] { const std::string v = std::to_string(sequence); return std::vector<uint8_t>(v.begin(), v.end()); }());
-    } catch (const std::exception&) {
-      // The store is gone (rank 0 died): the collective itself will fail and say so.
-    }
+    if (heartbeat) heartbeat->sequence.store(sequence);
     return sequence;
   }
 
@@ -72,6 +122,18 @@ struct ProcessGroup::Impl {
   std::string describe_failure(const char* op, int64_t seq, const std::string& what) {
     std::string msg = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + ": " + op + " (collective #" +
                       std::to_string(seq) + ") failed: " + first_line(what);
+    std::string blame;
+    auto st = store;
+    const DistEnv e = env;
+    const double limit_s = timeout_s;
+    if (!bounded<std::string>([st, e, seq, limit_s] { return blame_from_store(st, e, seq, limit_s); }, kStoreAnswer, &blame))
+      blame = "; the job's store (on rank 0) did not answer: rank 0 died or hung, or another rank stalled the store";
+    return msg + blame;
+  }
+
+  // Who to blame for a failed collective #seq, from what the ranks published in the store.
+  static std::string blame_from_store(const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env, int64_t seq, double timeout_s) {
+    std::string msg;
     try {
       if (store && store->check({kFailureKey})) {
         const std::vector<uint8_t> v = store->get(kFailureKey);
@@ -160,6 +222,21 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const std
   } catch (const std::exception& e) {
     throw Error("rank " + std::to_string(env.rank) + ": rendezvous at " + env.master_addr + ":" + std::to_string(env.master_port) +
                 " failed (" + env.source + "): " + first_line(e.what()));
+  }
+  try {
+    c10d::TCPStoreOptions ho;
+    ho.port = static_cast<uint16_t>(env.master_port);
+    ho.isServer = false;
+    ho.waitWorkers = false;
+    ho.timeout = timeout;
+    auto hb = std::make_shared<Heartbeat>();
+    hb->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, ho);
+    hb->key = seq_key(env.rank);
+    std::thread([hb] { hb->run(); }).detach();
+    g.heartbeat = hb;
+  } catch (const std::exception& e) {
+    log::warn("rank " + std::to_string(env.rank) + ": no heartbeat connection to the store (" + first_line(e.what()) +
+              "); a failure will not name the ranks that fell behind");
   }
 
   try {
@@ -271,9 +348,16 @@ void ProcessGroup::barrier() {
 void ProcessGroup::report_failure(const std::string& message) noexcept {
   try {
     // The first rank to fail is the one to name: the others fail because of it.
-    if (impl_->store->add(std::string(kFailureKey) + "/count", 1) != 1) return;
+    auto st = impl_->store;
     const std::string v = "rank " + std::to_string(impl_->env.rank) + ": " + first_line(message);
-    impl_->store->set(kFailureKey, std::vector<uint8_t>(v.begin(), v.end()));
+    bool done = false;
+    bounded<bool>(
+        [st, v] {
+          if (st->add(std::string(kFailureKey) + "/count", 1) != 1) return true;
+          st->set(kFailureKey, std::vector<uint8_t>(v.begin(), v.end()));
+          return true;
+        },
+        kStoreAnswer, &done);
   } catch (...) {
   }
 }

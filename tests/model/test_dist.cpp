@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/io/h5.h"
-#include "core/io/safetensors.h"
+#include "core/io/checkpoint.h"
 #include "core/model/transformer.h"
 #include "support/test_support.h"
 #include "support/tiny_config.h"
@@ -177,7 +177,7 @@ TEST(DistTrain, TwoRanksMatchOneProcessAndResumeWithAnyNumberOfRanks) {
 
   // Two ranks from the start, optimiser sharded: the same trajectory; only rank 0 wrote files.
   const fs::path b = copy_job(one, dir / "b");
-  r = train(b, "--nproc-per-node 2 --shard-optimizer --progress json");
+  r = train(b, "--nproc-per-node 2 --shard-optimizer");
   ASSERT_EQ(r.status, 0) << r.output;
   expect_close(column(ref / "run.h5", "/train/loss"), column(dir / "b/run/run.h5", "/train/loss"), kLossRtol, "sharded loss");
   EXPECT_LT(max_diff(ref / "model/model.safetensors", dir / "b/run/model/model.safetensors"), kWeightTol);
