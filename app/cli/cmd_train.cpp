@@ -28,6 +28,7 @@ namespace fs = std::filesystem;
 struct TrainArgs {
   std::string job, stage, progress = "bar", status;
   bool validate = false, shard_optimizer = false;
+  double bucket_mb = 25;
   int64_t max_steps = -1;
   DistArgs dist;
 };
@@ -112,6 +113,7 @@ int run_train(const TrainArgs& a) {
   o.max_steps = a.max_steps;
   o.dist = group;
   o.shard_optimizer = a.shard_optimizer;
+  o.bucket_mb = a.bucket_mb;
   o.on_event = [&](const nlohmann::json& e) {
     const std::string kind = e.at("event");
     if (progress == "json") {
@@ -188,6 +190,9 @@ Runner add_train(CLI::App& app) {
   app.add_flag("--shard-optimizer", a->shard_optimizer,
                "With several ranks: each keeps the AdamW state (moments, float32 masters) of its share of the "
                "parameters only, steps those and broadcasts them (less memory per GPU; checkpoints are unchanged)");
+  app.add_option("--bucket-mb", a->bucket_mb,
+                 "With several ranks: MiB of gradients per all-reduce bucket; buckets start while the backward pass runs")
+      ->capture_default_str();
   return [a] { return run_train(*a); };
 }
 

@@ -6,12 +6,13 @@
 # NCCL needs a CUDA LibTorch whose c10d has ProcessGroupNCCL (its header compiles only with
 # USE_C10D_NCCL, which LibTorch does not export to consumers) and nccl.h (the CUDA toolkit or pip's
 # nvidia-nccl wheel). When all three are found, process_group.cpp defines USE_C10D_NCCL itself.
+option(HH_WITH_NCCL "Compile c10d's NCCL backend in when LibTorch has it" ON)
 set(HH_HAVE_NCCL 0)
 find_path(HH_GLOO_INCLUDE_DIR gloo/algorithm.h HINTS ${TORCH_INCLUDE_DIRS})
 if(NOT HH_GLOO_INCLUDE_DIR)
   message(FATAL_ERROR "Gloo headers (gloo/algorithm.h) not found: install libgloo-dev (Debian) or use pip torch's LibTorch")
 endif()
-if(TORCH_CUDA_LIBRARIES)
+if(HH_WITH_NCCL AND TORCH_CUDA_LIBRARIES)
   find_file(HH_C10D_NCCL_HEADER torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp HINTS ${TORCH_INCLUDE_DIRS} NO_CACHE)
   get_filename_component(_hh_torch_site "${TORCH_INSTALL_PREFIX}/.." ABSOLUTE)
   find_path(HH_NCCL_INCLUDE_DIR nccl.h

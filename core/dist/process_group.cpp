@@ -7,6 +7,11 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "hydrahead/dist_config.h"
+// LibTorch's CMake package passes USE_C10D_GLOO to its consumers when its c10d has Gloo; 2.x compiles
+// ProcessGroupGloo.hpp only with it.
+#if HH_TORCH_AT_LEAST(2, 0) && !defined(USE_C10D_GLOO)
+#error "this LibTorch does not define USE_C10D_GLOO: its c10d has no Gloo backend, which core/dist needs"
+#endif
 #if HH_HAVE_NCCL
 #ifndef USE_C10D_NCCL
 #define USE_C10D_NCCL  // the header compiles its content only with this; dist.cmake found the backend

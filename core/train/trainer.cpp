@@ -28,6 +28,7 @@
 #include "core/train/run_log.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/log.h"
 
 namespace hh::train {
 
@@ -589,7 +590,8 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
         {"resumed", !resume_from.empty()},
         {"stage", job.stages[static_cast<size_t>(state.stage)].name},
         {"stage_step", state.stage_step},
-        {"device", device.str()}});
+        {"device", device.str()},
+        {"ranks", world}});
 
   const double t_begin = now_s() - state.elapsed_s;
   int64_t steps_this_call = 0;
@@ -647,7 +649,11 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
     if (group != nullptr) {
       std::vector<at::Tensor> tensors;
       for (const auto& p : params) tensors.push_back(p.tensor);
-      grad_sync.emplace(*group, tensors);
+      if (!(o.bucket_mb > 0)) throw Error("--bucket-mb must be positive");
+      grad_sync.emplace(*group, tensors, static_cast<std::size_t>(o.bucket_mb * 1048576.0));
+      if (lead)
+        log::info("stage " + st.name + ": gradients averaged over " + std::to_string(world) + " ranks in " +
+                  std::to_string(grad_sync->num_buckets()) + " buckets" + (o.shard_optimizer ? ", optimizer state sharded" : ""));
     }
     if (state.stage_step > 0) {
       opt.load_state(io::load_tensors(resume_from / "optimizer.safetensors"), state.optimizer_steps);

@@ -43,7 +43,7 @@ class ProcessGroup;
 namespace hh::train {
 
 // Events, each a JSON object with "event":
-//   start       {stages: [names], resumed: bool, stage, stage_step}
+//   start       {stages: [names], resumed: bool, stage, stage_step, device, ranks}
 //   stage       {stage, index, kind, steps, params (trainable count)}
 //   step        {stage, index, step, steps, global_step, loss, lr, grad_norm, tokens_per_s, elapsed_s, eta_s}
 //   eval        {stage, step, global_step, loss}
@@ -67,6 +67,7 @@ struct TrainOptions {
   // With dist: each rank keeps the AdamW state of a share of the parameters (dist::partition_params),
   // steps those and broadcasts them; checkpoints still hold the whole state.
   bool shard_optimizer = false;
+  double bucket_mb = 25;   // with dist: gradient bucket size (MiB) of the overlapped all-reduce
 };
 
 enum class JobStatus { Completed, Interrupted };
