@@ -35,7 +35,7 @@ void set_command_line(int argc, char** argv) { g_command_line.assign(argv, argv 
 
 void add_dist_options(CLI::App& app, DistArgs& a) {
   app.add_option("--nproc-per-node", a.nproc,
-                 "Run N processes of this command on this host (one per GPU with --device cuda, else CPU workers "
+                 "Run N processes of this command on this host (one per GPU when the device is cuda, else CPU workers "
                  "over Gloo) and wait for them; see docs/DISTRIBUTED.md. Under torchrun or srun leave it out: "
                  "RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (or SLURM_*) are read instead");
   app.add_option("--dist-timeout", a.timeout_s,
