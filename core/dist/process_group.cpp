@@ -195,7 +195,7 @@ ProcessGroup::ProcessGroup() : impl_(std::make_unique<Impl>()) {}
 ProcessGroup::~ProcessGroup() = default;
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const std::string& device, double timeout_s) {
-  if (!env.distributed()) throw Error("internal: a process group needs more than one process");
+  if (env.world_size < 1 || env.rank >= env.world_size) throw Error("internal: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size));
   if (timeout_s <= 0) throw Error("--dist-timeout must be positive (seconds)");
   std::shared_ptr<ProcessGroup> pg(new ProcessGroup());
   Impl& g = *pg->impl_;

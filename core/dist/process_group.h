@@ -40,7 +40,7 @@ class Pending {
 
 class ProcessGroup {
  public:
-  // Joins the group described by `env` (env.distributed() must hold). device "cpu" -> Gloo; "cuda" or
+  // Joins the group described by `env` (a group of one works too). device "cpu" -> Gloo; "cuda" or
   // "cuda:N" -> NCCL on cuda:LOCAL_RANK (the current CUDA device is set to it). timeout_s bounds the
   // rendezvous and every collective.
   static std::shared_ptr<ProcessGroup> create(const DistEnv& env, const std::string& device, double timeout_s);
