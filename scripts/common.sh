@@ -10,7 +10,7 @@ HH_BUILD_DIR="${HH_BUILD_DIR:-$HH_ROOT/build}"
 # libtorch-dev pulls in: CPU matmuls get 10-16x faster (docs/BENCHMARKS.md).
 HH_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev libopenblas0-pthread libhdf5-dev libgtest-dev libgmock-dev nlohmann-json3-dev
+  libtorch-dev libgloo-dev libopenblas0-pthread libhdf5-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   libcli11-dev libpcre2-dev libbenchmark-dev
   qt6-base-dev qt6-svg-dev libqcustomplot-dev libqcustomplot2.1-qt6 libgl-dev
   clang libclang-rt-14-dev

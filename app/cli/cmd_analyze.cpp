@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "app/cli/commands.h"
+#include "core/dist/process_group.h"
 #include "core/interp/analysis.h"
 #include "core/interp/calibration.h"
 #include "core/io/fingerprint.h"
@@ -33,6 +34,7 @@ struct AnalyzeArgs {
   std::string device = "cpu", dtype, heads, receivers;
   int64_t max_batch = 0, cka_tokens = 1024, top = 10;
   bool reference = false, no_layers = false;
+  DistArgs dist;
 };
 
 // The `top` heads of an effect map, largest first, as "L:H value" lines.
@@ -69,6 +71,10 @@ int run_analyze(const AnalyzeArgs& a) {
   o.layers = !a.no_layers;
   o.cka_tokens = a.cka_tokens;
   const fs::path out = a.out;
+  if (const int status = maybe_launch(a.dist); status >= 0) return status;
+  const auto group = join_group(a.dist, a.device);
+  const bool lead = !group || group->rank() == 0;   // rank 0 shows progress, writes and summarises
+  o.dist = group.get();
 
   interp::AnalyzeCheckpoint job;
   job.model_dir = dir;
@@ -82,11 +88,13 @@ int run_analyze(const AnalyzeArgs& a) {
   interp::AnalysisResult r;
   {
     std::optional<ProgressBar> bar;  // shown once the weights are loaded
-    job.options.progress = [&bar](const std::string& step, int64_t done, int64_t total) {
+    job.options.progress = [&bar, lead](const std::string& step, int64_t done, int64_t total) {
+      if (!lead) return;
       if (bar) bar->update(static_cast<double>(done) / static_cast<double>(std::max<int64_t>(total, 1)), step);
     };
     try {
-      r = interp::analyze_checkpoint(job, [&bar](const std::string& what) {
+      r = interp::analyze_checkpoint(job, [&bar, lead](const std::string& what) {
+        if (!lead) return;
         std::fprintf(stderr, "%s\n", what.c_str());
         bar.emplace("analyze");
       });
@@ -98,6 +106,7 @@ int run_analyze(const AnalyzeArgs& a) {
     }
   }
   const size_t examples_size = r.tasks.size();
+  if (!lead) return kExitOk;
 
   const int64_t kept = r.kept.sum().item<int64_t>();
   std::printf("wrote %s: %zu examples (%lld kept, %lld with |M_clean - M_corrupt| < %g skipped), metric %s\n",
@@ -126,7 +135,9 @@ Runner add_analyze(CLI::App& app) {
       "Effects: noising (M_clean - M_patched) / (M_clean - M_corrupt); denoising (M_patched - M_corrupt) /\n"
       "(M_clean - M_corrupt); examples with |M_clean - M_corrupt| < 1e-3 are skipped from the means.\n"
       "An existing --out of the same model, calibration set and metric gets the new methods added.\n"
-      "Ctrl-C stops between forwards and writes nothing.");
+      "Ctrl-C stops between forwards and writes nothing.\n"
+      "Several processes (--nproc-per-node N, or torchrun / srun): the (example, head batch) work is dealt\n"
+      "over the ranks and rank 0 writes the gathered result, the same datasets as one process writes.");
   app.add_option("--model", a->model, "HF checkpoint directory (config.json, *.safetensors)")->required();
   app.add_option("--calib", a->calib, "Calibration set (JSONL, see `hydrahead tasks generate`)")->required();
   app.add_option("--method", a->method, "activation, path, attribution, retrieval, similarity, or all (comma list)")
@@ -144,6 +155,7 @@ Runner add_analyze(CLI::App& app) {
   app.add_flag("--reference", a->reference, "Exact patching with one plain forward per head (slow ground truth)");
   app.add_flag("--no-layers", a->no_layers, "Skip layer-level patching (attn_out, mlp_out, resid)");
   app.add_option("--out", a->out, "analysis.h5 to write (or extend)")->required();
+  add_dist_options(app, a->dist);
   return [a] { return run_analyze(*a); };
 }
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <functional>
 #include <set>
 #include <chrono>
@@ -26,6 +27,8 @@
 
 #include "app/cli/commands.h"
 #include "core/attention/hybrid_model.h"
+#include "core/dist/grad_sync.h"
+#include "core/dist/process_group.h"
 #include "core/interp/patching.h"
 #include "core/train/trainer.h"
 #include "core/model/config.h"
@@ -309,6 +312,7 @@ struct TrainBenchArgs {
   int64_t seq = 4096, batch = 1, ratio = 7, iters = 5, warmup = 2;
   uint64_t seed = 0;
   bool json = false, checkpoint_layers = false;
+  DistArgs dist;   // --nproc-per-node: data parallel, --batch sequences per rank
 };
 
 // Peak bytes the caching allocator handed out since the last reset (CUDA only; -1 elsewhere).
@@ -340,9 +344,14 @@ int run_bench_train(const TrainBenchArgs& a) {
   if (a.seq < 2 || a.batch < 1 || a.iters < 1 || a.warmup < 0 || a.ratio < 1)
     throw Error("--seq must be >= 2, --batch, --iters and --ratio >= 1, --warmup >= 0");
   const auto cfg = model::ModelConfig::load(a.config);
-  const at::Device dev = model::parse_device(a.device);
+  if (const int status = maybe_launch(a.dist); status >= 0) return status;
+  const auto group = join_group(a.dist, a.device);
+  const std::string device = group ? dist::rank_device(a.device, group->env(), "--device") : a.device;
+  const int world = group ? group->size() : 1;
+  const bool lead = !group || group->rank() == 0;   // prints for the job
+  const at::Device dev = model::parse_device(device);
   train::StageModels m;
-  m.teacher.emplace(random_model(cfg, a.device, a.dtype, a.seed));
+  m.teacher.emplace(random_model(cfg, device, a.dtype, a.seed));
   select::Manifest manifest;
   manifest.model = select::shape_of(cfg, "");
   const int64_t per_layer = std::max<int64_t>(1, cfg.num_attention_heads / (a.ratio + 1));
@@ -356,19 +365,20 @@ int run_bench_train(const TrainBenchArgs& a) {
     co.seed = a.seed;
     m.student.emplace(attention::convert(model::Transformer(cfg, std::move(w)), manifest, co));
   }
-  torch::manual_seed(a.seed + 1);
+  torch::manual_seed(a.seed + 1 + static_cast<uint64_t>(group ? group->rank() : 0));
   const auto ids = torch::randint(cfg.vocab_size, {a.batch, a.seq + 1}, torch::TensorOptions().dtype(torch::kInt64)).to(dev);
-  const double tokens = static_cast<double>(a.batch * a.seq);
+  const double tokens = static_cast<double>(a.batch * a.seq * world);   // over every rank
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
+  if (lead)
   std::printf("bench train: %s-shaped random model, %lld layers x %lld heads, hybrid %lld FA heads (LA:FA %lld:1), "
-              "B=%lld T=%lld %s on %s\n", a.config.c_str(), static_cast<long long>(cfg.num_hidden_layers),
+              "B=%lld T=%lld %s on %s x %d\n", a.config.c_str(), static_cast<long long>(cfg.num_hidden_layers),
               static_cast<long long>(cfg.num_attention_heads), static_cast<long long>(manifest.fa_heads.size()),
               static_cast<long long>(a.ratio), static_cast<long long>(a.batch), static_cast<long long>(a.seq),
-              a.dtype.c_str(), dev.str().c_str());
-  nlohmann::json out = {{"config", a.config}, {"seq", a.seq}, {"batch", a.batch}, {"dtype", a.dtype},
+              a.dtype.c_str(), dev.str().c_str(), world);
+  nlohmann::json out = {{"config", a.config}, {"seq", a.seq}, {"batch", a.batch}, {"ranks", world}, {"dtype", a.dtype},
                         {"fa_heads", manifest.fa_heads.size()}, {"stages", nlohmann::json::object()}};
   {
     torch::NoGradGuard ng;
@@ -383,6 +393,7 @@ int run_bench_train(const TrainBenchArgs& a) {
     }
     const double t = median(ms);
     const int64_t peak = peak_memory(dev, true);
+    if (lead)
     std::printf("  %-16s %9.1f ms  %10.0f tokens/s  peak %s\n", "teacher forward", t, tokens / t * 1e3, gib(peak).c_str());
     out["stages"]["teacher_forward"] = {{"ms", t}, {"tokens_per_s", tokens / t * 1e3}, {"peak_bytes", peak}};
   }
@@ -401,12 +412,20 @@ int run_bench_train(const TrainBenchArgs& a) {
     auto params = train::stage_params(sm, kind);
     {
       train::AdamW opt(params, {});
+      std::optional<dist::GradSync> grad_sync;   // bucketed all-reduce overlapped with the backward pass
+      if (group) {
+        std::vector<torch::Tensor> tensors;
+        for (const auto& p : params) tensors.push_back(p.tensor);
+        grad_sync.emplace(*group, tensors);
+        grad_sync->set_sync(true);
+      }
       peak_memory(dev, true);
       std::vector<double> ms;
       double loss = 0;
       for (int64_t i = 0; i < a.warmup + a.iters; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         loss = train::stage_loss(sm, kind, ids, 1.0, true, a.checkpoint_layers);
+        if (grad_sync) grad_sync->finish();
         train::clip_grad_norm(params, 1.0);
         opt.step(1e-5);
         opt.zero_grad();
@@ -418,13 +437,14 @@ int run_bench_train(const TrainBenchArgs& a) {
       int64_t n = 0;
       for (const auto& p : params) n += p.tensor.numel();
       const std::string label = name == "dense" ? "dense train" : name;
+      if (lead)
       std::printf("  %-16s %9.1f ms  %10.0f tokens/s  peak %s  (%.3fB trainable, loss %.4g)\n", label.c_str(), t,
                   tokens / t * 1e3, gib(peak).c_str(), static_cast<double>(n) / 1e9, loss);
       out["stages"][label] = {{"ms", t}, {"tokens_per_s", tokens / t * 1e3}, {"peak_bytes", peak}, {"trainable", n}};
     }
     for (auto& p : params) p.tensor.requires_grad_(false);
   }
-  if (a.json) std::printf("%s\n", out.dump().c_str());
+  if (a.json && lead) std::printf("%s\n", out.dump().c_str());
   return kExitOk;
 }
 
@@ -491,6 +511,7 @@ Runner add_bench(CLI::App& app) {
   tr->add_option("--iters", rargs->iters, "Timed steps (median)")->capture_default_str();
   tr->add_option("--warmup", rargs->warmup, "Untimed steps first")->capture_default_str();
   tr->add_option("--seed", rargs->seed, "Seed of weights and tokens")->capture_default_str();
+  add_dist_options(*tr, rargs->dist);   // with N ranks: --batch per rank, tokens/s over all of them
   tr->add_flag("--activation-checkpointing", rargs->checkpoint_layers,
                "Recompute each student layer in the backward pass (distil, finetune)");
   tr->add_flag("--json", rargs->json, "Also print one JSON object");

@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "app/cli/commands.h"
+#include "core/dist/process_group.h"
 #include "core/interp/task_registry.h"
 #include "core/io/h5.h"
 #include "core/jobs/job.h"
@@ -26,8 +27,10 @@ namespace fs = std::filesystem;
 
 struct TrainArgs {
   std::string job, stage, progress = "bar", status;
-  bool validate = false;
+  bool validate = false, shard_optimizer = false;
+  double bucket_mb = 25;
   int64_t max_steps = -1;
+  DistArgs dist;
 };
 
 // The state of a run directory, read from run.h5 (SWMR: also while the job writes it).
@@ -75,7 +78,7 @@ int print_status(const fs::path& dir) {
 int run_train(const TrainArgs& a) {
   if (!a.status.empty()) return print_status(a.status);
   if (a.job.empty()) throw Error("--job is required (or --status DIR)");
-  const jobs::JobSpec job = jobs::JobSpec::load(a.job);
+  jobs::JobSpec job = jobs::JobSpec::load(a.job);
   interp::TaskRegistry tasks;
   tasks.load_default();
   if (a.validate) {
@@ -90,6 +93,16 @@ int run_train(const TrainArgs& a) {
   }
   if (a.progress != "bar" && a.progress != "json" && a.progress != "none")
     throw Error("--progress " + a.progress + ": expected bar, json or none");
+  std::string progress = a.progress;
+  if (const int status = maybe_launch(a.dist); status >= 0) return status;
+  const auto group = join_group(a.dist, job.device);
+  const bool lead = !group || group->rank() == 0;
+  if (group) {
+    job.device = dist::rank_device(job.device, group->env(), a.job + ": device");
+    if (group->rank() != 0) progress = "none";   // rank 0 reports for the job
+  } else if (a.shard_optimizer) {
+    std::fprintf(stderr, "note: --shard-optimizer has no effect in a single process\n");
+  }
 
   std::unique_ptr<ProgressBar> bar;
   std::string bar_stage;
@@ -98,14 +111,17 @@ int run_train(const TrainArgs& a) {
   o.tasks = &tasks;
   o.stop = install_interrupt_flag();
   o.max_steps = a.max_steps;
+  o.dist = group;
+  o.shard_optimizer = a.shard_optimizer;
+  o.bucket_mb = a.bucket_mb;
   o.on_event = [&](const nlohmann::json& e) {
     const std::string kind = e.at("event");
-    if (a.progress == "json") {
+    if (progress == "json") {
       std::fputs((e.dump() + "\n").c_str(), stdout);
       std::fflush(stdout);
       return;
     }
-    if (a.progress == "none") return;
+    if (progress == "none") return;
     if (kind == "stage") {
       if (bar) bar->finish();
       bar_stage = e.at("stage");
@@ -132,19 +148,19 @@ int run_train(const TrainArgs& a) {
     const auto status = train::run_job(job, o);
     if (status == train::JobStatus::Interrupted) {
       const bool signalled = o.stop && o.stop->load();
-      if (a.progress != "json")
+      if (progress != "json" && lead)
         std::fprintf(stderr, "%s; checkpoint written. Run the same command again to resume.\n",
                      signalled ? "interrupted" : "stopped after --max-steps");
       return signalled ? kExitInterrupted : kExitOk;
     }
   } catch (const Error& e) {
-    if (a.progress == "json") {
+    if (progress == "json") {
       std::fputs((nlohmann::json{{"event", "error"}, {"message", e.what()}}.dump() + "\n").c_str(), stdout);
       std::fflush(stdout);
     }
     throw;
   }
-  if (a.progress != "json") std::fprintf(stderr, "done: %s\n", (job.output / "model").string().c_str());
+  if (progress != "json" && lead) std::fprintf(stderr, "done: %s\n", (job.output / "model").string().c_str());
   return kExitOk;
 }
 
@@ -159,7 +175,10 @@ Runner add_train(CLI::App& app) {
       "from scratch). See resources/jobs/ for complete examples and docs/TRAINING.md for every field.\n"
       "The output directory receives run.h5 (live, readable while the job runs), checkpoints/ and, at the\n"
       "end, model/. Running the same command again resumes from the last checkpoint; Ctrl-C or SIGTERM\n"
-      "writes a checkpoint and exits with status 130.");
+      "writes a checkpoint and exits with status 130.\n"
+      "Several processes (data parallel, docs/DISTRIBUTED.md): --nproc-per-node N on one host, or torchrun /\n"
+      "srun setting RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. A stage's batch is the global batch, split\n"
+      "evenly over the ranks; rank 0 writes run.h5 and the checkpoints, which resume with any number of ranks.");
   app.add_option("--job", a->job, "Job spec (JSON)")->check(CLI::ExistingFile);
   app.add_option("--status", a->status, "Print the state of a run directory (its run.h5, also while the job runs) and exit");
   app.add_option("--stage", a->stage, "Run only this stage of the job (by name)");
@@ -167,6 +186,13 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   app.add_flag("--validate", a->validate, "Check the job spec and print its stages; train nothing");
   app.add_option("--max-steps", a->max_steps, "Stop after this many optimiser steps (with a checkpoint), e.g. to test a job");
+  add_dist_options(app, a->dist);
+  app.add_flag("--shard-optimizer", a->shard_optimizer,
+               "With several ranks: each keeps the AdamW state (moments, float32 masters) of its share of the "
+               "parameters only, steps those and broadcasts them (less memory per GPU; checkpoints are unchanged)");
+  app.add_option("--bucket-mb", a->bucket_mb,
+                 "With several ranks: MiB of gradients per all-reduce bucket; buckets start while the backward pass runs")
+      ->capture_default_str();
   return [a] { return run_train(*a); };
 }
 

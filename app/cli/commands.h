@@ -3,12 +3,14 @@
 // that runs it; main() calls the one the user chose. Runners return the process exit status.
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/util/strings.h"
 
 namespace CLI { class App; }
+namespace hh::dist { class ProcessGroup; }
 
 namespace hh::cli {
 
@@ -65,6 +67,22 @@ using util::format_seconds;  // core/util/strings.h
 // Ctrl-C / SIGTERM set the returned flag instead of killing the process, so a long command can stop
 // between steps and leave no half-written file; a second signal kills as usual.
 const std::atomic<bool>* install_interrupt_flag();
+
+// ---- several processes (dist_cli.cpp, core/dist) ----
+struct DistArgs {
+  int nproc = 0;             // --nproc-per-node (0 or 1: this process alone)
+  double timeout_s = 300;    // --dist-timeout
+};
+void set_command_line(int argc, char** argv);   // main() keeps it for the launcher
+void add_dist_options(CLI::App& app, DistArgs& a);
+// With --nproc-per-node N > 1: starts N ranks of this same command line (without the option), waits
+// for them and returns the exit status to use; -1 when this process should do the work itself.
+int maybe_launch(const DistArgs& a);
+// The process group when this process is a rank (set up by the launcher, torchrun or srun); null when
+// it runs alone. `device` is the command's --device (cuda -> NCCL on cuda:LOCAL_RANK, cpu -> Gloo).
+std::shared_ptr<dist::ProcessGroup> join_group(const DistArgs& a, const std::string& device);
+// Tells the other ranks (if any) that this one is failing and why; they name it in their errors.
+void report_failure_to_peers(const std::string& message);
 
 // Parses "1,2,3" (spaces allowed) into ids; throws hh::Error naming the bad item.
 std::vector<long long> parse_id_list(const std::string& s, const std::string& what);

@@ -11,6 +11,7 @@
 
 int main(int argc, char** argv) {
   hh::util::tune_allocator_for_tensors();
+  hh::cli::set_command_line(argc, argv);
   CLI::App app{
       "hydrahead " HYDRAHEAD_VERSION
       " - turn a dense transformer into a head-level hybrid of full attention and Gated DeltaNet.\n"
@@ -51,12 +52,14 @@ int main(int argc, char** argv) {
       return runners.at(sub)();
     } catch (const hh::Error& e) {
       std::fprintf(stderr, "error: %s\n", e.what());
+      hh::cli::report_failure_to_peers(e.what());
       return hh::cli::kExitError;
     } catch (const std::exception& e) {
       // LibTorch (c10::Error) and the standard library: still a clean message and status 1.
       std::string msg = e.what();
       if (auto nl = msg.find("\nException raised from"); nl != std::string::npos) msg.resize(nl);
       std::fprintf(stderr, "error: %s\n", msg.c_str());
+      hh::cli::report_failure_to_peers(msg);
       return hh::cli::kExitError;
     }
   }

@@ -8,6 +8,7 @@
 #include <limits>
 #include <optional>
 
+#include "core/dist/process_group.h"
 #include "core/interp/calibration.h"
 #include "core/io/fingerprint.h"
 #include "core/io/h5.h"
@@ -84,11 +85,31 @@ AnalysisResult run_analysis(const model::Transformer& model, const std::vector<C
   r.metric_corrupt = at::zeros({N}, at::TensorOptions().dtype(at::kDouble));
   r.first_difference = at::zeros({N}, at::TensorOptions().dtype(at::kLong));
   r.kept = at::zeros({N}, at::TensorOptions().dtype(at::kBool));
+  for (const auto& ex : examples) r.tasks.push_back(ex.task);
 
-  const int64_t n_heads = o.heads.empty() ? L * Hq : static_cast<int64_t>(o.heads.size());
-  const int64_t per_example = 2 + (o.activation ? n_heads + (o.layers ? L : 0) : 0) + (o.path ? n_heads : 0) +
-                              (o.attribution ? 1 : 0) + (o.retrieval ? 1 : 0) + (o.similarity ? 1 : 0);
-  const int64_t total = per_example * N;
+  // ---- who does what: units (example n, head batch c) dealt round-robin over the ranks ----
+  const int64_t world = o.dist ? o.dist->size() : 1, rank = o.dist ? o.dist->rank() : 0;
+  const std::vector<HeadRef> swept = o.heads.empty() ? all_heads(L, Hq) : o.heads;
+  const int64_t n_heads = static_cast<int64_t>(swept.size());
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(n_heads, (world + N - 1) / N));
+  const auto owner = [&](int64_t n, int64_t c) { return (n * chunks + c) % world; };
+  auto chunk_heads = [&](int64_t c) {
+    if (chunks == 1) return o.heads;
+    return std::vector<HeadRef>(swept.begin() + c * n_heads / chunks, swept.begin() + (c + 1) * n_heads / chunks);
+  };
+  std::vector<int64_t> chunk_of(static_cast<size_t>(L * Hq), 0);  // per head: its batch (heads not swept: 0)
+  for (int64_t c = 0; c < chunks; ++c)
+    for (const HeadRef& h : chunk_heads(c)) chunk_of[static_cast<size_t>(h.layer * Hq + h.head)] = c;
+
+  int64_t total = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (owner(n, c) != rank) continue;
+      const int64_t nh = static_cast<int64_t>(chunks == 1 ? n_heads : chunk_heads(c).size());
+      total += 2 + (o.activation ? nh : 0) + (o.path ? nh : 0);
+      if (c == 0) total += (o.activation && o.layers ? L : 0) + (o.attribution ? 1 : 0) + (o.retrieval ? 1 : 0);
+    }
+  if (o.similarity && rank == 0) total += N;
   int64_t base = 0;
   auto report = [&](const std::string& step, int64_t done) {
     if (o.progress) o.progress(step, base + done, total);
@@ -99,12 +120,13 @@ AnalysisResult run_analysis(const model::Transformer& model, const std::vector<C
   SweepOptions sweep;
   sweep.metric = o.metric;
   sweep.mode = o.mode;
-  sweep.heads = o.heads;
   sweep.max_batch = o.max_batch;
   sweep.cancel = o.cancel;
 
-  std::vector<at::Tensor> act, lay, attr, path;
-  at::Tensor retrieval_sum = at::zeros({L, Hq}, at::TensorOptions().dtype(at::kDouble));
+  // Per example; undefined where this rank did not compute it (gathered below).
+  std::vector<at::Tensor> act(static_cast<size_t>(N)), lay(static_cast<size_t>(N)), attr(static_cast<size_t>(N)),
+      path(static_cast<size_t>(N)), retrieval(static_cast<size_t>(N));
+  std::vector<double> m_clean(static_cast<size_t>(N), 0), m_corrupt(static_cast<size_t>(N), 0), first_diff(static_cast<size_t>(N), 0);
   const int64_t per_example_tokens = std::max<int64_t>(1, o.cka_tokens / N);
   SimilarityAccumulator sim(L, per_example_tokens, o.cka_tokens);
   auto timed = [&](const char* method, auto&& fn) {
@@ -112,62 +134,66 @@ AnalysisResult run_analysis(const model::Transformer& model, const std::vector<C
     fn();
     r.seconds[method] += since(t0);
   };
+  // Merges a head sweep of one batch into the example's map (NaN outside the batch's heads).
+  auto merge = [](at::Tensor& into, const at::Tensor& part) { into = into.defined() ? at::where(at::isnan(part), into, part) : part; };
 
   for (int64_t n = 0; n < N; ++n) {
     check_cancel();
     const CalibExample& raw = examples[static_cast<size_t>(n)];
     const std::string where = calib_name + ": example " + std::to_string(n + 1);
+    bool mine = false;
+    for (int64_t c = 0; c < chunks; ++c) mine |= owner(n, c) == rank;
+    const bool similarity_here = o.similarity && rank == 0;
+    if (!mine && !similarity_here) continue;
     const PreparedExample ex = prepare_example(raw, model, o.metric, where);
-    r.tasks.push_back(raw.task);
-    r.first_difference[n] = ex.diff < ex.T ? ex.diff : -1;
-
-    RunCache cache;
-    timed("runs", [&] { cache = run_clean_corrupt(model, ex, o.metric); });
-    r.metric_clean[n] = cache.metric_clean;
-    r.metric_corrupt[n] = cache.metric_corrupt;
-    r.kept[n] = std::abs(cache.metric_clean - cache.metric_corrupt) >= kMinMetricGap;
-    report("clean/corrupt runs", 2);
-    int64_t offset = 2;
-
-    if (o.activation) {
-      timed("activation", [&] {
-        sweep.progress = [&](int64_t d, int64_t) { report("activation patching", offset + d); };
-        act.push_back(o.reference ? head_sweep_reference(model, ex, sweep) : head_sweep(model, ex, cache, sweep));
-        offset += n_heads;
-        if (o.layers) {
-          sweep.progress = [&](int64_t d, int64_t) { report("layer patching", offset + d); };
-          lay.push_back(o.reference ? layer_sweep_reference(model, ex, sweep) : layer_sweep(model, ex, cache, sweep));
-          offset += L;
-        }
-      });
+    for (int64_t c = 0; c < chunks && mine; ++c) {
+      if (owner(n, c) != rank) continue;
+      const std::vector<HeadRef> heads = chunk_heads(c);
+      const int64_t nh = static_cast<int64_t>(chunks == 1 ? n_heads : heads.size());
+      sweep.heads = heads;
+      RunCache cache;
+      timed("runs", [&] { cache = run_clean_corrupt(model, ex, o.metric); });
+      m_clean[static_cast<size_t>(n)] = cache.metric_clean;
+      m_corrupt[static_cast<size_t>(n)] = cache.metric_corrupt;
+      first_diff[static_cast<size_t>(n)] = static_cast<double>(ex.diff < ex.T ? ex.diff : -1);
+      report("clean/corrupt runs", 2);
+      int64_t offset = 2;
+      if (o.activation) {
+        timed("activation", [&] {
+          sweep.progress = [&](int64_t d, int64_t) { report("activation patching", offset + d); };
+          merge(act[static_cast<size_t>(n)], o.reference ? head_sweep_reference(model, ex, sweep) : head_sweep(model, ex, cache, sweep));
+          offset += nh;
+          if (o.layers && c == 0) {
+            sweep.progress = [&](int64_t d, int64_t) { report("layer patching", offset + d); };
+            lay[static_cast<size_t>(n)] = o.reference ? layer_sweep_reference(model, ex, sweep) : layer_sweep(model, ex, cache, sweep);
+            offset += L;
+          }
+        });
+      }
+      if (o.path) {
+        timed("path", [&] {
+          sweep.progress = [&](int64_t d, int64_t) { report("path patching", offset + d); };
+          SweepOptions noising = sweep;
+          noising.mode = Mode::Noising;
+          merge(path[static_cast<size_t>(n)], o.reference ? path_sweep_reference(model, ex, o.receivers, noising)
+                                                           : path_sweep(model, ex, cache, o.receivers, noising));
+          offset += nh;
+        });
+      }
+      if (o.attribution && c == 0) {
+        check_cancel();
+        sweep.heads = o.heads;
+        timed("attribution", [&] { attr[static_cast<size_t>(n)] = attribution(model, ex, cache, sweep); });
+        report("attribution patching", ++offset);
+      }
+      if (o.retrieval && c == 0) {
+        check_cancel();
+        timed("retrieval", [&] { retrieval[static_cast<size_t>(n)] = retrieval_score(model, raw, ex); });
+        report("retrieval score", ++offset);
+      }
+      base += offset;
     }
-    if (o.path) {
-      timed("path", [&] {
-        sweep.progress = [&](int64_t d, int64_t) { report("path patching", offset + d); };
-        SweepOptions noising = sweep;
-        noising.mode = Mode::Noising;
-        path.push_back(o.reference ? path_sweep_reference(model, ex, o.receivers, noising)
-                                   : path_sweep(model, ex, cache, o.receivers, noising));
-        offset += n_heads;
-      });
-    }
-    if (o.attribution) {
-      check_cancel();
-      timed("attribution", [&] { attr.push_back(attribution(model, ex, cache, sweep)); });
-      report("attribution patching", ++offset);
-    }
-    if (o.retrieval) {
-      check_cancel();
-      timed("retrieval", [&] {
-        const at::Tensor s = retrieval_score(model, raw, ex);
-        if (s.defined()) {
-          retrieval_sum += s;
-          ++r.retrieval_examples;
-        }
-      });
-      report("retrieval score", ++offset);
-    }
-    if (o.similarity) {
+    if (similarity_here) {
       check_cancel();
       timed("similarity", [&] {
         at::NoGradGuard no_grad;
@@ -183,39 +209,109 @@ AnalysisResult run_analysis(const model::Transformer& model, const std::vector<C
         model.forward(ex.clean, f);
         sim.add(states);
       });
-      report("layer similarity", ++offset);
+      report("layer similarity", 1);
+      ++base;
     }
-    base += per_example;
   }
 
+  if (o.dist != nullptr) {
+    // Every rank's per-example rows, packed into one float64 table [N, K] each; then each value is
+    // taken from the rank that computed it.
+    const int64_t LH = L * Hq;
+    const int64_t k_act = 3, k_lay = k_act + (o.activation ? LH : 0), k_attr = k_lay + (o.activation && o.layers ? 3 * L : 0);
+    const int64_t k_path = k_attr + (o.attribution ? LH : 0), k_ret = k_path + (o.path ? LH : 0);
+    const int64_t K = k_ret + (o.retrieval ? 1 + LH : 0);
+    at::Tensor table = at::zeros({N, K}, at::TensorOptions().dtype(at::kDouble));
+    auto put = [&](int64_t n, int64_t col, const at::Tensor& t) {
+      if (t.defined()) table[n].narrow(0, col, t.numel()).copy_(t.reshape({-1}).to(at::kCPU, at::kDouble));
+    };
+    for (int64_t n = 0; n < N; ++n) {
+      table[n][0] = m_clean[static_cast<size_t>(n)];
+      table[n][1] = m_corrupt[static_cast<size_t>(n)];
+      table[n][2] = first_diff[static_cast<size_t>(n)];
+      if (o.activation) put(n, k_act, act[static_cast<size_t>(n)]);
+      if (o.activation && o.layers) put(n, k_lay, lay[static_cast<size_t>(n)]);
+      if (o.attribution) put(n, k_attr, attr[static_cast<size_t>(n)]);
+      if (o.path) put(n, k_path, path[static_cast<size_t>(n)]);
+      if (o.retrieval && retrieval[static_cast<size_t>(n)].defined()) {
+        table[n][k_ret] = 1.0;
+        put(n, k_ret + 1, retrieval[static_cast<size_t>(n)]);
+      }
+    }
+    std::vector<at::Tensor> all = o.dist->all_gather(table.to(o.dist->device()));
+    for (auto& t : all) t = t.cpu();
+    const at::Tensor head_chunk = at::tensor(std::vector<int64_t>(chunk_of.begin(), chunk_of.end()), at::TensorOptions().dtype(at::kLong));
+    for (int64_t n = 0; n < N; ++n) {
+      const at::Tensor row = all[static_cast<size_t>(owner(n, 0))][n];
+      m_clean[static_cast<size_t>(n)] = row[0].item<double>();
+      m_corrupt[static_cast<size_t>(n)] = row[1].item<double>();
+      first_diff[static_cast<size_t>(n)] = row[2].item<double>();
+      // A head map: each head from the rank of its batch.
+      auto heads_of = [&](int64_t col) {
+        at::Tensor v = row.narrow(0, col, LH).clone();
+        for (int64_t c = 1; c < chunks; ++c)
+          v = at::where(head_chunk == c, all[static_cast<size_t>(owner(n, c))][n].narrow(0, col, LH), v);
+        return v.view({L, Hq});
+      };
+      if (o.activation) act[static_cast<size_t>(n)] = heads_of(k_act);
+      if (o.activation && o.layers) lay[static_cast<size_t>(n)] = row.narrow(0, k_lay, 3 * L).view({3, L}).clone();
+      if (o.attribution) attr[static_cast<size_t>(n)] = row.narrow(0, k_attr, LH).view({L, Hq}).clone();
+      if (o.path) path[static_cast<size_t>(n)] = heads_of(k_path);
+      if (o.retrieval)
+        retrieval[static_cast<size_t>(n)] = row[k_ret].item<double>() > 0 ? row.narrow(0, k_ret + 1, LH).view({L, Hq}).clone() : at::Tensor();
+    }
+  }
+
+  for (int64_t n = 0; n < N; ++n) {
+    r.metric_clean[n] = m_clean[static_cast<size_t>(n)];
+    r.metric_corrupt[n] = m_corrupt[static_cast<size_t>(n)];
+    r.first_difference[n] = static_cast<int64_t>(first_diff[static_cast<size_t>(n)]);
+    r.kept[n] = std::abs(m_clean[static_cast<size_t>(n)] - m_corrupt[static_cast<size_t>(n)]) >= kMinMetricGap;
+  }
   const int64_t kept = r.kept.sum().item<int64_t>();
-  if (kept < N)
+  const bool lead = rank == 0;
+  if (kept < N && lead)
     log::warn(std::to_string(N - kept) + " of " + std::to_string(N) + " examples have |M_clean - M_corrupt| < " +
               std::to_string(kMinMetricGap) + " and are left out of the effect means");
   auto stack_f32 = [](const std::vector<at::Tensor>& v) { return at::stack(v).to(at::kFloat); };
-  if (!act.empty()) {
+  auto on_cpu = [](std::vector<at::Tensor>& v) {
+    for (auto& t : v) t = t.to(at::kCPU, at::kDouble);
+  };
+  if (o.activation) {
+    on_cpu(act);
     r.act_patched = stack_f32(act);
     r.act_effect = mean_effect(act, r, o.mode);
+    if (o.layers) {
+      on_cpu(lay);
+      r.layer_patched = stack_f32(lay);
+      r.layer_effect = mean_effect(lay, r, o.mode);
+    }
   }
-  if (!lay.empty()) {
-    r.layer_patched = stack_f32(lay);
-    r.layer_effect = mean_effect(lay, r, o.mode);
-  }
-  if (!attr.empty()) {
+  if (o.attribution) {
+    on_cpu(attr);
     r.attr_estimate = stack_f32(attr);
     r.attr_effect = mean_effect(attr, r, o.mode);
   }
-  if (!path.empty()) {
+  if (o.path) {
+    on_cpu(path);
     r.path_patched = stack_f32(path);
     r.path_effect = mean_effect(path, r, Mode::Noising);
   }
   if (o.retrieval) {
-    if (r.retrieval_examples == 0)
-      log::warn(calib_name + ": no example has a needle span (meta.needles[].span or meta.needle); the retrieval score is not computed");
-    else
+    at::Tensor retrieval_sum = at::zeros({L, Hq}, at::TensorOptions().dtype(at::kDouble));
+    for (const at::Tensor& s : retrieval)
+      if (s.defined()) {
+        retrieval_sum += s.to(at::kCPU, at::kDouble);
+        ++r.retrieval_examples;
+      }
+    if (r.retrieval_examples == 0) {
+      if (lead)
+        log::warn(calib_name + ": no example has a needle span (meta.needles[].span or meta.needle); the retrieval score is not computed");
+    } else {
       r.retrieval = (retrieval_sum / static_cast<double>(r.retrieval_examples)).to(at::kFloat);
+    }
   }
-  if (o.similarity) {
+  if (o.similarity && lead) {
     r.similarity = sim.finish();
     r.has_similarity = true;
   }
@@ -350,7 +446,9 @@ AnalysisResult analyze_checkpoint(const AnalyzeCheckpoint& job, const std::funct
   // An incompatible existing output is refused now, before the (long) analysis.
   if (fs::exists(job.out)) check_can_extend(job.out, prov, o.metric);
 
-  const auto model = model::Transformer::load(dir, job.device, job.dtype);
+  const bool lead = o.dist == nullptr || o.dist->rank() == 0;
+  const std::string device = o.dist ? dist::rank_device(job.device, o.dist->env(), "--device") : job.device;
+  const auto model = model::Transformer::load(dir, device, job.dtype);
   prov.dtype = c10::toString(model.dtype());
   prov.device = job.device;
   if (started)
@@ -358,7 +456,7 @@ AnalysisResult analyze_checkpoint(const AnalyzeCheckpoint& job, const std::funct
             " (" + prov.dtype + "), " + std::to_string(cfg.num_hidden_layers) + " layers x " +
             std::to_string(cfg.num_attention_heads) + " heads");
   AnalysisResult r = run_analysis(model, examples, o, job.calib.string());
-  write_analysis(job.out, r, prov);
+  if (lead) write_analysis(job.out, r, prov);   // with several ranks, rank 0 writes the gathered result
   return r;
 }
 

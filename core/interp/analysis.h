@@ -17,6 +17,9 @@
 namespace hh::model {
 class Transformer;
 }
+namespace hh::dist {
+class ProcessGroup;
+}
 
 namespace hh::interp {
 
@@ -33,6 +36,14 @@ struct AnalyzeOptions {
   // Called as work completes: a short label of the current step, units done, units in all.
   std::function<void(const std::string& step, int64_t done, int64_t total)> progress;
   const std::atomic<bool>* cancel = nullptr;  // throws hh::Cancelled between forwards when set
+  // Several ranks share the work (docs/DISTRIBUTED.md): every rank calls run_analysis with the same
+  // model, examples and options. Work units are (example, head batch) pairs, dealt round-robin: one unit
+  // per example when there are at least as many examples as ranks, else each example's heads split into
+  // ceil(ranks / examples) batches. The layer sweep, attribution and retrieval of an example run with
+  // its first unit; similarity runs on rank 0 for every example. The per-example results are gathered
+  // on every rank and reduced in example order, so the result equals a single-process run's (bit for
+  // bit when each example stays on one rank). Progress counts this rank's units.
+  dist::ProcessGroup* dist = nullptr;
 };
 
 // Parses "activation,path,..." or "all" into the method flags; names the bad item.

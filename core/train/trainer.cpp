@@ -15,6 +15,8 @@
 #include <optional>
 
 #include "core/attention/hybrid_model.h"
+#include "core/dist/grad_sync.h"
+#include "core/dist/process_group.h"
 #include "core/interp/calibration.h"
 #include "core/io/checkpoint.h"
 #include "core/io/fingerprint.h"
@@ -26,6 +28,7 @@
 #include "core/train/run_log.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/log.h"
 
 namespace hh::train {
 
@@ -381,17 +384,91 @@ struct DataSetup {
 
 }  // namespace
 
+namespace {
+
+// The optimiser of a stage: AdamW over every parameter, or with a sharded optimiser over this rank's
+// share (dist::partition_params), each updated parameter then broadcast from its owner. state() and
+// load_state() use the unsharded layout either way, so a checkpoint resumes with any number of ranks.
+class StageOptimizer {
+ public:
+  StageOptimizer(std::vector<Param> params, const AdamWOptions& ao, dist::ProcessGroup* group, bool shard)
+      : all_(std::move(params)), group_(group) {
+    std::vector<Param> mine = all_;
+    if (group_ != nullptr && shard) {
+      std::vector<int64_t> numels;
+      for (const auto& p : all_) numels.push_back(p.tensor.numel());
+      owner_ = dist::partition_params(numels, group_->size());
+      mine.clear();
+      for (size_t i = 0; i < all_.size(); ++i)
+        if (owner_[i] == group_->rank()) mine.push_back(all_[i]);
+    }
+    opt_.emplace(std::move(mine), ao);
+  }
+  void step(double lr) {
+    opt_->step(lr);
+    if (owner_.empty()) return;
+    at::NoGradGuard ng;
+    std::vector<dist::Pending> pending;
+    for (size_t i = 0; i < all_.size(); ++i) pending.push_back(group_->broadcast_async(all_[i].tensor, owner_[i]));
+    for (auto& p : pending) p.wait();
+  }
+  void zero_grad() {
+    for (auto& p : all_)
+      if (p.tensor.grad().defined()) p.tensor.mutable_grad() = at::Tensor();
+  }
+  int64_t steps() const { return opt_->steps(); }
+  // The whole state in AdamW::state()'s names and order. Sharded: every owner broadcasts its part (a
+  // collective: every rank calls this); only rank 0 needs the result.
+  std::vector<std::pair<std::string, at::Tensor>> state() const {
+    if (owner_.empty()) return opt_->state();
+    std::map<std::string, at::Tensor> mine;
+    for (auto& [name, t] : opt_->state()) mine[name] = t;
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (size_t i = 0; i < all_.size(); ++i) {
+      const at::Tensor& p = all_[i].tensor;
+      const bool low = p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf;
+      const auto opts = p.options().dtype(p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+      std::vector<std::string> names = {all_[i].name + ".exp_avg", all_[i].name + ".exp_avg_sq"};
+      if (low) names.push_back(all_[i].name + ".master");
+      for (const auto& n : names) {
+        at::Tensor t = owner_[i] == group_->rank() ? mine.at(n).contiguous() : at::empty(p.sizes(), opts);
+        group_->broadcast(t, owner_[i]);
+        out.emplace_back(n, t);
+      }
+    }
+    return out;
+  }
+  void load_state(const std::map<std::string, at::Tensor>& state, int64_t steps) { opt_->load_state(state, steps); }
+
+ private:
+  std::vector<Param> all_;
+  std::vector<int> owner_;   // per parameter; empty: not sharded
+  dist::ProcessGroup* group_;
+  std::optional<AdamW> opt_;
+};
+
+}  // namespace
+
 void check_job_data(const jobs::JobSpec& job, const interp::TaskRegistry* tasks) {
   DataSetup(job, {}, tasks, 0, static_cast<int64_t>(job.stages.size()) - 1);
 }
 
 JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
   const fs::path out = job.output;
+  dist::ProcessGroup* group = o.dist.get();
+  const int world = group ? group->size() : 1;
+  const bool lead = group == nullptr || group->rank() == 0;   // writes files and emits events
   const auto emit = [&](json e) {
-    if (o.on_event) o.on_event(e);
+    if (o.on_event && lead) o.on_event(e);
   };
+  for (size_t i = 0; i < job.stages.size(); ++i)
+    if (job.stages[i].batch % world != 0)
+      throw Error("stages[" + std::to_string(i) + "].batch (" + std::to_string(job.stages[i].batch) +
+                  ") must be a multiple of the number of ranks (" + std::to_string(world) +
+                  "): the batch is split evenly over them");
   fs::create_directories(out);
-  DirLock lock(out);
+  std::optional<DirLock> lock;
+  if (lead) lock.emplace(out);
   const fs::path ckpt_root = out / "checkpoints";
   const fs::path run_path = out / "run.h5";
   const int64_t S = static_cast<int64_t>(job.stages.size());
@@ -417,7 +494,7 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
     state = JobState::from_json(j, sp.string());
     if (state.job_sha256 != job.sha256)
       throw Error(out.string() + ": holds a run of a different job spec; resume with the same spec, or choose a new output directory");
-    if (!fs::exists(run_path)) throw Error(run_path.string() + ": missing, though " + resume_from.string() + " exists");
+    if (lead && !fs::exists(run_path)) throw Error(run_path.string() + ": missing, though " + resume_from.string() + " exists");
   }
   int64_t first_stage = state.stage;
   int64_t last_stage = S - 1;
@@ -487,36 +564,65 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
   }
   const model::Transformer& base = m.dense ? *m.dense : m.student->teacher();
   const at::Device device = base.device();
+  if (group != nullptr) {
+    // Every rank starts from rank 0's weights (a conversion or initialisation on another device
+    // could differ in the last bits).
+    at::NoGradGuard ng;
+    for (auto& [name, t] : named_weights(m)) {
+      at::Tensor c = t.contiguous();
+      group->broadcast(c, 0);
+      if (!c.is_same(t)) t.copy_(c);
+    }
+  }
   if (data_setup.tok) m.extra_files["tokenizer.json"] = read_bytes(tokenizer_file);
   for (const char* extra : kModelExtras)
     if (!extras_from.empty() && fs::exists(extras_from / extra)) m.extra_files[extra] = read_bytes(extras_from / extra);
 
   // ---- run.h5 ----
-  RunLog log = resume_from.empty() ? RunLog::create(run_path, job)
-                                   : RunLog::resume(run_path, state.train_rows, state.eval_rows, static_cast<int32_t>(state.stage));
+  std::optional<RunLog> log;
+  if (lead)
+    log.emplace(resume_from.empty() ? RunLog::create(run_path, job)
+                                    : RunLog::resume(run_path, state.train_rows, state.eval_rows, static_cast<int32_t>(state.stage)));
+  // Rows of run.h5, counted on every rank (rank 0 alone has the file).
+  int64_t train_rows = resume_from.empty() ? 0 : state.train_rows, eval_rows = resume_from.empty() ? 0 : state.eval_rows;
   emit({{"event", "start"},
         {"stages", [&] { json a = json::array(); for (const auto& s : job.stages) a.push_back(s.name); return a; }()},
         {"resumed", !resume_from.empty()},
         {"stage", job.stages[static_cast<size_t>(state.stage)].name},
         {"stage_step", state.stage_step},
-        {"device", device.str()}});
+        {"device", device.str()},
+        {"ranks", world}});
 
   const double t_begin = now_s() - state.elapsed_s;
   int64_t steps_this_call = 0;
-  auto should_stop = [&] { return (o.stop && o.stop->load()) || (o.max_steps >= 0 && steps_this_call >= o.max_steps); };
+  auto local_stop = [&] { return (o.stop && o.stop->load()) || (o.max_steps >= 0 && steps_this_call >= o.max_steps); };
+  // With several ranks a stop counts when any rank was asked, so that they all stop at the same step.
+  auto should_stop = [&] {
+    bool stop = local_stop();
+    if (group != nullptr) {
+      const at::Tensor f = at::full({1}, stop ? 1.0 : 0.0, at::TensorOptions().dtype(at::kDouble).device(group->device()));
+      group->all_reduce(f, dist::ReduceOp::Max);
+      stop = f.item<double>() > 0;
+    }
+    return stop;
+  };
 
   // Checkpoint of the current state (model, optimiser when mid-stage, state.json), then LATEST.
-  auto write_checkpoint = [&](const AdamW* opt) -> fs::path {
+  // Every rank calls it (a sharded optimiser's state is gathered); rank 0 writes.
+  auto write_checkpoint = [&](const StageOptimizer* opt) -> fs::path {
     const std::string name = "stage" + std::to_string(state.stage) + "-step" + std::to_string(state.stage_step);
     const fs::path final_dir = ckpt_root / name;
     state.optimizer_steps = opt ? opt->steps() : 0;
     state.elapsed_s = now_s() - t_begin;
-    state.train_rows = log.train_rows();
-    state.eval_rows = log.eval_rows();
+    state.train_rows = train_rows;
+    state.eval_rows = eval_rows;
+    std::vector<std::pair<std::string, at::Tensor>> opt_state;
+    if (opt != nullptr) opt_state = opt->state();
+    if (!lead) return final_dir;
     publish_dir(final_dir, [&](const fs::path& tmp) {
       fs::create_directories(tmp);
       save_model_dir(m, tmp / "model");
-      if (opt != nullptr) io::save_tensors(tmp / "optimizer.safetensors", opt->state());
+      if (opt != nullptr) io::save_tensors(tmp / "optimizer.safetensors", opt_state);
       io::write_file_atomic(tmp / "state.json", state.to_json().dump(2) + "\n");
     });
     io::write_file_atomic(ckpt_root / "LATEST", name + "\n");
@@ -538,12 +644,32 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
     ao.beta1 = st.beta1;
     ao.beta2 = st.beta2;
     ao.weight_decay = st.weight_decay;
-    AdamW opt(params, ao);
+    StageOptimizer opt(params, ao, group, o.shard_optimizer);
+    std::optional<dist::GradSync> grad_sync;
+    if (group != nullptr) {
+      std::vector<at::Tensor> tensors;
+      for (const auto& p : params) tensors.push_back(p.tensor);
+      if (!(o.bucket_mb > 0)) throw Error("--bucket-mb must be positive");
+      grad_sync.emplace(*group, tensors, static_cast<std::size_t>(o.bucket_mb * 1048576.0));
+      if (lead)
+        log::info("stage " + st.name + ": gradients averaged over " + std::to_string(world) + " ranks in " +
+                  std::to_string(grad_sync->num_buckets()) + " buckets" + (o.shard_optimizer ? ", optimizer state sharded" : ""));
+    }
     if (state.stage_step > 0) {
       opt.load_state(io::load_tensors(resume_from / "optimizer.safetensors"), state.optimizer_steps);
-    } else {
-      log.stage_started(static_cast<int32_t>(si));
+    } else if (log) {
+      log->stage_started(static_cast<int32_t>(si));
     }
+    // This rank's share of each micro-batch: sequences [rank * local, (rank + 1) * local).
+    const int64_t local_batch = st.batch / world;
+    const int64_t rank_offset = group ? group->rank() * local_batch : 0;
+    // The mean over ranks of each rank's value.
+    auto rank_mean = [&](double v) {
+      if (group == nullptr) return v;
+      const at::Tensor t = at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(group->device()));
+      group->all_reduce(t);
+      return t.item<double>() / static_cast<double>(world);
+    };
     int64_t trainable = 0;
     for (const auto& p : params) trainable += p.tensor.numel();
     emit({{"event", "stage"}, {"stage", st.name}, {"index", si}, {"kind", jobs::stage_kind_name(st.kind)}, {"steps", st.steps},
@@ -553,14 +679,15 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       if (st.eval_batches <= 0) return;
       double sum = 0;
       for (int64_t b = 0; b < st.eval_batches; ++b) {
-        const int64_t first = held_out ? b * st.batch : kEvalIndexBase + b * st.batch;
+        const int64_t first = (held_out ? b * st.batch : kEvalIndexBase + b * st.batch) + rank_offset;
         at::Tensor mask;
-        const at::Tensor ids = (held_out ? *held_out : data).batch(first, st.batch, st.seq_len, &mask).to(device);
+        const at::Tensor ids = (held_out ? *held_out : data).batch(first, local_batch, st.seq_len, &mask).to(device);
         sum += stage_loss(m, st.kind, ids, 1.0, false, false, (mask.defined() ? mask.to(device) : mask));
       }
-      const double loss = sum / static_cast<double>(st.eval_batches);
-      const int64_t global = log.train_rows();
-      log.eval(global, static_cast<int32_t>(si), loss);
+      const double loss = rank_mean(sum / static_cast<double>(st.eval_batches));
+      const int64_t global = train_rows;
+      if (log) log->eval(global, static_cast<int32_t>(si), loss);
+      ++eval_rows;
       emit({{"event", "eval"}, {"stage", st.name}, {"step", state.stage_step}, {"global_step", global}, {"loss", loss}});
     };
 
@@ -573,11 +700,14 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       double loss = 0;
       for (int64_t a = 0; a < st.grad_accum; ++a) {
         at::Tensor mask;
-        const at::Tensor ids = data.batch((k * st.grad_accum + a) * st.batch, st.batch, st.seq_len, &mask).to(device);
+        const at::Tensor ids =
+            data.batch((k * st.grad_accum + a) * st.batch + rank_offset, local_batch, st.seq_len, &mask).to(device);
+        if (grad_sync) grad_sync->set_sync(a == st.grad_accum - 1);   // communicate on the last micro-step only
         loss += stage_loss(m, st.kind, ids, 1.0 / static_cast<double>(st.grad_accum), true, st.activation_checkpointing,
                            (mask.defined() ? mask.to(device) : mask));
       }
-      loss /= static_cast<double>(st.grad_accum);
+      if (grad_sync) grad_sync->finish();
+      loss = rank_mean(loss / static_cast<double>(st.grad_accum));
       if (!std::isfinite(loss))
         throw Error("stage " + st.name + ", step " + std::to_string(k + 1) + ": the loss is " + std::to_string(loss) +
                     "; lower the learning rate or check the data (the last checkpoint is intact)");
@@ -590,7 +720,7 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       stage_time += dt;
       ++stage_steps_timed;
       StepRecord r;
-      r.step = log.train_rows() + 1;
+      r.step = train_rows + 1;
       r.stage = static_cast<int32_t>(si);
       r.stage_step = state.stage_step;
       r.loss = loss;
@@ -598,7 +728,8 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       r.grad_norm = gn;
       r.tokens_per_s = static_cast<double>(st.tokens_per_step()) / dt;
       r.elapsed_s = now_s() - t_begin;
-      log.step(r);
+      if (log) log->step(r);
+      ++train_rows;
       // ETA: this stage's mean step time for its remaining steps; later stages by their token share.
       const double per_token = stage_time / static_cast<double>(stage_steps_timed * st.tokens_per_step());
       double eta = per_token * static_cast<double>((st.steps - state.stage_step) * st.tokens_per_step());
@@ -614,27 +745,27 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       if (!last && (stop || (st.checkpoint_every > 0 && state.stage_step % st.checkpoint_every == 0))) {
         const fs::path p = write_checkpoint(&opt);
         if (stop) {
-          log.close();
+          if (log) log->close();
           emit({{"event", "interrupted"}, {"checkpoint", p.string()}});
           return JobStatus::Interrupted;
         }
       }
     }
     evaluate();
-    log.stage_ended(static_cast<int32_t>(si));
+    if (log) log->stage_ended(static_cast<int32_t>(si));
     for (auto& p : params) p.tensor.requires_grad_(false);
     state.stage = si + 1;
     state.stage_step = 0;
     last_checkpoint = write_checkpoint(nullptr);
     if (should_stop() && si < last_stage) {
-      log.close();
+      if (log) log->close();
       emit({{"event", "interrupted"}, {"checkpoint", last_checkpoint.string()}});
       return JobStatus::Interrupted;
     }
   }
-  log.close();
+  if (log) log->close();
   if (state.stage >= S) {
-    publish_dir(out / "model", [&](const fs::path& tmp) { save_model_dir(m, tmp); });
+    if (lead) publish_dir(out / "model", [&](const fs::path& tmp) { save_model_dir(m, tmp); });
     emit({{"event", "done"}, {"model", (out / "model").string()}});
   } else {
     emit({{"event", "done"}, {"stage", job.stages[static_cast<size_t>(last_stage)].name}, {"checkpoint", last_checkpoint.string()}});

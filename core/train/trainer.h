@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -35,11 +36,14 @@
 namespace hh::interp {
 class TaskRegistry;
 }
+namespace hh::dist {
+class ProcessGroup;
+}
 
 namespace hh::train {
 
 // Events, each a JSON object with "event":
-//   start       {stages: [names], resumed: bool, stage, stage_step}
+//   start       {stages: [names], resumed: bool, stage, stage_step, device, ranks}
 //   stage       {stage, index, kind, steps, params (trainable count)}
 //   step        {stage, index, step, steps, global_step, loss, lr, grad_norm, tokens_per_s, elapsed_s, eta_s}
 //   eval        {stage, step, global_step, loss}
@@ -53,6 +57,17 @@ struct TrainOptions {
   const std::atomic<bool>* stop = nullptr;   // polled after every optimiser step: checkpoint and return
   const interp::TaskRegistry* tasks = nullptr;   // needed by task data sources
   int64_t max_steps = -1;                    // >= 0: behave as if stopped after this many steps in this call
+  // Data parallelism (docs/DISTRIBUTED.md): every rank runs run_job with its group. A stage's `batch` is
+  // the global micro-batch, split evenly over the ranks (it must divide), so the trajectory does not
+  // depend on the number of ranks and a checkpoint resumes with any number. Gradients are averaged in
+  // buckets overlapped with the backward pass, only on the last micro-step of an optimiser step; the
+  // reported loss is the mean over ranks; rank 0 alone writes run.h5, checkpoints and the final model
+  // and emits events.
+  std::shared_ptr<dist::ProcessGroup> dist;
+  // With dist: each rank keeps the AdamW state of a share of the parameters (dist::partition_params),
+  // steps those and broadcasts them; checkpoints still hold the whole state.
+  bool shard_optimizer = false;
+  double bucket_mb = 25;   // with dist: gradient bucket size (MiB) of the overlapped all-reduce
 };
 
 enum class JobStatus { Completed, Interrupted };

@@ -1,0 +1,387 @@
+#include "core/dist/process_group.h"
+
+#include <torch/torch.h>
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "hydrahead/dist_config.h"
+// LibTorch's CMake package passes USE_C10D_GLOO to its consumers when its c10d has Gloo; 2.x compiles
+// ProcessGroupGloo.hpp only with it.
+#if HH_TORCH_AT_LEAST(2, 0) && !defined(USE_C10D_GLOO)
+#error "this LibTorch does not define USE_C10D_GLOO: its c10d has no Gloo backend, which core/dist needs"
+#endif
+#if HH_HAVE_NCCL
+#ifndef USE_C10D_NCCL
+#define USE_C10D_NCCL  // the header compiles its content only with this; dist.cmake found the backend
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "core/util/error.h"
+#include "core/util/log.h"
+
+namespace hh::dist {
+
+// LibTorch 2.x runs collectives on Backend objects that a ProcessGroup wraps; in 1.13 the backends
+// are ProcessGroups themselves. Both have the same collective methods, which are all this file uses.
+#if HH_TORCH_AT_LEAST(2, 0)
+using BackendBase = c10d::Backend;
+#else
+using BackendBase = c10d::ProcessGroup;
+#endif
+
+namespace {
+
+constexpr const char* kFailureKey = "hydrahead/failed";
+// hydrahead/seq/<rank>: the last collective a rank started, so that a failure can name the ranks
+// that fell behind (hung, or died without a word).
+std::string seq_key(int rank) { return "hydrahead/seq/" + std::to_string(rank); }
+
+std::string first_line(const std::string& s) {
+  const auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) { return op == ReduceOp::Max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM; }
+
+constexpr auto kHeartbeat = std::chrono::milliseconds(200);   // how often a rank publishes its collective count
+constexpr auto kStoreAnswer = std::chrono::seconds(3);        // how long a failing rank asks the store
+
+// Runs `fn` on a thread of its own and gives up after `limit`: the store of a job in trouble may not
+// answer (1.13's TCPStore server reads a request to its end, so a peer stopped mid-request stalls it),
+// and a failing rank must still exit. A stuck thread is left behind; the process is about to end.
+template <class T, class F>
+bool bounded(F fn, std::chrono::milliseconds limit, T* out) {
+  auto task = std::make_shared<std::packaged_task<T()>>(std::move(fn));
+  std::future<T> f = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  if (f.wait_for(limit) != std::future_status::ready) return false;
+  try {
+    *out = f.get();
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// Publishes this rank's collective count (hydrahead/seq/<rank>) every kHeartbeat, on its own store
+// connection and thread, so that the training thread never waits on the store and a stalled store
+// never stalls training.
+struct Heartbeat {
+  std::atomic<int64_t> sequence{0};
+  std::atomic<bool> stop{false};
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string key;
+  void run() {
+    int64_t published = -1;
+    while (!stop.load()) {
+      const int64_t now = sequence.load();
+      if (now != published) {
+        try {
+          const std::string v = std::to_string(now);
+          store->set(key, std::vector<uint8_t>(v.begin(), v.end()));
+          published = now;
+        } catch (const std::exception&) {
+          return;  // the store is gone: rank 0 ended
+        }
+      }
+      std::this_thread::sleep_for(kHeartbeat);
+    }
+  }
+};
+
+}  // namespace
+
+struct ProcessGroup::Impl {
+  DistEnv env;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<BackendBase> backend;
+  at::Device device = at::kCPU;
+  bool nccl = false;
+  double timeout_s = 300;
+  int64_t sequence = 0;  // collectives issued, for messages
+  std::shared_ptr<Heartbeat> heartbeat;
+
+  ~Impl() {
+    if (heartbeat) heartbeat->stop.store(true);   // its thread ends within kHeartbeat (detached)
+  }
+
+  // The number of the collective about to start; the heartbeat publishes it.
+  int64_t next() {
+    ++sequence;
+    if (heartbeat) heartbeat->sequence.store(sequence);
+    return sequence;
+  }
+
+  // The message of a failed collective, naming whoever reported a failure through the store.
+  std::string describe_failure(const char* op, int64_t seq, const std::string& what) {
+    std::string msg = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + ": " + op + " (collective #" +
+                      std::to_string(seq) + ") failed: " + first_line(what);
+    std::string blame;
+    auto st = store;
+    const DistEnv e = env;
+    const double limit_s = timeout_s;
+    if (!bounded<std::string>([st, e, seq, limit_s] { return blame_from_store(st, e, seq, limit_s); }, kStoreAnswer, &blame))
+      blame = "; the job's store (on rank 0) did not answer: rank 0 died or hung, or another rank stalled the store";
+    return msg + blame;
+  }
+
+  // Who to blame for a failed collective #seq, from what the ranks published in the store.
+  static std::string blame_from_store(const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env, int64_t seq, double timeout_s) {
+    std::string msg;
+    try {
+      if (store && store->check({kFailureKey})) {
+        const std::vector<uint8_t> v = store->get(kFailureKey);
+        msg += "; reported by " + std::string(v.begin(), v.end());
+      } else {
+        std::string behind, same;
+        for (int r = 0; r < env.world_size; ++r) {
+          if (r == env.rank) continue;
+          int64_t at = 0;
+          if (store->check({seq_key(r)})) {
+            const std::vector<uint8_t> v = store->get(seq_key(r));
+            at = std::stoll(std::string(v.begin(), v.end()));
+          }
+          std::string& list = at < seq ? behind : same;
+          if (at <= seq) list += (list.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " (at collective #" + std::to_string(at) + ")";
+        }
+        const std::string limit = " (--dist-timeout " + std::to_string(static_cast<int64_t>(timeout_s)) + " s)";
+        if (!behind.empty()) msg += "; behind this rank: " + behind + ", which hung or died" + limit;
+        else if (!same.empty()) msg += "; in this collective with " + same + ": one of them hung or died" + limit;
+        else msg += "; another rank died or left the job";
+      }
+    } catch (const std::exception&) {
+      msg += "; rank 0's store is unreachable (rank 0 died or left the job)";
+    }
+    return msg;
+  }
+};
+
+struct Pending::Impl {
+  c10::intrusive_ptr<c10d::Work> work;
+  ProcessGroup::Impl* group = nullptr;
+  const char* op = "";
+  int64_t seq = 0;
+  bool done = false;
+};
+
+Pending::Pending() = default;
+Pending::~Pending() = default;
+Pending::Pending(Pending&&) noexcept = default;
+Pending& Pending::operator=(Pending&&) noexcept = default;
+bool Pending::valid() const { return impl_ && !impl_->done; }
+
+void Pending::wait() {
+  if (!impl_ || impl_->done) return;
+  impl_->done = true;
+  try {
+    impl_->work->wait();
+  } catch (const std::exception& e) {
+    throw Error(impl_->group->describe_failure(impl_->op, impl_->seq, e.what()));
+  }
+}
+
+ProcessGroup::ProcessGroup() : impl_(std::make_unique<Impl>()) {}
+ProcessGroup::~ProcessGroup() = default;
+
+std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const std::string& device, double timeout_s) {
+  if (env.world_size < 1 || env.rank >= env.world_size) throw Error("internal: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size));
+  if (timeout_s <= 0) throw Error("--dist-timeout must be positive (seconds)");
+  std::shared_ptr<ProcessGroup> pg(new ProcessGroup());
+  Impl& g = *pg->impl_;
+  g.env = env;
+  g.timeout_s = timeout_s;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
+  // A peer that died closes its sockets; writing to them must fail with an error we can report, not
+  // end this process by SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
+  const bool cuda = device.rfind("cuda", 0) == 0;
+  if (cuda) {
+    if (!have_nccl())
+      throw Error("--device " + device + " with several processes needs a LibTorch with CUDA and NCCL; this build has none "
+                  "(use --device cpu for Gloo)");
+    g.device = at::Device(rank_device(device, env, "--device"));
+    // Allocations on plain "cuda" and NCCL's streams go to this rank's GPU.
+    c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(g.device);
+    g.nccl = true;
+  }
+
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(env.master_port);
+  so.isServer = env.rank == 0;
+  so.numWorkers = static_cast<std::size_t>(env.world_size);
+  so.waitWorkers = true;
+  so.timeout = timeout;
+  try {
+    g.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+  } catch (const std::exception& e) {
+    throw Error("rank " + std::to_string(env.rank) + ": rendezvous at " + env.master_addr + ":" + std::to_string(env.master_port) +
+                " failed (" + env.source + "): " + first_line(e.what()));
+  }
+  try {
+    c10d::TCPStoreOptions ho;
+    ho.port = static_cast<uint16_t>(env.master_port);
+    ho.isServer = false;
+    ho.waitWorkers = false;
+    ho.timeout = timeout;
+    auto hb = std::make_shared<Heartbeat>();
+    hb->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, ho);
+    hb->key = seq_key(env.rank);
+    std::thread([hb] { hb->run(); }).detach();
+    g.heartbeat = hb;
+  } catch (const std::exception& e) {
+    log::warn("rank " + std::to_string(env.rank) + ": no heartbeat connection to the store (" + first_line(e.what()) +
+              "); a failure will not name the ranks that fell behind");
+  }
+
+  try {
+    if (g.nccl) {
+#if HH_HAVE_NCCL
+      auto o = c10d::ProcessGroupNCCL::Options::create();
+      o->timeout = timeout;
+      g.backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(g.store, env.rank, env.world_size, o);
+#endif
+    } else {
+      auto o = c10d::ProcessGroupGloo::Options::create(timeout);
+      // GLOO_SOCKET_IFNAME picks the network interface (as torch.distributed does); a job on one host
+      // talks over the loopback; otherwise the address this host's name resolves to.
+      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      if (ifname != nullptr && *ifname != '\0')
+        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+      else if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
+        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      else
+        o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      o->threads = 2;
+      g.backend = c10::make_intrusive<c10d::ProcessGroupGloo>(g.store, env.rank, env.world_size, o);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error("rank " + std::to_string(env.rank) + ": creating the " + (g.nccl ? "NCCL" : "Gloo") +
+                " process group failed: " + first_line(e.what()));
+  }
+  log::info("rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + " joined (" + pg->backend_name() +
+            ", " + g.device.str() + ", " + env.source + ")");
+  return pg;
+}
+
+int ProcessGroup::rank() const { return impl_->env.rank; }
+int ProcessGroup::size() const { return impl_->env.world_size; }
+const DistEnv& ProcessGroup::env() const { return impl_->env; }
+const char* ProcessGroup::backend_name() const { return impl_->nccl ? "nccl" : "gloo"; }
+at::Device ProcessGroup::device() const { return impl_->device; }
+
+namespace {
+void check_tensor(const at::Tensor& t, const at::Device& d, const char* op) {
+  if (!t.defined() || !t.is_contiguous() || t.device() != d)
+    throw Error(std::string("internal: ") + op + " needs a contiguous tensor on " + d.str());
+}
+}  // namespace
+
+Pending ProcessGroup::all_reduce_async(const at::Tensor& t, ReduceOp op) {
+  check_tensor(t, impl_->device, "all_reduce");
+  std::vector<at::Tensor> v{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  Pending p;
+  p.impl_ = std::make_unique<Pending::Impl>();
+  p.impl_->group = impl_.get();
+  p.impl_->op = "all_reduce";
+  p.impl_->seq = impl_->next();
+  try {
+    p.impl_->work = impl_->backend->allreduce(v, o);
+  } catch (const std::exception& e) {
+    throw Error(impl_->describe_failure("all_reduce", p.impl_->seq, e.what()));
+  }
+  return p;
+}
+
+void ProcessGroup::all_reduce(const at::Tensor& t, ReduceOp op) { all_reduce_async(t, op).wait(); }
+
+Pending ProcessGroup::broadcast_async(const at::Tensor& t, int root) {
+  check_tensor(t, impl_->device, "broadcast");
+  std::vector<at::Tensor> v{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  o.rootTensor = 0;
+  Pending p;
+  p.impl_ = std::make_unique<Pending::Impl>();
+  p.impl_->group = impl_.get();
+  p.impl_->op = "broadcast";
+  p.impl_->seq = impl_->next();
+  try {
+    p.impl_->work = impl_->backend->broadcast(v, o);
+  } catch (const std::exception& e) {
+    throw Error(impl_->describe_failure("broadcast", p.impl_->seq, e.what()));
+  }
+  return p;
+}
+
+void ProcessGroup::broadcast(const at::Tensor& t, int root) { broadcast_async(t, root).wait(); }
+
+std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& t) {
+  const at::Tensor in = t.contiguous();
+  check_tensor(in, impl_->device, "all_gather");
+  std::vector<at::Tensor> inputs{in};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(in));
+  const int64_t seq = impl_->next();
+  try {
+    impl_->backend->allgather(outputs, inputs)->wait();
+  } catch (const std::exception& e) {
+    throw Error(impl_->describe_failure("all_gather", seq, e.what()));
+  }
+  return outputs[0];
+}
+
+void ProcessGroup::barrier() {
+  // An all-reduce of one element: NCCL's barrier guesses a device, this one uses ours.
+  all_reduce(at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(impl_->device)));
+}
+
+void ProcessGroup::report_failure(const std::string& message) noexcept {
+  try {
+    // The first rank to fail is the one to name: the others fail because of it.
+    auto st = impl_->store;
+    const std::string v = "rank " + std::to_string(impl_->env.rank) + ": " + first_line(message);
+    bool done = false;
+    bounded<bool>(
+        [st, v] {
+          if (st->add(std::string(kFailureKey) + "/count", 1) != 1) return true;
+          st->set(kFailureKey, std::vector<uint8_t>(v.begin(), v.end()));
+          return true;
+        },
+        kStoreAnswer, &done);
+  } catch (...) {
+  }
+}
+
+std::string rank_device(const std::string& device, const DistEnv& env, const std::string& what) {
+  if (!env.distributed() || device.rfind("cuda", 0) != 0) return device;
+  if (device == "cuda") return "cuda:" + std::to_string(env.local_rank);
+  if (env.local_world_size > 1)
+    throw Error(what + " " + device + ": with " + std::to_string(env.local_world_size) +
+                " processes on this node give plain 'cuda'; each rank then uses cuda:LOCAL_RANK");
+  return device;
+}
+
+bool have_nccl() {
+#if HH_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace hh::dist
