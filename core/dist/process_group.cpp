@@ -3,13 +3,15 @@
 #include <torch/torch.h>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "hydrahead/dist_config.h"
+#if HH_HAVE_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
 // LibTorch's CMake package passes USE_C10D_GLOO to its consumers when its c10d has Gloo; 2.x compiles
 // ProcessGroupGloo.hpp only with it.
-#if HH_TORCH_AT_LEAST(2, 0) && !defined(USE_C10D_GLOO)
+#if HH_HAVE_GLOO && HH_TORCH_AT_LEAST(2, 0) && !defined(USE_C10D_GLOO)
 #error "this LibTorch does not define USE_C10D_GLOO: its c10d has no Gloo backend, which core/dist needs"
 #endif
 #if HH_HAVE_NCCL
@@ -214,6 +216,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const std
     // Allocations on plain "cuda" and NCCL's streams go to this rank's GPU.
     c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(g.device);
     g.nccl = true;
+  } else if (!HH_HAVE_GLOO) {
+    throw Error("--device " + device + " with several processes needs c10d's Gloo backend; this build has none (its "
+                "LibTorch ships no Gloo headers): use --device cuda, or build with Debian's libgloo-dev");
   }
 
   c10d::TCPStoreOptions so;
@@ -252,6 +257,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const std
       g.backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(g.store, env.rank, env.world_size, o);
 #endif
     } else {
+#if HH_HAVE_GLOO
       auto o = c10d::ProcessGroupGloo::Options::create(timeout);
       // GLOO_SOCKET_IFNAME picks the network interface (as torch.distributed does); a job on one host
       // talks over the loopback; otherwise the address this host's name resolves to.
@@ -264,6 +270,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const std
         o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
       o->threads = 2;
       g.backend = c10::make_intrusive<c10d::ProcessGroupGloo>(g.store, env.rank, env.world_size, o);
+#endif
     }
   } catch (const Error&) {
     throw;
