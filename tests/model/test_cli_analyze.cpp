@@ -30,22 +30,8 @@ namespace fs = std::filesystem;
 using hh::model::ModelConfig;
 using hh::model::Transformer;
 
-struct Result {
-  int status;
-  std::string output;
-};
-
-Result run(const std::string& cmd) {
-  Result r{-1, ""};
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using Result = hh::test::CommandResult;
+using hh::test::run_command;
 
 std::string hydrahead() { return (hh::test::bin_dir() / "hydrahead").string(); }
 
@@ -92,7 +78,7 @@ class CliAnalyze : public ::testing::Test {
 
 TEST_F(CliAnalyze, WritesTheDesignLayoutWithTheEnginesNumbersAndGrowsWhenMethodsAreAdded) {
   const fs::path out = dir_ / "analysis.h5";
-  auto r = run(base_args() + " --method activation,attribution --out " + out.string());
+  auto r = run_command(base_args() + " --method activation,attribution --out " + out.string());
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("activation noising effect (top"), std::string::npos) << r.output;
 
@@ -129,7 +115,7 @@ TEST_F(CliAnalyze, WritesTheDesignLayoutWithTheEnginesNumbersAndGrowsWhenMethods
     EXPECT_TRUE(at::allclose(f.read("/activation/noising/effect"), by_hand, 1e-4, 1e-5));
   }
 
-  r = run(base_args() + " --method similarity,retrieval,path --mode denoising --out " + out.string());
+  r = run_command(base_args() + " --method similarity,retrieval,path --mode denoising --out " + out.string());
   ASSERT_EQ(r.status, 0) << r.output;
   {
     const auto f = hh::io::H5File::open_read(out);
@@ -154,19 +140,19 @@ TEST_F(CliAnalyze, WritesTheDesignLayoutWithTheEnginesNumbersAndGrowsWhenMethods
   std::ofstream(dir_ / "check.py") << py;
   const std::string python = hh::test::python_with_h5py();
   ASSERT_FALSE(python.empty()) << "h5py is not importable by python3 or /usr/bin/python3 (scripts/test installs python3-h5py)";
-  r = run(python + " " + (dir_ / "check.py").string() + " " + out.string());
+  r = run_command(python + " " + (dir_ / "check.py").string() + " " + out.string());
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("h5py ok"), std::string::npos) << r.output;
 }
 
 TEST_F(CliAnalyze, RefusesAnotherModelOrCalibrationSetAndLeavesTheFileAlone) {
   const fs::path out = dir_ / "analysis.h5";
-  ASSERT_EQ(run(base_args() + " --method attribution --out " + out.string()).status, 0);
+  ASSERT_EQ(run_command(base_args() + " --method attribution --out " + out.string()).status, 0);
   const auto before = fs::last_write_time(out);
   const auto size = fs::file_size(out);
 
   write_calib(dir_ / "other.jsonl", 3, 12, 2);
-  auto r = run(hydrahead() + " analyze --model " + (dir_ / "model").string() + " --calib " + (dir_ / "other.jsonl").string() +
+  auto r = run_command(hydrahead() + " analyze --model " + (dir_ / "model").string() + " --calib " + (dir_ / "other.jsonl").string() +
                " --method attribution --out " + out.string());
   EXPECT_EQ(r.status, 1);
   EXPECT_MENTIONS(r.output, "another calibration set");
@@ -175,21 +161,21 @@ TEST_F(CliAnalyze, RefusesAnotherModelOrCalibrationSetAndLeavesTheFileAlone) {
   ModelConfig other = cfg_;
   other.rope_theta = 5000.0;
   hh::model::save_model(dir_ / "model2", other, hh::model::random_weights(other, 6, torch::kFloat32, 0.3));
-  r = run(hydrahead() + " analyze --model " + (dir_ / "model2").string() + " --calib " + (dir_ / "calib.jsonl").string() +
+  r = run_command(hydrahead() + " analyze --model " + (dir_ / "model2").string() + " --calib " + (dir_ / "calib.jsonl").string() +
           " --method attribution --out " + out.string());
   EXPECT_EQ(r.status, 1);
   EXPECT_MENTIONS(r.output, "another model");
 
-  r = run(base_args() + " --method attribution --metric logit-diff --out " + out.string());
+  r = run_command(base_args() + " --method attribution --metric logit-diff --out " + out.string());
   EXPECT_EQ(r.status, 1);
   EXPECT_MENTIONS(r.output, "holds metric logprob");
   EXPECT_EQ(fs::last_write_time(out), before);
   EXPECT_EQ(fs::file_size(out), size);
 
-  r = run(base_args() + " --method activation --heads 0:9 --out " + (dir_ / "x.h5").string());
+  r = run_command(base_args() + " --method activation --heads 0:9 --out " + (dir_ / "x.h5").string());
   EXPECT_EQ(r.status, 1);
   EXPECT_MENTIONS(r.output, "head 9 outside [0, 4)");
-  r = run(base_args() + " --method everything --out " + (dir_ / "x.h5").string());
+  r = run_command(base_args() + " --method everything --out " + (dir_ / "x.h5").string());
   EXPECT_EQ(r.status, 1);
   EXPECT_MENTIONS(r.output, "unknown method 'everything'");
   EXPECT_FALSE(fs::exists(dir_ / "x.h5"));
@@ -197,9 +183,9 @@ TEST_F(CliAnalyze, RefusesAnotherModelOrCalibrationSetAndLeavesTheFileAlone) {
 
 TEST_F(CliAnalyze, SelectTurnsTheAnalysisIntoAManifestThatFitsTheModel) {
   const fs::path out = dir_ / "analysis.h5";
-  ASSERT_EQ(run(base_args() + " --method activation,path --out " + out.string()).status, 0);
+  ASSERT_EQ(run_command(base_args() + " --method activation,path --out " + out.string()).status, 0);
   const fs::path manifest = dir_ / "manifest.json";
-  auto r = run(hydrahead() + " select --analysis " + out.string() + " --model " + (dir_ / "model").string() +
+  auto r = run_command(hydrahead() + " select --analysis " + out.string() + " --model " + (dir_ / "model").string() +
                " --ratio 3:1 --retrieval-tasks passkey --compare --out " + manifest.string());
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_MENTIONS(r.output, "FA heads per layer (3 of 12)");
@@ -212,16 +198,16 @@ TEST_F(CliAnalyze, SelectTurnsTheAnalysisIntoAManifestThatFitsTheModel) {
   EXPECT_EQ(m.notes.at("budget").size(), 12u);  // 3 contexts x (dense, layer-wise, random, selection)
   EXPECT_MENTIONS(r.output, "random (seed 0)");
 
-  r = run(hydrahead() + " select --validate " + manifest.string() + " --model " + (dir_ / "model").string());
+  r = run_command(hydrahead() + " select --validate " + manifest.string() + " --model " + (dir_ / "model").string());
   EXPECT_EQ(r.status, 0) << r.output;
   // Another architecture: refused, naming the field.
   ModelConfig other = cfg_;
   other.num_hidden_layers = 4;
   hh::model::save_model(dir_ / "deeper", other, hh::model::random_weights(other, 1, torch::kFloat32, 0.3));
-  r = run(hydrahead() + " select --validate " + manifest.string() + " --model " + (dir_ / "deeper").string());
+  r = run_command(hydrahead() + " select --validate " + manifest.string() + " --model " + (dir_ / "deeper").string());
   EXPECT_EQ(r.status, 1);
   EXPECT_MENTIONS(r.output, "model.num_layers is 3, this model's is 4");
-  r = run(hydrahead() + " select --analysis " + out.string() + " --ratio 3 --weights path=1,bogus=2 --out " +
+  r = run_command(hydrahead() + " select --analysis " + out.string() + " --ratio 3 --weights path=1,bogus=2 --out " +
           (dir_ / "x.json").string());
   EXPECT_EQ(r.status, 1);
   EXPECT_MENTIONS(r.output, "unknown signal 'bogus'");

@@ -22,23 +22,8 @@ using hh::model::ModelConfig;
 using hh::model::Transformer;
 namespace fs = std::filesystem;
 
-struct Result {
-  int status;
-  std::string output;  // stdout and stderr together
-};
-
-Result run_cli(const std::string& args) {
-  const std::string cmd = (hh::test::bin_dir() / "hydrahead").string() + " " + args + " 2>&1";
-  Result r{-1, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using Result = hh::test::CommandResult;
+const auto run_cli = hh::test::run_hydrahead;
 
 ModelConfig tiny_config(bool tied) {
   ModelConfig c;

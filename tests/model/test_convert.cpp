@@ -167,14 +167,8 @@ TEST(Convert, CliRefusesAManifestThatDoesNotFitAndWritesNothing) {
   m.model.num_layers = 3;
   hh::select::write_manifest(dir / "bad.json", m);
   auto run = [&](const std::string& args) {
-    const std::string cmd = (hh::test::bin_dir() / "hydrahead").string() + " convert " + args + " 2>&1";
-    std::string out;
-    FILE* p = popen(cmd.c_str(), "r");
-    std::array<char, 4096> buf{};
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-    const int st = pclose(p);
-    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+    const auto r = hh::test::run_hydrahead("convert " + args);
+    return std::make_pair(r.status, r.output);
   };
   auto [rc, out] = run("--model " + (dir / "teacher").string() + " --manifest " + (dir / "bad.json").string() + " --out " +
                        (dir / "hybrid").string());
@@ -191,14 +185,8 @@ TEST(Convert, CliRefusesAManifestThatDoesNotFitAndWritesNothing) {
 
   // inspect and run work on the hybrid; run --generate stores what greedy decoding produces.
   auto cli = [&](const std::string& args) {
-    const std::string cmd = (hh::test::bin_dir() / "hydrahead").string() + " " + args + " 2>&1";
-    std::string text;
-    FILE* p = popen(cmd.c_str(), "r");
-    std::array<char, 4096> buf{};
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) text.append(buf.data(), n);
-    const int st = pclose(p);
-    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, text);
+    const auto r = hh::test::run_hydrahead(args);
+    return std::make_pair(r.status, r.output);
   };
   std::tie(rc, out) = cli("inspect --model " + (dir / "hybrid").string());
   ASSERT_EQ(rc, 0) << out;

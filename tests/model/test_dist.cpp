@@ -33,22 +33,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Result {
-  int status;
-  std::string output;
-};
-
-Result run(const std::string& cmd) {
-  Result r{-1, ""};
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using Result = hh::test::CommandResult;
+using hh::test::run_command;
 
 std::string hydrahead() { return (hh::test::bin_dir() / "hydrahead").string(); }
 
@@ -90,7 +76,7 @@ fs::path copy_job(const fs::path& job, const fs::path& to) {
 }
 
 Result train(const fs::path& job, const std::string& extra) {
-  return run(hydrahead() + " train --job " + job.string() + " --progress none " + extra);
+  return run_command(hydrahead() + " train --job " + job.string() + " --progress none " + extra);
 }
 
 std::vector<double> column(const fs::path& run_h5, const std::string& ds) {
@@ -377,7 +363,7 @@ class DistAnalyze : public ::testing::Test {
   }
   Result analyze(int examples, const std::string& out, const std::string& methods, const std::string& extra) {
     write_calib(dir_ / "calib.jsonl", examples, 12);
-    return run(hydrahead() + " analyze --model " + (dir_ / "model").string() + " --calib " + (dir_ / "calib.jsonl").string() +
+    return run_command(hydrahead() + " analyze --model " + (dir_ / "model").string() + " --calib " + (dir_ / "calib.jsonl").string() +
                " --method " + methods + " --out " + (dir_ / out).string() + " " + extra);
   }
   fs::path dir_;

@@ -98,14 +98,10 @@ TEST(NiahGrid, CliOnATinyCheckpointMatchesGreedyDecodingRecomputedHere) {
   const auto w = hh::model::random_weights(c, 3, torch::kFloat, 0.3);
   hh::model::save_model(dir / "model", c, w);
   fs::copy_file(hh::test::data_dir() / "tokenizer" / "tiny-tokenizer.json", dir / "model" / "tokenizer.json");
-  const std::string cmd = (hh::test::bin_dir() / "hydrahead").string() + " eval --model " + (dir / "model").string() +
-                          " --lengths 400,450 --depths 0,1 --n 2 --seed 5 --out " + (dir / "eval.h5").string() + " 2>&1";
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  ASSERT_EQ(WEXITSTATUS(pclose(p)), 0) << out;
+  const auto [status, out] = hh::test::run_hydrahead("eval --model " + (dir / "model").string() +
+                                                      " --lengths 400,450 --depths 0,1 --n 2 --seed 5 --out " +
+                                                      (dir / "eval.h5").string());
+  ASSERT_EQ(status, 0) << out;
   EXPECT_MENTIONS(out, "NIAH exact-match accuracy");
 
   const auto f = hh::io::H5File::open_read(dir / "eval.h5");

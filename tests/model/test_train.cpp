@@ -525,13 +525,7 @@ pid_t spawn_train(const fs::path& job, const fs::path& stdout_file) {
 }
 
 std::string status_of(const fs::path& run_dir) {
-  const std::string cmd = (hh::test::bin_dir() / "hydrahead").string() + " train --status " + run_dir.string() + " 2>&1";
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[512];
-  while (p && fgets(buf, sizeof buf, p)) out += buf;
-  if (p) pclose(p);
-  return out;
+  return hh::test::run_hydrahead("train --status " + run_dir.string()).output;
 }
 
 int wait_exit(pid_t pid) {

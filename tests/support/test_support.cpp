@@ -5,8 +5,10 @@
 #include "test_paths.h"
 
 #include <ftw.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -53,5 +55,19 @@ std::string python_with_h5py() {
     if (std::system((std::string(candidate) + " -c 'import h5py' >/dev/null 2>&1").c_str()) == 0) return candidate;
   return {};
 }
+
+CommandResult run_command(const std::string& cmd) {
+  CommandResult r{-1, ""};
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+CommandResult run_hydrahead(const std::string& args) { return run_command((bin_dir() / "hydrahead").string() + " " + args); }
 
 }  // namespace hh::test

@@ -15,6 +15,14 @@ std::filesystem::path bin_dir();      // build/bin
 std::filesystem::path qwen3_tokenizer_dir();
 // A fresh, empty directory under the build's test-tmp, unique per test.
 std::filesystem::path scratch_dir(const std::string& tag);
+// A shell command's exit status (-1 when it did not exit normally) and its stdout + stderr.
+struct CommandResult {
+  int status;
+  std::string output;
+};
+CommandResult run_command(const std::string& cmd);
+// `hydrahead ARGS` from the build's bin directory.
+CommandResult run_hydrahead(const std::string& args);
 // A python interpreter that imports h5py: python3 on PATH, else Debian's /usr/bin/python3 (which owns
 // python3-h5py); "" when neither does.
 std::string python_with_h5py();
