@@ -444,44 +444,39 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     const at::Tensor dfin = grads[1].defined() ? grads[1].to(acc).contiguous()
                                                : at::zeros({nseq, H, Dk, Dv}, q.options().dtype(acc));
 
+    // The chunk-local function once, with its graph: step 1 reads its values (no graph of its own),
+    // step 2 differentiates it.
+    at::Tensor lq = q.detach().requires_grad_(true), lk = k.detach().requires_grad_(true),
+               lv = v.detach().requires_grad_(true), lg = g.detach().requires_grad_(true),
+               lb = beta.detach().requires_grad_(true);
+    at::AutoGradMode grad_mode(true);
+    const ChunkedInputs in = chunk_inputs(lq, lk, lv, lg, lb, L, acc);
+    const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
+
     // 1. State gradients, last chunk to first: dS_n = P_n dS_{n+1} + X_n with
     //    X_n = scale (qdecay - attn W)^T dO_n, the direct effect of S_n on chunk n's output.
-    at::Tensor dS_end, dS0;
-    {
-      at::NoGradGuard no_grad;
-      const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
-      const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
-      const at::Tensor X = at::matmul((c.qdecay - at::matmul(c.attn, c.W)).transpose(-1, -2), dO) * scale;
-      const ScanResult scan = gdn_state_scan(transition(c, /*transposed=*/true).contiguous(), X.contiguous(), dfin,
-                                             L.offsets, /*reverse=*/true);
-      dS_end = scan.hist;  // the gradient of the state at the end of each chunk
-      dS0 = scan.final_state;
-    }
     // 2. With every chunk's start state S_n and end-state gradient fixed, the inputs' gradients are
     //    those of sum_n <dO_n, O_n> + <dS_end_n, S_{n+1}> through the chunk-local function. Written so
     //    that nothing state-sized ([Dk, Dv] a chunk) needs a gradient, with Uc = U - W S:
     //      <O, dO>      = scale (<qdecay, dO S^T> + <attn Uc, dO>)
     //      <S_next, dS> = e^{G_C} <S, dS> + <Uc, kdecay dS>
-    at::Tensor dO_St, S_dS;
+    at::Tensor dS_end, dS0, dO_St, S_dS;
     {
       at::NoGradGuard no_grad;
+      const at::Tensor X = at::matmul((c.qdecay - at::matmul(c.attn, c.W)).transpose(-1, -2), dO) * scale;
+      const ScanResult scan = gdn_state_scan(transition(c, /*transposed=*/true).contiguous(), X.contiguous(), dfin,
+                                             L.offsets, /*reverse=*/true);
+      dS_end = scan.hist;  // the gradient of the state at the end of each chunk
+      dS0 = scan.final_state;
       dO_St = at::matmul(dO, S.transpose(-1, -2));  // [H, N, C, Dk]
       S_dS = (S * dS_end).sum({-1, -2});             // [H, N]
     }
-    at::Tensor lq = q.detach().requires_grad_(true), lk = k.detach().requires_grad_(true),
-               lv = v.detach().requires_grad_(true), lg = g.detach().requires_grad_(true),
-               lb = beta.detach().requires_grad_(true);
-    torch::autograd::variable_list input_grads;
-    {
-      at::AutoGradMode grad_mode(true);
-      const ChunkedInputs in = chunk_inputs(lq, lk, lv, lg, lb, L, acc);
-      const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
-      const at::Tensor Uc = c.U - at::matmul(c.W, S);
-      const at::Tensor objective = ((c.qdecay * dO_St).sum() + (at::matmul(c.attn, Uc) * dO).sum()) * scale +
-                                   (c.dl * S_dS).sum() + (Uc * at::matmul(c.kdecay, dS_end)).sum();
-      input_grads = torch::autograd::grad({objective}, {lq, lk, lv, lg, lb}, {}, /*retain_graph=*/false,
-                                          /*create_graph=*/false, /*allow_unused=*/true);
-    }
+    const at::Tensor Uc = c.U - at::matmul(c.W, S);
+    const at::Tensor objective = ((c.qdecay * dO_St).sum() + (at::matmul(c.attn, Uc) * dO).sum()) * scale +
+                                 (c.dl * S_dS).sum() + (Uc * at::matmul(c.kdecay, dS_end)).sum();
+    const torch::autograd::variable_list input_grads =
+        torch::autograd::grad({objective}, {lq, lk, lv, lg, lb}, {}, /*retain_graph=*/false,
+                              /*create_graph=*/false, /*allow_unused=*/true);
     auto cast = [](const at::Tensor& gr, const at::Tensor& like) {
       return gr.defined() ? gr.to(like.scalar_type()) : at::zeros_like(like);
     };

@@ -296,43 +296,42 @@ void check_tensor(const at::Tensor& t, const at::Device& d, const char* op) {
 }
 }  // namespace
 
-Pending ProcessGroup::all_reduce_async(const at::Tensor& t, ReduceOp op) {
-  check_tensor(t, impl_->device, "all_reduce");
-  std::vector<at::Tensor> v{t};
-  c10d::AllreduceOptions o;
-  o.reduceOp = to_c10d(op);
+template <class Issue>
+Pending ProcessGroup::start_collective(const char* op, Issue&& issue) {
   Pending p;
   p.impl_ = std::make_unique<Pending::Impl>();
   p.impl_->group = impl_.get();
-  p.impl_->op = "all_reduce";
+  p.impl_->op = op;
   p.impl_->seq = impl_->next();
   try {
-    p.impl_->work = impl_->backend->allreduce(v, o);
+    p.impl_->work = issue();
   } catch (const std::exception& e) {
-    throw Error(impl_->describe_failure("all_reduce", p.impl_->seq, e.what()));
+    throw Error(impl_->describe_failure(op, p.impl_->seq, e.what()));
   }
   return p;
+}
+
+Pending ProcessGroup::all_reduce_async(const at::Tensor& t, ReduceOp op) {
+  check_tensor(t, impl_->device, "all_reduce");
+  return start_collective("all_reduce", [&] {
+    std::vector<at::Tensor> v{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    return impl_->backend->allreduce(v, o);
+  });
 }
 
 void ProcessGroup::all_reduce(const at::Tensor& t, ReduceOp op) { all_reduce_async(t, op).wait(); }
 
 Pending ProcessGroup::broadcast_async(const at::Tensor& t, int root) {
   check_tensor(t, impl_->device, "broadcast");
-  std::vector<at::Tensor> v{t};
-  c10d::BroadcastOptions o;
-  o.rootRank = root;
-  o.rootTensor = 0;
-  Pending p;
-  p.impl_ = std::make_unique<Pending::Impl>();
-  p.impl_->group = impl_.get();
-  p.impl_->op = "broadcast";
-  p.impl_->seq = impl_->next();
-  try {
-    p.impl_->work = impl_->backend->broadcast(v, o);
-  } catch (const std::exception& e) {
-    throw Error(impl_->describe_failure("broadcast", p.impl_->seq, e.what()));
-  }
-  return p;
+  return start_collective("broadcast", [&] {
+    std::vector<at::Tensor> v{t};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.rootTensor = 0;
+    return impl_->backend->broadcast(v, o);
+  });
 }
 
 void ProcessGroup::broadcast(const at::Tensor& t, int root) { broadcast_async(t, root).wait(); }

@@ -69,6 +69,10 @@ class ProcessGroup {
 
  private:
   ProcessGroup();
+  // Numbers the collective `op`, starts it with issue() (which returns the c10d work), and names the
+  // failure the way every collective does. Defined and used in process_group.cpp only.
+  template <class Issue>
+  Pending start_collective(const char* op, Issue&& issue);
   friend class Pending;
   struct Impl;
   std::unique_ptr<Impl> impl_;
