@@ -13,6 +13,15 @@
 namespace hh::attention {
 namespace {
 
+// x's entries `idx` along dim, stacked in that order: index_select without an index tensor, whose copy
+// to a GPU would wait for every queued kernel.
+at::Tensor pick(const at::Tensor& x, int64_t dim, const std::vector<int64_t>& idx) {
+  std::vector<at::Tensor> parts;
+  parts.reserve(idx.size());
+  for (int64_t i : idx) parts.push_back(x.select(dim, i));
+  return at::stack(parts, dim);
+}
+
 using nlohmann::json;
 
 // Rows [h * Dh, (h + 1) * Dh) of a [H * Dh, d] projection for the listed heads, stacked.
@@ -147,8 +156,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
   auto fuse = [&](const at::Tensor& o_grp, const at::Tensor& gate, const std::vector<int64_t>& heads) {
     at::Tensor y = o_grp;
     if (!o.fusion_concat) {
-      const at::Tensor idx = at::tensor(at::ArrayRef<int64_t>(heads), at::TensorOptions().dtype(at::kLong));
-      y = fusion_norm(o_grp, gate, w.fusion_gamma.index_select(0, idx.to(o_grp.device())), eps);
+      y = fusion_norm(o_grp, gate, pick(w.fusion_gamma, 0, heads), eps);
     }
     for (size_t i = 0; i < heads.size(); ++i) out[static_cast<size_t>(heads[i])] = y.select(2, static_cast<int64_t>(i));
   };
@@ -173,8 +181,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     // Each FA head reads its own KV group: gather the groups into per-head keys (MHA layout).
     std::vector<int64_t> groups;
     for (int64_t h : split.fa) groups.push_back(h / G);
-    const at::Tensor gi = at::tensor(at::ArrayRef<int64_t>(groups), at::TensorOptions().dtype(at::kLong)).to(xn.device());
-    const at::Tensor kf = k.index_select(2, gi), vf = v.index_select(2, gi);  // [B, T, nF, Dh]
+    const at::Tensor kf = pick(k, 2, groups), vf = pick(v, 2, groups);  // [B, T, nF, Dh]
     at::Tensor pk, pv;
     if (cache != nullptr) {
       pk = cache->fa_k;
