@@ -416,8 +416,10 @@ at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor
   const c10::cuda::CUDAGuard guard(P.device());
   at::Tensor fin = at::empty_like(y0);
   if (S == 0 || H == 0) return fin;
-  const at::Tensor off =
-      at::tensor(at::ArrayRef<int64_t>(offsets), at::TensorOptions().dtype(at::kLong)).to(P.device(), /*non_blocking=*/true);
+  // From pinned memory, so that the copy queues behind the stream's work instead of waiting for it.
+  const at::Tensor off = at::tensor(at::ArrayRef<int64_t>(offsets), at::TensorOptions().dtype(at::kLong))
+                             .pin_memory()
+                             .to(P.device(), /*non_blocking=*/true);
   switch (Dk) {
     case 32: launch_scan<32>(P, Z, y0, hist, fin, off, reverse); break;
     case 64: launch_scan<64>(P, Z, y0, hist, fin, off, reverse); break;

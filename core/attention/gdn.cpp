@@ -241,9 +241,13 @@ ChunkLayout make_layout(int64_t B, int64_t T, int64_t C, const std::vector<int64
       gather[static_cast<size_t>(slot)] = starts[s] + p;
       scatter[static_cast<size_t>(starts[s] + p)] = slot;
     }
-  const auto li = at::TensorOptions().dtype(at::kLong);
-  L.gather = at::tensor(at::ArrayRef<int64_t>(gather), li).to(dev);
-  L.scatter = at::tensor(at::ArrayRef<int64_t>(scatter), li).to(dev);
+  // On a GPU from pinned memory, so that the copies queue behind the stream's work instead of waiting.
+  auto upload = [&](const std::vector<int64_t>& v) {
+    at::Tensor t = at::tensor(at::ArrayRef<int64_t>(v), at::TensorOptions().dtype(at::kLong));
+    return dev.is_cuda() ? t.pin_memory().to(dev, /*non_blocking=*/true) : t;
+  };
+  L.gather = upload(gather);
+  L.scatter = upload(scatter);
   return L;
 }
 
