@@ -21,11 +21,18 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <deque>
+#include <exception>
+#include <functional>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -102,6 +109,116 @@ struct Heartbeat {
   }
 };
 
+// Who to blame for a failed collective #seq, from what the ranks published in the store.
+std::string blame_from_store(const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env, int64_t seq, double timeout_s) {
+  std::string msg;
+  try {
+    if (store && store->check({kFailureKey})) {
+      const std::vector<uint8_t> v = store->get(kFailureKey);
+      msg += "; reported by " + std::string(v.begin(), v.end());
+    } else {
+      std::string behind, same;
+      for (int r = 0; r < env.world_size; ++r) {
+        if (r == env.rank) continue;
+        int64_t at = 0;
+        if (store->check({seq_key(r)})) {
+          const std::vector<uint8_t> v = store->get(seq_key(r));
+          at = std::stoll(std::string(v.begin(), v.end()));
+        }
+        std::string& list = at < seq ? behind : same;
+        if (at <= seq) list += (list.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " (at collective #" + std::to_string(at) + ")";
+      }
+      const std::string limit = " (--dist-timeout " + std::to_string(static_cast<int64_t>(timeout_s)) + " s)";
+      if (!behind.empty()) msg += "; behind this rank: " + behind + ", which hung or died" + limit;
+      else if (!same.empty()) msg += "; in this collective with " + same + ": one of them hung or died" + limit;
+      else msg += "; another rank died or left the job";
+    }
+  } catch (const std::exception&) {
+    msg += "; rank 0's store is unreachable (rank 0 died or left the job)";
+  }
+  return msg;
+}
+
+// "rank R of N: OP (collective #SEQ) failed: WHAT; <who is to blame>". The store is asked on a
+// thread of its own, for at most kStoreAnswer.
+std::string failure_message(const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env, double timeout_s, const char* op,
+                            int64_t seq, const std::string& what) {
+  std::string msg = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + ": " + op + " (collective #" +
+                    std::to_string(seq) + ") failed: " + first_line(what);
+  std::string blame;
+  if (!bounded<std::string>([store, env, seq, timeout_s] { return blame_from_store(store, env, seq, timeout_s); }, kStoreAnswer, &blame))
+    blame = "; the job's store (on rank 0) did not answer: rank 0 died or hung, or another rank stalled the store";
+  return msg + blame;
+}
+
+// Tells the other ranks through the store that rank `rank` is failing; the first report stands.
+void publish_failure(const c10::intrusive_ptr<c10d::Store>& store, int rank, const std::string& message) noexcept {
+  try {
+    const std::string v = "rank " + std::to_string(rank) + ": " + first_line(message);
+    bool done = false;
+    bounded<bool>(
+        [store, v] {
+          if (store->add(std::string(kFailureKey) + "/count", 1) != 1) return true;
+          store->set(kFailureKey, std::vector<uint8_t>(v.begin(), v.end()));
+          return true;
+        },
+        kStoreAnswer, &done);
+  } catch (...) {
+  }
+}
+
+// NCCL collectives run on the GPU, and waiting for one only orders the CUDA stream after it, so a
+// peer that hangs leaves this rank blocked in some later synchronisation until PyTorch's watchdog
+// aborts the communicator (with a message about this rank, not the one that hung). The watch names
+// the culprit first: it follows every collective in flight, and when one has not completed within
+// --dist-timeout it describes the failure from the store (which rank fell behind), reports it to the
+// peers and ends the process. PyTorch's own timeout is set later than ours, as a backstop.
+struct CollectiveWatch {
+  struct Entry {
+    c10::intrusive_ptr<c10d::Work> work;
+    const char* op;
+    int64_t seq;
+    std::chrono::steady_clock::time_point started;
+  };
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<Entry> in_flight;
+  bool stop = false;
+  std::chrono::milliseconds limit{0};
+  // Called once with (op, seq) of the first collective past the limit; must not return.
+  std::function<void(const char*, int64_t)> on_timeout;
+
+  void add(const c10::intrusive_ptr<c10d::Work>& w, const char* op, int64_t seq) {
+    std::lock_guard<std::mutex> lock(mutex);
+    in_flight.push_back({w, op, seq, std::chrono::steady_clock::now()});
+    wake.notify_one();
+  }
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!stop) {
+      // Collectives complete in the order they were issued (one NCCL stream): the oldest decides.
+      while (!in_flight.empty()) {
+        bool done = false;
+        try {
+          done = in_flight.front().work->isCompleted();
+        } catch (const std::exception&) {
+          done = true;  // failed: wait() reports it
+        }
+        if (!done) break;
+        in_flight.pop_front();
+      }
+      if (!in_flight.empty() && std::chrono::steady_clock::now() - in_flight.front().started >= limit) {
+        const Entry e = in_flight.front();
+        lock.unlock();
+        on_timeout(e.op, e.seq);
+        return;
+      }
+      wake.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop; });
+    }
+  }
+};
+
 }  // namespace
 
 struct ProcessGroup::Impl {
@@ -113,9 +230,28 @@ struct ProcessGroup::Impl {
   double timeout_s = 300;
   int64_t sequence = 0;  // collectives issued, for messages
   std::shared_ptr<Heartbeat> heartbeat;
+  std::shared_ptr<CollectiveWatch> watch;  // NCCL only
+  std::atomic<bool> failed{false};         // a collective failed: no orderly NCCL shutdown
 
   ~Impl() {
     if (heartbeat) heartbeat->stop.store(true);   // its thread ends within kHeartbeat (detached)
+    if (watch) {
+      std::lock_guard<std::mutex> lock(watch->mutex);
+      watch->stop = true;
+      watch->wake.notify_one();
+    }
+#if HH_HAVE_NCCL
+    // What torch.distributed.destroy_process_group() does at a normal exit: drain and close the
+    // communicator (without it PyTorch warns at exit). Not while unwinding from an error: a peer
+    // may be gone, and the process is about to end anyway.
+    if (nccl && backend && !failed.load() && std::uncaught_exceptions() == 0) {
+      try {
+        static_cast<c10d::ProcessGroupNCCL*>(backend.get())->shutdown();
+      } catch (const std::exception& e) {
+        log::warn("rank " + std::to_string(env.rank) + ": closing the NCCL communicator: " + first_line(e.what()));
+      }
+    }
+#endif
   }
 
   // The number of the collective about to start; the heartbeat publishes it.
@@ -127,45 +263,8 @@ struct ProcessGroup::Impl {
 
   // The message of a failed collective, naming whoever reported a failure through the store.
   std::string describe_failure(const char* op, int64_t seq, const std::string& what) {
-    std::string msg = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + ": " + op + " (collective #" +
-                      std::to_string(seq) + ") failed: " + first_line(what);
-    std::string blame;
-    auto st = store;
-    const DistEnv e = env;
-    const double limit_s = timeout_s;
-    if (!bounded<std::string>([st, e, seq, limit_s] { return blame_from_store(st, e, seq, limit_s); }, kStoreAnswer, &blame))
-      blame = "; the job's store (on rank 0) did not answer: rank 0 died or hung, or another rank stalled the store";
-    return msg + blame;
-  }
-
-  // Who to blame for a failed collective #seq, from what the ranks published in the store.
-  static std::string blame_from_store(const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env, int64_t seq, double timeout_s) {
-    std::string msg;
-    try {
-      if (store && store->check({kFailureKey})) {
-        const std::vector<uint8_t> v = store->get(kFailureKey);
-        msg += "; reported by " + std::string(v.begin(), v.end());
-      } else {
-        std::string behind, same;
-        for (int r = 0; r < env.world_size; ++r) {
-          if (r == env.rank) continue;
-          int64_t at = 0;
-          if (store->check({seq_key(r)})) {
-            const std::vector<uint8_t> v = store->get(seq_key(r));
-            at = std::stoll(std::string(v.begin(), v.end()));
-          }
-          std::string& list = at < seq ? behind : same;
-          if (at <= seq) list += (list.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " (at collective #" + std::to_string(at) + ")";
-        }
-        const std::string limit = " (--dist-timeout " + std::to_string(static_cast<int64_t>(timeout_s)) + " s)";
-        if (!behind.empty()) msg += "; behind this rank: " + behind + ", which hung or died" + limit;
-        else if (!same.empty()) msg += "; in this collective with " + same + ": one of them hung or died" + limit;
-        else msg += "; another rank died or left the job";
-      }
-    } catch (const std::exception&) {
-      msg += "; rank 0's store is unreachable (rank 0 died or left the job)";
-    }
-    return msg;
+    failed.store(true);
+    return failure_message(store, env, timeout_s, op, seq, what);
   }
 };
 
@@ -252,9 +351,27 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const std
   try {
     if (g.nccl) {
 #if HH_HAVE_NCCL
+      // PyTorch's watchdog is the backstop: ours (CollectiveWatch) fires first and names the rank
+      // that fell behind. Without a dump on timeout the backstop does not wait a further minute.
+      ::setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0", 0);
       auto o = c10d::ProcessGroupNCCL::Options::create();
-      o->timeout = timeout;
+      o->timeout = timeout + std::max(std::chrono::milliseconds(30000), timeout / 2);
       g.backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(g.store, env.rank, env.world_size, o);
+      auto w = std::make_shared<CollectiveWatch>();
+      w->limit = timeout;
+      const auto store = g.store;
+      const DistEnv e = env;
+      w->on_timeout = [store, e, timeout_s](const char* op, int64_t seq) {
+        const std::string msg = failure_message(store, e, timeout_s, op, seq, "timed out");
+        std::fprintf(stderr, "error: %s\n", msg.c_str());
+        std::fflush(stderr);
+        publish_failure(store, e.rank, msg);
+        // The training thread is blocked on the GPU behind the hung collective: end the process
+        // from here. Files are written through a temporary and a rename, so none is left half-written.
+        std::_Exit(1);
+      };
+      std::thread([w] { w->run(); }).detach();
+      g.watch = w;
 #endif
     } else {
 #if HH_HAVE_GLOO
@@ -308,6 +425,7 @@ Pending ProcessGroup::start_collective(const char* op, Issue&& issue) {
   } catch (const std::exception& e) {
     throw Error(impl_->describe_failure(op, p.impl_->seq, e.what()));
   }
+  if (impl_->watch) impl_->watch->add(p.impl_->work, op, p.impl_->seq);
   return p;
 }
 
@@ -342,12 +460,7 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& t) {
   std::vector<at::Tensor> inputs{in};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(in));
-  const int64_t seq = impl_->next();
-  try {
-    impl_->backend->allgather(outputs, inputs)->wait();
-  } catch (const std::exception& e) {
-    throw Error(impl_->describe_failure("all_gather", seq, e.what()));
-  }
+  start_collective("all_gather", [&] { return impl_->backend->allgather(outputs, inputs); }).wait();
   return outputs[0];
 }
 
@@ -357,20 +470,8 @@ void ProcessGroup::barrier() {
 }
 
 void ProcessGroup::report_failure(const std::string& message) noexcept {
-  try {
-    // The first rank to fail is the one to name: the others fail because of it.
-    auto st = impl_->store;
-    const std::string v = "rank " + std::to_string(impl_->env.rank) + ": " + first_line(message);
-    bool done = false;
-    bounded<bool>(
-        [st, v] {
-          if (st->add(std::string(kFailureKey) + "/count", 1) != 1) return true;
-          st->set(kFailureKey, std::vector<uint8_t>(v.begin(), v.end()));
-          return true;
-        },
-        kStoreAnswer, &done);
-  } catch (...) {
-  }
+  // The first rank to fail is the one to name: the others fail because of it.
+  publish_failure(impl_->store, impl_->env.rank, message);
 }
 
 std::string rank_device(const std::string& device, const DistEnv& env, const std::string& what) {
