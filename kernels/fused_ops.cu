@@ -86,6 +86,81 @@ __global__ void silu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u
   }
 }
 
+// ---- backward kernels: float32 arithmetic from the saved inputs; the forward's roundings to the
+// model dtype are treated as the identity (straight-through), as autograd does for a dtype cast ----
+
+// d/dx of weight * (x * inv), inv = rsqrt(mean(x^2) + eps), for one row held by one warp:
+//   g = dy * weight;  dx = inv * g - x * inv^3 * mean(g * x).
+template <class T>
+__global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                                         T* __restrict__ dx, int64_t rows, int64_t n, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const T* xr = x + row * n;
+  const T* dyr = dy + row * n;
+  T* dxr = dx + row * n;
+  float ss = 0.f, gx = 0.f;
+  for (int64_t i = lane; i < n; i += 32) {
+    const float v = static_cast<float>(xr[i]);
+    ss += v * v;
+    gx += static_cast<float>(dyr[i]) * static_cast<float>(w[i]) * v;
+  }
+  const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(n) + eps);
+  const float c = inv * inv * inv * warp_sum(gx) / static_cast<float>(n);
+  for (int64_t i = lane; i < n; i += 32) {
+    const float g = static_cast<float>(dyr[i]) * static_cast<float>(w[i]);
+    dxr[i] = static_cast<T>(inv * g - static_cast<float>(xr[i]) * c);
+  }
+}
+
+// Backward of norm_rope for one (token, head) row: undo the rotation (its transpose), then the
+// RMSNorm backward above. y_i = a_i cos_i + r_i sin_i with r_i = -a_{i+h} (i < h), a_{i-h} (i >= h),
+// so da_i = dy_i cos_i + (i < h ? dy_{i+h} sin_{i+h} : -dy_{i-h} sin_{i-h}).
+template <class T>
+__global__ void norm_rope_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                                          const T* __restrict__ cos, const T* __restrict__ sin, T* __restrict__ dx,
+                                          int64_t rows, int64_t T_len, int64_t H, int64_t Dh, float eps) {
+  __shared__ float g[kWarpsPerBlock][kMaxHeadDim];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (row >= rows) return;
+  const int64_t t = (row / H) % T_len;
+  const T* xr = x + row * Dh;
+  const T* dyr = dy + row * Dh;
+  const T* c = cos + t * Dh;
+  const T* s = sin + t * Dh;
+  const int64_t half = Dh / 2;
+  float ss = 0.f, gx = 0.f;
+  for (int64_t i = lane; i < Dh; i += 32) {
+    const int64_t j = i < half ? i + half : i - half;
+    const float partner = static_cast<float>(dyr[j]) * static_cast<float>(s[j]);
+    const float da = static_cast<float>(dyr[i]) * static_cast<float>(c[i]) + (i < half ? partner : -partner);
+    const float gi = da * static_cast<float>(w[i]);
+    g[warp][i] = gi;
+    const float v = static_cast<float>(xr[i]);
+    ss += v * v;
+    gx += gi * v;
+  }
+  const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(Dh) + eps);
+  const float k = inv * inv * inv * warp_sum(gx) / static_cast<float>(Dh);
+  __syncwarp();
+  for (int64_t i = lane; i < Dh; i += 32) dx[row * Dh + i] = static_cast<T>(inv * g[warp][i] - static_cast<float>(xr[i]) * k);
+}
+
+// y = silu(g) * u:  du = dy * silu(g);  dg = dy * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))).
+template <class T>
+__global__ void silu_mul_backward_kernel(const T* __restrict__ dy, const T* __restrict__ gate, const T* __restrict__ up,
+                                         T* __restrict__ dgate, T* __restrict__ dup, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float gv = static_cast<float>(gate[i]), d = static_cast<float>(dy[i]);
+    const float sg = 1.0f / (1.0f + ::expf(-gv));
+    dup[i] = static_cast<T>(d * gv * sg);
+    dgate[i] = static_cast<T>(d * static_cast<float>(up[i]) * sg * (1.0f + gv * (1.0f - sg)));
+  }
+}
+
 struct Strides4 {
   int64_t s[4];
 };
@@ -212,6 +287,73 @@ at::Tensor merge_attention(const at::Tensor& o_new, const at::Tensor& lse_new, c
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
+}
+
+at::Tensor rms_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check(dy, "dy");
+  check(x, "x");
+  check(weight, "weight");
+  if (dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type())
+    throw std::invalid_argument("hh::kernels::rms_norm_backward: dy must match x");
+  const int64_t n = x.size(-1), rows = x.numel() / n;
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor dx = at::empty_like(x);
+  if (rows == 0) return dx;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_rms_norm_backward", [&] {
+    rms_norm_backward_kernel<scalar_t><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
+        dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(), rows, n,
+        static_cast<float>(eps));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return dx;
+}
+
+at::Tensor norm_rope_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
+                              const at::Tensor& sin, double eps) {
+  check(dy, "dy");
+  check(x, "x");
+  if (dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type())
+    throw std::invalid_argument("hh::kernels::norm_rope_backward: dy must match x");
+  if (x.dim() != 4) throw std::invalid_argument("hh::kernels::norm_rope_backward: x must be [B, T, H, Dh]");
+  const int64_t T = x.size(1), H = x.size(2), Dh = x.size(3), rows = x.numel() / Dh;
+  if (Dh > kMaxHeadDim || Dh % 2 != 0) throw std::invalid_argument("hh::kernels::norm_rope_backward: head_dim must be even and <= 256");
+  if (cos.numel() != T * Dh || sin.numel() != T * Dh)
+    throw std::invalid_argument("hh::kernels::norm_rope_backward: cos/sin must be [T, Dh]");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor dx = at::empty_like(x);
+  if (rows == 0) return dx;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_norm_rope_backward", [&] {
+    norm_rope_backward_kernel<scalar_t><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
+        dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(),
+        sin.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(), rows, T, H, Dh, static_cast<float>(eps));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return dx;
+}
+
+std::pair<at::Tensor, at::Tensor> silu_mul_backward(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up) {
+  check(dy, "dy");
+  check(gate, "gate");
+  check(up, "up");
+  if (gate.sizes() != up.sizes() || dy.sizes() != gate.sizes() || gate.scalar_type() != up.scalar_type() ||
+      dy.scalar_type() != gate.scalar_type())
+    throw std::invalid_argument("hh::kernels::silu_mul_backward: dy, gate and up must match in shape and dtype");
+  const c10::cuda::CUDAGuard guard(gate.device());
+  at::Tensor dg = at::empty_like(gate), du = at::empty_like(up);
+  const int64_t n = gate.numel();
+  if (n == 0) return {dg, du};
+  const unsigned threads = 256;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gate.scalar_type(), "hh_silu_mul_backward", [&] {
+    silu_mul_backward_kernel<scalar_t><<<blocks, threads, 0, stream>>>(dy.data_ptr<scalar_t>(), gate.data_ptr<scalar_t>(),
+                                                                       up.data_ptr<scalar_t>(), dg.data_ptr<scalar_t>(),
+                                                                       du.data_ptr<scalar_t>(), n);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {dg, du};
 }
 
 }  // namespace hh::kernels

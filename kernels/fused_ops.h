@@ -6,6 +6,8 @@
 // reduction, so results can differ from the unfused ops by one unit in the last place.
 // The LibTorch op sequences in core/model/transformer.cpp are the reference these are tested against
 // (tests/gpu/test_fused_ops.cpp). CUDA tensors of float32, float16 or bfloat16 only.
+#include <utility>
+
 #include "core/util/compat.h"
 
 namespace hh::kernels {
@@ -28,5 +30,12 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 // [B, Tq, Hq, Dh] contiguous, the layout the next projection reads.
 at::Tensor merge_attention(const at::Tensor& o_new, const at::Tensor& lse_new, const at::Tensor& o_pre,
                            const at::Tensor& lse_pre);
+
+// Backwards of rms_norm, norm_rope and silu_mul with respect to their activations (not the weights),
+// in float32 from the saved inputs; dy has the output's shape and dtype, all contiguous.
+at::Tensor rms_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor norm_rope_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
+                              const at::Tensor& sin, double eps);
+std::pair<at::Tensor, at::Tensor> silu_mul_backward(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up);  // (dgate, dup)
 
 }  // namespace hh::kernels

@@ -101,7 +101,7 @@ struct SuffixRun {
     f.logit_positions = logit_rows;
     f.prefix_k = pk;
     f.prefix_v = pv;
-    f.fused_kernels = true;  // where built and on CUDA; ignored under autograd
+    f.fused_kernels = true;  // where built and on CUDA (with their backwards under autograd)
     f.trim_last_layer = true;
     return f;
   }

@@ -15,6 +15,7 @@
 #ifdef HH_HAVE_KERNELS
 #include "kernels/fused_ops.h"
 #endif
+#include "core/model/fused_autograd.h"
 #include "core/util/error.h"
 
 namespace hh::model {
@@ -89,11 +90,12 @@ at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {  // x [B, T
   return x * rope.cos + rotated * rope.sin;
 }
 
-// The fused CUDA kernels (kernels/fused_ops.h) stand in for the op sequences above when a forward asks
-// for them, the tensors are float32/16-bit on CUDA and no gradient is recorded (they have no backward).
+// The fused CUDA kernels (kernels/fused_ops.h, with their backwards in fused_autograd.h) stand in for
+// the op sequences above when a forward asks for them and the tensors are float32/16-bit on CUDA.
+// Gradients reach the activations only, so a weight that needs one keeps the op sequence.
 bool use_fused(bool requested, const at::Tensor& x) {
 #ifdef HH_HAVE_KERNELS
-  return requested && x.is_cuda() && x.scalar_type() != at::kDouble && !at::GradMode::is_enabled();
+  return requested && x.is_cuda() && x.scalar_type() != at::kDouble;
 #else
   (void)requested;
   (void)x;
@@ -103,7 +105,7 @@ bool use_fused(bool requested, const at::Tensor& x) {
 
 at::Tensor rms_norm_maybe_fused(const at::Tensor& x, const at::Tensor& weight, double eps, bool fused) {
 #ifdef HH_HAVE_KERNELS
-  if (fused) return kernels::rms_norm(x.contiguous(), weight, eps);
+  if (fused && !weight.requires_grad()) return fused_rms_norm(x, weight, eps);
 #endif
   (void)fused;
   return rms_norm(x, weight, eps);
@@ -112,9 +114,9 @@ at::Tensor rms_norm_maybe_fused(const at::Tensor& x, const at::Tensor& weight, d
 at::Tensor norm_rope_maybe_fused(const at::Tensor& x, const at::Tensor& weight, const RopeTables& rope, double eps,
                                  bool fused) {
 #ifdef HH_HAVE_KERNELS
-  if (fused) {
+  if (fused && !weight.requires_grad()) {
     const int64_t T = rope.cos.size(1), Dh = rope.cos.size(3);
-    return kernels::norm_rope(x.contiguous(), weight, rope.cos.reshape({T, Dh}), rope.sin.reshape({T, Dh}), eps);
+    return fused_norm_rope(x, weight, rope.cos.reshape({T, Dh}), rope.sin.reshape({T, Dh}), eps);
   }
 #endif
   (void)fused;
@@ -227,61 +229,6 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 #endif
 
-#if HH_TORCH_AT_LEAST(2, 1)
-// Attention of new rows over [prefix ++ new] in two flash calls merged by log-sum-exp: the prefix part
-// needs no mask (every prefix key is visible to every new row) and the new part is square, where
-// is_causal's top-left alignment is the right one. Rows that share a prefix (and query heads that share
-// a KV head) are folded into one query axis for the prefix part, so the prefix's keys and values are
-// read once and never copied per row. CUDA, bf16/f16 only (flash kernels).
-bool flash_eligible(const at::Tensor& q) {
-  const auto t = q.scalar_type();
-  return q.is_cuda() && (t == at::kBFloat16 || t == at::kHalf) && q.size(3) % 8 == 0 && q.size(3) <= 256;
-}
-
-std::pair<at::Tensor, at::Tensor> flash_with_lse(const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh,
-                                                 bool causal, double scale) {
-  auto r = at::_scaled_dot_product_flash_attention(qh, kh, vh, /*dropout_p=*/0.0, causal, /*return_debug_mask=*/false, scale);
-  return {std::get<0>(r), std::get<1>(r)};  // [B, H, T, Dh], log-sum-exp [B, H, T] float32
-}
-
-at::Tensor prefix_split_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pk,
-                                  const at::Tensor& pv, double scale) {
-  // q [B, Tq, Hq, Dh], k/v [B, Tq, Hkv, Dh], pk/pv [1 or B, P, Hkv, Dh] -> [B, Tq, Hq, Dh]
-  const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), Dh = q.size(3), Hkv = k.size(2), G = Hq / Hkv;
-  // New keys, causal.
-  at::Tensor kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // [B, Hkv, Tq, Dh]
-  if (G > 1) {
-    kh = kh.unsqueeze(2).expand({B, Hkv, G, Tq, Dh}).reshape({B, Hq, Tq, Dh});
-    vh = vh.unsqueeze(2).expand({B, Hkv, G, Tq, Dh}).reshape({B, Hq, Tq, Dh});
-  }
-  auto [o_new, lse_new] = flash_with_lse(q.transpose(1, 2), kh, vh, /*causal=*/true, scale);  // [B, Hq, Tq, *]
-  // Prefix keys, no mask. o_pre / lse_pre as views [Hkv, B, G, Tq, Dh] / [Hkv, B, G, Tq].
-  at::Tensor o_pre, lse_pre;
-  const at::Tensor pkh = pk.transpose(1, 2), pvh = pv.transpose(1, 2);  // [Bp, Hkv, P, Dh]
-  const at::Tensor q5 = q.view({B, Tq, Hkv, G, Dh});
-  if (pk.size(0) == 1) {
-    at::Tensor qf = q5.permute({2, 0, 3, 1, 4}).reshape({1, Hkv, B * G * Tq, Dh});
-    auto [o, lse] = flash_with_lse(qf, pkh, pvh, /*causal=*/false, scale);
-    o_pre = o.reshape({Hkv, B, G, Tq, Dh});
-    lse_pre = lse.reshape({Hkv, B, G, Tq});
-  } else {
-    at::Tensor qf = q5.permute({0, 2, 3, 1, 4}).reshape({B, Hkv, G * Tq, Dh});
-    auto [o, lse] = flash_with_lse(qf, pkh, pvh, /*causal=*/false, scale);
-    o_pre = o.reshape({B, Hkv, G, Tq, Dh}).permute({1, 0, 2, 3, 4});
-    lse_pre = lse.reshape({B, Hkv, G, Tq}).permute({1, 0, 2, 3});
-  }
-  // softmax over both key sets = each part's softmax weighted by its share of the total mass.
-#ifdef HH_HAVE_KERNELS
-  if (!at::GradMode::is_enabled()) return kernels::merge_attention(o_new, lse_new, o_pre, lse_pre);
-#endif
-  const at::Tensor o_pre_h = o_pre.permute({1, 0, 2, 3, 4}).reshape({B, Hq, Tq, Dh});   // [B, Hq, Tq, Dh]
-  const at::Tensor lse_pre_h = lse_pre.permute({1, 0, 2, 3}).reshape({B, Hq, Tq});
-  const at::Tensor w = at::sigmoid(lse_pre_h - lse_new).unsqueeze(-1);  // [B, Hq, Tq, 1] float32
-  const at::Tensor o_new_f = o_new.to(at::kFloat);
-  const at::Tensor out = (o_new_f + (o_pre_h.to(at::kFloat) - o_new_f) * w).to(q.scalar_type());
-  return out.transpose(1, 2).contiguous();  // [B, Tq, Hq, Dh]
-}
-#endif
 
 // q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh] for the same T rows, and optionally keys/values of P earlier
 // tokens pk/pv [1 or B, P, Hkv, Dh] (undefined: none).
@@ -691,7 +638,7 @@ at::Tensor Transformer::mlp_out(int64_t layer, const at::Tensor& resid_mid, bool
   at::Tensor h = rms_norm_maybe_fused(resid_mid, lw.post_attention_layernorm, cfg_.rms_norm_eps, fused);  // [..., d]
   at::Tensor act;                                                                                        // [..., I]
 #ifdef HH_HAVE_KERNELS
-  if (fused) act = kernels::silu_mul(dense(h, lw.gate_proj), dense(h, lw.up_proj));
+  if (fused) act = fused_silu_mul(dense(h, lw.gate_proj), dense(h, lw.up_proj));
 #endif
   if (!act.defined()) act = at::silu(dense(h, lw.gate_proj)) * dense(h, lw.up_proj);
   return dense(act, lw.down_proj);  // [..., d]

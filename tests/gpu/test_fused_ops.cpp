@@ -2,8 +2,13 @@
 // independently, on fresh random inputs, for float32, float16 and bfloat16.
 #include <torch/torch.h>
 
+#include <limits>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
+#include "core/model/fused_autograd.h"
 #include "core/model/transformer.h"
 #ifdef HH_HAVE_KERNELS
 #include "kernels/fused_ops.h"
@@ -77,6 +82,99 @@ TEST_P(FusedOps, MatchTheOpSequencesTheyReplace) {
   const auto want = (o_new.to(torch::kFloat) + (pre_h.to(torch::kFloat) - o_new.to(torch::kFloat)) * w).to(dt).transpose(1, 2);
   expect_near_exact(hh::kernels::merge_attention(o_new, lse_new, o_pre, lse_pre), want, 2 * ulp, "merge_attention");
 }
+
+// Largest difference relative to the reference's magnitude.
+double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
+  const auto g = got.to(torch::kDouble).cpu(), w = want.to(torch::kDouble).cpu();
+  return ((g - w).abs().max() / w.abs().max().clamp_min(1e-30)).item<double>();
+}
+
+// The gradient of sum(f(x) * r) with respect to each of xs, by autograd.
+std::vector<torch::Tensor> grads_of(const torch::Tensor& y, const torch::Tensor& r, const std::vector<torch::Tensor>& xs) {
+  return torch::autograd::grad({(y.to(torch::kDouble) * r).sum()}, xs);
+}
+
+TEST_P(FusedOps, BackwardsMatchAutogradThroughTheOpSequencesInFloat64) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto dt = GetParam();
+  const auto opts = torch::TensorOptions().dtype(dt).device(torch::kCUDA);
+  // The backwards compute in float32 from the same inputs; the only 16-bit rounding is the result's.
+  const double tol = dt == torch::kBFloat16 ? 2.0 / 128 : dt == torch::kHalf ? 2.0 / 1024 : 1e-5;
+  auto leaf = [](const torch::Tensor& t) { return t.detach().requires_grad_(true); };
+  for (int64_t n : {8, 100, 2048}) {
+    const auto x = leaf(torch::randn({3, 37, n}, opts) * 3), w = 1 + 0.1 * torch::randn({n}, opts);
+    const auto r = torch::randn({3, 37, n}, opts.dtype(torch::kDouble));
+    const auto x64 = leaf(x.detach().to(torch::kDouble));
+    const auto got = grads_of(hh::model::fused_rms_norm(x, w, 1e-6), r, {x})[0];
+    const auto want = grads_of(hf_rms_norm(x64, w.to(torch::kDouble), 1e-6), r, {x64})[0];
+    EXPECT_LE(rel_err(got, want), tol) << "rms_norm n=" << n;
+  }
+  for (int64_t Dh : {8, 64, 128, 256}) {
+    const int64_t B = 2, T = 45, H = 5;
+    const auto x = leaf(torch::randn({B, T, H, Dh}, opts)), w = 1 + 0.1 * torch::randn({Dh}, opts);
+    const auto ang = torch::arange(T, torch::kFloat).unsqueeze(1) * torch::rand({1, Dh / 2});
+    const auto emb = torch::cat({ang, ang}, 1);
+    const auto cos = emb.cos().to(opts), sin = emb.sin().to(opts);
+    const auto r = torch::randn({B, T, H, Dh}, opts.dtype(torch::kDouble));
+    const auto x64 = leaf(x.detach().to(torch::kDouble));
+    const auto got = grads_of(hh::model::fused_norm_rope(x, w, cos, sin, 1e-6), r, {x})[0];
+    const auto want = grads_of(hf_rope(hf_rms_norm(x64, w.to(torch::kDouble), 1e-6), cos.to(torch::kDouble), sin.to(torch::kDouble)),
+                               r, {x64})[0];
+    EXPECT_LE(rel_err(got, want), tol) << "norm_rope Dh=" << Dh;
+  }
+  const auto g = leaf(torch::randn({7, 33, 129}, opts) * 4), u = leaf(torch::randn({7, 33, 129}, opts));
+  const auto r = torch::randn({7, 33, 129}, opts.dtype(torch::kDouble));
+  const auto g64 = leaf(g.detach().to(torch::kDouble)), u64 = leaf(u.detach().to(torch::kDouble));
+  const auto got = grads_of(hh::model::fused_silu_mul(g, u), r, {g, u});
+  const auto want = grads_of(torch::silu(g64) * u64, r, {g64, u64});
+  EXPECT_LE(rel_err(got[0], want[0]), tol) << "silu_mul d/dgate";
+  EXPECT_LE(rel_err(got[1], want[1]), tol) << "silu_mul d/dup";
+}
+
+#if HH_TORCH_AT_LEAST(2, 1)
+// Attention of new rows over [prefix ++ new], written out in float64: query i sees every prefix key
+// and new keys <= i.
+torch::Tensor attention_over_prefix(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    const torch::Tensor& pk, const torch::Tensor& pv, double scale) {
+  const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), Hkv = k.size(2), P = pk.size(1);
+  const auto ka = torch::cat({pk.expand({B, -1, -1, -1}), k}, 1).repeat_interleave(Hq / Hkv, 2);  // [B, P+Tq, Hq, Dh]
+  const auto va = torch::cat({pv.expand({B, -1, -1, -1}), v}, 1).repeat_interleave(Hq / Hkv, 2);
+  auto s = torch::einsum("bihd,bjhd->bhij", {q, ka}) * scale;                                     // [B, Hq, Tq, P+Tq]
+  const auto future = torch::arange(P + Tq, q.options().dtype(torch::kLong)).unsqueeze(0) >
+                      (torch::arange(Tq, q.options().dtype(torch::kLong)) + P).unsqueeze(1);
+  s = s.masked_fill(future, -std::numeric_limits<double>::infinity());
+  return torch::einsum("bhij,bjhd->bihd", {torch::softmax(s, -1), va});  // [B, Tq, Hq, Dh]
+}
+
+TEST_P(FusedOps, PrefixSplitAttentionAndItsGradientsMatchOneSoftmaxOverAllKeys) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto dt = GetParam();
+  if (dt == torch::kFloat) GTEST_SKIP() << "flash kernels take 16-bit inputs only";
+  const auto opts = torch::TensorOptions().dtype(dt).device(torch::kCUDA);
+  const double tol = dt == torch::kBFloat16 ? 0.05 : 0.01;
+  const int64_t B = 2, Tq = 70, P = 130, Hq = 8, Hkv = 2, Dh = 64;
+  const double scale = 1.0 / 8;
+  auto leaf = [](const torch::Tensor& t) { return t.detach().requires_grad_(true); };
+  for (bool shared : {true, false}) {
+    const int64_t Bp = shared ? 1 : B;
+    const auto q = leaf(torch::randn({B, Tq, Hq, Dh}, opts)), k = leaf(torch::randn({B, Tq, Hkv, Dh}, opts)),
+               v = leaf(torch::randn({B, Tq, Hkv, Dh}, opts)), pk = leaf(torch::randn({Bp, P, Hkv, Dh}, opts)),
+               pv = leaf(torch::randn({Bp, P, Hkv, Dh}, opts));
+    const auto r = torch::randn({B, Tq, Hq, Dh}, opts.dtype(torch::kDouble));
+    std::vector<torch::Tensor> xs{q, k, v, pk, pv}, xs64;
+    for (const auto& x : xs) xs64.push_back(leaf(x.detach().to(torch::kDouble)));
+    const auto out = hh::model::prefix_split_attention(q, k, v, pk, pv, scale);
+    const auto want = attention_over_prefix(xs64[0], xs64[1], xs64[2], xs64[3], xs64[4], scale);
+    EXPECT_LE(rel_err(out, want), tol) << "output, shared prefix " << shared;
+    const auto got_g = grads_of(out, r, xs), want_g = grads_of(want, r, xs64);
+    const char* names[] = {"dq", "dk", "dv", "dpk", "dpv"};
+    for (size_t i = 0; i < xs.size(); ++i) EXPECT_LE(rel_err(got_g[i], want_g[i]), tol) << names[i] << ", shared prefix " << shared;
+    // Without a graph the same function takes the plain path: the same values.
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(torch::equal(hh::model::prefix_split_attention(q, k, v, pk, pv, scale), out.detach()));
+  }
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedOps, ::testing::Values(torch::kFloat, torch::kHalf, torch::kBFloat16));
 
