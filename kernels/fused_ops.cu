@@ -7,6 +7,8 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -18,6 +20,30 @@ constexpr int kMaxHeadDim = 256;
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// V consecutive elements moved as one (16-byte) load or store.
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <int V, class T>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+template <int V, class T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& x) {
+  *reinterpret_cast<Pack<T, V>*>(p) = x;
+}
+
+// Elements per 16-byte pack when every pointer is 16-byte aligned and n a multiple of it; else 1.
+template <class T>
+int pack_width(int64_t n, std::initializer_list<const void*> ptrs) {
+  constexpr int v = 16 / sizeof(T);
+  if (n % v != 0) return 1;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
   return v;
 }
 
@@ -76,13 +102,20 @@ __global__ void norm_rope_kernel(const T* __restrict__ x, const T* __restrict__ 
   }
 }
 
-template <class T>
+// n elements in packs of V (n a multiple of V).
+template <class T, int V>
 __global__ void silu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ y, int64_t n) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float gv = static_cast<float>(g[i]);
-    const T act = static_cast<T>(gv / (1.0f + ::expf(-gv)));  // LibTorch's silu, rounded to the dtype
-    y[i] = static_cast<T>(static_cast<float>(act) * static_cast<float>(u[i]));
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * V) {
+    const Pack<T, V> gp = load_pack<V>(g + i), up = load_pack<V>(u + i);
+    Pack<T, V> yp;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float gv = static_cast<float>(gp.v[j]);
+      const T act = static_cast<T>(gv / (1.0f + ::expf(-gv)));  // LibTorch's silu, rounded to the dtype
+      yp.v[j] = static_cast<T>(static_cast<float>(act) * static_cast<float>(up.v[j]));
+    }
+    store_pack<V>(y + i, yp);
   }
 }
 
@@ -149,15 +182,22 @@ __global__ void norm_rope_backward_kernel(const T* __restrict__ dy, const T* __r
 }
 
 // y = silu(g) * u:  du = dy * silu(g);  dg = dy * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))).
-template <class T>
+template <class T, int V>
 __global__ void silu_mul_backward_kernel(const T* __restrict__ dy, const T* __restrict__ gate, const T* __restrict__ up,
                                          T* __restrict__ dgate, T* __restrict__ dup, int64_t n) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float gv = static_cast<float>(gate[i]), d = static_cast<float>(dy[i]);
-    const float sg = 1.0f / (1.0f + ::expf(-gv));
-    dup[i] = static_cast<T>(d * gv * sg);
-    dgate[i] = static_cast<T>(d * static_cast<float>(up[i]) * sg * (1.0f + gv * (1.0f - sg)));
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * V) {
+    const Pack<T, V> dp = load_pack<V>(dy + i), gp = load_pack<V>(gate + i), upk = load_pack<V>(up + i);
+    Pack<T, V> dg, du;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float gv = static_cast<float>(gp.v[j]), d = static_cast<float>(dp.v[j]);
+      const float sg = 1.0f / (1.0f + ::expf(-gv));
+      du.v[j] = static_cast<T>(d * gv * sg);
+      dg.v[j] = static_cast<T>(d * static_cast<float>(upk.v[j]) * sg * (1.0f + gv * (1.0f - sg)));
+    }
+    store_pack<V>(dgate + i, dg);
+    store_pack<V>(dup + i, du);
   }
 }
 
@@ -168,27 +208,47 @@ struct Strides5 {
   int64_t s[5];
 };
 
-template <class T>
+// One thread per V consecutive elements of a (b, t, h) row. With V > 1 the head dimension is
+// contiguous in both inputs and every other stride a multiple of V (checked by the caller).
+template <class T, int V>
 __global__ void merge_attention_kernel(const T* __restrict__ o_new, Strides4 on, const float* __restrict__ lse_new,
                                        Strides4 ln, const T* __restrict__ o_pre, Strides5 op,
                                        const float* __restrict__ lse_pre, Strides4 lp, T* __restrict__ out, int64_t B,
                                        int64_t Tq, int64_t Hq, int64_t G, int64_t Dh) {
   const int64_t n = B * Tq * Hq * Dh;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * V) {
     const int64_t d = i % Dh, h = (i / Dh) % Hq, t = (i / (Dh * Hq)) % Tq, b = i / (Dh * Hq * Tq);
     const int64_t kv = h / G, g = h % G;
-    const float a = static_cast<float>(o_new[b * on.s[0] + h * on.s[1] + t * on.s[2] + d * on.s[3]]);
-    const float p = static_cast<float>(o_pre[kv * op.s[0] + b * op.s[1] + g * op.s[2] + t * op.s[3] + d * op.s[4]]);
     const float x = lse_pre[kv * lp.s[0] + b * lp.s[1] + g * lp.s[2] + t * lp.s[3]] - lse_new[b * ln.s[0] + h * ln.s[1] + t * ln.s[2]];
     const float w = 1.0f / (1.0f + ::expf(-x));
-    out[i] = static_cast<T>(a + (p - a) * w);
+    const T* a_row = o_new + b * on.s[0] + h * on.s[1] + t * on.s[2];
+    const T* p_row = o_pre + kv * op.s[0] + b * op.s[1] + g * op.s[2] + t * op.s[3];
+    if constexpr (V > 1) {
+      const Pack<T, V> ap = load_pack<V>(a_row + d), pp = load_pack<V>(p_row + d);
+      Pack<T, V> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float a = static_cast<float>(ap.v[j]), p = static_cast<float>(pp.v[j]);
+        o.v[j] = static_cast<T>(a + (p - a) * w);
+      }
+      store_pack<V>(out + i, o);
+    } else {
+      const float a = static_cast<float>(a_row[d * on.s[3]]), p = static_cast<float>(p_row[d * op.s[4]]);
+      out[i] = static_cast<T>(a + (p - a) * w);
+    }
   }
 }
 
 void check(const at::Tensor& t, const char* what) {
   if (!t.is_cuda()) throw std::invalid_argument(std::string("hh::kernels: ") + what + " must be a CUDA tensor");
   if (!t.is_contiguous()) throw std::invalid_argument(std::string("hh::kernels: ") + what + " must be contiguous");
+}
+
+// Grid of an elementwise kernel over `items` (grid-stride loops cover the rest).
+constexpr unsigned kThreads = 256;
+unsigned elementwise_blocks(int64_t items) {
+  return static_cast<unsigned>(std::min<int64_t>((items + kThreads - 1) / kThreads, 65535 * 8));
 }
 
 unsigned blocks_for_rows(int64_t rows) {
@@ -248,12 +308,15 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   at::Tensor y = at::empty_like(gate);
   const int64_t n = gate.numel();
   if (n == 0) return y;
-  const unsigned threads = 256;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
   auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gate.scalar_type(), "hh_silu_mul", [&] {
-    silu_mul_kernel<scalar_t><<<blocks, threads, 0, stream>>>(gate.data_ptr<scalar_t>(), up.data_ptr<scalar_t>(),
-                                                              y.data_ptr<scalar_t>(), n);
+    const scalar_t *g = gate.data_ptr<scalar_t>(), *u = up.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    constexpr int kV = 16 / sizeof(scalar_t);
+    if (pack_width<scalar_t>(n, {g, u, yp}) == kV)
+      silu_mul_kernel<scalar_t, kV><<<elementwise_blocks(n / kV), kThreads, 0, stream>>>(g, u, yp, n);
+    else
+      silu_mul_kernel<scalar_t, 1><<<elementwise_blocks(n), kThreads, 0, stream>>>(g, u, yp, n);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
@@ -277,13 +340,20 @@ at::Tensor merge_attention(const at::Tensor& o_new, const at::Tensor& lse_new, c
   Strides4 ln{{lse_new.stride(0), lse_new.stride(1), lse_new.stride(2), 0}};
   Strides5 op{{o_pre.stride(0), o_pre.stride(1), o_pre.stride(2), o_pre.stride(3), o_pre.stride(4)}};
   Strides4 lp{{lse_pre.stride(0), lse_pre.stride(1), lse_pre.stride(2), lse_pre.stride(3)}};
-  const unsigned threads = 256;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
   auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, o_new.scalar_type(), "hh_merge_attention", [&] {
-    merge_attention_kernel<scalar_t><<<blocks, threads, 0, stream>>>(
-        o_new.data_ptr<scalar_t>(), on, lse_new.data_ptr<float>(), ln, o_pre.data_ptr<scalar_t>(), op,
-        lse_pre.data_ptr<float>(), lp, out.data_ptr<scalar_t>(), B, Tq, Hq, G, Dh);
+    const scalar_t *a = o_new.data_ptr<scalar_t>(), *p = o_pre.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    constexpr int kV = 16 / sizeof(scalar_t);
+    bool packed = on.s[3] == 1 && op.s[4] == 1 && pack_width<scalar_t>(Dh, {a, p, o}) == kV;
+    for (int i = 0; i < 3; ++i) packed = packed && on.s[i] % kV == 0;
+    for (int i = 0; i < 4; ++i) packed = packed && op.s[i] % kV == 0;
+    if (packed)
+      merge_attention_kernel<scalar_t, kV><<<elementwise_blocks(n / kV), kThreads, 0, stream>>>(
+          a, on, lse_new.data_ptr<float>(), ln, p, op, lse_pre.data_ptr<float>(), lp, o, B, Tq, Hq, G, Dh);
+    else
+      merge_attention_kernel<scalar_t, 1><<<elementwise_blocks(n), kThreads, 0, stream>>>(
+          a, on, lse_new.data_ptr<float>(), ln, p, op, lse_pre.data_ptr<float>(), lp, o, B, Tq, Hq, G, Dh);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -344,13 +414,15 @@ std::pair<at::Tensor, at::Tensor> silu_mul_backward(const at::Tensor& dy, const 
   at::Tensor dg = at::empty_like(gate), du = at::empty_like(up);
   const int64_t n = gate.numel();
   if (n == 0) return {dg, du};
-  const unsigned threads = 256;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
   auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gate.scalar_type(), "hh_silu_mul_backward", [&] {
-    silu_mul_backward_kernel<scalar_t><<<blocks, threads, 0, stream>>>(dy.data_ptr<scalar_t>(), gate.data_ptr<scalar_t>(),
-                                                                       up.data_ptr<scalar_t>(), dg.data_ptr<scalar_t>(),
-                                                                       du.data_ptr<scalar_t>(), n);
+    const scalar_t *d = dy.data_ptr<scalar_t>(), *g = gate.data_ptr<scalar_t>(), *u = up.data_ptr<scalar_t>();
+    scalar_t *dgp = dg.data_ptr<scalar_t>(), *dup = du.data_ptr<scalar_t>();
+    constexpr int kV = 16 / sizeof(scalar_t);
+    if (pack_width<scalar_t>(n, {d, g, u, dgp, dup}) == kV)
+      silu_mul_backward_kernel<scalar_t, kV><<<elementwise_blocks(n / kV), kThreads, 0, stream>>>(d, g, u, dgp, dup, n);
+    else
+      silu_mul_backward_kernel<scalar_t, 1><<<elementwise_blocks(n), kThreads, 0, stream>>>(d, g, u, dgp, dup, n);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {dg, du};

@@ -117,59 +117,68 @@ Fold fold_for(const at::Tensor& q, const at::Tensor& k, const at::Tensor& pk) {
   return {q.size(0), q.size(1), Hkv, q.size(2) / Hkv, pk.size(0) == 1};
 }
 
-// The forward: both parts, merged. Returns (out [B, Tq, Hq, Dh] contiguous, merged lse [B, Hq, Tq] or
-// undefined when not asked, and the two calls for the backward).
-std::tuple<at::Tensor, at::Tensor, Flash, Flash> split_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                               const at::Tensor& pk, const at::Tensor& pv, double scale,
-                                                               bool want_lse) {
+// The forward: both parts, merged. `out` is [B, Tq, Hq, Dh] contiguous; with want_grad the merged
+// log-sum-exp [B, Hq, Tq] and the inputs in the layouts the flash calls read (kept for the backward).
+struct Split {
+  at::Tensor out, lse, k_rep, v_rep, q_rows;
+  Flash fresh, pre;
+};
+
+Split split_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pk, const at::Tensor& pv,
+                    double scale, bool want_grad) {
   const Fold f = fold_for(q, k, pk);
-  const Flash fresh = flash(q.transpose(1, 2), repeat_kv(k.transpose(1, 2), f.G), repeat_kv(v.transpose(1, 2), f.G),
-                            /*causal=*/true, scale);  // [B, Hq, Tq, *]
-  const Flash pre = flash(f.rows(q), pk.transpose(1, 2), pv.transpose(1, 2), /*causal=*/false, scale);
-  const at::Tensor lse_pre = f.unlse(pre.lse);  // [B, Hq, Tq]
-  at::Tensor out;
+  Split r;
+  r.k_rep = repeat_kv(k.transpose(1, 2), f.G);  // [B, Hq, Tq, Dh]
+  r.v_rep = repeat_kv(v.transpose(1, 2), f.G);
+  r.q_rows = f.rows(q);
+  r.fresh = flash(q.transpose(1, 2), r.k_rep, r.v_rep, /*causal=*/true, scale);  // [B, Hq, Tq, *]
+  r.pre = flash(r.q_rows, pk.transpose(1, 2), pv.transpose(1, 2), /*causal=*/false, scale);
+  const at::Tensor lse_pre = f.unlse(r.pre.lse);  // [B, Hq, Tq]
 #ifdef HH_HAVE_KERNELS
   // The kernel reads the prefix part in its folded layout: [Hkv, B, G, Tq, *] views.
   const int64_t B = f.B, Tq = f.Tq, Hkv = f.Hkv, G = f.G, Dh = q.size(3);
-  const at::Tensor o5 = f.shared ? pre.out.reshape({Hkv, B, G, Tq, Dh}) : pre.out.reshape({B, Hkv, G, Tq, Dh}).permute({1, 0, 2, 3, 4});
-  const at::Tensor l4 = f.shared ? pre.lse.reshape({Hkv, B, G, Tq}) : pre.lse.reshape({B, Hkv, G, Tq}).permute({1, 0, 2, 3});
-  out = kernels::merge_attention(fresh.out, fresh.lse, o5, l4);
+  const at::Tensor o5 = f.shared ? r.pre.out.reshape({Hkv, B, G, Tq, Dh})
+                                 : r.pre.out.reshape({B, Hkv, G, Tq, Dh}).permute({1, 0, 2, 3, 4});
+  const at::Tensor l4 = f.shared ? r.pre.lse.reshape({Hkv, B, G, Tq}) : r.pre.lse.reshape({B, Hkv, G, Tq}).permute({1, 0, 2, 3});
+  r.out = kernels::merge_attention(r.fresh.out, r.fresh.lse, o5, l4);
 #else
   // softmax over both key sets = each part's softmax weighted by its share of the total mass.
-  const at::Tensor w = at::sigmoid(lse_pre - fresh.lse).unsqueeze(-1);  // [B, Hq, Tq, 1] float32
-  const at::Tensor o_new = fresh.out.to(at::kFloat);
-  const at::Tensor o_pre = f.unrows(pre.out).transpose(1, 2).to(at::kFloat);  // [B, Hq, Tq, Dh]
-  out = (o_new + (o_pre - o_new) * w).to(q.scalar_type()).transpose(1, 2).contiguous();
+  const at::Tensor w = at::sigmoid(lse_pre - r.fresh.lse).unsqueeze(-1);  // [B, Hq, Tq, 1] float32
+  const at::Tensor o_new = r.fresh.out.to(at::kFloat);
+  const at::Tensor o_pre = f.unrows(r.pre.out).transpose(1, 2).to(at::kFloat);  // [B, Hq, Tq, Dh]
+  r.out = (o_new + (o_pre - o_new) * w).to(q.scalar_type()).transpose(1, 2).contiguous();
 #endif
-  const at::Tensor lse = want_lse ? at::logaddexp(fresh.lse, lse_pre) : at::Tensor();
-  return {out, lse, fresh, pre};
+  if (want_grad) r.lse = at::logaddexp(r.fresh.lse, lse_pre);
+  return r;
 }
 
 struct PrefixSplitFn : torch::autograd::Function<PrefixSplitFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& pk, const at::Tensor& pv, double scale) {
-    auto [out, lse, fresh, pre] = split_forward(q, k, v, pk, pv, scale, /*want_lse=*/true);
-    ctx->save_for_backward({q, k, v, pk, pv, out, lse, fresh.cum_q, fresh.cum_k, fresh.seed, fresh.offset, pre.cum_q,
-                            pre.cum_k, pre.seed, pre.offset});
+    Split r = split_forward(q, k, v, pk, pv, scale, /*want_grad=*/true);
+    ctx->save_for_backward({q, r.k_rep, r.v_rep, r.q_rows, pk, pv, r.out, r.lse, r.fresh.cum_q, r.fresh.cum_k, r.fresh.seed,
+                            r.fresh.offset, r.pre.cum_q, r.pre.cum_k, r.pre.seed, r.pre.offset});
     ctx->saved_data["scale"] = scale;
-    return out;
+    ctx->saved_data["hkv"] = k.size(2);
+    return r.out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const auto s = ctx->get_saved_variables();
-    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &pk = s[3], &pv = s[4], &out = s[5], &lse = s[6];
+    const at::Tensor &q = s[0], &k_rep = s[1], &v_rep = s[2], &q_rows = s[3], &pk = s[4], &pv = s[5], &out = s[6], &lse = s[7];
     const double scale = ctx->saved_data["scale"].toDouble();
-    const Fold f = fold_for(q, k, pk);
+    const int64_t Hkv = ctx->saved_data["hkv"].toInt();
+    const Fold f{q.size(0), q.size(1), Hkv, q.size(2) / Hkv, pk.size(0) == 1};
     const int64_t Tq = f.Tq, P = pk.size(1);
     const at::Tensor dout = grad[0].contiguous();  // [B, Tq, Hq, Dh]
     // Each key set with the merged output and log-sum-exp: P_ij = exp(s_ij - lse_i) and
     // D_i = dO_i . O_i are those of the softmax over all keys, so the parts' gradients add up exactly.
     auto fresh = at::_scaled_dot_product_flash_attention_backward(
-        dout.transpose(1, 2), q.transpose(1, 2), repeat_kv(k.transpose(1, 2), f.G), repeat_kv(v.transpose(1, 2), f.G),
-        out.transpose(1, 2), lse, s[7], s[8], Tq, Tq, /*dropout_p=*/0.0, /*is_causal=*/true, s[9], s[10], scale);
+        dout.transpose(1, 2), q.transpose(1, 2), k_rep, v_rep, out.transpose(1, 2), lse, s[8], s[9], Tq, Tq,
+        /*dropout_p=*/0.0, /*is_causal=*/true, s[10], s[11], scale);
     auto pre = at::_scaled_dot_product_flash_attention_backward(
-        f.rows(dout), f.rows(q), pk.transpose(1, 2), pv.transpose(1, 2), f.rows(out), f.lse(lse).contiguous(), s[11], s[12],
-        f.rows(q).size(2), P, /*dropout_p=*/0.0, /*is_causal=*/false, s[13], s[14], scale);
+        f.rows(dout), q_rows, pk.transpose(1, 2), pv.transpose(1, 2), f.rows(out), f.lse(lse).contiguous(), s[12], s[13],
+        q_rows.size(2), P, /*dropout_p=*/0.0, /*is_causal=*/false, s[14], s[15], scale);
     const at::Tensor dq = std::get<0>(fresh).transpose(1, 2) + f.unrows(std::get<0>(pre));  // [B, Tq, Hq, Dh]
     auto unrepeat = [&](const at::Tensor& d) {  // [B, Hq, Tq, Dh] -> [B, Tq, Hkv, Dh], summed over the group
       const at::Tensor g = f.G == 1 ? d : d.reshape({f.B, f.Hkv, f.G, Tq, d.size(3)}).sum(2);
@@ -210,7 +219,7 @@ bool flash_eligible(const at::Tensor& q) {
 at::Tensor prefix_split_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pk,
                                   const at::Tensor& pv, double scale) {
   if (recording({&q, &k, &v, &pk, &pv})) return PrefixSplitFn::apply(q, k, v, pk, pv, scale);
-  return std::get<0>(split_forward(q, k, v, pk, pv, scale, /*want_lse=*/false));
+  return split_forward(q, k, v, pk, pv, scale, /*want_grad=*/false).out;
 }
 #endif
 

@@ -68,19 +68,26 @@ TEST_P(FusedOps, MatchTheOpSequencesTheyReplace) {
     expect_near_exact(hh::kernels::norm_rope(x, w, cos, sin, 1e-6), hf_rope(hf_rms_norm(x, w, 1e-6), cos, sin), 4 * ulp,
                       "norm_rope Dh=" + std::to_string(Dh));
   }
-  const auto g = torch::randn({7, 333, 129}, opts) * 4, u = torch::randn({7, 333, 129}, opts);
-  expect_near_exact(hh::kernels::silu_mul(g, u), torch::silu(g) * u, 2 * ulp, "silu_mul");
+  // 129 columns: element by element; 256: in 16-byte packs.
+  for (int64_t cols : {129, 256}) {
+    const auto g = torch::randn({7, 333, cols}, opts) * 4, u = torch::randn({7, 333, cols}, opts);
+    expect_near_exact(hh::kernels::silu_mul(g, u), torch::silu(g) * u, 2 * ulp, "silu_mul cols=" + std::to_string(cols));
+  }
 
-  // merge_attention on strided views, against the formula in LibTorch ops.
-  const int64_t B = 3, Hkv = 2, G = 4, Tq = 50, Dh = 64, Hq = Hkv * G;
-  const auto o_new = torch::randn({B, Tq, Hq, Dh}, opts).transpose(1, 2);          // [B, Hq, Tq, Dh], strided
-  const auto lse_new = torch::randn({B, Hq, Tq}, opts.dtype(torch::kFloat)) * 3;
-  const auto o_pre = torch::randn({1, B * G * Tq, Hkv, Dh}, opts).transpose(1, 2).reshape({Hkv, B, G, Tq, Dh});
-  const auto lse_pre = torch::randn({Hkv, B, G, Tq}, opts.dtype(torch::kFloat)) * 3;
-  const auto pre_h = o_pre.permute({1, 0, 2, 3, 4}).reshape({B, Hq, Tq, Dh});
-  const auto w = torch::sigmoid(lse_pre.permute({1, 0, 2, 3}).reshape({B, Hq, Tq}) - lse_new).unsqueeze(-1);
-  const auto want = (o_new.to(torch::kFloat) + (pre_h.to(torch::kFloat) - o_new.to(torch::kFloat)) * w).to(dt).transpose(1, 2);
-  expect_near_exact(hh::kernels::merge_attention(o_new, lse_new, o_pre, lse_pre), want, 2 * ulp, "merge_attention");
+  // merge_attention on strided views, against the formula in LibTorch ops; Dh = 64 runs in packs,
+  // Dh = 20 element by element.
+  for (int64_t Dh : {64, 20}) {
+    const int64_t B = 3, Hkv = 2, G = 4, Tq = 50, Hq = Hkv * G;
+    const auto o_new = torch::randn({B, Tq, Hq, Dh}, opts).transpose(1, 2);          // [B, Hq, Tq, Dh], strided
+    const auto lse_new = torch::randn({B, Hq, Tq}, opts.dtype(torch::kFloat)) * 3;
+    const auto o_pre = torch::randn({1, B * G * Tq, Hkv, Dh}, opts).transpose(1, 2).reshape({Hkv, B, G, Tq, Dh});
+    const auto lse_pre = torch::randn({Hkv, B, G, Tq}, opts.dtype(torch::kFloat)) * 3;
+    const auto pre_h = o_pre.permute({1, 0, 2, 3, 4}).reshape({B, Hq, Tq, Dh});
+    const auto w = torch::sigmoid(lse_pre.permute({1, 0, 2, 3}).reshape({B, Hq, Tq}) - lse_new).unsqueeze(-1);
+    const auto want = (o_new.to(torch::kFloat) + (pre_h.to(torch::kFloat) - o_new.to(torch::kFloat)) * w).to(dt).transpose(1, 2);
+    expect_near_exact(hh::kernels::merge_attention(o_new, lse_new, o_pre, lse_pre), want, 2 * ulp,
+                      "merge_attention Dh=" + std::to_string(Dh));
+  }
 }
 
 // Largest difference relative to the reference's magnitude.
@@ -122,13 +129,15 @@ TEST_P(FusedOps, BackwardsMatchAutogradThroughTheOpSequencesInFloat64) {
                                r, {x64})[0];
     EXPECT_LE(rel_err(got, want), tol) << "norm_rope Dh=" << Dh;
   }
-  const auto g = leaf(torch::randn({7, 33, 129}, opts) * 4), u = leaf(torch::randn({7, 33, 129}, opts));
-  const auto r = torch::randn({7, 33, 129}, opts.dtype(torch::kDouble));
-  const auto g64 = leaf(g.detach().to(torch::kDouble)), u64 = leaf(u.detach().to(torch::kDouble));
-  const auto got = grads_of(hh::model::fused_silu_mul(g, u), r, {g, u});
-  const auto want = grads_of(torch::silu(g64) * u64, r, {g64, u64});
-  EXPECT_LE(rel_err(got[0], want[0]), tol) << "silu_mul d/dgate";
-  EXPECT_LE(rel_err(got[1], want[1]), tol) << "silu_mul d/dup";
+  for (int64_t cols : {129, 256}) {  // element by element, and in packs
+    const auto g = leaf(torch::randn({7, 33, cols}, opts) * 4), u = leaf(torch::randn({7, 33, cols}, opts));
+    const auto r = torch::randn({7, 33, cols}, opts.dtype(torch::kDouble));
+    const auto g64 = leaf(g.detach().to(torch::kDouble)), u64 = leaf(u.detach().to(torch::kDouble));
+    const auto got = grads_of(hh::model::fused_silu_mul(g, u), r, {g, u});
+    const auto want = grads_of(torch::silu(g64) * u64, r, {g64, u64});
+    EXPECT_LE(rel_err(got[0], want[0]), tol) << "silu_mul d/dgate cols=" << cols;
+    EXPECT_LE(rel_err(got[1], want[1]), tol) << "silu_mul d/dup cols=" << cols;
+  }
 }
 
 #if HH_TORCH_AT_LEAST(2, 1)
