@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -245,7 +246,7 @@ __global__ void __launch_bounds__(DK)
             make_float2(y[mt][nt][e], y[mt][nt][e + 1]);
 }
 
-ScanKernel g_scan_kernel = ScanKernel::kTensorCores;
+ScanKernel g_scan_kernel = ScanKernel::kLowRank;
 
 template <int DK>
 void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, at::Tensor& hist, at::Tensor& fin,
@@ -253,7 +254,7 @@ void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0,
   constexpr int BV = kScanColumns;
   const int H = static_cast<int>(P.size(0)), Dv = static_cast<int>(Z.size(3));
   const int64_t N = P.size(1), S = y0.size(0);
-  const bool mma = g_scan_kernel == ScanKernel::kTensorCores;
+  const bool mma = g_scan_kernel != ScanKernel::kFma;
   const int threads = mma ? DK : (DK / 4) * (BV / 4);
   const size_t smem = mma ? (2 * DK * (DK + 8) + DK * 24) * sizeof(float) : (2 * DK * DK + DK * BV) * sizeof(float);
   auto kernel = mma ? state_scan_mma_kernel<DK> : state_scan_kernel<DK, BV>;
@@ -263,6 +264,199 @@ void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0,
                                                                y0.data_ptr<float>(), hist.data_ptr<float>(),
                                                                fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H,
                                                                N, Dv, reverse);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// ---- the scan with a low-rank transition, on the tensor cores (3xTF32 as above) ----
+// Y_{n+1} = a_n Y_n + A_n^T (U_n - B_n Y_n) + Z_n, with A_n, B_n [C, DK] chunk-local factors: the
+// transition is never formed. Per chunk, (1) M = U_n - B_n Y (C x 16, K = DK) and (2) Y' = a_n Y +
+// A_n^T M + Z_n (DK x 16, K = C). A_n and B_n of the next chunk stream into shared memory while this
+// chunk runs. Warp w owns state rows 32w..32w+31 in step 2 (as the scan above) and rows 16(w + i NW)
+// of M in step 1.
+constexpr int kLowRankChunk = 64;
+
+template <int DK>
+__global__ void __launch_bounds__(DK)
+    low_rank_scan_kernel(const float* __restrict__ A, const float* __restrict__ Bm, const float* __restrict__ decay,
+                         const float* __restrict__ U, const float* __restrict__ Z, const float* __restrict__ y0,
+                         float* __restrict__ hist, float* __restrict__ Mout, float* __restrict__ fin,
+                         const int64_t* __restrict__ offsets, int H, int64_t N, int Dv, int64_t lda, int64_t ldb,
+                         int64_t ldu, bool reverse) {
+  constexpr int C = kLowRankChunk, BV = 16, NW = DK / 32, NT = DK;
+  // Padded rows for conflict-free fragment loads: A is read transposed (LDA = 8 mod 32), B by rows
+  // (LDB = 4 mod 32), Y and M as the B operand (24).
+  constexpr int LDA = DK + 8, LDB = DK + 4, LDY = 24, MT1 = (C / 16) / NW;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* const As0 = smem;
+  float* const As1 = As0 + C * LDA;
+  float* const Bs0 = As1 + C * LDA;
+  float* const Bs1 = Bs0 + C * LDB;
+  float* const Ys = Bs1 + C * LDB;  // [DK][LDY]
+  float* const Ms = Ys + DK * LDY;  // [C][LDY]
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int h = blockIdx.y, s = blockIdx.z;
+  const int64_t n0 = offsets[s], n1 = offsets[s + 1], count = n1 - n0;
+  const int col0 = blockIdx.x * BV;
+  const int64_t state = static_cast<int64_t>(DK) * Dv;
+  auto row_of = [&](int mt, int e) { return warp * 32 + mt * 16 + g + (e >= 2 ? 8 : 0); };
+  auto col_of = [&](int nt, int e) { return nt * 8 + 2 * t + (e & 1); };
+
+  float y[2][2][4];
+  {
+    const float* src = y0 + (static_cast<int64_t>(s) * H + h) * state;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = row_of(mt, e), c = col_of(nt, e);
+          const float2 v = *reinterpret_cast<const float2*>(src + static_cast<int64_t>(r) * Dv + col0 + c);
+          y[mt][nt][e] = v.x, y[mt][nt][e + 1] = v.y;
+          Ys[r * LDY + c] = v.x, Ys[r * LDY + c + 1] = v.y;
+        }
+  }
+  auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
+  auto load_factors = [&](int64_t n, int buf) {
+    const float* a_src = A + (static_cast<int64_t>(h) * N + n) * C * lda;
+    const float* b_src = Bm + (static_cast<int64_t>(h) * N + n) * C * ldb;
+    float* da = buf ? As1 : As0;
+    float* db = buf ? Bs1 : Bs0;
+    for (int i = tid; i < C * DK / 4; i += NT) {
+      const int r = (4 * i) / DK, c = (4 * i) % DK;
+      cp_async16(da + r * LDA + c, a_src + r * lda + c);
+      cp_async16(db + r * LDB + c, b_src + r * ldb + c);
+    }
+    cp_async_commit();
+  };
+  if (count > 0) load_factors(chunk(0), 0);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t n = chunk(i);
+    const int buf = static_cast<int>(i & 1);
+    wait_for_chunk(i + 1 < count, [&] { load_factors(chunk(i + 1), buf ^ 1); });
+    const float* An = buf ? As1 : As0;
+    const float* Bn = buf ? Bs1 : Bs0;
+    const int64_t chunk_rows = (static_cast<int64_t>(h) * N + n) * C * Dv + col0;  // M
+    const int64_t chunk_u = (static_cast<int64_t>(h) * N + n) * C * ldu + col0;
+    const int64_t chunk_state = (static_cast<int64_t>(h) * N + n) * state + col0;  // Z, hist
+
+    // (1) M = U_n - B_n Y: this warp's MT1 tiles of 16 rows, both 8-column tiles.
+#pragma unroll
+    for (int i1 = 0; i1 < MT1; ++i1) {
+      const int m = (warp + i1 * NW) * 16;
+      float acc[2][4] = {};
+#pragma unroll 4
+      for (int k0 = 0; k0 < DK; k0 += 8) {
+        unsigned ah[4], al[4];  // A operand = B_n rows m.., columns k0..
+        split_tf32(Bn[(m + g) * LDB + k0 + t], ah[0], al[0]);
+        split_tf32(Bn[(m + g + 8) * LDB + k0 + t], ah[1], al[1]);
+        split_tf32(Bn[(m + g) * LDB + k0 + t + 4], ah[2], al[2]);
+        split_tf32(Bn[(m + g + 8) * LDB + k0 + t + 4], ah[3], al[3]);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          unsigned bh[2], bl[2];
+          split_tf32(Ys[(k0 + t) * LDY + nt * 8 + g], bh[0], bl[0]);
+          split_tf32(Ys[(k0 + t + 4) * LDY + nt * 8 + g], bh[1], bl[1]);
+          mma_tf32(acc[nt], al, bh);
+          mma_tf32(acc[nt], ah, bl);
+          mma_tf32(acc[nt], ah, bh);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = m + g + (e >= 2 ? 8 : 0), c = col_of(nt, e);
+          const int64_t off = chunk_rows + static_cast<int64_t>(r) * Dv + c;
+          float2 v = make_float2(-acc[nt][e], -acc[nt][e + 1]);
+          if (U != nullptr) {
+            const float2 u = *reinterpret_cast<const float2*>(U + chunk_u + static_cast<int64_t>(r) * ldu + c);
+            v.x += u.x, v.y += u.y;
+          }
+          Ms[r * LDY + c] = v.x, Ms[r * LDY + c + 1] = v.y;
+          if (Mout != nullptr) *reinterpret_cast<float2*>(Mout + off) = v;
+        }
+    }
+    __syncthreads();  // M is complete; every warp has read the old state from Ys
+
+    // (2) Y' = a_n Y + A_n^T M + Z_n, the accumulators starting from a_n Y + Z_n.
+    const float an = decay[static_cast<int64_t>(h) * N + n];
+    float acc[2][2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int64_t off = chunk_state + static_cast<int64_t>(row_of(mt, e)) * Dv + col_of(nt, e);
+          float2 z = make_float2(0.f, 0.f);
+          if (Z != nullptr) z = *reinterpret_cast<const float2*>(Z + off);
+          acc[mt][nt][e] = fmaf(an, y[mt][nt][e], z.x);
+          acc[mt][nt][e + 1] = fmaf(an, y[mt][nt][e + 1], z.y);
+          *reinterpret_cast<float2*>(hist + off) = make_float2(y[mt][nt][e], y[mt][nt][e + 1]);
+        }
+#pragma unroll 2
+    for (int k0 = 0; k0 < C; k0 += 8) {
+      unsigned bh[2][2], bl[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        split_tf32(Ms[(k0 + t) * LDY + nt * 8 + g], bh[nt][0], bl[nt][0]);
+        split_tf32(Ms[(k0 + t + 4) * LDY + nt * 8 + g], bh[nt][1], bl[nt][1]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int m = warp * 32 + mt * 16;
+        unsigned ah[4], al[4];  // A operand = A_n^T: [row][k] = A_n[k][row]
+        split_tf32(An[(k0 + t) * LDA + m + g], ah[0], al[0]);
+        split_tf32(An[(k0 + t) * LDA + m + g + 8], ah[1], al[1]);
+        split_tf32(An[(k0 + t + 4) * LDA + m + g], ah[2], al[2]);
+        split_tf32(An[(k0 + t + 4) * LDA + m + g + 8], ah[3], al[3]);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const unsigned b_hi[2] = {bh[nt][0], bh[nt][1]}, b_lo[2] = {bl[nt][0], bl[nt][1]};
+          mma_tf32(acc[mt][nt], al, b_hi);
+          mma_tf32(acc[mt][nt], ah, b_lo);
+          mma_tf32(acc[mt][nt], ah, b_hi);
+        }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          y[mt][nt][e] = acc[mt][nt][e];
+          Ys[row_of(mt, e) * LDY + col_of(nt, e)] = acc[mt][nt][e];
+        }
+    __syncthreads();  // every warp is done with A_n, B_n and M before the next chunk's copy and step (1)
+  }
+  float* dst = fin + (static_cast<int64_t>(s) * H + h) * state + col0;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        *reinterpret_cast<float2*>(dst + static_cast<int64_t>(row_of(mt, e)) * Dv + col_of(nt, e)) =
+            make_float2(y[mt][nt][e], y[mt][nt][e + 1]);
+}
+
+template <int DK>
+void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, at::Tensor& fin) {
+  constexpr int C = kLowRankChunk;
+  const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
+  const int64_t N = a.A.size(1), S = a.y0.size(0);
+  const size_t smem = (2 * C * (DK + 8) + 2 * C * (DK + 4) + DK * 24 + C * 24) * sizeof(float);
+  auto kernel = low_rank_scan_kernel<DK>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(Dv / 16), static_cast<unsigned>(H), static_cast<unsigned>(S));
+  auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
+  kernel<<<grid, DK, smem, at::cuda::getCurrentCUDAStream()>>>(
+      a.A.data_ptr<float>(), a.B.data_ptr<float>(), a.decay.data_ptr<float>(), ptr(a.U), ptr(a.Z), a.y0.data_ptr<float>(),
+      a.hist.data_ptr<float>(), ptr(a.M), fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv, a.A.stride(2),
+      a.B.stride(2), a.U.defined() ? a.U.stride(2) : Dv, a.reverse);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -389,6 +583,7 @@ void check_fusion(const at::Tensor& o, const at::Tensor& gate, const at::Tensor&
 }  // namespace
 
 void set_state_scan_kernel(ScanKernel k) { g_scan_kernel = k; }
+ScanKernel state_scan_kernel() { return g_scan_kernel; }
 
 bool state_scan_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
   return dtype == at::kFloat && (Dk == 32 || Dk == 64 || Dk == 128) && Dv > 0 && Dv % kScanColumns == 0;
@@ -424,6 +619,64 @@ at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor
     case 32: launch_scan<32>(P, Z, y0, hist, fin, off, reverse); break;
     case 64: launch_scan<64>(P, Z, y0, hist, fin, off, reverse); break;
     default: launch_scan<128>(P, Z, y0, hist, fin, off, reverse); break;
+  }
+  return fin;
+}
+
+bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv) {
+  return C == kLowRankChunk && (Dk == 32 || Dk == 64 || Dk == 128) && Dv > 0 && Dv % 16 == 0;
+}
+
+at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& offsets) {
+  // A, B and U may be column slices of wider rows (W and U are the two halves of one solve):
+  // [H, N, C, D] with unit column stride, rows 16-byte aligned and packed one after another.
+  auto need = [](const at::Tensor& x, const char* what, bool optional, bool rows_may_be_wider = false) {
+    if (!x.defined()) {
+      if (!optional) throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " is required");
+      return;
+    }
+    if (x.scalar_type() != at::kFloat) throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " must be float32");
+    if (!rows_may_be_wider) return check(x, what);
+    if (!x.is_cuda()) throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " must be a CUDA tensor");
+    const int64_t ld = x.stride(2);
+    if (x.dim() != 4 || x.stride(3) != 1 || ld < x.size(3) || ld % 4 != 0 || x.stride(1) != x.size(2) * ld ||
+        x.stride(0) != x.size(1) * x.stride(1) || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0)
+      throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what +
+                                  " must be [H, N, C, D] with packed rows (a row stride that is a multiple of 4)");
+  };
+  need(a.A, "A", false, true);
+  need(a.B, "B", false, true);
+  need(a.decay, "decay", false);
+  need(a.U, "U", true, true);
+  need(a.Z, "Z", true);
+  need(a.y0, "y0", false);
+  need(a.hist, "hist", false);
+  need(a.M, "M", true);
+  if (a.B.sizes() != a.A.sizes() || a.y0.dim() != 4)
+    throw std::invalid_argument("hh::kernels::low_rank_scan: expected A, B [H, N, C, Dk] and y0 [S, H, Dk, Dv]");
+  const int64_t H = a.A.size(0), N = a.A.size(1), C = a.A.size(2), Dk = a.A.size(3), S = a.y0.size(0), Dv = a.y0.size(3);
+  if (a.y0.size(1) != H || a.y0.size(2) != Dk || a.decay.sizes() != at::IntArrayRef({H, N}) ||
+      a.hist.sizes() != at::IntArrayRef({H, N, Dk, Dv}) || (a.U.defined() && a.U.sizes() != at::IntArrayRef({H, N, C, Dv})) ||
+      (a.M.defined() && a.M.sizes() != at::IntArrayRef({H, N, C, Dv})) ||
+      (a.Z.defined() && a.Z.sizes() != at::IntArrayRef({H, N, Dk, Dv})))
+    throw std::invalid_argument("hh::kernels::low_rank_scan: decay [H, N], U and M [H, N, C, Dv], Z and hist [H, N, Dk, Dv] "
+                                "must agree with A and y0");
+  if (!low_rank_scan_supported(C, Dk, Dv))
+    throw std::invalid_argument("hh::kernels::low_rank_scan: chunk 64, Dk in {32, 64, 128} and Dv a multiple of 16 only");
+  if (static_cast<int64_t>(offsets.size()) != S + 1 || offsets.front() != 0 || offsets.back() != N)
+    throw std::invalid_argument("hh::kernels::low_rank_scan: offsets must hold S + 1 values from 0 to N");
+  for (size_t i = 1; i < offsets.size(); ++i)
+    if (offsets[i] < offsets[i - 1]) throw std::invalid_argument("hh::kernels::low_rank_scan: offsets must not decrease");
+  const c10::cuda::CUDAGuard guard(a.A.device());
+  at::Tensor fin = at::empty_like(a.y0);
+  if (S == 0 || H == 0) return fin;
+  const at::Tensor off = at::tensor(at::ArrayRef<int64_t>(offsets), at::TensorOptions().dtype(at::kLong))
+                             .pin_memory()
+                             .to(a.A.device(), /*non_blocking=*/true);
+  switch (Dk) {
+    case 32: launch_low_rank_scan<32>(a, off, fin); break;
+    case 64: launch_low_rank_scan<64>(a, off, fin); break;
+    default: launch_low_rank_scan<128>(a, off, fin); break;
   }
   return fin;
 }

@@ -1,6 +1,8 @@
 #pragma once
 // CUDA kernels for the HydraHead LA heads (DESIGN.md section 9). core/attention/gdn.cpp builds the
 // chunked gated delta rule around these; its LibTorch forms are the references tests/gpu compares with.
+#include <vector>
+
 #include "core/util/compat.h"
 
 namespace hh::kernels {
@@ -9,10 +11,12 @@ namespace hh::kernels {
 // and dtype (float32).
 bool state_scan_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 
-// Which kernel state_scan runs (process-wide; for benchmarks): the tensor cores (mma.sync TF32 with
-// the 3xTF32 split, float32 accuracy; the default) or plain float32 FMAs.
-enum class ScanKernel { kTensorCores, kFma };
+// Which scan the gated delta rule runs (process-wide; for benchmarks): low_rank_scan below on the
+// transition's factors (the default), or state_scan on the materialised transition, on the tensor cores
+// (mma.sync TF32 with the 3xTF32 split, float32 accuracy) or with plain float32 FMAs.
+enum class ScanKernel { kLowRank, kTensorCores, kFma };
 void set_state_scan_kernel(ScanKernel k);
+ScanKernel state_scan_kernel();
 
 // The chunk-to-chunk recurrence of the chunked gated delta rule, one sequence and head per (s, h):
 //   Y = y0[s, h];  for each chunk n of sequence s (first to last, or last to first when reverse):
@@ -24,6 +28,24 @@ void set_state_scan_kernel(ScanKernel k);
 // The state's Dv columns evolve independently, so blocks split them (16 columns a block).
 at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, const std::vector<int64_t>& offsets,
                       bool reverse, at::Tensor& hist);
+
+// The same recurrence with the transition given by chunk-local factors, never formed:
+//   Y = y0[s, h];  for each chunk n of sequence s (in order, or reversed):
+//     hist[h, n] = Y;  M = U[h, n] - B[h, n] Y;  M_out[h, n] = M;  Y = decay[h, n] Y + A[h, n]^T M + Z[h, n]
+//   final[s, h] = Y
+// i.e. P^T = decay I - A^T B. A, B [H, N, C, Dk]; decay [H, N]; U and M_out [H, N, C, Dv] and Z
+// [H, N, Dk, Dv] optional (undefined: zero / not written); y0 [S, H, Dk, Dv]; hist [H, N, Dk, Dv]
+// preallocated. All float32 CUDA contiguous, except that A, B and U may be column slices of wider
+// packed rows; chunk C = 64, Dk in {32, 64, 128}, Dv a multiple of 16.
+// The gated delta rule's forward is A = e^{G_C - G} K, B = W, U = U (M = the chunk's new values
+// U - W S); its backward runs the reverse scan with A = W, B = e^{G_C - G} K, Z = the direct terms.
+struct LowRankScanArgs {
+  at::Tensor A, B, decay, U, Z, y0;
+  at::Tensor hist, M;  // outputs (M optional)
+  bool reverse = false;
+};
+bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
+at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
 
 // T = (I + L)^{-1} for strictly lower triangular L [..., C, C] float32 contiguous, C <= 64, by forward
 // substitution (one block a matrix, one thread a column). Returns T, unit lower triangular.

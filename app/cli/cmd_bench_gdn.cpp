@@ -35,7 +35,7 @@ struct GdnBenchArgs {
   bool json = false;
   uint64_t seed = 0;
   std::string profile;  // Chrome trace of one forward and one forward + backward at the first shape
-  std::string scan_kernel = "tensor";
+  std::string scan_kernel = "lowrank";
 };
 
 struct Shape {
@@ -92,7 +92,9 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   const at::Device dev = model::parse_device(a.device);
   const auto dt = model::parse_dtype(a.dtype);
 #ifdef HH_HAVE_KERNELS
-  kernels::set_state_scan_kernel(a.scan_kernel == "fma" ? kernels::ScanKernel::kFma : kernels::ScanKernel::kTensorCores);
+  kernels::set_state_scan_kernel(a.scan_kernel == "fma"      ? kernels::ScanKernel::kFma
+                                 : a.scan_kernel == "tensor" ? kernels::ScanKernel::kTensorCores
+                                                             : kernels::ScanKernel::kLowRank);
 #endif
   const auto opts = torch::TensorOptions().dtype(dt).device(dev);
   torch::manual_seed(a.seed);
@@ -244,8 +246,10 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_option("--warmup", a->warmup, "Untimed repetitions first")->capture_default_str();
   c->add_option("--seed", a->seed, "Seed of the random inputs")->capture_default_str();
   c->add_flag("--json", a->json, "Also print one JSON object");
-  c->add_option("--scan-kernel", a->scan_kernel, "The state scan's CUDA kernel: tensor (TF32 x3) or fma")
-      ->check(CLI::IsMember({"tensor", "fma"}))
+  c->add_option("--scan-kernel", a->scan_kernel,
+                 "The state scan's CUDA kernel: lowrank (on the transition's factors), or tensor (TF32 x3) / fma "
+                 "on the materialised transition")
+      ->check(CLI::IsMember({"lowrank", "tensor", "fma"}))
       ->capture_default_str();
   c->add_option("--profile", a->profile, "Write a Chrome trace of one forward and one forward + backward at the first shape");
   return {c, [a] { return run_bench_gdn(*a); }};

@@ -396,6 +396,19 @@ at::Tensor transition(const ChunkLocal& c, bool transposed) {
   return c.dl.unsqueeze(-1).unsqueeze(-1) * eye - KW;
 }
 
+// Whether the scan can run on the transition's factors (kernels::low_rank_scan) rather than on the
+// materialised P_n (hydrahead::gdn_state_scan): a CUDA float32 chunk grid of the kernel's shapes,
+// unless a benchmark asked for one of the P_n kernels.
+bool low_rank_scan_ok(const ChunkLocal& c) {
+#ifdef HH_HAVE_KERNELS
+  return c.W.is_cuda() && c.W.scalar_type() == at::kFloat && kernels::state_scan_kernel() == kernels::ScanKernel::kLowRank &&
+         kernels::low_rank_scan_supported(c.W.size(2), c.W.size(3), c.U.size(3));
+#else
+  (void)c;
+  return false;
+#endif
+}
+
 struct ChunkedInputs {
   at::Tensor Q, K, V, g, beta;
 };
@@ -417,17 +430,36 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
     const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
     const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
-    const at::Tensor Z = at::matmul(c.kdecay.transpose(-1, -2), c.U);  // [H, N, Dk, Dv]
-    const ScanResult scan = gdn_state_scan(transition(c, /*transposed=*/false).contiguous(), Z.contiguous(),
-                                           s0.to(acc).contiguous(), L.offsets, /*reverse=*/false);
-    const at::Tensor S = scan.hist;  // the state at the start of each chunk
-    const at::Tensor O = (at::matmul(c.qdecay, S) + at::matmul(c.attn, c.U - at::matmul(c.W, S))) * scale;
+    at::Tensor S, O, final_state;  // S: the state at the start of each chunk
+    if (low_rank_scan_ok(c)) {
+#ifdef HH_HAVE_KERNELS
+      // S_{n+1} = e^{G_C} S_n + kdecay^T (U - W S_n), with the chunk's new values U - W S_n kept.
+      kernels::LowRankScanArgs a;
+      a.A = c.kdecay;
+      a.B = c.W;
+      a.decay = c.dl.contiguous();
+      a.U = c.U;
+      a.y0 = s0.to(acc).contiguous();
+      a.hist = at::empty({c.W.size(0), c.W.size(1), c.W.size(3), c.U.size(3)}, c.U.options());
+      a.M = at::empty(c.U.sizes(), c.U.options());
+      final_state = kernels::low_rank_scan(a, L.offsets);
+      S = a.hist;
+      O = (at::matmul(c.qdecay, S) + at::matmul(c.attn, a.M)) * scale;
+#endif
+    } else {
+      const at::Tensor Z = at::matmul(c.kdecay.transpose(-1, -2), c.U);  // [H, N, Dk, Dv]
+      const ScanResult scan = gdn_state_scan(transition(c, /*transposed=*/false).contiguous(), Z.contiguous(),
+                                             s0.to(acc).contiguous(), L.offsets, /*reverse=*/false);
+      S = scan.hist;
+      final_state = scan.final_state;
+      O = (at::matmul(c.qdecay, S) + at::matmul(c.attn, c.U - at::matmul(c.W, S))) * scale;
+    }
     ctx->save_for_backward({q, k, v, g, beta, S});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
     ctx->saved_data["s0_dtype"] = static_cast<int64_t>(s0.scalar_type());
-    return {from_chunks(O, L, B, T, v.scalar_type()), scan.final_state};
+    return {from_chunks(O, L, B, T, v.scalar_type()), final_state};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -468,10 +500,26 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     {
       at::NoGradGuard no_grad;
       const at::Tensor X = at::matmul((c.qdecay - at::matmul(c.attn, c.W)).transpose(-1, -2), dO) * scale;
-      const ScanResult scan = gdn_state_scan(transition(c, /*transposed=*/true).contiguous(), X.contiguous(), dfin,
-                                             L.offsets, /*reverse=*/true);
-      dS_end = scan.hist;  // the gradient of the state at the end of each chunk
-      dS0 = scan.final_state;
+      if (low_rank_scan_ok(c)) {
+#ifdef HH_HAVE_KERNELS
+        // dS_n = e^{G_C} dS_{n+1} - W^T (kdecay dS_{n+1}) + X_n: P_n applied through its factors.
+        kernels::LowRankScanArgs a;
+        a.A = c.W;
+        a.B = c.kdecay;
+        a.decay = c.dl.contiguous();
+        a.Z = X.contiguous();
+        a.y0 = dfin;
+        a.hist = at::empty_like(a.Z);
+        a.reverse = true;
+        dS0 = kernels::low_rank_scan(a, L.offsets);
+        dS_end = a.hist;  // the gradient of the state at the end of each chunk
+#endif
+      } else {
+        const ScanResult scan = gdn_state_scan(transition(c, /*transposed=*/true).contiguous(), X.contiguous(), dfin,
+                                               L.offsets, /*reverse=*/true);
+        dS_end = scan.hist;
+        dS0 = scan.final_state;
+      }
       dO_St = at::matmul(dO, S.transpose(-1, -2));  // [H, N, C, Dk]
       S_dS = (S * dS_end).sum({-1, -2});             // [H, N]
     }

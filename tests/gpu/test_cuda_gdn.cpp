@@ -74,7 +74,7 @@ TEST(CudaGdn, StateScanKernelEqualsTheLoopInFloat64) {
         auto hist = torch::full({H, N, Dk, Dv}, std::numeric_limits<float>::quiet_NaN(), kCuda.dtype(torch::kFloat));
         const auto fin = hh::kernels::state_scan(P.to(kCuda.dtype(torch::kFloat)), Z.to(kCuda.dtype(torch::kFloat)),
                                                  y0.to(kCuda.dtype(torch::kFloat)), offsets, reverse, hist);
-        hh::kernels::set_state_scan_kernel(hh::kernels::ScanKernel::kTensorCores);
+        hh::kernels::set_state_scan_kernel(hh::kernels::ScanKernel::kLowRank);
         const std::string what = "Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) + (reverse ? " reverse" : "") +
                                  (kernel == hh::kernels::ScanKernel::kFma ? " fma" : " tensor cores");
         EXPECT_LT(rel_err(hist, want.hist), 1e-5) << what;  // rel_err also fails on NaN: every element written
@@ -84,6 +84,52 @@ TEST(CudaGdn, StateScanKernelEqualsTheLoopInFloat64) {
                                                       y0.to(kCuda.dtype(torch::kFloat)), offsets, reverse);
         if (kernel == hh::kernels::ScanKernel::kTensorCores) EXPECT_TRUE(torch::equal(op.hist, hist)) << what;
       }
+    }
+}
+
+TEST(CudaGdn, LowRankScanEqualsTheLoopOnTheFormedTransitionInFloat64) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto f32 = kCuda.dtype(torch::kFloat);
+  for (int64_t Dk : {32, 64, 128})
+    for (int64_t Dv : {16, 128}) {
+      const int64_t H = 3, C = 64;
+      const std::vector<int64_t> offsets = {0, 7, 7, 40, 41};  // includes an empty sequence
+      const int64_t N = offsets.back(), S = 4;
+      // W-like and kdecay-like factors: A^T B small against the decay, as in the rule.
+      const double f = 0.25 / std::sqrt(static_cast<double>(C * Dk));
+      // A and B as the left halves of wider rows, U as the right half of B's (W and U share a tensor).
+      const auto AX = torch::randn({H, N, C, Dk + 8}, kF64) * std::sqrt(f);
+      const auto BU = torch::randn({H, N, C, Dk + Dv}, kF64);
+      BU.narrow(-1, 0, Dk).mul_(std::sqrt(f));
+      const auto A = AX.narrow(-1, 0, Dk), B = BU.narrow(-1, 0, Dk), U = BU.narrow(-1, Dk, Dv);
+      const auto decay = 0.5 + 0.5 * torch::rand({H, N}, kF64);
+      const auto Z = torch::randn({H, N, Dk, Dv}, kF64), y0 = torch::randn({S, H, Dk, Dv}, kF64);
+      // The same recurrence on the formed transition: P^T = decay I - A^T B, input A^T U + Z.
+      const auto P = (decay.unsqueeze(-1).unsqueeze(-1) * torch::eye(Dk, kF64) - torch::matmul(A.transpose(-1, -2), B))
+                         .transpose(-1, -2);
+      for (bool with_u : {true, false})
+        for (bool reverse : {false, true}) {
+          const auto Zeff = with_u ? torch::matmul(A.transpose(-1, -2), U) : Z;
+          const auto want = hh::attention::gdn_state_scan(P, Zeff, y0, offsets, reverse);
+          const auto want_m = (with_u ? U : torch::zeros_like(U)) - torch::matmul(B, want.hist);
+          const auto AXg = AX.to(f32), BUg = BU.to(f32);
+          hh::kernels::LowRankScanArgs a;
+          a.A = AXg.narrow(-1, 0, Dk);
+          a.B = BUg.narrow(-1, 0, Dk);
+          a.decay = decay.to(f32);
+          if (with_u) a.U = BUg.narrow(-1, Dk, Dv);
+          else a.Z = Z.to(f32);
+          a.y0 = y0.to(f32);
+          a.hist = torch::full({H, N, Dk, Dv}, std::numeric_limits<float>::quiet_NaN(), f32);
+          a.M = torch::full({H, N, C, Dv}, std::numeric_limits<float>::quiet_NaN(), f32);
+          a.reverse = reverse;
+          const auto fin = hh::kernels::low_rank_scan(a, offsets);
+          const std::string what = "Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) + (with_u ? " U" : " Z") +
+                                   (reverse ? " reverse" : "");
+          EXPECT_LT(rel_err(a.hist, want.hist), 1e-5) << what;  // rel_err also fails on NaN: every element written
+          EXPECT_LT(rel_err(fin, want.final_state), 1e-5) << what;
+          EXPECT_LT(rel_err(a.M, want_m), 1e-5) << what;
+        }
     }
 }
 
