@@ -275,7 +275,33 @@ void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0,
 // of M in step 1.
 constexpr int kLowRankChunk = 64;
 
-template <int DK>
+// A product term of the mma: with PRECISE the 3xTF32 split (hi*hi into acc[0], the cross terms into
+// acc[1]: two dependency chains); without it one TF32 product (for 16-bit inputs, whose own rounding is
+// coarser than TF32's), alternating between acc[0] and acc[1] by k-step to halve the chain.
+template <bool PRECISE>
+struct Tf32Operand {
+  unsigned hi, lo;
+  __device__ __forceinline__ explicit Tf32Operand(float x) {
+    if constexpr (PRECISE) split_tf32(x, hi, lo);
+    else hi = to_tf32(x), lo = 0;
+  }
+};
+
+template <bool PRECISE>
+__device__ __forceinline__ void mma_terms(float (&acc)[2][4], const Tf32Operand<PRECISE> (&a)[4],
+                                          const Tf32Operand<PRECISE> (&b)[2], int kstep) {
+  const unsigned ah[4] = {a[0].hi, a[1].hi, a[2].hi, a[3].hi}, bh[2] = {b[0].hi, b[1].hi};
+  if constexpr (PRECISE) {
+    const unsigned al[4] = {a[0].lo, a[1].lo, a[2].lo, a[3].lo}, bl[2] = {b[0].lo, b[1].lo};
+    mma_tf32(acc[1], al, bh);
+    mma_tf32(acc[1], ah, bl);
+    mma_tf32(acc[0], ah, bh);
+  } else {
+    mma_tf32(acc[kstep & 1], ah, bh);
+  }
+}
+
+template <int DK, bool PRECISE>
 __global__ void __launch_bounds__(DK)
     low_rank_scan_kernel(const float* __restrict__ A, const float* __restrict__ Bm, const float* __restrict__ decay,
                          const float* __restrict__ U, const float* __restrict__ Z, const float* __restrict__ y0,
@@ -286,6 +312,7 @@ __global__ void __launch_bounds__(DK)
   // Padded rows for conflict-free fragment loads: A is read transposed (LDA = 8 mod 32), B by rows
   // (LDB = 4 mod 32), Y and M as the B operand (24).
   constexpr int LDA = DK + 8, LDB = DK + 4, LDY = 24, MT1 = (C / 16) / NW;
+  using Op = Tf32Operand<PRECISE>;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   float* const As0 = smem;
@@ -345,22 +372,15 @@ __global__ void __launch_bounds__(DK)
 #pragma unroll
     for (int i1 = 0; i1 < MT1; ++i1) {
       const int m = (warp + i1 * NW) * 16;
-      float acc[2][4] = {};
+      float acc[2][2][4] = {};  // [nt][chain][element]
 #pragma unroll 4
       for (int k0 = 0; k0 < DK; k0 += 8) {
-        unsigned ah[4], al[4];  // A operand = B_n rows m.., columns k0..
-        split_tf32(Bn[(m + g) * LDB + k0 + t], ah[0], al[0]);
-        split_tf32(Bn[(m + g + 8) * LDB + k0 + t], ah[1], al[1]);
-        split_tf32(Bn[(m + g) * LDB + k0 + t + 4], ah[2], al[2]);
-        split_tf32(Bn[(m + g + 8) * LDB + k0 + t + 4], ah[3], al[3]);
+        const Op a[4] = {Op(Bn[(m + g) * LDB + k0 + t]), Op(Bn[(m + g + 8) * LDB + k0 + t]),
+                         Op(Bn[(m + g) * LDB + k0 + t + 4]), Op(Bn[(m + g + 8) * LDB + k0 + t + 4])};
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          unsigned bh[2], bl[2];
-          split_tf32(Ys[(k0 + t) * LDY + nt * 8 + g], bh[0], bl[0]);
-          split_tf32(Ys[(k0 + t + 4) * LDY + nt * 8 + g], bh[1], bl[1]);
-          mma_tf32(acc[nt], al, bh);
-          mma_tf32(acc[nt], ah, bl);
-          mma_tf32(acc[nt], ah, bh);
+          const Op b[2] = {Op(Ys[(k0 + t) * LDY + nt * 8 + g]), Op(Ys[(k0 + t + 4) * LDY + nt * 8 + g])};
+          mma_terms<PRECISE>(acc[nt], a, b, k0 / 8);
         }
       }
 #pragma unroll
@@ -369,7 +389,7 @@ __global__ void __launch_bounds__(DK)
         for (int e = 0; e < 4; e += 2) {
           const int r = m + g + (e >= 2 ? 8 : 0), c = col_of(nt, e);
           const int64_t off = chunk_rows + static_cast<int64_t>(r) * Dv + c;
-          float2 v = make_float2(-acc[nt][e], -acc[nt][e + 1]);
+          float2 v = make_float2(-(acc[nt][0][e] + acc[nt][1][e]), -(acc[nt][0][e + 1] + acc[nt][1][e + 1]));
           if (U != nullptr) {
             const float2 u = *reinterpret_cast<const float2*>(U + chunk_u + static_cast<int64_t>(r) * ldu + c);
             v.x += u.x, v.y += u.y;
@@ -380,9 +400,9 @@ __global__ void __launch_bounds__(DK)
     }
     __syncthreads();  // M is complete; every warp has read the old state from Ys
 
-    // (2) Y' = a_n Y + A_n^T M + Z_n, the accumulators starting from a_n Y + Z_n.
+    // (2) Y' = a_n Y + A_n^T M + Z_n, the first chain starting from a_n Y + Z_n.
     const float an = decay[static_cast<int64_t>(h) * N + n];
-    float acc[2][2][4];
+    float acc[2][2][2][4];  // [mt][nt][chain][element]
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -392,33 +412,22 @@ __global__ void __launch_bounds__(DK)
           const int64_t off = chunk_state + static_cast<int64_t>(row_of(mt, e)) * Dv + col_of(nt, e);
           float2 z = make_float2(0.f, 0.f);
           if (Z != nullptr) z = *reinterpret_cast<const float2*>(Z + off);
-          acc[mt][nt][e] = fmaf(an, y[mt][nt][e], z.x);
-          acc[mt][nt][e + 1] = fmaf(an, y[mt][nt][e + 1], z.y);
+          acc[mt][nt][0][e] = fmaf(an, y[mt][nt][e], z.x);
+          acc[mt][nt][0][e + 1] = fmaf(an, y[mt][nt][e + 1], z.y);
+          acc[mt][nt][1][e] = acc[mt][nt][1][e + 1] = 0.f;
           *reinterpret_cast<float2*>(hist + off) = make_float2(y[mt][nt][e], y[mt][nt][e + 1]);
         }
 #pragma unroll 2
     for (int k0 = 0; k0 < C; k0 += 8) {
-      unsigned bh[2][2], bl[2][2];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        split_tf32(Ms[(k0 + t) * LDY + nt * 8 + g], bh[nt][0], bl[nt][0]);
-        split_tf32(Ms[(k0 + t + 4) * LDY + nt * 8 + g], bh[nt][1], bl[nt][1]);
-      }
+      Op b[2][2] = {{Op(Ms[(k0 + t) * LDY + g]), Op(Ms[(k0 + t + 4) * LDY + g])},
+                    {Op(Ms[(k0 + t) * LDY + 8 + g]), Op(Ms[(k0 + t + 4) * LDY + 8 + g])}};
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        const int m = warp * 32 + mt * 16;
-        unsigned ah[4], al[4];  // A operand = A_n^T: [row][k] = A_n[k][row]
-        split_tf32(An[(k0 + t) * LDA + m + g], ah[0], al[0]);
-        split_tf32(An[(k0 + t) * LDA + m + g + 8], ah[1], al[1]);
-        split_tf32(An[(k0 + t + 4) * LDA + m + g], ah[2], al[2]);
-        split_tf32(An[(k0 + t + 4) * LDA + m + g + 8], ah[3], al[3]);
+        const int m = warp * 32 + mt * 16;  // A operand = A_n^T: [row][k] = A_n[k][row]
+        const Op a[4] = {Op(An[(k0 + t) * LDA + m + g]), Op(An[(k0 + t) * LDA + m + g + 8]),
+                         Op(An[(k0 + t + 4) * LDA + m + g]), Op(An[(k0 + t + 4) * LDA + m + g + 8])};
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const unsigned b_hi[2] = {bh[nt][0], bh[nt][1]}, b_lo[2] = {bl[nt][0], bl[nt][1]};
-          mma_tf32(acc[mt][nt], al, b_hi);
-          mma_tf32(acc[mt][nt], ah, b_lo);
-          mma_tf32(acc[mt][nt], ah, b_hi);
-        }
+        for (int nt = 0; nt < 2; ++nt) mma_terms<PRECISE>(acc[mt][nt], a, b[nt], k0 / 8);
       }
     }
 #pragma unroll
@@ -427,8 +436,8 @@ __global__ void __launch_bounds__(DK)
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          y[mt][nt][e] = acc[mt][nt][e];
-          Ys[row_of(mt, e) * LDY + col_of(nt, e)] = acc[mt][nt][e];
+          y[mt][nt][e] = acc[mt][nt][0][e] + acc[mt][nt][1][e];
+          Ys[row_of(mt, e) * LDY + col_of(nt, e)] = y[mt][nt][e];
         }
     __syncthreads();  // every warp is done with A_n, B_n and M before the next chunk's copy and step (1)
   }
@@ -449,7 +458,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, a
   const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
   const size_t smem = (2 * C * (DK + 8) + 2 * C * (DK + 4) + DK * 24 + C * 24) * sizeof(float);
-  auto kernel = low_rank_scan_kernel<DK>;
+  auto kernel = a.precise ? low_rank_scan_kernel<DK, true> : low_rank_scan_kernel<DK, false>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(Dv / 16), static_cast<unsigned>(H), static_cast<unsigned>(S));
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };

@@ -39,10 +39,13 @@ at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor
 // packed rows; chunk C = 64, Dk in {32, 64, 128}, Dv a multiple of 16.
 // The gated delta rule's forward is A = e^{G_C - G} K, B = W, U = U (M = the chunk's new values
 // U - W S); its backward runs the reverse scan with A = W, B = e^{G_C - G} K, Z = the direct terms.
+// Products on the tensor cores: precise = the 3xTF32 split (float32 accuracy); otherwise one TF32
+// product (for 16-bit inputs, as LibTorch's float32 GEMMs with TF32 allowed).
 struct LowRankScanArgs {
   at::Tensor A, B, decay, U, Z, y0;
   at::Tensor hist, M;  // outputs (M optional)
   bool reverse = false;
+  bool precise = true;
 };
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final

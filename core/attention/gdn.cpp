@@ -442,6 +442,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       a.y0 = s0.to(acc).contiguous();
       a.hist = at::empty({c.W.size(0), c.W.size(1), c.W.size(3), c.U.size(3)}, c.U.options());
       a.M = at::empty(c.U.sizes(), c.U.options());
+      a.precise = !use_tf32(q);
       final_state = kernels::low_rank_scan(a, L.offsets);
       S = a.hist;
       O = (at::matmul(c.qdecay, S) + at::matmul(c.attn, a.M)) * scale;
@@ -511,6 +512,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
         a.y0 = dfin;
         a.hist = at::empty_like(a.Z);
         a.reverse = true;
+        a.precise = !use_tf32(q);
         dS0 = kernels::low_rank_scan(a, L.offsets);
         dS_end = a.hist;  // the gradient of the state at the end of each chunk
 #endif
