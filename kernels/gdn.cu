@@ -495,6 +495,32 @@ __global__ void __launch_bounds__(kMaxInverse) unit_lower_inverse_kernel(const f
   }
 }
 
+// The same for C = 64, right-looking: once row k of T is final, every later row takes its update
+// at once, so thread j's 64 accumulators (registers, fully unrolled) see independent multiply-adds
+// instead of one long dependent sum (the kernel above is bound by that latency).
+__global__ void __launch_bounds__(64) unit_lower_inverse64_kernel(const float* __restrict__ L, float* __restrict__ T) {
+  constexpr int C = 64;
+  __shared__ float Ls[C][C];
+  const int j = threadIdx.x;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * C * C;
+#pragma unroll 8
+  for (int i = 0; i < C; ++i) Ls[i][j] = L[base + static_cast<int64_t>(i) * C + j];
+  __syncthreads();
+  float acc[C];
+#pragma unroll
+  for (int i = 0; i < C; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int k = 0; k < C; ++k) {
+    // T[k][j]: final now (rows < k have all been applied); 1 on the diagonal, 0 above it.
+    const float tk = k == j ? 1.f : (k > j ? acc[k] : 0.f);
+    acc[k] = tk;
+#pragma unroll
+    for (int i = k + 1; i < C; ++i) acc[i] = fmaf(-Ls[i][k], tk, acc[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < C; ++i) T[base + static_cast<int64_t>(i) * C + j] = acc[i];
+}
+
 // ---- scale-normalised fusion: one warp per row of Dh <= 256 elements (8 a lane) ----
 constexpr int kFusionWarps = 8;
 constexpr int kMaxPerLane = 8;
@@ -699,8 +725,12 @@ at::Tensor unit_lower_inverse(const at::Tensor& L) {
   const int C = static_cast<int>(L.size(-1));
   const int64_t mats = C == 0 ? 0 : L.numel() / (static_cast<int64_t>(C) * C);
   if (mats == 0) return T;
-  unit_lower_inverse_kernel<<<static_cast<unsigned>(mats), kMaxInverse, 0, at::cuda::getCurrentCUDAStream()>>>(
-      L.data_ptr<float>(), T.data_ptr<float>(), C);
+  if (C == 64)
+    unit_lower_inverse64_kernel<<<static_cast<unsigned>(mats), 64, 0, at::cuda::getCurrentCUDAStream()>>>(
+        L.data_ptr<float>(), T.data_ptr<float>());
+  else
+    unit_lower_inverse_kernel<<<static_cast<unsigned>(mats), kMaxInverse, 0, at::cuda::getCurrentCUDAStream()>>>(
+        L.data_ptr<float>(), T.data_ptr<float>(), C);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return T;
 }
