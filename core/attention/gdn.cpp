@@ -4,6 +4,8 @@
 
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -291,12 +293,19 @@ at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType a
   return f.permute(perm).contiguous();
 }
 
-// [H, N, C, D] -> [B, T, H, D] in dtype `dtype`
-at::Tensor from_chunks(const at::Tensor& x, const ChunkLayout& L, int64_t B, int64_t T, at::ScalarType dtype) {
+// [H, N, C, D] -> [B, T, H, D] in dtype `dtype`, times `scale` (in the same pass for regular batches)
+at::Tensor from_chunks(const at::Tensor& x, const ChunkLayout& L, int64_t B, int64_t T, at::ScalarType dtype,
+                       double scale = 1.0) {
   const int64_t H = x.size(0), D = x.size(3);
-  if (L.regular)
-    return dense_copy(x.reshape({H, B, -1, D}).narrow(2, 0, T).permute({1, 2, 0, 3}), dtype);
-  return x.permute({1, 2, 0, 3}).reshape({L.N * L.C, H, D}).index_select(0, L.scatter).view({B, T, H, D}).to(dtype);
+  if (L.regular) {
+    const at::Tensor src = x.reshape({H, B, -1, D}).narrow(2, 0, T).permute({1, 2, 0, 3});
+    if (scale == 1.0) return dense_copy(src, dtype);
+    at::Tensor out = at::empty(src.sizes(), src.options().dtype(dtype));
+    at::mul_out(out, src, at::scalar_tensor(scale, at::TensorOptions().dtype(x.scalar_type())));
+    return out;
+  }
+  const at::Tensor y = scale == 1.0 ? x : x * scale;
+  return y.permute({1, 2, 0, 3}).reshape({L.N * L.C, H, D}).index_select(0, L.scatter).view({B, T, H, D}).to(dtype);
 }
 
 #ifdef HH_HAVE_KERNELS
@@ -318,14 +327,19 @@ class UnitLowerInverse : public torch::autograd::Function<UnitLowerInverse> {
 };
 #endif
 
-// (I + L)^{-1} rhs for strictly lower triangular L [..., C, C].
-at::Tensor unit_lower_solve(const at::Tensor& L, const at::Tensor& rhs) {
+// (I + L)^{-1} a and (I + L)^{-1} b for strictly lower triangular L [..., C, C]: with the inverse
+// kernel, two products with one inverse (each result contiguous, no concatenation); otherwise one
+// triangular solve of [a | b].
+std::pair<at::Tensor, at::Tensor> unit_lower_solve(const at::Tensor& L, const at::Tensor& a, const at::Tensor& b) {
 #ifdef HH_HAVE_KERNELS
-  if (L.is_cuda() && L.scalar_type() == at::kFloat && L.size(-1) <= 64)
-    return at::matmul(UnitLowerInverse::apply(L)[0], rhs);
+  if (L.is_cuda() && L.scalar_type() == at::kFloat && L.size(-1) <= 64) {
+    const at::Tensor T = UnitLowerInverse::apply(L)[0];
+    return {at::matmul(T, a), at::matmul(T, b)};
+  }
 #endif
   const at::Tensor M = L + at::eye(L.size(-1), L.options());
-  return at::linalg_solve_triangular(M, rhs, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+  const at::Tensor x = at::linalg_solve_triangular(M, at::cat({a, b}, -1), /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+  return {x.narrow(-1, 0, a.size(-1)), x.narrow(-1, a.size(-1), b.size(-1))};
 }
 
 // Float32 matrix products on CUDA may use TF32 tensor cores while the rule runs on 16-bit inputs
@@ -364,7 +378,7 @@ struct ChunkLocal {
 
 ChunkLocal chunk_local(const at::Tensor& Q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& g,
                        const at::Tensor& beta) {
-  const int64_t C = Q.size(2), Dk = Q.size(3);
+  const int64_t C = Q.size(2);
   const auto opts = Q.options();
   const at::Tensor G = g.cumsum(-1);  // [H, N, C]
   const at::Tensor incl = at::ones({C, C}, opts.dtype(at::kBool)).tril();
@@ -374,11 +388,8 @@ ChunkLocal chunk_local(const at::Tensor& Q, const at::Tensor& K, const at::Tenso
                                .exp();
   const at::Tensor Kt = K.transpose(-1, -2);
   const at::Tensor L = (beta.unsqueeze(-1) * at::matmul(K, Kt) * gamma).masked_fill(strict.logical_not(), 0.0);
-  const at::Tensor rhs = at::cat({(beta * G.exp()).unsqueeze(-1) * K, beta.unsqueeze(-1) * V}, -1);
-  const at::Tensor WU = unit_lower_solve(L, rhs);
   ChunkLocal r;
-  r.W = WU.narrow(-1, 0, Dk);
-  r.U = WU.narrow(-1, Dk, V.size(-1));
+  std::tie(r.W, r.U) = unit_lower_solve(L, (beta * G.exp()).unsqueeze(-1) * K, beta.unsqueeze(-1) * V);
   r.attn = at::matmul(Q, Kt) * gamma;
   r.qdecay = G.exp().unsqueeze(-1) * Q;
   const at::Tensor G_last = G.select(-1, C - 1);  // [H, N]
@@ -445,7 +456,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       a.precise = !use_tf32(q);
       final_state = kernels::low_rank_scan(a, L.offsets);
       S = a.hist;
-      O = (at::matmul(c.qdecay, S) + at::matmul(c.attn, a.M)) * scale;
+      O = at::matmul(c.attn, a.M).add_(at::matmul(c.qdecay, S));  // times scale in from_chunks
 #endif
     } else {
       const at::Tensor Z = at::matmul(c.kdecay.transpose(-1, -2), c.U);  // [H, N, Dk, Dv]
@@ -453,14 +464,14 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
                                              s0.to(acc).contiguous(), L.offsets, /*reverse=*/false);
       S = scan.hist;
       final_state = scan.final_state;
-      O = (at::matmul(c.qdecay, S) + at::matmul(c.attn, c.U - at::matmul(c.W, S))) * scale;
+      O = at::matmul(c.qdecay, S) + at::matmul(c.attn, c.U - at::matmul(c.W, S));
     }
     ctx->save_for_backward({q, k, v, g, beta, S});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
     ctx->saved_data["s0_dtype"] = static_cast<int64_t>(s0.scalar_type());
-    return {from_chunks(O, L, B, T, v.scalar_type()), final_state};
+    return {from_chunks(O, L, B, T, v.scalar_type(), scale), final_state};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
