@@ -260,8 +260,9 @@ at::Tensor dense_copy(const at::Tensor& x, at::ScalarType dtype) {
   return out;
 }
 
-// [B, T, H, ...] -> [H, N, C, ...] in dtype acc, padding slots zero.
-at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType acc) {
+// [B, T, H, ...] -> [H, N, C, ...] in dtype acc, padding slots zero, times `scale` (in the same pass
+// for regular batches).
+at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType acc, double scale = 1.0) {
   if (L.regular) {  // pad T to whole chunks, then one permuting copy (with the dtype change)
     const int64_t B = x.size(0), T = x.size(1), per = L.N / std::max<int64_t>(B, 1), pad = per * L.C - T;
     at::Tensor f = x;
@@ -277,11 +278,15 @@ at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType a
     f = f.reshape(grid).permute(perm);
     std::vector<int64_t> out = {x.size(2), L.N, L.C};
     for (int64_t i = 3; i < x.dim(); ++i) out.push_back(x.size(i));
-    return dense_copy(f, acc).view(out);
+    if (scale == 1.0) return dense_copy(f, acc).view(out);
+    at::Tensor scaled = at::empty(f.sizes(), f.options().dtype(acc));
+    at::mul_out(scaled, f, at::scalar_tensor(scale, at::TensorOptions().dtype(acc)));
+    return scaled.view(out);
   }
   std::vector<int64_t> flat = {L.rows};
   for (int64_t i = 2; i < x.dim(); ++i) flat.push_back(x.size(i));
   at::Tensor f = x.to(acc).reshape(flat);
+  if (scale != 1.0) f = f * scale;
   std::vector<int64_t> zero_shape = flat;
   zero_shape[0] = 1;
   f = at::cat({f, at::zeros(zero_shape, f.options())}, 0).index_select(0, L.gather);  // [N*C, H, ...]
@@ -487,8 +492,9 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     const Tf32Scope tf32(use_tf32(q));
     const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
     const int64_t nseq = static_cast<int64_t>(L.offsets.size()) - 1;
-    const at::Tensor dO = grads[0].defined() ? to_chunks(grads[0], L, acc)
-                                             : at::zeros({H, L.N, chunk, Dv}, q.options().dtype(acc));
+    // dO times the output scale: every term below takes dO with it.
+    const at::Tensor dOs = grads[0].defined() ? to_chunks(grads[0], L, acc, scale)
+                                              : at::zeros({H, L.N, chunk, Dv}, q.options().dtype(acc));
     const at::Tensor dfin = grads[1].defined() ? grads[1].to(acc).contiguous()
                                                : at::zeros({nseq, H, Dk, Dv}, q.options().dtype(acc));
 
@@ -506,12 +512,12 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     // 2. With every chunk's start state S_n and end-state gradient fixed, the inputs' gradients are
     //    those of sum_n <dO_n, O_n> + <dS_end_n, S_{n+1}> through the chunk-local function. Written so
     //    that nothing state-sized ([Dk, Dv] a chunk) needs a gradient, with Uc = U - W S:
-    //      <O, dO>      = scale (<qdecay, dO S^T> + <attn Uc, dO>)
+    //      <O, dO>      = scale (<qdecay, dO S^T> + <attn Uc, dO>)   (scale carried by dOs)
     //      <S_next, dS> = e^{G_C} <S, dS> + <Uc, kdecay dS>
     at::Tensor dS_end, dS0, dO_St, S_dS;
     {
       at::NoGradGuard no_grad;
-      const at::Tensor X = at::matmul((c.qdecay - at::matmul(c.attn, c.W)).transpose(-1, -2), dO) * scale;
+      const at::Tensor X = at::matmul((c.qdecay - at::matmul(c.attn, c.W)).transpose(-1, -2), dOs);
       if (low_rank_scan_ok(c)) {
 #ifdef HH_HAVE_KERNELS
         // dS_n = e^{G_C} dS_{n+1} - W^T (kdecay dS_{n+1}) + X_n: P_n applied through its factors.
@@ -533,11 +539,13 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
         dS_end = scan.hist;
         dS0 = scan.final_state;
       }
-      dO_St = at::matmul(dO, S.transpose(-1, -2));  // [H, N, C, Dk]
-      S_dS = (S * dS_end).sum({-1, -2});             // [H, N]
+      dO_St = at::matmul(dOs, S.transpose(-1, -2));  // [H, N, C, Dk]
+      // <S_n, dS_end_n> for every chunk as a batched dot product (no state-sized temporary).
+      const int64_t chunks = S.size(0) * S.size(1), state = Dk * Dv;
+      S_dS = at::bmm(S.reshape({chunks, 1, state}), dS_end.reshape({chunks, state, 1})).view({S.size(0), S.size(1)});
     }
     const at::Tensor Uc = c.U - at::matmul(c.W, S);
-    const at::Tensor objective = ((c.qdecay * dO_St).sum() + (at::matmul(c.attn, Uc) * dO).sum()) * scale +
+    const at::Tensor objective = (c.qdecay * dO_St).sum() + (at::matmul(c.attn, Uc) * dOs).sum() +
                                  (c.dl * S_dS).sum() + (Uc * at::matmul(c.kdecay, dS_end)).sum();
     const torch::autograd::variable_list input_grads =
         torch::autograd::grad({objective}, {lq, lk, lv, lg, lb}, {}, /*retain_graph=*/false,
