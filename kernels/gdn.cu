@@ -271,8 +271,7 @@ void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0,
 // Y_{n+1} = a_n Y_n + A_n^T (U_n - B_n Y_n) + Z_n, with A_n, B_n [C, DK] chunk-local factors: the
 // transition is never formed. Per chunk, (1) M = U_n - B_n Y (C x 16, K = DK) and (2) Y' = a_n Y +
 // A_n^T M + Z_n (DK x 16, K = C). A_n and B_n of the next chunk stream into shared memory while this
-// chunk runs. Warp w owns state rows 32w..32w+31 in step 2 (as the scan above) and rows 16(w + i NW)
-// of M in step 1.
+// chunk runs. 2 DK / 32 warps a block, each with 16 state rows.
 constexpr int kLowRankChunk = 64;
 
 // A product term of the mma: with PRECISE the 3xTF32 split (hi*hi into acc[0], the cross terms into
@@ -302,16 +301,19 @@ __device__ __forceinline__ void mma_terms(float (&acc)[2][4], const Tf32Operand<
 }
 
 template <int DK, bool PRECISE>
-__global__ void __launch_bounds__(DK)
+__global__ void __launch_bounds__(2 * DK)
     low_rank_scan_kernel(const float* __restrict__ A, const float* __restrict__ Bm, const float* __restrict__ decay,
                          const float* __restrict__ U, const float* __restrict__ Z, const float* __restrict__ y0,
                          float* __restrict__ hist, float* __restrict__ Mout, float* __restrict__ fin,
                          const int64_t* __restrict__ offsets, int H, int64_t N, int Dv, int64_t lda, int64_t ldb,
                          int64_t ldu, bool reverse) {
-  constexpr int C = kLowRankChunk, BV = 16, NW = DK / 32, NT = DK;
+  // Warp w owns state rows 16w..16w+15 (one 16-row tile, both 8-column tiles) in step (2), and the
+  // (16-row, 8-column) tiles w, w + NW, ... of M in step (1).
+  constexpr int C = kLowRankChunk, BV = 16, NW = DK / 16, NT = 32 * NW, T1 = (C / 16) * 2 / NW;
   // Padded rows for conflict-free fragment loads: A is read transposed (LDA = 8 mod 32), B by rows
   // (LDB = 4 mod 32), Y and M as the B operand (24).
-  constexpr int LDA = DK + 8, LDB = DK + 4, LDY = 24, MT1 = (C / 16) / NW;
+  constexpr int LDA = DK + 8, LDB = DK + 4, LDY = 24;
+  static_assert(T1 >= 1 && (C / 16) * 2 % NW == 0, "step (1) tiles must divide among the warps");
   using Op = Tf32Operand<PRECISE>;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -326,23 +328,24 @@ __global__ void __launch_bounds__(DK)
   const int64_t n0 = offsets[s], n1 = offsets[s + 1], count = n1 - n0;
   const int col0 = blockIdx.x * BV;
   const int64_t state = static_cast<int64_t>(DK) * Dv;
-  auto row_of = [&](int mt, int e) { return warp * 32 + mt * 16 + g + (e >= 2 ? 8 : 0); };
+  // Element e of an accumulator tile sits at row (tile row) + g (+8 for e >= 2), column (tile column)
+  // + 2t (+1 for odd e).
+  auto row_in = [&](int e) { return g + (e >= 2 ? 8 : 0); };
   auto col_of = [&](int nt, int e) { return nt * 8 + 2 * t + (e & 1); };
+  const int m2 = warp * 16;  // this warp's state rows in step (2)
 
-  float y[2][2][4];
+  float y[2][4];  // [nt][element]: this warp's rows of the state
   {
     const float* src = y0 + (static_cast<int64_t>(s) * H + h) * state;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int r = row_of(mt, e), c = col_of(nt, e);
-          const float2 v = *reinterpret_cast<const float2*>(src + static_cast<int64_t>(r) * Dv + col0 + c);
-          y[mt][nt][e] = v.x, y[mt][nt][e + 1] = v.y;
-          Ys[r * LDY + c] = v.x, Ys[r * LDY + c + 1] = v.y;
-        }
+      for (int e = 0; e < 4; e += 2) {
+        const int r = m2 + row_in(e), c = col_of(nt, e);
+        const float2 v = *reinterpret_cast<const float2*>(src + static_cast<int64_t>(r) * Dv + col0 + c);
+        y[nt][e] = v.x, y[nt][e + 1] = v.y;
+        Ys[r * LDY + c] = v.x, Ys[r * LDY + c + 1] = v.y;
+      }
   }
   auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
   auto load_factors = [&](int64_t n, int buf) {
@@ -370,104 +373,88 @@ __global__ void __launch_bounds__(DK)
 
     // This chunk's U, Z and decay, loaded ahead of the products: their global-memory latency overlaps
     // step (1) instead of stalling each step.
-    float2 u_pre[MT1][2][2], z_pre[2][2][2];
+    float2 u_pre[T1][2], z_pre[2][2];
     const float an = decay[static_cast<int64_t>(h) * N + n];
 #pragma unroll
-    for (int i1 = 0; i1 < MT1; ++i1)
+    for (int i1 = 0; i1 < T1; ++i1) {
+      const int tile = warp + i1 * NW, m = (tile / 2) * 16, nt = tile % 2;
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int r = (warp + i1 * NW) * 16 + g + (e >= 2 ? 8 : 0);
-          u_pre[i1][nt][e / 2] = U != nullptr ? *reinterpret_cast<const float2*>(U + chunk_u + static_cast<int64_t>(r) * ldu + col_of(nt, e))
-                                              : make_float2(0.f, 0.f);
-        }
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2)
-          z_pre[mt][nt][e / 2] = Z != nullptr ? *reinterpret_cast<const float2*>(Z + chunk_state + static_cast<int64_t>(row_of(mt, e)) * Dv + col_of(nt, e))
-                                              : make_float2(0.f, 0.f);
-
-    // (1) M = U_n - B_n Y: this warp's MT1 tiles of 16 rows, both 8-column tiles.
-#pragma unroll
-    for (int i1 = 0; i1 < MT1; ++i1) {
-      const int m = (warp + i1 * NW) * 16;
-      float acc[2][2][4] = {};  // [nt][chain][element]
-#pragma unroll 4
-      for (int k0 = 0; k0 < DK; k0 += 8) {
-        const Op a[4] = {Op(Bn[(m + g) * LDB + k0 + t]), Op(Bn[(m + g + 8) * LDB + k0 + t]),
-                         Op(Bn[(m + g) * LDB + k0 + t + 4]), Op(Bn[(m + g + 8) * LDB + k0 + t + 4])};
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const Op b[2] = {Op(Ys[(k0 + t) * LDY + nt * 8 + g]), Op(Ys[(k0 + t + 4) * LDY + nt * 8 + g])};
-          mma_terms<PRECISE>(acc[nt], a, b, k0 / 8);
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int r = m + g + (e >= 2 ? 8 : 0), c = col_of(nt, e);
-          const int64_t off = chunk_rows + static_cast<int64_t>(r) * Dv + c;
-          const float2 u = u_pre[i1][nt][e / 2];
-          const float2 v = make_float2(u.x - (acc[nt][0][e] + acc[nt][1][e]), u.y - (acc[nt][0][e + 1] + acc[nt][1][e + 1]));
-          Ms[r * LDY + c] = v.x, Ms[r * LDY + c + 1] = v.y;
-          if (Mout != nullptr) *reinterpret_cast<float2*>(Mout + off) = v;
-        }
+      for (int e = 0; e < 4; e += 2)
+        u_pre[i1][e / 2] = U != nullptr ? *reinterpret_cast<const float2*>(U + chunk_u + static_cast<int64_t>(m + row_in(e)) * ldu +
+                                                                           col_of(nt, e))
+                                        : make_float2(0.f, 0.f);
     }
-    __syncthreads();  // M is complete; every warp has read the old state from Ys
-
-    // (2) Y' = a_n Y + A_n^T M + Z_n, the first chain starting from a_n Y + Z_n.
-    float acc[2][2][2][4];  // [mt][nt][chain][element]
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int64_t off = chunk_state + static_cast<int64_t>(row_of(mt, e)) * Dv + col_of(nt, e);
-          const float2 z = z_pre[mt][nt][e / 2];
-          acc[mt][nt][0][e] = fmaf(an, y[mt][nt][e], z.x);
-          acc[mt][nt][0][e + 1] = fmaf(an, y[mt][nt][e + 1], z.y);
-          acc[mt][nt][1][e] = acc[mt][nt][1][e + 1] = 0.f;
-          *reinterpret_cast<float2*>(hist + off) = make_float2(y[mt][nt][e], y[mt][nt][e + 1]);
-        }
-#pragma unroll 2
-    for (int k0 = 0; k0 < C; k0 += 8) {
-      Op b[2][2] = {{Op(Ms[(k0 + t) * LDY + g]), Op(Ms[(k0 + t + 4) * LDY + g])},
-                    {Op(Ms[(k0 + t) * LDY + 8 + g]), Op(Ms[(k0 + t + 4) * LDY + 8 + g])}};
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const int m = warp * 32 + mt * 16;  // A operand = A_n^T: [row][k] = A_n[k][row]
-        const Op a[4] = {Op(An[(k0 + t) * LDA + m + g]), Op(An[(k0 + t) * LDA + m + g + 8]),
-                         Op(An[(k0 + t + 4) * LDA + m + g]), Op(An[(k0 + t + 4) * LDA + m + g + 8])};
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) mma_terms<PRECISE>(acc[mt][nt], a, b[nt], k0 / 8);
-      }
-    }
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          y[mt][nt][e] = acc[mt][nt][0][e] + acc[mt][nt][1][e];
-          Ys[row_of(mt, e) * LDY + col_of(nt, e)] = y[mt][nt][e];
-        }
-    __syncthreads();  // every warp is done with A_n, B_n and M before the next chunk's copy and step (1)
-  }
-  float* dst = fin + (static_cast<int64_t>(s) * H + h) * state + col0;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; e += 2)
-        *reinterpret_cast<float2*>(dst + static_cast<int64_t>(row_of(mt, e)) * Dv + col_of(nt, e)) =
-            make_float2(y[mt][nt][e], y[mt][nt][e + 1]);
+        z_pre[nt][e / 2] = Z != nullptr ? *reinterpret_cast<const float2*>(Z + chunk_state +
+                                                                           static_cast<int64_t>(m2 + row_in(e)) * Dv + col_of(nt, e))
+                                        : make_float2(0.f, 0.f);
+
+    // (1) M = U_n - B_n Y, tile by tile.
+#pragma unroll
+    for (int i1 = 0; i1 < T1; ++i1) {
+      const int tile = warp + i1 * NW, m = (tile / 2) * 16, nt = tile % 2;
+      float acc[2][4] = {};  // [chain][element]
+#pragma unroll 4
+      for (int k0 = 0; k0 < DK; k0 += 8) {
+        const Op a[4] = {Op(Bn[(m + g) * LDB + k0 + t]), Op(Bn[(m + g + 8) * LDB + k0 + t]),
+                         Op(Bn[(m + g) * LDB + k0 + t + 4]), Op(Bn[(m + g + 8) * LDB + k0 + t + 4])};
+        const Op b[2] = {Op(Ys[(k0 + t) * LDY + nt * 8 + g]), Op(Ys[(k0 + t + 4) * LDY + nt * 8 + g])};
+        mma_terms<PRECISE>(acc, a, b, k0 / 8);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int r = m + row_in(e), c = col_of(nt, e);
+        const float2 u = u_pre[i1][e / 2];
+        const float2 v = make_float2(u.x - (acc[0][e] + acc[1][e]), u.y - (acc[0][e + 1] + acc[1][e + 1]));
+        Ms[r * LDY + c] = v.x, Ms[r * LDY + c + 1] = v.y;
+        if (Mout != nullptr) *reinterpret_cast<float2*>(Mout + chunk_rows + static_cast<int64_t>(r) * Dv + c) = v;
+      }
+    }
+    __syncthreads();  // M is complete; every warp has read the old state from Ys
+
+    // (2) Y' = a_n Y + A_n^T M + Z_n for this warp's 16 rows, the first chain starting from a_n Y + Z_n.
+    float acc[2][2][4];  // [nt][chain][element]
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const float2 z = z_pre[nt][e / 2];
+        acc[nt][0][e] = fmaf(an, y[nt][e], z.x);
+        acc[nt][0][e + 1] = fmaf(an, y[nt][e + 1], z.y);
+        acc[nt][1][e] = acc[nt][1][e + 1] = 0.f;
+        *reinterpret_cast<float2*>(hist + chunk_state + static_cast<int64_t>(m2 + row_in(e)) * Dv + col_of(nt, e)) =
+            make_float2(y[nt][e], y[nt][e + 1]);
+      }
+#pragma unroll
+    for (int k0 = 0; k0 < C; k0 += 8) {
+      // A operand = A_n^T: [row][k] = A_n[k][row]
+      const Op a[4] = {Op(An[(k0 + t) * LDA + m2 + g]), Op(An[(k0 + t) * LDA + m2 + g + 8]),
+                       Op(An[(k0 + t + 4) * LDA + m2 + g]), Op(An[(k0 + t + 4) * LDA + m2 + g + 8])};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const Op b[2] = {Op(Ms[(k0 + t) * LDY + nt * 8 + g]), Op(Ms[(k0 + t + 4) * LDY + nt * 8 + g])};
+        mma_terms<PRECISE>(acc[nt], a, b, k0 / 8);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        y[nt][e] = acc[nt][0][e] + acc[nt][1][e];
+        Ys[(m2 + row_in(e)) * LDY + col_of(nt, e)] = y[nt][e];
+      }
+    __syncthreads();  // every warp is done with A_n, B_n and M before the next chunk's copy and step (1)
+  }
+  float* dst = fin + (static_cast<int64_t>(s) * H + h) * state + col0;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2)
+      *reinterpret_cast<float2*>(dst + static_cast<int64_t>(m2 + row_in(e)) * Dv + col_of(nt, e)) =
+          make_float2(y[nt][e], y[nt][e + 1]);
 }
 
 template <int DK>
@@ -480,7 +467,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, a
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(Dv / 16), static_cast<unsigned>(H), static_cast<unsigned>(S));
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
-  kernel<<<grid, DK, smem, at::cuda::getCurrentCUDAStream()>>>(
+  kernel<<<grid, 2 * DK, smem, at::cuda::getCurrentCUDAStream()>>>(
       a.A.data_ptr<float>(), a.B.data_ptr<float>(), a.decay.data_ptr<float>(), ptr(a.U), ptr(a.Z), a.y0.data_ptr<float>(),
       a.hist.data_ptr<float>(), ptr(a.M), fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv, a.A.stride(2),
       a.B.stride(2), a.U.defined() ? a.U.stride(2) : Dv, a.reverse);
