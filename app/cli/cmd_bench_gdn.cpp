@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -217,6 +218,16 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
       std::printf("  %-10s %14.2f %14.2f %9.2fx\n", label.c_str(), dense, hyb, dense / hyb);
       out["layer"].push_back({{"B", s.B}, {"T", s.T}, {"dense_ms", dense}, {"hybrid_ms", hyb}});
+      if (!a.profile.empty() && out["layer"].size() == parse_shapes(a.layer_shapes, "--layer-shapes").size()) {
+        // The hybrid layer at the last (longest) shape, in a trace of its own beside --profile's.
+        std::filesystem::path lp(a.profile);
+        lp.replace_filename(lp.stem().string() + "-layer" + lp.extension().string());
+        profile_to(lp.string(), [&] {
+          (void)attention::hybrid_attention(cfg, hybrid.options(), hybrid.splits()[0], lw, hybrid.layers()[0], xn,
+                                            teacher.inv_freq());
+          sync(dev);
+        });
+      }
     }
   }
   if (a.json) std::printf("%s\n", out.dump().c_str());
@@ -251,7 +262,9 @@ BenchSub add_bench_gdn(CLI::App& bench) {
                  "on the materialised transition")
       ->check(CLI::IsMember({"lowrank", "tensor", "fma"}))
       ->capture_default_str();
-  c->add_option("--profile", a->profile, "Write a Chrome trace of one forward and one forward + backward at the first shape");
+  c->add_option("--profile", a->profile,
+                 "Write a Chrome trace of one forward and one forward + backward at the first shape (and, with "
+                 "--layer-config, one hybrid layer at the last layer shape to FILE-layer.json)");
   return {c, [a] { return run_bench_gdn(*a); }};
 }
 
