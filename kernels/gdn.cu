@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -15,6 +16,7 @@ namespace hh::kernels {
 namespace {
 
 constexpr int kScanColumns = 16;  // state columns a block owns
+constexpr int kShortConvTaps = 4;  // the LA heads' short convolution (kernel::causal_conv_silu)
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -526,6 +528,48 @@ __global__ void __launch_bounds__(64) unit_lower_inverse64_kernel(const float* _
   for (int i = 0; i < C; ++i) T[base + static_cast<int64_t>(i) * C + j] = acc[i];
 }
 
+// ---- the LA heads' short convolution: depthwise, causal, then SiLU, in the [B, T, C] layout ----
+// y[b, t, c] = silu(sum_j w[c, j] x[b, t - (K-1) + j, c]), inputs before t = 0 zero. The sum is rounded
+// to the dtype before the SiLU, as at::conv1d then at::silu round. One thread per V consecutive
+// channels of one (b, t) row (V = 16 bytes of them when every row is aligned, else 1).
+template <class T, int V, int K>
+__global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t B,
+                                        int64_t Tn, int64_t C) {
+  const int64_t packs = B * Tn * (C / V);
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c0 = (p % (C / V)) * V, row = p / (C / V), t = row % Tn;  // row = b * Tn + t
+    float acc[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      const int64_t src = t - (K - 1) + j;
+      if (src < 0) continue;
+      const T* xr = x + (row - (K - 1) + j) * C + c0;
+      T xv[V];
+      if constexpr (V > 1) {
+        *reinterpret_cast<float4*>(xv) = *reinterpret_cast<const float4*>(xr);
+      } else {
+        xv[0] = xr[0];
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] = fmaf(static_cast<float>(w[(c0 + i) * K + j]), static_cast<float>(xv[i]), acc[i]);
+    }
+    T out[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float a = static_cast<float>(static_cast<T>(acc[i]));  // the convolution's output, in the dtype
+      out[i] = static_cast<T>(a / (1.0f + ::expf(-a)));
+    }
+    if constexpr (V > 1) {
+      *reinterpret_cast<float4*>(y + row * C + c0) = *reinterpret_cast<const float4*>(out);
+    } else {
+      y[row * C + c0] = out[0];
+    }
+  }
+}
+
 // ---- scale-normalised fusion: one warp per row of Dh <= 256 elements (8 a lane) ----
 constexpr int kFusionWarps = 8;
 constexpr int kMaxPerLane = 8;
@@ -738,6 +782,37 @@ at::Tensor unit_lower_inverse(const at::Tensor& L) {
         L.data_ptr<float>(), T.data_ptr<float>(), C);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return T;
+}
+
+at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight) {
+  check(x, "x");
+  check(weight, "weight");
+  if (x.dim() != 3 || weight.dim() != 3 || weight.size(0) != x.size(2) || weight.size(1) != 1 ||
+      weight.size(2) != kShortConvTaps || weight.scalar_type() != x.scalar_type())
+    throw std::invalid_argument("hh::kernels::causal_conv_silu: expected x [B, T, C] and weight [C, 1, 4] of x's dtype");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty_like(x);
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  if (y.numel() == 0) return y;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_causal_conv_silu", [&] {
+    constexpr int kV = 16 / sizeof(scalar_t);
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    const bool packed = C % kV == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0 && reinterpret_cast<uintptr_t>(yp) % 16 == 0;
+    const int v = packed ? kV : 1;
+    const int64_t items = B * T * (C / v);
+    const unsigned threads = 256;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + threads - 1) / threads, 65535 * 8));
+    if (packed)
+      causal_conv_silu_kernel<scalar_t, kV, kShortConvTaps><<<blocks, threads, 0, stream>>>(
+          xp, weight.data_ptr<scalar_t>(), yp, B, T, C);
+    else
+      causal_conv_silu_kernel<scalar_t, 1, kShortConvTaps><<<blocks, threads, 0, stream>>>(
+          xp, weight.data_ptr<scalar_t>(), yp, B, T, C);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return y;
 }
 
 at::Tensor fusion_norm_forward(const at::Tensor& o, const at::Tensor& gate, const at::Tensor& gamma, double eps) {

@@ -54,6 +54,13 @@ at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>
 // substitution (one block a matrix, one thread a column). Returns T, unit lower triangular.
 at::Tensor unit_lower_inverse(const at::Tensor& L);
 
+// The LA heads' short convolution without a cache, for inference: depthwise over time, causal (inputs
+// before the first token are zero), 4 taps, then SiLU:
+//   y[b, t, c] = silu(to_dtype(sum_j weight[c, 0, j] x[b, t - 3 + j, c]))
+// x [B, T, C] contiguous (float32, float16, bfloat16), weight [C, 1, 4] of x's dtype contiguous. The
+// reference is at::conv1d (groups = C) then at::silu (core/attention/hybrid.cpp, short_conv).
+at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight);
+
 // The scale-normalised fusion of every head's output (DESIGN.md section 9), rows of Dh elements:
 //   y = to_dtype(gate * to_dtype(gamma * to_dtype(o * rsqrt(mean(o^2) + eps))))
 // rounding where the LibTorch op sequence (model::rms_norm, then two products) rounds. o, gate [R, n, Dh]

@@ -9,6 +9,9 @@
 #include "core/attention/gdn.h"
 #include "core/model/transformer.h"
 #include "core/util/error.h"
+#ifdef HH_HAVE_KERNELS
+#include "kernels/gdn.h"
+#endif
 
 namespace hh::attention {
 namespace {
@@ -41,6 +44,20 @@ at::Tensor short_conv(const at::Tensor& x, const at::Tensor& weight, at::Tensor*
   const std::vector<int64_t> one = {1}, zero = {0};  // stride, padding (the past supplies the left context), dilation
   const at::Tensor y = at::conv1d(full, weight, at::Tensor(), one, zero, one, C);  // [B, C, T]
   return at::silu(y.transpose(1, 2));  // [B, T, C]
+}
+
+// Whether short_conv may run as kernels::causal_conv_silu: CUDA, not float64, no decoding cache (whose
+// past inputs the kernel does not take), no gradient to record, the kernel's tap count.
+bool fused_short_conv(const at::Tensor& x, const at::Tensor& weight, const HybridLayerCache* cache) {
+#ifdef HH_HAVE_KERNELS
+  return cache == nullptr && x.is_cuda() && x.scalar_type() != at::kDouble && !at::GradMode::is_enabled() &&
+         weight.size(2) == 4 && x.is_contiguous();
+#else
+  (void)x;
+  (void)weight;
+  (void)cache;
+  return false;
+#endif
 }
 
 // x * rsqrt(sum(x^2) + 1e-6) over the last axis, in float32.
@@ -198,13 +215,23 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     at::Tensor k = at::linear(xn, w.la_k_proj);
     at::Tensor v = at::linear(xn, w.la_v_proj);
     if (o.gdn_short_conv) {
-      // One convolution over the q, k, v channel blocks (the layout of la_conv.weight).
-      at::Tensor* past = cache != nullptr ? &cache->la_conv : nullptr;
-      const at::Tensor qkv = short_conv(at::cat({q, k, v}, 2), w.la_conv, past);  // [B, T, 3*nL*Dh]
       const int64_t C = nL * Dh;
-      q = qkv.narrow(2, 0, C);
-      k = qkv.narrow(2, C, C);
-      v = qkv.narrow(2, 2 * C, C);
+      if (fused_short_conv(q, w.la_conv, cache)) {
+#ifdef HH_HAVE_KERNELS
+        // Without a cache or a graph on CUDA: one kernel per block of channels, in place of the
+        // concatenation, the transposes and at::conv1d below.
+        q = kernels::causal_conv_silu(q, w.la_conv.narrow(0, 0, C));
+        k = kernels::causal_conv_silu(k, w.la_conv.narrow(0, C, C));
+        v = kernels::causal_conv_silu(v, w.la_conv.narrow(0, 2 * C, C));
+#endif
+      } else {
+        // One convolution over the q, k, v channel blocks (the layout of la_conv.weight).
+        at::Tensor* past = cache != nullptr ? &cache->la_conv : nullptr;
+        const at::Tensor qkv = short_conv(at::cat({q, k, v}, 2), w.la_conv, past);  // [B, T, 3*nL*Dh]
+        q = qkv.narrow(2, 0, C);
+        k = qkv.narrow(2, C, C);
+        v = qkv.narrow(2, 2 * C, C);
+      }
     }
     q = l2_normalise(model::rotary(q.reshape({B, T, nL, Dh}), inv_freq, pos));
     k = l2_normalise(model::rotary(k.reshape({B, T, nL, Dh}), inv_freq, pos));

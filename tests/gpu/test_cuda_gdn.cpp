@@ -137,6 +137,24 @@ TEST(CudaGdn, LowRankScanEqualsTheLoopOnTheFormedTransitionInFloat64) {
     }
 }
 
+TEST(CudaGdn, ShortConvKernelEqualsConv1dThenSilu) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  for (auto dt : {torch::kFloat, torch::kBFloat16})
+    for (int64_t C : {256, 20})  // in 16-byte packs; channel by channel
+      for (int64_t T : {1, 3, 37}) {
+        const auto opts = kCuda.dtype(dt);
+        const int64_t B = 2;
+        const auto x = torch::randn({B, T, C}, opts), w = 0.5 * torch::randn({C, 1, 4}, opts);
+        // The reference: left-pad three zeros, depthwise conv1d, SiLU (as hybrid.cpp's short_conv).
+        const auto full = torch::cat({torch::zeros({B, C, 3}, opts), x.transpose(1, 2)}, 2);
+        const std::vector<int64_t> one = {1}, zero = {0};
+        const auto want = torch::silu(torch::conv1d(full, w, torch::Tensor(), one, zero, one, C)).transpose(1, 2);
+        const auto got = hh::kernels::causal_conv_silu(x, w);
+        const double tol = dt == torch::kFloat ? 1e-5 : 2.0 / 128;  // a different float32 sum order, rounded
+        EXPECT_LT(rel_err(got, want), tol) << "C=" << C << " T=" << T << (dt == torch::kFloat ? " f32" : " bf16");
+      }
+}
+
 TEST(CudaGdn, UnitLowerInverseKernelInverts) {
   ASSERT_TRUE(torch::cuda::is_available());
   for (int64_t C : {1, 17, 64}) {
