@@ -542,6 +542,16 @@ __global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __rest
     float acc[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) acc[i] = 0.f;
+    // The V channels' K taps are V * K consecutive weights: moved as 16-byte loads when packed.
+    T wv[V * K];
+    if constexpr (V > 1) {
+#pragma unroll
+      for (int q = 0; q < V * K * static_cast<int>(sizeof(T)) / 16; ++q)
+        reinterpret_cast<float4*>(wv)[q] = reinterpret_cast<const float4*>(w + c0 * K)[q];
+    } else {
+#pragma unroll
+      for (int j = 0; j < K; ++j) wv[j] = w[c0 * K + j];
+    }
 #pragma unroll
     for (int j = 0; j < K; ++j) {
       const int64_t src = t - (K - 1) + j;
@@ -554,7 +564,7 @@ __global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __rest
         xv[0] = xr[0];
       }
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc[i] = fmaf(static_cast<float>(w[(c0 + i) * K + j]), static_cast<float>(xv[i]), acc[i]);
+      for (int i = 0; i < V; ++i) acc[i] = fmaf(static_cast<float>(wv[i * K + j]), static_cast<float>(xv[i]), acc[i]);
     }
     T out[V];
 #pragma unroll
@@ -799,7 +809,9 @@ at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight) {
     constexpr int kV = 16 / sizeof(scalar_t);
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
-    const bool packed = C % kV == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0 && reinterpret_cast<uintptr_t>(yp) % 16 == 0;
+    const scalar_t* wp = weight.data_ptr<scalar_t>();
+    const bool packed = C % kV == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0 && reinterpret_cast<uintptr_t>(yp) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(wp) % 16 == 0;
     const int v = packed ? kV : 1;
     const int64_t items = B * T * (C / v);
     const unsigned threads = 256;
