@@ -49,4 +49,16 @@ TEST(CudaHybrid, MatchesCpuAndDecodesLikeTheFullForward) {
   }
 }
 
+TEST(CudaHybrid, ForwardWithoutAGraphEqualsTheForwardWithOne) {
+  // Without a graph (and without a cache) the LA heads' short convolution runs as
+  // kernels::causal_conv_silu on each q/k/v block; with one, as at::conv1d over all of them.
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto h = hybrid_on(config(), torch::kCUDA, torch::kFloat);
+  const auto ids = torch::randint(300, {2, 150}, torch::TensorOptions().dtype(torch::kLong)).to(torch::kCUDA);
+  const auto with_graph = h.forward(ids).detach().cpu();
+  torch::NoGradGuard no_grad;
+  const auto without = h.forward(ids).cpu();
+  EXPECT_LT(((without - with_graph).abs().max() / with_graph.abs().max()).item<double>(), 1e-4);
+}
+
 }  // namespace
