@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <QComboBox>
+#include <QtConcurrent/QtConcurrentRun>
 #include <QFile>
 #include <QFileInfo>
 #include <QHBoxLayout>
@@ -68,6 +69,68 @@ std::vector<double> toVector(const at::Tensor& t) {
 }
 
 QString formatValue(double v) { return std::isnan(v) ? HeadsView::tr("n/a") : QString::number(v, 'f', 4); }
+
+}  // namespace
+
+// What the attention panel needs from the analysis file's model, read once (on the worker thread).
+struct AttentionInputs {
+  std::unique_ptr<model::Transformer> model;
+  std::unique_ptr<model::Tokenizer> tok;  // null when the model directory has no tokenizer.json
+  std::vector<interp::CalibExample> calib;
+};
+
+// One head's attention on one example, computed on the worker thread.
+struct AttentionResult {
+  std::shared_ptr<const AttentionInputs> inputs;  // as read (null when reading failed)
+  QString error;                                  // empty on success
+  std::vector<double> rows;                       // [A x T] row-major
+  int A = 0, T = 0;
+  std::vector<std::pair<double, QString>> ticks;  // the most attended positions and their text
+  QStringList notes;
+};
+
+namespace {
+
+std::shared_ptr<AttentionResult> computeAttention(std::shared_ptr<const AttentionInputs> inputs, const QString& model_path,
+                                                  const QString& calib_path, int index, int layer, int head) {
+  auto r = std::make_shared<AttentionResult>();
+  try {
+    if (!inputs) {
+      auto in = std::make_shared<AttentionInputs>();
+      const std::filesystem::path dir = toPath(model_path);
+      in->model = std::make_unique<model::Transformer>(model::Transformer::load(dir, "cpu", "f32"));
+      if (std::filesystem::exists(dir / "tokenizer.json"))
+        in->tok = std::make_unique<model::Tokenizer>(model::Tokenizer::load(dir / "tokenizer.json"));
+      in->calib = interp::read_calibration(toPath(calib_path), in->tok.get(), in->model->config().vocab_size);
+      inputs = std::move(in);
+    }
+    r->inputs = inputs;
+    const auto& calib = inputs->calib;
+    if (index < 0 || index >= static_cast<int>(calib.size())) {
+      r->error = HeadsView::tr("example %1 is not in the calibration set (%2 examples)").arg(index).arg(calib.size());
+      return r;
+    }
+    const interp::PreparedExample ex = interp::prepare_example(calib[static_cast<size_t>(index)], *inputs->model,
+                                                               interp::Metric::LogProb, "example " + std::to_string(index));
+    const at::Tensor rows = interp::answer_attention(*inputs->model, ex, layer, head).contiguous();
+    r->A = static_cast<int>(rows.size(0));
+    r->T = static_cast<int>(rows.size(1));
+    r->rows.assign(rows.data_ptr<double>(), rows.data_ptr<double>() + rows.numel());
+    // The most attended tokens (over all rows), with their text.
+    const at::Tensor peak = rows.amax(0);
+    const at::Tensor top = std::get<1>(peak.topk(std::min<int64_t>(6, r->T)));
+    for (int64_t k = 0; k < top.numel(); ++k) {
+      const int64_t pos = top[k].item<int64_t>();
+      const int64_t id = ex.clean[0][pos].item<int64_t>();
+      const QString text = inputs->tok ? QString::fromStdString(inputs->tok->decode({id})).trimmed() : QString::number(id);
+      r->ticks.emplace_back(static_cast<double>(pos), text);
+      r->notes << QStringLiteral("%1 \u201c%2\u201d %3").arg(pos).arg(text).arg(peak[pos].item<double>(), 0, 'f', 2);
+    }
+  } catch (const std::exception& e) {
+    r->error = QString::fromStdString(e.what());
+  }
+  return r;
+}
 
 }  // namespace
 
@@ -175,9 +238,12 @@ HeadsView::HeadsView(HeadSelection* selection, QWidget* parent) : QWidget(parent
 
   connect(signal_box_, &QComboBox::currentTextChanged, this, [this] { redraw(); });
   connect(selection_, &HeadSelection::changed, this, &HeadsView::updateOutlines);
+  connect(&attn_watcher_, &QFutureWatcher<std::shared_ptr<AttentionResult>>::finished, this, &HeadsView::onAttentionReady);
 }
 
-HeadsView::~HeadsView() = default;
+HeadsView::~HeadsView() {
+  attn_watcher_.waitForFinished();  // the worker holds only its own data; wait so that none outlives the view
+}
 
 bool HeadsView::openAnalysis(const QString& path, QString* error) {
   const std::filesystem::path p = toPath(path);
@@ -226,9 +292,9 @@ bool HeadsView::openAnalysis(const QString& path, QString* error) {
   panel_->setSignals(nullptr);  // before the old signals go
   signals_ = std::move(loaded);
   path_ = QFileInfo(path).absoluteFilePath();
-  model_.reset();
-  tok_.reset();
-  calib_.clear();
+  inputs_.reset();
+  next_request_.reset();
+  ++generation_;  // a forward still running for the previous file is dropped when it ends
   attn_rows_.clear();
   attn_shape_ = {0, 0};
   attention_on_ = false;
@@ -427,67 +493,87 @@ bool HeadsView::showAttention(int index, QString* error) {
   attention_on_ = true;
   if (model_path_.isEmpty() || calib_path_.isEmpty())
     return fail(tr("%1 does not name its model and calibration set").arg(path_));
-  try {
-    if (!model_) {
-      const std::filesystem::path dir = toPath(model_path_);
-      model_ = std::make_unique<model::Transformer>(model::Transformer::load(dir, "cpu", "f32"));
-      if (std::filesystem::exists(dir / "tokenizer.json"))
-        tok_ = std::make_unique<model::Tokenizer>(model::Tokenizer::load(dir / "tokenizer.json"));
-      calib_ = interp::read_calibration(toPath(calib_path_), tok_.get(),
-                                        model_->config().vocab_size);
-    }
-    if (index < 0 || index >= static_cast<int>(calib_.size()))
-      return fail(tr("example %1 is not in the calibration set (%2 examples)").arg(index).arg(calib_.size()));
-    {
-      const QSignalBlocker block(example_spin_);  // the box names the example shown
-      example_spin_->setMaximum(std::max(example_spin_->maximum(), static_cast<int>(calib_.size()) - 1));
-      example_spin_->setValue(index);
-    }
-    const auto& raw = calib_[static_cast<size_t>(index)];
-    const interp::PreparedExample ex =
-        interp::prepare_example(raw, *model_, interp::Metric::LogProb, "example " + std::to_string(index));
-    const at::Tensor rows = interp::answer_attention(*model_, ex, detail_.first, detail_.second).contiguous();
-    const int A = static_cast<int>(rows.size(0)), T = static_cast<int>(rows.size(1));
-    attn_rows_.assign(rows.data_ptr<double>(), rows.data_ptr<double>() + rows.numel());
-    attn_shape_ = {A, T};
-
-    attn_plot_->clearPlottables();
-    if (attn_plot_->plotLayout()->elementCount() > 1) attn_plot_->plotLayout()->removeAt(1);
-    auto* map = new QCPColorMap(attn_plot_->xAxis, attn_plot_->yAxis);
-    map->data()->setSize(T, A);
-    map->data()->setRange(QCPRange(0, T - 1), QCPRange(0, std::max(0, A - 1)));
-    for (int i = 0; i < A; ++i)
-      for (int t = 0; t < T; ++t) map->data()->setCell(t, i, attn_rows_[static_cast<size_t>(i * T + t)]);
-    map->setGradient(QCPColorGradient::gpThermal);
-    map->setDataRange(QCPRange(0, 1));
-    map->setInterpolate(false);
-    // Label the most attended tokens (over all rows) with their text.
-    const at::Tensor peak = rows.amax(0);
-    const at::Tensor top = std::get<1>(peak.topk(std::min<int64_t>(6, T)));
-    QSharedPointer<QCPAxisTickerText> ticker(new QCPAxisTickerText);
-    QStringList notes;
-    for (int64_t k = 0; k < top.numel(); ++k) {
-      const int64_t pos = top[k].item<int64_t>();
-      const QString text = tok_ ? QString::fromStdString(tok_->decode({ex.clean[0][pos].item<int64_t>()})).trimmed()
-                                : QString::number(ex.clean[0][pos].item<int64_t>());
-      ticker->addTick(static_cast<double>(pos), text);
-      notes << QStringLiteral("%1 \u201c%2\u201d %3").arg(pos).arg(text).arg(peak[pos].item<double>(), 0, 'f', 2);
-    }
-    attn_plot_->xAxis->setTicker(ticker);
-    attn_plot_->xAxis->setTickLabelRotation(60);
-    attn_plot_->xAxis->setRange(-0.5, T - 0.5);
-    attn_plot_->yAxis->setRange(-0.5, A - 0.5);
-    attn_plot_->replot();
-    attn_label_->setText(tr("Head %1:%2 on example %3 (%4 tokens): most attended %5")
-                             .arg(detail_.first)
-                             .arg(detail_.second)
-                             .arg(index)
-                             .arg(T)
-                             .arg(notes.join(QStringLiteral(", "))));
-  } catch (const std::exception& e) {
-    return fail(QString::fromStdString(e.what()));
-  }
+  if (inputs_ && (index < 0 || index >= static_cast<int>(inputs_->calib.size())))
+    return fail(tr("example %1 is not in the calibration set (%2 examples)").arg(index).arg(inputs_->calib.size()));
+  startAttention({index, detail_.first, detail_.second, generation_});
   return true;
+}
+
+bool HeadsView::attentionBusy() const { return attn_watcher_.isRunning() || next_request_.has_value(); }
+
+void HeadsView::startAttention(const AttentionRequest& r) {
+  attn_label_->setText(tr("Computing head %1:%2 on example %3%4")
+                           .arg(r.layer)
+                           .arg(r.head)
+                           .arg(r.index)
+                           .arg(inputs_ ? QStringLiteral("...") : tr(" (reading the model first)...")));
+  if (attn_watcher_.isRunning()) {
+    next_request_ = r;  // the newest request waits; older ones are dropped
+    return;
+  }
+  const std::shared_ptr<const AttentionInputs> inputs = inputs_;
+  const QString model_path = model_path_, calib_path = calib_path_;
+  pending_ = r;
+  attn_watcher_.setFuture(QtConcurrent::run([inputs, model_path, calib_path, r] {
+    return computeAttention(inputs, model_path, calib_path, r.index, r.layer, r.head);
+  }));
+}
+
+void HeadsView::onAttentionReady() {
+  const std::shared_ptr<AttentionResult> res = attn_watcher_.result();
+  const AttentionRequest done = pending_;
+  if (done.generation != generation_) {  // made for a file no longer open
+    if (next_request_) {
+      const AttentionRequest r = *next_request_;
+      next_request_.reset();
+      startAttention(r);
+    }
+    return;
+  }
+  if (res->inputs) inputs_ = res->inputs;
+  if (next_request_) {  // a newer request: run it rather than show this one
+    const AttentionRequest r = *next_request_;
+    next_request_.reset();
+    startAttention(r);
+    return;
+  }
+  if (!res->error.isEmpty()) {
+    attn_label_->setText(res->error);
+    Q_EMIT attentionShown();
+    return;
+  }
+  {
+    const QSignalBlocker block(example_spin_);  // the box names the example shown
+    example_spin_->setMaximum(std::max(example_spin_->maximum(), static_cast<int>(inputs_->calib.size()) - 1));
+    example_spin_->setValue(done.index);
+  }
+  const int A = res->A, T = res->T;
+  attn_rows_ = res->rows;
+  attn_shape_ = {A, T};
+  attn_plot_->clearPlottables();
+  if (attn_plot_->plotLayout()->elementCount() > 1) attn_plot_->plotLayout()->removeAt(1);
+  auto* map = new QCPColorMap(attn_plot_->xAxis, attn_plot_->yAxis);
+  map->data()->setSize(T, A);
+  map->data()->setRange(QCPRange(0, T - 1), QCPRange(0, std::max(0, A - 1)));
+  for (int i = 0; i < A; ++i)
+    for (int t = 0; t < T; ++t) map->data()->setCell(t, i, attn_rows_[static_cast<size_t>(i * T + t)]);
+  map->setGradient(QCPColorGradient::gpThermal);
+  map->setDataRange(QCPRange(0, 1));
+  map->setInterpolate(false);
+  QSharedPointer<QCPAxisTickerText> ticker(new QCPAxisTickerText);
+  for (const auto& [pos, text] : res->ticks) ticker->addTick(pos, text);
+  attn_plot_->xAxis->setTicker(ticker);
+  attn_plot_->xAxis->setTickLabelRotation(60);
+  attn_plot_->xAxis->setRange(-0.5, T - 0.5);
+  attn_plot_->yAxis->setRange(-0.5, A - 0.5);
+  attn_plot_->replot();
+  attn_label_->setText(tr("Head %1:%2 on example %3 (%4 tokens): most attended %5")
+                           .arg(done.layer)
+                           .arg(done.head)
+                           .arg(done.index)
+                           .arg(T)
+                           .arg(res->notes.join(QStringLiteral(", "))));
+  Q_EMIT attentionShown();
 }
 
 }  // namespace hh::workbench

@@ -5,11 +5,13 @@
 // full-attention heads outlined. Hovering a cell names it (layer, head, KV group, value, rank);
 // clicking toggles the head between full and linear attention (undoable, through HeadSelection);
 // the panel beside the map lists every signal of the last clicked head and its per-example effects.
+#include <QFutureWatcher>
 #include <QString>
 #include <QStringList>
 #include <QWidget>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 class QComboBox;
@@ -38,6 +40,8 @@ namespace hh::workbench {
 
 class HeadSelection;
 class SelectionPanel;
+struct AttentionInputs;
+struct AttentionResult;
 
 class HeadsView : public QWidget {
   Q_OBJECT
@@ -79,9 +83,14 @@ class HeadsView : public QWidget {
 
   // The clicked head's attention on calibration example `index` (of the file's calibration set, run
   // through the file's model): rows = the positions that predict answer tokens, columns = tokens.
-  // Loads the model and the set on first use; false with *error when they cannot be read. After the
-  // first call (the panel's Show button), each clicked head shows its attention too.
+  // The model and the set load on first use and the forward runs on a worker thread, so the window
+  // stays responsive; the plot and attentionText() follow when it is done (attentionBusy() false,
+  // attentionShown() emitted), or the label names what went wrong. Returns false with *error at once
+  // when nothing can start (no clicked head, no model or calibration set named, an example out of
+  // range of a set already read). After the first call (the panel's Show button), each clicked head
+  // shows its attention too. A request made while one runs replaces any waiting one.
   bool showAttention(int index, QString* error);
+  bool attentionBusy() const;
   // The rows last shown, [A x T] row-major, and their shape.
   const std::vector<double>& attentionRows() const { return attn_rows_; }
   std::pair<int, int> attentionShape() const { return attn_shape_; }
@@ -91,6 +100,7 @@ class HeadsView : public QWidget {
  Q_SIGNALS:
   void headClicked(int layer, int head);
   void analysisOpened(const QString& path);
+  void attentionShown();
 
  private:
   void redraw();
@@ -101,6 +111,12 @@ class HeadsView : public QWidget {
   const std::vector<double>* currentMap() const;
   double valueIn(const std::vector<double>* map, int layer, int head) const;
   int rankIn(const std::vector<double>* map, int layer, int head) const;
+  struct AttentionRequest {
+    int index = 0, layer = 0, head = 0;
+    int generation = 0;  // of the analysis file it was made for
+  };
+  void startAttention(const AttentionRequest& r);
+  void onAttentionReady();
 
   HeadSelection* selection_;
   std::unique_ptr<select::Signals> signals_;
@@ -127,9 +143,13 @@ class HeadsView : public QWidget {
   QCustomPlot* attn_plot_;
   QLabel* attn_label_;
   QString model_path_, calib_path_;  // from the analysis file's attributes
-  std::unique_ptr<model::Transformer> model_;
-  std::unique_ptr<model::Tokenizer> tok_;
-  std::vector<interp::CalibExample> calib_;
+  // The model, tokenizer and calibration set, read by the first attention request (immutable once
+  // read, shared with the worker).
+  std::shared_ptr<const AttentionInputs> inputs_;
+  QFutureWatcher<std::shared_ptr<AttentionResult>> attn_watcher_;
+  AttentionRequest pending_;                      // the request the worker runs
+  std::optional<AttentionRequest> next_request_;  // made while another ran
+  int generation_ = 0;                            // bumped by openAnalysis: older results are dropped
   std::vector<double> attn_rows_;
   std::pair<int, int> attn_shape_{0, 0};
   bool attention_on_ = false;  // a click runs a forward only once the user asked for attention

@@ -170,7 +170,12 @@ class TestHeadsView : public QObject {
     QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(3, 4));  // a retrieval head
     QCOMPARE(v->attentionShape(), std::make_pair(0, 0));  // no forward pass until asked for
     QString error;
+    QSignalSpy shown(v, &HeadsView::attentionShown);
     QVERIFY2(v->showAttention(1, &error), qPrintable(error));
+    // The model loads and the forward runs on a worker thread: the window keeps handling events.
+    QVERIFY(v->attentionBusy());
+    QVERIFY(v->attentionText().startsWith(QStringLiteral("Computing head 3:4 on example 1")));
+    QTRY_VERIFY_WITH_TIMEOUT(!v->attentionBusy() && shown.count() == 1, 120000);
     const auto [A, T] = v->attentionShape();
     // Example 1 of the calibration set, as the core reads it: the needle holds what the head reads.
     const auto tok = hh::model::Tokenizer::load(demo_model() / "tokenizer.json");
@@ -196,7 +201,14 @@ class TestHeadsView : public QObject {
     }
     QVERIFY(v->attentionText().contains(QStringLiteral("Head 3:4 on example 1")));
     QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(2, 1));  // now each click follows
-    QVERIFY2(v->attentionText().contains(QStringLiteral("Head 2:1 on example 1")), qPrintable(v->attentionText()));
+    QTRY_VERIFY_WITH_TIMEOUT(v->attentionText().contains(QStringLiteral("Head 2:1 on example 1")), 120000);
+    QTRY_VERIFY_WITH_TIMEOUT(!v->attentionBusy(), 120000);
+    // Clicks faster than the forward: only the last one is shown.
+    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(1, 0));
+    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(0, 2));
+    QTRY_VERIFY_WITH_TIMEOUT(!v->attentionBusy(), 120000);
+    QVERIFY2(v->attentionText().contains(QStringLiteral("Head 0:2 on example 1")), qPrintable(v->attentionText()));
+    // An example outside the set (read by now) is refused at once.
     QVERIFY(!v->showAttention(99, &error));
     QVERIFY(error.contains(QStringLiteral("not in the calibration set")));
   }
