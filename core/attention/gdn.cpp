@@ -253,11 +253,11 @@ ChunkLayout make_layout(int64_t B, int64_t T, int64_t C, const std::vector<int64
   return L;
 }
 
-// A contiguous copy of x in `dtype`, in one pass (x.to() may hand back x itself, strides and all).
-at::Tensor dense_copy(const at::Tensor& x, at::ScalarType dtype) {
+// A contiguous copy of x * scale in `dtype`, in one pass (x.to() may hand back x itself, strides and all).
+at::Tensor dense_copy(const at::Tensor& x, at::ScalarType dtype, double scale = 1.0) {
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(dtype));
-  out.copy_(x);
-  return out;
+  if (scale == 1.0) return out.copy_(x);
+  return at::mul_out(out, x, at::scalar_tensor(scale, at::TensorOptions().dtype(x.scalar_type())));
 }
 
 // [B, T, H, ...] -> [H, N, C, ...] in dtype acc, padding slots zero, times `scale` (in the same pass
@@ -278,10 +278,7 @@ at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType a
     f = f.reshape(grid).permute(perm);
     std::vector<int64_t> out = {x.size(2), L.N, L.C};
     for (int64_t i = 3; i < x.dim(); ++i) out.push_back(x.size(i));
-    if (scale == 1.0) return dense_copy(f, acc).view(out);
-    at::Tensor scaled = at::empty(f.sizes(), f.options().dtype(acc));
-    at::mul_out(scaled, f, at::scalar_tensor(scale, at::TensorOptions().dtype(acc)));
-    return scaled.view(out);
+    return dense_copy(f, acc, scale).view(out);
   }
   std::vector<int64_t> flat = {L.rows};
   for (int64_t i = 2; i < x.dim(); ++i) flat.push_back(x.size(i));
@@ -302,13 +299,8 @@ at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType a
 at::Tensor from_chunks(const at::Tensor& x, const ChunkLayout& L, int64_t B, int64_t T, at::ScalarType dtype,
                        double scale = 1.0) {
   const int64_t H = x.size(0), D = x.size(3);
-  if (L.regular) {
-    const at::Tensor src = x.reshape({H, B, -1, D}).narrow(2, 0, T).permute({1, 2, 0, 3});
-    if (scale == 1.0) return dense_copy(src, dtype);
-    at::Tensor out = at::empty(src.sizes(), src.options().dtype(dtype));
-    at::mul_out(out, src, at::scalar_tensor(scale, at::TensorOptions().dtype(x.scalar_type())));
-    return out;
-  }
+  if (L.regular)
+    return dense_copy(x.reshape({H, B, -1, D}).narrow(2, 0, T).permute({1, 2, 0, 3}), dtype, scale);
   const at::Tensor y = scale == 1.0 ? x : x * scale;
   return y.permute({1, 2, 0, 3}).reshape({L.N * L.C, H, D}).index_select(0, L.scatter).view({B, T, H, D}).to(dtype);
 }
