@@ -499,7 +499,7 @@ bool HeadsView::showAttention(int index, QString* error) {
   return true;
 }
 
-bool HeadsView::attentionBusy() const { return attn_watcher_.isRunning() || next_request_.has_value(); }
+bool HeadsView::attentionBusy() const { return attn_running_ || next_request_.has_value(); }
 
 void HeadsView::startAttention(const AttentionRequest& r) {
   attn_label_->setText(tr("Computing head %1:%2 on example %3%4")
@@ -507,13 +507,14 @@ void HeadsView::startAttention(const AttentionRequest& r) {
                            .arg(r.head)
                            .arg(r.index)
                            .arg(inputs_ ? QStringLiteral("...") : tr(" (reading the model first)...")));
-  if (attn_watcher_.isRunning()) {
+  if (attn_running_) {
     next_request_ = r;  // the newest request waits; older ones are dropped
     return;
   }
   const std::shared_ptr<const AttentionInputs> inputs = inputs_;
   const QString model_path = model_path_, calib_path = calib_path_;
   pending_ = r;
+  attn_running_ = true;
   attn_watcher_.setFuture(QtConcurrent::run([inputs, model_path, calib_path, r] {
     return computeAttention(inputs, model_path, calib_path, r.index, r.layer, r.head);
   }));
@@ -522,6 +523,7 @@ void HeadsView::startAttention(const AttentionRequest& r) {
 void HeadsView::onAttentionReady() {
   const std::shared_ptr<AttentionResult> res = attn_watcher_.result();
   const AttentionRequest done = pending_;
+  attn_running_ = false;
   if (done.generation != generation_) {  // made for a file no longer open
     if (next_request_) {
       const AttentionRequest r = *next_request_;

@@ -147,7 +147,8 @@ class HeadsView : public QWidget {
   // read, shared with the worker).
   std::shared_ptr<const AttentionInputs> inputs_;
   QFutureWatcher<std::shared_ptr<AttentionResult>> attn_watcher_;
-  AttentionRequest pending_;                      // the request the worker runs
+  AttentionRequest pending_;                      // the request the worker runs (while attn_running_)
+  bool attn_running_ = false;                     // from its start until its result is handled
   std::optional<AttentionRequest> next_request_;  // made while another ran
   int generation_ = 0;                            // bumped by openAnalysis: older results are dropped
   std::vector<double> attn_rows_;
