@@ -46,10 +46,6 @@ struct BenchArgs {
   bool json = false;
 };
 
-void sync(const at::Device& d) {
-  if (d.is_cuda()) torch::cuda::synchronize(d.index());
-}
-
 int run_bench_forward(const BenchArgs& a) {
   if (a.seq < 1 || a.batch < 1 || a.iters < 1 || a.warmup < 0)
     throw Error("--seq, --batch and --iters must be positive and --warmup non-negative");
@@ -59,16 +55,7 @@ int run_bench_forward(const BenchArgs& a) {
   const auto ids = torch::randint(model.config().vocab_size, {a.batch, a.seq},
                                   torch::TensorOptions().dtype(torch::kInt64)).to(dev);  // [B, T]
   torch::NoGradGuard no_grad;
-  for (int64_t i = 0; i < a.warmup; ++i) (void)model.forward(ids);
-  sync(dev);
-  std::vector<double> ms;
-  for (int64_t i = 0; i < a.iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto out = model.forward(ids);
-    sync(dev);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
+  const std::vector<double> ms = sample_ms(dev, a.warmup, a.iters, [&] { (void)model.forward(ids); });
   const double median = ms[ms.size() / 2];
   // Matmul FLOPs of one forward (2 per multiply-add): projections, MLP, causal attention, lm_head.
   const auto& c = model.config();
@@ -163,6 +150,29 @@ void profile_to(const std::string& path, const std::function<void()>& fn) {
 #endif
 }
 
+void sync_device(const at::Device& d) {
+  if (d.is_cuda()) torch::cuda::synchronize(d.index());
+}
+
+std::vector<double> sample_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
+  for (int64_t i = 0; i < warmup; ++i) fn();
+  sync_device(dev);
+  std::vector<double> ms;
+  for (int64_t i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    sync_device(dev);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
+double median_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
+  const std::vector<double> ms = sample_ms(dev, warmup, iters, fn);
+  return ms[ms.size() / 2];
+}
+
 namespace {
 
 // A model of `cfg`'s shape with N(0, 0.02^2) weights drawn on the device (no checkpoint needed).
@@ -235,19 +245,7 @@ int run_bench_analyze(const AnalyzeBenchArgs& a) {
 
   interp::SweepOptions o;
   o.max_batch = a.max_batch;
-  auto time_it = [&](const std::function<void()>& fn) {
-    for (int64_t i = 0; i < a.warmup; ++i) fn();
-    sync(dev);
-    std::vector<double> s;
-    for (int64_t i = 0; i < a.iters; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      fn();
-      sync(dev);
-      s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(s.begin(), s.end());
-    return s[s.size() / 2];
-  };
+  auto time_it = [&](const std::function<void()>& fn) { return median_ms(dev, a.warmup, a.iters, fn) * 1e-3; };  // seconds
   const int64_t heads = c.num_hidden_layers * c.num_attention_heads;
   nlohmann::json j = {{"what", "analyze"}, {"device", a.device}, {"dtype", a.dtype}, {"seq", a.seq},
                       {"diff", diff}, {"answer_len", a.answer_len}, {"layers", c.num_hidden_layers},
@@ -299,7 +297,7 @@ int run_bench_analyze(const AnalyzeBenchArgs& a) {
     profile_to(a.profile, [&] {
       if (act) (void)interp::head_sweep(model, ex, cache, o);
       if (attr) (void)interp::attribution(model, ex, cache, o);
-      sync(dev);
+      sync_device(dev);
     });
   if (a.json) std::printf("%s\n", j.dump().c_str());
   return kExitOk;
@@ -320,7 +318,7 @@ int64_t peak_memory(const at::Device& d, bool reset) {
 #ifdef HH_HAVE_CUDA_ALLOCATOR_STATS
   if (d.is_cuda()) {
     const auto idx = static_cast<c10::DeviceIndex>(d.has_index() ? d.index() : 0);
-    sync(d);
+    sync_device(d);
     const int64_t peak = c10::cuda::CUDACachingAllocator::getDeviceStats(idx).allocated_bytes[0].peak;
     if (reset) c10::cuda::CUDACachingAllocator::resetPeakStats(idx);
     return peak;
@@ -368,10 +366,6 @@ int run_bench_train(const TrainBenchArgs& a) {
   torch::manual_seed(a.seed + 1 + static_cast<uint64_t>(group ? group->rank() : 0));
   const auto ids = torch::randint(cfg.vocab_size, {a.batch, a.seq + 1}, torch::TensorOptions().dtype(torch::kInt64)).to(dev);
   const double tokens = static_cast<double>(a.batch * a.seq * world);   // over every rank
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   if (lead)
   std::printf("bench train: %s-shaped random model, %lld layers x %lld heads, hybrid %lld FA heads (LA:FA %lld:1), "
               "B=%lld T=%lld %s on %s x %d\n", a.config.c_str(), static_cast<long long>(cfg.num_hidden_layers),
@@ -384,14 +378,7 @@ int run_bench_train(const TrainBenchArgs& a) {
     torch::NoGradGuard ng;
     const auto input = ids.narrow(1, 0, a.seq);
     peak_memory(dev, true);
-    std::vector<double> ms;
-    for (int64_t i = 0; i < a.warmup + a.iters; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      (void)m.teacher->forward(input);
-      sync(dev);
-      if (i >= a.warmup) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    const double t = median(ms);
+    const double t = median_ms(dev, a.warmup, a.iters, [&] { (void)m.teacher->forward(input); });
     const int64_t peak = peak_memory(dev, true);
     if (lead)
     std::printf("  %-16s %9.1f ms  %10.0f tokens/s  peak %s\n", "teacher forward", t, tokens / t * 1e3, gib(peak).c_str());
@@ -420,19 +407,14 @@ int run_bench_train(const TrainBenchArgs& a) {
         grad_sync->set_sync(true);
       }
       peak_memory(dev, true);
-      std::vector<double> ms;
       double loss = 0;
-      for (int64_t i = 0; i < a.warmup + a.iters; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
+      const double t = median_ms(dev, a.warmup, a.iters, [&] {
         loss = train::stage_loss(sm, kind, ids, 1.0, true, a.checkpoint_layers);
         if (grad_sync) grad_sync->finish();
         train::clip_grad_norm(params, 1.0);
         opt.step(1e-5);
         opt.zero_grad();
-        sync(dev);
-        if (i >= a.warmup) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      }
-      const double t = median(ms);
+      });
       const int64_t peak = peak_memory(dev, true);
       int64_t n = 0;
       for (const auto& p : params) n += p.tensor.numel();

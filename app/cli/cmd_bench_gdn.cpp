@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -61,25 +60,6 @@ std::vector<Shape> parse_shapes(const std::string& s, const char* flag) {
   return out;
 }
 
-void sync(const at::Device& d) {
-  if (d.is_cuda()) torch::cuda::synchronize(d.index());
-}
-
-// Median milliseconds of fn over `iters` runs after `warmup`.
-double time_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
-  for (int64_t i = 0; i < warmup; ++i) fn();
-  sync(dev);
-  std::vector<double> ms;
-  for (int64_t i = 0; i < iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    sync(dev);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 // Matmul FLOPs of the chunked forward (2 per multiply-add), per chunk and head: K K^T, Q K^T, the
 // triangular solve for W and U (C^2 (Dk + Dv) / 2 each way), attn U, and W S, Q S, K^T U against the state.
 double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) {
@@ -124,7 +104,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       return attention::gdn_chunked(q_, k_, v_, g_, b_, {}, scale, a.chunk);
     };
     auto forward = [&](const Fn& fn) {
-      return time_ms(dev, a.warmup, a.iters, [&] {
+      return median_ms(dev, a.warmup, a.iters, [&] {
         torch::NoGradGuard no_grad;
         (void)fn(q, k, v, g, beta);
       });
@@ -133,7 +113,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
                                         beta.detach().requires_grad_(true)};
-      return time_ms(dev, a.warmup, a.iters, [&] {
+      return median_ms(dev, a.warmup, a.iters, [&] {
         const auto r = fn(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4]);
         torch::autograd::backward({r.o}, {dO});
         for (auto& l : leaves) l.mutable_grad() = at::Tensor();
@@ -151,7 +131,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         }
         const auto r = ours(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4]);
         torch::autograd::backward({r.o}, {dO});
-        sync(dev);
+        sync_device(dev);
       });
     }
     const bool with_ref = s.T <= a.reference_max_seq;
@@ -203,7 +183,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       torch::NoGradGuard no_grad;
       const auto x = torch::randn({s.B, s.T, cfg.hidden_size}, opts);
       const auto xn = model::rms_norm(x, lw.input_layernorm, eps);
-      const double dense = time_ms(dev, a.warmup, a.iters, [&] {
+      const double dense = median_ms(dev, a.warmup, a.iters, [&] {
         auto q = model::rms_norm(at::linear(xn, lw.q_proj).view({s.B, s.T, Hq, Dh}), lw.q_norm, eps);
         auto k = model::rms_norm(at::linear(xn, lw.k_proj).view({s.B, s.T, Hkv, Dh}), lw.k_norm, eps);
         const auto v = at::linear(xn, lw.v_proj).view({s.B, s.T, Hkv, Dh});
@@ -211,7 +191,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         k = model::rotary(k, teacher.inv_freq(), 0);
         (void)model::causal_attention(q, k, v, sc);
       });
-      const double hyb = time_ms(dev, a.warmup, a.iters, [&] {
+      const double hyb = median_ms(dev, a.warmup, a.iters, [&] {
         (void)attention::hybrid_attention(cfg, hybrid.options(), hybrid.splits()[0], lw, hybrid.layers()[0], xn,
                                           teacher.inv_freq());
       });
@@ -225,7 +205,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         profile_to(lp.string(), [&] {
           (void)attention::hybrid_attention(cfg, hybrid.options(), hybrid.splits()[0], lw, hybrid.layers()[0], xn,
                                             teacher.inv_freq());
-          sync(dev);
+          sync_device(dev);
         });
       }
     }

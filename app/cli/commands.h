@@ -2,6 +2,7 @@
 // Sub-commands of `hydrahead`. Each add_* registers its options on `app` and returns the function
 // that runs it; main() calls the one the user chose. Runners return the process exit status.
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include "core/util/strings.h"
 
 namespace CLI { class App; }
+namespace c10 { struct Device; }
 namespace hh::dist { class ProcessGroup; }
 
 namespace hh::cli {
@@ -30,6 +32,12 @@ BenchSub add_bench_gdn(CLI::App& bench);  // cmd_bench_gdn.cpp
 // Records a Chrome trace (CPU ops and CUDA kernels) of fn() into `path` where LibTorch has Kineto;
 // throws hh::Error otherwise.
 void profile_to(const std::string& path, const std::function<void()>& fn);
+// Waits for the device's queued work (a no-op on the CPU).
+void sync_device(const c10::Device& d);
+// Milliseconds of each of `iters` runs of fn after `warmup` untimed ones, each ended by sync_device,
+// sorted ascending; median_ms is their median.
+std::vector<double> sample_ms(const c10::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn);
+double median_ms(const c10::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn);
 Runner add_analyze(CLI::App& app);
 Runner add_select(CLI::App& app);
 Runner add_convert(CLI::App& app);
