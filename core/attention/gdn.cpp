@@ -253,10 +253,13 @@ ChunkLayout make_layout(int64_t B, int64_t T, int64_t C, const std::vector<int64
   return L;
 }
 
-// A contiguous copy of x * scale in `dtype`, in one pass (x.to() may hand back x itself, strides and all).
+// A contiguous copy of x * scale in `dtype` (x.to() may hand back x itself, strides and all). The
+// product is taken in the wider of the two dtypes: in the same pass when that is x's (a binary op
+// computes in its inputs' dtype), else after widening.
 at::Tensor dense_copy(const at::Tensor& x, at::ScalarType dtype, double scale = 1.0) {
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(dtype));
   if (scale == 1.0) return out.copy_(x);
+  if (at::promoteTypes(x.scalar_type(), dtype) != x.scalar_type()) return out.copy_(x).mul_(scale);
   return at::mul_out(out, x, at::scalar_tensor(scale, at::TensorOptions().dtype(x.scalar_type())));
 }
 
