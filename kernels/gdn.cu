@@ -12,21 +12,20 @@
 #include <string>
 #include <vector>
 
+#include "kernels/device_ops.cuh"
+
 namespace hh::kernels {
 namespace {
 
+using device::cp_async16;
+using device::cp_async_commit;
+using device::cp_async_wait;
+using device::mma_tf32;
+using device::split_tf32;
+using device::to_tf32;
+
 constexpr int kScanColumns = 16;  // state columns a block owns
 constexpr int kShortConvTaps = 4;  // the LA heads' short convolution (kernel::causal_conv_silu)
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 // Starts the next chunk's copy (when there is one), then waits for the current chunk's copy and for
 // every thread: the double-buffered loop of both scan kernels.
@@ -123,22 +122,6 @@ __global__ void __launch_bounds__((DK / 4) * (BV / 4))
 // hi*hi + hi*lo + lo*hi, which keeps float32 accuracy (the dropped lo*lo term is ~2^-22 relative).
 // Warp w owns state rows 32w..32w+31 (two 16-row tiles) and the block's 16 columns (two 8-column
 // tiles); the accumulators hold Y in the mma C layout from chunk to chunk.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-  unsigned r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
-  hi = to_tf32(x);
-  lo = to_tf32(x - __uint_as_float(hi));
-}
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 template <int DK>
 __global__ void __launch_bounds__(DK)
     state_scan_mma_kernel(const float* __restrict__ P, const float* __restrict__ Z, const float* __restrict__ y0,

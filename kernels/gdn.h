@@ -50,6 +50,40 @@ struct LowRankScanArgs {
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
 
+// The chunk-local halves of the forward for 16-bit inputs, around low_rank_scan (kernels/gdn_chunk.cu):
+// one block per (chunk, head) reads q, k, v, g and beta in their [B, T, H, ...] layout. Chunk C = 64;
+// Dk and Dv in {64, 128}; q, k, v bfloat16 or float16 (one dtype); g and beta float32 [B, T, H]; all
+// contiguous CUDA tensors.
+bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
+
+// Which input row fills each of the N chunks' 64 slots: B regular sequences of T tokens, `per` =
+// ceil(T / 64) chunks each (chunk b * per + j holds tokens 64 j .. of sequence b), or, when gather is
+// defined, gather[n * 64 + r] (int64 CUDA [N * 64]; B * T marks padding). Padding slots are zero.
+struct ChunkGrid {
+  int64_t N = 0, per = 0;
+  at::Tensor gather;
+};
+
+// The factors of every chunk's transition and update, float32 on the chunk grid: with G = the chunk's
+// cumulative sum of g, L[t, i] = beta_t e^{G_t - G_i} k_t.k_i (i < t) and T = (I + L)^{-1},
+//   W = T diag(beta e^G) K, U = T diag(beta) V  [H, N, 64, Dk / Dv];  kdecay = e^{G_C - G} K;  decay = e^{G_C} [H, N]
+// (A = kdecay, B = W, U, decay of low_rank_scan's forward).
+struct ChunkFactors {
+  at::Tensor W, U, kdecay, decay;
+};
+ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
+                           const ChunkGrid& grid);
+
+// Every chunk's output from its start state S [H, N, Dk, Dv] and new values M [H, N, 64, Dv] (low_rank_scan's
+// hist and M_out): o_t = scale (e^{G_t} q_t S + sum_{i <= t} e^{G_t - G_i} (q_t.k_i) M_i), as [B, T, H, Dv] of q's dtype.
+at::Tensor chunk_output(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g, const at::Tensor& S,
+                        const at::Tensor& M, const ChunkGrid& grid, double scale);
+
+// Whether the gated delta rule's forward uses chunk_factors / chunk_output where they apply
+// (process-wide, on by default; off for benchmarks of the LibTorch chunk-local path).
+void set_chunk_kernels(bool on);
+bool chunk_kernels_enabled();
+
 // T = (I + L)^{-1} for strictly lower triangular L [..., C, C] float32 contiguous, C <= 64, by forward
 // substitution (one block a matrix, one thread a column). Returns T, unit lower triangular.
 at::Tensor unit_lower_inverse(const at::Tensor& L);

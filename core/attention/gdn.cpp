@@ -420,6 +420,46 @@ bool low_rank_scan_ok(const ChunkLocal& c) {
 #endif
 }
 
+// Whether the forward runs on the chunk kernels (kernels::chunk_factors / chunk_output around the
+// low-rank scan): 16-bit CUDA inputs of their shapes, unless a benchmark asked for another path.
+bool chunk_kernels_ok(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk) {
+#ifdef HH_HAVE_KERNELS
+  return q.is_cuda() && chunk == 64 && k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() &&
+         kernels::chunk_kernels_enabled() && kernels::state_scan_kernel() == kernels::ScanKernel::kLowRank &&
+         kernels::chunk_forward_supported(q.size(3), v.size(3), q.scalar_type());
+#else
+  (void)q, (void)k, (void)v, (void)chunk;
+  return false;
+#endif
+}
+
+#ifdef HH_HAVE_KERNELS
+// x contiguous and 16-byte aligned, as the chunk kernels read it (a copy only when it is not).
+at::Tensor aligned(const at::Tensor& x) {
+  at::Tensor c = x.contiguous();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+}
+
+struct ForwardScan {
+  at::Tensor S, M, final_state;  // each chunk's start state, its new values U - W S, the final state
+};
+// S_{n+1} = decay_n S_n + kdecay_n^T (U_n - W_n S_n) from s0, on the factors (kernels::low_rank_scan).
+ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at::Tensor& U, const at::Tensor& decay,
+                         const at::Tensor& s0, const std::vector<int64_t>& offsets, bool precise) {
+  kernels::LowRankScanArgs a;
+  a.A = kdecay;
+  a.B = W;
+  a.decay = decay.contiguous();
+  a.U = U;
+  a.y0 = s0.contiguous();
+  a.hist = at::empty({W.size(0), W.size(1), W.size(3), U.size(3)}, U.options());
+  a.M = at::empty(U.sizes(), U.options());
+  a.precise = precise;
+  const at::Tensor fin = kernels::low_rank_scan(a, offsets);
+  return {a.hist, a.M, fin};
+}
+#endif
+
 struct ChunkedInputs {
   at::Tensor Q, K, V, g, beta;
 };
@@ -439,39 +479,46 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     const Tf32Scope tf32(use_tf32(q));
     const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
-    const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
-    const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
-    at::Tensor S, O, final_state;  // S: the state at the start of each chunk
-    if (low_rank_scan_ok(c)) {
+    at::Tensor S, o, final_state;  // S: the state at the start of each chunk
+    if (chunk_kernels_ok(q, k, v, chunk)) {
 #ifdef HH_HAVE_KERNELS
-      // S_{n+1} = e^{G_C} S_n + kdecay^T (U - W S_n), with the chunk's new values U - W S_n kept.
-      kernels::LowRankScanArgs a;
-      a.A = c.kdecay;
-      a.B = c.W;
-      a.decay = c.dl.contiguous();
-      a.U = c.U;
-      a.y0 = s0.to(acc).contiguous();
-      a.hist = at::empty({c.W.size(0), c.W.size(1), c.W.size(3), c.U.size(3)}, c.U.options());
-      a.M = at::empty(c.U.sizes(), c.U.options());
-      a.precise = !use_tf32(q);
-      final_state = kernels::low_rank_scan(a, L.offsets);
-      S = a.hist;
-      O = at::matmul(c.attn, a.M).add_(at::matmul(c.qdecay, S));  // times scale in from_chunks
+      // The chunk kernels read q, k, v, g and beta where they lie; the scan runs between them.
+      const kernels::ChunkGrid grid{L.N, L.regular ? L.N / std::max<int64_t>(B, 1) : 0, L.gather};
+      const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
+                       bf = aligned(beta.to(at::kFloat));
+      const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid);
+      const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets, /*precise=*/false);
+      S = r.S;
+      final_state = r.final_state;
+      o = kernels::chunk_output(qc, kc, gf, r.S, r.M, grid, scale);
 #endif
     } else {
-      const at::Tensor Z = at::matmul(c.kdecay.transpose(-1, -2), c.U);  // [H, N, Dk, Dv]
-      const ScanResult scan = gdn_state_scan(transition(c, /*transposed=*/false).contiguous(), Z.contiguous(),
-                                             s0.to(acc).contiguous(), L.offsets, /*reverse=*/false);
-      S = scan.hist;
-      final_state = scan.final_state;
-      O = at::matmul(c.qdecay, S) + at::matmul(c.attn, c.U - at::matmul(c.W, S));
+      const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
+      const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
+      at::Tensor O;
+      if (low_rank_scan_ok(c)) {
+#ifdef HH_HAVE_KERNELS
+        const ForwardScan r = forward_scan(c.kdecay, c.W, c.U, c.dl, s0.to(acc), L.offsets, !use_tf32(q));
+        S = r.S;
+        final_state = r.final_state;
+        O = at::matmul(c.attn, r.M).add_(at::matmul(c.qdecay, S));  // times scale in from_chunks
+#endif
+      } else {
+        const at::Tensor Z = at::matmul(c.kdecay.transpose(-1, -2), c.U);  // [H, N, Dk, Dv]
+        const ScanResult scan = gdn_state_scan(transition(c, /*transposed=*/false).contiguous(), Z.contiguous(),
+                                               s0.to(acc).contiguous(), L.offsets, /*reverse=*/false);
+        S = scan.hist;
+        final_state = scan.final_state;
+        O = at::matmul(c.qdecay, S) + at::matmul(c.attn, c.U - at::matmul(c.W, S));
+      }
+      o = from_chunks(O, L, B, T, v.scalar_type(), scale);
     }
     ctx->save_for_backward({q, k, v, g, beta, S});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
     ctx->saved_data["s0_dtype"] = static_cast<int64_t>(s0.scalar_type());
-    return {from_chunks(O, L, B, T, v.scalar_type(), scale), final_state};
+    return {o, final_state};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

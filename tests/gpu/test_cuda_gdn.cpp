@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "core/attention/fusion.h"
 #include "core/attention/gdn.h"
@@ -135,6 +136,106 @@ TEST(CudaGdn, LowRankScanEqualsTheLoopOnTheFormedTransitionInFloat64) {
           EXPECT_LT(rel_err(a.M, want_m), tol) << what;
         }
     }
+}
+
+// [B, T, H, ...] -> [H, B * per, 64, ...]: the chunk grid of B regular sequences, zero-padded.
+torch::Tensor on_grid(const torch::Tensor& x, int64_t per) {
+  const int64_t B = x.size(0), T = x.size(1);
+  std::vector<int64_t> pad_shape = x.sizes().vec(), grid = {B, per, 64}, perm = {3, 0, 1, 2}, out = {x.size(2), B * per, 64};
+  pad_shape[1] = per * 64 - T;
+  for (int64_t i = 2; i < x.dim(); ++i) grid.push_back(x.size(i));
+  for (int64_t i = 4; i < static_cast<int64_t>(grid.size()); ++i) perm.push_back(i);
+  for (int64_t i = 3; i < x.dim(); ++i) out.push_back(x.size(i));
+  return torch::cat({x, torch::zeros(pad_shape, x.options())}, 1).reshape(grid).permute(perm).reshape(out);
+}
+
+// Leaves the CUDA caching allocator holding a large NaN-filled block, so that tensors a kernel
+// allocates next start as NaN (an element it fails to write then shows in rel_err).
+void poison_allocator() { (void)torch::full({64 << 20}, std::numeric_limits<float>::quiet_NaN(), kCuda.dtype(torch::kFloat)); }
+
+// The chunk kernels alone against their formulas in float64 on the chunk grid: T not a multiple of
+// 64 (the last chunk's padding slots), B = 2, Dk != Dv, both 16-bit dtypes.
+TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  namespace F = torch::nn::functional;
+  const auto nrm = F::NormalizeFuncOptions().dim(-1);
+  const int64_t B = 2, T = 150, H = 3, per = 3, N = B * per, C = 64;
+  const double scale = 0.1;
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
+    for (auto [Dk, Dv] : {std::pair<int64_t, int64_t>{128, 128}, {64, 128}, {128, 64}, {64, 64}}) {
+      const std::string what = std::string(c10::toString(dt)) + " Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv);
+      const auto dev = kCuda.dtype(dt), f32 = kCuda.dtype(torch::kFloat);
+      const auto q = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
+      const auto k = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
+      const auto v = torch::randn({B, T, H, Dv}, kF64).to(dev);
+      const auto g = (-0.5 * torch::rand({B, T, H}, kF64)).to(f32), beta = torch::rand({B, T, H}, kF64).to(f32);
+      auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
+      const auto Q = on_grid(f64(q), per), K = on_grid(f64(k), per), V = on_grid(f64(v), per);
+      const auto G = on_grid(f64(g), per).cumsum(-1), Bt = on_grid(f64(beta), per);  // [H, N, C]
+      const auto diff = G.unsqueeze(-1) - G.unsqueeze(-2);
+      const auto strict = torch::ones({C, C}, torch::kBool).tril(-1), incl = torch::ones({C, C}, torch::kBool).tril();
+      const auto L = (Bt.unsqueeze(-1) * torch::matmul(K, K.transpose(-1, -2)) * diff.exp()).masked_fill(strict.logical_not(), 0.0);
+      const auto Tinv = torch::linalg::inv(torch::eye(C, kF64) + L);
+      const auto W = torch::matmul(Tinv, (Bt * G.exp()).unsqueeze(-1) * K), U = torch::matmul(Tinv, Bt.unsqueeze(-1) * V);
+      const auto last = G.select(-1, C - 1);
+      const auto kdecay = (last.unsqueeze(-1) - G).exp().unsqueeze(-1) * K;
+
+      poison_allocator();
+      const hh::kernels::ChunkGrid grid{N, per, {}};
+      const auto f = hh::kernels::chunk_factors(k, v, g, beta, grid);
+      // TF32 operands (10 mantissa bits) for T and the scaled K and V: ~1e-3.
+      EXPECT_LT(rel_err(f.W, W), 3e-3) << what;
+      EXPECT_LT(rel_err(f.U, U), 3e-3) << what;
+      EXPECT_LT(rel_err(f.kdecay, kdecay), 1e-6) << what;
+      EXPECT_LT(rel_err(f.decay, last.exp()), 1e-6) << what;
+
+      // The output from arbitrary start states and new values (rows of padding slots M = 0, as the scan leaves them).
+      const auto S = torch::randn({H, N, Dk, Dv}, kF64);
+      const auto M = torch::randn({H, N, C, Dv}, kF64) * (Bt != 0).unsqueeze(-1);
+      const auto attn = (torch::matmul(Q, K.transpose(-1, -2)) * diff.masked_fill(incl.logical_not(), -std::numeric_limits<double>::infinity()).exp());
+      const auto O = scale * (G.exp().unsqueeze(-1) * torch::matmul(Q, S) + torch::matmul(attn, M));  // [H, N, C, Dv]
+      const auto want = O.reshape({H, B, per * C, Dv}).narrow(2, 0, T).permute({1, 2, 0, 3});
+      poison_allocator();
+      const auto got = hh::kernels::chunk_output(q, k, g, S.to(f32), M.to(f32), grid, scale);
+      EXPECT_EQ(got.scalar_type(), dt) << what;
+      EXPECT_LT(rel_err(got, want), 1e-2) << what;  // the 16-bit output's rounding
+    }
+}
+
+// The whole forward with the chunk kernels against the recurrence, and against the same forward with
+// the chunk-local part in LibTorch: initial state, Dk != Dv, T = 1 and odd T.
+TEST(CudaGdn, ForwardWithTheChunkKernelsEqualsTheRecurrence) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  namespace F = torch::nn::functional;
+  const auto nrm = F::NormalizeFuncOptions().dim(-1);
+  struct Case {
+    int64_t B, T, H, Dk, Dv;
+    torch::Dtype dt;
+  };
+  for (const Case& c : {Case{2, 777, 3, 128, 128, torch::kBFloat16}, Case{1, 1, 2, 128, 64, torch::kBFloat16},
+                        Case{3, 130, 2, 64, 128, torch::kHalf}, Case{1, 640, 4, 64, 64, torch::kBFloat16}}) {
+    const std::string what = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " Dk=" + std::to_string(c.Dk) +
+                             " Dv=" + std::to_string(c.Dv) + " " + std::string(c10::toString(c.dt));
+    const auto dev = kCuda.dtype(c.dt), f32 = kCuda.dtype(torch::kFloat);
+    const auto q = F::normalize(torch::randn({c.B, c.T, c.H, c.Dk}, kF64), nrm).to(dev);
+    const auto k = F::normalize(torch::randn({c.B, c.T, c.H, c.Dk}, kF64), nrm).to(dev);
+    const auto v = torch::randn({c.B, c.T, c.H, c.Dv}, kF64).to(dev);
+    const auto g = (-0.5 * torch::rand({c.B, c.T, c.H}, kF64)).to(f32), beta = torch::rand({c.B, c.T, c.H}, kF64).to(f32);
+    const auto s0 = (0.5 * torch::randn({c.B, c.H, c.Dk, c.Dv}, kF64)).to(f32);
+    auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
+    const auto ref = gdn_recurrent(f64(q), f64(k), f64(v), f64(g), f64(beta), f64(s0), 0.1);
+    ASSERT_TRUE(hh::kernels::chunk_kernels_enabled());
+    poison_allocator();
+    const auto got = gdn_chunked_scan(q, k, v, g, beta, s0, 0.1);
+    hh::kernels::set_chunk_kernels(false);
+    const auto lt = gdn_chunked_scan(q, k, v, g, beta, s0, 0.1);
+    hh::kernels::set_chunk_kernels(true);
+    EXPECT_EQ(got.o.scalar_type(), c.dt) << what;
+    EXPECT_LT(rel_err(got.o, ref.o), 1e-2) << what;
+    EXPECT_LT(rel_err(got.state, ref.state), 2e-3) << what;  // float32 states from TF32 products
+    EXPECT_LT(rel_err(got.o, lt.o), 1e-2) << what;
+    EXPECT_LT(rel_err(got.state, lt.state), 2e-3) << what;
+  }
 }
 
 TEST(CudaGdn, ShortConvKernelEqualsConv1dThenSilu) {

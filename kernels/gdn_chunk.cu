@@ -1,0 +1,458 @@
+// The chunk-local halves of the chunked gated delta rule's forward for 16-bit inputs (DESIGN.md
+// section 9), on either side of low_rank_scan. One block per (chunk, head) reads q, k, v, g and beta
+// where they lie ([B, T, H, ...]), so nothing is copied onto the chunk grid first:
+//   chunk_factors: G = cumsum(g), L = strict_lower(beta_t e^{G_t - G_i} k_t.k_i), T = (I + L)^{-1},
+//                  W = T diag(beta e^G) K, U = T diag(beta) V, kdecay = e^{G_C - G} K, decay = e^{G_C}
+//   chunk_output:  O = scale (diag(e^G) Q S_n + (Q K^T * e^{G_t - G_i}, i <= t) M_n)
+// with S_n the chunk's start state and M_n = U - W S_n its new values (both from the scan). Products
+// run on the tensor cores with TF32 operands and float32 accumulation: the 16-bit inputs are exact in
+// TF32, the float32 intermediates (T, the scaled K and V, S_n, M_n) are rounded to it, as LibTorch's
+// float32 GEMMs round them with TF32 allowed. core/attention/gdn.cpp's LibTorch form is the reference.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/device_ops.cuh"
+#include "kernels/gdn.h"
+
+namespace hh::kernels {
+namespace {
+
+using device::cp_async16;
+using device::cp_async_commit;
+using device::cp_async_wait;
+using device::mma_tf32;
+using device::to_tf32;
+
+constexpr int kC = 64;                // chunk length
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kOutCols = 64;          // output columns a chunk_output block computes
+constexpr int kLdT = kC + 4;          // float [C][C] matrices read as the A operand: conflict-free rows
+constexpr int kLdOut = kOutCols + 8;  // float slices read as the B operand
+
+// Row stride of a 16-bit [C][D] tile in shared memory: D + 8 elements keeps both the A-operand
+// (row g, column t) and the B-operand (row t, column g) fragment reads free of bank conflicts, and
+// every row 16-byte aligned for cp.async.
+template <int D>
+constexpr int ld16() {
+  return D + 8;
+}
+
+// The input row of slot r of chunk n, or -1 for padding.
+struct SlotRows {
+  const int64_t* gather;  // [N * C] input row of each slot (rows = padding), or null for B regular sequences:
+  int64_t per, T, rows;   // per chunks of T tokens each; rows = B * T
+  __device__ __forceinline__ int64_t operator()(int64_t n, int r) const {
+    if (gather != nullptr) {
+      const int64_t x = gather[n * kC + r];
+      return x < rows ? x : -1;
+    }
+    const int64_t b = n / per, t = (n % per) * kC + r;
+    return t < T ? b * T + t : -1;
+  }
+};
+
+template <class T>
+__device__ __forceinline__ unsigned bits(T x) {  // a 16-bit value as a TF32 operand (exact)
+  return __float_as_uint(static_cast<float>(x));
+}
+
+// Chunk n's rows of head h of x [rows, H, D] into dst [C][ld16<D>] by cp.async; padding rows zero.
+template <int D, class T>
+__device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ x, const int64_t* rows, int h, int H) {
+  constexpr int V = 16 / sizeof(T), LD = ld16<D>();
+  for (int i = threadIdx.x; i < kC * D / V; i += kThreads) {
+    const int r = i / (D / V), c = (i % (D / V)) * V;
+    T* d = dst + r * LD + c;
+    if (rows[r] >= 0)
+      cp_async16(d, x + (rows[r] * H + h) * D + c);
+    else
+      *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// Rows [r0, r0 + R) x columns [c0, c0 + 64) of a float32 matrix with row stride ld into dst [R][kLdOut].
+template <int R>
+__device__ __forceinline__ void load_slice(float* dst, const float* __restrict__ src, int64_t ld) {
+  for (int i = threadIdx.x; i < R * kOutCols / 4; i += kThreads) {
+    const int r = i / (kOutCols / 4), c = (i % (kOutCols / 4)) * 4;
+    cp_async16(dst + r * kLdOut + c, src + r * ld + c);
+  }
+}
+
+// Warp 0: G = the chunk's inclusive cumulative sum of g (Gs), and beta (bs, when asked for).
+__device__ __forceinline__ void chunk_gates(const float* __restrict__ g, const float* __restrict__ beta,
+                                            const int64_t* rows, int h, int H, float* Gs, float* bs) {
+  if (threadIdx.x >= 32) return;
+  const int l = threadIdx.x;
+  const int64_t r0 = rows[2 * l], r1 = rows[2 * l + 1];
+  const float g0 = r0 >= 0 ? g[r0 * H + h] : 0.f, g1 = r1 >= 0 ? g[r1 * H + h] : 0.f;
+  float s = g0 + g1;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, s, o);
+    if (l >= o) s += y;
+  }
+  Gs[2 * l] = s - g1;
+  Gs[2 * l + 1] = s;
+  if (bs != nullptr) {
+    bs[2 * l] = r0 >= 0 ? beta[r0 * H + h] : 0.f;
+    bs[2 * l + 1] = r1 >= 0 ? beta[r1 * H + h] : 0.f;
+  }
+}
+
+// X Y^T for rows X, Y of two 16-bit [C][D] tiles, masked by the decay: warp w computes rows
+// 16 (w / 2) .. + 15 and columns 32 (w % 2) .. + 31 of
+//   out[t][i] = row_scale[t] e^{G_t - G_i} x_t.y_i   where i < t (i <= t when inclusive), else 0.
+template <int D, class T>
+__device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const float* Gs, const float* row_scale,
+                                            bool inclusive, float* out) {
+  constexpr int LD = ld16<D>();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int m = (warp / 2) * 16, n0 = (warp % 2) * 32;
+  float acc[4][4] = {};
+  if (n0 < m + 16) {  // otherwise every column is above the diagonal
+#pragma unroll 4
+    for (int k0 = 0; k0 < D; k0 += 8) {
+      const unsigned a[4] = {bits(Xs[(m + g) * LD + k0 + t]), bits(Xs[(m + g + 8) * LD + k0 + t]),
+                             bits(Xs[(m + g) * LD + k0 + t + 4]), bits(Xs[(m + g + 8) * LD + k0 + t + 4])};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int n = n0 + 8 * j;
+        const unsigned b[2] = {bits(Ys[(n + g) * LD + k0 + t]), bits(Ys[(n + g) * LD + k0 + t + 4])};
+        mma_tf32(acc[j], a, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t + (e & 1);
+      const bool keep = inclusive ? c <= r : c < r;
+      const float s = row_scale != nullptr ? row_scale[r] : 1.f;
+      out[r * kLdT + c] = keep ? s * acc[j][e] * expf(Gs[r] - Gs[c]) : 0.f;
+    }
+}
+
+// out = Ts diag(scale) X for lower triangular Ts [C][kLdT] (float) and a 16-bit [C][D] tile X: warp w
+// computes rows 16 (w % 4) .. + 15 and columns (D / 2)(w / 4) .. + D / 2 - 1, written to out (row stride D).
+template <int D, class T>
+__device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const float* scale, float* __restrict__ out) {
+  constexpr int LD = ld16<D>(), NT = D / 16;  // 8-column tiles a warp
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int m = (warp % 4) * 16, n0 = (warp / 4) * (D / 2);
+  float acc[NT][4] = {};
+  for (int k0 = 0; k0 < m + 16; k0 += 8) {  // Ts[r][k] = 0 for k > r
+    const unsigned a[4] = {to_tf32(Ts[(m + g) * kLdT + k0 + t]), to_tf32(Ts[(m + g + 8) * kLdT + k0 + t]),
+                           to_tf32(Ts[(m + g) * kLdT + k0 + t + 4]), to_tf32(Ts[(m + g + 8) * kLdT + k0 + t + 4])};
+    const float s0 = scale[k0 + t], s1 = scale[k0 + t + 4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int c = n0 + 8 * j + g;
+      const unsigned b[2] = {to_tf32(s0 * static_cast<float>(Xs[(k0 + t) * LD + c])),
+                             to_tf32(s1 * static_cast<float>(Xs[(k0 + t + 4) * LD + c]))};
+      mma_tf32(acc[j], a, b);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
+      *reinterpret_cast<float2*>(out + r * D + c) = make_float2(acc[j][e], acc[j][e + 1]);
+    }
+}
+
+template <int DK, int DV, class T>
+constexpr size_t factors_smem() {
+  return (kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T) + (kC * kLdT + 3 * kC) * sizeof(float) + kC * sizeof(int64_t);
+}
+
+template <int DK, int DV, class T>
+__global__ void __launch_bounds__(kThreads)
+    chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
+                         const float* __restrict__ beta, SlotRows slots, int H, int64_t N, float* __restrict__ W,
+                         float* __restrict__ U, float* __restrict__ kdecay, float* __restrict__ decay) {
+  extern __shared__ float4 smem4[];
+  T* const Ks = reinterpret_cast<T*>(smem4);
+  T* const Vs = Ks + kC * ld16<DK>();
+  float* const Ls = reinterpret_cast<float*>(Vs + kC * ld16<DV>());  // L, then T = (I + L)^{-1}
+  float* const Gs = Ls + kC * kLdT;
+  float* const bs = Gs + kC;  // beta
+  float* const ws = bs + kC;  // beta e^G: W's scale
+  int64_t* const rows = reinterpret_cast<int64_t*>(ws + kC);
+  const int64_t n = blockIdx.x;
+  const int h = blockIdx.y, tid = threadIdx.x;
+  const int64_t chunk = static_cast<int64_t>(h) * N + n;
+  if (tid < kC) rows[tid] = slots(n, tid);
+  __syncthreads();
+  load_rows<DK>(Ks, k, rows, h, H);
+  load_rows<DV>(Vs, v, rows, h, H);
+  cp_async_commit();
+  chunk_gates(g, beta, rows, h, H, Gs, bs);
+  cp_async_wait<0>();
+  __syncthreads();
+
+  masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls);
+  __syncthreads();
+
+  // T = (I + L)^{-1} by threads 0..63 (thread j: column j, right-looking: once row i of T is final,
+  // every later row takes its update at once); meanwhile the other warps write kdecay and decay.
+  float col[kC];
+  if (tid < kC) {
+    const int j = tid;
+#pragma unroll
+    for (int i = 0; i < kC; ++i) col[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kC; ++i) {
+      const float ti = i == j ? 1.f : (i > j ? col[i] : 0.f);
+      col[i] = ti;
+#pragma unroll
+      for (int r = i + 1; r < kC; ++r) col[r] = fmaf(-Ls[r * kLdT + i], ti, col[r]);
+    }
+  } else {
+    const float last = Gs[kC - 1];
+    float* dst = kdecay + chunk * kC * DK;
+    for (int i = tid - kC; i < kC * DK / 4; i += kThreads - kC) {
+      const int r = (4 * i) / DK, c = (4 * i) % DK;
+      const float s = expf(last - Gs[r]);
+      const T* x = Ks + r * ld16<DK>() + c;
+      *reinterpret_cast<float4*>(dst + r * DK + c) =
+          make_float4(s * static_cast<float>(x[0]), s * static_cast<float>(x[1]), s * static_cast<float>(x[2]),
+                      s * static_cast<float>(x[3]));
+    }
+    if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
+    if (tid == kC) decay[chunk] = expf(last);
+  }
+  __syncthreads();  // every thread is done reading L
+  if (tid < kC) {
+#pragma unroll
+    for (int i = 0; i < kC; ++i) Ls[i * kLdT + tid] = col[i];
+  }
+  __syncthreads();
+
+  lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
+  lower_times<DV>(Ls, Vs, bs, U + chunk * kC * DV);
+}
+
+template <int DK, class T>
+constexpr size_t output_smem() {
+  return 2 * kC * ld16<DK>() * sizeof(T) + (kC * kLdT + DK * kLdOut + kC * kLdOut + kC) * sizeof(float) +
+         kC * sizeof(int64_t);
+}
+
+template <int DK, int DV, class T>
+__global__ void __launch_bounds__(kThreads)
+    chunk_output_kernel(const T* __restrict__ q, const T* __restrict__ k, const float* __restrict__ g, SlotRows slots,
+                        int H, int64_t N, const float* __restrict__ S, const float* __restrict__ M, float scale,
+                        T* __restrict__ out) {
+  extern __shared__ float4 smem4[];
+  T* const Qs = reinterpret_cast<T*>(smem4);
+  T* const Ks = Qs + kC * ld16<DK>();
+  float* const As = reinterpret_cast<float*>(Ks + kC * ld16<DK>());  // the masked Q K^T
+  float* const Ss = As + kC * kLdT;                                   // [DK][kLdOut]: S_n's column slice
+  float* const Ms = Ss + DK * kLdOut;                                 // [C][kLdOut]: M_n's column slice
+  float* const Gs = Ms + kC * kLdOut;
+  int64_t* const rows = reinterpret_cast<int64_t*>(Gs + kC);
+  const int64_t n = blockIdx.x;
+  const int h = blockIdx.y, col0 = blockIdx.z * kOutCols, tid = threadIdx.x;
+  const int64_t chunk = static_cast<int64_t>(h) * N + n;
+  if (tid < kC) rows[tid] = slots(n, tid);
+  __syncthreads();
+  load_rows<DK>(Qs, q, rows, h, H);
+  load_rows<DK>(Ks, k, rows, h, H);
+  load_slice<DK>(Ss, S + chunk * DK * DV + col0, DV);
+  load_slice<kC>(Ms, M + chunk * kC * DV + col0, DV);
+  cp_async_commit();
+  chunk_gates(g, nullptr, rows, h, H, Gs, nullptr);
+  cp_async_wait<0>();
+  __syncthreads();
+
+  masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As);
+  __syncthreads();
+
+  // O = scale (e^{G_t} (Q S)_t + (A M)_t): warp w computes rows 16 (w % 4) .. + 15 and 32 of the
+  // block's columns.
+  constexpr int NT = kOutCols / 16, LD = ld16<DK>();
+  const int warp = tid / 32, lane = tid % 32, g8 = lane / 4, t = lane % 4;
+  const int m = (warp % 4) * 16, n0 = (warp / 4) * (kOutCols / 2);
+  float qs[NT][4] = {}, am[NT][4] = {};
+#pragma unroll 4
+  for (int k0 = 0; k0 < DK; k0 += 8) {
+    const unsigned a[4] = {bits(Qs[(m + g8) * LD + k0 + t]), bits(Qs[(m + g8 + 8) * LD + k0 + t]),
+                           bits(Qs[(m + g8) * LD + k0 + t + 4]), bits(Qs[(m + g8 + 8) * LD + k0 + t + 4])};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int c = n0 + 8 * j + g8;
+      const unsigned b[2] = {to_tf32(Ss[(k0 + t) * kLdOut + c]), to_tf32(Ss[(k0 + t + 4) * kLdOut + c])};
+      mma_tf32(qs[j], a, b);
+    }
+  }
+  for (int k0 = 0; k0 < m + 16; k0 += 8) {  // A[r][i] = 0 for i > r
+    const unsigned a[4] = {to_tf32(As[(m + g8) * kLdT + k0 + t]), to_tf32(As[(m + g8 + 8) * kLdT + k0 + t]),
+                           to_tf32(As[(m + g8) * kLdT + k0 + t + 4]), to_tf32(As[(m + g8 + 8) * kLdT + k0 + t + 4])};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int c = n0 + 8 * j + g8;
+      const unsigned b[2] = {to_tf32(Ms[(k0 + t) * kLdOut + c]), to_tf32(Ms[(k0 + t + 4) * kLdOut + c])};
+      mma_tf32(am[j], a, b);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 4; e += 2) {
+    const int r = m + g8 + (e >= 2 ? 8 : 0);
+    const int64_t row = rows[r];
+    if (row < 0) continue;
+    const float decay = expf(Gs[r]);
+    T* dst = out + (row * H + h) * DV + col0;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int c = n0 + 8 * j + 2 * t;
+      const T pair[2] = {T(scale * fmaf(decay, qs[j][e], am[j][e])), T(scale * fmaf(decay, qs[j][e + 1], am[j][e + 1]))};
+      *reinterpret_cast<uint32_t*>(dst + c) = *reinterpret_cast<const uint32_t*>(pair);
+    }
+  }
+}
+
+void need(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef sizes, bool sixteen_bit) {
+  const std::string name = std::string("hh::kernels::") + fn + ": " + what;
+  if (!x.defined() || !x.is_cuda() || !x.is_contiguous()) throw std::invalid_argument(name + " must be a contiguous CUDA tensor");
+  if (x.sizes() != sizes) throw std::invalid_argument(name + " has the wrong shape");
+  if (sixteen_bit ? x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kHalf : x.scalar_type() != at::kFloat)
+    throw std::invalid_argument(name + (sixteen_bit ? " must be bfloat16 or float16" : " must be float32"));
+  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) throw std::invalid_argument(name + " must be 16-byte aligned");
+}
+
+SlotRows slot_rows(const ChunkGrid& grid, int64_t B, int64_t T) {
+  if (grid.gather.defined()) {
+    if (!grid.gather.is_cuda() || grid.gather.scalar_type() != at::kLong || !grid.gather.is_contiguous() ||
+        grid.gather.numel() != grid.N * kC)
+      throw std::invalid_argument("hh::kernels: ChunkGrid::gather must be N * 64 int64 CUDA values");
+    return {grid.gather.data_ptr<int64_t>(), 0, T, B * T};
+  }
+  if (grid.N != B * grid.per || grid.per * kC < T || (grid.per > 0 && (grid.per - 1) * kC >= T))
+    throw std::invalid_argument("hh::kernels: ChunkGrid: N must be B * per with per = ceil(T / 64)");
+  return {nullptr, grid.per, T, B * T};
+}
+
+struct FactorsArgs {
+  const void *k, *v;
+  const float *g, *beta;
+  SlotRows slots;
+  int H;
+  int64_t N;
+  float *W, *U, *kdecay, *decay;
+};
+template <int DK, int DV, class X>
+struct LaunchFactors {
+  static void run(const FactorsArgs& p) {
+    constexpr size_t smem = factors_smem<DK, DV, X>();
+    auto kernel = chunk_factors_kernel<DK, DV, X>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+        static_cast<const X*>(p.k), static_cast<const X*>(p.v), p.g, p.beta, p.slots, p.H, p.N, p.W, p.U, p.kdecay, p.decay);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
+
+struct OutputArgs {
+  const void *q, *k;
+  const float* g;
+  SlotRows slots;
+  int H;
+  int64_t N;
+  const float *S, *M;
+  float scale;
+  void* out;
+};
+template <int DK, int DV, class X>
+struct LaunchOutput {
+  static void run(const OutputArgs& p) {
+    constexpr size_t smem = output_smem<DK, X>();
+    auto kernel = chunk_output_kernel<DK, DV, X>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    const dim3 blocks(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H), static_cast<unsigned>(DV / kOutCols));
+    kernel<<<blocks, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(static_cast<const X*>(p.q), static_cast<const X*>(p.k),
+                                                                        p.g, p.slots, p.H, p.N, p.S, p.M, p.scale,
+                                                                        static_cast<X*>(p.out));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
+
+// Launch<DK, DV, X>::run(p) for the runtime shapes and dtype (chunk_forward_supported has checked them).
+template <template <int, int, class> class Launch, class X, class Args>
+void dispatch_dims(int64_t Dk, int64_t Dv, const Args& p) {
+  if (Dk == 64 && Dv == 64) Launch<64, 64, X>::run(p);
+  else if (Dk == 64) Launch<64, 128, X>::run(p);
+  else if (Dv == 64) Launch<128, 64, X>::run(p);
+  else Launch<128, 128, X>::run(p);
+}
+template <template <int, int, class> class Launch, class Args>
+void dispatch(int64_t Dk, int64_t Dv, at::ScalarType dt, const Args& p) {
+  if (dt == at::kBFloat16) dispatch_dims<Launch, c10::BFloat16>(Dk, Dv, p);
+  else dispatch_dims<Launch, c10::Half>(Dk, Dv, p);
+}
+
+bool g_chunk_kernels = true;
+
+}  // namespace
+
+void set_chunk_kernels(bool on) { g_chunk_kernels = on; }
+bool chunk_kernels_enabled() { return g_chunk_kernels; }
+
+bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
+  return (Dk == 64 || Dk == 128) && (Dv == 64 || Dv == 128) && (dtype == at::kBFloat16 || dtype == at::kHalf);
+}
+
+ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
+                           const ChunkGrid& grid) {
+  if (k.dim() != 4 || v.dim() != 4) throw std::invalid_argument("hh::kernels::chunk_factors: k and v must be [B, T, H, D]");
+  const int64_t B = k.size(0), T = k.size(1), H = k.size(2), Dk = k.size(3), Dv = v.size(3), N = grid.N;
+  need(k, "chunk_factors", "k", k.sizes(), true);
+  need(v, "chunk_factors", "v", {B, T, H, Dv}, true);
+  need(g, "chunk_factors", "g", {B, T, H}, false);
+  need(beta, "chunk_factors", "beta", {B, T, H}, false);
+  if (v.scalar_type() != k.scalar_type() || !chunk_forward_supported(Dk, Dv, k.scalar_type()))
+    throw std::invalid_argument("hh::kernels::chunk_factors: k and v of one 16-bit dtype, Dk and Dv in {64, 128} only");
+  const SlotRows slots = slot_rows(grid, B, T);
+  const c10::cuda::CUDAGuard guard(k.device());
+  const auto f32 = k.options().dtype(at::kFloat);
+  ChunkFactors r{at::empty({H, N, kC, Dk}, f32), at::empty({H, N, kC, Dv}, f32), at::empty({H, N, kC, Dk}, f32),
+                 at::empty({H, N}, f32)};
+  if (N == 0 || H == 0) return r;
+  dispatch<LaunchFactors>(Dk, Dv, k.scalar_type(),
+                          FactorsArgs{k.data_ptr(), v.data_ptr(), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
+                                      static_cast<int>(H), N, r.W.data_ptr<float>(), r.U.data_ptr<float>(),
+                                      r.kdecay.data_ptr<float>(), r.decay.data_ptr<float>()});
+  return r;
+}
+
+at::Tensor chunk_output(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g, const at::Tensor& S,
+                        const at::Tensor& M, const ChunkGrid& grid, double scale) {
+  if (q.dim() != 4 || S.dim() != 4) throw std::invalid_argument("hh::kernels::chunk_output: q must be [B, T, H, Dk], S [H, N, Dk, Dv]");
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = S.size(3), N = grid.N;
+  need(q, "chunk_output", "q", q.sizes(), true);
+  need(k, "chunk_output", "k", q.sizes(), true);
+  need(g, "chunk_output", "g", {B, T, H}, false);
+  need(S, "chunk_output", "S", {H, N, Dk, Dv}, false);
+  need(M, "chunk_output", "M", {H, N, kC, Dv}, false);
+  if (k.scalar_type() != q.scalar_type() || !chunk_forward_supported(Dk, Dv, q.scalar_type()))
+    throw std::invalid_argument("hh::kernels::chunk_output: q and k of one 16-bit dtype, Dk and Dv in {64, 128} only");
+  const SlotRows slots = slot_rows(grid, B, T);
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty({B, T, H, Dv}, q.options());
+  if (N == 0 || H == 0) return out;
+  dispatch<LaunchOutput>(Dk, Dv, q.scalar_type(),
+                         OutputArgs{q.data_ptr(), k.data_ptr(), g.data_ptr<float>(), slots, static_cast<int>(H), N,
+                                    S.data_ptr<float>(), M.data_ptr<float>(), static_cast<float>(scale), out.data_ptr()});
+  return out;
+}
+
+}  // namespace hh::kernels
