@@ -175,7 +175,7 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
       const auto diff = G.unsqueeze(-1) - G.unsqueeze(-2);
       const auto strict = torch::ones({C, C}, torch::kBool).tril(-1), incl = torch::ones({C, C}, torch::kBool).tril();
       const auto L = (Bt.unsqueeze(-1) * torch::matmul(K, K.transpose(-1, -2)) * diff.exp()).masked_fill(strict.logical_not(), 0.0);
-      const auto Tinv = torch::linalg::inv(torch::eye(C, kF64) + L);
+      const auto Tinv = torch::inverse(torch::eye(C, kF64) + L);
       const auto W = torch::matmul(Tinv, (Bt * G.exp()).unsqueeze(-1) * K), U = torch::matmul(Tinv, Bt.unsqueeze(-1) * V);
       const auto last = G.select(-1, C - 1);
       const auto kdecay = (last.unsqueeze(-1) - G).exp().unsqueeze(-1) * K;
