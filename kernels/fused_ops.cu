@@ -102,6 +102,38 @@ __global__ void norm_rope_kernel(const T* __restrict__ x, const T* __restrict__ 
   }
 }
 
+// One warp per (token, head) row of Dh elements: RoPE with the token's cos/sin (rounded as HF rounds),
+// then the L2 normalisation of the LA heads' q and k in float32: y = r * rsqrt(sum(r^2) + eps).
+template <class T>
+__global__ void rope_l2norm_kernel(const T* __restrict__ x, const T* __restrict__ cos, const T* __restrict__ sin,
+                                   T* __restrict__ y, int64_t rows, int64_t T_len, int64_t H, int64_t Dh, float eps) {
+  __shared__ float xs[kWarpsPerBlock][kMaxHeadDim];
+  __shared__ float rs[kWarpsPerBlock][kMaxHeadDim];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (row >= rows) return;
+  const int64_t t = (row / H) % T_len;  // rows are (b, t, h) in order
+  const T* xr = x + row * Dh;
+  for (int64_t i = lane; i < Dh; i += 32) xs[warp][i] = static_cast<float>(xr[i]);
+  __syncwarp();
+  const int64_t half = Dh / 2;
+  const T* c = cos + t * Dh;
+  const T* s = sin + t * Dh;
+  float ss = 0.f;
+  for (int64_t i = lane; i < Dh; i += 32) {
+    const float rot = i < half ? -xs[warp][i + half] : xs[warp][i - half];
+    const T a = static_cast<T>(xs[warp][i] * static_cast<float>(c[i]));
+    const T b = static_cast<T>(rot * static_cast<float>(s[i]));
+    const float r = static_cast<float>(static_cast<T>(static_cast<float>(a) + static_cast<float>(b)));
+    rs[warp][i] = r;
+    ss += r * r;
+  }
+  const float inv = rsqrtf(warp_sum(ss) + eps);
+  __syncwarp();
+  T* yr = y + row * Dh;
+  for (int64_t i = lane; i < Dh; i += 32) yr[i] = static_cast<T>(rs[warp][i] * inv);
+}
+
 // n elements in packs of V (n a multiple of V).
 template <class T, int V>
 __global__ void silu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ y, int64_t n) {
@@ -270,6 +302,28 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_rms_norm", [&] {
     rms_norm_kernel<scalar_t><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
         x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n, static_cast<float>(eps));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return y;
+}
+
+at::Tensor rope_l2norm(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, double eps) {
+  check(x, "x");
+  check(cos, "cos");
+  check(sin, "sin");
+  if (x.dim() != 4) throw std::invalid_argument("hh::kernels::rope_l2norm: x must be [B, T, H, Dh]");
+  const int64_t T = x.size(1), H = x.size(2), Dh = x.size(3), rows = x.numel() / std::max<int64_t>(Dh, 1);
+  if (Dh > kMaxHeadDim || Dh % 2 != 0) throw std::invalid_argument("hh::kernels::rope_l2norm: head_dim must be even and <= 256");
+  if (cos.numel() != T * Dh || sin.numel() != T * Dh)
+    throw std::invalid_argument("hh::kernels::rope_l2norm: cos/sin must be [T, Dh]");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty_like(x);
+  if (rows == 0) return y;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_rope_l2norm", [&] {
+    rope_l2norm_kernel<scalar_t><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
+        x.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, T, H,
+        Dh, static_cast<float>(eps));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;

@@ -20,6 +20,11 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
                      double eps);
 
+// The LA heads' q/k: r = RoPE(x) (rounded as above), then y = to_dtype(r * rsqrt(sum(r^2, -1) + eps)) in
+// float32 (core/attention/hybrid.cpp's l2_normalise(model::rotary(x)) is the reference). No backward:
+// for forwards without a graph.
+at::Tensor rope_l2norm(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, double eps);
+
 // to_dtype(silu(gate)) * up, elementwise, gate/up contiguous and of one shape.
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 

@@ -10,6 +10,8 @@
 #include "core/model/transformer.h"
 #include "core/util/error.h"
 #ifdef HH_HAVE_KERNELS
+#include "core/model/fused_autograd.h"
+#include "kernels/fused_ops.h"
 #include "kernels/gdn.h"
 #endif
 
@@ -64,6 +66,31 @@ bool fused_short_conv(const at::Tensor& x, const at::Tensor& weight, const Hybri
 at::Tensor l2_normalise(const at::Tensor& x) {
   const at::Tensor f = x.to(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   return (f * at::rsqrt(f.pow(2).sum(-1, true) + 1e-6)).to(x.scalar_type());
+}
+
+// The LA heads' q or k: l2_normalise(rotary(x)), as one kernel on CUDA when no graph needs it.
+at::Tensor rope_l2(const at::Tensor& x, const at::Tensor& inv_freq, int64_t pos) {
+#ifdef HH_HAVE_KERNELS
+  if (x.is_cuda() && x.scalar_type() != at::kDouble && !(at::GradMode::is_enabled() && x.requires_grad())) {
+    const auto [cos, sin] = model::rope_cos_sin(inv_freq.to(x.device()), pos, x.size(1), x.scalar_type());
+    return kernels::rope_l2norm(x.contiguous(), cos, sin, 1e-6);
+  }
+#endif
+  return l2_normalise(model::rotary(x, inv_freq, pos));
+}
+
+// The FA heads' q or k: rms_norm with the teacher's weight, then RoPE when `rope`. On CUDA with a
+// constant weight, one kernel (differentiable in x: model::fused_norm_rope).
+at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps, bool rope, const at::Tensor& inv_freq,
+                     int64_t pos) {
+#ifdef HH_HAVE_KERNELS
+  if (rope && x.is_cuda() && x.scalar_type() != at::kDouble && !weight.requires_grad()) {
+    const auto [cos, sin] = model::rope_cos_sin(inv_freq.to(x.device()), pos, x.size(1), x.scalar_type());
+    return model::fused_norm_rope(x, weight, cos, sin, eps);
+  }
+#endif
+  const at::Tensor n = model::rms_norm(x, weight, eps);
+  return rope ? model::rotary(n, inv_freq, pos) : n;
 }
 
 }  // namespace
@@ -183,12 +210,8 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.fa, Dh)).view({B, T, nF, Dh});
     at::Tensor k = at::linear(xn, tw.k_proj).view({B, T, Hkv, Dh});
     const at::Tensor v = at::linear(xn, tw.v_proj).view({B, T, Hkv, Dh});
-    q = model::rms_norm(q, tw.q_norm, eps);
-    k = model::rms_norm(k, tw.k_norm, eps);
-    if (o.fa_rope) {
-      q = model::rotary(q, inv_freq, pos);
-      k = model::rotary(k, inv_freq, pos);
-    }
+    q = norm_rope(q, tw.q_norm, eps, o.fa_rope, inv_freq, pos);
+    k = norm_rope(k, tw.k_norm, eps, o.fa_rope, inv_freq, pos);
     if (o.fa_log_scale) {
       const double a = o.fa_log_scale_alpha;
       const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // float32 for 16-bit models
@@ -233,8 +256,8 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
         v = qkv.narrow(2, 2 * C, C);
       }
     }
-    q = l2_normalise(model::rotary(q.reshape({B, T, nL, Dh}), inv_freq, pos));
-    k = l2_normalise(model::rotary(k.reshape({B, T, nL, Dh}), inv_freq, pos));
+    q = rope_l2(q.reshape({B, T, nL, Dh}), inv_freq, pos);
+    k = rope_l2(k.reshape({B, T, nL, Dh}), inv_freq, pos);
     v = v.reshape({B, T, nL, Dh});
     at::Tensor beta = at::sigmoid(at::linear(xn, w.la_b_proj));  // [B, T, nL]
     if (o.gdn_allow_neg_eigval) beta = beta * 2;

@@ -664,6 +664,12 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offse
   return apply_rope(x, rope_tables(inv_freq.to(x.device()), offset, x.size(1), x.scalar_type()));
 }
 
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype) {
+  const RopeTables r = rope_tables(inv_freq, offset, T, dtype);
+  const int64_t Dh = r.cos.size(3);
+  return {r.cos.reshape({T, Dh}), r.sin.reshape({T, Dh})};
+}
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                             const at::Tensor& prefix_k, const at::Tensor& prefix_v) {
   return causal_attention(q, k, v, prefix_k, prefix_v, scale, /*eager=*/false);

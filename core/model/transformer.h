@@ -2,6 +2,7 @@
 // Qwen3 dense decoder, the exact math of HF Qwen3ForCausalLM (DESIGN §4), batched, CPU or CUDA.
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/model/config.h"
@@ -151,6 +152,8 @@ class Transformer {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // Rotate-half RoPE of x [B, T, H, Dh] at positions offset.., angles from inv_freq [Dh/2] in float32.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offset);
+// The cos and sin tables rotary() applies, [T, Dh] in dtype, for positions offset .. offset + T - 1.
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype);
 // Causal attention, GQA (q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh]) -> [B, T, Hq, Dh]; never T x T. With
 // prefix_k/v [1 or B, P, Hkv, Dh], the T rows sit after P cached tokens and see all of them.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,

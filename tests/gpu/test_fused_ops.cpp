@@ -67,6 +67,10 @@ TEST_P(FusedOps, MatchTheOpSequencesTheyReplace) {
     const auto cos = emb.cos().to(opts), sin = emb.sin().to(opts);
     expect_near_exact(hh::kernels::norm_rope(x, w, cos, sin, 1e-6), hf_rope(hf_rms_norm(x, w, 1e-6), cos, sin), 4 * ulp,
                       "norm_rope Dh=" + std::to_string(Dh));
+    // The LA heads' q/k: RoPE, then x * rsqrt(sum(x^2) + eps) in float32.
+    const auto r = hf_rope(x, cos, sin).to(torch::kFloat);
+    const auto l2 = (r * torch::rsqrt(r.pow(2).sum(-1, true) + 1e-6)).to(dt);
+    expect_near_exact(hh::kernels::rope_l2norm(x, cos, sin, 1e-6), l2, 2 * ulp, "rope_l2norm Dh=" + std::to_string(Dh));
   }
   // 129 columns: element by element; 256: in 16-byte packs.
   for (int64_t cols : {129, 256}) {
