@@ -172,7 +172,8 @@ __device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const 
 
 template <int DK, int DV, class T>
 constexpr size_t factors_smem() {
-  return (kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T) + (kC * kLdT + 3 * kC) * sizeof(float) + kC * sizeof(int64_t);
+  return (kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T) + (kC * kLdT + 3 * kC + 3 * 256) * sizeof(float) +
+         kC * sizeof(int64_t);
 }
 
 template <int DK, int DV, class T>
@@ -187,7 +188,8 @@ __global__ void __launch_bounds__(kThreads)
   float* const Gs = Ls + kC * kLdT;
   float* const bs = Gs + kC;  // beta
   float* const ws = bs + kC;  // beta e^G: W's scale
-  int64_t* const rows = reinterpret_cast<int64_t*>(ws + kC);
+  float* const Xs = ws + kC;  // [3][16][16]: the block-row sums of the inverse
+  int64_t* const rows = reinterpret_cast<int64_t*>(Xs + 3 * 256);
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y, tid = threadIdx.x;
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
@@ -203,19 +205,22 @@ __global__ void __launch_bounds__(kThreads)
   masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls);
   __syncthreads();
 
-  // T = (I + L)^{-1} by threads 0..63 (thread j: column j, right-looking: once row i of T is final,
-  // every later row takes its update at once); meanwhile the other warps write kdecay and decay.
-  float col[kC];
+  // T = (I + L)^{-1} in place, by 16 x 16 blocks: first the inverses of the diagonal blocks (threads
+  // 0..63, one column each, right-looking: once row i is final every later row takes its update),
+  // while the other warps write kdecay and decay; then block rows a = 1..3 in turn:
+  //   T_ab = -T_aa sum_{c=b}^{a-1} L_ac T_cb   (b < a; T_cb final from earlier block rows).
+  float col[16];
   if (tid < kC) {
-    const int j = tid;
+    const int j = tid % 16;
+    const float* Ld = Ls + (tid / 16) * 16 * (kLdT + 1);  // diagonal block tid / 16
 #pragma unroll
-    for (int i = 0; i < kC; ++i) col[i] = 0.f;
+    for (int i = 0; i < 16; ++i) col[i] = 0.f;
 #pragma unroll
-    for (int i = 0; i < kC; ++i) {
+    for (int i = 0; i < 16; ++i) {
       const float ti = i == j ? 1.f : (i > j ? col[i] : 0.f);
       col[i] = ti;
 #pragma unroll
-      for (int r = i + 1; r < kC; ++r) col[r] = fmaf(-Ls[r * kLdT + i], ti, col[r]);
+      for (int r = i + 1; r < 16; ++r) col[r] = fmaf(-Ld[r * kLdT + i], ti, col[r]);
     }
   } else {
     const float last = Gs[kC - 1];
@@ -231,12 +236,32 @@ __global__ void __launch_bounds__(kThreads)
     if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
     if (tid == kC) decay[chunk] = expf(last);
   }
-  __syncthreads();  // every thread is done reading L
+  __syncthreads();  // every thread is done reading the diagonal blocks of L
   if (tid < kC) {
+    float* Ld = Ls + (tid / 16) * 16 * (kLdT + 1);
 #pragma unroll
-    for (int i = 0; i < kC; ++i) Ls[i * kLdT + tid] = col[i];
+    for (int r = 0; r < 16; ++r) Ld[r * kLdT + tid % 16] = col[r];
   }
   __syncthreads();
+  for (int a = 1; a < 4; ++a) {
+    for (int e = tid; e < a * 256; e += kThreads) {  // Xs[b] = sum_c L_ac T_cb
+      const int b = e / 256, r = (e / 16) % 16, c = e % 16;
+      const float* Lrow = Ls + (16 * a + r) * kLdT;
+      float acc = 0.f;
+      for (int k = 16 * b; k < 16 * a; ++k) acc = fmaf(Lrow[k], Ls[k * kLdT + 16 * b + c], acc);
+      Xs[e] = acc;
+    }
+    __syncthreads();
+    for (int e = tid; e < a * 256; e += kThreads) {  // T_ab = -T_aa Xs[b], over L_ab
+      const int b = e / 256, r = (e / 16) % 16, c = e % 16;
+      const float* Trow = Ls + (16 * a + r) * kLdT + 16 * a;
+      float acc = 0.f;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) acc = fmaf(Trow[k], Xs[b * 256 + k * 16 + c], acc);
+      Ls[(16 * a + r) * kLdT + 16 * b + c] = -acc;
+    }
+    __syncthreads();
+  }
 
   lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
   lower_times<DV>(Ls, Vs, bs, U + chunk * kC * DV);
