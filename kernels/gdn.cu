@@ -285,9 +285,11 @@ __device__ __forceinline__ void mma_terms(float (&acc)[2][4], const Tf32Operand<
   }
 }
 
-template <int DK, bool PRECISE>
+// F: how A and B are stored, float32 or float16 (float16 values are exact in TF32, and half the bytes
+// to stream per chunk).
+template <int DK, bool PRECISE, class F>
 __global__ void __launch_bounds__(2 * DK)
-    low_rank_scan_kernel(const float* __restrict__ A, const float* __restrict__ Bm, const float* __restrict__ decay,
+    low_rank_scan_kernel(const F* __restrict__ A, const F* __restrict__ Bm, const float* __restrict__ decay,
                          const float* __restrict__ U, const float* __restrict__ Z, const float* __restrict__ y0,
                          float* __restrict__ hist, float* __restrict__ Mout, float* __restrict__ fin,
                          const int64_t* __restrict__ offsets, int H, int64_t N, int Dv, int64_t lda, int64_t ldb,
@@ -295,18 +297,19 @@ __global__ void __launch_bounds__(2 * DK)
   // Warp w owns state rows 16w..16w+15 (one 16-row tile, both 8-column tiles) in step (2), and the
   // (16-row, 8-column) tiles w, w + NW, ... of M in step (1).
   constexpr int C = kLowRankChunk, BV = 16, NW = DK / 16, NT = 32 * NW, T1 = (C / 16) * 2 / NW;
-  // Padded rows for conflict-free fragment loads: A is read transposed (LDA = 8 mod 32), B by rows
-  // (LDB = 4 mod 32), Y and M as the B operand (24).
-  constexpr int LDA = DK + 8, LDB = DK + 4, LDY = 24;
+  // Padded rows for conflict-free fragment loads: A is read transposed (LDA = 8 mod 32 words), B by
+  // rows (LDB = 4 mod 32 words; for 16-bit rows DK + 8 elements serves both), Y and M as the B operand (24).
+  constexpr bool kHalf = sizeof(F) == 2;
+  constexpr int LDA = DK + 8, LDB = kHalf ? DK + 8 : DK + 4, LDY = 24, V = 16 / sizeof(F);
   static_assert(T1 >= 1 && (C / 16) * 2 % NW == 0, "step (1) tiles must divide among the warps");
   using Op = Tf32Operand<PRECISE>;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  float* const As0 = smem;
-  float* const As1 = As0 + C * LDA;
-  float* const Bs0 = As1 + C * LDA;
-  float* const Bs1 = Bs0 + C * LDB;
-  float* const Ys = Bs1 + C * LDB;  // [DK][LDY]
+  F* const As0 = reinterpret_cast<F*>(smem);
+  F* const As1 = As0 + C * LDA;
+  F* const Bs0 = As1 + C * LDA;
+  F* const Bs1 = Bs0 + C * LDB;
+  float* const Ys = reinterpret_cast<float*>(Bs1 + C * LDB);  // [DK][LDY]
   float* const Ms = Ys + DK * LDY;  // [C][LDY]
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, s = blockIdx.z;
@@ -334,12 +337,12 @@ __global__ void __launch_bounds__(2 * DK)
   }
   auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
   auto load_factors = [&](int64_t n, int buf) {
-    const float* a_src = A + (static_cast<int64_t>(h) * N + n) * C * lda;
-    const float* b_src = Bm + (static_cast<int64_t>(h) * N + n) * C * ldb;
-    float* da = buf ? As1 : As0;
-    float* db = buf ? Bs1 : Bs0;
-    for (int i = tid; i < C * DK / 4; i += NT) {
-      const int r = (4 * i) / DK, c = (4 * i) % DK;
+    const F* a_src = A + (static_cast<int64_t>(h) * N + n) * C * lda;
+    const F* b_src = Bm + (static_cast<int64_t>(h) * N + n) * C * ldb;
+    F* da = buf ? As1 : As0;
+    F* db = buf ? Bs1 : Bs0;
+    for (int i = tid; i < C * DK / V; i += NT) {
+      const int r = (V * i) / DK, c = (V * i) % DK;
       cp_async16(da + r * LDA + c, a_src + r * lda + c);
       cp_async16(db + r * LDB + c, b_src + r * ldb + c);
     }
@@ -350,8 +353,8 @@ __global__ void __launch_bounds__(2 * DK)
     const int64_t n = chunk(i);
     const int buf = static_cast<int>(i & 1);
     wait_for_chunk(i + 1 < count, [&] { load_factors(chunk(i + 1), buf ^ 1); });
-    const float* An = buf ? As1 : As0;
-    const float* Bn = buf ? Bs1 : Bs0;
+    const F* An = buf ? As1 : As0;
+    const F* Bn = buf ? Bs1 : Bs0;
     const int64_t chunk_rows = (static_cast<int64_t>(h) * N + n) * C * Dv + col0;  // M
     const int64_t chunk_u = (static_cast<int64_t>(h) * N + n) * C * ldu + col0;
     const int64_t chunk_state = (static_cast<int64_t>(h) * N + n) * state + col0;  // Z, hist
@@ -385,7 +388,7 @@ __global__ void __launch_bounds__(2 * DK)
 #pragma unroll 4
       for (int k0 = 0; k0 < DK; k0 += 8) {
         const Op a[4] = {Op(Bn[(m + g) * LDB + k0 + t]), Op(Bn[(m + g + 8) * LDB + k0 + t]),
-                         Op(Bn[(m + g) * LDB + k0 + t + 4]), Op(Bn[(m + g + 8) * LDB + k0 + t + 4])};
+                         Op(Bn[(m + g) * LDB + k0 + t + 4]), Op(Bn[(m + g + 8) * LDB + k0 + t + 4])};  // float(F) exact
         const Op b[2] = {Op(Ys[(k0 + t) * LDY + nt * 8 + g]), Op(Ys[(k0 + t + 4) * LDY + nt * 8 + g])};
         mma_terms<PRECISE>(acc, a, b, k0 / 8);
       }
@@ -442,21 +445,31 @@ __global__ void __launch_bounds__(2 * DK)
           make_float2(y[nt][e], y[nt][e + 1]);
 }
 
-template <int DK>
+template <int DK, class F>
 void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, at::Tensor& fin) {
   constexpr int C = kLowRankChunk;
+  constexpr int LDB = sizeof(F) == 2 ? DK + 8 : DK + 4;
   const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
-  const size_t smem = (2 * C * (DK + 8) + 2 * C * (DK + 4) + DK * 24 + C * 24) * sizeof(float);
-  auto kernel = a.precise ? low_rank_scan_kernel<DK, true> : low_rank_scan_kernel<DK, false>;
+  const size_t smem = (2 * C * (DK + 8) + 2 * C * LDB) * sizeof(F) + (DK * 24 + C * 24) * sizeof(float);
+  auto kernel = a.precise ? low_rank_scan_kernel<DK, true, F> : low_rank_scan_kernel<DK, false, F>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(Dv / 16), static_cast<unsigned>(H), static_cast<unsigned>(S));
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   kernel<<<grid, 2 * DK, smem, at::cuda::getCurrentCUDAStream()>>>(
-      a.A.data_ptr<float>(), a.B.data_ptr<float>(), a.decay.data_ptr<float>(), ptr(a.U), ptr(a.Z), a.y0.data_ptr<float>(),
+      a.A.data_ptr<F>(), a.B.data_ptr<F>(), a.decay.data_ptr<float>(), ptr(a.U), ptr(a.Z), a.y0.data_ptr<float>(),
       a.hist.data_ptr<float>(), ptr(a.M), fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv, a.A.stride(2),
       a.B.stride(2), a.U.defined() ? a.U.stride(2) : Dv, a.reverse);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <class F>
+void launch_low_rank_scan(int64_t Dk, const LowRankScanArgs& a, const at::Tensor& offsets, at::Tensor& fin) {
+  switch (Dk) {
+    case 32: launch_low_rank_scan<32, F>(a, offsets, fin); break;
+    case 64: launch_low_rank_scan<64, F>(a, offsets, fin); break;
+    default: launch_low_rank_scan<128, F>(a, offsets, fin); break;
+  }
 }
 
 // ---- unit lower triangular inverse: T = (I + L)^{-1}, column j of T by forward substitution ----
@@ -712,14 +725,17 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       if (!optional) throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " is required");
       return;
     }
-    if (x.scalar_type() != at::kFloat) throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " must be float32");
+    const bool factor = what == std::string("A") || what == std::string("B");
+    if (x.scalar_type() != at::kFloat && !(factor && x.scalar_type() == at::kHalf))
+      throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what +
+                                  (factor ? " must be float32 or float16" : " must be float32"));
     if (!rows_may_be_wider) return check(x, what);
     if (!x.is_cuda()) throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " must be a CUDA tensor");
     const int64_t ld = x.stride(2);
-    if (x.dim() != 4 || x.stride(3) != 1 || ld < x.size(3) || ld % 4 != 0 || x.stride(1) != x.size(2) * ld ||
+    if (x.dim() != 4 || x.stride(3) != 1 || ld < x.size(3) || ld % (16 / x.element_size()) != 0 || x.stride(1) != x.size(2) * ld ||
         x.stride(0) != x.size(1) * x.stride(1) || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0)
       throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what +
-                                  " must be [H, N, C, D] with packed rows (a row stride that is a multiple of 4)");
+                                  " must be [H, N, C, D] with packed rows (a row stride of a multiple of 16 bytes)");
   };
   need(a.A, "A", false, true);
   need(a.B, "B", false, true);
@@ -729,6 +745,8 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   need(a.y0, "y0", false);
   need(a.hist, "hist", false);
   need(a.M, "M", true);
+  if (a.B.scalar_type() != a.A.scalar_type())
+    throw std::invalid_argument("hh::kernels::low_rank_scan: A and B must have one dtype");
   if (a.B.sizes() != a.A.sizes() || a.y0.dim() != 4)
     throw std::invalid_argument("hh::kernels::low_rank_scan: expected A, B [H, N, C, Dk] and y0 [S, H, Dk, Dv]");
   const int64_t H = a.A.size(0), N = a.A.size(1), C = a.A.size(2), Dk = a.A.size(3), S = a.y0.size(0), Dv = a.y0.size(3);
@@ -750,11 +768,8 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   const at::Tensor off = at::tensor(at::ArrayRef<int64_t>(offsets), at::TensorOptions().dtype(at::kLong))
                              .pin_memory()
                              .to(a.A.device(), /*non_blocking=*/true);
-  switch (Dk) {
-    case 32: launch_low_rank_scan<32>(a, off, fin); break;
-    case 64: launch_low_rank_scan<64>(a, off, fin); break;
-    default: launch_low_rank_scan<128>(a, off, fin); break;
-  }
+  if (a.A.scalar_type() == at::kHalf) launch_low_rank_scan<c10::Half>(Dk, a, off, fin);
+  else launch_low_rank_scan<float>(Dk, a, off, fin);
   return fin;
 }
 

@@ -35,8 +35,9 @@ at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor
 //   final[s, h] = Y
 // i.e. P^T = decay I - A^T B. A, B [H, N, C, Dk]; decay [H, N]; U and M_out [H, N, C, Dv] and Z
 // [H, N, Dk, Dv] optional (undefined: zero / not written); y0 [S, H, Dk, Dv]; hist [H, N, Dk, Dv]
-// preallocated. All float32 CUDA contiguous, except that A, B and U may be column slices of wider
-// packed rows; chunk C = 64, Dk in {32, 64, 128}, Dv a multiple of 16.
+// preallocated. All float32 CUDA contiguous, except that A and B may both be float16 (values exact in
+// TF32, half the bytes streamed per chunk), and A, B and U may be column slices of wider packed rows;
+// chunk C = 64, Dk in {32, 64, 128}, Dv a multiple of 16.
 // The gated delta rule's forward is A = e^{G_C - G} K, B = W, U = U (M = the chunk's new values
 // U - W S); its backward runs the reverse scan with A = W, B = e^{G_C - G} K, Z = the direct terms.
 // Products on the tensor cores: precise = the 3xTF32 split (float32 accuracy); otherwise one TF32
@@ -67,7 +68,10 @@ struct ChunkGrid {
 // The factors of every chunk's transition and update, float32 on the chunk grid: with G = the chunk's
 // cumulative sum of g, L[t, i] = beta_t e^{G_t - G_i} k_t.k_i (i < t) and T = (I + L)^{-1},
 //   W = T diag(beta e^G) K, U = T diag(beta) V  [H, N, 64, Dk / Dv];  kdecay = e^{G_C - G} K;  decay = e^{G_C} [H, N]
-// (A = kdecay, B = W, U, decay of low_rank_scan's forward).
+// (A = kdecay, B = W, U, decay of low_rank_scan's forward). W and kdecay are float16: float16 keeps
+// the 10 mantissa bits of the TF32 products they feed, at half the bytes for the scan to stream (their
+// entries are bounded by |k| times T's, far inside float16's range for the L2-normalised keys of the
+// LA heads); U and decay are float32.
 struct ChunkFactors {
   at::Tensor W, U, kdecay, decay;
 };

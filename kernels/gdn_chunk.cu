@@ -3,6 +3,7 @@
 // where they lie ([B, T, H, ...]), so nothing is copied onto the chunk grid first:
 //   chunk_factors: G = cumsum(g), L = strict_lower(beta_t e^{G_t - G_i} k_t.k_i), T = (I + L)^{-1},
 //                  W = T diag(beta e^G) K, U = T diag(beta) V, kdecay = e^{G_C - G} K, decay = e^{G_C}
+//                  (W and kdecay in float16, as the scan streams them)
 //   chunk_output:  O = scale (diag(e^G) Q S_n + (Q K^T * e^{G_t - G_i}, i <= t) M_n)
 // with S_n the chunk's start state and M_n = U - W S_n its new values (both from the scan). Products
 // run on the tensor cores with TF32 operands and float32 accumulation: the 16-bit inputs are exact in
@@ -57,6 +58,13 @@ struct SlotRows {
     return t < T ? b * T + t : -1;
   }
 };
+
+// Two consecutive outputs (8- or 4-byte aligned).
+__device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+__device__ __forceinline__ void store2(c10::Half* p, float a, float b) {
+  const c10::Half h[2] = {c10::Half(a), c10::Half(b)};
+  *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(h);
+}
 
 template <class T>
 __device__ __forceinline__ unsigned bits(T x) {  // a 16-bit value as a TF32 operand (exact)
@@ -143,8 +151,8 @@ __device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const floa
 
 // out = Ts diag(scale) X for lower triangular Ts [C][kLdT] (float) and a 16-bit [C][D] tile X: warp w
 // computes rows 16 (w % 4) .. + 15 and columns (D / 2)(w / 4) .. + D / 2 - 1, written to out (row stride D).
-template <int D, class T>
-__device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const float* scale, float* __restrict__ out) {
+template <int D, class T, class O>
+__device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const float* scale, O* __restrict__ out) {
   constexpr int LD = ld16<D>(), NT = D / 16;  // 8-column tiles a warp
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int m = (warp % 4) * 16, n0 = (warp / 4) * (D / 2);
@@ -166,7 +174,7 @@ __device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const 
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
       const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
-      *reinterpret_cast<float2*>(out + r * D + c) = make_float2(acc[j][e], acc[j][e + 1]);
+      store2(out + r * D + c, acc[j][e], acc[j][e + 1]);
     }
 }
 
@@ -179,8 +187,8 @@ constexpr size_t factors_smem() {
 template <int DK, int DV, class T>
 __global__ void __launch_bounds__(kThreads)
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
-                         const float* __restrict__ beta, SlotRows slots, int H, int64_t N, float* __restrict__ W,
-                         float* __restrict__ U, float* __restrict__ kdecay, float* __restrict__ decay) {
+                         const float* __restrict__ beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
+                         float* __restrict__ U, c10::Half* __restrict__ kdecay, float* __restrict__ decay) {
   extern __shared__ float4 smem4[];
   T* const Ks = reinterpret_cast<T*>(smem4);
   T* const Vs = Ks + kC * ld16<DK>();
@@ -224,14 +232,14 @@ __global__ void __launch_bounds__(kThreads)
     }
   } else {
     const float last = Gs[kC - 1];
-    float* dst = kdecay + chunk * kC * DK;
+    c10::Half* dst = kdecay + chunk * kC * DK;
     for (int i = tid - kC; i < kC * DK / 4; i += kThreads - kC) {
       const int r = (4 * i) / DK, c = (4 * i) % DK;
       const float s = expf(last - Gs[r]);
       const T* x = Ks + r * ld16<DK>() + c;
-      *reinterpret_cast<float4*>(dst + r * DK + c) =
-          make_float4(s * static_cast<float>(x[0]), s * static_cast<float>(x[1]), s * static_cast<float>(x[2]),
-                      s * static_cast<float>(x[3]));
+      const c10::Half h[4] = {c10::Half(s * static_cast<float>(x[0])), c10::Half(s * static_cast<float>(x[1])),
+                              c10::Half(s * static_cast<float>(x[2])), c10::Half(s * static_cast<float>(x[3]))};
+      *reinterpret_cast<uint2*>(dst + r * DK + c) = *reinterpret_cast<const uint2*>(h);
     }
     if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
     if (tid == kC) decay[chunk] = expf(last);
@@ -373,7 +381,10 @@ struct FactorsArgs {
   SlotRows slots;
   int H;
   int64_t N;
-  float *W, *U, *kdecay, *decay;
+  c10::Half* W;
+  float* U;
+  c10::Half* kdecay;
+  float* decay;
 };
 template <int DK, int DV, class X>
 struct LaunchFactors {
@@ -449,13 +460,14 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   const SlotRows slots = slot_rows(grid, B, T);
   const c10::cuda::CUDAGuard guard(k.device());
   const auto f32 = k.options().dtype(at::kFloat);
-  ChunkFactors r{at::empty({H, N, kC, Dk}, f32), at::empty({H, N, kC, Dv}, f32), at::empty({H, N, kC, Dk}, f32),
+  const auto f16 = k.options().dtype(at::kHalf);
+  ChunkFactors r{at::empty({H, N, kC, Dk}, f16), at::empty({H, N, kC, Dv}, f32), at::empty({H, N, kC, Dk}, f16),
                  at::empty({H, N}, f32)};
   if (N == 0 || H == 0) return r;
   dispatch<LaunchFactors>(Dk, Dv, k.scalar_type(),
                           FactorsArgs{k.data_ptr(), v.data_ptr(), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
-                                      static_cast<int>(H), N, r.W.data_ptr<float>(), r.U.data_ptr<float>(),
-                                      r.kdecay.data_ptr<float>(), r.decay.data_ptr<float>()});
+                                      static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr<float>(),
+                                      r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>()});
   return r;
 }
 

@@ -108,9 +108,11 @@ TEST(CudaGdn, LowRankScanEqualsTheLoopOnTheFormedTransitionInFloat64) {
       // The same recurrence on the formed transition: P^T = decay I - A^T B, input A^T U + Z.
       const auto P = (decay.unsqueeze(-1).unsqueeze(-1) * torch::eye(Dk, kF64) - torch::matmul(A.transpose(-1, -2), B))
                          .transpose(-1, -2);
-      for (bool precise : {true, false})  // 3xTF32, or one TF32 product (16-bit inputs)
+      // 3xTF32; one TF32 product (16-bit inputs); one TF32 product on float16 factors (the chunk kernels').
+      for (int mode : {0, 1, 2})
       for (bool with_u : {true, false})
         for (bool reverse : {false, true}) {
+          const bool precise = mode == 0, half_factors = mode == 2;
           const auto Zeff = with_u ? torch::matmul(A.transpose(-1, -2), U) : Z;
           const auto want = hh::attention::gdn_state_scan(P, Zeff, y0, offsets, reverse);
           const auto want_m = (with_u ? U : torch::zeros_like(U)) - torch::matmul(B, want.hist);
@@ -118,6 +120,7 @@ TEST(CudaGdn, LowRankScanEqualsTheLoopOnTheFormedTransitionInFloat64) {
           hh::kernels::LowRankScanArgs a;
           a.A = AXg.narrow(-1, 0, Dk);
           a.B = BUg.narrow(-1, 0, Dk);
+          if (half_factors) a.A = a.A.to(torch::kHalf).contiguous(), a.B = a.B.to(torch::kHalf).contiguous();
           a.decay = decay.to(f32);
           if (with_u) a.U = BUg.narrow(-1, Dk, Dv);
           else a.Z = Z.to(f32);
@@ -128,7 +131,8 @@ TEST(CudaGdn, LowRankScanEqualsTheLoopOnTheFormedTransitionInFloat64) {
           a.precise = precise;
           const auto fin = hh::kernels::low_rank_scan(a, offsets);
           const std::string what = "Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) + (with_u ? " U" : " Z") +
-                                   (reverse ? " reverse" : "") + (precise ? " 3xTF32" : " TF32");
+                                   (reverse ? " reverse" : "") + (precise ? " 3xTF32" : " TF32") +
+                                   (half_factors ? " f16 factors" : "");
           // TF32 keeps 10 mantissa bits: about 1e-3 per product, a few times that over the chunks.
           const double tol = precise ? 1e-5 : 1e-2;
           EXPECT_LT(rel_err(a.hist, want.hist), tol) << what;  // rel_err also fails on NaN: every element written
@@ -186,7 +190,8 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
       // TF32 operands (10 mantissa bits) for T and the scaled K and V: ~1e-3.
       EXPECT_LT(rel_err(f.W, W), 3e-3) << what;
       EXPECT_LT(rel_err(f.U, U), 3e-3) << what;
-      EXPECT_LT(rel_err(f.kdecay, kdecay), 1e-6) << what;
+      EXPECT_EQ(f.W.scalar_type(), torch::kHalf) << what;  // W and kdecay as the scan streams them
+      EXPECT_LT(rel_err(f.kdecay, kdecay), 1e-3) << what;      // float16's rounding
       EXPECT_LT(rel_err(f.decay, last.exp()), 1e-6) << what;
 
       // The output from arbitrary start states and new values (rows of padding slots M = 0, as the scan leaves them).
