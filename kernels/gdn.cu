@@ -17,12 +17,7 @@
 namespace hh::kernels {
 namespace {
 
-using device::cp_async16;
-using device::cp_async_commit;
-using device::cp_async_wait;
-using device::mma_tf32;
-using device::split_tf32;
-using device::to_tf32;
+using namespace device;  // the cp.async and mma.sync helpers
 
 constexpr int kScanColumns = 16;  // state columns a block owns
 constexpr int kShortConvTaps = 4;  // the LA heads' short convolution (kernel::causal_conv_silu)

@@ -24,11 +24,7 @@
 namespace hh::kernels {
 namespace {
 
-using device::cp_async16;
-using device::cp_async_commit;
-using device::cp_async_wait;
-using device::mma_tf32;
-using device::to_tf32;
+using namespace device;  // the cp.async and mma.sync helpers
 
 constexpr int kC = 64;                // chunk length
 constexpr int kWarps = 8;
