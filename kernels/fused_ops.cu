@@ -134,6 +134,42 @@ __global__ void rope_l2norm_kernel(const T* __restrict__ x, const T* __restrict_
   for (int64_t i = lane; i < Dh; i += 32) yr[i] = static_cast<T>(rs[warp][i] * inv);
 }
 
+// The same with P = Dh / V threads a row, each on one 16-byte pack (V elements) and its rotate-half
+// partner pack; P a power of two <= 32, so a row's threads are consecutive lanes of one warp.
+template <class T, int V>
+__global__ void rope_l2norm_packed_kernel(const T* __restrict__ x, const T* __restrict__ cos, const T* __restrict__ sin,
+                                          T* __restrict__ y, int64_t rows, int64_t T_len, int64_t H, int64_t Dh, int P,
+                                          float eps) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = id / P;
+  const int j = static_cast<int>(id % P);
+  const bool live = row < rows;  // every lane takes part in the shuffles below
+  float r[V];
+  float ss = 0.f;
+  if (live) {
+    const int64_t t = (row / H) % T_len;
+    const bool first = j < P / 2;  // rotate_half: -x[i + Dh/2] in the first half, x[i - Dh/2] in the second
+    const int partner = first ? j + P / 2 : j - P / 2;
+    const Pack<T, V> xp = load_pack<V>(x + row * Dh + j * V), pp = load_pack<V>(x + row * Dh + partner * V);
+    const Pack<T, V> cp = load_pack<V>(cos + t * Dh + j * V), sp = load_pack<V>(sin + t * Dh + j * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float rot = first ? -static_cast<float>(pp.v[e]) : static_cast<float>(pp.v[e]);
+      const T a = static_cast<T>(static_cast<float>(xp.v[e]) * static_cast<float>(cp.v[e]));
+      const T b = static_cast<T>(rot * static_cast<float>(sp.v[e]));
+      r[e] = static_cast<float>(static_cast<T>(static_cast<float>(a) + static_cast<float>(b)));
+      ss += r[e] * r[e];
+    }
+  }
+  for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if (!live) return;
+  const float inv = rsqrtf(ss + eps);
+  Pack<T, V> out;
+#pragma unroll
+  for (int e = 0; e < V; ++e) out.v[e] = static_cast<T>(r[e] * inv);
+  store_pack<V>(y + row * Dh + j * V, out);
+}
+
 // n elements in packs of V (n a multiple of V).
 template <class T, int V>
 __global__ void silu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ y, int64_t n) {
@@ -321,9 +357,21 @@ at::Tensor rope_l2norm(const at::Tensor& x, const at::Tensor& cos, const at::Ten
   if (rows == 0) return y;
   auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_rope_l2norm", [&] {
-    rope_l2norm_kernel<scalar_t><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
-        x.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, T, H,
-        Dh, static_cast<float>(eps));
+    constexpr int kV = 16 / sizeof(scalar_t);
+    const int64_t P = Dh / kV;  // threads a row on the packed path
+    const bool packed = Dh % (2 * kV) == 0 && P <= 32 && (P & (P - 1)) == 0 &&
+                        pack_width<scalar_t>(Dh, {x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr()}) == kV;
+    if (packed) {
+      const int64_t threads = rows * P, per_block = 256;
+      rope_l2norm_packed_kernel<scalar_t, kV><<<static_cast<unsigned>((threads + per_block - 1) / per_block), per_block, 0,
+                                                stream>>>(x.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(),
+                                                          sin.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, T, H, Dh,
+                                                          static_cast<int>(P), static_cast<float>(eps));
+    } else {
+      rope_l2norm_kernel<scalar_t><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
+          x.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, T, H,
+          Dh, static_cast<float>(eps));
+    }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;

@@ -306,6 +306,8 @@ __global__ void __launch_bounds__(2 * DK)
   F* const Bs1 = Bs0 + C * LDB;
   float* const Ys = reinterpret_cast<float*>(Bs1 + C * LDB);  // [DK][LDY]
   float* const Ms = Ys + DK * LDY;  // [C][LDY]
+  float* const Us = Ms + C * LDY;   // [2][C][LDY]: the block's columns of U, double-buffered with A and B
+  float* const Zs = Us + 2 * C * LDY;  // [2][DK][LDY]: and of Z
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, s = blockIdx.z;
   const int64_t n0 = offsets[s], n1 = offsets[s + 1], count = n1 - n0;
@@ -341,8 +343,21 @@ __global__ void __launch_bounds__(2 * DK)
       cp_async16(da + r * LDA + c, a_src + r * lda + c);
       cp_async16(db + r * LDB + c, b_src + r * ldb + c);
     }
+    // The chunk's U and Z columns come with its factors: read from global memory in the step itself,
+    // their latency stalled every step.
+    if (U != nullptr)
+      for (int i = tid; i < C * BV / 4; i += NT) {
+        const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
+        cp_async16(Us + (buf * C + r) * LDY + c, U + ((static_cast<int64_t>(h) * N + n) * C + r) * ldu + col0 + c);
+      }
+    if (Z != nullptr)
+      for (int i = tid; i < DK * BV / 4; i += NT) {
+        const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
+        cp_async16(Zs + (buf * DK + r) * LDY + c, Z + (static_cast<int64_t>(h) * N + n) * state + static_cast<int64_t>(r) * Dv + col0 + c);
+      }
     cp_async_commit();
   };
+  float an_next = count > 0 ? decay[static_cast<int64_t>(h) * N + chunk(0)] : 0.f;
   if (count > 0) load_factors(chunk(0), 0);
   for (int64_t i = 0; i < count; ++i) {
     const int64_t n = chunk(i);
@@ -351,28 +366,27 @@ __global__ void __launch_bounds__(2 * DK)
     const F* An = buf ? As1 : As0;
     const F* Bn = buf ? Bs1 : Bs0;
     const int64_t chunk_rows = (static_cast<int64_t>(h) * N + n) * C * Dv + col0;  // M
-    const int64_t chunk_u = (static_cast<int64_t>(h) * N + n) * C * ldu + col0;
-    const int64_t chunk_state = (static_cast<int64_t>(h) * N + n) * state + col0;  // Z, hist
+    const int64_t chunk_state = (static_cast<int64_t>(h) * N + n) * state + col0;  // hist
 
-    // This chunk's U, Z and decay, loaded ahead of the products: their global-memory latency overlaps
-    // step (1) instead of stalling each step.
+    // This chunk's U and Z (in shared memory since the last step) and decay (loaded a step ahead).
+    const float* Un = Us + buf * C * LDY;
+    const float* Zn = Zs + buf * DK * LDY;
+    const float an = an_next;
+    if (i + 1 < count) an_next = decay[static_cast<int64_t>(h) * N + chunk(i + 1)];
     float2 u_pre[T1][2], z_pre[2][2];
-    const float an = decay[static_cast<int64_t>(h) * N + n];
 #pragma unroll
     for (int i1 = 0; i1 < T1; ++i1) {
       const int tile = warp + i1 * NW, m = (tile / 2) * 16, nt = tile % 2;
 #pragma unroll
       for (int e = 0; e < 4; e += 2)
-        u_pre[i1][e / 2] = U != nullptr ? *reinterpret_cast<const float2*>(U + chunk_u + static_cast<int64_t>(m + row_in(e)) * ldu +
-                                                                           col_of(nt, e))
+        u_pre[i1][e / 2] = U != nullptr ? *reinterpret_cast<const float2*>(Un + (m + row_in(e)) * LDY + col_of(nt, e))
                                         : make_float2(0.f, 0.f);
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; e += 2)
-        z_pre[nt][e / 2] = Z != nullptr ? *reinterpret_cast<const float2*>(Z + chunk_state +
-                                                                           static_cast<int64_t>(m2 + row_in(e)) * Dv + col_of(nt, e))
+        z_pre[nt][e / 2] = Z != nullptr ? *reinterpret_cast<const float2*>(Zn + (m2 + row_in(e)) * LDY + col_of(nt, e))
                                         : make_float2(0.f, 0.f);
 
     // (1) M = U_n - B_n Y, tile by tile.
@@ -446,7 +460,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, a
   constexpr int LDB = sizeof(F) == 2 ? DK + 8 : DK + 4;
   const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
-  const size_t smem = (2 * C * (DK + 8) + 2 * C * LDB) * sizeof(F) + (DK * 24 + C * 24) * sizeof(float);
+  const size_t smem = (2 * C * (DK + 8) + 2 * C * LDB) * sizeof(F) + (DK * 24 + C * 24 + 2 * C * 24 + 2 * DK * 24) * sizeof(float);
   auto kernel = a.precise ? low_rank_scan_kernel<DK, true, F> : low_rank_scan_kernel<DK, false, F>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(Dv / 16), static_cast<unsigned>(H), static_cast<unsigned>(S));
@@ -522,51 +536,71 @@ __global__ void __launch_bounds__(64) unit_lower_inverse64_kernel(const float* _
 // ---- the LA heads' short convolution: depthwise, causal, then SiLU, in the [B, T, C] layout ----
 // y[b, t, c] = silu(sum_j w[c, j] x[b, t - (K-1) + j, c]), inputs before t = 0 zero. The sum is rounded
 // to the dtype before the SiLU, as at::conv1d then at::silu round. One thread per V consecutive
-// channels of one (b, t) row (V = 16 bytes of them when every row is aligned, else 1).
+// channels (V = 16 bytes of them when every row is aligned, else 1) and kConvSteps consecutive time
+// steps of one sequence: the taps' weights are loaded once and each input row once, the last K - 1
+// rows kept in registers as the window slides.
+constexpr int kConvSteps = 8;
+
+// V values of T at src, as float32.
+template <int V, class T>
+__device__ __forceinline__ void load_vec(float (&dst)[V], const T* src) {
+  T v[V];
+  if constexpr (V * sizeof(T) % 16 == 0) {  // 16-byte loads (src aligned)
+#pragma unroll
+    for (int q = 0; q < static_cast<int>(V * sizeof(T) / 16); ++q)
+      reinterpret_cast<float4*>(v)[q] = reinterpret_cast<const float4*>(src)[q];
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = src[i];
+  }
+#pragma unroll
+  for (int i = 0; i < V; ++i) dst[i] = static_cast<float>(v[i]);
+}
+
 template <class T, int V, int K>
 __global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t B,
                                         int64_t Tn, int64_t C) {
-  const int64_t packs = B * Tn * (C / V);
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
+  const int64_t packs = C / V, blocks_t = (Tn + kConvSteps - 1) / kConvSteps, items = B * blocks_t * packs;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < items;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c0 = (p % (C / V)) * V, row = p / (C / V), t = row % Tn;  // row = b * Tn + t
-    float acc[V];
+    const int64_t c0 = (p % packs) * V, tb = (p / packs) % blocks_t, b = p / (packs * blocks_t);
+    const int64_t t0 = tb * kConvSteps;
+    const T* xs = x + b * Tn * C + c0;
+    T* ys = y + b * Tn * C + c0;
+    // The V channels' K taps are V * K consecutive weights.
+    float wv[V * K];
+    load_vec<V * K>(wv, w + c0 * K);
+    float win[K][V];  // rows t - K + 1 .. t
 #pragma unroll
-    for (int i = 0; i < V; ++i) acc[i] = 0.f;
-    // The V channels' K taps are V * K consecutive weights: moved as 16-byte loads when packed.
-    T wv[V * K];
-    if constexpr (V > 1) {
+    for (int j = 0; j < K - 1; ++j) {
+      const int64_t src = t0 - (K - 1) + j;
+      if (src >= 0) load_vec<V>(win[j], xs + src * C);
+      else
 #pragma unroll
-      for (int q = 0; q < V * K * static_cast<int>(sizeof(T)) / 16; ++q)
-        reinterpret_cast<float4*>(wv)[q] = reinterpret_cast<const float4*>(w + c0 * K)[q];
-    } else {
-#pragma unroll
-      for (int j = 0; j < K; ++j) wv[j] = w[c0 * K + j];
+        for (int i = 0; i < V; ++i) win[j][i] = 0.f;
     }
 #pragma unroll
-    for (int j = 0; j < K; ++j) {
-      const int64_t src = t - (K - 1) + j;
-      if (src < 0) continue;
-      const T* xr = x + (row - (K - 1) + j) * C + c0;
-      T xv[V];
-      if constexpr (V > 1) {
-        *reinterpret_cast<float4*>(xv) = *reinterpret_cast<const float4*>(xr);
-      } else {
-        xv[0] = xr[0];
+    for (int step = 0; step < kConvSteps; ++step) {
+      const int64_t t = t0 + step;
+      if (t >= Tn) break;
+      load_vec<V>(win[K - 1], xs + t * C);
+      T out[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < K; ++j) acc = fmaf(wv[i * K + j], win[j][i], acc);
+        const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
+        out[i] = static_cast<T>(a / (1.0f + ::expf(-a)));
       }
+      if constexpr (V * sizeof(T) == 16) *reinterpret_cast<float4*>(ys + t * C) = *reinterpret_cast<const float4*>(out);
+      else
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc[i] = fmaf(static_cast<float>(wv[i * K + j]), static_cast<float>(xv[i]), acc[i]);
-    }
-    T out[V];
+        for (int i = 0; i < V; ++i) ys[t * C + i] = out[i];
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const float a = static_cast<float>(static_cast<T>(acc[i]));  // the convolution's output, in the dtype
-      out[i] = static_cast<T>(a / (1.0f + ::expf(-a)));
-    }
-    if constexpr (V > 1) {
-      *reinterpret_cast<float4*>(y + row * C + c0) = *reinterpret_cast<const float4*>(out);
-    } else {
-      y[row * C + c0] = out[0];
+      for (int j = 0; j < K - 1; ++j)
+#pragma unroll
+        for (int i = 0; i < V; ++i) win[j][i] = win[j + 1][i];
     }
   }
 }
@@ -806,7 +840,7 @@ at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight) {
     const bool packed = C % kV == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0 && reinterpret_cast<uintptr_t>(yp) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(wp) % 16 == 0;
     const int v = packed ? kV : 1;
-    const int64_t items = B * T * (C / v);
+    const int64_t items = B * ((T + kConvSteps - 1) / kConvSteps) * (C / v);
     const unsigned threads = 256;
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + threads - 1) / threads, 65535 * 8));
     if (packed)

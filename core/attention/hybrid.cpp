@@ -207,9 +207,18 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
 
   if (nF > 0) {
     // FA: the teacher's q (q_norm) for these heads over the teacher's keys and values (k_norm).
+    // Keys and values of the KV groups these heads read only (the groups in order; slot[i] is FA head
+    // i's group among them).
+    std::vector<int64_t> used, slot;
+    for (int64_t h : split.fa) used.push_back(h / G);
+    std::sort(used.begin(), used.end());
+    used.erase(std::unique(used.begin(), used.end()), used.end());
+    for (int64_t h : split.fa) slot.push_back(std::lower_bound(used.begin(), used.end(), h / G) - used.begin());
+    const int64_t nU = static_cast<int64_t>(used.size());
+    const bool all = nU == Hkv;
     at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.fa, Dh)).view({B, T, nF, Dh});
-    at::Tensor k = at::linear(xn, tw.k_proj).view({B, T, Hkv, Dh});
-    const at::Tensor v = at::linear(xn, tw.v_proj).view({B, T, Hkv, Dh});
+    at::Tensor k = at::linear(xn, all ? tw.k_proj : head_rows(tw.k_proj, used, Dh)).view({B, T, nU, Dh});
+    const at::Tensor v = at::linear(xn, all ? tw.v_proj : head_rows(tw.v_proj, used, Dh)).view({B, T, nU, Dh});
     q = norm_rope(q, tw.q_norm, eps, o.fa_rope, inv_freq, pos);
     k = norm_rope(k, tw.k_norm, eps, o.fa_rope, inv_freq, pos);
     if (o.fa_log_scale) {
@@ -219,9 +228,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       q = q * ((t + a).log() / std::log(a)).to(q.scalar_type()).view({1, T, 1, 1});
     }
     // Each FA head reads its own KV group: gather the groups into per-head keys (MHA layout).
-    std::vector<int64_t> groups;
-    for (int64_t h : split.fa) groups.push_back(h / G);
-    const at::Tensor kf = pick(k, 2, groups), vf = pick(v, 2, groups);  // [B, T, nF, Dh]
+    const at::Tensor kf = pick(k, 2, slot), vf = pick(v, 2, slot);  // [B, T, nF, Dh]
     at::Tensor pk, pv;
     if (cache != nullptr) {
       pk = cache->fa_k;
