@@ -280,6 +280,22 @@ __device__ __forceinline__ void mma_terms(float (&acc)[2][4], const Tf32Operand<
   }
 }
 
+// Ring slots of the low-rank scan's prefetch: three for float16 factors (copies for the next two
+// chunks in flight during a step), two for float32 ones (a third would not fit at Dk = 128).
+template <class F>
+struct LowRankStages {
+  static constexpr int value = sizeof(F) == 2 ? 3 : 2;
+};
+template <int DK, class F>
+constexpr size_t low_rank_slot_bytes() {
+  constexpr int C = kLowRankChunk, LDB = sizeof(F) == 2 ? DK + 8 : DK + 4;
+  return (C * (DK + 8) + C * LDB) * sizeof(F) + (C * 24 + DK * 24 + 4) * sizeof(float);
+}
+template <int DK, class F>
+constexpr size_t low_rank_smem_bytes() {
+  return (DK * 24 + kLowRankChunk * 24) * sizeof(float) + LowRankStages<F>::value * low_rank_slot_bytes<DK, F>();
+}
+
 // F: how A and B are stored, float32 or float16 (float16 values are exact in TF32, and half the bytes
 // to stream per chunk).
 template <int DK, bool PRECISE, class F>
@@ -298,16 +314,19 @@ __global__ void __launch_bounds__(2 * DK)
   constexpr int LDA = DK + 8, LDB = kHalf ? DK + 8 : DK + 4, LDY = 24, V = 16 / sizeof(F);
   static_assert(T1 >= 1 && (C / 16) * 2 % NW == 0, "step (1) tiles must divide among the warps");
   using Op = Tf32Operand<PRECISE>;
+  // Shared memory: Ys [DK][LDY], Ms [C][LDY], then STAGES ring slots, each one chunk's A [C][LDA] and
+  // B [C][LDB] (F), its U [C][LDY] and Z [DK][LDY] column slices and its decay (float32).
+  constexpr int STAGES = LowRankStages<F>::value;
+  constexpr size_t kSlot = low_rank_slot_bytes<DK, F>();
   extern __shared__ float4 smem4[];
-  float* smem = reinterpret_cast<float*>(smem4);
-  F* const As0 = reinterpret_cast<F*>(smem);
-  F* const As1 = As0 + C * LDA;
-  F* const Bs0 = As1 + C * LDA;
-  F* const Bs1 = Bs0 + C * LDB;
-  float* const Ys = reinterpret_cast<float*>(Bs1 + C * LDB);  // [DK][LDY]
-  float* const Ms = Ys + DK * LDY;  // [C][LDY]
-  float* const Us = Ms + C * LDY;   // [2][C][LDY]: the block's columns of U, double-buffered with A and B
-  float* const Zs = Us + 2 * C * LDY;  // [2][DK][LDY]: and of Z
+  float* const Ys = reinterpret_cast<float*>(smem4);
+  float* const Ms = Ys + DK * LDY;
+  char* const ring = reinterpret_cast<char*>(Ms + C * LDY);
+  auto slot_A = [&](int b) { return reinterpret_cast<F*>(ring + b * kSlot); };
+  auto slot_B = [&](int b) { return slot_A(b) + C * LDA; };
+  auto slot_U = [&](int b) { return reinterpret_cast<float*>(slot_B(b) + C * LDB); };
+  auto slot_Z = [&](int b) { return slot_U(b) + C * LDY; };
+  auto slot_decay = [&](int b) { return slot_Z(b) + DK * LDY; };
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, s = blockIdx.z;
   const int64_t n0 = offsets[s], n1 = offsets[s + 1], count = n1 - n0;
@@ -333,46 +352,52 @@ __global__ void __launch_bounds__(2 * DK)
       }
   }
   auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
-  auto load_factors = [&](int64_t n, int buf) {
+  // Chunk n's factors, U and Z columns and decay into ring slot b (one cp.async group with the commit
+  // that follows; a loop step with no chunk left to load commits an empty group).
+  auto load_chunk = [&](int64_t n, int b) {
     const F* a_src = A + (static_cast<int64_t>(h) * N + n) * C * lda;
     const F* b_src = Bm + (static_cast<int64_t>(h) * N + n) * C * ldb;
-    F* da = buf ? As1 : As0;
-    F* db = buf ? Bs1 : Bs0;
+    F* const da = slot_A(b);
+    F* const db = slot_B(b);
     for (int i = tid; i < C * DK / V; i += NT) {
       const int r = (V * i) / DK, c = (V * i) % DK;
       cp_async16(da + r * LDA + c, a_src + r * lda + c);
       cp_async16(db + r * LDB + c, b_src + r * ldb + c);
     }
-    // The chunk's U and Z columns come with its factors: read from global memory in the step itself,
-    // their latency stalled every step.
     if (U != nullptr)
       for (int i = tid; i < C * BV / 4; i += NT) {
         const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
-        cp_async16(Us + (buf * C + r) * LDY + c, U + ((static_cast<int64_t>(h) * N + n) * C + r) * ldu + col0 + c);
+        cp_async16(slot_U(b) + r * LDY + c, U + ((static_cast<int64_t>(h) * N + n) * C + r) * ldu + col0 + c);
       }
     if (Z != nullptr)
       for (int i = tid; i < DK * BV / 4; i += NT) {
         const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
-        cp_async16(Zs + (buf * DK + r) * LDY + c, Z + (static_cast<int64_t>(h) * N + n) * state + static_cast<int64_t>(r) * Dv + col0 + c);
+        cp_async16(slot_Z(b) + r * LDY + c,
+                   Z + (static_cast<int64_t>(h) * N + n) * state + static_cast<int64_t>(r) * Dv + col0 + c);
       }
-    cp_async_commit();
+    if (tid == 0) cp_async4(slot_decay(b), decay + static_cast<int64_t>(h) * N + n);
   };
-  float an_next = count > 0 ? decay[static_cast<int64_t>(h) * N + chunk(0)] : 0.f;
-  if (count > 0) load_factors(chunk(0), 0);
+  // The ring runs STAGES - 1 chunks ahead, so that global-memory latency spans that many steps.
+  for (int b = 0; b < STAGES - 1; ++b) {
+    if (b < count) load_chunk(chunk(b), b);
+    cp_async_commit();
+  }
   for (int64_t i = 0; i < count; ++i) {
     const int64_t n = chunk(i);
-    const int buf = static_cast<int>(i & 1);
-    wait_for_chunk(i + 1 < count, [&] { load_factors(chunk(i + 1), buf ^ 1); });
-    const F* An = buf ? As1 : As0;
-    const F* Bn = buf ? Bs1 : Bs0;
+    const int buf = static_cast<int>(i % STAGES);
+    if (i + STAGES - 1 < count) load_chunk(chunk(i + STAGES - 1), static_cast<int>((i + STAGES - 1) % STAGES));
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();  // chunk i's group has landed
+    __syncthreads();
+    const F* An = slot_A(buf);
+    const F* Bn = slot_B(buf);
     const int64_t chunk_rows = (static_cast<int64_t>(h) * N + n) * C * Dv + col0;  // M
     const int64_t chunk_state = (static_cast<int64_t>(h) * N + n) * state + col0;  // hist
 
-    // This chunk's U and Z (in shared memory since the last step) and decay (loaded a step ahead).
-    const float* Un = Us + buf * C * LDY;
-    const float* Zn = Zs + buf * DK * LDY;
-    const float an = an_next;
-    if (i + 1 < count) an_next = decay[static_cast<int64_t>(h) * N + chunk(i + 1)];
+    // This chunk's U and Z columns and decay, from its ring slot.
+    const float* Un = slot_U(buf);
+    const float* Zn = slot_Z(buf);
+    const float an = *slot_decay(buf);
     float2 u_pre[T1][2], z_pre[2][2];
 #pragma unroll
     for (int i1 = 0; i1 < T1; ++i1) {
@@ -443,8 +468,9 @@ __global__ void __launch_bounds__(2 * DK)
         y[nt][e] = acc[nt][0][e] + acc[nt][1][e];
         Ys[(m2 + row_in(e)) * LDY + col_of(nt, e)] = y[nt][e];
       }
-    __syncthreads();  // every warp is done with A_n, B_n and M before the next chunk's copy and step (1)
+    __syncthreads();  // every warp is done with this slot and M before the slot is refilled and step (1)
   }
+  cp_async_wait<0>();  // no copy outstanding at exit
   float* dst = fin + (static_cast<int64_t>(s) * H + h) * state + col0;
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
@@ -456,11 +482,9 @@ __global__ void __launch_bounds__(2 * DK)
 
 template <int DK, class F>
 void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, at::Tensor& fin) {
-  constexpr int C = kLowRankChunk;
-  constexpr int LDB = sizeof(F) == 2 ? DK + 8 : DK + 4;
   const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
-  const size_t smem = (2 * C * (DK + 8) + 2 * C * LDB) * sizeof(F) + (DK * 24 + C * 24 + 2 * C * 24 + 2 * DK * 24) * sizeof(float);
+  constexpr size_t smem = low_rank_smem_bytes<DK, F>();
   auto kernel = a.precise ? low_rank_scan_kernel<DK, true, F> : low_rank_scan_kernel<DK, false, F>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(Dv / 16), static_cast<unsigned>(H), static_cast<unsigned>(S));
@@ -591,7 +615,10 @@ __global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __rest
 #pragma unroll
         for (int j = 0; j < K; ++j) acc = fmaf(wv[i * K + j], win[j][i], acc);
         const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
-        out[i] = static_cast<T>(a / (1.0f + ::expf(-a)));
+        // SiLU; for 16-bit outputs with the fast exponential and division (a few float32 ulp, far below
+        // the output's rounding).
+        if constexpr (sizeof(T) == 2) out[i] = static_cast<T>(__fdividef(a, 1.0f + __expf(-a)));
+        else out[i] = static_cast<T>(a / (1.0f + ::expf(-a)));
       }
       if constexpr (V * sizeof(T) == 16) *reinterpret_cast<float4*>(ys + t * C) = *reinterpret_cast<const float4*>(out);
       else

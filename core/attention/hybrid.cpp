@@ -194,15 +194,20 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
   const int64_t Dh = cfg.head_dim, G = Hq / Hkv;
   const double eps = cfg.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(Dh));
   const int64_t nF = static_cast<int64_t>(split.fa.size()), nL = static_cast<int64_t>(split.la.size());
-  std::vector<at::Tensor> out(static_cast<size_t>(Hq));  // per head [B, T, Dh]
+  at::Tensor out;  // [B, T, Hq, Dh]
   // The heads' contributions gate * (gamma_h * RMSNorm(o_h)), or o itself under fusion_concat, placed
-  // at their original head positions. o_grp, gate [B, T, n, Dh] for the n heads of `heads`.
+  // at their original head positions (one copy per run of consecutive heads). o_grp, gate
+  // [B, T, n, Dh] for the n heads of `heads` (ascending).
   auto fuse = [&](const at::Tensor& o_grp, const at::Tensor& gate, const std::vector<int64_t>& heads) {
-    at::Tensor y = o_grp;
-    if (!o.fusion_concat) {
-      y = fusion_norm(o_grp, gate, pick(w.fusion_gamma, 0, heads), eps);
+    const at::Tensor y = o.fusion_concat ? o_grp : fusion_norm(o_grp, gate, pick(w.fusion_gamma, 0, heads), eps);
+    if (!out.defined()) out = at::empty({B, T, Hq, Dh}, y.options());
+    for (size_t i = 0; i < heads.size();) {
+      size_t j = i + 1;
+      while (j < heads.size() && heads[j] == heads[j - 1] + 1) ++j;
+      const int64_t len = static_cast<int64_t>(j - i);
+      out.narrow(2, heads[i], len).copy_(y.narrow(2, static_cast<int64_t>(i), len));
+      i = j;
     }
-    for (size_t i = 0; i < heads.size(); ++i) out[static_cast<size_t>(heads[i])] = y.select(2, static_cast<int64_t>(i));
   };
 
   if (nF > 0) {
@@ -277,7 +282,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     fuse(r.o, gate, split.la);
   }
   if (cache != nullptr) cache->pos += T;
-  return at::stack(out, 2);  // [B, T, Hq, Dh], heads in their original order
+  return out;  // [B, T, Hq, Dh], heads in their original order
 }
 
 }  // namespace hh::attention
