@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "core/attention/gdn.h"
 #include "core/attention/hybrid.h"
@@ -79,9 +81,13 @@ TEST(HybridAttention, EveryHeadFollowsTheFormulasStepByStep) {
   const auto ids = torch::randint(40, {2, T}, torch::TensorOptions().dtype(torch::kLong));
   const auto [xn, z_teacher] = teacher_layer0(c, tw, teacher, ids);  // z: [2, T, 4, 8]
 
+  // FA heads 1 and 3 read KV groups 0 and 1; heads 2 and 3 both read group 1 (the layer projects
+  // that group's keys and values only), and LA heads 0 and 1 are one run of consecutive heads.
+  const std::vector<std::vector<std::pair<int64_t, int64_t>>> fa_sets = {{{0, 1}, {0, 3}}, {{0, 2}, {0, 3}}};
+  for (const auto& fa_set : fa_sets)
   for (bool log_scale : {false, true}) {
     HybridOptions o;
-    o.fa_heads = {{0, 1}, {0, 3}};
+    o.fa_heads = fa_set;
     o.fa_rope = true;  // with RoPE and no log scale the FA heads are the teacher's heads
     o.fa_log_scale = log_scale;
     o.fa_log_scale_alpha = 16;
@@ -93,9 +99,11 @@ TEST(HybridAttention, EveryHeadFollowsTheFormulasStepByStep) {
     const auto y_rec = hh::attention::hybrid_attention(c, o, split, tw.layers[0], w, xn, teacher.inv_freq(), false);
     EXPECT_LT((y - y_rec).abs().max().item<double>(), 1e-10) << "chunked vs recurrent";
 
-    // FA heads 1 and 3 (rows 0 and 1 of fa_gate).
+    // The FA heads (rows 0 and 1 of fa_gate).
+    ASSERT_EQ(split.fa.size(), 2u);
+    ASSERT_EQ(split.la.size(), 2u);
     for (int64_t i = 0; i < 2; ++i) {
-      const int64_t h = i == 0 ? 1 : 3;
+      const int64_t h = split.fa[static_cast<size_t>(i)];
       torch::Tensor o_h;
       if (!log_scale) {
         o_h = z_teacher.select(2, h);
@@ -114,9 +122,9 @@ TEST(HybridAttention, EveryHeadFollowsTheFormulasStepByStep) {
       const auto want = gate * (w.fusion_gamma[h] * rms(o_h, eps));
       EXPECT_LT((y.select(2, h) - want).abs().max().item<double>(), 1e-9) << "FA head " << h << " log_scale " << log_scale;
     }
-    // LA heads 0 and 2: conv + SiLU, RoPE, L2 norm, gated delta rule, SiLU gate, fusion.
+    // The LA heads: conv + SiLU, RoPE, L2 norm, gated delta rule, SiLU gate, fusion.
     for (int64_t i = 0; i < 2; ++i) {
-      const int64_t h = i == 0 ? 0 : 2;
+      const int64_t h = split.la[static_cast<size_t>(i)];
       auto conv = [&](const torch::Tensor& x, int64_t block) {  // x [2, T, 8], taps of channels of head i
         const auto wc = w.la_conv.narrow(0, block * 16 + i * 8, 8).squeeze(1);  // [8, 4]
         auto y = torch::zeros_like(x);
