@@ -184,6 +184,9 @@ std::tuple<at::Tensor, at::Tensor> state_scan_cuda(const at::Tensor& P, const at
 
 TORCH_LIBRARY(hydrahead, m) {
   m.def("gdn_state_scan(Tensor P, Tensor Z, Tensor y0, int[] offsets, bool reverse) -> (Tensor, Tensor)");
+  m.def(
+      "chunk_gated_delta_rule(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor? initial_state, float scale, "
+      "int chunk, int[] cu_seqlens) -> (Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(hydrahead, CPU, m) { m.impl("gdn_state_scan", &state_scan_cpu); }
 TORCH_LIBRARY_IMPL(hydrahead, CUDA, m) { m.impl("gdn_state_scan", &state_scan_cuda); }
@@ -600,11 +603,12 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
   }
 };
 
-}  // namespace
-
-GdnOutput gdn_chunked_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                           const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
-                           const std::vector<int64_t>& cu_seqlens) {
+// The op hydrahead::chunk_gated_delta_rule for every backend (CompositeImplicitAutograd: the
+// autograd function inside records the graph).
+std::tuple<at::Tensor, at::Tensor> chunk_rule_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 const at::Tensor& g, const at::Tensor& beta,
+                                                 const c10::optional<at::Tensor>& initial_state, double scale,
+                                                 int64_t chunk, at::IntArrayRef cu_seqlens) {
   if (chunk < 1) throw Error("gated delta rule: chunk must be >= 1");
   const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   if (q.dim() != 4) throw Error("gated delta rule: q must be [B, T, H, Dk], got " + shape_str(q.sizes()));
@@ -613,13 +617,33 @@ GdnOutput gdn_chunked_scan(const at::Tensor& q, const at::Tensor& k, const at::T
   // Shape checks on the batch form (initial_state checked against the number of sequences).
   check_inputs(q, k, v, g, beta, at::Tensor());
   const int64_t Dv = v.size(3);
-  if (initial_state.defined() && initial_state.sizes() != at::IntArrayRef({nseq, H, Dk, Dv}))
+  if (initial_state.has_value() && initial_state->defined() && initial_state->sizes() != at::IntArrayRef({nseq, H, Dk, Dv}))
     throw Error("gated delta rule: initial_state must be [S, H, Dk, Dv] = " + shape_str({nseq, H, Dk, Dv}) + ", got " +
-                shape_str(initial_state.sizes()));
-  const at::Tensor s0 =
-      initial_state.defined() ? initial_state : at::zeros({std::max<int64_t>(nseq, 0), H, Dk, Dv}, q.options().dtype(acc));
-  auto r = GdnScanFunction::apply(q, k, v, g, beta, s0, scale, chunk, cu_seqlens);
+                shape_str(initial_state->sizes()));
+  const at::Tensor s0 = initial_state.has_value() && initial_state->defined()
+                           ? *initial_state
+                           : at::zeros({std::max<int64_t>(nseq, 0), H, Dk, Dv}, q.options().dtype(acc));
+  auto r = GdnScanFunction::apply(q, k, v, g, beta, s0, scale, chunk, cu_seqlens.vec());
   return {r[0], r[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(hydrahead, CompositeImplicitAutograd, m) { m.impl("chunk_gated_delta_rule", &chunk_rule_op); }
+
+GdnOutput gdn_chunked_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                           const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
+                           const std::vector<int64_t>& cu_seqlens) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("hydrahead::chunk_gated_delta_rule", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&, const at::Tensor&,
+                                                    const c10::optional<at::Tensor>&, double, int64_t,
+                                                    at::IntArrayRef)>();
+  const c10::optional<at::Tensor> s0 = initial_state.defined() ? c10::optional<at::Tensor>(initial_state) : c10::nullopt;
+  auto [o, state] = op.call(q, k, v, g, beta, s0, scale, chunk, at::IntArrayRef(cu_seqlens));
+  return {o, state};
 }
 
 GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,

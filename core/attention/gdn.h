@@ -40,6 +40,11 @@ GdnOutput gdn_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // cu_seqlens (host values 0 = c_0 < c_1 < ... < c_S = T, B must be 1) packs S sequences of lengths
 // c_{s+1} - c_s into one row: chunks never cross a boundary, initial_state and the returned state are
 // then [S, H, Dk, Dv]. Without it, each of the B rows is one sequence.
+// On CUDA with 16-bit q, k, v (Dk, Dv in {64, 128}, chunk 64) the forward's chunk-local halves run as
+// the kernels kernels::chunk_factors / chunk_output around the scan.
+// Runs as the op hydrahead::chunk_gated_delta_rule(q, k, v, g, beta, initial_state?, scale, chunk,
+// cu_seqlens) -> (o, final_state), registered for every backend with its autograd (a program that
+// links this library can call it through the dispatcher, e.g. torch.ops.hydrahead from Python).
 GdnOutput gdn_chunked_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                            const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk = 64,
                            const std::vector<int64_t>& cu_seqlens = {});

@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
+#include <vector>
+
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include "core/attention/gdn.h"
 #include "support/test_support.h"
@@ -242,6 +246,35 @@ TEST(GatedDeltaRuleScan, GradientsEqualAutogradThroughTheReference) {
       EXPECT_LT((g_fast[i] - g_ref[i]).abs().max().item<double>(), 1e-9 * std::max(1.0, scale))
           << names[i] << (cu.empty() ? " (batch)" : " (packed)");
     }
+  }
+}
+
+TEST(GatedDeltaRuleScan, TheRegisteredOpIsTheRuleWithItsGradient) {
+  // hydrahead::chunk_gated_delta_rule called through the dispatcher, as another program linking the
+  // library would: values and gradients against the chunked reference, with and without a state.
+  const auto op = c10::Dispatcher::singleton()
+                      .findSchemaOrThrow("hydrahead::chunk_gated_delta_rule", "")
+                      .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                                const at::Tensor&, const at::Tensor&,
+                                                                const c10::optional<at::Tensor>&, double, int64_t,
+                                                                at::IntArrayRef)>();
+  for (bool with_state : {false, true}) {
+    Inputs in = make_inputs(2, 21, 2, 6, 5, 8, 1.0, 0.1, 1.5);
+    in.s0 = with_state ? torch::randn({2, 2, 6, 5}, torch::kDouble) : torch::zeros({2, 2, 6, 5}, torch::kDouble);
+    for (auto* t : {&in.q, &in.k, &in.v, &in.g, &in.beta}) t->requires_grad_(true);
+    const std::vector<torch::Tensor> leaves = {in.q, in.k, in.v, in.g, in.beta};
+    const std::vector<int64_t> no_packing;
+    const auto [o, state] = op.call(in.q, in.k, in.v, in.g, in.beta,
+                                    with_state ? c10::optional<at::Tensor>(in.s0) : c10::nullopt, 0.5, 8, no_packing);
+    const auto ref = gdn_chunked(in.q, in.k, in.v, in.g, in.beta, in.s0, 0.5, 8);
+    EXPECT_LT((o - ref.o).abs().max().item<double>(), 1e-10);
+    EXPECT_LT((state - ref.state).abs().max().item<double>(), 1e-10);
+    const auto w = torch::randn_like(ref.o);
+    const auto g_op = torch::autograd::grad({(o * w).sum() + state.sum()}, leaves);
+    const auto g_ref = torch::autograd::grad({(ref.o * w).sum() + ref.state.sum()}, leaves);
+    for (size_t i = 0; i < leaves.size(); ++i)
+      EXPECT_LT((g_op[i] - g_ref[i]).abs().max().item<double>(), 1e-9 * std::max(1.0, g_ref[i].abs().max().item<double>()))
+          << "input " << i << (with_state ? " with a state" : "");
   }
 }
 
