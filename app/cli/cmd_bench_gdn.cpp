@@ -36,6 +36,7 @@ struct GdnBenchArgs {
   uint64_t seed = 0;
   std::string profile;  // Chrome trace of one forward and one forward + backward at the first shape
   std::string scan_kernel = "lowrank";
+  std::string backward = "explicit";
 };
 
 struct Shape {
@@ -91,6 +92,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                  : a.scan_kernel == "tensor" ? kernels::ScanKernel::kTensorCores
                                                              : kernels::ScanKernel::kLowRank);
 #endif
+  attention::set_gdn_backward(a.backward == "autograd" ? attention::GdnBackward::kAutograd
+                                                       : attention::GdnBackward::kExplicit);
   const auto opts = torch::TensorOptions().dtype(dt).device(dev);
   torch::manual_seed(a.seed);
   nlohmann::json out = {{"device", a.device}, {"dtype", a.dtype}, {"heads", a.heads}, {"dim", a.dim}, {"rows", nlohmann::json::array()}};
@@ -261,6 +264,11 @@ BenchSub add_bench_gdn(CLI::App& bench) {
                  "The state scan's CUDA kernel: lowrank (on the transition's factors), or tensor (TF32 x3) / fma "
                  "on the materialised transition")
       ->check(CLI::IsMember({"lowrank", "tensor", "fma"}))
+      ->capture_default_str();
+  c->add_option("--backward", a->backward,
+                 "How the backward differentiates the chunk-local function: explicit (its formulas written out) or "
+                 "autograd (through the forward's LibTorch ops)")
+      ->check(CLI::IsMember({"explicit", "autograd"}))
       ->capture_default_str();
   c->add_option("--profile", a->profile,
                  "Write a Chrome trace of one forward and one forward + backward at the first shape (and, with "

@@ -330,19 +330,14 @@ class UnitLowerInverse : public torch::autograd::Function<UnitLowerInverse> {
 };
 #endif
 
-// (I + L)^{-1} a and (I + L)^{-1} b for strictly lower triangular L [..., C, C]: with the inverse
-// kernel, two products with one inverse (each result contiguous, no concatenation); otherwise one
-// triangular solve of [a | b].
-std::pair<at::Tensor, at::Tensor> unit_lower_solve(const at::Tensor& L, const at::Tensor& a, const at::Tensor& b) {
+// T = (I + L)^{-1} for strictly lower triangular L [..., C, C], differentiable: the inverse kernel on
+// CUDA float32 with C <= 64, else one triangular solve against the identity.
+at::Tensor unit_lower_inverse_of(const at::Tensor& L) {
 #ifdef HH_HAVE_KERNELS
-  if (L.is_cuda() && L.scalar_type() == at::kFloat && L.size(-1) <= 64) {
-    const at::Tensor T = UnitLowerInverse::apply(L)[0];
-    return {at::matmul(T, a), at::matmul(T, b)};
-  }
+  if (L.is_cuda() && L.scalar_type() == at::kFloat && L.size(-1) <= 64) return UnitLowerInverse::apply(L)[0];
 #endif
-  const at::Tensor M = L + at::eye(L.size(-1), L.options());
-  const at::Tensor x = at::linalg_solve_triangular(M, at::cat({a, b}, -1), /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
-  return {x.narrow(-1, 0, a.size(-1)), x.narrow(-1, a.size(-1), b.size(-1))};
+  const at::Tensor I = at::eye(L.size(-1), L.options());
+  return at::linalg_solve_triangular(L + I, I.expand(L.sizes()), /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
 }
 
 // Float32 matrix products on CUDA may use TF32 tensor cores while the rule runs on 16-bit inputs
@@ -370,11 +365,17 @@ bool use_tf32(const at::Tensor& q) {
 }
 
 // The chunk-local part of the rule for all chunks at once (the first half of gdn_chunked above,
-// on the chunk grid). Everything here is differentiable LibTorch.
+// on the chunk grid), with the intermediates the explicit backward reuses. Differentiable LibTorch.
 struct ChunkLocal {
-  at::Tensor W, U;      // [H, N, C, Dk], [H, N, C, Dv]: the UT transform's e^G K and V terms
-  at::Tensor attn;      // [H, N, C, C]: (Q K^T) * decay, i <= t
+  at::Tensor G, eG;     // [H, N, C]: cumulative log decay G_t, e^{G_t}
+  at::Tensor gamma;     // [H, N, C, C]: e^{G_t - G_i} for i <= t, else 0
+  at::Tensor KK, QK;    // K K^T, Q K^T
+  at::Tensor L, T;      // L[t, i] = beta_t e^{G_t - G_i} k_t.k_i (i < t); T = (I + L)^{-1}
+  at::Tensor Kb, Vb;    // diag(beta e^G) K, diag(beta) V
+  at::Tensor W, U;      // [H, N, C, Dk], [H, N, C, Dv]: T Kb, T Vb
+  at::Tensor attn;      // [H, N, C, C]: (Q K^T) * gamma
   at::Tensor qdecay;    // e^{G_t} q_t
+  at::Tensor kd;        // [H, N, C]: e^{G_C - G_i}
   at::Tensor kdecay;    // e^{G_C - G_i} k_i
   at::Tensor dl;        // [H, N]: e^{G_C}
 };
@@ -383,20 +384,25 @@ ChunkLocal chunk_local(const at::Tensor& Q, const at::Tensor& K, const at::Tenso
                        const at::Tensor& beta) {
   const int64_t C = Q.size(2);
   const auto opts = Q.options();
-  const at::Tensor G = g.cumsum(-1);  // [H, N, C]
-  const at::Tensor incl = at::ones({C, C}, opts.dtype(at::kBool)).tril();
-  const at::Tensor strict = at::ones({C, C}, opts.dtype(at::kBool)).tril(-1);
-  const at::Tensor gamma = (G.unsqueeze(-1) - G.unsqueeze(-2))
-                               .masked_fill(incl.logical_not(), -std::numeric_limits<double>::infinity())
-                               .exp();
-  const at::Tensor Kt = K.transpose(-1, -2);
-  const at::Tensor L = (beta.unsqueeze(-1) * at::matmul(K, Kt) * gamma).masked_fill(strict.logical_not(), 0.0);
   ChunkLocal r;
-  std::tie(r.W, r.U) = unit_lower_solve(L, (beta * G.exp()).unsqueeze(-1) * K, beta.unsqueeze(-1) * V);
-  r.attn = at::matmul(Q, Kt) * gamma;
-  r.qdecay = G.exp().unsqueeze(-1) * Q;
-  const at::Tensor G_last = G.select(-1, C - 1);  // [H, N]
-  r.kdecay = (G_last.unsqueeze(-1) - G).exp().unsqueeze(-1) * K;
+  r.G = g.cumsum(-1);
+  r.eG = r.G.exp();
+  const at::Tensor incl = at::ones({C, C}, opts.dtype(at::kBool)).tril();
+  r.gamma = (r.G.unsqueeze(-1) - r.G.unsqueeze(-2)).masked_fill(incl.logical_not(), -std::numeric_limits<double>::infinity()).exp();
+  const at::Tensor Kt = K.transpose(-1, -2);
+  r.KK = at::matmul(K, Kt);
+  r.L = (beta.unsqueeze(-1) * r.KK * r.gamma).tril(-1);
+  r.T = unit_lower_inverse_of(r.L);
+  r.Kb = (beta * r.eG).unsqueeze(-1) * K;
+  r.Vb = beta.unsqueeze(-1) * V;
+  r.W = at::matmul(r.T, r.Kb);
+  r.U = at::matmul(r.T, r.Vb);
+  r.QK = at::matmul(Q, Kt);
+  r.attn = r.QK * r.gamma;
+  r.qdecay = r.eG.unsqueeze(-1) * Q;
+  const at::Tensor G_last = r.G.select(-1, C - 1);  // [H, N]
+  r.kd = (G_last.unsqueeze(-1) - r.G).exp();
+  r.kdecay = r.kd.unsqueeze(-1) * K;
   r.dl = G_last.exp();
   return r;
 }
@@ -472,6 +478,91 @@ ChunkedInputs chunk_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
           to_chunks(beta, L, acc)};
 }
 
+GdnBackward g_backward = GdnBackward::kExplicit;
+
+struct StateGrads {
+  at::Tensor dS_end;  // [H, N, Dk, Dv]: the gradient of the state at the end of each chunk
+  at::Tensor dS0;     // [S, H, Dk, Dv]: of the initial states
+};
+// The reverse scan dS_n = P_n dS_{n+1} + X_n from dS_end of the last chunks = dfin, with
+// X_n = (qdecay - attn W)^T dO_n (dO scaled): on the transition's factors where the kernel applies.
+StateGrads state_gradients(const ChunkLocal& c, const at::Tensor& dOs, const at::Tensor& dfin,
+                           const std::vector<int64_t>& offsets, bool precise) {
+  const at::Tensor X = at::matmul((c.qdecay - at::matmul(c.attn, c.W)).transpose(-1, -2), dOs);
+  StateGrads r;
+  if (low_rank_scan_ok(c)) {
+#ifdef HH_HAVE_KERNELS
+    // dS_n = e^{G_C} dS_{n+1} - W^T (kdecay dS_{n+1}) + X_n: P_n applied through its factors.
+    kernels::LowRankScanArgs a;
+    a.A = c.W;
+    a.B = c.kdecay;
+    a.decay = c.dl.contiguous();
+    a.Z = X.contiguous();
+    a.y0 = dfin;
+    a.hist = at::empty_like(a.Z);
+    a.reverse = true;
+    a.precise = precise;
+    r.dS0 = kernels::low_rank_scan(a, offsets);
+    r.dS_end = a.hist;
+#endif
+  } else {
+    const ScanResult scan =
+        gdn_state_scan(transition(c, /*transposed=*/true).contiguous(), X.contiguous(), dfin, offsets, /*reverse=*/true);
+    r.dS_end = scan.hist;
+    r.dS0 = scan.final_state;
+  }
+  return r;
+}
+
+struct ChunkGrads {
+  at::Tensor dQ, dK, dV, dg, dbeta;  // on the chunk grid
+};
+// The gradients of J = <dO, O> + <dS_end, S_next> through the chunk-local function of every chunk,
+// with its start state S and dS_end held fixed (the scan has accounted for them), by hand:
+//   M = U - W S;  O = qdecay S + attn M;  S_next = e^{G_C} S + kdecay^T M
+//   dM = attn^T dO + kdecay dS_end,  dattn = dO M^T,  dqdecay = dO S^T,  dkdecay = M dS_end^T,
+//   dU = dM,  dW = -dM S^T,  dT = dU Vb^T + dW Kb^T,  dL = -T^T dT T^T (strictly lower),
+// then each factor's inputs (q, k, v, beta, and G through every e^{...}); dg is the reverse cumulative
+// sum of dG.
+ChunkGrads chunk_local_backward(const ChunkLocal& c, const ChunkedInputs& in, const at::Tensor& S,
+                                const at::Tensor& dS_end, const at::Tensor& dO) {
+  auto t = [](const at::Tensor& x) { return x.transpose(-1, -2); };
+  auto rowsum = [](const at::Tensor& a, const at::Tensor& b) { return (a * b).sum(-1); };
+  const at::Tensor M = c.U - at::matmul(c.W, S);
+  const at::Tensor dM = at::matmul(t(c.attn), dO).add_(at::matmul(c.kdecay, dS_end));
+  const at::Tensor dQK = at::matmul(dO, t(M)).mul_(c.gamma);  // d(Q K^T) through attn = QK * gamma
+  const at::Tensor dqdecay = at::matmul(dO, t(S));
+  const at::Tensor dkdecay = at::matmul(M, t(dS_end));
+  const at::Tensor dW = -at::matmul(dM, t(S));
+  const at::Tensor Tt = t(c.T);
+  const at::Tensor dVb = at::matmul(Tt, dM), dKb = at::matmul(Tt, dW);
+  const at::Tensor dT = at::matmul(dM, t(c.Vb)).add_(at::matmul(dW, t(c.Kb)));
+  const at::Tensor dL = at::matmul(at::matmul(Tt, dT), Tt).neg_().tril_(-1);
+  const at::Tensor dLg = dL * c.gamma;                         // dL e^{G_t - G_i}
+  const at::Tensor dKK = in.beta.unsqueeze(-1) * dLg;          // d(K K^T) through L = beta_t KK gamma
+  ChunkGrads r;
+  r.dQ = at::matmul(dQK, in.K).add_(c.eG.unsqueeze(-1) * dqdecay);
+  r.dK = at::matmul(t(dQK), in.Q)
+             .add_(at::matmul(dKK + t(dKK), in.K))
+             .add_((in.beta * c.eG).unsqueeze(-1) * dKb)
+             .add_(c.kd.unsqueeze(-1) * dkdecay);
+  r.dV = in.beta.unsqueeze(-1) * dVb;
+  const at::Tensor kb_dot = rowsum(dKb, in.K);                 // <dKb_t, k_t>
+  r.dbeta = rowsum(dLg, c.KK).add_(rowsum(dVb, in.V)).add_(c.eG * kb_dot);
+  // G: each e^{G_t - G_i} term X (attn and L) gives dG_t += sum_i dX X and dG_i -= sum_t dX X.
+  const at::Tensor XA = dQK * c.QK, XL = dL * c.L;
+  const at::Tensor kd_dot = c.kd * rowsum(dkdecay, in.K);      // kdecay_i = e^{G_C - G_i} k_i
+  at::Tensor dG = c.eG * rowsum(dqdecay, in.Q);
+  dG.add_(in.beta * c.eG * kb_dot).add_(XA.sum(-1) - XA.sum(-2)).add_(XL.sum(-1) - XL.sum(-2)).sub_(kd_dot);
+  const int64_t C = dG.size(-1);
+  // <S_n, dS_end_n> for every chunk as a batched dot product (no state-sized temporary).
+  const int64_t chunks = S.size(0) * S.size(1), state = S.size(2) * S.size(3);
+  const at::Tensor S_dS = at::bmm(S.reshape({chunks, 1, state}), dS_end.reshape({chunks, state, 1})).view({S.size(0), S.size(1)});
+  dG.select(-1, C - 1).add_(kd_dot.sum(-1)).add_(c.dl * S_dS);  // through G_C
+  r.dg = dG.flip({-1}).cumsum(-1).flip({-1});
+  return r;
+}
+
 class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
@@ -543,63 +634,53 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     const at::Tensor dfin = grads[1].defined() ? grads[1].to(acc).contiguous()
                                                : at::zeros({nseq, H, Dk, Dv}, q.options().dtype(acc));
 
-    // The chunk-local function once, with its graph: step 1 reads its values (no graph of its own),
-    // step 2 differentiates it.
+    // 1. State gradients, last chunk to first: dS_n = P_n dS_{n+1} + X_n with
+    //    X_n = scale (qdecay - attn W)^T dO_n, the direct effect of S_n on chunk n's output.
+    // 2. With every chunk's start state S_n and end-state gradient fixed, the inputs' gradients are
+    //    those of J = sum_n <dO_n, O_n> + <dS_end_n, S_{n+1}> through the chunk-local function:
+    //    by the formulas of chunk_local_backward, or (GdnBackward::kAutograd) by autograd through
+    //    chunk_local, with J written so that nothing state-sized ([Dk, Dv] a chunk) needs a gradient.
+    auto cast = [](const at::Tensor& gr, const at::Tensor& like) {
+      return gr.defined() ? gr.to(like.scalar_type()) : at::zeros_like(like);
+    };
+    if (gdn_backward() == GdnBackward::kExplicit) {
+      at::NoGradGuard no_grad;
+      const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
+      const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
+      const StateGrads sg = state_gradients(c, dOs, dfin, L.offsets, !use_tf32(q));
+      const ChunkGrads d = chunk_local_backward(c, in, S, sg.dS_end, dOs);
+      // Back from the chunk grid to [B, T, H, ...] in each input's dtype.
+      auto back = [&](const at::Tensor& x, const at::Tensor& like) { return from_chunks(x, L, B, T, like.scalar_type()); };
+      auto back_bth = [&](const at::Tensor& x, const at::Tensor& like) { return back(x.unsqueeze(-1), like).squeeze(-1); };
+      return {back(d.dQ, q), back(d.dK, k), back(d.dV, v), back_bth(d.dg, g), back_bth(d.dbeta, beta),
+              sg.dS0.to(s0_dtype), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
     at::Tensor lq = q.detach().requires_grad_(true), lk = k.detach().requires_grad_(true),
                lv = v.detach().requires_grad_(true), lg = g.detach().requires_grad_(true),
                lb = beta.detach().requires_grad_(true);
     at::AutoGradMode grad_mode(true);
     const ChunkedInputs in = chunk_inputs(lq, lk, lv, lg, lb, L, acc);
     const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
-
-    // 1. State gradients, last chunk to first: dS_n = P_n dS_{n+1} + X_n with
-    //    X_n = scale (qdecay - attn W)^T dO_n, the direct effect of S_n on chunk n's output.
-    // 2. With every chunk's start state S_n and end-state gradient fixed, the inputs' gradients are
-    //    those of sum_n <dO_n, O_n> + <dS_end_n, S_{n+1}> through the chunk-local function. Written so
-    //    that nothing state-sized ([Dk, Dv] a chunk) needs a gradient, with Uc = U - W S:
     //      <O, dO>      = scale (<qdecay, dO S^T> + <attn Uc, dO>)   (scale carried by dOs)
-    //      <S_next, dS> = e^{G_C} <S, dS> + <Uc, kdecay dS>
-    at::Tensor dS_end, dS0, dO_St, S_dS;
+    //      <S_next, dS> = e^{G_C} <S, dS> + <Uc, kdecay dS>           (Uc = U - W S)
+    at::Tensor dO_St, S_dS;
+    StateGrads sg;
     {
       at::NoGradGuard no_grad;
-      const at::Tensor X = at::matmul((c.qdecay - at::matmul(c.attn, c.W)).transpose(-1, -2), dOs);
-      if (low_rank_scan_ok(c)) {
-#ifdef HH_HAVE_KERNELS
-        // dS_n = e^{G_C} dS_{n+1} - W^T (kdecay dS_{n+1}) + X_n: P_n applied through its factors.
-        kernels::LowRankScanArgs a;
-        a.A = c.W;
-        a.B = c.kdecay;
-        a.decay = c.dl.contiguous();
-        a.Z = X.contiguous();
-        a.y0 = dfin;
-        a.hist = at::empty_like(a.Z);
-        a.reverse = true;
-        a.precise = !use_tf32(q);
-        dS0 = kernels::low_rank_scan(a, L.offsets);
-        dS_end = a.hist;  // the gradient of the state at the end of each chunk
-#endif
-      } else {
-        const ScanResult scan = gdn_state_scan(transition(c, /*transposed=*/true).contiguous(), X.contiguous(), dfin,
-                                               L.offsets, /*reverse=*/true);
-        dS_end = scan.hist;
-        dS0 = scan.final_state;
-      }
+      sg = state_gradients(c, dOs, dfin, L.offsets, !use_tf32(q));
       dO_St = at::matmul(dOs, S.transpose(-1, -2));  // [H, N, C, Dk]
       // <S_n, dS_end_n> for every chunk as a batched dot product (no state-sized temporary).
       const int64_t chunks = S.size(0) * S.size(1), state = Dk * Dv;
-      S_dS = at::bmm(S.reshape({chunks, 1, state}), dS_end.reshape({chunks, state, 1})).view({S.size(0), S.size(1)});
+      S_dS = at::bmm(S.reshape({chunks, 1, state}), sg.dS_end.reshape({chunks, state, 1})).view({S.size(0), S.size(1)});
     }
     const at::Tensor Uc = c.U - at::matmul(c.W, S);
     const at::Tensor objective = (c.qdecay * dO_St).sum() + (at::matmul(c.attn, Uc) * dOs).sum() +
-                                 (c.dl * S_dS).sum() + (Uc * at::matmul(c.kdecay, dS_end)).sum();
+                                 (c.dl * S_dS).sum() + (Uc * at::matmul(c.kdecay, sg.dS_end)).sum();
     const torch::autograd::variable_list input_grads =
         torch::autograd::grad({objective}, {lq, lk, lv, lg, lb}, {}, /*retain_graph=*/false,
                               /*create_graph=*/false, /*allow_unused=*/true);
-    auto cast = [](const at::Tensor& gr, const at::Tensor& like) {
-      return gr.defined() ? gr.to(like.scalar_type()) : at::zeros_like(like);
-    };
     return {cast(input_grads[0], q), cast(input_grads[1], k), cast(input_grads[2], v), cast(input_grads[3], g),
-            cast(input_grads[4], beta), dS0.to(s0_dtype), at::Tensor(), at::Tensor(), at::Tensor()};
+            cast(input_grads[4], beta), sg.dS0.to(s0_dtype), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -630,6 +711,9 @@ std::tuple<at::Tensor, at::Tensor> chunk_rule_op(const at::Tensor& q, const at::
 }  // namespace
 
 TORCH_LIBRARY_IMPL(hydrahead, CompositeImplicitAutograd, m) { m.impl("chunk_gated_delta_rule", &chunk_rule_op); }
+
+void set_gdn_backward(GdnBackward b) { g_backward = b; }
+GdnBackward gdn_backward() { return g_backward; }
 
 GdnOutput gdn_chunked_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                            const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,

@@ -36,7 +36,8 @@ GdnOutput gdn_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 //    hydrahead::gdn_state_scan (a CUDA kernel, kernels/gdn.cu; a LibTorch loop elsewhere);
 //  - the backward runs the same scan in reverse for the state gradients (dS_n = P_n dS_{n+1} + X_n),
 //    then differentiates the chunk-local function for all chunks at once with the chunk-start
-//    states and the chunk-end state gradients held fixed, which is the exact gradient.
+//    states and the chunk-end state gradients held fixed, which is the exact gradient (by its
+//    formulas written out, see GdnBackward).
 // cu_seqlens (host values 0 = c_0 < c_1 < ... < c_S = T, B must be 1) packs S sequences of lengths
 // c_{s+1} - c_s into one row: chunks never cross a boundary, initial_state and the returned state are
 // then [S, H, Dk, Dv]. Without it, each of the B rows is one sequence.
@@ -48,6 +49,13 @@ GdnOutput gdn_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 GdnOutput gdn_chunked_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                            const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk = 64,
                            const std::vector<int64_t>& cu_seqlens = {});
+
+// How gdn_chunked_scan's backward differentiates the chunk-local function (process-wide; for
+// benchmarks and tests): by its gradient formulas written out (the default; fewer and larger
+// operations), or by autograd through the LibTorch ops of the forward.
+enum class GdnBackward { kExplicit, kAutograd };
+void set_gdn_backward(GdnBackward b);
+GdnBackward gdn_backward();
 
 // gdn_chunked_scan on CUDA tensors, gdn_chunked elsewhere.
 GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,

@@ -322,7 +322,10 @@ TEST(CudaGdn, PackedSequencesOnCudaEqualEachAlone) {
 
 TEST(CudaGdn, GradientsOnCudaEqualTheReferenceInFloat64) {
   ASSERT_TRUE(torch::cuda::is_available());
+  using hh::attention::GdnBackward;
+  for (GdnBackward mode : {GdnBackward::kExplicit, GdnBackward::kAutograd})
   for (torch::Dtype dt : {torch::kFloat, torch::kBFloat16}) {
+    hh::attention::set_gdn_backward(mode);
     const Inputs in = make_inputs(2, 300, 3, 128, 2);
     Inputs d = on_device(in, dt);
     for (auto* t : {&d.q, &d.k, &d.v, &d.g, &d.beta, &d.s0}) t->requires_grad_(true);
@@ -338,8 +341,11 @@ TEST(CudaGdn, GradientsOnCudaEqualTheReferenceInFloat64) {
     const char* names[] = {"q", "k", "v", "g", "beta", "s0"};
     // float32 arithmetic: 1e-4; bf16: the gradients are rounded to bf16 where the inputs are.
     const double tol = dt == torch::kFloat ? 1e-4 : 1e-2;
-    for (size_t i = 0; i < 6; ++i) EXPECT_LT(rel_err(g_got[i], g_ref[i]), tol) << names[i] << " " << std::string(c10::toString(dt));
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_LT(rel_err(g_got[i], g_ref[i]), tol) << names[i] << " " << std::string(c10::toString(dt))
+                                                  << (mode == GdnBackward::kExplicit ? " explicit" : " autograd");
   }
+  hh::attention::set_gdn_backward(GdnBackward::kExplicit);
 }
 
 TEST(CudaGdn, FusionKernelMatchesTheOpSequence) {

@@ -211,8 +211,12 @@ TEST(GatedDeltaRuleScan, PackedSequencesEqualEachSequenceAlone) {
 
 TEST(GatedDeltaRuleScan, GradientsEqualAutogradThroughTheReference) {
   // Several chunks and a ragged end, initial state, loss on the output and the final state; and the
-  // packed form against its sequences' reference gradients.
+  // packed form against its sequences' reference gradients. Both ways of differentiating the
+  // chunk-local function: its formulas written out, and autograd through its ops.
+  using hh::attention::GdnBackward;
+  for (GdnBackward mode : {GdnBackward::kExplicit, GdnBackward::kAutograd})
   for (const std::vector<int64_t>& cu : {std::vector<int64_t>{}, std::vector<int64_t>{0, 9, 9, 30}}) {
+    hh::attention::set_gdn_backward(mode);
     const int64_t B = cu.empty() ? 2 : 1, S = cu.empty() ? 2 : 3;
     Inputs in = make_inputs(B, 30, 2, 6, 5, 8, 1.0, 0.1, 1.5);
     in.s0 = torch::randn({S, 2, 6, 5}, torch::kDouble);
@@ -244,9 +248,10 @@ TEST(GatedDeltaRuleScan, GradientsEqualAutogradThroughTheReference) {
       const double scale = g_ref[i].abs().max().item<double>();
       EXPECT_GT(scale, 0.0) << names[i];
       EXPECT_LT((g_fast[i] - g_ref[i]).abs().max().item<double>(), 1e-9 * std::max(1.0, scale))
-          << names[i] << (cu.empty() ? " (batch)" : " (packed)");
+          << names[i] << (cu.empty() ? " (batch)" : " (packed)") << (mode == GdnBackward::kExplicit ? " explicit" : " autograd");
     }
   }
+  hh::attention::set_gdn_backward(GdnBackward::kExplicit);
 }
 
 TEST(GatedDeltaRuleScan, TheRegisteredOpIsTheRuleWithItsGradient) {
