@@ -47,6 +47,15 @@ int pack_width(int64_t n, std::initializer_list<const void*> ptrs) {
   return v;
 }
 
+// One element of rotate-half RoPE, y = x cos + rot sin with rot = -x[i + Dh/2] or x[i - Dh/2],
+// each product rounded to the dtype and then their sum, as HF's op sequence rounds.
+template <class T>
+__device__ __forceinline__ T rope_element(float x, float rot, float c, float s) {
+  const T a = static_cast<T>(x * c);
+  const T b = static_cast<T>(rot * s);
+  return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
+}
+
 // One warp per row of n elements.
 template <class T>
 __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t rows,
@@ -96,9 +105,7 @@ __global__ void norm_rope_kernel(const T* __restrict__ x, const T* __restrict__ 
   const T* s = sin + t * Dh;
   for (int64_t i = lane; i < Dh; i += 32) {
     const float rot = i < half ? -normed[warp][i + half] : normed[warp][i - half];
-    const T a = static_cast<T>(normed[warp][i] * static_cast<float>(c[i]));
-    const T b = static_cast<T>(rot * static_cast<float>(s[i]));
-    yr[i] = static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
+    yr[i] = rope_element<T>(normed[warp][i], rot, static_cast<float>(c[i]), static_cast<float>(s[i]));
   }
 }
 
@@ -122,9 +129,7 @@ __global__ void rope_l2norm_kernel(const T* __restrict__ x, const T* __restrict_
   float ss = 0.f;
   for (int64_t i = lane; i < Dh; i += 32) {
     const float rot = i < half ? -xs[warp][i + half] : xs[warp][i - half];
-    const T a = static_cast<T>(xs[warp][i] * static_cast<float>(c[i]));
-    const T b = static_cast<T>(rot * static_cast<float>(s[i]));
-    const float r = static_cast<float>(static_cast<T>(static_cast<float>(a) + static_cast<float>(b)));
+    const float r = static_cast<float>(rope_element<T>(xs[warp][i], rot, static_cast<float>(c[i]), static_cast<float>(s[i])));
     rs[warp][i] = r;
     ss += r * r;
   }
@@ -155,9 +160,8 @@ __global__ void rope_l2norm_packed_kernel(const T* __restrict__ x, const T* __re
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const float rot = first ? -static_cast<float>(pp.v[e]) : static_cast<float>(pp.v[e]);
-      const T a = static_cast<T>(static_cast<float>(xp.v[e]) * static_cast<float>(cp.v[e]));
-      const T b = static_cast<T>(rot * static_cast<float>(sp.v[e]));
-      r[e] = static_cast<float>(static_cast<T>(static_cast<float>(a) + static_cast<float>(b)));
+      r[e] = static_cast<float>(
+          rope_element<T>(static_cast<float>(xp.v[e]), rot, static_cast<float>(cp.v[e]), static_cast<float>(sp.v[e])));
       ss += r[e] * r[e];
     }
   }

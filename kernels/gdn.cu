@@ -23,7 +23,7 @@ constexpr int kScanColumns = 16;  // state columns a block owns
 constexpr int kShortConvTaps = 4;  // the LA heads' short convolution (kernel::causal_conv_silu)
 
 // Starts the next chunk's copy (when there is one), then waits for the current chunk's copy and for
-// every thread: the double-buffered loop of both scan kernels.
+// every thread: the double-buffered loop of the two scans on a formed transition.
 template <class LoadNext>
 __device__ __forceinline__ void wait_for_chunk(bool has_next, LoadNext&& load_next) {
   if (has_next) {

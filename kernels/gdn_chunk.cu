@@ -81,7 +81,7 @@ __device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ x, const
   }
 }
 
-// Rows [r0, r0 + R) x columns [c0, c0 + 64) of a float32 matrix with row stride ld into dst [R][kLdOut].
+// R rows x 64 columns of a float32 matrix at src (row stride ld) into dst [R][kLdOut].
 template <int R>
 __device__ __forceinline__ void load_slice(float* dst, const float* __restrict__ src, int64_t ld) {
   for (int i = threadIdx.x; i < R * kOutCols / 4; i += kThreads) {

@@ -514,6 +514,13 @@ StateGrads state_gradients(const ChunkLocal& c, const at::Tensor& dOs, const at:
   return r;
 }
 
+// <a_n, b_n> for every chunk of two [H, N, Dk, Dv] contiguous tensors, as a batched dot product (no
+// state-sized temporary): [H, N].
+at::Tensor chunk_dot(const at::Tensor& a, const at::Tensor& b) {
+  const int64_t chunks = a.size(0) * a.size(1), state = a.size(2) * a.size(3);
+  return at::bmm(a.reshape({chunks, 1, state}), b.reshape({chunks, state, 1})).view({a.size(0), a.size(1)});
+}
+
 struct ChunkGrads {
   at::Tensor dQ, dK, dV, dg, dbeta;  // on the chunk grid
 };
@@ -555,10 +562,7 @@ ChunkGrads chunk_local_backward(const ChunkLocal& c, const ChunkedInputs& in, co
   at::Tensor dG = c.eG * rowsum(dqdecay, in.Q);
   dG.add_(in.beta * c.eG * kb_dot).add_(XA.sum(-1) - XA.sum(-2)).add_(XL.sum(-1) - XL.sum(-2)).sub_(kd_dot);
   const int64_t C = dG.size(-1);
-  // <S_n, dS_end_n> for every chunk as a batched dot product (no state-sized temporary).
-  const int64_t chunks = S.size(0) * S.size(1), state = S.size(2) * S.size(3);
-  const at::Tensor S_dS = at::bmm(S.reshape({chunks, 1, state}), dS_end.reshape({chunks, state, 1})).view({S.size(0), S.size(1)});
-  dG.select(-1, C - 1).add_(kd_dot.sum(-1)).add_(c.dl * S_dS);  // through G_C
+  dG.select(-1, C - 1).add_(kd_dot.sum(-1)).add_(c.dl * chunk_dot(S, dS_end));  // through G_C
   r.dg = dG.flip({-1}).cumsum(-1).flip({-1});
   return r;
 }
@@ -669,9 +673,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       at::NoGradGuard no_grad;
       sg = state_gradients(c, dOs, dfin, L.offsets, !use_tf32(q));
       dO_St = at::matmul(dOs, S.transpose(-1, -2));  // [H, N, C, Dk]
-      // <S_n, dS_end_n> for every chunk as a batched dot product (no state-sized temporary).
-      const int64_t chunks = S.size(0) * S.size(1), state = Dk * Dv;
-      S_dS = at::bmm(S.reshape({chunks, 1, state}), sg.dS_end.reshape({chunks, state, 1})).view({S.size(0), S.size(1)});
+      S_dS = chunk_dot(S, sg.dS_end);
     }
     const at::Tensor Uc = c.U - at::matmul(c.W, S);
     const at::Tensor objective = (c.qdecay * dO_St).sum() + (at::matmul(c.attn, Uc) * dOs).sum() +

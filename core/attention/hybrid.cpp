@@ -10,7 +10,6 @@
 #include "core/model/transformer.h"
 #include "core/util/error.h"
 #ifdef HH_HAVE_KERNELS
-#include "core/model/fused_autograd.h"
 #include "kernels/fused_ops.h"
 #include "kernels/gdn.h"
 #endif
@@ -77,20 +76,6 @@ at::Tensor rope_l2(const at::Tensor& x, const at::Tensor& inv_freq, int64_t pos)
   }
 #endif
   return l2_normalise(model::rotary(x, inv_freq, pos));
-}
-
-// The FA heads' q or k: rms_norm with the teacher's weight, then RoPE when `rope`. On CUDA with a
-// constant weight, one kernel (differentiable in x: model::fused_norm_rope).
-at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps, bool rope, const at::Tensor& inv_freq,
-                     int64_t pos) {
-#ifdef HH_HAVE_KERNELS
-  if (rope && x.is_cuda() && x.scalar_type() != at::kDouble && !weight.requires_grad()) {
-    const auto [cos, sin] = model::rope_cos_sin(inv_freq.to(x.device()), pos, x.size(1), x.scalar_type());
-    return model::fused_norm_rope(x, weight, cos, sin, eps);
-  }
-#endif
-  const at::Tensor n = model::rms_norm(x, weight, eps);
-  return rope ? model::rotary(n, inv_freq, pos) : n;
 }
 
 }  // namespace
@@ -224,8 +209,8 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.fa, Dh)).view({B, T, nF, Dh});
     at::Tensor k = at::linear(xn, all ? tw.k_proj : head_rows(tw.k_proj, used, Dh)).view({B, T, nU, Dh});
     const at::Tensor v = at::linear(xn, all ? tw.v_proj : head_rows(tw.v_proj, used, Dh)).view({B, T, nU, Dh});
-    q = norm_rope(q, tw.q_norm, eps, o.fa_rope, inv_freq, pos);
-    k = norm_rope(k, tw.k_norm, eps, o.fa_rope, inv_freq, pos);
+    q = o.fa_rope ? model::norm_rotary(q, tw.q_norm, eps, inv_freq, pos) : model::rms_norm(q, tw.q_norm, eps);
+    k = o.fa_rope ? model::norm_rotary(k, tw.k_norm, eps, inv_freq, pos) : model::rms_norm(k, tw.k_norm, eps);
     if (o.fa_log_scale) {
       const double a = o.fa_log_scale_alpha;
       const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // float32 for 16-bit models

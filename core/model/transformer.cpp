@@ -664,6 +664,12 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offse
   return apply_rope(x, rope_tables(inv_freq.to(x.device()), offset, x.size(1), x.scalar_type()));
 }
 
+at::Tensor norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& inv_freq,
+                       int64_t offset) {
+  return norm_rope_maybe_fused(x, weight, rope_tables(inv_freq.to(x.device()), offset, x.size(1), x.scalar_type()), eps,
+                               use_fused(true, x));
+}
+
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype) {
   const RopeTables r = rope_tables(inv_freq, offset, T, dtype);
   const int64_t Dh = r.cos.size(3);

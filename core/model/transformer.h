@@ -152,6 +152,10 @@ class Transformer {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // Rotate-half RoPE of x [B, T, H, Dh] at positions offset.., angles from inv_freq [Dh/2] in float32.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offset);
+// rotary(rms_norm(x, weight, eps), inv_freq, offset): as one kernel on CUDA (16-bit or float32, weight
+// needing no gradient; differentiable in x), else the op sequence.
+at::Tensor norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& inv_freq,
+                       int64_t offset);
 // The cos and sin tables rotary() applies, [T, Dh] in dtype, for positions offset .. offset + T - 1.
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype);
 // Causal attention, GQA (q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh]) -> [B, T, Hq, Dh]; never T x T. With
