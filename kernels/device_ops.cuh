@@ -6,6 +6,14 @@
 //   A (16 x 8, row major): a[0] = A[g][t], a[1] = A[g + 8][t], a[2] = A[g][t + 4], a[3] = A[g + 8][t + 4]
 //   B (8 x 8, column):     b[0] = B[t][g], b[1] = B[t + 4][g]
 //   C (16 x 8):            c[e] = C[g + 8 (e >= 2)][2 t + (e & 1)]
+// and of mma.sync.m16n8k16 with 16-bit operands (each register two elements, the lower index first):
+//   A (16 x 16): a[0] = A[g][2t, 2t+1], a[1] = A[g + 8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g + 8][2t+8, 2t+9]
+//   B (16 x 8):  b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g];  C as for m16n8k8.
+// ldmatrix loads 8 x 8 blocks of 16-bit elements, lanes 8i..8i+7 giving the row addresses of block i;
+// lane 4g + t receives row g, elements 2t and 2t+1 of each block (with .trans, column g, rows 2t and
+// 2t+1): with row addresses chosen per fragment, one instruction loads a whole A or B fragment.
+#include <cuda_fp16.h>
+
 namespace hh::kernels::device {
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -40,6 +48,36 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], 
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// c += a b on the tensor cores (float16 operands, float32 accumulation).
+__device__ __forceinline__ void mma_f16(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// Lanes 0..15 give the row addresses (the others' are ignored).
+__device__ __forceinline__ void ldmatrix_x2_trans(unsigned (&r)[2], const void* smem) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+// Two floats as a float16 pair in one register (x in the low half), rounded to nearest.
+__device__ __forceinline__ unsigned pack_f16(float x, float y) {
+  const __half2 h = __floats2half2_rn(x, y);
+  return *reinterpret_cast<const unsigned*>(&h);
 }
 
 }  // namespace hh::kernels::device

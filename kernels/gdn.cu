@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/device_ops.cuh"
@@ -480,15 +481,257 @@ __global__ void __launch_bounds__(2 * DK)
           make_float2(y[nt][e], y[nt][e + 1]);
 }
 
+// ---- the low-rank scan with float16 products (block floating point) ----
+// The same recurrence for float16 A and B, on m16n8k16 float16 products fed by ldmatrix: Y and M are
+// rounded to float16 for the products after scaling each 16-row block by a power of two that puts its
+// largest magnitude in [2^14, 2^15). Every element keeps float16's 11 significant bits (as TF32 would)
+// at any magnitude, and float16's range cannot overflow. The blocks are the product's k-steps: block j
+// of Y is k-step j of step (1) and block i of M k-step i of step (2), so each k-step's product is
+// unscaled on its own, by one multiply-add into the float32 sum. Y itself stays float32 in registers.
+// Bytes before the ring in low_rank_scan_f16_kernel's shared memory: Yh, Mh and the inverse scales.
+template <int DK>
+constexpr size_t f16_scan_head_bytes() {
+  return ((DK * 24 + kLowRankChunk * 24) * 2 + (DK / 16 + 8) * 4 + 15) / 16 * 16;
+}
+
+struct Pow2Scale {
+  float scale, inverse;
+};
+// The power of two s with s * max_abs in [2^14, 2^15) (max_abs clamped to [2^-100, 2^127]: zero and
+// tiny blocks get a finite scale, and infinity and NaN propagate through the products).
+__device__ __forceinline__ Pow2Scale pow2_scale(float max_abs) {
+  const int e = min(max(static_cast<int>((__float_as_uint(max_abs) >> 23) & 0xff) - 127, -100), 127);
+  return {__uint_as_float(static_cast<unsigned>(127 + 14 - e) << 23), __uint_as_float(static_cast<unsigned>(127 + e - 14) << 23)};
+}
+// The largest |x| over the warp, in one redux.sync on the bits (non-negative floats order as their
+// bit patterns do). A NaN may be left out of the maximum; it stays NaN through any scale.
+template <int V>
+__device__ __forceinline__ float warp_max_abs(const float (&x)[V]) {
+  float m = fabsf(x[0]);
+#pragma unroll
+  for (int i = 1; i < V; ++i) m = fmaxf(m, fabsf(x[i]));
+  return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m)));
+}
+
+template <int DK>
+__global__ void __launch_bounds__(2 * DK)
+    low_rank_scan_f16_kernel(const c10::Half* __restrict__ A, const c10::Half* __restrict__ Bm,
+                             const float* __restrict__ decay, const float* __restrict__ U, const float* __restrict__ Z,
+                             const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
+                             float* __restrict__ fin, const int64_t* __restrict__ offsets, int H, int64_t N, int Dv,
+                             int64_t lda, int64_t ldb, int64_t ldu, bool reverse) {
+  // Warp w owns state rows 16w..16w+15 (block w of Y) in step (2), and the (16-row, 8-column) tiles
+  // w, w + NW, ... of M in step (1), as low_rank_scan_kernel.
+  constexpr int C = kLowRankChunk, BV = 16, NW = DK / 16, NT = 32 * NW, T1 = (C / 16) * 2 / NW;
+  // Rows of 16-bit elements padded for conflict-free ldmatrix: DK + 8 for the factors (272 bytes at
+  // Dk 128) and 24 for Y and M (48 bytes), so that 8 consecutive rows cover all 32 banks once.
+  constexpr int LDA = DK + 8, LDH = 24, LDY = 24, V = 8, STAGES = LowRankStages<c10::Half>::value;
+  static_assert(T1 >= 1 && (C / 16) * 2 % NW == 0, "step (1) tiles must divide among the warps");
+  constexpr size_t kSlot = low_rank_slot_bytes<DK, c10::Half>();
+  // Shared memory: Yh [DK][LDH] and Mh [C][LDH] (scaled float16), the inverse scales of Y's NW blocks
+  // and of M's (C / 16) x 2 tiles, then the ring of low_rank_scan_kernel (A, B, U, Z, decay per slot).
+  extern __shared__ float4 smem4[];
+  __half* const Yh = reinterpret_cast<__half*>(smem4);
+  __half* const Mh = Yh + DK * LDH;
+  float* const y_inv = reinterpret_cast<float*>(Mh + C * LDH);
+  float* const m_inv = y_inv + NW;
+  char* const ring = reinterpret_cast<char*>(smem4) + f16_scan_head_bytes<DK>();
+  auto slot_A = [&](int b) { return reinterpret_cast<__half*>(ring + b * kSlot); };
+  auto slot_B = [&](int b) { return slot_A(b) + C * LDA; };
+  auto slot_U = [&](int b) { return reinterpret_cast<float*>(slot_B(b) + C * LDA); };
+  auto slot_Z = [&](int b) { return slot_U(b) + C * LDY; };
+  auto slot_decay = [&](int b) { return slot_Z(b) + DK * LDY; };
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int h = blockIdx.y, s = blockIdx.z;
+  const int64_t n0 = offsets[s], n1 = offsets[s + 1], count = n1 - n0;
+  const int col0 = blockIdx.x * BV;
+  const int64_t state = static_cast<int64_t>(DK) * Dv;
+  auto row_in = [&](int e) { return g + (e >= 2 ? 8 : 0); };
+  auto col_of = [&](int nt, int e) { return nt * 8 + 2 * t + (e & 1); };
+  const int m2 = warp * 16;
+
+  float y[2][4];  // [nt][element]: this warp's rows of the state, float32
+  // Y's block of this warp into Yh, scaled, with its inverse scale.
+  auto publish_y = [&]() {
+    const float(&flat)[8] = reinterpret_cast<const float(&)[8]>(y);
+    const Pow2Scale sc = pow2_scale(warp_max_abs(flat));
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        *reinterpret_cast<unsigned*>(Yh + (m2 + row_in(e)) * LDH + col_of(nt, e)) =
+            pack_f16(y[nt][e] * sc.scale, y[nt][e + 1] * sc.scale);
+    if (lane == 0) y_inv[warp] = sc.inverse;
+  };
+  {
+    const float* src = y0 + (static_cast<int64_t>(s) * H + h) * state;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src + static_cast<int64_t>(m2 + row_in(e)) * Dv + col0 + col_of(nt, e));
+        y[nt][e] = v.x, y[nt][e + 1] = v.y;
+      }
+    publish_y();
+  }
+  auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
+  auto load_chunk = [&](int64_t n, int b) {
+    const c10::Half* a_src = A + (static_cast<int64_t>(h) * N + n) * C * lda;
+    const c10::Half* b_src = Bm + (static_cast<int64_t>(h) * N + n) * C * ldb;
+    __half* const da = slot_A(b);
+    __half* const db = slot_B(b);
+#pragma unroll
+    for (int i = tid; i < C * DK / V; i += NT) {
+      const int r = (V * i) / DK, c = (V * i) % DK;
+      cp_async16(da + r * LDA + c, a_src + r * lda + c);
+      cp_async16(db + r * LDA + c, b_src + r * ldb + c);
+    }
+    if (U != nullptr)
+      for (int i = tid; i < C * BV / 4; i += NT) {
+        const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
+        cp_async16(slot_U(b) + r * LDY + c, U + ((static_cast<int64_t>(h) * N + n) * C + r) * ldu + col0 + c);
+      }
+    if (Z != nullptr)
+      for (int i = tid; i < DK * BV / 4; i += NT) {
+        const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
+        cp_async16(slot_Z(b) + r * LDY + c,
+                   Z + (static_cast<int64_t>(h) * N + n) * state + static_cast<int64_t>(r) * Dv + col0 + c);
+      }
+    if (tid == 0) cp_async4(slot_decay(b), decay + static_cast<int64_t>(h) * N + n);
+  };
+  for (int b = 0; b < STAGES - 1; ++b) {
+    if (b < count) load_chunk(chunk(b), b);
+    cp_async_commit();
+  }
+  // ldmatrix row addresses of this lane (see device_ops.cuh): the A fragment of rows r..r+15 and k
+  // k0..k0+15 of a row-major [r][k] block, the same of a [k][r] block read transposed, and B fragments
+  // of a [k][n] block (both 8-column tiles, or one).
+  const int a_row = lane % 16, a_col = (lane / 16) * 8;
+  const int at_k = (lane % 8) + 8 * (lane / 16), at_m = 8 * ((lane / 8) % 2);
+  const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t n = chunk(i);
+    const int buf = static_cast<int>(i % STAGES);
+    cp_async_wait<STAGES - 2>();  // chunk i's group has landed
+    __syncthreads();              // ... for every thread; Yh holds the state; every warp is past step (2) of chunk i - 1
+    const __half* An = slot_A(buf);
+    const __half* Bn = slot_B(buf);
+    const float* Un = slot_U(buf);
+    const float* Zn = slot_Z(buf);
+    const int64_t chunk_rows = (static_cast<int64_t>(h) * N + n) * C * Dv + col0;
+    const int64_t chunk_state = (static_cast<int64_t>(h) * N + n) * state + col0;
+
+    // (1) M = U_n - B_n Y, tile by tile: one product per block of Y, unscaled into the float32 sum.
+#pragma unroll
+    for (int i1 = 0; i1 < T1; ++i1) {
+      const int tile = warp + i1 * NW, m = (tile / 2) * 16, nt = tile % 2;
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < NW; ++j) {
+        unsigned a[4], b[2];
+        ldmatrix_x4(a, Bn + (m + a_row) * LDA + 16 * j + a_col);
+        ldmatrix_x2_trans(b, Yh + (16 * j + lane % 16) * LDH + nt * 8);
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_f16(part, a, b);
+        const float inv = y_inv[j];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[e] = fmaf(part[e], inv, acc[e]);
+      }
+      float mv[4];
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const float2 u = U != nullptr ? *reinterpret_cast<const float2*>(Un + (m + row_in(e)) * LDY + col_of(nt, e))
+                                      : make_float2(0.f, 0.f);
+        mv[e] = u.x - acc[e], mv[e + 1] = u.y - acc[e + 1];
+        if (Mout != nullptr)
+          *reinterpret_cast<float2*>(Mout + chunk_rows + static_cast<int64_t>(m + row_in(e)) * Dv + col_of(nt, e)) =
+              make_float2(mv[e], mv[e + 1]);
+      }
+      const Pow2Scale sc = pow2_scale(warp_max_abs(mv));
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        *reinterpret_cast<unsigned*>(Mh + (m + row_in(e)) * LDH + col_of(nt, e)) = pack_f16(mv[e] * sc.scale, mv[e + 1] * sc.scale);
+      if (lane == 0) m_inv[tile] = sc.inverse;
+    }
+    __syncthreads();  // Mh is complete; every warp has read Yh
+
+    // (2) Y' = a_n Y + A_n^T M + Z_n for this warp's 16 rows: one product per 16-row block of M.
+    const float an = *slot_decay(buf);
+    float acc[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const float2 z = Z != nullptr ? *reinterpret_cast<const float2*>(Zn + (m2 + row_in(e)) * LDY + col_of(nt, e))
+                                      : make_float2(0.f, 0.f);
+        acc[nt][e] = fmaf(an, y[nt][e], z.x);
+        acc[nt][e + 1] = fmaf(an, y[nt][e + 1], z.y);
+        *reinterpret_cast<float2*>(hist + chunk_state + static_cast<int64_t>(m2 + row_in(e)) * Dv + col_of(nt, e)) =
+            make_float2(y[nt][e], y[nt][e + 1]);
+      }
+    float part[C / 16][2][4] = {};
+#pragma unroll
+    for (int i2 = 0; i2 < C / 16; ++i2) {
+      unsigned a[4], b[4];
+      ldmatrix_x4_trans(a, An + (16 * i2 + at_k) * LDA + m2 + at_m);  // A_n^T: [row][k] = A_n[k][row]
+      ldmatrix_x4_trans(b, Mh + (16 * i2 + bt_k) * LDH + bt_n);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const unsigned bn[2] = {b[2 * nt], b[2 * nt + 1]};
+        mma_f16(part[i2][nt], a, bn);
+      }
+    }
+    // The copy of chunk i + STAGES - 1 into the slot chunk i - 1 used (every warp is past it), issued
+    // while the products are in flight rather than ahead of step (1), where it would delay the chain.
+    if (i + STAGES - 1 < count) load_chunk(chunk(i + STAGES - 1), static_cast<int>((i + STAGES - 1) % STAGES));
+    cp_async_commit();
+#pragma unroll
+    for (int i2 = 0; i2 < C / 16; ++i2)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float inv = m_inv[2 * i2 + nt];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = fmaf(part[i2][nt][e], inv, acc[nt][e]);
+      }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) y[nt][e] = acc[nt][e];
+    publish_y();  // read by step (1) of the next chunk, after the barrier at the loop's top
+  }
+  cp_async_wait<0>();
+  float* dst = fin + (static_cast<int64_t>(s) * H + h) * state + col0;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2)
+      *reinterpret_cast<float2*>(dst + static_cast<int64_t>(m2 + row_in(e)) * Dv + col_of(nt, e)) =
+          make_float2(y[nt][e], y[nt][e + 1]);
+}
+
 template <int DK, class F>
 void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, at::Tensor& fin) {
   const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
-  constexpr size_t smem = low_rank_smem_bytes<DK, F>();
-  auto kernel = a.precise ? low_rank_scan_kernel<DK, true, F> : low_rank_scan_kernel<DK, false, F>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(Dv / 16), static_cast<unsigned>(H), static_cast<unsigned>(S));
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
+  if constexpr (std::is_same_v<F, c10::Half>) {
+    if (a.precision == ScanPrecision::kBlockFloat16) {
+      constexpr size_t smem = f16_scan_head_bytes<DK>() + LowRankStages<F>::value * low_rank_slot_bytes<DK, F>();
+      auto kernel = low_rank_scan_f16_kernel<DK>;
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      kernel<<<grid, 2 * DK, smem, at::cuda::getCurrentCUDAStream()>>>(
+          a.A.data_ptr<F>(), a.B.data_ptr<F>(), a.decay.data_ptr<float>(), ptr(a.U), ptr(a.Z), a.y0.data_ptr<float>(),
+          a.hist.data_ptr<float>(), ptr(a.M), fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv,
+          a.A.stride(2), a.B.stride(2), a.U.defined() ? a.U.stride(2) : Dv, a.reverse);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+  }
+  constexpr size_t smem = low_rank_smem_bytes<DK, F>();
+  const bool precise = a.precision == ScanPrecision::kFloat32;
+  auto kernel = precise ? low_rank_scan_kernel<DK, true, F> : low_rank_scan_kernel<DK, false, F>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<grid, 2 * DK, smem, at::cuda::getCurrentCUDAStream()>>>(
       a.A.data_ptr<F>(), a.B.data_ptr<F>(), a.decay.data_ptr<float>(), ptr(a.U), ptr(a.Z), a.y0.data_ptr<float>(),
       a.hist.data_ptr<float>(), ptr(a.M), fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv, a.A.stride(2),
@@ -635,33 +878,77 @@ __global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __rest
 // ---- scale-normalised fusion: one warp per row of Dh <= 256 elements (8 a lane) ----
 constexpr int kFusionWarps = 8;
 constexpr int kMaxPerLane = 8;
+constexpr int kMaxFusionHeads = 256;
 
-template <class T>
+// Where the forward reads gate rows and writes y rows: head i of row r (= b T + t) reads gate + r
+// gate_ld + i Dh and writes y + r y_ld + pos[i] Dh.
+struct FusionPlacement {
+  int64_t gate_ld, y_ld;
+  int32_t pos[kMaxFusionHeads];
+};
+
+// at::sigmoid's and at::silu's float formulas, rounded to T as they round them.
+template <int ACT, class T>
+__device__ __forceinline__ float activate(float x) {
+  if constexpr (ACT == static_cast<int>(GateActivation::kSigmoid)) return static_cast<float>(static_cast<T>(1.f / (1.f + expf(-x))));
+  else if constexpr (ACT == static_cast<int>(GateActivation::kSilu)) return static_cast<float>(static_cast<T>(x / (1.f + expf(-x))));
+  else return x;
+}
+
+// One warp a row. VEC = 1: lane l takes elements l, l + 32, ... (any Dh <= 256); VEC > 1 (Dh = 32 VEC,
+// rows aligned to VEC elements): lane l takes elements VEC l .. VEC l + VEC - 1, in one vector access.
+template <class T, int VEC>
+struct alignas(sizeof(T) * VEC) FusionPack {
+  T v[VEC];
+};
+template <class T, int ACT, int VEC>
 __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restrict__ gate, const T* __restrict__ gamma,
-                                      T* __restrict__ y, int64_t rows, int n, int Dh, float eps) {
+                                      T* __restrict__ y, int64_t rows, int n, int Dh, float eps, FusionPlacement pl) {
+  constexpr int PER = VEC == 1 ? kMaxPerLane : VEC;
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kFusionWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
+  const int64_t r = row / n;
+  const int i = static_cast<int>(row % n);
   const T* orow = o + row * Dh;
-  const T* grow = gate + row * Dh;
-  const T* gm = gamma + (row % n) * Dh;
-  float x[kMaxPerLane];
+  const T* grow = gate + r * pl.gate_ld + static_cast<int64_t>(i) * Dh;
+  T* yrow = y + r * pl.y_ld + static_cast<int64_t>(pl.pos[i]) * Dh;
+  const T* gm = gamma + static_cast<int64_t>(i) * Dh;
+  float x[PER], gv[PER], gmv[PER];
+  if constexpr (VEC == 1) {
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int d = lane + 32 * k;
+      x[k] = d < Dh ? static_cast<float>(orow[d]) : 0.f;
+      gv[k] = d < Dh ? static_cast<float>(grow[d]) : 0.f;
+      gmv[k] = d < Dh ? static_cast<float>(gm[d]) : 0.f;
+    }
+  } else {
+    const FusionPack<T, VEC> xo = reinterpret_cast<const FusionPack<T, VEC>*>(orow)[lane];
+    const FusionPack<T, VEC> xg = reinterpret_cast<const FusionPack<T, VEC>*>(grow)[lane];
+    const FusionPack<T, VEC> xm = reinterpret_cast<const FusionPack<T, VEC>*>(gm)[lane];
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
+      x[k] = static_cast<float>(xo.v[k]), gv[k] = static_cast<float>(xg.v[k]), gmv[k] = static_cast<float>(xm.v[k]);
+  }
   float ss = 0.f;
 #pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) {
-    const int d = lane + 32 * k;
-    x[k] = d < Dh ? static_cast<float>(orow[d]) : 0.f;
-    ss += x[k] * x[k];
-  }
+  for (int k = 0; k < PER; ++k) ss += x[k] * x[k];
   for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
   const float rstd = rsqrtf(ss / static_cast<float>(Dh) + eps);
+  FusionPack<T, PER> out;
 #pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) {
-    const int d = lane + 32 * k;
-    if (d >= Dh) continue;
+  for (int k = 0; k < PER; ++k) {
     const T normed = static_cast<T>(x[k] * rstd);
-    const T scaled = static_cast<T>(static_cast<float>(gm[d]) * static_cast<float>(normed));
-    y[row * Dh + d] = static_cast<T>(static_cast<float>(grow[d]) * static_cast<float>(scaled));
+    const T scaled = static_cast<T>(gmv[k] * static_cast<float>(normed));
+    out.v[k] = static_cast<T>(activate<ACT, T>(gv[k]) * static_cast<float>(scaled));
+  }
+  if constexpr (VEC == 1) {
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
+      if (lane + 32 * k < Dh) yrow[lane + 32 * k] = out.v[k];
+  } else {
+    reinterpret_cast<FusionPack<T, VEC>*>(yrow)[lane] = out;
   }
 }
 
@@ -803,6 +1090,8 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   need(a.M, "M", true);
   if (a.B.scalar_type() != a.A.scalar_type())
     throw std::invalid_argument("hh::kernels::low_rank_scan: A and B must have one dtype");
+  if (a.precision == ScanPrecision::kBlockFloat16 && a.A.scalar_type() != at::kHalf)
+    throw std::invalid_argument("hh::kernels::low_rank_scan: block float16 products need float16 A and B");
   if (a.B.sizes() != a.A.sizes() || a.y0.dim() != 4)
     throw std::invalid_argument("hh::kernels::low_rank_scan: expected A, B [H, N, C, Dk] and y0 [S, H, Dk, Dv]");
   const int64_t H = a.A.size(0), N = a.A.size(1), C = a.A.size(2), Dk = a.A.size(3), S = a.y0.size(0), Dv = a.y0.size(3);
@@ -881,20 +1170,72 @@ at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight) {
   return y;
 }
 
+void launch_fusion_forward(const at::Tensor& o, const at::Tensor& gate, GateActivation act, const at::Tensor& gamma,
+                           double eps, at::Tensor& y, const FusionPlacement& pl) {
+  const int64_t n = o.size(-2), rows = o.numel() / o.size(-1);
+  if (rows == 0) return;
+  const unsigned blocks = static_cast<unsigned>((rows + kFusionWarps - 1) / kFusionWarps);
+  const int64_t Dh = o.size(-1);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, o.scalar_type(), "hh_fusion_forward", [&] {
+    // Vector accesses when every row of o, gate, gamma and y starts on a multiple of Dh / 32 elements.
+    const int64_t vec = Dh % 32 == 0 ? Dh / 32 : 1;
+    auto aligned = [&](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % (vec * sizeof(scalar_t)) == 0; };
+    const bool vector = (vec == 2 || vec == 4 || vec == 8) && pl.gate_ld % vec == 0 && pl.y_ld % vec == 0 && aligned(o) &&
+                        aligned(gate) && aligned(gamma) && aligned(y);
+    auto pick = [&](auto act_c) {
+      constexpr int A = decltype(act_c)::value;
+      if (!vector) return fusion_forward_kernel<scalar_t, A, 1>;
+      return vec == 2 ? fusion_forward_kernel<scalar_t, A, 2>
+             : vec == 4 ? fusion_forward_kernel<scalar_t, A, 4>
+                        : fusion_forward_kernel<scalar_t, A, 8>;
+    };
+    using None = std::integral_constant<int, static_cast<int>(GateActivation::kNone)>;
+    using Sigmoid = std::integral_constant<int, static_cast<int>(GateActivation::kSigmoid)>;
+    using Silu = std::integral_constant<int, static_cast<int>(GateActivation::kSilu)>;
+    auto kernel = act == GateActivation::kSigmoid ? pick(Sigmoid{}) : act == GateActivation::kSilu ? pick(Silu{}) : pick(None{});
+    kernel<<<blocks, kFusionWarps * 32, 0, at::cuda::getCurrentCUDAStream()>>>(
+        o.data_ptr<scalar_t>(), gate.data_ptr<scalar_t>(), gamma.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows,
+        static_cast<int>(n), static_cast<int>(Dh), static_cast<float>(eps), pl);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 at::Tensor fusion_norm_forward(const at::Tensor& o, const at::Tensor& gate, const at::Tensor& gamma, double eps) {
   check_fusion(o, gate, gamma);
   const c10::cuda::CUDAGuard guard(o.device());
   at::Tensor y = at::empty_like(o);
-  const int64_t rows = o.size(0) * o.size(1);
-  if (rows == 0) return y;
-  const unsigned blocks = static_cast<unsigned>((rows + kFusionWarps - 1) / kFusionWarps);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, o.scalar_type(), "hh_fusion_forward", [&] {
-    fusion_forward_kernel<scalar_t><<<blocks, kFusionWarps * 32, 0, at::cuda::getCurrentCUDAStream()>>>(
-        o.data_ptr<scalar_t>(), gate.data_ptr<scalar_t>(), gamma.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows,
-        static_cast<int>(o.size(1)), static_cast<int>(o.size(2)), static_cast<float>(eps));
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int64_t n = o.size(1), Dh = o.size(2);
+  if (n > kMaxFusionHeads) throw std::invalid_argument("hh::kernels::fusion_norm_forward: at most 256 heads");
+  FusionPlacement pl{n * Dh, n * Dh, {}};
+  for (int i = 0; i < n; ++i) pl.pos[i] = i;
+  launch_fusion_forward(o, gate, GateActivation::kNone, gamma, eps, y, pl);
   return y;
+}
+
+void fusion_norm_forward_into(const at::Tensor& o, const at::Tensor& gate, GateActivation act, const at::Tensor& gamma,
+                              double eps, at::Tensor& y, const std::vector<int64_t>& heads) {
+  auto fail = [](const std::string& what) { throw std::invalid_argument("hh::kernels::fusion_norm_forward_into: " + what); };
+  check(o, "o");
+  check(gamma, "gamma");
+  check(y, "y");
+  if (o.dim() != 4 || y.dim() != 4 || gate.dim() != 3) fail("expected o [B, T, n, Dh], gate [B, T, n Dh], y [B, T, Hy, Dh]");
+  const int64_t B = o.size(0), T = o.size(1), n = o.size(2), Dh = o.size(3), Hy = y.size(2);
+  if (Dh > 32 * kMaxPerLane || n > kMaxFusionHeads) fail("Dh <= 256 and at most 256 heads");
+  if (gate.scalar_type() != o.scalar_type() || gamma.scalar_type() != o.scalar_type() || y.scalar_type() != o.scalar_type())
+    fail("o, gate, gamma and y must have one dtype");
+  if (!gate.is_cuda() || gate.device() != o.device() || gate.size(0) != B || gate.size(1) != T || gate.size(2) != n * Dh ||
+      gate.stride(2) != 1 || gate.stride(0) != T * gate.stride(1))
+    fail("gate must be [B, T, n Dh] with unit stride on its last axis and evenly spaced rows");
+  if (y.size(0) != B || y.size(1) != T || y.size(3) != Dh || gamma.sizes() != at::IntArrayRef({n, Dh}))
+    fail("y must be [B, T, Hy, Dh] and gamma [n, Dh]");
+  if (static_cast<int64_t>(heads.size()) != n) fail("heads must name one position per head of o");
+  FusionPlacement pl{gate.stride(1), Hy * Dh, {}};
+  for (int64_t i = 0; i < n; ++i) {
+    if (heads[i] < 0 || heads[i] >= Hy) fail("head position " + std::to_string(heads[i]) + " is outside y's " + std::to_string(Hy));
+    pl.pos[i] = static_cast<int32_t>(heads[i]);
+  }
+  const c10::cuda::CUDAGuard guard(o.device());
+  launch_fusion_forward(o, gate, act, gamma, eps, y, pl);
 }
 
 FusionNormGrads fusion_norm_backward(const at::Tensor& dy, const at::Tensor& o, const at::Tensor& gate,

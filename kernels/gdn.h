@@ -40,13 +40,18 @@ at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor
 // chunk C = 64, Dk in {32, 64, 128}, Dv a multiple of 16.
 // The gated delta rule's forward is A = e^{G_C - G} K, B = W, U = U (M = the chunk's new values
 // U - W S); its backward runs the reverse scan with A = W, B = e^{G_C - G} K, Z = the direct terms.
-// Products on the tensor cores: precise = the 3xTF32 split (float32 accuracy); otherwise one TF32
-// product (for 16-bit inputs, as LibTorch's float32 GEMMs with TF32 allowed).
+// Products on the tensor cores, by precision:
+//   kFloat32: the 3xTF32 split (float32 accuracy);
+//   kTf32: one TF32 product (for 16-bit inputs, as LibTorch's float32 GEMMs with TF32 allowed);
+//   kBlockFloat16 (float16 A and B only): float16 products, Y and M rounded to float16 after scaling
+//     each 16-row block by a power of two (11 significant bits per element as TF32, without float16's
+//     range limit); fewer instructions a step than TF32, whose operands need converting one by one.
+enum class ScanPrecision { kFloat32, kTf32, kBlockFloat16 };
 struct LowRankScanArgs {
   at::Tensor A, B, decay, U, Z, y0;
   at::Tensor hist, M;  // outputs (M optional)
   bool reverse = false;
-  bool precise = true;
+  ScanPrecision precision = ScanPrecision::kFloat32;
 };
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
@@ -87,6 +92,10 @@ at::Tensor chunk_output(const at::Tensor& q, const at::Tensor& k, const at::Tens
 // (process-wide, on by default; off for benchmarks of the LibTorch chunk-local path).
 void set_chunk_kernels(bool on);
 bool chunk_kernels_enabled();
+// Whether that forward's scan runs kBlockFloat16 products on the chunk kernels' float16 factors, or
+// kTf32 (process-wide, on by default; off for benchmarks).
+void set_block_f16_scan(bool on);
+bool block_f16_scan_enabled();
 
 // T = (I + L)^{-1} for strictly lower triangular L [..., C, C] float32 contiguous, C <= 64, by forward
 // substitution (one block a matrix, one thread a column). Returns T, unit lower triangular.
@@ -105,6 +114,15 @@ at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight);
 // contiguous in one dtype (float32, float16, bfloat16), gamma [n, Dh]; row r of o uses gamma[r % n].
 at::Tensor fusion_norm_forward(const at::Tensor& o, const at::Tensor& gate, const at::Tensor& gamma, double eps);
 
+// The same forward with the gate's activation inside, each head's result written into its place in a
+// wider output: for head i of o, y[b, t, heads[i]] = fusion of o[b, t, i] with act(gate[b, t, i Dh ..
+// (i + 1) Dh]), act computed in float32 and rounded to the dtype as at::sigmoid / at::silu round it.
+// o [B, T, n, Dh] contiguous, gate [B, T, n Dh] with unit stride on its last axis (a column slice of a
+// wider projection, say), gamma [n, Dh], y [B, T, Hy, Dh] contiguous; n <= 256, Dh <= 256. Other heads
+// of y are left as they are.
+enum class GateActivation { kNone, kSigmoid, kSilu };
+void fusion_norm_forward_into(const at::Tensor& o, const at::Tensor& gate, GateActivation act, const at::Tensor& gamma,
+                              double eps, at::Tensor& y, const std::vector<int64_t>& heads);
 struct FusionNormGrads {
   at::Tensor d_o, d_gate;  // like o
   at::Tensor d_gamma;      // [n, Dh] float32 (summed over rows)

@@ -433,11 +433,14 @@ void dispatch(int64_t Dk, int64_t Dv, at::ScalarType dt, const Args& p) {
 }
 
 bool g_chunk_kernels = true;
+bool g_block_f16_scan = true;
 
 }  // namespace
 
 void set_chunk_kernels(bool on) { g_chunk_kernels = on; }
 bool chunk_kernels_enabled() { return g_chunk_kernels; }
+void set_block_f16_scan(bool on) { g_block_f16_scan = on; }
+bool block_f16_scan_enabled() { return g_block_f16_scan; }
 
 bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
   return (Dk == 64 || Dk == 128) && (Dv == 64 || Dv == 128) && (dtype == at::kBFloat16 || dtype == at::kHalf);

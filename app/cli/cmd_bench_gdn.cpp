@@ -68,19 +68,40 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
   return 2.0 * n * (2 * c * c * d + c * c * d + c * c * d + 3 * c * d * d);
 }
 
-// fn() with the chunk kernels (kernels::chunk_factors / chunk_output) off: the forward's chunk-local
-// part in LibTorch, as before those kernels, for a comparison in the same run.
-template <class Fn>
-auto without_chunk_kernels(Fn&& fn) {
+// fn() with a process-wide kernel switch set to `on`, restored after: the same computation on another
+// path, for a comparison in the same run. Without the kernels, fn() as it is.
 #ifdef HH_HAVE_KERNELS
+template <class Fn>
+auto with_switch(void (*set)(bool), bool (*get)(), bool on, Fn&& fn) {
   struct Restore {
-    bool was = kernels::chunk_kernels_enabled();
-    ~Restore() { kernels::set_chunk_kernels(was); }
-  } restore;
-  kernels::set_chunk_kernels(false);
-#endif
+    void (*set)(bool);
+    bool was;
+    ~Restore() { set(was); }
+  } restore{set, get()};
+  set(on);
   return fn();
 }
+// The chunk kernels (kernels::chunk_factors / chunk_output) off: the forward's chunk-local part in
+// LibTorch, as before those kernels.
+template <class Fn>
+auto without_chunk_kernels(Fn&& fn) {
+  return with_switch(kernels::set_chunk_kernels, kernels::chunk_kernels_enabled, false, fn);
+}
+// The forward's scan on TF32 products instead of block float16 ones.
+template <class Fn>
+auto with_tf32_scan(Fn&& fn) {
+  return with_switch(kernels::set_block_f16_scan, kernels::block_f16_scan_enabled, false, fn);
+}
+#else
+template <class Fn>
+auto without_chunk_kernels(Fn&& fn) {
+  return fn();
+}
+template <class Fn>
+auto with_tf32_scan(Fn&& fn) {
+  return fn();
+}
+#endif
 
 int run_bench_gdn(const GdnBenchArgs& a) {
   if (a.iters < 1 || a.warmup < 0 || a.heads < 1 || a.dim < 1 || a.chunk < 1)
@@ -101,9 +122,10 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   std::printf("gated delta rule, H=%lld Dk=Dv=%lld, chunk %lld, %s on %s; median of %lld after %lld warm-up\n",
               static_cast<long long>(a.heads), static_cast<long long>(a.dim), static_cast<long long>(a.chunk),
               a.dtype.c_str(), a.device.c_str(), static_cast<long long>(a.iters), static_cast<long long>(a.warmup));
-  std::printf("  (LT-local: the same forward with its chunk-local part in LibTorch instead of the chunk kernels)\n");
-  std::printf("  %-10s %12s %12s %10s %10s %14s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms", "TFLOP/s", "GB/s",
-              "LT-local fwd", "ref fwd ms", "ref fwd+bwd ms");
+  std::printf("  (LT-local: the same forward with its chunk-local part in LibTorch instead of the chunk kernels;\n"
+              "   TF32 scan: with the scan's products in TF32 instead of block float16)\n");
+  std::printf("  %-10s %12s %12s %10s %10s %14s %14s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms", "TFLOP/s", "GB/s",
+              "LT-local fwd", "TF32-scan fwd", "ref fwd ms", "ref fwd+bwd ms");
   for (const Shape& s : parse_shapes(a.shapes, "--shapes")) {
     namespace F = torch::nn::functional;
     const auto nrm = F::NormalizeFuncOptions().dim(-1);
@@ -139,6 +161,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     };
     const double f = forward(ours), fb = forward_backward(ours);
     const double f_lt = without_chunk_kernels([&] { return forward(ours); });
+    const double f_tf32 = with_tf32_scan([&] { return forward(ours); });
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
@@ -163,10 +186,10 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       std::snprintf(buf, sizeof buf, "%.3f", x);
       return with_ref ? std::string(buf) : std::string("-");
     };
-    std::printf("  %-10s %12.3f %12.3f %10.1f %10.0f %14.3f %14s %14s\n", label.c_str(), f, fb, flops / f * 1e-9,
-                bytes / f * 1e-6, f_lt, ref_str(rf).c_str(), ref_str(rfb).c_str());
+    std::printf("  %-10s %12.3f %12.3f %10.1f %10.0f %14.3f %14.3f %14s %14s\n", label.c_str(), f, fb,
+                flops / f * 1e-9, bytes / f * 1e-6, f_lt, f_tf32, ref_str(rf).c_str(), ref_str(rfb).c_str());
     nlohmann::json row = {{"B", s.B}, {"T", s.T}, {"fwd_ms", f}, {"fwd_bwd_ms", fb}, {"fwd_tflops", flops / f * 1e-9},
-                          {"fwd_gbps", bytes / f * 1e-6}, {"fwd_local_libtorch_ms", f_lt}};
+                          {"fwd_gbps", bytes / f * 1e-6}, {"fwd_local_libtorch_ms", f_lt}, {"fwd_tf32_scan_ms", f_tf32}};
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
     out["rows"].push_back(row);
   }
@@ -196,7 +219,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                 a.layer_config.c_str(), static_cast<long long>(cfg.hidden_size), static_cast<long long>(Hq),
                 static_cast<long long>(Hkv), static_cast<long long>(Dh), static_cast<long long>(per_layer),
                 static_cast<long long>(Hq - per_layer));
-    std::printf("  %-10s %14s %14s %10s %14s\n", "B x T", "dense ms", "hybrid ms", "speed-up", "LT-local ms");
+    std::printf("  %-10s %14s %14s %10s %14s %14s\n", "B x T", "dense ms", "hybrid ms", "speed-up", "LT-local ms",
+                "TF32-scan ms");
     out["layer"] = nlohmann::json::array();
     for (const Shape& s : parse_shapes(a.layer_shapes, "--layer-shapes")) {
       torch::NoGradGuard no_grad;
@@ -216,11 +240,15 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                             teacher.inv_freq());
         });
       };
-      const double hyb = hybrid_ms(), hyb_lt = without_chunk_kernels(hybrid_ms);
+      const double hyb = hybrid_ms(), hyb_lt = without_chunk_kernels(hybrid_ms), hyb_tf32 = with_tf32_scan(hybrid_ms);
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
-      std::printf("  %-10s %14.2f %14.2f %9.2fx %14.2f\n", label.c_str(), dense, hyb, dense / hyb, hyb_lt);
-      out["layer"].push_back(
-          {{"B", s.B}, {"T", s.T}, {"dense_ms", dense}, {"hybrid_ms", hyb}, {"hybrid_local_libtorch_ms", hyb_lt}});
+      std::printf("  %-10s %14.2f %14.2f %9.2fx %14.2f %14.2f\n", label.c_str(), dense, hyb, dense / hyb, hyb_lt, hyb_tf32);
+      out["layer"].push_back({{"B", s.B},
+                              {"T", s.T},
+                              {"dense_ms", dense},
+                              {"hybrid_ms", hyb},
+                              {"hybrid_local_libtorch_ms", hyb_lt},
+                              {"hybrid_tf32_scan_ms", hyb_tf32}});
       if (!a.profile.empty() && out["layer"].size() == parse_shapes(a.layer_shapes, "--layer-shapes").size()) {
         // The hybrid layer at the last (longest) shape, in a trace of its own beside --profile's.
         std::filesystem::path lp(a.profile);

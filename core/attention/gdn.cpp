@@ -454,7 +454,7 @@ struct ForwardScan {
 };
 // S_{n+1} = decay_n S_n + kdecay_n^T (U_n - W_n S_n) from s0, on the factors (kernels::low_rank_scan).
 ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at::Tensor& U, const at::Tensor& decay,
-                         const at::Tensor& s0, const std::vector<int64_t>& offsets, bool precise) {
+                         const at::Tensor& s0, const std::vector<int64_t>& offsets, kernels::ScanPrecision precision) {
   kernels::LowRankScanArgs a;
   a.A = kdecay;
   a.B = W;
@@ -463,7 +463,7 @@ ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at
   a.y0 = s0.contiguous();
   a.hist = at::empty({W.size(0), W.size(1), W.size(3), U.size(3)}, U.options());
   a.M = at::empty(U.sizes(), U.options());
-  a.precise = precise;
+  a.precision = precision;
   const at::Tensor fin = kernels::low_rank_scan(a, offsets);
   return {a.hist, a.M, fin};
 }
@@ -501,7 +501,7 @@ StateGrads state_gradients(const ChunkLocal& c, const at::Tensor& dOs, const at:
     a.y0 = dfin;
     a.hist = at::empty_like(a.Z);
     a.reverse = true;
-    a.precise = precise;
+    a.precision = precise ? kernels::ScanPrecision::kFloat32 : kernels::ScanPrecision::kTf32;
     r.dS0 = kernels::low_rank_scan(a, offsets);
     r.dS_end = a.hist;
 #endif
@@ -585,7 +585,9 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
                        bf = aligned(beta.to(at::kFloat));
       const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid);
-      const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets, /*precise=*/false);
+      const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets,
+                                         kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
+                                                                           : kernels::ScanPrecision::kTf32);
       S = r.S;
       final_state = r.final_state;
       o = kernels::chunk_output(qc, kc, gf, r.S, r.M, grid, scale);
@@ -596,7 +598,8 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       at::Tensor O;
       if (low_rank_scan_ok(c)) {
 #ifdef HH_HAVE_KERNELS
-        const ForwardScan r = forward_scan(c.kdecay, c.W, c.U, c.dl, s0.to(acc), L.offsets, !use_tf32(q));
+        const ForwardScan r = forward_scan(c.kdecay, c.W, c.U, c.dl, s0.to(acc), L.offsets,
+                                           use_tf32(q) ? kernels::ScanPrecision::kTf32 : kernels::ScanPrecision::kFloat32);
         S = r.S;
         final_state = r.final_state;
         O = at::matmul(c.attn, r.M).add_(at::matmul(c.qdecay, S));  // times scale in from_chunks

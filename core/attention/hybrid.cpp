@@ -20,6 +20,9 @@ namespace {
 // x's entries `idx` along dim, stacked in that order: index_select without an index tensor, whose copy
 // to a GPU would wait for every queued kernel.
 at::Tensor pick(const at::Tensor& x, int64_t dim, const std::vector<int64_t>& idx) {
+  bool identity = static_cast<int64_t>(idx.size()) == x.size(dim);
+  for (size_t i = 0; identity && i < idx.size(); ++i) identity = idx[i] == static_cast<int64_t>(i);
+  if (identity) return x;  // every index in order: x itself, no copy
   std::vector<at::Tensor> parts;
   parts.reserve(idx.size());
   for (int64_t i : idx) parts.push_back(x.select(dim, i));
@@ -67,15 +70,17 @@ at::Tensor l2_normalise(const at::Tensor& x) {
   return (f * at::rsqrt(f.pow(2).sum(-1, true) + 1e-6)).to(x.scalar_type());
 }
 
-// The LA heads' q or k: l2_normalise(rotary(x)), as one kernel on CUDA when no graph needs it.
-at::Tensor rope_l2(const at::Tensor& x, const at::Tensor& inv_freq, int64_t pos) {
+// The LA heads' q and k: l2_normalise(rotary(x)) of each, as one kernel each on CUDA when no graph
+// needs them (with one build of the RoPE tables for both).
+std::pair<at::Tensor, at::Tensor> rope_l2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& inv_freq, int64_t pos) {
 #ifdef HH_HAVE_KERNELS
-  if (x.is_cuda() && x.scalar_type() != at::kDouble && !(at::GradMode::is_enabled() && x.requires_grad())) {
-    const auto [cos, sin] = model::rope_cos_sin(inv_freq.to(x.device()), pos, x.size(1), x.scalar_type());
-    return kernels::rope_l2norm(x.contiguous(), cos, sin, 1e-6);
+  auto graph = [](const at::Tensor& x) { return at::GradMode::is_enabled() && x.requires_grad(); };
+  if (q.is_cuda() && q.scalar_type() != at::kDouble && k.scalar_type() == q.scalar_type() && !graph(q) && !graph(k)) {
+    const auto [cos, sin] = model::rope_cos_sin(inv_freq.to(q.device()), pos, q.size(1), q.scalar_type());
+    return {kernels::rope_l2norm(q.contiguous(), cos, sin, 1e-6), kernels::rope_l2norm(k.contiguous(), cos, sin, 1e-6)};
   }
 #endif
-  return l2_normalise(model::rotary(x, inv_freq, pos));
+  return {l2_normalise(model::rotary(q, inv_freq, pos)), l2_normalise(model::rotary(k, inv_freq, pos))};
 }
 
 }  // namespace
@@ -180,12 +185,28 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
   const double eps = cfg.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(Dh));
   const int64_t nF = static_cast<int64_t>(split.fa.size()), nL = static_cast<int64_t>(split.la.size());
   at::Tensor out;  // [B, T, Hq, Dh]
-  // The heads' contributions gate * (gamma_h * RMSNorm(o_h)), or o itself under fusion_concat, placed
-  // at their original head positions (one copy per run of consecutive heads). o_grp, gate
-  // [B, T, n, Dh] for the n heads of `heads` (ascending).
-  auto fuse = [&](const at::Tensor& o_grp, const at::Tensor& gate, const std::vector<int64_t>& heads) {
-    const at::Tensor y = o.fusion_concat ? o_grp : fusion_norm(o_grp, gate, pick(w.fusion_gamma, 0, heads), eps);
-    if (!out.defined()) out = at::empty({B, T, Hq, Dh}, y.options());
+  // The heads' contributions act(gate) * (gamma_h * RMSNorm(o_h)), or o itself under fusion_concat,
+  // placed at their original head positions. o_grp [B, T, n, Dh] and gate_pre [B, T, n * Dh] (before
+  // its activation) for the n heads of `heads` (ascending). Without a graph on CUDA one kernel applies
+  // the activation and writes each head into place; otherwise one copy per run of consecutive heads.
+  auto fuse = [&](const at::Tensor& o_grp, const at::Tensor& gate_pre, bool silu_gate, const std::vector<int64_t>& heads) {
+    if (!out.defined()) out = at::empty({B, T, Hq, Dh}, o_grp.options());
+    const at::Tensor gamma = o.fusion_concat ? at::Tensor() : pick(w.fusion_gamma, 0, heads);
+#ifdef HH_HAVE_KERNELS
+    if (!o.fusion_concat && o_grp.is_cuda() && o_grp.scalar_type() != at::kDouble && Dh <= 256 &&
+        gamma.scalar_type() == o_grp.scalar_type() && gate_pre.scalar_type() == o_grp.scalar_type() &&
+        !(at::GradMode::is_enabled() && (o_grp.requires_grad() || gate_pre.requires_grad() || gamma.requires_grad()))) {
+      kernels::fusion_norm_forward_into(o_grp.contiguous(), gate_pre, silu_gate ? kernels::GateActivation::kSilu
+                                                                                 : kernels::GateActivation::kSigmoid,
+                                        gamma.contiguous(), eps, out, heads);
+      return;
+    }
+#endif
+    at::Tensor y = o_grp;
+    if (!o.fusion_concat) {
+      const at::Tensor gate = (silu_gate ? at::silu(gate_pre) : at::sigmoid(gate_pre)).view(o_grp.sizes());
+      y = fusion_norm(o_grp, gate, gamma, eps);
+    }
     for (size_t i = 0; i < heads.size();) {
       size_t j = i + 1;
       while (j < heads.size() && heads[j] == heads[j - 1] + 1) ++j;
@@ -206,11 +227,19 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     for (int64_t h : split.fa) slot.push_back(std::lower_bound(used.begin(), used.end(), h / G) - used.begin());
     const int64_t nU = static_cast<int64_t>(used.size());
     const bool all = nU == Hkv;
-    at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.fa, Dh)).view({B, T, nF, Dh});
-    at::Tensor k = at::linear(xn, all ? tw.k_proj : head_rows(tw.k_proj, used, Dh)).view({B, T, nU, Dh});
-    const at::Tensor v = at::linear(xn, all ? tw.v_proj : head_rows(tw.v_proj, used, Dh)).view({B, T, nU, Dh});
-    q = o.fa_rope ? model::norm_rotary(q, tw.q_norm, eps, inv_freq, pos) : model::rms_norm(q, tw.q_norm, eps);
-    k = o.fa_rope ? model::norm_rotary(k, tw.k_norm, eps, inv_freq, pos) : model::rms_norm(k, tw.k_norm, eps);
+    // One product for q, k, v and the gate of these heads (each a column slice of its output): xn is
+    // read once instead of four times. The gate joins only when it trains as the teacher's rows do: a
+    // trained gate must not pull gradients through frozen q, k and v.
+    std::vector<at::Tensor> rows = {head_rows(tw.q_proj, split.fa, Dh), all ? tw.k_proj : head_rows(tw.k_proj, used, Dh),
+                                    all ? tw.v_proj : head_rows(tw.v_proj, used, Dh)};
+    const bool gate_joins = !o.fusion_concat && (!at::GradMode::is_enabled() || w.fa_gate.requires_grad() == rows[0].requires_grad());
+    if (gate_joins) rows.push_back(w.fa_gate);
+    const at::Tensor proj = at::linear(xn, at::cat(rows, 0));  // [B, T, (nF + 2 nU) Dh], then the gate's nF Dh if it joins
+    at::Tensor q = proj.narrow(2, 0, nF * Dh).view({B, T, nF, Dh});
+    at::Tensor k = proj.narrow(2, nF * Dh, nU * Dh).view({B, T, nU, Dh});
+    const at::Tensor v = proj.narrow(2, (nF + nU) * Dh, nU * Dh).view({B, T, nU, Dh});
+    q = o.fa_rope ? model::norm_rotary(q, tw.q_norm, eps, inv_freq, pos) : model::norm_fused(q, tw.q_norm, eps);
+    k = o.fa_rope ? model::norm_rotary(k, tw.k_norm, eps, inv_freq, pos) : model::norm_fused(k, tw.k_norm, eps);
     if (o.fa_log_scale) {
       const double a = o.fa_log_scale_alpha;
       const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // float32 for 16-bit models
@@ -227,8 +256,10 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       cache->fa_v = pv.defined() ? at::cat({pv, vf}, 1) : vf;
     }
     const at::Tensor o_fa = model::causal_attention(q, kf, vf, scale, pk, pv);  // [B, T, nF, Dh]
-    const at::Tensor gate = o.fusion_concat ? at::Tensor() : at::sigmoid(at::linear(xn, w.fa_gate)).view({B, T, nF, Dh});
-    fuse(o_fa, gate, split.fa);
+    const at::Tensor gate_pre = o.fusion_concat ? at::Tensor()
+                                : gate_joins    ? proj.narrow(2, (nF + 2 * nU) * Dh, nF * Dh)
+                                                : at::linear(xn, w.fa_gate);
+    fuse(o_fa, gate_pre, /*silu_gate=*/false, split.fa);
   }
   if (nL > 0) {
     at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.la, Dh));  // [B, T, nL*Dh]
@@ -253,18 +284,17 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
         v = qkv.narrow(2, 2 * C, C);
       }
     }
-    q = rope_l2(q.reshape({B, T, nL, Dh}), inv_freq, pos);
-    k = rope_l2(k.reshape({B, T, nL, Dh}), inv_freq, pos);
+    std::tie(q, k) = rope_l2(q.reshape({B, T, nL, Dh}), k.reshape({B, T, nL, Dh}), inv_freq, pos);
     v = v.reshape({B, T, nL, Dh});
-    at::Tensor beta = at::sigmoid(at::linear(xn, w.la_b_proj));  // [B, T, nL]
+    const at::Tensor ab = at::linear(xn, at::cat({w.la_b_proj, w.la_a_proj}, 0));  // [B, T, 2 nL]: one read of xn (both LA weights)
+    at::Tensor beta = at::sigmoid(ab.narrow(2, 0, nL));                              // [B, T, nL]
     if (o.gdn_allow_neg_eigval) beta = beta * 2;
-    const at::Tensor g = -w.la_A_log.exp() * at::softplus(at::linear(xn, w.la_a_proj) + w.la_dt_bias);  // [B, T, nL]
+    const at::Tensor g = -w.la_A_log.exp() * at::softplus(ab.narrow(2, nL, nL) + w.la_dt_bias);  // [B, T, nL]
     const at::Tensor s0 = cache != nullptr ? cache->la_state : at::Tensor();
     const GdnOutput r = chunked ? gdn(q, k, v, g, beta, s0, scale, o.gdn_chunk)
                                 : gdn_recurrent(q, k, v, g, beta, s0, scale);
     if (cache != nullptr) cache->la_state = r.state;
-    const at::Tensor gate = o.fusion_concat ? at::Tensor() : at::silu(at::linear(xn, w.la_gate)).view({B, T, nL, Dh});
-    fuse(r.o, gate, split.la);
+    fuse(r.o, o.fusion_concat ? at::Tensor() : at::linear(xn, w.la_gate), /*silu_gate=*/true, split.la);
   }
   if (cache != nullptr) cache->pos += T;
   return out;  // [B, T, Hq, Dh], heads in their original order

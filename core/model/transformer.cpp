@@ -670,6 +670,10 @@ at::Tensor norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps
                                use_fused(true, x));
 }
 
+at::Tensor norm_fused(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return rms_norm_maybe_fused(x, weight, eps, use_fused(true, x));
+}
+
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype) {
   const RopeTables r = rope_tables(inv_freq, offset, T, dtype);
   const int64_t Dh = r.cos.size(3);

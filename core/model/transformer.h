@@ -156,6 +156,9 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offse
 // needing no gradient; differentiable in x), else the op sequence.
 at::Tensor norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& inv_freq,
                        int64_t offset);
+// rms_norm(x, weight, eps), as one kernel on CUDA (16-bit or float32, weight needing no gradient), else
+// the op sequence.
+at::Tensor norm_fused(const at::Tensor& x, const at::Tensor& weight, double eps);
 // The cos and sin tables rotary() applies, [T, Dh] in dtype, for positions offset .. offset + T - 1.
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype);
 // Causal attention, GQA (q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh]) -> [B, T, Hq, Dh]; never T x T. With

@@ -108,31 +108,37 @@ TEST(CudaGdn, LowRankScanEqualsTheLoopOnTheFormedTransitionInFloat64) {
       // The same recurrence on the formed transition: P^T = decay I - A^T B, input A^T U + Z.
       const auto P = (decay.unsqueeze(-1).unsqueeze(-1) * torch::eye(Dk, kF64) - torch::matmul(A.transpose(-1, -2), B))
                          .transpose(-1, -2);
-      // 3xTF32; one TF32 product (16-bit inputs); one TF32 product on float16 factors (the chunk kernels').
-      for (int mode : {0, 1, 2})
+      // 3xTF32; one TF32 product (16-bit inputs); one TF32 product on float16 factors; block float16
+      // products on float16 factors (the chunk kernels'), at three magnitudes of the state: the
+      // recurrence is linear, so scaling y0, U and Z scales every output, and the per-block scales
+      // must keep the relative error (float16 alone would overflow at 1e6 and lose 1e-6 to underflow).
+      for (auto [mode, mag] : {std::pair<int, double>{0, 1.0}, {1, 1.0}, {2, 1.0}, {3, 1.0}, {3, 1e6}, {3, 1e-6}})
       for (bool with_u : {true, false})
         for (bool reverse : {false, true}) {
-          const bool precise = mode == 0, half_factors = mode == 2;
-          const auto Zeff = with_u ? torch::matmul(A.transpose(-1, -2), U) : Z;
-          const auto want = hh::attention::gdn_state_scan(P, Zeff, y0, offsets, reverse);
-          const auto want_m = (with_u ? U : torch::zeros_like(U)) - torch::matmul(B, want.hist);
+          const bool precise = mode == 0, half_factors = mode >= 2;
+          const auto Zeff = with_u ? torch::matmul(A.transpose(-1, -2), U) * mag : Z * mag;
+          const auto want = hh::attention::gdn_state_scan(P, Zeff, y0 * mag, offsets, reverse);
+          const auto want_m = (with_u ? U * mag : torch::zeros_like(U)) - torch::matmul(B, want.hist);
           const auto AXg = AX.to(f32), BUg = BU.to(f32);
+          BUg.narrow(-1, Dk, Dv).mul_(mag);  // U
           hh::kernels::LowRankScanArgs a;
           a.A = AXg.narrow(-1, 0, Dk);
           a.B = BUg.narrow(-1, 0, Dk);
           if (half_factors) a.A = a.A.to(torch::kHalf).contiguous(), a.B = a.B.to(torch::kHalf).contiguous();
           a.decay = decay.to(f32);
           if (with_u) a.U = BUg.narrow(-1, Dk, Dv);
-          else a.Z = Z.to(f32);
-          a.y0 = y0.to(f32);
+          else a.Z = (Z * mag).to(f32);
+          a.y0 = (y0 * mag).to(f32);
           a.hist = torch::full({H, N, Dk, Dv}, std::numeric_limits<float>::quiet_NaN(), f32);
           a.M = torch::full({H, N, C, Dv}, std::numeric_limits<float>::quiet_NaN(), f32);
           a.reverse = reverse;
-          a.precise = precise;
+          using hh::kernels::ScanPrecision;
+          a.precision = precise ? ScanPrecision::kFloat32 : mode == 3 ? ScanPrecision::kBlockFloat16 : ScanPrecision::kTf32;
           const auto fin = hh::kernels::low_rank_scan(a, offsets);
           const std::string what = "Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) + (with_u ? " U" : " Z") +
-                                   (reverse ? " reverse" : "") + (precise ? " 3xTF32" : " TF32") +
-                                   (half_factors ? " f16 factors" : "");
+                                   (reverse ? " reverse" : "") +
+                                   (precise ? " 3xTF32" : mode == 3 ? " block f16" : " TF32") +
+                                   (half_factors ? " f16 factors" : "") + " magnitude " + std::to_string(mag);
           // TF32 keeps 10 mantissa bits: about 1e-3 per product, a few times that over the chunks.
           const double tol = precise ? 1e-5 : 1e-2;
           EXPECT_LT(rel_err(a.hist, want.hist), tol) << what;  // rel_err also fails on NaN: every element written
@@ -373,6 +379,45 @@ TEST(CudaGdn, FusionKernelMatchesTheOpSequence) {
       const char* names[] = {"o", "gate", "gamma"};
       for (size_t i = 0; i < 3; ++i) EXPECT_LT(rel_err(g_got[i], g_want[i]), tol) << names[i] << " " << what;
     }
+}
+
+// The forward with the gate's activation inside and each head written into its place in a wider
+// output: against the reference on the activated gate, copied head by head, with the gate a column
+// slice of a wider projection and the other heads of the output untouched.
+TEST(CudaFusion, PlacedForwardEqualsTheReferenceHeadByHead) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  using hh::kernels::GateActivation;
+  for (torch::Dtype dt : {torch::kFloat, torch::kBFloat16, torch::kHalf})
+    for (GateActivation act : {GateActivation::kSigmoid, GateActivation::kSilu, GateActivation::kNone}) {
+      const auto opts = kCuda.dtype(dt);
+      const int64_t B = 2, T = 37, n = 3, Dh = 128, Hy = 7;
+      const std::vector<int64_t> heads = {0, 4, 5};
+      const auto o = torch::randn({B, T, n, Dh}, opts);
+      const auto proj = torch::randn({B, T, (n + 2) * Dh}, opts);  // the gate is columns Dh .. (n + 1) Dh
+      const auto gate_pre = proj.narrow(2, Dh, n * Dh);
+      const auto gamma = 1 + 0.3 * torch::randn({n, Dh}, opts);
+      const auto gate = act == GateActivation::kSigmoid ? torch::sigmoid(gate_pre)
+                        : act == GateActivation::kSilu  ? torch::silu(gate_pre)
+                                                        : gate_pre.clone();
+      const auto want = hh::attention::fusion_norm_reference(o, gate.view({B, T, n, Dh}), gamma, 1e-6);
+      auto y = torch::full({B, T, Hy, Dh}, 7.0, opts);
+      hh::kernels::fusion_norm_forward_into(o, gate_pre, act, gamma, 1e-6, y, heads);
+      const std::string what = std::string(c10::toString(dt)) + " activation " + std::to_string(static_cast<int>(act));
+      for (int64_t i = 0; i < n; ++i) {
+        const auto got = y.select(2, heads[static_cast<size_t>(i)]), ref = want.select(2, i);
+        if (dt == torch::kFloat) {
+          EXPECT_LT(rel_err(got, ref), 1e-6) << what << " head " << i;
+        } else {  // the same roundings, as in the test above
+          EXPECT_GE(got.eq(ref).to(torch::kDouble).mean().item<double>(), 0.98) << what << " head " << i;
+          EXPECT_LT(rel_err(got, ref), 1e-2) << what << " head " << i;
+        }
+      }
+      for (int64_t h : {1, 2, 3, 6}) EXPECT_TRUE(y.select(2, h).eq(7.0).all().item<bool>()) << what << " head " << h;
+    }
+  auto y = torch::zeros({1, 4, 2, 128}, kCuda);
+  EXPECT_THROW(hh::kernels::fusion_norm_forward_into(torch::zeros({1, 4, 1, 128}, kCuda), torch::zeros({1, 4, 128}, kCuda),
+                                                     GateActivation::kNone, torch::ones({1, 128}, kCuda), 1e-6, y, {2}),
+               std::invalid_argument);  // head position outside y
 }
 
 }  // namespace
