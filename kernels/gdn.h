@@ -92,8 +92,9 @@ at::Tensor chunk_output(const at::Tensor& q, const at::Tensor& k, const at::Tens
 // (process-wide, on by default; off for benchmarks of the LibTorch chunk-local path).
 void set_chunk_kernels(bool on);
 bool chunk_kernels_enabled();
-// Whether that forward's scan runs kBlockFloat16 products on the chunk kernels' float16 factors, or
-// kTf32 (process-wide, on by default; off for benchmarks).
+// Whether the rule's scans for 16-bit inputs run kBlockFloat16 products on float16 factors (the
+// forward on the chunk kernels' factors, the backward's reverse scan on its own, converted), or kTf32
+// (process-wide, on by default; off for benchmarks).
 void set_block_f16_scan(bool on);
 bool block_f16_scan_enabled();
 

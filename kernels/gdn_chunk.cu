@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/device_ops.cuh"
 #include "kernels/gdn.h"
@@ -60,6 +61,13 @@ __device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpre
 __device__ __forceinline__ void store2(c10::Half* p, float a, float b) {
   const c10::Half h[2] = {c10::Half(a), c10::Half(b)};
   *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(h);
+}
+
+// c += a b on 16-bit operands of T's kind (m16n8k16, float32 accumulation).
+template <class T>
+__device__ __forceinline__ void mma16(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) mma_bf16(c, a, b);
+  else mma_f16(c, a, b);
 }
 
 template <class T>
@@ -122,15 +130,22 @@ __device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const floa
   const int m = (warp / 2) * 16, n0 = (warp % 2) * 32;
   float acc[4][4] = {};
   if (n0 < m + 16) {  // otherwise every column is above the diagonal
-#pragma unroll 4
-    for (int k0 = 0; k0 < D; k0 += 8) {
-      const unsigned a[4] = {bits(Xs[(m + g) * LD + k0 + t]), bits(Xs[(m + g + 8) * LD + k0 + t]),
-                             bits(Xs[(m + g) * LD + k0 + t + 4]), bits(Xs[(m + g + 8) * LD + k0 + t + 4])};
+    // 16-bit products (exact, as the TF32 ones of 16-bit values are) on m16n8k16 with ldmatrix: X's
+    // rows m.. as the A fragment, Y's rows n0.. (Y [n][k], i.e. B column-major) as B fragments, two
+    // 8-column tiles an ldmatrix.
+    const int a_row = m + lane % 16, a_col = (lane / 16) * 8;
+    const int b_row = n0 + lane % 8 + 8 * (lane / 16), b_col = 8 * ((lane / 8) % 2);
+#pragma unroll
+    for (int k0 = 0; k0 < D; k0 += 16) {
+      unsigned a[4], b01[4], b23[4];
+      ldmatrix_x4(a, Xs + a_row * LD + k0 + a_col);
+      ldmatrix_x4(b01, Ys + b_row * LD + k0 + b_col);
+      ldmatrix_x4(b23, Ys + (b_row + 16) * LD + k0 + b_col);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int n = n0 + 8 * j;
-        const unsigned b[2] = {bits(Ys[(n + g) * LD + k0 + t]), bits(Ys[(n + g) * LD + k0 + t + 4])};
-        mma_tf32(acc[j], a, b);
+        const unsigned* src = j < 2 ? b01 : b23;
+        const unsigned b[2] = {src[2 * (j % 2)], src[2 * (j % 2) + 1]};
+        mma16<T>(acc[j], a, b);
       }
     }
   }

@@ -502,6 +502,13 @@ StateGrads state_gradients(const ChunkLocal& c, const at::Tensor& dOs, const at:
     a.hist = at::empty_like(a.Z);
     a.reverse = true;
     a.precision = precise ? kernels::ScanPrecision::kFloat32 : kernels::ScanPrecision::kTf32;
+    if (!precise && kernels::block_f16_scan_enabled()) {
+      // The forward's choice for 16-bit inputs: float16 factors (as exact as the TF32 rounding of the
+      // float32 ones) and block float16 products.
+      a.A = c.W.to(at::kHalf);
+      a.B = c.kdecay.to(at::kHalf);
+      a.precision = kernels::ScanPrecision::kBlockFloat16;
+    }
     r.dS0 = kernels::low_rank_scan(a, offsets);
     r.dS_end = a.hist;
 #endif
