@@ -542,26 +542,36 @@ ChunkGrads chunk_local_backward(const ChunkLocal& c, const ChunkedInputs& in, co
                                 const at::Tensor& dS_end, const at::Tensor& dO) {
   auto t = [](const at::Tensor& x) { return x.transpose(-1, -2); };
   auto rowsum = [](const at::Tensor& a, const at::Tensor& b) { return (a * b).sum(-1); };
+  // acc += alpha a b in the product's epilogue (acc a fresh [..., m, n] tensor of ours): no pass of
+  // its own for the sum.
+  auto mm_acc = [](at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, double alpha) {
+    auto flat = [](const at::Tensor& x) { return x.reshape({-1, x.size(-2), x.size(-1)}); };
+    at::Tensor view = acc.view({-1, acc.size(-2), acc.size(-1)});
+    view.baddbmm_(flat(a), flat(b), 1.0, alpha);
+  };
   const at::Tensor M = c.U - at::matmul(c.W, S);
-  const at::Tensor dM = at::matmul(t(c.attn), dO).add_(at::matmul(c.kdecay, dS_end));
+  at::Tensor dM = at::matmul(t(c.attn), dO);
+  mm_acc(dM, c.kdecay, dS_end, 1.0);
   const at::Tensor dQK = at::matmul(dO, t(M)).mul_(c.gamma);  // d(Q K^T) through attn = QK * gamma
   const at::Tensor dqdecay = at::matmul(dO, t(S));
   const at::Tensor dkdecay = at::matmul(M, t(dS_end));
-  const at::Tensor dW = -at::matmul(dM, t(S));
+  const at::Tensor ndW = at::matmul(dM, t(S));  // -dW: the sign goes into the terms that use it
   const at::Tensor Tt = t(c.T);
-  const at::Tensor dVb = at::matmul(Tt, dM), dKb = at::matmul(Tt, dW);
-  const at::Tensor dT = at::matmul(dM, t(c.Vb)).add_(at::matmul(dW, t(c.Kb)));
+  const at::Tensor dVb = at::matmul(Tt, dM), ndKb = at::matmul(Tt, ndW);  // ndKb = -dKb
+  at::Tensor dT = at::matmul(dM, t(c.Vb));
+  mm_acc(dT, ndW, t(c.Kb), -1.0);
   const at::Tensor dL = at::matmul(at::matmul(Tt, dT), Tt).neg_().tril_(-1);
   const at::Tensor dLg = dL * c.gamma;                         // dL e^{G_t - G_i}
   const at::Tensor dKK = in.beta.unsqueeze(-1) * dLg;          // d(K K^T) through L = beta_t KK gamma
   ChunkGrads r;
-  r.dQ = at::matmul(dQK, in.K).add_(c.eG.unsqueeze(-1) * dqdecay);
-  r.dK = at::matmul(t(dQK), in.Q)
-             .add_(at::matmul(dKK + t(dKK), in.K))
-             .add_((in.beta * c.eG).unsqueeze(-1) * dKb)
-             .add_(c.kd.unsqueeze(-1) * dkdecay);
+  r.dQ = c.eG.unsqueeze(-1) * dqdecay;
+  mm_acc(r.dQ, dQK, in.K, 1.0);
+  r.dK = (-(in.beta * c.eG)).unsqueeze(-1) * ndKb;
+  r.dK.addcmul_(c.kd.unsqueeze(-1), dkdecay);
+  mm_acc(r.dK, t(dQK), in.Q, 1.0);
+  mm_acc(r.dK, dKK + t(dKK), in.K, 1.0);
   r.dV = in.beta.unsqueeze(-1) * dVb;
-  const at::Tensor kb_dot = rowsum(dKb, in.K);                 // <dKb_t, k_t>
+  const at::Tensor kb_dot = rowsum(ndKb, in.K).neg_();         // <dKb_t, k_t>
   r.dbeta = rowsum(dLg, c.KK).add_(rowsum(dVb, in.V)).add_(c.eG * kb_dot);
   // G: each e^{G_t - G_i} term X (attn and L) gives dG_t += sum_i dX X and dG_i -= sum_t dX X.
   const at::Tensor XA = dQK * c.QK, XL = dL * c.L;
