@@ -297,6 +297,83 @@ constexpr size_t low_rank_smem_bytes() {
   return (DK * 24 + kLowRankChunk * 24) * sizeof(float) + LowRankStages<F>::value * low_rank_slot_bytes<DK, F>();
 }
 
+// The prefetch ring of both low-rank scans, from `base`: slot b holds one chunk's A [C][LDA] and B
+// [C][LDB] (F), its U [C][LDY] and Z [DK][LDY] column slices and its decay (float32).
+template <int DK, class F>
+struct ScanRing {
+  static constexpr int C = kLowRankChunk, LDA = DK + 8, LDB = sizeof(F) == 2 ? DK + 8 : DK + 4, LDY = 24;
+  char* base;
+  __device__ __forceinline__ F* A(int b) const { return reinterpret_cast<F*>(base + b * low_rank_slot_bytes<DK, F>()); }
+  __device__ __forceinline__ F* B(int b) const { return A(b) + C * LDA; }
+  __device__ __forceinline__ float* U(int b) const { return reinterpret_cast<float*>(B(b) + C * LDB); }
+  __device__ __forceinline__ float* Z(int b) const { return U(b) + C * LDY; }
+  __device__ __forceinline__ float* decay(int b) const { return Z(b) + DK * LDY; }
+};
+// Where a block's chunks come from: head h's factors (row strides lda, ldb), U (row stride ldu) and Z
+// (rows of Dv), read at the block's 16 state columns from col0.
+template <class F>
+struct ScanSources {
+  const F* A;
+  const F* B;
+  const float* U;
+  const float* Z;
+  const float* decay;
+  int64_t N, lda, ldb, ldu;
+  int h, Dv, col0;
+};
+// Chunk n into ring slot b by the block's NT threads: one cp.async group with the commit that follows
+// (a loop step with no chunk left to load commits an empty group).
+template <int DK, int NT, class F>
+__device__ __forceinline__ void load_scan_chunk(const ScanRing<DK, F>& ring, const ScanSources<F>& src, int64_t n, int b) {
+  constexpr int C = kLowRankChunk, BV = 16, V = 16 / sizeof(F), LDY = ScanRing<DK, F>::LDY;
+  const int tid = threadIdx.x;
+  const int64_t chunk = static_cast<int64_t>(src.h) * src.N + n;
+  const F* a_src = src.A + chunk * C * src.lda;
+  const F* b_src = src.B + chunk * C * src.ldb;
+  F* const da = ring.A(b);
+  F* const db = ring.B(b);
+  for (int i = tid; i < C * DK / V; i += NT) {
+    const int r = (V * i) / DK, c = (V * i) % DK;
+    cp_async16(da + r * ScanRing<DK, F>::LDA + c, a_src + r * src.lda + c);
+    cp_async16(db + r * ScanRing<DK, F>::LDB + c, b_src + r * src.ldb + c);
+  }
+  if (src.U != nullptr)
+    for (int i = tid; i < C * BV / 4; i += NT) {
+      const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
+      cp_async16(ring.U(b) + r * LDY + c, src.U + (chunk * C + r) * src.ldu + src.col0 + c);
+    }
+  if (src.Z != nullptr)
+    for (int i = tid; i < DK * BV / 4; i += NT) {
+      const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
+      cp_async16(ring.Z(b) + r * LDY + c,
+                 src.Z + chunk * DK * src.Dv + static_cast<int64_t>(r) * src.Dv + src.col0 + c);
+    }
+  if (tid == 0) cp_async4(ring.decay(b), src.decay + chunk);
+}
+// A warp's 16 state rows from m2 (both 8-column tiles, in the mma accumulator layout: element e of
+// tile nt at row m2 + g (+8 for e >= 2), column 8 nt + 2t (+1 for odd e)) from or to [DK][Dv] rows
+// at column col0.
+__device__ __forceinline__ void load_state_rows(float (&y)[2][4], const float* src, int m2, int Dv, int col0) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(src + static_cast<int64_t>(m2 + g + (e >= 2 ? 8 : 0)) * Dv + col0 +
+                                                        nt * 8 + 2 * t);
+      y[nt][e] = v.x, y[nt][e + 1] = v.y;
+    }
+}
+__device__ __forceinline__ void store_state_rows(const float (&y)[2][4], float* dst, int m2, int Dv, int col0) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2)
+      *reinterpret_cast<float2*>(dst + static_cast<int64_t>(m2 + g + (e >= 2 ? 8 : 0)) * Dv + col0 + nt * 8 + 2 * t) =
+          make_float2(y[nt][e], y[nt][e + 1]);
+}
+
 // F: how A and B are stored, float32 or float16 (float16 values are exact in TF32, and half the bytes
 // to stream per chunk).
 template <int DK, bool PRECISE, class F>
@@ -311,23 +388,16 @@ __global__ void __launch_bounds__(2 * DK)
   constexpr int C = kLowRankChunk, BV = 16, NW = DK / 16, NT = 32 * NW, T1 = (C / 16) * 2 / NW;
   // Padded rows for conflict-free fragment loads: A is read transposed (LDA = 8 mod 32 words), B by
   // rows (LDB = 4 mod 32 words; for 16-bit rows DK + 8 elements serves both), Y and M as the B operand (24).
-  constexpr bool kHalf = sizeof(F) == 2;
-  constexpr int LDA = DK + 8, LDB = kHalf ? DK + 8 : DK + 4, LDY = 24, V = 16 / sizeof(F);
+  constexpr int LDA = ScanRing<DK, F>::LDA, LDB = ScanRing<DK, F>::LDB, LDY = 24;
   static_assert(T1 >= 1 && (C / 16) * 2 % NW == 0, "step (1) tiles must divide among the warps");
   using Op = Tf32Operand<PRECISE>;
   // Shared memory: Ys [DK][LDY], Ms [C][LDY], then STAGES ring slots, each one chunk's A [C][LDA] and
   // B [C][LDB] (F), its U [C][LDY] and Z [DK][LDY] column slices and its decay (float32).
   constexpr int STAGES = LowRankStages<F>::value;
-  constexpr size_t kSlot = low_rank_slot_bytes<DK, F>();
   extern __shared__ float4 smem4[];
   float* const Ys = reinterpret_cast<float*>(smem4);
   float* const Ms = Ys + DK * LDY;
-  char* const ring = reinterpret_cast<char*>(Ms + C * LDY);
-  auto slot_A = [&](int b) { return reinterpret_cast<F*>(ring + b * kSlot); };
-  auto slot_B = [&](int b) { return slot_A(b) + C * LDA; };
-  auto slot_U = [&](int b) { return reinterpret_cast<float*>(slot_B(b) + C * LDB); };
-  auto slot_Z = [&](int b) { return slot_U(b) + C * LDY; };
-  auto slot_decay = [&](int b) { return slot_Z(b) + DK * LDY; };
+  const ScanRing<DK, F> ring{reinterpret_cast<char*>(Ms + C * LDY)};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, s = blockIdx.z;
   const int64_t n0 = offsets[s], n1 = offsets[s + 1], count = n1 - n0;
@@ -340,44 +410,14 @@ __global__ void __launch_bounds__(2 * DK)
   const int m2 = warp * 16;  // this warp's state rows in step (2)
 
   float y[2][4];  // [nt][element]: this warp's rows of the state
-  {
-    const float* src = y0 + (static_cast<int64_t>(s) * H + h) * state;
+  load_state_rows(y, y0 + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+  for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int r = m2 + row_in(e), c = col_of(nt, e);
-        const float2 v = *reinterpret_cast<const float2*>(src + static_cast<int64_t>(r) * Dv + col0 + c);
-        y[nt][e] = v.x, y[nt][e + 1] = v.y;
-        Ys[r * LDY + c] = v.x, Ys[r * LDY + c + 1] = v.y;
-      }
-  }
+    for (int e = 0; e < 4; ++e) Ys[(m2 + row_in(e)) * LDY + col_of(nt, e)] = y[nt][e];
   auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
-  // Chunk n's factors, U and Z columns and decay into ring slot b (one cp.async group with the commit
-  // that follows; a loop step with no chunk left to load commits an empty group).
-  auto load_chunk = [&](int64_t n, int b) {
-    const F* a_src = A + (static_cast<int64_t>(h) * N + n) * C * lda;
-    const F* b_src = Bm + (static_cast<int64_t>(h) * N + n) * C * ldb;
-    F* const da = slot_A(b);
-    F* const db = slot_B(b);
-    for (int i = tid; i < C * DK / V; i += NT) {
-      const int r = (V * i) / DK, c = (V * i) % DK;
-      cp_async16(da + r * LDA + c, a_src + r * lda + c);
-      cp_async16(db + r * LDB + c, b_src + r * ldb + c);
-    }
-    if (U != nullptr)
-      for (int i = tid; i < C * BV / 4; i += NT) {
-        const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
-        cp_async16(slot_U(b) + r * LDY + c, U + ((static_cast<int64_t>(h) * N + n) * C + r) * ldu + col0 + c);
-      }
-    if (Z != nullptr)
-      for (int i = tid; i < DK * BV / 4; i += NT) {
-        const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
-        cp_async16(slot_Z(b) + r * LDY + c,
-                   Z + (static_cast<int64_t>(h) * N + n) * state + static_cast<int64_t>(r) * Dv + col0 + c);
-      }
-    if (tid == 0) cp_async4(slot_decay(b), decay + static_cast<int64_t>(h) * N + n);
-  };
+  const ScanSources<F> sources{A, Bm, U, Z, decay, N, lda, ldb, ldu, h, Dv, col0};
+  auto load_chunk = [&](int64_t n, int b) { load_scan_chunk<DK, NT>(ring, sources, n, b); };
   // The ring runs STAGES - 1 chunks ahead, so that global-memory latency spans that many steps.
   for (int b = 0; b < STAGES - 1; ++b) {
     if (b < count) load_chunk(chunk(b), b);
@@ -390,15 +430,15 @@ __global__ void __launch_bounds__(2 * DK)
     cp_async_commit();
     cp_async_wait<STAGES - 1>();  // chunk i's group has landed
     __syncthreads();
-    const F* An = slot_A(buf);
-    const F* Bn = slot_B(buf);
+    const F* An = ring.A(buf);
+    const F* Bn = ring.B(buf);
     const int64_t chunk_rows = (static_cast<int64_t>(h) * N + n) * C * Dv + col0;  // M
     const int64_t chunk_state = (static_cast<int64_t>(h) * N + n) * state + col0;  // hist
 
     // This chunk's U and Z columns and decay, from its ring slot.
-    const float* Un = slot_U(buf);
-    const float* Zn = slot_Z(buf);
-    const float an = *slot_decay(buf);
+    const float* Un = ring.U(buf);
+    const float* Zn = ring.Z(buf);
+    const float an = *ring.decay(buf);
     float2 u_pre[T1][2], z_pre[2][2];
 #pragma unroll
     for (int i1 = 0; i1 < T1; ++i1) {
@@ -472,13 +512,7 @@ __global__ void __launch_bounds__(2 * DK)
     __syncthreads();  // every warp is done with this slot and M before the slot is refilled and step (1)
   }
   cp_async_wait<0>();  // no copy outstanding at exit
-  float* dst = fin + (static_cast<int64_t>(s) * H + h) * state + col0;
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2)
-      *reinterpret_cast<float2*>(dst + static_cast<int64_t>(m2 + row_in(e)) * Dv + col_of(nt, e)) =
-          make_float2(y[nt][e], y[nt][e + 1]);
+  store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
 }
 
 // ---- the low-rank scan with float16 products (block floating point) ----
@@ -525,9 +559,8 @@ __global__ void __launch_bounds__(2 * DK)
   constexpr int C = kLowRankChunk, BV = 16, NW = DK / 16, NT = 32 * NW, T1 = (C / 16) * 2 / NW;
   // Rows of 16-bit elements padded for conflict-free ldmatrix: DK + 8 for the factors (272 bytes at
   // Dk 128) and 24 for Y and M (48 bytes), so that 8 consecutive rows cover all 32 banks once.
-  constexpr int LDA = DK + 8, LDH = 24, LDY = 24, V = 8, STAGES = LowRankStages<c10::Half>::value;
+  constexpr int LDA = ScanRing<DK, c10::Half>::LDA, LDH = 24, LDY = 24, STAGES = LowRankStages<c10::Half>::value;
   static_assert(T1 >= 1 && (C / 16) * 2 % NW == 0, "step (1) tiles must divide among the warps");
-  constexpr size_t kSlot = low_rank_slot_bytes<DK, c10::Half>();
   // Shared memory: Yh [DK][LDH] and Mh [C][LDH] (scaled float16), the inverse scales of Y's NW blocks
   // and of M's (C / 16) x 2 tiles, then the ring of low_rank_scan_kernel (A, B, U, Z, decay per slot).
   extern __shared__ float4 smem4[];
@@ -535,12 +568,7 @@ __global__ void __launch_bounds__(2 * DK)
   __half* const Mh = Yh + DK * LDH;
   float* const y_inv = reinterpret_cast<float*>(Mh + C * LDH);
   float* const m_inv = y_inv + NW;
-  char* const ring = reinterpret_cast<char*>(smem4) + f16_scan_head_bytes<DK>();
-  auto slot_A = [&](int b) { return reinterpret_cast<__half*>(ring + b * kSlot); };
-  auto slot_B = [&](int b) { return slot_A(b) + C * LDA; };
-  auto slot_U = [&](int b) { return reinterpret_cast<float*>(slot_B(b) + C * LDA); };
-  auto slot_Z = [&](int b) { return slot_U(b) + C * LDY; };
-  auto slot_decay = [&](int b) { return slot_Z(b) + DK * LDY; };
+  const ScanRing<DK, c10::Half> ring{reinterpret_cast<char*>(smem4) + f16_scan_head_bytes<DK>()};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, s = blockIdx.z;
   const int64_t n0 = offsets[s], n1 = offsets[s + 1], count = n1 - n0;
@@ -563,42 +591,11 @@ __global__ void __launch_bounds__(2 * DK)
             pack_f16(y[nt][e] * sc.scale, y[nt][e + 1] * sc.scale);
     if (lane == 0) y_inv[warp] = sc.inverse;
   };
-  {
-    const float* src = y0 + (static_cast<int64_t>(s) * H + h) * state;
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src + static_cast<int64_t>(m2 + row_in(e)) * Dv + col0 + col_of(nt, e));
-        y[nt][e] = v.x, y[nt][e + 1] = v.y;
-      }
-    publish_y();
-  }
+  load_state_rows(y, y0 + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
+  publish_y();
   auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
-  auto load_chunk = [&](int64_t n, int b) {
-    const c10::Half* a_src = A + (static_cast<int64_t>(h) * N + n) * C * lda;
-    const c10::Half* b_src = Bm + (static_cast<int64_t>(h) * N + n) * C * ldb;
-    __half* const da = slot_A(b);
-    __half* const db = slot_B(b);
-#pragma unroll
-    for (int i = tid; i < C * DK / V; i += NT) {
-      const int r = (V * i) / DK, c = (V * i) % DK;
-      cp_async16(da + r * LDA + c, a_src + r * lda + c);
-      cp_async16(db + r * LDA + c, b_src + r * ldb + c);
-    }
-    if (U != nullptr)
-      for (int i = tid; i < C * BV / 4; i += NT) {
-        const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
-        cp_async16(slot_U(b) + r * LDY + c, U + ((static_cast<int64_t>(h) * N + n) * C + r) * ldu + col0 + c);
-      }
-    if (Z != nullptr)
-      for (int i = tid; i < DK * BV / 4; i += NT) {
-        const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
-        cp_async16(slot_Z(b) + r * LDY + c,
-                   Z + (static_cast<int64_t>(h) * N + n) * state + static_cast<int64_t>(r) * Dv + col0 + c);
-      }
-    if (tid == 0) cp_async4(slot_decay(b), decay + static_cast<int64_t>(h) * N + n);
-  };
+  const ScanSources<c10::Half> sources{A, Bm, U, Z, decay, N, lda, ldb, ldu, h, Dv, col0};
+  auto load_chunk = [&](int64_t n, int b) { load_scan_chunk<DK, NT>(ring, sources, n, b); };
   for (int b = 0; b < STAGES - 1; ++b) {
     if (b < count) load_chunk(chunk(b), b);
     cp_async_commit();
@@ -614,10 +611,10 @@ __global__ void __launch_bounds__(2 * DK)
     const int buf = static_cast<int>(i % STAGES);
     cp_async_wait<STAGES - 2>();  // chunk i's group has landed
     __syncthreads();              // ... for every thread; Yh holds the state; every warp is past step (2) of chunk i - 1
-    const __half* An = slot_A(buf);
-    const __half* Bn = slot_B(buf);
-    const float* Un = slot_U(buf);
-    const float* Zn = slot_Z(buf);
+    const __half* An = reinterpret_cast<const __half*>(ring.A(buf));
+    const __half* Bn = reinterpret_cast<const __half*>(ring.B(buf));
+    const float* Un = ring.U(buf);
+    const float* Zn = ring.Z(buf);
     const int64_t chunk_rows = (static_cast<int64_t>(h) * N + n) * C * Dv + col0;
     const int64_t chunk_state = (static_cast<int64_t>(h) * N + n) * state + col0;
 
@@ -656,7 +653,7 @@ __global__ void __launch_bounds__(2 * DK)
     __syncthreads();  // Mh is complete; every warp has read Yh
 
     // (2) Y' = a_n Y + A_n^T M + Z_n for this warp's 16 rows: one product per 16-row block of M.
-    const float an = *slot_decay(buf);
+    const float an = *ring.decay(buf);
     float acc[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -700,13 +697,7 @@ __global__ void __launch_bounds__(2 * DK)
     publish_y();  // read by step (1) of the next chunk, after the barrier at the loop's top
   }
   cp_async_wait<0>();
-  float* dst = fin + (static_cast<int64_t>(s) * H + h) * state + col0;
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2)
-      *reinterpret_cast<float2*>(dst + static_cast<int64_t>(m2 + row_in(e)) * Dv + col_of(nt, e)) =
-          make_float2(y[nt][e], y[nt][e + 1]);
+  store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
 }
 
 template <int DK, class F>
