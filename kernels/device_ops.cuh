@@ -1,6 +1,7 @@
 #pragma once
-// Device helpers the kernels share: asynchronous 16-byte copies into shared memory, and the
-// mma.sync m16n8k8 TF32 product with its operand conversions.
+// Device helpers the kernels share: asynchronous 16-byte copies into shared memory; the mma.sync
+// products (m16n8k8 TF32 with its operand conversions, m16n8k16 float16 / bfloat16) and ldmatrix;
+// vector packs of elements; and one element of rotate-half RoPE with HF's roundings.
 //
 // Fragment layout of mma.sync.m16n8k8 (lane = 4 g + t, g in 0..7, t in 0..3):
 //   A (16 x 8, row major): a[0] = A[g][t], a[1] = A[g + 8][t], a[2] = A[g][t + 4], a[3] = A[g + 8][t + 4]
@@ -85,6 +86,29 @@ __device__ __forceinline__ void ldmatrix_x2_trans(unsigned (&r)[2], const void* 
 __device__ __forceinline__ unsigned pack_f16(float x, float y) {
   const __half2 h = __floats2half2_rn(x, y);
   return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// V consecutive elements moved as one vector load or store (16 bytes for 8 16-bit values).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <int V, class T>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+template <int V, class T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& x) {
+  *reinterpret_cast<Pack<T, V>*>(p) = x;
+}
+
+// One element of rotate-half RoPE, y = x cos + rot sin with rot = -x[i + Dh/2] or x[i - Dh/2],
+// each product rounded to the dtype and then their sum, as HF's op sequence rounds.
+template <class T>
+__device__ __forceinline__ T rope_element(float x, float rot, float c, float s) {
+  const T a = static_cast<T>(x * c);
+  const T b = static_cast<T>(rot * s);
+  return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
 }
 
 }  // namespace hh::kernels::device

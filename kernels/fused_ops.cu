@@ -12,8 +12,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/device_ops.cuh"
+
 namespace hh::kernels {
 namespace {
+
+using namespace device;  // Pack, load_pack / store_pack, rope_element
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kMaxHeadDim = 256;
@@ -21,20 +25,6 @@ constexpr int kMaxHeadDim = 256;
 __device__ __forceinline__ float warp_sum(float v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
-}
-
-// V consecutive elements moved as one (16-byte) load or store.
-template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-template <int V, class T>
-__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
-  return *reinterpret_cast<const Pack<T, V>*>(p);
-}
-template <int V, class T>
-__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& x) {
-  *reinterpret_cast<Pack<T, V>*>(p) = x;
 }
 
 // Elements per 16-byte pack when every pointer is 16-byte aligned and n a multiple of it; else 1.
@@ -45,15 +35,6 @@ int pack_width(int64_t n, std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
   return v;
-}
-
-// One element of rotate-half RoPE, y = x cos + rot sin with rot = -x[i + Dh/2] or x[i - Dh/2],
-// each product rounded to the dtype and then their sum, as HF's op sequence rounds.
-template <class T>
-__device__ __forceinline__ T rope_element(float x, float rot, float c, float s) {
-  const T a = static_cast<T>(x * c);
-  const T b = static_cast<T>(rot * s);
-  return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
 }
 
 // One warp per row of n elements.

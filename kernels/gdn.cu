@@ -888,10 +888,6 @@ __device__ __forceinline__ float activate(float x) {
 
 // One warp a row. VEC = 1: lane l takes elements l, l + 32, ... (any Dh <= 256); VEC > 1 (Dh = 32 VEC,
 // rows aligned to VEC elements): lane l takes elements VEC l .. VEC l + VEC - 1, in one vector access.
-template <class T, int VEC>
-struct alignas(sizeof(T) * VEC) FusionPack {
-  T v[VEC];
-};
 template <class T, int ACT, int VEC>
 __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restrict__ gate, const T* __restrict__ gamma,
                                       T* __restrict__ y, int64_t rows, int n, int Dh, float eps, FusionPlacement pl) {
@@ -915,9 +911,9 @@ __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restri
       gmv[k] = d < Dh ? static_cast<float>(gm[d]) : 0.f;
     }
   } else {
-    const FusionPack<T, VEC> xo = reinterpret_cast<const FusionPack<T, VEC>*>(orow)[lane];
-    const FusionPack<T, VEC> xg = reinterpret_cast<const FusionPack<T, VEC>*>(grow)[lane];
-    const FusionPack<T, VEC> xm = reinterpret_cast<const FusionPack<T, VEC>*>(gm)[lane];
+    const Pack<T, VEC> xo = reinterpret_cast<const Pack<T, VEC>*>(orow)[lane];
+    const Pack<T, VEC> xg = reinterpret_cast<const Pack<T, VEC>*>(grow)[lane];
+    const Pack<T, VEC> xm = reinterpret_cast<const Pack<T, VEC>*>(gm)[lane];
 #pragma unroll
     for (int k = 0; k < PER; ++k)
       x[k] = static_cast<float>(xo.v[k]), gv[k] = static_cast<float>(xg.v[k]), gmv[k] = static_cast<float>(xm.v[k]);
@@ -927,7 +923,7 @@ __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restri
   for (int k = 0; k < PER; ++k) ss += x[k] * x[k];
   for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
   const float rstd = rsqrtf(ss / static_cast<float>(Dh) + eps);
-  FusionPack<T, PER> out;
+  Pack<T, PER> out;
 #pragma unroll
   for (int k = 0; k < PER; ++k) {
     const T normed = static_cast<T>(x[k] * rstd);
@@ -939,7 +935,7 @@ __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restri
     for (int k = 0; k < PER; ++k)
       if (lane + 32 * k < Dh) yrow[lane + 32 * k] = out.v[k];
   } else {
-    reinterpret_cast<FusionPack<T, VEC>*>(yrow)[lane] = out;
+    reinterpret_cast<Pack<T, VEC>*>(yrow)[lane] = out;
   }
 }
 
