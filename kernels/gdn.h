@@ -74,7 +74,7 @@ struct ChunkGrid {
 // cumulative sum of g, L[t, i] = beta_t e^{G_t - G_i} k_t.k_i (i < t) and T = (I + L)^{-1},
 //   W = T diag(beta e^G) K, U = T diag(beta) V  [H, N, 64, Dk / Dv];  kdecay = e^{G_C - G} K;  decay = e^{G_C} [H, N]
 // (A = kdecay, B = W, U, decay of low_rank_scan's forward). W and kdecay are float16: float16 keeps
-// the 10 mantissa bits of the TF32 products they feed, at half the bytes for the scan to stream (their
+// TF32's 10 mantissa bits and is what the block float16 scan multiplies, at half the bytes (their
 // entries are bounded by |k| times T's, far inside float16's range for the L2-normalised keys of the
 // LA heads); U and decay are float32.
 struct ChunkFactors {

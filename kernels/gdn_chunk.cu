@@ -6,9 +6,10 @@
 //                  (W and kdecay in float16, as the scan streams them)
 //   chunk_output:  O = scale (diag(e^G) Q S_n + (Q K^T * e^{G_t - G_i}, i <= t) M_n)
 // with S_n the chunk's start state and M_n = U - W S_n its new values (both from the scan). Products
-// run on the tensor cores with TF32 operands and float32 accumulation: the 16-bit inputs are exact in
-// TF32, the float32 intermediates (T, the scaled K and V, S_n, M_n) are rounded to it, as LibTorch's
-// float32 GEMMs round them with TF32 allowed. core/attention/gdn.cpp's LibTorch form is the reference.
+// run on the tensor cores with float32 accumulation: Q K^T and K K^T on the 16-bit inputs themselves
+// (m16n8k16, exact products), the rest with TF32 operands, the float32 intermediates (T, the scaled K
+// and V, S_n, M_n) rounded to TF32 as LibTorch's float32 GEMMs round them with TF32 allowed.
+// core/attention/gdn.cpp's LibTorch form is the reference.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
