@@ -227,17 +227,30 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     for (int64_t h : split.fa) slot.push_back(std::lower_bound(used.begin(), used.end(), h / G) - used.begin());
     const int64_t nU = static_cast<int64_t>(used.size());
     const bool all = nU == Hkv;
-    // One product for q, k, v and the gate of these heads (each a column slice of its output): xn is
-    // read once instead of four times. The gate joins only when it trains as the teacher's rows do: a
-    // trained gate must not pull gradients through frozen q, k and v.
+    // For long inputs, one product for q, k, v and the gate of these heads (each a column slice of its
+    // output): xn is read once instead of four times, for a copy of the weight rows no larger than one
+    // read of xn. Short inputs (decoding) read each weight in place. The gate joins only when it trains
+    // as the teacher's rows do: a trained gate must not pull gradients through frozen q, k and v.
     std::vector<at::Tensor> rows = {head_rows(tw.q_proj, split.fa, Dh), all ? tw.k_proj : head_rows(tw.k_proj, used, Dh),
                                     all ? tw.v_proj : head_rows(tw.v_proj, used, Dh)};
     const bool gate_joins = !o.fusion_concat && (!at::GradMode::is_enabled() || w.fa_gate.requires_grad() == rows[0].requires_grad());
     if (gate_joins) rows.push_back(w.fa_gate);
-    const at::Tensor proj = at::linear(xn, at::cat(rows, 0));  // [B, T, (nF + 2 nU) Dh], then the gate's nF Dh if it joins
-    at::Tensor q = proj.narrow(2, 0, nF * Dh).view({B, T, nF, Dh});
-    at::Tensor k = proj.narrow(2, nF * Dh, nU * Dh).view({B, T, nU, Dh});
-    const at::Tensor v = proj.narrow(2, (nF + nU) * Dh, nU * Dh).view({B, T, nU, Dh});
+    at::Tensor q, k, v, fa_gate_pre;
+    if (B * T >= (nF + 2 * nU + (gate_joins ? nF : 0)) * Dh) {
+      const at::Tensor proj = at::linear(xn, at::cat(rows, 0));  // [B, T, (nF + 2 nU) Dh], then the gate's nF Dh if it joins
+      q = proj.narrow(2, 0, nF * Dh);
+      k = proj.narrow(2, nF * Dh, nU * Dh);
+      v = proj.narrow(2, (nF + nU) * Dh, nU * Dh);
+      if (gate_joins) fa_gate_pre = proj.narrow(2, (nF + 2 * nU) * Dh, nF * Dh);
+    } else {
+      q = at::linear(xn, rows[0]);
+      k = at::linear(xn, rows[1]);
+      v = at::linear(xn, rows[2]);
+    }
+    if (!o.fusion_concat && !fa_gate_pre.defined()) fa_gate_pre = at::linear(xn, w.fa_gate);
+    q = q.view({B, T, nF, Dh});
+    k = k.view({B, T, nU, Dh});
+    v = v.view({B, T, nU, Dh});
     q = o.fa_rope ? model::norm_rotary(q, tw.q_norm, eps, inv_freq, pos) : model::norm_fused(q, tw.q_norm, eps);
     k = o.fa_rope ? model::norm_rotary(k, tw.k_norm, eps, inv_freq, pos) : model::norm_fused(k, tw.k_norm, eps);
     if (o.fa_log_scale) {
@@ -256,10 +269,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       cache->fa_v = pv.defined() ? at::cat({pv, vf}, 1) : vf;
     }
     const at::Tensor o_fa = model::causal_attention(q, kf, vf, scale, pk, pv);  // [B, T, nF, Dh]
-    const at::Tensor gate_pre = o.fusion_concat ? at::Tensor()
-                                : gate_joins    ? proj.narrow(2, (nF + 2 * nU) * Dh, nF * Dh)
-                                                : at::linear(xn, w.fa_gate);
-    fuse(o_fa, gate_pre, /*silu_gate=*/false, split.fa);
+    fuse(o_fa, fa_gate_pre, /*silu_gate=*/false, split.fa);
   }
   if (nL > 0) {
     at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.la, Dh));  // [B, T, nL*Dh]
