@@ -265,8 +265,9 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     if (cache != nullptr) {
       pk = cache->fa_k;
       pv = cache->fa_v;
-      cache->fa_k = pk.defined() ? at::cat({pk, kf}, 1) : kf;
-      cache->fa_v = pv.defined() ? at::cat({pv, vf}, 1) : vf;
+      // Contiguous copies: kf and vf may be views into the merged projection, which the cache must not keep.
+      cache->fa_k = pk.defined() ? at::cat({pk, kf}, 1) : kf.contiguous();
+      cache->fa_v = pv.defined() ? at::cat({pv, vf}, 1) : vf.contiguous();
     }
     const at::Tensor o_fa = model::causal_attention(q, kf, vf, scale, pk, pv);  // [B, T, nF, Dh]
     fuse(o_fa, fa_gate_pre, /*silu_gate=*/false, split.fa);
