@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "app/cli/commands.h"
@@ -68,40 +69,38 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
   return 2.0 * n * (2 * c * c * d + c * c * d + c * c * d + 3 * c * d * d);
 }
 
-// fn() with a process-wide kernel switch set to `on`, restored after: the same computation on another
-// path, for a comparison in the same run. Without the kernels, fn() as it is.
-#ifdef HH_HAVE_KERNELS
+// The other paths a CUDA run also times, for a comparison in the same run: the forward's chunk-local
+// part in LibTorch (the chunk kernels off), and the scan on TF32 products instead of block float16.
+enum class OtherPath { kLibTorchLocal, kTf32Scan };
+
+// fn() with that path's process-wide switch off, restored after; nothing where the switch changes
+// nothing (a build without the CUDA kernels, or a CPU device), so that no run is timed twice.
 template <class Fn>
-auto with_switch(void (*set)(bool), bool (*get)(), bool on, Fn&& fn) {
+std::optional<double> on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) {
+#ifdef HH_HAVE_KERNELS
+  if (!dev.is_cuda()) return std::nullopt;
+  const bool chunk = p == OtherPath::kLibTorchLocal;
   struct Restore {
     void (*set)(bool);
     bool was;
     ~Restore() { set(was); }
-  } restore{set, get()};
-  set(on);
+  } restore{chunk ? kernels::set_chunk_kernels : kernels::set_block_f16_scan,
+            chunk ? kernels::chunk_kernels_enabled() : kernels::block_f16_scan_enabled()};
+  restore.set(false);
   return fn();
-}
-// The chunk kernels (kernels::chunk_factors / chunk_output) off: the forward's chunk-local part in
-// LibTorch, as before those kernels.
-template <class Fn>
-auto without_chunk_kernels(Fn&& fn) {
-  return with_switch(kernels::set_chunk_kernels, kernels::chunk_kernels_enabled, false, fn);
-}
-// The forward's scan on TF32 products instead of block float16 ones.
-template <class Fn>
-auto with_tf32_scan(Fn&& fn) {
-  return with_switch(kernels::set_block_f16_scan, kernels::block_f16_scan_enabled, false, fn);
-}
 #else
-template <class Fn>
-auto without_chunk_kernels(Fn&& fn) {
-  return fn();
-}
-template <class Fn>
-auto with_tf32_scan(Fn&& fn) {
-  return fn();
-}
+  (void)p, (void)dev, (void)fn;
+  return std::nullopt;
 #endif
+}
+
+// x with `decimals` decimals, or "-" for a figure not taken.
+std::string figure(std::optional<double> x, int decimals) {
+  if (!x) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, *x);
+  return buf;
+}
 
 int run_bench_gdn(const GdnBenchArgs& a) {
   if (a.iters < 1 || a.warmup < 0 || a.heads < 1 || a.dim < 1 || a.chunk < 1)
@@ -122,8 +121,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   std::printf("gated delta rule, H=%lld Dk=Dv=%lld, chunk %lld, %s on %s; median of %lld after %lld warm-up\n",
               static_cast<long long>(a.heads), static_cast<long long>(a.dim), static_cast<long long>(a.chunk),
               a.dtype.c_str(), a.device.c_str(), static_cast<long long>(a.iters), static_cast<long long>(a.warmup));
-  std::printf("  (LT-local: the same forward with its chunk-local part in LibTorch instead of the chunk kernels;\n"
-              "   TF32 scan: with the scan's products in TF32 instead of block float16)\n");
+  std::printf("  (on CUDA, LT-local: the same forward with its chunk-local part in LibTorch instead of the chunk\n"
+              "   kernels; TF32 scan: with the scan's products in TF32 instead of block float16)\n");
   std::printf("  %-10s %12s %12s %10s %10s %14s %14s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms", "TFLOP/s", "GB/s",
               "LT-local fwd", "TF32-scan fwd", "ref fwd ms", "ref fwd+bwd ms");
   for (const Shape& s : parse_shapes(a.shapes, "--shapes")) {
@@ -160,8 +159,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       });
     };
     const double f = forward(ours), fb = forward_backward(ours);
-    const double f_lt = without_chunk_kernels([&] { return forward(ours); });
-    const double f_tf32 = with_tf32_scan([&] { return forward(ours); });
+    const std::optional<double> f_lt = on_other_path(OtherPath::kLibTorchLocal, dev, [&] { return forward(ours); });
+    const std::optional<double> f_tf32 = on_other_path(OtherPath::kTf32Scan, dev, [&] { return forward(ours); });
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
@@ -181,15 +180,14 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const double flops = gdn_forward_flops(s.B, s.T, a.heads, a.dim, a.chunk);
     const double bytes = static_cast<double>(s.B * s.T * a.heads) * (4.0 * a.dim + 2.0) * static_cast<double>(v.element_size());
     const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
-    auto ref_str = [&](double x) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.3f", x);
-      return with_ref ? std::string(buf) : std::string("-");
-    };
-    std::printf("  %-10s %12.3f %12.3f %10.1f %10.0f %14.3f %14.3f %14s %14s\n", label.c_str(), f, fb,
-                flops / f * 1e-9, bytes / f * 1e-6, f_lt, f_tf32, ref_str(rf).c_str(), ref_str(rfb).c_str());
+    auto ref = [&](double x) { return with_ref ? std::optional<double>(x) : std::nullopt; };
+    std::printf("  %-10s %12.3f %12.3f %10.1f %10.0f %14s %14s %14s %14s\n", label.c_str(), f, fb, flops / f * 1e-9,
+                bytes / f * 1e-6, figure(f_lt, 3).c_str(), figure(f_tf32, 3).c_str(), figure(ref(rf), 3).c_str(),
+                figure(ref(rfb), 3).c_str());
     nlohmann::json row = {{"B", s.B}, {"T", s.T}, {"fwd_ms", f}, {"fwd_bwd_ms", fb}, {"fwd_tflops", flops / f * 1e-9},
-                          {"fwd_gbps", bytes / f * 1e-6}, {"fwd_local_libtorch_ms", f_lt}, {"fwd_tf32_scan_ms", f_tf32}};
+                          {"fwd_gbps", bytes / f * 1e-6}};
+    if (f_lt) row["fwd_local_libtorch_ms"] = *f_lt;
+    if (f_tf32) row["fwd_tf32_scan_ms"] = *f_tf32;
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
     out["rows"].push_back(row);
   }
@@ -240,15 +238,16 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                             teacher.inv_freq());
         });
       };
-      const double hyb = hybrid_ms(), hyb_lt = without_chunk_kernels(hybrid_ms), hyb_tf32 = with_tf32_scan(hybrid_ms);
+      const double hyb = hybrid_ms();
+      const std::optional<double> hyb_lt = on_other_path(OtherPath::kLibTorchLocal, dev, hybrid_ms),
+                                  hyb_tf32 = on_other_path(OtherPath::kTf32Scan, dev, hybrid_ms);
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
-      std::printf("  %-10s %14.2f %14.2f %9.2fx %14.2f %14.2f\n", label.c_str(), dense, hyb, dense / hyb, hyb_lt, hyb_tf32);
-      out["layer"].push_back({{"B", s.B},
-                              {"T", s.T},
-                              {"dense_ms", dense},
-                              {"hybrid_ms", hyb},
-                              {"hybrid_local_libtorch_ms", hyb_lt},
-                              {"hybrid_tf32_scan_ms", hyb_tf32}});
+      std::printf("  %-10s %14.2f %14.2f %9.2fx %14s %14s\n", label.c_str(), dense, hyb, dense / hyb,
+                  figure(hyb_lt, 2).c_str(), figure(hyb_tf32, 2).c_str());
+      nlohmann::json layer = {{"B", s.B}, {"T", s.T}, {"dense_ms", dense}, {"hybrid_ms", hyb}};
+      if (hyb_lt) layer["hybrid_local_libtorch_ms"] = *hyb_lt;
+      if (hyb_tf32) layer["hybrid_tf32_scan_ms"] = *hyb_tf32;
+      out["layer"].push_back(layer);
       if (!a.profile.empty() && out["layer"].size() == parse_shapes(a.layer_shapes, "--layer-shapes").size()) {
         // The hybrid layer at the last (longest) shape, in a trace of its own beside --profile's.
         std::filesystem::path lp(a.profile);
