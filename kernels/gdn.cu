@@ -281,34 +281,32 @@ __device__ __forceinline__ void mma_terms(float (&acc)[2][4], const Tf32Operand<
   }
 }
 
-// Ring slots of the low-rank scan's prefetch: three for float16 factors (copies for the next two
-// chunks in flight during a step), two for float32 ones (a third would not fit at Dk = 128).
-template <class F>
-struct LowRankStages {
-  static constexpr int value = sizeof(F) == 2 ? 3 : 2;
-};
-template <int DK, class F>
-constexpr size_t low_rank_slot_bytes() {
-  constexpr int C = kLowRankChunk, LDB = sizeof(F) == 2 ? DK + 8 : DK + 4;
-  return (C * (DK + 8) + C * LDB) * sizeof(F) + (C * 24 + DK * 24 + 4) * sizeof(float);
-}
-template <int DK, class F>
-constexpr size_t low_rank_smem_bytes() {
-  return (DK * 24 + kLowRankChunk * 24) * sizeof(float) + LowRankStages<F>::value * low_rank_slot_bytes<DK, F>();
-}
-
-// The prefetch ring of both low-rank scans, from `base`: slot b holds one chunk's A [C][LDA] and B
-// [C][LDB] (F), its U [C][LDY] and Z [DK][LDY] column slices and its decay (float32).
+// The prefetch ring of both low-rank scans, from `base`: kStages slots (three for float16 factors:
+// copies for the next two chunks in flight during a step; two for float32 ones, a third would not fit
+// at Dk = 128), slot b holding one chunk's A [C][LDA] and B [C][LDB] (F), its U [C][LDY] and Z [DK][LDY]
+// column slices and its decay (float32).
 template <int DK, class F>
 struct ScanRing {
   static constexpr int C = kLowRankChunk, LDA = DK + 8, LDB = sizeof(F) == 2 ? DK + 8 : DK + 4, LDY = 24;
+  static constexpr int kStages = sizeof(F) == 2 ? 3 : 2;
+  static constexpr size_t kSlotBytes = (C * LDA + C * LDB) * sizeof(F) + (C * LDY + DK * LDY + 4) * sizeof(float);
+  static constexpr size_t kBytes = kStages * kSlotBytes;
   char* base;
-  __device__ __forceinline__ F* A(int b) const { return reinterpret_cast<F*>(base + b * low_rank_slot_bytes<DK, F>()); }
+  __device__ __forceinline__ F* A(int b) const { return reinterpret_cast<F*>(base + b * kSlotBytes); }
   __device__ __forceinline__ F* B(int b) const { return A(b) + C * LDA; }
   __device__ __forceinline__ float* U(int b) const { return reinterpret_cast<float*>(B(b) + C * LDB); }
   __device__ __forceinline__ float* Z(int b) const { return U(b) + C * LDY; }
   __device__ __forceinline__ float* decay(int b) const { return Z(b) + DK * LDY; }
 };
+static_assert(ScanRing<128, c10::Half>::kSlotBytes % 16 == 0 && ScanRing<128, float>::kSlotBytes % 16 == 0 &&
+                  ScanRing<32, c10::Half>::kSlotBytes % 16 == 0,
+              "ring slots must keep 16-byte alignment for cp.async");
+// low_rank_scan_kernel's shared memory: Ys [DK][24] and Ms [C][24] (float32), then the ring.
+template <int DK, class F>
+constexpr size_t low_rank_smem_bytes() {
+  return (DK * 24 + kLowRankChunk * 24) * sizeof(float) + ScanRing<DK, F>::kBytes;
+}
+
 // Where a block's chunks come from: head h's factors (row strides lda, ldb), U (row stride ldu) and Z
 // (rows of Dv), read at the block's 16 state columns from col0.
 template <class F>
@@ -393,7 +391,7 @@ __global__ void __launch_bounds__(2 * DK)
   using Op = Tf32Operand<PRECISE>;
   // Shared memory: Ys [DK][LDY], Ms [C][LDY], then STAGES ring slots, each one chunk's A [C][LDA] and
   // B [C][LDB] (F), its U [C][LDY] and Z [DK][LDY] column slices and its decay (float32).
-  constexpr int STAGES = LowRankStages<F>::value;
+  constexpr int STAGES = ScanRing<DK, F>::kStages;
   extern __shared__ float4 smem4[];
   float* const Ys = reinterpret_cast<float*>(smem4);
   float* const Ms = Ys + DK * LDY;
@@ -559,7 +557,7 @@ __global__ void __launch_bounds__(2 * DK)
   constexpr int C = kLowRankChunk, BV = 16, NW = DK / 16, NT = 32 * NW, T1 = (C / 16) * 2 / NW;
   // Rows of 16-bit elements padded for conflict-free ldmatrix: DK + 8 for the factors (272 bytes at
   // Dk 128) and 24 for Y and M (48 bytes), so that 8 consecutive rows cover all 32 banks once.
-  constexpr int LDA = ScanRing<DK, c10::Half>::LDA, LDH = 24, LDY = 24, STAGES = LowRankStages<c10::Half>::value;
+  constexpr int LDA = ScanRing<DK, c10::Half>::LDA, LDH = 24, LDY = 24, STAGES = ScanRing<DK, c10::Half>::kStages;
   static_assert(T1 >= 1 && (C / 16) * 2 % NW == 0, "step (1) tiles must divide among the warps");
   // Shared memory: Yh [DK][LDH] and Mh [C][LDH] (scaled float16), the inverse scales of Y's NW blocks
   // and of M's (C / 16) x 2 tiles, then the ring of low_rank_scan_kernel (A, B, U, Z, decay per slot).
@@ -708,7 +706,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, a
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   if constexpr (std::is_same_v<F, c10::Half>) {
     if (a.precision == ScanPrecision::kBlockFloat16) {
-      constexpr size_t smem = f16_scan_head_bytes<DK>() + LowRankStages<F>::value * low_rank_slot_bytes<DK, F>();
+      constexpr size_t smem = f16_scan_head_bytes<DK>() + ScanRing<DK, F>::kBytes;
       auto kernel = low_rank_scan_f16_kernel<DK>;
       C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       kernel<<<grid, 2 * DK, smem, at::cuda::getCurrentCUDAStream()>>>(
