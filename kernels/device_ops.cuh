@@ -111,4 +111,26 @@ __device__ __forceinline__ T rope_element(float x, float rot, float c, float s) 
   return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
 }
 
+// Block float16 (the low-rank scan, the output factors of chunk_factors): a power-of-two scale per
+// block of values brings its largest magnitude into [2^14, 2^15), where float16 keeps 11 significant
+// bits and cannot overflow.
+struct Pow2Scale {
+  float scale, inverse;
+};
+// The power of two s with s * max_abs in [2^14, 2^15) (max_abs clamped to [2^-100, 2^127]: zero and
+// tiny blocks get a finite scale, and infinity and NaN propagate through the products).
+__device__ __forceinline__ Pow2Scale pow2_scale(float max_abs) {
+  const int e = min(max(static_cast<int>((__float_as_uint(max_abs) >> 23) & 0xff) - 127, -100), 127);
+  return {__uint_as_float(static_cast<unsigned>(127 + 14 - e) << 23), __uint_as_float(static_cast<unsigned>(127 + e - 14) << 23)};
+}
+// The largest |x| over the warp, in one redux.sync on the bits (non-negative floats order as their
+// bit patterns do). A NaN may be left out of the maximum; it stays NaN through any scale.
+template <int V>
+__device__ __forceinline__ float warp_max_abs(const float (&x)[V]) {
+  float m = fabsf(x[0]);
+#pragma unroll
+  for (int i = 1; i < V; ++i) m = fmaxf(m, fabsf(x[i]));
+  return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m)));
+}
+
 }  // namespace hh::kernels::device

@@ -29,13 +29,21 @@ ScanKernel state_scan_kernel();
 at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, const std::vector<int64_t>& offsets,
                       bool reverse, at::Tensor& hist);
 
+// Which input row fills each of the N chunks' 64 slots: B regular sequences of T tokens, `per` =
+// ceil(T / 64) chunks each (chunk b * per + j holds tokens 64 j .. of sequence b), or, when gather is
+// defined, gather[n * 64 + r] (int64 CUDA [N * 64]; B * T marks padding). Padding slots are zero.
+struct ChunkGrid {
+  int64_t N = 0, per = 0;
+  at::Tensor gather;
+};
+
 // The same recurrence with the transition given by chunk-local factors, never formed:
 //   Y = y0[s, h];  for each chunk n of sequence s (in order, or reversed):
 //     hist[h, n] = Y;  M = U[h, n] - B[h, n] Y;  M_out[h, n] = M;  Y = decay[h, n] Y + A[h, n]^T M + Z[h, n]
 //   final[s, h] = Y
 // i.e. P^T = decay I - A^T B. A, B [H, N, C, Dk]; decay [H, N]; U and M_out [H, N, C, Dv] and Z
 // [H, N, Dk, Dv] optional (undefined: zero / not written); y0 [S, H, Dk, Dv]; hist [H, N, Dk, Dv]
-// preallocated. All float32 CUDA contiguous, except that A and B may both be float16 (values exact in
+// preallocated (or undefined: not written). All float32 CUDA contiguous, except that A and B may both be float16 (values exact in
 // TF32, half the bytes streamed per chunk), and A, B and U may be column slices of wider packed rows;
 // chunk C = 64, Dk in {32, 64, 128}, Dv a multiple of 16.
 // The gated delta rule's forward is A = e^{G_C - G} K, B = W, U = U (M = the chunk's new values
@@ -49,9 +57,17 @@ at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor
 enum class ScanPrecision { kFloat32, kTf32, kBlockFloat16 };
 struct LowRankScanArgs {
   at::Tensor A, B, decay, U, Z, y0;
-  at::Tensor hist, M;  // outputs (M optional)
+  at::Tensor hist, M;  // outputs (optional: undefined, not written)
   bool reverse = false;
   ScanPrecision precision = ScanPrecision::kFloat32;
+  // The rule's output, written by the forward scan as it goes (kBlockFloat16 and in order only; all of
+  // Qd, Aq, aq_inv and out, or none): for slot r of chunk n, holding token row (b, t) of `grid`,
+  //   out[b, t, h] = Qd[h, n, r] Y + aq_inv[h, n] sum_i Aq[h, n, r, i] M[i]
+  // with Y the chunk's start state and M its new values, i.e. o_t = scale (e^{G_t} q_t S_n + sum_{i <= t}
+  // e^{G_t - G_i} (q_t.k_i) M_i) for chunk_factors' output factors (given q). out [B, T, H, Dv] bfloat16
+  // or float16 contiguous; padding slots write nothing. The state history and chunk_output are then not needed.
+  at::Tensor Qd, Aq, aq_inv, out;
+  ChunkGrid grid;
 };
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
@@ -62,14 +78,6 @@ at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>
 // contiguous CUDA tensors.
 bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 
-// Which input row fills each of the N chunks' 64 slots: B regular sequences of T tokens, `per` =
-// ceil(T / 64) chunks each (chunk b * per + j holds tokens 64 j .. of sequence b), or, when gather is
-// defined, gather[n * 64 + r] (int64 CUDA [N * 64]; B * T marks padding). Padding slots are zero.
-struct ChunkGrid {
-  int64_t N = 0, per = 0;
-  at::Tensor gather;
-};
-
 // The factors of every chunk's transition and update, float32 on the chunk grid: with G = the chunk's
 // cumulative sum of g, L[t, i] = beta_t e^{G_t - G_i} k_t.k_i (i < t) and T = (I + L)^{-1},
 //   W = T diag(beta e^G) K, U = T diag(beta) V  [H, N, 64, Dk / Dv];  kdecay = e^{G_C - G} K;  decay = e^{G_C} [H, N]
@@ -77,11 +85,18 @@ struct ChunkGrid {
 // TF32's 10 mantissa bits and is what the block float16 scan multiplies, at half the bytes (their
 // entries are bounded by |k| times T's, far inside float16's range for the L2-normalised keys of the
 // LA heads); U and decay are float32.
+// Given q (of k's shape and dtype), also the output's factors for low_rank_scan's output:
+//   Qd = scale e^G Q  [H, N, 64, Dk] float16;
+//   Aq = s (scale Q K^T * e^{G_t - G_i}, i <= t, else 0)  [H, N, 64, 64] float16, aq_inv = 1 / s [H, N]
+// with s the power of two that puts the chunk's largest |entry| in [2^14, 2^15) (float16's 11
+// significant bits for every entry, as TF32 keeps, and no overflow). Qd's entries are bounded by |q|
+// as W's are by |k|.
 struct ChunkFactors {
   at::Tensor W, U, kdecay, decay;
+  at::Tensor Qd, Aq, aq_inv;  // only given q
 };
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
-                           const ChunkGrid& grid);
+                           const ChunkGrid& grid, const at::Tensor& q = {}, double scale = 1.0);
 
 // Every chunk's output from its start state S [H, N, Dk, Dv] and new values M [H, N, 64, Dv] (low_rank_scan's
 // hist and M_out): o_t = scale (e^{G_t} q_t S + sum_{i <= t} e^{G_t - G_i} (q_t.k_i) M_i), as [B, T, H, Dv] of q's dtype.
@@ -97,6 +112,11 @@ bool chunk_kernels_enabled();
 // (process-wide, on by default; off for benchmarks).
 void set_block_f16_scan(bool on);
 bool block_f16_scan_enabled();
+// Whether the forward's block float16 scan writes the rule's output itself (LowRankScanArgs::out, with
+// chunk_factors' output factors), or leaves it to chunk_output from the state history (process-wide,
+// on by default; off for benchmarks).
+void set_scan_output(bool on);
+bool scan_output_enabled();
 
 // T = (I + L)^{-1} for strictly lower triangular L [..., C, C] float32 contiguous, C <= 64, by forward
 // substitution (one block a matrix, one thread a column). Returns T, unit lower triangular.

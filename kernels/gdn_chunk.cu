@@ -20,6 +20,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/chunk_rows.cuh"
 #include "kernels/device_ops.cuh"
 #include "kernels/gdn.h"
 
@@ -28,7 +29,7 @@ namespace {
 
 using namespace device;  // the cp.async and mma.sync helpers
 
-constexpr int kC = 64;                // chunk length
+constexpr int kC = kGridChunk;        // chunk length
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kOutCols = 64;          // output columns a chunk_output block computes
@@ -42,20 +43,6 @@ template <int D>
 constexpr int ld16() {
   return D + 8;
 }
-
-// The input row of slot r of chunk n, or -1 for padding.
-struct SlotRows {
-  const int64_t* gather;  // [N * C] input row of each slot (rows = padding), or null for B regular sequences:
-  int64_t per, T, rows;   // per chunks of T tokens each; rows = B * T
-  __device__ __forceinline__ int64_t operator()(int64_t n, int r) const {
-    if (gather != nullptr) {
-      const int64_t x = gather[n * kC + r];
-      return x < rows ? x : -1;
-    }
-    const int64_t b = n / per, t = (n % per) * kC + r;
-    return t < T ? b * T + t : -1;
-  }
-};
 
 // Two consecutive outputs (8- or 4-byte aligned).
 __device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
@@ -190,33 +177,49 @@ __device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const 
     }
 }
 
-template <int DK, int DV, class T>
+// With OUT, Q's rows too (for the output's factors).
+template <int DK, int DV, class T, bool OUT>
 constexpr size_t factors_smem() {
-  return (kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T) + (kC * kLdT + 3 * kC + 3 * 256) * sizeof(float) +
-         kC * sizeof(int64_t);
+  return ((OUT ? 2 : 1) * kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T) +
+         (kC * kLdT + 3 * kC + 3 * 256 + 4) * sizeof(float) + kC * sizeof(int64_t);
 }
 
-template <int DK, int DV, class T>
+// The output's factors of chunk_factors (given q): Qd = scale e^G Q and the block float16 Aq with its
+// inverse scale (kernels/gdn.h).
+struct OutFactors {
+  const void* q;  // [B, T, H, Dk] of k's dtype, or null: none
+  float scale;
+  c10::Half* Qd;
+  c10::Half* Aq;
+  float* aq_inv;
+};
+
+template <int DK, int DV, class T, bool OUT>
 __global__ void __launch_bounds__(kThreads)
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
                          const float* __restrict__ beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
-                         float* __restrict__ U, c10::Half* __restrict__ kdecay, float* __restrict__ decay) {
+                         float* __restrict__ U, c10::Half* __restrict__ kdecay, float* __restrict__ decay,
+                         OutFactors of) {
   extern __shared__ float4 smem4[];
   T* const Ks = reinterpret_cast<T*>(smem4);
   T* const Vs = Ks + kC * ld16<DK>();
-  float* const Ls = reinterpret_cast<float*>(Vs + kC * ld16<DV>());  // L, then T = (I + L)^{-1}
+  T* const Qs = Vs + kC * ld16<DV>();  // with OUT
+  float* const Ls = reinterpret_cast<float*>(Qs + (OUT ? kC * ld16<DK>() : 0));  // L, then T = (I + L)^{-1}, then Aq
   float* const Gs = Ls + kC * kLdT;
   float* const bs = Gs + kC;  // beta
   float* const ws = bs + kC;  // beta e^G: W's scale
   float* const Xs = ws + kC;  // [3][16][16]: the block-row sums of the inverse
-  int64_t* const rows = reinterpret_cast<int64_t*>(Xs + 3 * 256);
+  unsigned* const amax = reinterpret_cast<unsigned*>(Xs + 3 * 256);  // Aq's largest |entry|, as bits
+  int64_t* const rows = reinterpret_cast<int64_t*>(amax + 4);
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y, tid = threadIdx.x;
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
   if (tid < kC) rows[tid] = slots(n, tid);
+  if (tid == 0) *amax = 0u;
   __syncthreads();
   load_rows<DK>(Ks, k, rows, h, H);
   load_rows<DV>(Vs, v, rows, h, H);
+  if constexpr (OUT) load_rows<DK>(Qs, static_cast<const T*>(of.q), rows, h, H);
   cp_async_commit();
   chunk_gates(g, beta, rows, h, H, Gs, bs);
   cp_async_wait<0>();
@@ -252,6 +255,13 @@ __global__ void __launch_bounds__(kThreads)
       const c10::Half h[4] = {c10::Half(s * static_cast<float>(x[0])), c10::Half(s * static_cast<float>(x[1])),
                               c10::Half(s * static_cast<float>(x[2])), c10::Half(s * static_cast<float>(x[3]))};
       *reinterpret_cast<uint2*>(dst + r * DK + c) = *reinterpret_cast<const uint2*>(h);
+      if constexpr (OUT) {
+        const float sq = of.scale * expf(Gs[r]);
+        const T* y = Qs + r * ld16<DK>() + c;
+        const c10::Half hq[4] = {c10::Half(sq * static_cast<float>(y[0])), c10::Half(sq * static_cast<float>(y[1])),
+                                 c10::Half(sq * static_cast<float>(y[2])), c10::Half(sq * static_cast<float>(y[3]))};
+        *reinterpret_cast<uint2*>(of.Qd + chunk * kC * DK + r * DK + c) = *reinterpret_cast<const uint2*>(hq);
+      }
     }
     if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
     if (tid == kC) decay[chunk] = expf(last);
@@ -285,6 +295,26 @@ __global__ void __launch_bounds__(kThreads)
 
   lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
   lower_times<DV>(Ls, Vs, bs, U + chunk * kC * DV);
+  if constexpr (OUT) {
+    // Aq: the masked Q K^T into Ls (every warp is past T), its largest |entry|, then scaled to float16.
+    __syncthreads();
+    masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, Ls);
+    __syncthreads();
+    float m = 0.f;
+    for (int i = tid; i < kC * kC; i += kThreads) m = fmaxf(m, fabsf(Ls[(i / kC) * kLdT + i % kC]));
+    m = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m)));
+    if (tid % 32 == 0) atomicMax(amax, __float_as_uint(m));
+    __syncthreads();
+    const Pow2Scale sc = pow2_scale(of.scale * __uint_as_float(*amax));
+    const float s = of.scale * sc.scale;
+    for (int i = tid; i < kC * kC / 4; i += kThreads) {
+      const int r = (4 * i) / kC, c = (4 * i) % kC;
+      const float* x = Ls + r * kLdT + c;
+      const c10::Half a[4] = {c10::Half(s * x[0]), c10::Half(s * x[1]), c10::Half(s * x[2]), c10::Half(s * x[3])};
+      *reinterpret_cast<uint2*>(of.Aq + chunk * kC * kC + r * kC + c) = *reinterpret_cast<const uint2*>(a);
+    }
+    if (tid == 0) of.aq_inv[chunk] = sc.inverse;
+  }
 }
 
 template <int DK, class T>
@@ -375,18 +405,6 @@ void need(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef
   if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) throw std::invalid_argument(name + " must be 16-byte aligned");
 }
 
-SlotRows slot_rows(const ChunkGrid& grid, int64_t B, int64_t T) {
-  if (grid.gather.defined()) {
-    if (!grid.gather.is_cuda() || grid.gather.scalar_type() != at::kLong || !grid.gather.is_contiguous() ||
-        grid.gather.numel() != grid.N * kC)
-      throw std::invalid_argument("hh::kernels: ChunkGrid::gather must be N * 64 int64 CUDA values");
-    return {grid.gather.data_ptr<int64_t>(), 0, T, B * T};
-  }
-  if (grid.N != B * grid.per || grid.per * kC < T || (grid.per > 0 && (grid.per - 1) * kC >= T))
-    throw std::invalid_argument("hh::kernels: ChunkGrid: N must be B * per with per = ceil(T / 64)");
-  return {nullptr, grid.per, T, B * T};
-}
-
 struct FactorsArgs {
   const void *k, *v;
   const float *g, *beta;
@@ -397,17 +415,21 @@ struct FactorsArgs {
   float* U;
   c10::Half* kdecay;
   float* decay;
+  OutFactors out;
 };
 template <int DK, int DV, class X>
 struct LaunchFactors {
-  static void run(const FactorsArgs& p) {
-    constexpr size_t smem = factors_smem<DK, DV, X>();
-    auto kernel = chunk_factors_kernel<DK, DV, X>;
+  template <bool OUT>
+  static void launch(const FactorsArgs& p) {
+    constexpr size_t smem = factors_smem<DK, DV, X, OUT>();
+    auto kernel = chunk_factors_kernel<DK, DV, X, OUT>;
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     kernel<<<dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        static_cast<const X*>(p.k), static_cast<const X*>(p.v), p.g, p.beta, p.slots, p.H, p.N, p.W, p.U, p.kdecay, p.decay);
+        static_cast<const X*>(p.k), static_cast<const X*>(p.v), p.g, p.beta, p.slots, p.H, p.N, p.W, p.U, p.kdecay, p.decay,
+        p.out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  static void run(const FactorsArgs& p) { p.out.q != nullptr ? launch<true>(p) : launch<false>(p); }
 };
 
 struct OutputArgs {
@@ -450,6 +472,7 @@ void dispatch(int64_t Dk, int64_t Dv, at::ScalarType dt, const Args& p) {
 
 bool g_chunk_kernels = true;
 bool g_block_f16_scan = true;
+bool g_scan_output = true;
 
 }  // namespace
 
@@ -457,13 +480,15 @@ void set_chunk_kernels(bool on) { g_chunk_kernels = on; }
 bool chunk_kernels_enabled() { return g_chunk_kernels; }
 void set_block_f16_scan(bool on) { g_block_f16_scan = on; }
 bool block_f16_scan_enabled() { return g_block_f16_scan; }
+void set_scan_output(bool on) { g_scan_output = on; }
+bool scan_output_enabled() { return g_scan_output; }
 
 bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
   return (Dk == 64 || Dk == 128) && (Dv == 64 || Dv == 128) && (dtype == at::kBFloat16 || dtype == at::kHalf);
 }
 
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
-                           const ChunkGrid& grid) {
+                           const ChunkGrid& grid, const at::Tensor& q, double scale) {
   if (k.dim() != 4 || v.dim() != 4) throw std::invalid_argument("hh::kernels::chunk_factors: k and v must be [B, T, H, D]");
   const int64_t B = k.size(0), T = k.size(1), H = k.size(2), Dk = k.size(3), Dv = v.size(3), N = grid.N;
   need(k, "chunk_factors", "k", k.sizes(), true);
@@ -472,17 +497,29 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   need(beta, "chunk_factors", "beta", {B, T, H}, false);
   if (v.scalar_type() != k.scalar_type() || !chunk_forward_supported(Dk, Dv, k.scalar_type()))
     throw std::invalid_argument("hh::kernels::chunk_factors: k and v of one 16-bit dtype, Dk and Dv in {64, 128} only");
+  if (q.defined()) {
+    need(q, "chunk_factors", "q", k.sizes(), true);
+    if (q.scalar_type() != k.scalar_type()) throw std::invalid_argument("hh::kernels::chunk_factors: q must have k's dtype");
+  }
   const SlotRows slots = slot_rows(grid, B, T);
   const c10::cuda::CUDAGuard guard(k.device());
   const auto f32 = k.options().dtype(at::kFloat);
   const auto f16 = k.options().dtype(at::kHalf);
   ChunkFactors r{at::empty({H, N, kC, Dk}, f16), at::empty({H, N, kC, Dv}, f32), at::empty({H, N, kC, Dk}, f16),
                  at::empty({H, N}, f32)};
+  OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr};
+  if (q.defined()) {
+    r.Qd = at::empty({H, N, kC, Dk}, f16);
+    r.Aq = at::empty({H, N, kC, kC}, f16);
+    r.aq_inv = at::empty({H, N}, f32);
+    of = {q.data_ptr(), static_cast<float>(scale), r.Qd.data_ptr<c10::Half>(), r.Aq.data_ptr<c10::Half>(),
+          r.aq_inv.data_ptr<float>()};
+  }
   if (N == 0 || H == 0) return r;
   dispatch<LaunchFactors>(Dk, Dv, k.scalar_type(),
                           FactorsArgs{k.data_ptr(), v.data_ptr(), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
                                       static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr<float>(),
-                                      r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>()});
+                                      r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), of});
   return r;
 }
 

@@ -37,6 +37,7 @@ struct GdnBenchArgs {
   uint64_t seed = 0;
   std::string profile;  // Chrome trace of one forward and one forward + backward at the first shape
   std::string scan_kernel = "lowrank";
+  std::string scan_output = "on";
   std::string backward = "explicit";
 };
 
@@ -111,6 +112,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   kernels::set_state_scan_kernel(a.scan_kernel == "fma"      ? kernels::ScanKernel::kFma
                                  : a.scan_kernel == "tensor" ? kernels::ScanKernel::kTensorCores
                                                              : kernels::ScanKernel::kLowRank);
+  kernels::set_scan_output(a.scan_output == "on");
 #endif
   attention::set_gdn_backward(a.backward == "autograd" ? attention::GdnBackward::kAutograd
                                                        : attention::GdnBackward::kExplicit);
@@ -225,11 +227,12 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       const auto x = torch::randn({s.B, s.T, cfg.hidden_size}, opts);
       const auto xn = model::rms_norm(x, lw.input_layernorm, eps);
       const double dense = median_ms(dev, a.warmup, a.iters, [&] {
-        auto q = model::rms_norm(at::linear(xn, lw.q_proj).view({s.B, s.T, Hq, Dh}), lw.q_norm, eps);
-        auto k = model::rms_norm(at::linear(xn, lw.k_proj).view({s.B, s.T, Hkv, Dh}), lw.k_norm, eps);
+        // As the transformer's own layer runs it: q/k norm + RoPE through the fused kernel where it applies.
+        const auto q = model::norm_rotary(at::linear(xn, lw.q_proj).view({s.B, s.T, Hq, Dh}), lw.q_norm, eps,
+                                          teacher.inv_freq(), 0);
+        const auto k = model::norm_rotary(at::linear(xn, lw.k_proj).view({s.B, s.T, Hkv, Dh}), lw.k_norm, eps,
+                                          teacher.inv_freq(), 0);
         const auto v = at::linear(xn, lw.v_proj).view({s.B, s.T, Hkv, Dh});
-        q = model::rotary(q, teacher.inv_freq(), 0);
-        k = model::rotary(k, teacher.inv_freq(), 0);
         (void)model::causal_attention(q, k, v, sc);
       });
       auto hybrid_ms = [&] {
@@ -291,6 +294,11 @@ BenchSub add_bench_gdn(CLI::App& bench) {
                  "The state scan's CUDA kernel: lowrank (on the transition's factors), or tensor (TF32 x3) / fma "
                  "on the materialised transition")
       ->check(CLI::IsMember({"lowrank", "tensor", "fma"}))
+      ->capture_default_str();
+  c->add_option("--scan-output", a->scan_output,
+                 "On CUDA with 16-bit inputs: on, the forward's scan writes the output as it goes; off, it writes the "
+                 "chunks' states and chunk_output reads them back")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   c->add_option("--backward", a->backward,
                  "How the backward differentiates the chunk-local function: explicit (its formulas written out) or "

@@ -589,7 +589,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                                                 const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                                                 const at::Tensor& beta, const at::Tensor& s0, double scale,
-                                                int64_t chunk, std::vector<int64_t> cu_seqlens) {
+                                                int64_t chunk, std::vector<int64_t> cu_seqlens, bool keep_states) {
     const int64_t B = q.size(0), T = q.size(1);
     const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     const Tf32Scope tf32(use_tf32(q));
@@ -601,13 +601,35 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       const kernels::ChunkGrid grid{L.N, L.regular ? L.N / std::max<int64_t>(B, 1) : 0, L.gather};
       const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
                        bf = aligned(beta.to(at::kFloat));
-      const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid);
-      const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets,
-                                         kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
-                                                                           : kernels::ScanPrecision::kTf32);
-      S = r.S;
-      final_state = r.final_state;
-      o = kernels::chunk_output(qc, kc, gf, r.S, r.M, grid, scale);
+      if (kernels::block_f16_scan_enabled() && kernels::scan_output_enabled()) {
+        // The scan writes the output as it goes (no chunk_output), and the state history only for
+        // the backward.
+        const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid, qc, scale);
+        kernels::LowRankScanArgs a;
+        a.A = f.kdecay;
+        a.B = f.W;
+        a.decay = f.decay;
+        a.U = f.U;
+        a.y0 = s0.to(acc).contiguous();
+        if (keep_states) a.hist = at::empty({f.W.size(0), f.W.size(1), f.W.size(3), f.U.size(3)}, f.U.options());
+        a.precision = kernels::ScanPrecision::kBlockFloat16;
+        a.Qd = f.Qd;
+        a.Aq = f.Aq;
+        a.aq_inv = f.aq_inv;
+        a.out = at::empty({B, T, q.size(2), v.size(3)}, q.options());
+        a.grid = grid;
+        final_state = kernels::low_rank_scan(a, L.offsets);
+        S = a.hist;
+        o = a.out;
+      } else {
+        const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid);
+        const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets,
+                                           kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
+                                                                             : kernels::ScanPrecision::kTf32);
+        S = r.S;
+        final_state = r.final_state;
+        o = kernels::chunk_output(qc, kc, gf, r.S, r.M, grid, scale);
+      }
 #endif
     } else {
       const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
@@ -677,7 +699,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       auto back = [&](const at::Tensor& x, const at::Tensor& like) { return from_chunks(x, L, B, T, like.scalar_type()); };
       auto back_bth = [&](const at::Tensor& x, const at::Tensor& like) { return back(x.unsqueeze(-1), like).squeeze(-1); };
       return {back(d.dQ, q), back(d.dK, k), back(d.dV, v), back_bth(d.dg, g), back_bth(d.dbeta, beta),
-              sg.dS0.to(s0_dtype), at::Tensor(), at::Tensor(), at::Tensor()};
+              sg.dS0.to(s0_dtype), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
     at::Tensor lq = q.detach().requires_grad_(true), lk = k.detach().requires_grad_(true),
                lv = v.detach().requires_grad_(true), lg = g.detach().requires_grad_(true),
@@ -702,7 +724,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
         torch::autograd::grad({objective}, {lq, lk, lv, lg, lb}, {}, /*retain_graph=*/false,
                               /*create_graph=*/false, /*allow_unused=*/true);
     return {cast(input_grads[0], q), cast(input_grads[1], k), cast(input_grads[2], v), cast(input_grads[3], g),
-            cast(input_grads[4], beta), sg.dS0.to(s0_dtype), at::Tensor(), at::Tensor(), at::Tensor()};
+            cast(input_grads[4], beta), sg.dS0.to(s0_dtype), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -726,7 +748,10 @@ std::tuple<at::Tensor, at::Tensor> chunk_rule_op(const at::Tensor& q, const at::
   const at::Tensor s0 = initial_state.has_value() && initial_state->defined()
                            ? *initial_state
                            : at::zeros({std::max<int64_t>(nseq, 0), H, Dk, Dv}, q.options().dtype(acc));
-  auto r = GdnScanFunction::apply(q, k, v, g, beta, s0, scale, chunk, cu_seqlens.vec());
+  // The chunks' start states are kept for the backward only when a graph is recorded.
+  const bool keep_states = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
+                                                          g.requires_grad() || beta.requires_grad() || s0.requires_grad());
+  auto r = GdnScanFunction::apply(q, k, v, g, beta, s0, scale, chunk, cu_seqlens.vec(), keep_states);
   return {r[0], r[1]};
 }
 

@@ -210,6 +210,58 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
       const auto got = hh::kernels::chunk_output(q, k, g, S.to(f32), M.to(f32), grid, scale);
       EXPECT_EQ(got.scalar_type(), dt) << what;
       EXPECT_LT(rel_err(got, want), 1e-2) << what;  // the 16-bit output's rounding
+
+      // The output's factors (given q), and the forward scan writing the output from them, against the
+      // chunked rule in float64 from a random initial state: each sequence's per = 3 chunks in turn.
+      poison_allocator();
+      const auto fo = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
+      EXPECT_LT(rel_err(fo.W, W), 3e-3) << what;  // the factors are unchanged by q
+      EXPECT_LT(rel_err(fo.Qd, scale * G.exp().unsqueeze(-1) * Q), 1e-3) << what;
+      EXPECT_LT(rel_err(fo.Aq.to(torch::kDouble) * fo.aq_inv.to(torch::kDouble).unsqueeze(-1).unsqueeze(-1), scale * attn), 1e-3)
+          << what;
+      // Aq's scale: a power of two with each chunk's largest |entry| in [2^14, 2^15).
+      const auto inv = fo.aq_inv.cpu().to(torch::kDouble);
+      EXPECT_TRUE(torch::equal(torch::exp2(torch::round(torch::log2(inv))), inv)) << what;
+      const auto top = std::get<0>(fo.Aq.cpu().to(torch::kDouble).abs().flatten(2).max(-1));
+      EXPECT_GE(top.min().item<double>(), 16384.0) << what;
+      EXPECT_LT(top.max().item<double>(), 32768.0) << what;
+
+      const auto s0 = 0.5 * torch::randn({B, H, Dk, Dv}, kF64);
+      auto Sn = torch::empty({H, N, Dk, Dv}, kF64);
+      auto fin = torch::empty({B, H, Dk, Dv}, kF64);
+      for (int64_t b = 0; b < B; ++b) {
+        auto y = s0[b].clone();  // [H, Dk, Dv]
+        for (int64_t j = 0; j < per; ++j) {
+          const int64_t n = b * per + j;
+          Sn.select(1, n).copy_(y);
+          const auto Mn = U.select(1, n) - torch::matmul(W.select(1, n), y);
+          y = last.select(1, n).exp().view({H, 1, 1}) * y + torch::matmul(kdecay.select(1, n).transpose(-1, -2), Mn);
+        }
+        fin[b].copy_(y);
+      }
+      const auto Of = scale * (G.exp().unsqueeze(-1) * torch::matmul(Q, Sn) + torch::matmul(attn, U - torch::matmul(W, Sn)));
+      const auto want_f = Of.reshape({H, B, per * C, Dv}).narrow(2, 0, T).permute({1, 2, 0, 3});
+      for (bool states : {false, true}) {
+        poison_allocator();
+        hh::kernels::LowRankScanArgs a;
+        a.A = fo.kdecay;
+        a.B = fo.W;
+        a.decay = fo.decay;
+        a.U = fo.U;
+        a.y0 = s0.to(f32);
+        if (states) a.hist = torch::empty({H, N, Dk, Dv}, f32);
+        a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
+        a.Qd = fo.Qd;
+        a.Aq = fo.Aq;
+        a.aq_inv = fo.aq_inv;
+        a.out = torch::empty({B, T, H, Dv}, dev);
+        a.grid = grid;
+        const auto final_state = hh::kernels::low_rank_scan(a, {0, per, 2 * per});
+        const std::string how = what + (states ? " (with the state history)" : "");
+        EXPECT_LT(rel_err(a.out, want_f), 1e-2) << how;
+        EXPECT_LT(rel_err(final_state, fin), 3e-3) << how;
+        if (states) EXPECT_LT(rel_err(a.hist, Sn), 3e-3) << how;
+      }
     }
 }
 
