@@ -13,7 +13,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/chunk_rows.cuh"
 #include "kernels/device_ops.cuh"
 
 namespace hh::kernels {
@@ -285,28 +284,22 @@ __device__ __forceinline__ void mma_terms(float (&acc)[2][4], const Tf32Operand<
 // The prefetch ring of both low-rank scans, from `base`: kStages slots (three for float16 factors:
 // copies for the next two chunks in flight during a step; two for float32 ones, a third would not fit
 // at Dk = 128), slot b holding one chunk's A [C][LDA] and B [C][LDB] (F), its U [C][LDY] and Z [DK][LDY]
-// column slices and its decay (float32). With OUT (the forward writing its output) a slot has no Z but
-// the chunk's output factors: Qd [C][LDA] and Aq [C][LDQ] (float16), Aq's inverse scale after the decay.
-template <int DK, class F, bool OUT = false>
+// column slices and its decay (float32).
+template <int DK, class F>
 struct ScanRing {
-  static constexpr int C = kLowRankChunk, LDA = DK + 8, LDB = sizeof(F) == 2 ? DK + 8 : DK + 4, LDY = 24, LDQ = C + 8;
+  static constexpr int C = kLowRankChunk, LDA = DK + 8, LDB = sizeof(F) == 2 ? DK + 8 : DK + 4, LDY = 24;
   static constexpr int kStages = sizeof(F) == 2 ? 3 : 2;
-  static constexpr int kZRows = OUT ? 0 : DK;
-  static constexpr size_t kSlotBytes = (C * LDA + C * LDB) * sizeof(F) + (C * LDY + kZRows * LDY + 4) * sizeof(float) +
-                                       (OUT ? (C * LDA + C * LDQ) * sizeof(__half) : 0);
+  static constexpr size_t kSlotBytes = (C * LDA + C * LDB) * sizeof(F) + (C * LDY + DK * LDY + 4) * sizeof(float);
   static constexpr size_t kBytes = kStages * kSlotBytes;
   char* base;
   __device__ __forceinline__ F* A(int b) const { return reinterpret_cast<F*>(base + b * kSlotBytes); }
   __device__ __forceinline__ F* B(int b) const { return A(b) + C * LDA; }
   __device__ __forceinline__ float* U(int b) const { return reinterpret_cast<float*>(B(b) + C * LDB); }
   __device__ __forceinline__ float* Z(int b) const { return U(b) + C * LDY; }
-  __device__ __forceinline__ float* decay(int b) const { return Z(b) + kZRows * LDY; }  // [0] decay, [1] Aq's inverse scale
-  __device__ __forceinline__ __half* Q(int b) const { return reinterpret_cast<__half*>(decay(b) + 4); }
-  __device__ __forceinline__ __half* Aq(int b) const { return Q(b) + C * LDA; }
+  __device__ __forceinline__ float* decay(int b) const { return Z(b) + DK * LDY; }
 };
 static_assert(ScanRing<128, c10::Half>::kSlotBytes % 16 == 0 && ScanRing<128, float>::kSlotBytes % 16 == 0 &&
-                  ScanRing<32, c10::Half>::kSlotBytes % 16 == 0 && ScanRing<128, c10::Half, true>::kSlotBytes % 16 == 0 &&
-                  ScanRing<64, c10::Half, true>::kSlotBytes % 16 == 0 && ScanRing<32, c10::Half, true>::kSlotBytes % 16 == 0,
+                  ScanRing<32, c10::Half>::kSlotBytes % 16 == 0,
               "ring slots must keep 16-byte alignment for cp.async");
 // low_rank_scan_kernel's shared memory: Ys [DK][24] and Ms [C][24] (float32), then the ring.
 template <int DK, class F>
@@ -326,26 +319,11 @@ struct ScanSources {
   int64_t N, lda, ldb, ldu;
   int h, Dv, col0;
 };
-template <class T>
-struct OutType {  // a type as a value (the scan's output dtype, or void)
-  using type = T;
-};
-// Where the forward's output comes from and goes (LowRankScanArgs::out): the output factors [H, N, C,
-// Dk] and [H, N, C, C] (float16) with Aq's inverse scales [H, N], out [B, T, H, Dv] by the slot map.
-template <class O>
-struct ScanOutput {
-  const __half* Qd;
-  const __half* Aq;
-  const float* aq_inv;
-  O* out;
-  SlotRows rows;
-};
 // Chunk n into ring slot b by the block's NT threads: one cp.async group with the commit that follows
 // (a loop step with no chunk left to load commits an empty group).
-template <int DK, int NT, class F, bool OUT, class O = void>
-__device__ __forceinline__ void load_scan_chunk(const ScanRing<DK, F, OUT>& ring, const ScanSources<F>& src, int64_t n,
-                                                int b, const ScanOutput<O>* so = nullptr) {
-  constexpr int C = kLowRankChunk, BV = 16, V = 16 / sizeof(F), LDY = ScanRing<DK, F, OUT>::LDY;
+template <int DK, int NT, class F>
+__device__ __forceinline__ void load_scan_chunk(const ScanRing<DK, F>& ring, const ScanSources<F>& src, int64_t n, int b) {
+  constexpr int C = kLowRankChunk, BV = 16, V = 16 / sizeof(F), LDY = ScanRing<DK, F>::LDY;
   const int tid = threadIdx.x;
   const int64_t chunk = static_cast<int64_t>(src.h) * src.N + n;
   const F* a_src = src.A + chunk * C * src.lda;
@@ -354,27 +332,15 @@ __device__ __forceinline__ void load_scan_chunk(const ScanRing<DK, F, OUT>& ring
   F* const db = ring.B(b);
   for (int i = tid; i < C * DK / V; i += NT) {
     const int r = (V * i) / DK, c = (V * i) % DK;
-    cp_async16(da + r * ScanRing<DK, F, OUT>::LDA + c, a_src + r * src.lda + c);
-    cp_async16(db + r * ScanRing<DK, F, OUT>::LDB + c, b_src + r * src.ldb + c);
-  }
-  if constexpr (OUT) {
-    constexpr int LDA = ScanRing<DK, F, OUT>::LDA, LDQ = ScanRing<DK, F, OUT>::LDQ;
-    for (int i = tid; i < C * DK / 8; i += NT) {
-      const int r = (8 * i) / DK, c = (8 * i) % DK;
-      cp_async16(ring.Q(b) + r * LDA + c, so->Qd + (chunk * C + r) * DK + c);
-    }
-    for (int i = tid; i < C * C / 8; i += NT) {
-      const int r = (8 * i) / C, c = (8 * i) % C;
-      cp_async16(ring.Aq(b) + r * LDQ + c, so->Aq + (chunk * C + r) * C + c);
-    }
-    if (tid == 32) cp_async4(ring.decay(b) + 1, so->aq_inv + chunk);
+    cp_async16(da + r * ScanRing<DK, F>::LDA + c, a_src + r * src.lda + c);
+    cp_async16(db + r * ScanRing<DK, F>::LDB + c, b_src + r * src.ldb + c);
   }
   if (src.U != nullptr)
     for (int i = tid; i < C * BV / 4; i += NT) {
       const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
       cp_async16(ring.U(b) + r * LDY + c, src.U + (chunk * C + r) * src.ldu + src.col0 + c);
     }
-  if (!OUT && src.Z != nullptr)
+  if (src.Z != nullptr)
     for (int i = tid; i < DK * BV / 4; i += NT) {
       const int r = i / (BV / 4), c = (i % (BV / 4)) * 4;
       cp_async16(ring.Z(b) + r * LDY + c,
@@ -560,31 +526,37 @@ constexpr size_t f16_scan_head_bytes() {
   return ((DK * 24 + kLowRankChunk * 24) * 2 + (DK / 16 + 8) * 4 + 15) / 16 * 16;
 }
 
-// O: the output's dtype when the scan writes the rule's output (ScanOutput), void when not.
-template <int DK, class O>
+// The chunks' start states and new values as the scan's products use them (LowRankScanArgs::S16 and
+// M16): block float16 with the inverse scales, or null.
+struct F16History {
+  __half* S;
+  float* S_inv;
+  __half* M;
+  float* M_inv;
+};
+
+template <int DK>
 __global__ void __launch_bounds__(2 * DK)
     low_rank_scan_f16_kernel(const c10::Half* __restrict__ A, const c10::Half* __restrict__ Bm,
                              const float* __restrict__ decay, const float* __restrict__ U, const float* __restrict__ Z,
                              const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
                              float* __restrict__ fin, const int64_t* __restrict__ offsets, int H, int64_t N, int Dv,
-                             int64_t lda, int64_t ldb, int64_t ldu, bool reverse, ScanOutput<O> so) {
-  constexpr bool OUT = !std::is_void_v<O>;
-  using Ring = ScanRing<DK, c10::Half, OUT>;
+                             int64_t lda, int64_t ldb, int64_t ldu, bool reverse, F16History h16) {
   // Warp w owns state rows 16w..16w+15 (block w of Y) in step (2), and the (16-row, 8-column) tiles
   // w, w + NW, ... of M in step (1), as low_rank_scan_kernel.
   constexpr int C = kLowRankChunk, BV = 16, NW = DK / 16, NT = 32 * NW, T1 = (C / 16) * 2 / NW;
   // Rows of 16-bit elements padded for conflict-free ldmatrix: DK + 8 for the factors (272 bytes at
   // Dk 128) and 24 for Y and M (48 bytes), so that 8 consecutive rows cover all 32 banks once.
-  constexpr int LDA = Ring::LDA, LDQ = Ring::LDQ, LDH = 24, LDY = 24, STAGES = Ring::kStages;
+  constexpr int LDA = ScanRing<DK, c10::Half>::LDA, LDH = 24, LDY = 24, STAGES = ScanRing<DK, c10::Half>::kStages;
   static_assert(T1 >= 1 && (C / 16) * 2 % NW == 0, "step (1) tiles must divide among the warps");
   // Shared memory: Yh [DK][LDH] and Mh [C][LDH] (scaled float16), the inverse scales of Y's NW blocks
-  // and of M's (C / 16) x 2 tiles, then the ring (A, B, U, Z or the output factors, decay per slot).
+  // and of M's (C / 16) x 2 tiles, then the ring of low_rank_scan_kernel (A, B, U, Z, decay per slot).
   extern __shared__ float4 smem4[];
   __half* const Yh = reinterpret_cast<__half*>(smem4);
   __half* const Mh = Yh + DK * LDH;
   float* const y_inv = reinterpret_cast<float*>(Mh + C * LDH);
   float* const m_inv = y_inv + NW;
-  const Ring ring{reinterpret_cast<char*>(smem4) + f16_scan_head_bytes<DK>()};
+  const ScanRing<DK, c10::Half> ring{reinterpret_cast<char*>(smem4) + f16_scan_head_bytes<DK>()};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, s = blockIdx.z;
   const int64_t n0 = offsets[s], n1 = offsets[s + 1], count = n1 - n0;
@@ -595,23 +567,31 @@ __global__ void __launch_bounds__(2 * DK)
   const int m2 = warp * 16;
 
   float y[2][4];  // [nt][element]: this warp's rows of the state, float32
-  // Y's block of this warp into Yh, scaled, with its inverse scale.
-  auto publish_y = [&]() {
+  // Y's block of this warp into Yh, scaled, with its inverse scale; and into the float16 history as
+  // chunk n's start state (n >= 0).
+  auto publish_y = [&](int64_t n) {
     const float(&flat)[8] = reinterpret_cast<const float(&)[8]>(y);
     const Pow2Scale sc = pow2_scale(warp_max_abs(flat));
+    const bool keep = h16.S != nullptr && n >= 0;
+    const int64_t at = (static_cast<int64_t>(h) * N + n) * state + col0;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; e += 2)
-        *reinterpret_cast<unsigned*>(Yh + (m2 + row_in(e)) * LDH + col_of(nt, e)) =
-            pack_f16(y[nt][e] * sc.scale, y[nt][e + 1] * sc.scale);
-    if (lane == 0) y_inv[warp] = sc.inverse;
+      for (int e = 0; e < 4; e += 2) {
+        const unsigned v = pack_f16(y[nt][e] * sc.scale, y[nt][e + 1] * sc.scale);
+        *reinterpret_cast<unsigned*>(Yh + (m2 + row_in(e)) * LDH + col_of(nt, e)) = v;
+        if (keep) *reinterpret_cast<unsigned*>(h16.S + at + static_cast<int64_t>(m2 + row_in(e)) * Dv + col_of(nt, e)) = v;
+      }
+    if (lane == 0) {
+      y_inv[warp] = sc.inverse;
+      if (keep) h16.S_inv[((static_cast<int64_t>(h) * N + n) * NW + warp) * (Dv / BV) + blockIdx.x] = sc.inverse;
+    }
   };
-  load_state_rows(y, y0 + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
-  publish_y();
   auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
+  load_state_rows(y, y0 + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
+  publish_y(count > 0 ? chunk(0) : -1);
   const ScanSources<c10::Half> sources{A, Bm, U, Z, decay, N, lda, ldb, ldu, h, Dv, col0};
-  auto load_chunk = [&](int64_t n, int b) { load_scan_chunk<DK, NT>(ring, sources, n, b, &so); };
+  auto load_chunk = [&](int64_t n, int b) { load_scan_chunk<DK, NT>(ring, sources, n, b); };
   for (int b = 0; b < STAGES - 1; ++b) {
     if (b < count) load_chunk(chunk(b), b);
     cp_async_commit();
@@ -634,18 +614,7 @@ __global__ void __launch_bounds__(2 * DK)
     const int64_t chunk_rows = (static_cast<int64_t>(h) * N + n) * C * Dv + col0;
     const int64_t chunk_state = (static_cast<int64_t>(h) * N + n) * state + col0;
 
-    // With the output, the rows its tiles go to, looked up now so that a gathered row's load is in
-    // flight during the step.
-    int64_t out_row[T1][2];
-    if constexpr (OUT)
-#pragma unroll
-      for (int i1 = 0; i1 < T1; ++i1)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          out_row[i1][half] = so.rows(n, n0, s, ((warp + i1 * NW) / 2) * 16 + g + 8 * half);
-    // (1) M = U_n - B_n Y, tile by tile: one product per block of Y, unscaled into the float32 sum;
-    // with the output, the same tile of Qd_n Y beside it (B_n's fragment of Y serves both).
-    float qy[T1][4] = {};
+    // (1) M = U_n - B_n Y, tile by tile: one product per block of Y, unscaled into the float32 sum.
 #pragma unroll
     for (int i1 = 0; i1 < T1; ++i1) {
       const int tile = warp + i1 * NW, m = (tile / 2) * 16, nt = tile % 2;
@@ -660,14 +629,6 @@ __global__ void __launch_bounds__(2 * DK)
         const float inv = y_inv[j];
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[e] = fmaf(part[e], inv, acc[e]);
-        if constexpr (OUT) {
-          unsigned aq[4];
-          ldmatrix_x4(aq, ring.Q(buf) + (m + a_row) * LDA + 16 * j + a_col);
-          float pq[4] = {0.f, 0.f, 0.f, 0.f};
-          mma_f16(pq, aq, b);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) qy[i1][e] = fmaf(pq[e], inv, qy[i1][e]);
-        }
       }
       float mv[4];
 #pragma unroll
@@ -681,9 +642,17 @@ __global__ void __launch_bounds__(2 * DK)
       }
       const Pow2Scale sc = pow2_scale(warp_max_abs(mv));
 #pragma unroll
-      for (int e = 0; e < 4; e += 2)
-        *reinterpret_cast<unsigned*>(Mh + (m + row_in(e)) * LDH + col_of(nt, e)) = pack_f16(mv[e] * sc.scale, mv[e + 1] * sc.scale);
-      if (lane == 0) m_inv[tile] = sc.inverse;
+      for (int e = 0; e < 4; e += 2) {
+        const unsigned v = pack_f16(mv[e] * sc.scale, mv[e + 1] * sc.scale);
+        *reinterpret_cast<unsigned*>(Mh + (m + row_in(e)) * LDH + col_of(nt, e)) = v;
+        if (h16.M != nullptr)
+          *reinterpret_cast<unsigned*>(h16.M + chunk_rows + static_cast<int64_t>(m + row_in(e)) * Dv + col_of(nt, e)) = v;
+      }
+      if (lane == 0) {
+        m_inv[tile] = sc.inverse;
+        if (h16.M != nullptr)
+          h16.M_inv[((static_cast<int64_t>(h) * N + n) * (C / 16) + m / 16) * (Dv / 8) + col0 / 8 + nt] = sc.inverse;
+      }
     }
     __syncthreads();  // Mh is complete; every warp has read Yh
 
@@ -714,26 +683,6 @@ __global__ void __launch_bounds__(2 * DK)
         mma_f16(part[i2][nt], a, bn);
       }
     }
-    // With the output, the (causal) Aq_n M products of step (1)'s tiles, off the chain.
-    float am[T1][4] = {};
-    if constexpr (OUT) {
-#pragma unroll
-      for (int i1 = 0; i1 < T1; ++i1) {
-        const int tile = warp + i1 * NW, m = (tile / 2) * 16, nt = tile % 2;
-#pragma unroll
-        for (int i2 = 0; i2 < C / 16; ++i2) {
-          if (16 * i2 > m) break;  // Aq[r][i] = 0 for i > r
-          unsigned a[4], b[2];
-          ldmatrix_x4(a, ring.Aq(buf) + (m + a_row) * LDQ + 16 * i2 + a_col);
-          ldmatrix_x2_trans(b, Mh + (16 * i2 + lane % 16) * LDH + nt * 8);
-          float pa[4] = {0.f, 0.f, 0.f, 0.f};
-          mma_f16(pa, a, b);
-          const float inv = m_inv[2 * i2 + nt];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) am[i1][e] = fmaf(pa[e], inv, am[i1][e]);
-        }
-      }
-    }
     // The copy of chunk i + STAGES - 1 into the slot chunk i - 1 used (every warp is past it), issued
     // while the products are in flight rather than ahead of step (1), where it would delay the chain.
     if (i + STAGES - 1 < count) load_chunk(chunk(i + STAGES - 1), static_cast<int>((i + STAGES - 1) % STAGES));
@@ -750,23 +699,7 @@ __global__ void __launch_bounds__(2 * DK)
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) y[nt][e] = acc[nt][e];
-    publish_y();  // read by step (1) of the next chunk, after the barrier at the loop's top
-    if constexpr (OUT) {
-      // out = Qd_n Y + aq_inv Aq_n M for this warp's tiles, at the tokens' rows.
-      const float aq_inv = ring.decay(buf)[1];
-#pragma unroll
-      for (int i1 = 0; i1 < T1; ++i1) {
-        const int tile = warp + i1 * NW, m = (tile / 2) * 16, nt = tile % 2;
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int64_t row = out_row[i1][e / 2];
-          if (row < 0) continue;
-          const O pair[2] = {O(fmaf(aq_inv, am[i1][e], qy[i1][e])), O(fmaf(aq_inv, am[i1][e + 1], qy[i1][e + 1]))};
-          *reinterpret_cast<uint32_t*>(so.out + (row * H + h) * Dv + col0 + col_of(nt, e)) =
-              *reinterpret_cast<const uint32_t*>(pair);
-        }
-      }
-    }
+    publish_y(i + 1 < count ? chunk(i + 1) : -1);  // read by step (1) of the next chunk, after the barrier at the loop's top
   }
   cp_async_wait<0>();
   store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
@@ -780,25 +713,18 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, a
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   if constexpr (std::is_same_v<F, c10::Half>) {
     if (a.precision == ScanPrecision::kBlockFloat16) {
-      auto launch = [&](auto out_type) {
-        using O = typename decltype(out_type)::type;
-        constexpr size_t smem = f16_scan_head_bytes<DK>() + ScanRing<DK, F, !std::is_void_v<O>>::kBytes;
-        ScanOutput<O> so{};
-        if constexpr (!std::is_void_v<O>)
-          so = {reinterpret_cast<const __half*>(a.Qd.data_ptr<c10::Half>()),
-                reinterpret_cast<const __half*>(a.Aq.data_ptr<c10::Half>()), a.aq_inv.data_ptr<float>(),
-                a.out.data_ptr<O>(), slot_rows(a.grid, a.out.size(0), a.out.size(1))};
-        auto kernel = low_rank_scan_f16_kernel<DK, O>;
-        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        kernel<<<grid, 2 * DK, smem, at::cuda::getCurrentCUDAStream()>>>(
-            a.A.data_ptr<F>(), a.B.data_ptr<F>(), a.decay.data_ptr<float>(), ptr(a.U), ptr(a.Z), a.y0.data_ptr<float>(),
-            ptr(a.hist), ptr(a.M), fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv, a.A.stride(2),
-            a.B.stride(2), a.U.defined() ? a.U.stride(2) : Dv, a.reverse, so);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      constexpr size_t smem = f16_scan_head_bytes<DK>() + ScanRing<DK, F>::kBytes;
+      auto kernel = low_rank_scan_f16_kernel<DK>;
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      auto half = [](const at::Tensor& x) {
+        return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr;
       };
-      if (!a.out.defined()) launch(OutType<void>{});
-      else if (a.out.scalar_type() == at::kBFloat16) launch(OutType<c10::BFloat16>{});
-      else launch(OutType<c10::Half>{});
+      const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
+      kernel<<<grid, 2 * DK, smem, at::cuda::getCurrentCUDAStream()>>>(
+          a.A.data_ptr<F>(), a.B.data_ptr<F>(), a.decay.data_ptr<float>(), ptr(a.U), ptr(a.Z), a.y0.data_ptr<float>(),
+          ptr(a.hist), ptr(a.M), fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv,
+          a.A.stride(2), a.B.stride(2), a.U.defined() ? a.U.stride(2) : Dv, a.reverse, h16);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
   }
@@ -1178,33 +1104,22 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     throw std::invalid_argument("hh::kernels::low_rank_scan: offsets must hold S + 1 values from 0 to N");
   for (size_t i = 1; i < offsets.size(); ++i)
     if (offsets[i] < offsets[i - 1]) throw std::invalid_argument("hh::kernels::low_rank_scan: offsets must not decrease");
-  const bool out = a.out.defined();
-  if (out != a.Qd.defined() || out != a.Aq.defined() || out != a.aq_inv.defined())
-    throw std::invalid_argument("hh::kernels::low_rank_scan: give all of Qd, Aq, aq_inv and out, or none");
-  if (out) {
+  const bool h16 = a.S16.defined();
+  if (h16 != a.S_inv.defined() || h16 != a.M16.defined() || h16 != a.M_inv.defined())
+    throw std::invalid_argument("hh::kernels::low_rank_scan: give all of S16, S_inv, M16 and M_inv, or none");
+  if (h16) {
     if (a.precision != ScanPrecision::kBlockFloat16 || a.reverse)
-      throw std::invalid_argument("hh::kernels::low_rank_scan: the output is written by the block float16 forward scan only");
-    auto half = [&](const at::Tensor& x, const char* what, at::IntArrayRef sizes) {
+      throw std::invalid_argument("hh::kernels::low_rank_scan: the float16 history is written by the block float16 forward scan only");
+    auto want = [&](const at::Tensor& x, const char* what, at::ScalarType dt, at::IntArrayRef sizes) {
       check(x, what);
-      if (x.scalar_type() != at::kHalf || x.sizes() != sizes)
-        throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " must be float16 " +
-                                    c10::str(sizes));
+      if (x.scalar_type() != dt || x.sizes() != sizes)
+        throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " must be " +
+                                    c10::toString(dt) + " " + c10::str(sizes));
     };
-    half(a.Qd, "Qd", {H, N, C, Dk});
-    half(a.Aq, "Aq", {H, N, C, C});
-    check(a.aq_inv, "aq_inv");
-    check(a.out, "out");
-    if (a.aq_inv.scalar_type() != at::kFloat || a.aq_inv.sizes() != at::IntArrayRef({H, N}))
-      throw std::invalid_argument("hh::kernels::low_rank_scan: aq_inv must be float32 [H, N]");
-    if ((a.out.scalar_type() != at::kBFloat16 && a.out.scalar_type() != at::kHalf) || a.out.dim() != 4 ||
-        a.out.size(2) != H || a.out.size(3) != Dv || a.grid.N != N)
-      throw std::invalid_argument("hh::kernels::low_rank_scan: out must be bfloat16 or float16 [B, T, H, Dv] over a grid of N chunks");
-    (void)slot_rows(a.grid, a.out.size(0), a.out.size(1));  // checks the grid against out
-    if (!a.grid.gather.defined())
-      for (int64_t s = 0; s < S; ++s)
-        if (offsets[static_cast<size_t>(s)] != s * a.grid.per)
-          throw std::invalid_argument("hh::kernels::low_rank_scan: with the output on a regular grid, sequence s must be "
-                                      "chunks s * per ..");
+    want(a.S16, "S16", at::kHalf, {H, N, Dk, Dv});
+    want(a.S_inv, "S_inv", at::kFloat, {H, N, Dk / 16, Dv / 16});
+    want(a.M16, "M16", at::kHalf, {H, N, C, Dv});
+    want(a.M_inv, "M_inv", at::kFloat, {H, N, C / 16, Dv / 8});
   }
   const c10::cuda::CUDAGuard guard(a.A.device());
   at::Tensor fin = at::empty_like(a.y0);

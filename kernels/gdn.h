@@ -60,14 +60,12 @@ struct LowRankScanArgs {
   at::Tensor hist, M;  // outputs (optional: undefined, not written)
   bool reverse = false;
   ScanPrecision precision = ScanPrecision::kFloat32;
-  // The rule's output, written by the forward scan as it goes (kBlockFloat16 and in order only; all of
-  // Qd, Aq, aq_inv and out, or none): for slot r of chunk n, holding token row (b, t) of `grid`,
-  //   out[b, t, h] = Qd[h, n, r] Y + aq_inv[h, n] sum_i Aq[h, n, r, i] M[i]
-  // with Y the chunk's start state and M its new values, i.e. o_t = scale (e^{G_t} q_t S_n + sum_{i <= t}
-  // e^{G_t - G_i} (q_t.k_i) M_i) for chunk_factors' output factors (given q). out [B, T, H, Dv] bfloat16
-  // or float16 contiguous; padding slots write nothing. The state history and chunk_output are then not needed.
-  at::Tensor Qd, Aq, aq_inv, out;
-  ChunkGrid grid;
+  // The chunks' start states and new values as the block float16 products use them (kBlockFloat16 and
+  // in order only; all four or none), for chunk_output_f16: S16 [H, N, Dk, Dv] and M16 [H, N, C, Dv]
+  // float16, each 16 x 16 block of S16 and 16 x 8 tile of M16 scaled by a power of two whose inverse
+  // is in S_inv [H, N, Dk / 16, Dv / 16] and M_inv [H, N, C / 16, Dv / 8] (float32). Half the bytes of
+  // hist and M, and in the form the output's 16-bit products read.
+  at::Tensor S16, S_inv, M16, M_inv;
 };
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
@@ -103,6 +101,13 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
 at::Tensor chunk_output(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g, const at::Tensor& S,
                         const at::Tensor& M, const ChunkGrid& grid, double scale);
 
+// chunk_output from low_rank_scan's block float16 history (S16, S_inv, M16, M_inv) and chunk_factors'
+// output factors (f.Qd, f.Aq, f.aq_inv): o = Qd S + aq_inv Aq M, the same o as chunk_output's, as
+// [B, T, H, Dv] of `dtype` (bfloat16 or float16) over the grid's B sequences of T tokens; products on
+// the float16 values with each block's scale applied to its float32 partial sum.
+at::Tensor chunk_output_f16(const ChunkFactors& f, const at::Tensor& S16, const at::Tensor& S_inv, const at::Tensor& M16,
+                            const at::Tensor& M_inv, const ChunkGrid& grid, int64_t B, int64_t T, at::ScalarType dtype);
+
 // Whether the gated delta rule's forward uses chunk_factors / chunk_output where they apply
 // (process-wide, on by default; off for benchmarks of the LibTorch chunk-local path).
 void set_chunk_kernels(bool on);
@@ -112,11 +117,11 @@ bool chunk_kernels_enabled();
 // (process-wide, on by default; off for benchmarks).
 void set_block_f16_scan(bool on);
 bool block_f16_scan_enabled();
-// Whether the forward's block float16 scan writes the rule's output itself (LowRankScanArgs::out, with
-// chunk_factors' output factors), or leaves it to chunk_output from the state history (process-wide,
-// on by default; off for benchmarks).
-void set_scan_output(bool on);
-bool scan_output_enabled();
+// Whether the forward's block float16 scan hands the output its float16 history (chunk_output_f16, on
+// chunk_factors' output factors) or its float32 one (chunk_output) (process-wide, on by default; off
+// for benchmarks).
+void set_f16_history(bool on);
+bool f16_history_enabled();
 
 // T = (I + L)^{-1} for strictly lower triangular L [..., C, C] float32 contiguous, C <= 64, by forward
 // substitution (one block a matrix, one thread a column). Returns T, unit lower triangular.

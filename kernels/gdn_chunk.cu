@@ -20,7 +20,6 @@
 #include <string>
 #include <type_traits>
 
-#include "kernels/chunk_rows.cuh"
 #include "kernels/device_ops.cuh"
 #include "kernels/gdn.h"
 
@@ -29,7 +28,7 @@ namespace {
 
 using namespace device;  // the cp.async and mma.sync helpers
 
-constexpr int kC = kGridChunk;        // chunk length
+constexpr int kC = 64;                // chunk length
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kOutCols = 64;          // output columns a chunk_output block computes
@@ -43,6 +42,20 @@ template <int D>
 constexpr int ld16() {
   return D + 8;
 }
+
+// The input row of slot r of chunk n, or -1 for padding.
+struct SlotRows {
+  const int64_t* gather;  // [N * C] input row of each slot (rows = padding), or null for B regular sequences:
+  int64_t per, T, rows;   // per chunks of T tokens each; rows = B * T
+  __device__ __forceinline__ int64_t operator()(int64_t n, int r) const {
+    if (gather != nullptr) {
+      const int64_t x = gather[n * kC + r];
+      return x < rows ? x : -1;
+    }
+    const int64_t b = n / per, t = (n % per) * kC + r;
+    return t < T ? b * T + t : -1;
+  }
+};
 
 // Two consecutive outputs (8- or 4-byte aligned).
 __device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
@@ -396,6 +409,123 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// chunk_output on the block float16 history: one block per (chunk, head, 64 output columns); warp w
+// computes rows 16 (w % 4) .. + 15 and columns 32 (w / 4) .. + 31 of
+//   O = sum_j S_inv[j] (Qd[:, 16 j ..] S16[16 j .., :]) + aq_inv sum_{i <= t} M_inv[i] (Aq[:, 16 i ..] M16[16 i .., :])
+// with each 16-deep product's scale applied to its float32 partial sum (S16's per 16 x 16 block, M16's
+// per 16 x 8 tile, as the scan formed them).
+constexpr int kLdH = kOutCols + 8;  // float16 rows of 64 (Aq, S16 and M16 slices): conflict-free ldmatrix
+
+template <int DK>
+constexpr size_t output_f16_smem() {
+  return (kC * ld16<DK>() + kC * kLdH + DK * kLdH + kC * kLdH) * sizeof(__half) +
+         (DK / 16 * 4 + 4 * 8) * sizeof(float) + kC * sizeof(int64_t);
+}
+
+template <int DK, int DV, class O>
+__global__ void __launch_bounds__(kThreads)
+    chunk_output_f16_kernel(const __half* __restrict__ Qd, const __half* __restrict__ Aq, const float* __restrict__ aq_inv,
+                            const __half* __restrict__ S16, const float* __restrict__ S_inv, const __half* __restrict__ M16,
+                            const float* __restrict__ M_inv, SlotRows slots, int H, int64_t N, O* __restrict__ out) {
+  constexpr int LDQ = ld16<DK>();
+  extern __shared__ float4 smem4[];
+  __half* const Qs = reinterpret_cast<__half*>(smem4);
+  __half* const As = Qs + kC * LDQ;
+  __half* const Ss = As + kC * kLdH;
+  __half* const Ms = Ss + DK * kLdH;
+  float* const s_inv = reinterpret_cast<float*>(Ms + kC * kLdH);  // [DK / 16][4]: this block's 16-column blocks
+  float* const m_inv = s_inv + DK / 16 * 4;                       // [4][8]: this block's 8-column tiles
+  int64_t* const rows = reinterpret_cast<int64_t*>(m_inv + 4 * 8);
+  const int64_t n = blockIdx.x;
+  const int h = blockIdx.y, col0 = blockIdx.z * kOutCols, tid = threadIdx.x;
+  const int64_t chunk = static_cast<int64_t>(h) * N + n;
+  for (int i = tid; i < kC * DK / 8; i += kThreads) {
+    const int r = (8 * i) / DK, c = (8 * i) % DK;
+    cp_async16(Qs + r * LDQ + c, Qd + (chunk * kC + r) * DK + c);
+  }
+  for (int i = tid; i < kC * kC / 8; i += kThreads) {
+    const int r = (8 * i) / kC, c = (8 * i) % kC;
+    cp_async16(As + r * kLdH + c, Aq + (chunk * kC + r) * kC + c);
+  }
+  for (int i = tid; i < DK * kOutCols / 8; i += kThreads) {
+    const int r = (8 * i) / kOutCols, c = (8 * i) % kOutCols;
+    cp_async16(Ss + r * kLdH + c, S16 + (chunk * DK + r) * DV + col0 + c);
+  }
+  for (int i = tid; i < kC * kOutCols / 8; i += kThreads) {
+    const int r = (8 * i) / kOutCols, c = (8 * i) % kOutCols;
+    cp_async16(Ms + r * kLdH + c, M16 + (chunk * kC + r) * DV + col0 + c);
+  }
+  cp_async_commit();
+  if (tid < DK / 16 * 4) s_inv[tid] = S_inv[(chunk * (DK / 16) + tid / 4) * (DV / 16) + col0 / 16 + tid % 4];
+  else if (tid < DK / 16 * 4 + 32) {
+    const int i = tid - DK / 16 * 4;
+    m_inv[i] = M_inv[(chunk * (kC / 16) + i / 8) * (DV / 8) + col0 / 8 + i % 8];
+  }
+  if (tid >= kThreads - kC) rows[tid - (kThreads - kC)] = slots(n, tid - (kThreads - kC));
+  const float a_inv = aq_inv[chunk];
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int m = (warp % 4) * 16, n0 = (warp / 4) * 32;
+  // ldmatrix row addresses of this lane: A fragments of a row-major [r][k] block; B fragments (two
+  // 8-column tiles) of a row-major [k][n] block read transposed.
+  const int a_row = lane % 16, a_col = (lane / 16) * 8;
+  const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
+  float qs[4][4] = {}, am[4][4] = {};
+#pragma unroll
+  for (int j = 0; j < DK / 16; ++j) {
+    unsigned a[4];
+    ldmatrix_x4(a, Qs + (m + a_row) * LDQ + 16 * j + a_col);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      unsigned b[4];
+      ldmatrix_x4_trans(b, Ss + (16 * j + bt_k) * kLdH + n0 + 16 * p + bt_n);
+      const float inv = s_inv[j * 4 + (n0 + 16 * p) / 16];
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const unsigned bq[2] = {b[2 * q], b[2 * q + 1]};
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_f16(part, a, bq);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qs[2 * p + q][e] = fmaf(part[e], inv, qs[2 * p + q][e]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i2 = 0; i2 < kC / 16; ++i2) {
+    if (16 * i2 > m) break;  // Aq[r][i] = 0 for i > r
+    unsigned a[4];
+    ldmatrix_x4(a, As + (m + a_row) * kLdH + 16 * i2 + a_col);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      unsigned b[4];
+      ldmatrix_x4_trans(b, Ms + (16 * i2 + bt_k) * kLdH + n0 + 16 * p + bt_n);
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const unsigned bq[2] = {b[2 * q], b[2 * q + 1]};
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_f16(part, a, bq);
+        const float inv = m_inv[i2 * 8 + (n0 + 16 * p) / 8 + q];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) am[2 * p + q][e] = fmaf(part[e], inv, am[2 * p + q][e]);
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 4; e += 2) {
+    const int r = m + g + (e >= 2 ? 8 : 0);
+    const int64_t row = rows[r];
+    if (row < 0) continue;
+    O* dst = out + (row * H + h) * DV + col0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const O pair[2] = {O(fmaf(a_inv, am[j][e], qs[j][e])), O(fmaf(a_inv, am[j][e + 1], qs[j][e + 1]))};
+      *reinterpret_cast<uint32_t*>(dst + n0 + 8 * j + 2 * t) = *reinterpret_cast<const uint32_t*>(pair);
+    }
+  }
+}
+
 void need(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef sizes, bool sixteen_bit) {
   const std::string name = std::string("hh::kernels::") + fn + ": " + what;
   if (!x.defined() || !x.is_cuda() || !x.is_contiguous()) throw std::invalid_argument(name + " must be a contiguous CUDA tensor");
@@ -403,6 +533,18 @@ void need(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef
   if (sixteen_bit ? x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kHalf : x.scalar_type() != at::kFloat)
     throw std::invalid_argument(name + (sixteen_bit ? " must be bfloat16 or float16" : " must be float32"));
   if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) throw std::invalid_argument(name + " must be 16-byte aligned");
+}
+
+SlotRows slot_rows(const ChunkGrid& grid, int64_t B, int64_t T) {
+  if (grid.gather.defined()) {
+    if (!grid.gather.is_cuda() || grid.gather.scalar_type() != at::kLong || !grid.gather.is_contiguous() ||
+        grid.gather.numel() != grid.N * kC)
+      throw std::invalid_argument("hh::kernels: ChunkGrid::gather must be N * 64 int64 CUDA values");
+    return {grid.gather.data_ptr<int64_t>(), 0, T, B * T};
+  }
+  if (grid.N != B * grid.per || grid.per * kC < T || (grid.per > 0 && (grid.per - 1) * kC >= T))
+    throw std::invalid_argument("hh::kernels: ChunkGrid: N must be B * per with per = ceil(T / 64)");
+  return {nullptr, grid.per, T, B * T};
 }
 
 struct FactorsArgs {
@@ -456,6 +598,31 @@ struct LaunchOutput {
   }
 };
 
+struct OutputF16Args {
+  const __half *Qd, *Aq;
+  const float* aq_inv;
+  const __half* S16;
+  const float* S_inv;
+  const __half* M16;
+  const float* M_inv;
+  SlotRows slots;
+  int H;
+  int64_t N;
+  void* out;
+};
+template <int DK, int DV, class X>
+struct LaunchOutputF16 {
+  static void run(const OutputF16Args& p) {
+    constexpr size_t smem = output_f16_smem<DK>();
+    auto kernel = chunk_output_f16_kernel<DK, DV, X>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    const dim3 blocks(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H), static_cast<unsigned>(DV / kOutCols));
+    kernel<<<blocks, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(p.Qd, p.Aq, p.aq_inv, p.S16, p.S_inv, p.M16,
+                                                                        p.M_inv, p.slots, p.H, p.N, static_cast<X*>(p.out));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
+
 // Launch<DK, DV, X>::run(p) for the runtime shapes and dtype (chunk_forward_supported has checked them).
 template <template <int, int, class> class Launch, class X, class Args>
 void dispatch_dims(int64_t Dk, int64_t Dv, const Args& p) {
@@ -472,7 +639,7 @@ void dispatch(int64_t Dk, int64_t Dv, at::ScalarType dt, const Args& p) {
 
 bool g_chunk_kernels = true;
 bool g_block_f16_scan = true;
-bool g_scan_output = true;
+bool g_f16_history = true;
 
 }  // namespace
 
@@ -480,8 +647,8 @@ void set_chunk_kernels(bool on) { g_chunk_kernels = on; }
 bool chunk_kernels_enabled() { return g_chunk_kernels; }
 void set_block_f16_scan(bool on) { g_block_f16_scan = on; }
 bool block_f16_scan_enabled() { return g_block_f16_scan; }
-void set_scan_output(bool on) { g_scan_output = on; }
-bool scan_output_enabled() { return g_scan_output; }
+void set_f16_history(bool on) { g_f16_history = on; }
+bool f16_history_enabled() { return g_f16_history; }
 
 bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
   return (Dk == 64 || Dk == 128) && (Dv == 64 || Dv == 128) && (dtype == at::kBFloat16 || dtype == at::kHalf);
@@ -541,6 +708,35 @@ at::Tensor chunk_output(const at::Tensor& q, const at::Tensor& k, const at::Tens
   dispatch<LaunchOutput>(Dk, Dv, q.scalar_type(),
                          OutputArgs{q.data_ptr(), k.data_ptr(), g.data_ptr<float>(), slots, static_cast<int>(H), N,
                                     S.data_ptr<float>(), M.data_ptr<float>(), static_cast<float>(scale), out.data_ptr()});
+  return out;
+}
+
+at::Tensor chunk_output_f16(const ChunkFactors& f, const at::Tensor& S16, const at::Tensor& S_inv, const at::Tensor& M16,
+                            const at::Tensor& M_inv, const ChunkGrid& grid, int64_t B, int64_t T, at::ScalarType dtype) {
+  if (!f.Qd.defined() || f.Qd.dim() != 4 || S16.dim() != 4)
+    throw std::invalid_argument("hh::kernels::chunk_output_f16: needs chunk_factors' output factors (given q) and S16 [H, N, Dk, Dv]");
+  const int64_t H = f.Qd.size(0), N = f.Qd.size(1), Dk = f.Qd.size(3), Dv = S16.size(3);
+  need(f.Qd, "chunk_output_f16", "Qd", {H, N, kC, Dk}, true);
+  need(f.Aq, "chunk_output_f16", "Aq", {H, N, kC, kC}, true);
+  need(f.aq_inv, "chunk_output_f16", "aq_inv", {H, N}, false);
+  need(S16, "chunk_output_f16", "S16", {H, N, Dk, Dv}, true);
+  need(S_inv, "chunk_output_f16", "S_inv", {H, N, Dk / 16, Dv / 16}, false);
+  need(M16, "chunk_output_f16", "M16", {H, N, kC, Dv}, true);
+  need(M_inv, "chunk_output_f16", "M_inv", {H, N, kC / 16, Dv / 8}, false);
+  if (f.Qd.scalar_type() != at::kHalf || f.Aq.scalar_type() != at::kHalf || S16.scalar_type() != at::kHalf ||
+      M16.scalar_type() != at::kHalf)
+    throw std::invalid_argument("hh::kernels::chunk_output_f16: Qd, Aq, S16 and M16 must be float16");
+  if (!chunk_forward_supported(Dk, Dv, dtype) || N != grid.N)
+    throw std::invalid_argument("hh::kernels::chunk_output_f16: Dk and Dv in {64, 128}, a 16-bit dtype, and the grid's N chunks only");
+  const SlotRows slots = slot_rows(grid, B, T);
+  const c10::cuda::CUDAGuard guard(S16.device());
+  at::Tensor out = at::empty({B, T, H, Dv}, S16.options().dtype(dtype));
+  if (N == 0 || H == 0) return out;
+  auto half = [](const at::Tensor& x) { return reinterpret_cast<const __half*>(x.data_ptr<c10::Half>()); };
+  dispatch<LaunchOutputF16>(Dk, Dv, dtype,
+                            OutputF16Args{half(f.Qd), half(f.Aq), f.aq_inv.data_ptr<float>(), half(S16),
+                                          S_inv.data_ptr<float>(), half(M16), M_inv.data_ptr<float>(), slots,
+                                          static_cast<int>(H), N, out.data_ptr()});
   return out;
 }
 

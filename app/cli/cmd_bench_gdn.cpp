@@ -37,7 +37,7 @@ struct GdnBenchArgs {
   uint64_t seed = 0;
   std::string profile;  // Chrome trace of one forward and one forward + backward at the first shape
   std::string scan_kernel = "lowrank";
-  std::string scan_output = "on";
+  std::string history = "f16";
   std::string backward = "explicit";
 };
 
@@ -112,7 +112,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   kernels::set_state_scan_kernel(a.scan_kernel == "fma"      ? kernels::ScanKernel::kFma
                                  : a.scan_kernel == "tensor" ? kernels::ScanKernel::kTensorCores
                                                              : kernels::ScanKernel::kLowRank);
-  kernels::set_scan_output(a.scan_output == "on");
+  kernels::set_f16_history(a.history == "f16");
 #endif
   attention::set_gdn_backward(a.backward == "autograd" ? attention::GdnBackward::kAutograd
                                                        : attention::GdnBackward::kExplicit);
@@ -295,10 +295,10 @@ BenchSub add_bench_gdn(CLI::App& bench) {
                  "on the materialised transition")
       ->check(CLI::IsMember({"lowrank", "tensor", "fma"}))
       ->capture_default_str();
-  c->add_option("--scan-output", a->scan_output,
-                 "On CUDA with 16-bit inputs: on, the forward's scan writes the output as it goes; off, it writes the "
-                 "chunks' states and chunk_output reads them back")
-      ->check(CLI::IsMember({"on", "off"}))
+  c->add_option("--history", a->history,
+                 "On CUDA with 16-bit inputs, the chunks' states and new values the forward's scan hands its output "
+                 "kernel: f16 (block float16, as its products use them) or f32")
+      ->check(CLI::IsMember({"f16", "f32"}))
       ->capture_default_str();
   c->add_option("--backward", a->backward,
                  "How the backward differentiates the chunk-local function: explicit (its formulas written out) or "

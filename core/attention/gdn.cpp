@@ -601,26 +601,26 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       const kernels::ChunkGrid grid{L.N, L.regular ? L.N / std::max<int64_t>(B, 1) : 0, L.gather};
       const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
                        bf = aligned(beta.to(at::kFloat));
-      if (kernels::block_f16_scan_enabled() && kernels::scan_output_enabled()) {
-        // The scan writes the output as it goes (no chunk_output), and the state history only for
-        // the backward.
+      if (kernels::block_f16_scan_enabled() && kernels::f16_history_enabled()) {
+        // The scan hands the output kernel its block float16 history; the float32 one only for the backward.
         const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid, qc, scale);
+        const int64_t H = f.W.size(0), N = f.W.size(1), Dk = f.W.size(3), Dv = f.U.size(3);
+        const auto f16 = f.U.options().dtype(at::kHalf);
         kernels::LowRankScanArgs a;
         a.A = f.kdecay;
         a.B = f.W;
         a.decay = f.decay;
         a.U = f.U;
         a.y0 = s0.to(acc).contiguous();
-        if (keep_states) a.hist = at::empty({f.W.size(0), f.W.size(1), f.W.size(3), f.U.size(3)}, f.U.options());
+        if (keep_states) a.hist = at::empty({H, N, Dk, Dv}, f.U.options());
         a.precision = kernels::ScanPrecision::kBlockFloat16;
-        a.Qd = f.Qd;
-        a.Aq = f.Aq;
-        a.aq_inv = f.aq_inv;
-        a.out = at::empty({B, T, q.size(2), v.size(3)}, q.options());
-        a.grid = grid;
+        a.S16 = at::empty({H, N, Dk, Dv}, f16);
+        a.S_inv = at::empty({H, N, Dk / 16, Dv / 16}, f.U.options());
+        a.M16 = at::empty({H, N, chunk, Dv}, f16);
+        a.M_inv = at::empty({H, N, chunk / 16, Dv / 8}, f.U.options());
         final_state = kernels::low_rank_scan(a, L.offsets);
         S = a.hist;
-        o = a.out;
+        o = kernels::chunk_output_f16(f, a.S16, a.S_inv, a.M16, a.M_inv, grid, B, T, q.scalar_type());
       } else {
         const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid);
         const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets,

@@ -211,8 +211,9 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
       EXPECT_EQ(got.scalar_type(), dt) << what;
       EXPECT_LT(rel_err(got, want), 1e-2) << what;  // the 16-bit output's rounding
 
-      // The output's factors (given q), and the forward scan writing the output from them, against the
-      // chunked rule in float64 from a random initial state: each sequence's per = 3 chunks in turn.
+      // The output's factors (given q); the forward scan's block float16 history; chunk_output_f16 from
+      // both; all against the chunked rule in float64 from a random initial state (each sequence's
+      // per = 3 chunks in turn).
       poison_allocator();
       const auto fo = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
       EXPECT_LT(rel_err(fo.W, W), 3e-3) << what;  // the factors are unchanged by q
@@ -227,20 +228,24 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
       EXPECT_LT(top.max().item<double>(), 32768.0) << what;
 
       const auto s0 = 0.5 * torch::randn({B, H, Dk, Dv}, kF64);
-      auto Sn = torch::empty({H, N, Dk, Dv}, kF64);
+      auto Sn = torch::empty({H, N, Dk, Dv}, kF64), Mn = torch::empty({H, N, C, Dv}, kF64);
       auto fin = torch::empty({B, H, Dk, Dv}, kF64);
       for (int64_t b = 0; b < B; ++b) {
         auto y = s0[b].clone();  // [H, Dk, Dv]
         for (int64_t j = 0; j < per; ++j) {
           const int64_t n = b * per + j;
           Sn.select(1, n).copy_(y);
-          const auto Mn = U.select(1, n) - torch::matmul(W.select(1, n), y);
-          y = last.select(1, n).exp().view({H, 1, 1}) * y + torch::matmul(kdecay.select(1, n).transpose(-1, -2), Mn);
+          Mn.select(1, n).copy_(U.select(1, n) - torch::matmul(W.select(1, n), y));
+          y = last.select(1, n).exp().view({H, 1, 1}) * y + torch::matmul(kdecay.select(1, n).transpose(-1, -2), Mn.select(1, n));
         }
         fin[b].copy_(y);
       }
-      const auto Of = scale * (G.exp().unsqueeze(-1) * torch::matmul(Q, Sn) + torch::matmul(attn, U - torch::matmul(W, Sn)));
+      const auto Of = scale * (G.exp().unsqueeze(-1) * torch::matmul(Q, Sn) + torch::matmul(attn, Mn));
       const auto want_f = Of.reshape({H, B, per * C, Dv}).narrow(2, 0, T).permute({1, 2, 0, 3});
+      // Expands [.., R / r, D / c] block scales over r x c blocks.
+      auto blocks = [](const torch::Tensor& x, int64_t r, int64_t c) {
+        return x.to(torch::kCPU, torch::kDouble).repeat_interleave(r, -2).repeat_interleave(c, -1);
+      };
       for (bool states : {false, true}) {
         poison_allocator();
         hh::kernels::LowRankScanArgs a;
@@ -251,16 +256,21 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
         a.y0 = s0.to(f32);
         if (states) a.hist = torch::empty({H, N, Dk, Dv}, f32);
         a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
-        a.Qd = fo.Qd;
-        a.Aq = fo.Aq;
-        a.aq_inv = fo.aq_inv;
-        a.out = torch::empty({B, T, H, Dv}, dev);
-        a.grid = grid;
+        a.S16 = torch::empty({H, N, Dk, Dv}, kCuda.dtype(torch::kHalf));
+        a.S_inv = torch::empty({H, N, Dk / 16, Dv / 16}, f32);
+        a.M16 = torch::empty({H, N, C, Dv}, kCuda.dtype(torch::kHalf));
+        a.M_inv = torch::empty({H, N, C / 16, Dv / 8}, f32);
         const auto final_state = hh::kernels::low_rank_scan(a, {0, per, 2 * per});
-        const std::string how = what + (states ? " (with the state history)" : "");
-        EXPECT_LT(rel_err(a.out, want_f), 1e-2) << how;
+        const std::string how = what + (states ? " (with the float32 history)" : "");
         EXPECT_LT(rel_err(final_state, fin), 3e-3) << how;
         if (states) EXPECT_LT(rel_err(a.hist, Sn), 3e-3) << how;
+        // The float16 history: 11 significant bits an element on top of the scan's own error.
+        EXPECT_LT(rel_err(a.S16.to(torch::kCPU, torch::kDouble) * blocks(a.S_inv, 16, 16), Sn), 3e-3) << how;
+        EXPECT_LT(rel_err(a.M16.to(torch::kCPU, torch::kDouble) * blocks(a.M_inv, 16, 8), Mn), 3e-3) << how;
+        poison_allocator();
+        const auto o = hh::kernels::chunk_output_f16(fo, a.S16, a.S_inv, a.M16, a.M_inv, grid, B, T, dt);
+        EXPECT_EQ(o.scalar_type(), dt) << how;
+        EXPECT_LT(rel_err(o, want_f), 1e-2) << how;  // the 16-bit output's rounding
       }
     }
 }
