@@ -3,13 +3,16 @@
 // where they lie ([B, T, H, ...]), so nothing is copied onto the chunk grid first:
 //   chunk_factors: G = cumsum(g), L = strict_lower(beta_t e^{G_t - G_i} k_t.k_i), T = (I + L)^{-1},
 //                  W = T diag(beta e^G) K, U = T diag(beta) V, kdecay = e^{G_C - G} K, decay = e^{G_C}
-//                  (W and kdecay in float16, as the scan streams them)
+//                  (W and kdecay in float16, as the scan streams them); given q, also the output's
+//                  factors Qd = scale e^G Q and Aq = scale (Q K^T * e^{G_t - G_i}, i <= t) in block float16
 //   chunk_output:  O = scale (diag(e^G) Q S_n + (Q K^T * e^{G_t - G_i}, i <= t) M_n)
+//   chunk_output_f16: the same O = Qd S_n + Aq M_n from the scan's block float16 history
 // with S_n the chunk's start state and M_n = U - W S_n its new values (both from the scan). Products
 // run on the tensor cores with float32 accumulation: Q K^T and K K^T on the 16-bit inputs themselves
-// (m16n8k16, exact products), the rest with TF32 operands, the float32 intermediates (T, the scaled K
-// and V, S_n, M_n) rounded to TF32 as LibTorch's float32 GEMMs round them with TF32 allowed.
-// core/attention/gdn.cpp's LibTorch form is the reference.
+// (m16n8k16, exact products), chunk_output_f16's on float16 blocks with their power-of-two scales
+// (11 significant bits an element, as TF32), the rest with TF32 operands, the float32 intermediates
+// (T, the scaled K and V, S_n, M_n) rounded to TF32 as LibTorch's float32 GEMMs round them with TF32
+// allowed. core/attention/gdn.cpp's LibTorch form is the reference.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
