@@ -748,6 +748,31 @@ void launch_low_rank_scan(int64_t Dk, const LowRankScanArgs& a, const at::Tensor
   }
 }
 
+// ---- row dot products: one warp a row ----
+constexpr int kRowDotWarps = 8;
+
+__global__ void __launch_bounds__(kRowDotWarps * 32)
+    row_dot_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out, int64_t rows,
+                   int64_t D, bool vec) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowDotWarps + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const float* x = a + row * D;
+  const float* y = b + row * D;
+  float s = 0.f;
+  if (vec) {
+    for (int64_t i = 4 * lane; i < D; i += 128) {
+      const float4 u = *reinterpret_cast<const float4*>(x + i), v = *reinterpret_cast<const float4*>(y + i);
+      s = fmaf(u.x, v.x, fmaf(u.y, v.y, fmaf(u.z, v.z, fmaf(u.w, v.w, s))));
+    }
+  } else {
+    for (int64_t i = lane; i < D; i += 32) s = fmaf(x[i], y[i], s);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (lane == 0) out[row] = s;
+}
+
 // ---- unit lower triangular inverse: T = (I + L)^{-1}, column j of T by forward substitution ----
 constexpr int kMaxInverse = 64;
 
@@ -1130,6 +1155,25 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   if (a.A.scalar_type() == at::kHalf) launch_low_rank_scan<c10::Half>(Dk, a, off, fin);
   else launch_low_rank_scan<float>(Dk, a, off, fin);
   return fin;
+}
+
+at::Tensor row_dot(const at::Tensor& a, const at::Tensor& b) {
+  check(a, "a");
+  check(b, "b");
+  if (a.scalar_type() != at::kFloat || b.scalar_type() != at::kFloat || a.sizes() != b.sizes() || a.dim() < 1)
+    throw std::invalid_argument("hh::kernels::row_dot: a and b must be float32 tensors of one shape [..., D]");
+  const c10::cuda::CUDAGuard guard(a.device());
+  const int64_t D = a.size(-1), rows = D > 0 ? a.numel() / D : 0;
+  at::Tensor out = at::empty(a.sizes().slice(0, a.dim() - 1), a.options());
+  if (rows == 0) return out;
+  if (D == 0) return out.zero_();
+  const bool vec = D % 4 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(b.data_ptr()) % 16 == 0;
+  const auto blocks = static_cast<unsigned>((rows + kRowDotWarps - 1) / kRowDotWarps);
+  row_dot_kernel<<<blocks, kRowDotWarps * 32, 0, at::cuda::getCurrentCUDAStream()>>>(
+      a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), rows, D, vec);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
 }
 
 at::Tensor unit_lower_inverse(const at::Tensor& L) {

@@ -123,6 +123,12 @@ bool block_f16_scan_enabled();
 void set_f16_history(bool on);
 bool f16_history_enabled();
 
+// out[...] = sum_i a[..., i] b[..., i] for a and b of one shape (float32, contiguous, CUDA): the row dot
+// products of the rule's backward in one pass over both, instead of a product tensor and a reduction.
+// One warp a row (16-byte loads where the rows allow them), float32 sums in a different order than
+// LibTorch's. Returns a.sizes() without the last dimension.
+at::Tensor row_dot(const at::Tensor& a, const at::Tensor& b);
+
 // T = (I + L)^{-1} for strictly lower triangular L [..., C, C] float32 contiguous, C <= 64, by forward
 // substitution (one block a matrix, one thread a column). Returns T, unit lower triangular.
 at::Tensor unit_lower_inverse(const at::Tensor& L);

@@ -1,5 +1,6 @@
 #include "core/attention/gdn.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <limits>
@@ -19,6 +20,11 @@
 
 namespace hh::attention {
 namespace {
+
+// A named range in profiler traces (`bench gdn --profile`; scripts/gpu/trace_summary.py --by-scope hh::)
+// around each stage of the rule, so that kernel time can be charged to the stage that launched it.
+#define HH_GDN_SCOPE(name) RECORD_FUNCTION("hh::gdn::" name, std::vector<c10::IValue>())
+
 
 std::string shape_str(at::IntArrayRef s) { return model::format_shape(s.vec()); }
 
@@ -269,6 +275,7 @@ at::Tensor dense_copy(const at::Tensor& x, at::ScalarType dtype, double scale = 
 // [B, T, H, ...] -> [H, N, C, ...] in dtype acc, padding slots zero, times `scale` (in the same pass
 // for regular batches).
 at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType acc, double scale = 1.0) {
+  HH_GDN_SCOPE("to_chunks");
   if (L.regular) {  // pad T to whole chunks, then one permuting copy (with the dtype change)
     const int64_t B = x.size(0), T = x.size(1), per = L.N / std::max<int64_t>(B, 1), pad = per * L.C - T;
     at::Tensor f = x;
@@ -304,6 +311,7 @@ at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType a
 // [H, N, C, D] -> [B, T, H, D] in dtype `dtype`, times `scale` (in the same pass for regular batches)
 at::Tensor from_chunks(const at::Tensor& x, const ChunkLayout& L, int64_t B, int64_t T, at::ScalarType dtype,
                        double scale = 1.0) {
+  HH_GDN_SCOPE("from_chunks");
   const int64_t H = x.size(0), D = x.size(3);
   if (L.regular)
     return dense_copy(x.reshape({H, B, -1, D}).narrow(2, 0, T).permute({1, 2, 0, 3}), dtype, scale);
@@ -382,6 +390,7 @@ struct ChunkLocal {
 
 ChunkLocal chunk_local(const at::Tensor& Q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& g,
                        const at::Tensor& beta) {
+  HH_GDN_SCOPE("chunk_local");
   const int64_t C = Q.size(2);
   const auto opts = Q.options();
   ChunkLocal r;
@@ -488,10 +497,12 @@ struct StateGrads {
 // X_n = (qdecay - attn W)^T dO_n (dO scaled): on the transition's factors where the kernel applies.
 StateGrads state_gradients(const ChunkLocal& c, const at::Tensor& dOs, const at::Tensor& dfin,
                            const std::vector<int64_t>& offsets, bool precise) {
+  HH_GDN_SCOPE("state_gradients");
   const at::Tensor X = at::matmul((c.qdecay - at::matmul(c.attn, c.W)).transpose(-1, -2), dOs);
   StateGrads r;
   if (low_rank_scan_ok(c)) {
 #ifdef HH_HAVE_KERNELS
+    HH_GDN_SCOPE("reverse_scan");
     // dS_n = e^{G_C} dS_{n+1} - W^T (kdecay dS_{n+1}) + X_n: P_n applied through its factors.
     kernels::LowRankScanArgs a;
     a.A = c.W;
@@ -525,6 +536,10 @@ StateGrads state_gradients(const ChunkLocal& c, const at::Tensor& dOs, const at:
 // state-sized temporary): [H, N].
 at::Tensor chunk_dot(const at::Tensor& a, const at::Tensor& b) {
   const int64_t chunks = a.size(0) * a.size(1), state = a.size(2) * a.size(3);
+#ifdef HH_HAVE_KERNELS
+  if (a.is_cuda() && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat)
+    return kernels::row_dot(a.reshape({chunks, state}), b.reshape({chunks, state})).view({a.size(0), a.size(1)});
+#endif
   return at::bmm(a.reshape({chunks, 1, state}), b.reshape({chunks, state, 1})).view({a.size(0), a.size(1)});
 }
 
@@ -540,8 +555,15 @@ struct ChunkGrads {
 // sum of dG.
 ChunkGrads chunk_local_backward(const ChunkLocal& c, const ChunkedInputs& in, const at::Tensor& S,
                                 const at::Tensor& dS_end, const at::Tensor& dO) {
+  HH_GDN_SCOPE("chunk_local_backward");
   auto t = [](const at::Tensor& x) { return x.transpose(-1, -2); };
-  auto rowsum = [](const at::Tensor& a, const at::Tensor& b) { return (a * b).sum(-1); };
+  auto rowsum = [](const at::Tensor& a, const at::Tensor& b) {
+#ifdef HH_HAVE_KERNELS
+    if (a.is_cuda() && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.sizes() == b.sizes())
+      return kernels::row_dot(a.contiguous(), b.contiguous());  // one pass, no product tensor
+#endif
+    return (a * b).sum(-1);
+  };
   // acc += alpha a b in the product's epilogue (acc a fresh [..., m, n] tensor of ours): no pass of
   // its own for the sum.
   auto mm_acc = [](at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, double alpha) {

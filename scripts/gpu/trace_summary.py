@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Sums GPU kernel time by kernel name in a Chrome trace (e.g. `hydrahead bench analyze --profile`).
 
-    python3 scripts/gpu/trace_summary.py trace.json [--top 25]
+    python3 scripts/gpu/trace_summary.py trace.json [--top 25] [--by-scope hh::]
+
+With --by-scope PREFIX, each kernel's time is charged to the innermost profiler range named PREFIX...
+that was open on the launching thread when it was launched (core/attention/gdn.cpp names the stages
+of the gated delta rule hh::gdn::...), and each range's kernels are listed by name under it.
 """
 import argparse
 import collections
@@ -12,9 +16,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--by-scope", metavar="PREFIX", help="charge kernels to the innermost range named PREFIX...")
     args = ap.parse_args()
     with open(args.trace) as f:
         events = json.load(f)["traceEvents"]
+    if args.by_scope:
+        return by_scope(events, args.by_scope, args.top)
     total = collections.Counter()
     count = collections.Counter()
     first, last = None, None
@@ -31,6 +38,38 @@ def main():
     print(f"kernels: {sum(count.values())}, busy {busy / 1e3:.1f} ms over a span of {span / 1e3:.1f} ms")
     for name, us in total.most_common(args.top):
         print(f"{us / 1e3:9.2f} ms {100 * us / max(busy, 1):5.1f}% {count[name]:7d}x  {name[:110]}")
+
+
+def by_scope(events, prefix, top):
+    # Ranges by thread, the launches by correlation id, then each kernel's innermost enclosing range.
+    ranges = collections.defaultdict(list)
+    launches = {}
+    for e in events:
+        cat = e.get("cat", "")
+        if cat in ("cpu_op", "user_annotation") and e.get("name", "").startswith(prefix) and "dur" in e:
+            ranges[e["tid"]].append((e["ts"], e["ts"] + e["dur"], e["name"]))
+        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
+            launches[e["args"]["correlation"]] = (e["tid"], e["ts"])
+    scope_total = collections.Counter()
+    per_scope = collections.defaultdict(collections.Counter)
+    for e in events:
+        if e.get("cat") != "kernel" or "dur" not in e:
+            continue
+        where = "(outside " + prefix + "*)"
+        launch = launches.get(e.get("args", {}).get("correlation"))
+        if launch is not None:
+            tid, ts = launch
+            inside = [r for r in ranges.get(tid, ()) if r[0] <= ts <= r[1]]
+            if inside:
+                where = min(inside, key=lambda r: r[1] - r[0])[2]
+        scope_total[where] += e["dur"]
+        per_scope[where][e["name"]] += e["dur"]
+    busy = sum(scope_total.values())
+    print(f"kernel time {busy / 1e3:.1f} ms by innermost {prefix}* range")
+    for where, us in scope_total.most_common():
+        print(f"{us / 1e3:9.2f} ms {100 * us / max(busy, 1):5.1f}%  {where}")
+        for name, k in per_scope[where].most_common(min(top, 6)):
+            print(f"    {k / 1e3:9.2f} ms  {name[:100]}")
 
 
 if __name__ == "__main__":

@@ -329,6 +329,27 @@ TEST(CudaGdn, ShortConvKernelEqualsConv1dThenSilu) {
       }
 }
 
+TEST(CudaGdn, RowDotEqualsTheSumOfProductsInFloat64) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto f32 = kCuda.dtype(torch::kFloat);
+  auto check = [&](const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
+    const auto want = (a.to(torch::kCPU, torch::kDouble) * b.to(torch::kCPU, torch::kDouble)).sum(-1);
+    poison_allocator();
+    const auto got = hh::kernels::row_dot(a, b);
+    EXPECT_EQ(got.sizes(), want.sizes()) << what;
+    EXPECT_LT(rel_err(got, want), 1e-6) << what;
+  };
+  // 16-byte loads (D = 128, the rule's rows; D = 16384, a whole state per row), the scalar path
+  // (D = 17; a row start off 16-byte alignment), and D = 1.
+  for (const auto& shape : {std::vector<int64_t>{3, 5, 64, 128}, {7, 16384}, {4, 9, 17}, {33, 1}})
+    check(torch::randn(shape, f32), torch::randn(shape, f32), "shape " + c10::str(at::IntArrayRef(shape)));
+  const auto flat = torch::randn({1 + 6 * 128}, f32);
+  const auto shifted = flat.narrow(0, 1, 6 * 128).view({6, 128});
+  check(shifted, torch::randn({6, 128}, f32), "rows off 16-byte alignment");
+  EXPECT_THROW(hh::kernels::row_dot(torch::randn({4, 8}, f32), torch::randn({4, 9}, f32)), std::invalid_argument);
+  EXPECT_THROW(hh::kernels::row_dot(torch::randn({4, 8}, f32).t(), torch::randn({8, 4}, f32)), std::invalid_argument);
+}
+
 TEST(CudaGdn, UnitLowerInverseKernelInverts) {
   ASSERT_TRUE(torch::cuda::is_available());
   for (int64_t C : {1, 17, 64}) {
