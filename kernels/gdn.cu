@@ -748,6 +748,49 @@ void launch_low_rank_scan(int64_t Dk, const LowRankScanArgs& a, const at::Tensor
   }
 }
 
+// ---- copies between [B, T, H, D] and the chunk grid [H, B * per, C, D]: one thread an 8-element pack ----
+template <class T>
+__global__ void to_grid_kernel(const T* __restrict__ x, float* __restrict__ y, int64_t packs, int64_t Tn, int64_t H,
+                               int64_t D8, int64_t C, int64_t per, int64_t B, float scale) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < packs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t p = i % D8, R = i / D8;  // R = (h * B * per + n) * C + c
+    const int64_t c = R % C, rest = R / C, n = rest % (B * per), h = rest / (B * per);
+    const int64_t b = n / per, t = (n % per) * C + c;
+    float4* dst = reinterpret_cast<float4*>(y + i * 8);
+    if (t >= Tn) {
+      dst[0] = dst[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      continue;
+    }
+    const uint4 raw = *reinterpret_cast<const uint4*>(x + ((b * Tn + t) * H + h) * D8 * 8 + p * 8);
+    const T* v = reinterpret_cast<const T*>(&raw);
+    dst[0] = make_float4(scale * static_cast<float>(v[0]), scale * static_cast<float>(v[1]),
+                         scale * static_cast<float>(v[2]), scale * static_cast<float>(v[3]));
+    dst[1] = make_float4(scale * static_cast<float>(v[4]), scale * static_cast<float>(v[5]),
+                         scale * static_cast<float>(v[6]), scale * static_cast<float>(v[7]));
+  }
+}
+
+template <class T>
+__global__ void from_grid_kernel(const float* __restrict__ y, T* __restrict__ x, int64_t packs, int64_t Tn, int64_t H,
+                                 int64_t D8, int64_t C, int64_t per, int64_t N, float scale) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < packs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t p = i % D8, r = i / D8;  // r = (b * Tn + t) * H + h
+    const int64_t h = r % H, bt = r / H, t = bt % Tn, b = bt / Tn;
+    const int64_t n = b * per + t / C, c = t % C;
+    const float4* src = reinterpret_cast<const float4*>(y + ((h * N + n) * C + c) * D8 * 8 + p * 8);
+    const float4 u = src[0], w = src[1];
+    T v[8] = {T(scale * u.x), T(scale * u.y), T(scale * u.z), T(scale * u.w),
+              T(scale * w.x), T(scale * w.y), T(scale * w.z), T(scale * w.w)};
+    *reinterpret_cast<uint4*>(x + i * 8) = *reinterpret_cast<const uint4*>(v);
+  }
+}
+
+unsigned copy_blocks(int64_t packs) {
+  return static_cast<unsigned>(std::min<int64_t>((packs + 255) / 256, int64_t{1} << 20));
+}
+
 // ---- row dot products: one warp a row ----
 constexpr int kRowDotWarps = 8;
 
@@ -1155,6 +1198,53 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   if (a.A.scalar_type() == at::kHalf) launch_low_rank_scan<c10::Half>(Dk, a, off, fin);
   else launch_low_rank_scan<float>(Dk, a, off, fin);
   return fin;
+}
+
+bool chunk_grid_copy_supported(int64_t D, at::ScalarType sixteen_bit) {
+  return D > 0 && D % 8 == 0 && (sixteen_bit == at::kBFloat16 || sixteen_bit == at::kHalf);
+}
+
+at::Tensor to_chunk_grid(const at::Tensor& x, int64_t C, double scale) {
+  check(x, "x");
+  if (x.dim() != 4 || C < 1 || !chunk_grid_copy_supported(x.size(3), x.scalar_type()) ||
+      reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0)
+    throw std::invalid_argument("hh::kernels::to_chunk_grid: x must be 16-byte aligned bfloat16 or float16 [B, T, H, D], D a multiple of 8");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3), per = (T + C - 1) / C;
+  at::Tensor y = at::empty({H, B * per, C, D}, x.options().dtype(at::kFloat));
+  const int64_t packs = y.numel() / 8;
+  if (packs == 0) return y;
+  AT_DISPATCH_SWITCH(x.scalar_type(), "to_chunk_grid", AT_DISPATCH_CASE(at::kBFloat16, [&] {
+                       to_grid_kernel<scalar_t><<<copy_blocks(packs), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+                           x.data_ptr<scalar_t>(), y.data_ptr<float>(), packs, T, H, D / 8, C, per, B, static_cast<float>(scale));
+                     }) AT_DISPATCH_CASE(at::kHalf, [&] {
+                       to_grid_kernel<scalar_t><<<copy_blocks(packs), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+                           x.data_ptr<scalar_t>(), y.data_ptr<float>(), packs, T, H, D / 8, C, per, B, static_cast<float>(scale));
+                     }));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return y;
+}
+
+at::Tensor from_chunk_grid(const at::Tensor& y, int64_t B, int64_t T, at::ScalarType dtype, double scale) {
+  check(y, "y");
+  if (y.dim() != 4 || y.scalar_type() != at::kFloat || !chunk_grid_copy_supported(y.size(3), dtype) || B < 1 ||
+      y.size(1) % B != 0 || y.size(1) / B * y.size(2) < T)
+    throw std::invalid_argument("hh::kernels::from_chunk_grid: y must be float32 [H, B * per, C, D] with per * C >= T, D a "
+                                "multiple of 8, and dtype bfloat16 or float16");
+  const c10::cuda::CUDAGuard guard(y.device());
+  const int64_t H = y.size(0), N = y.size(1), C = y.size(2), D = y.size(3);
+  at::Tensor x = at::empty({B, T, H, D}, y.options().dtype(dtype));
+  const int64_t packs = x.numel() / 8;
+  if (packs == 0) return x;
+  AT_DISPATCH_SWITCH(dtype, "from_chunk_grid", AT_DISPATCH_CASE(at::kBFloat16, [&] {
+                       from_grid_kernel<scalar_t><<<copy_blocks(packs), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+                           y.data_ptr<float>(), x.data_ptr<scalar_t>(), packs, T, H, D / 8, C, N / B, N, static_cast<float>(scale));
+                     }) AT_DISPATCH_CASE(at::kHalf, [&] {
+                       from_grid_kernel<scalar_t><<<copy_blocks(packs), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+                           y.data_ptr<float>(), x.data_ptr<scalar_t>(), packs, T, H, D / 8, C, N / B, N, static_cast<float>(scale));
+                     }));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return x;
 }
 
 at::Tensor row_dot(const at::Tensor& a, const at::Tensor& b) {

@@ -123,6 +123,17 @@ bool block_f16_scan_enabled();
 void set_f16_history(bool on);
 bool f16_history_enabled();
 
+// The copies between B regular sequences and the chunk grid of the rule's LibTorch backward, as one
+// pass each with 16-byte accesses (core/attention/gdn.cpp's to_chunks / from_chunks, whose permuting
+// copies with a dtype change are the reference):
+//   to_chunk_grid:   x [B, T, H, D] bfloat16 / float16 -> [H, B * per, C, D] float32 times scale,
+//                    per = ceil(T / C), padding slots zero;
+//   from_chunk_grid: y [H, B * per, C, D] float32 -> [B, T, H, D] of dtype (bfloat16 / float16) times scale.
+// Contiguous CUDA tensors with D a multiple of 8 (chunk_grid_copy_supported).
+bool chunk_grid_copy_supported(int64_t D, at::ScalarType sixteen_bit);
+at::Tensor to_chunk_grid(const at::Tensor& x, int64_t C, double scale);
+at::Tensor from_chunk_grid(const at::Tensor& y, int64_t B, int64_t T, at::ScalarType dtype, double scale);
+
 // out[...] = sum_i a[..., i] b[..., i] for a and b of one shape (float32, contiguous, CUDA): the row dot
 // products of the rule's backward in one pass over both, instead of a product tensor and a reduction.
 // One warp a row (16-byte loads where the rows allow them), float32 sums in a different order than

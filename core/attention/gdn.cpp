@@ -276,6 +276,13 @@ at::Tensor dense_copy(const at::Tensor& x, at::ScalarType dtype, double scale = 
 // for regular batches).
 at::Tensor to_chunks(const at::Tensor& x, const ChunkLayout& L, at::ScalarType acc, double scale = 1.0) {
   HH_GDN_SCOPE("to_chunks");
+#ifdef HH_HAVE_KERNELS
+  // (Not where a graph is recorded through the copy: the kernel has no backward.)
+  if (L.regular && x.is_cuda() && x.dim() == 4 && acc == at::kFloat && x.is_contiguous() &&
+      !(at::GradMode::is_enabled() && x.requires_grad()) &&
+      kernels::chunk_grid_copy_supported(x.size(3), x.scalar_type()) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0)
+    return kernels::to_chunk_grid(x, L.C, scale);  // one pass with 16-byte accesses
+#endif
   if (L.regular) {  // pad T to whole chunks, then one permuting copy (with the dtype change)
     const int64_t B = x.size(0), T = x.size(1), per = L.N / std::max<int64_t>(B, 1), pad = per * L.C - T;
     at::Tensor f = x;
@@ -313,6 +320,11 @@ at::Tensor from_chunks(const at::Tensor& x, const ChunkLayout& L, int64_t B, int
                        double scale = 1.0) {
   HH_GDN_SCOPE("from_chunks");
   const int64_t H = x.size(0), D = x.size(3);
+#ifdef HH_HAVE_KERNELS
+  if (L.regular && x.is_cuda() && x.scalar_type() == at::kFloat && kernels::chunk_grid_copy_supported(D, dtype) &&
+      !(at::GradMode::is_enabled() && x.requires_grad()))
+    return kernels::from_chunk_grid(x.contiguous(), B, T, dtype, scale);  // one pass with 16-byte accesses
+#endif
   if (L.regular)
     return dense_copy(x.reshape({H, B, -1, D}).narrow(2, 0, T).permute({1, 2, 0, 3}), dtype, scale);
   const at::Tensor y = scale == 1.0 ? x : x * scale;

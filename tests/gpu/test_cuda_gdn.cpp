@@ -329,6 +329,30 @@ TEST(CudaGdn, ShortConvKernelEqualsConv1dThenSilu) {
       }
 }
 
+TEST(CudaGdn, ChunkGridCopiesEqualThePermutingCopies) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t B = 2, T = 150, H = 3, D = 64, C = 64, per = 3;  // T not a whole number of chunks
+  const double scale = 0.37;
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf}) {
+    const std::string what = c10::toString(dt);
+    const auto x = torch::randn({B, T, H, D}, kCuda.dtype(dt));
+    // [B, T, H, D] -> pad T -> [B, per, C, H, D] -> [H, B, per, C, D] in float32, times scale.
+    const auto padded = torch::cat({x, torch::zeros({B, per * C - T, H, D}, x.options())}, 1);
+    const auto want = padded.reshape({B, per, C, H, D}).permute({3, 0, 1, 2, 4}).to(torch::kFloat).mul(scale).reshape({H, B * per, C, D});
+    poison_allocator();
+    const auto grid = hh::kernels::to_chunk_grid(x, C, scale);
+    EXPECT_TRUE(torch::equal(grid, want)) << what;  // the same float32 products, padding zero
+
+    const auto y = torch::randn({H, B * per, C, D}, kCuda.dtype(torch::kFloat));
+    const auto back_want = y.reshape({H, B, per * C, D}).narrow(2, 0, T).permute({1, 2, 0, 3}).mul(scale).to(dt);
+    poison_allocator();
+    const auto back = hh::kernels::from_chunk_grid(y, B, T, dt, scale);
+    EXPECT_TRUE(torch::equal(back, back_want)) << what;
+  }
+  EXPECT_THROW(hh::kernels::to_chunk_grid(torch::randn({1, 4, 2, 12}, kCuda.dtype(torch::kBFloat16)), 64, 1.0),
+               std::invalid_argument);  // D not a multiple of 8
+}
+
 TEST(CudaGdn, RowDotEqualsTheSumOfProductsInFloat64) {
   ASSERT_TRUE(torch::cuda::is_available());
   const auto f32 = kCuda.dtype(torch::kFloat);
