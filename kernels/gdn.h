@@ -43,9 +43,9 @@ struct ChunkGrid {
 //   final[s, h] = Y
 // i.e. P^T = decay I - A^T B. A, B [H, N, C, Dk]; decay [H, N]; U and M_out [H, N, C, Dv] and Z
 // [H, N, Dk, Dv] optional (undefined: zero / not written); y0 [S, H, Dk, Dv]; hist [H, N, Dk, Dv]
-// preallocated (or undefined: not written). All float32 CUDA contiguous, except that A and B may both be float16 (values exact in
-// TF32, half the bytes streamed per chunk), and A, B and U may be column slices of wider packed rows;
-// chunk C = 64, Dk in {32, 64, 128}, Dv a multiple of 16.
+// preallocated, or undefined (not written). All float32 CUDA contiguous, except that A and B may both
+// be float16 (values exact in TF32, half the bytes streamed per chunk), and A, B and U may be column
+// slices of wider packed rows; chunk C = 64, Dk in {32, 64, 128}, Dv a multiple of 16.
 // The gated delta rule's forward is A = e^{G_C - G} K, B = W, U = U (M = the chunk's new values
 // U - W S); its backward runs the reverse scan with A = W, B = e^{G_C - G} K, Z = the direct terms.
 // Products on the tensor cores, by precision:
@@ -83,7 +83,7 @@ bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 // TF32's 10 mantissa bits and is what the block float16 scan multiplies, at half the bytes (their
 // entries are bounded by |k| times T's, far inside float16's range for the L2-normalised keys of the
 // LA heads); U and decay are float32.
-// Given q (of k's shape and dtype), also the output's factors for low_rank_scan's output:
+// Given q (of k's shape and dtype), also the output's factors that chunk_output_f16 reads:
 //   Qd = scale e^G Q  [H, N, 64, Dk] float16;
 //   Aq = s (scale Q K^T * e^{G_t - G_i}, i <= t, else 0)  [H, N, 64, 64] float16, aq_inv = 1 / s [H, N]
 // with s the power of two that puts the chunk's largest |entry| in [2^14, 2^15) (float16's 11

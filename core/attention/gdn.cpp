@@ -25,7 +25,6 @@ namespace {
 // around each stage of the rule, so that kernel time can be charged to the stage that launched it.
 #define HH_GDN_SCOPE(name) RECORD_FUNCTION("hh::gdn::" name, std::vector<c10::IValue>())
 
-
 std::string shape_str(at::IntArrayRef s) { return model::format_shape(s.vec()); }
 
 // Checks shapes; returns the accumulation dtype (float64 for float64 inputs, else float32).
