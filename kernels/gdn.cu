@@ -1172,6 +1172,8 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     throw std::invalid_argument("hh::kernels::low_rank_scan: offsets must hold S + 1 values from 0 to N");
   for (size_t i = 1; i < offsets.size(); ++i)
     if (offsets[i] < offsets[i - 1]) throw std::invalid_argument("hh::kernels::low_rank_scan: offsets must not decrease");
+  if (!a.hist.defined() && a.precision != ScanPrecision::kBlockFloat16)
+    throw std::invalid_argument("hh::kernels::low_rank_scan: the float32 and TF32 scans always write hist");
   const bool h16 = a.S16.defined();
   if (h16 != a.S_inv.defined() || h16 != a.M16.defined() || h16 != a.M_inv.defined())
     throw std::invalid_argument("hh::kernels::low_rank_scan: give all of S16, S_inv, M16 and M_inv, or none");

@@ -43,7 +43,7 @@ struct ChunkGrid {
 //   final[s, h] = Y
 // i.e. P^T = decay I - A^T B. A, B [H, N, C, Dk]; decay [H, N]; U and M_out [H, N, C, Dv] and Z
 // [H, N, Dk, Dv] optional (undefined: zero / not written); y0 [S, H, Dk, Dv]; hist [H, N, Dk, Dv]
-// preallocated, or undefined (not written). All float32 CUDA contiguous, except that A and B may both
+// preallocated, or undefined (not written; kBlockFloat16 only). All float32 CUDA contiguous, except that A and B may both
 // be float16 (values exact in TF32, half the bytes streamed per chunk), and A, B and U may be column
 // slices of wider packed rows; chunk C = 64, Dk in {32, 64, 128}, Dv a multiple of 16.
 // The gated delta rule's forward is A = e^{G_C - G} K, B = W, U = U (M = the chunk's new values
@@ -57,7 +57,7 @@ struct ChunkGrid {
 enum class ScanPrecision { kFloat32, kTf32, kBlockFloat16 };
 struct LowRankScanArgs {
   at::Tensor A, B, decay, U, Z, y0;
-  at::Tensor hist, M;  // outputs (optional: undefined, not written)
+  at::Tensor hist, M;  // outputs; undefined: not written (M optional; hist optional for kBlockFloat16 only)
   bool reverse = false;
   ScanPrecision precision = ScanPrecision::kFloat32;
   // The chunks' start states and new values as the block float16 products use them (kBlockFloat16 and

@@ -470,22 +470,34 @@ at::Tensor aligned(const at::Tensor& x) {
 }
 
 struct ForwardScan {
-  at::Tensor S, M, final_state;  // each chunk's start state, its new values U - W S, the final state
+  at::Tensor S, M, final_state;       // each chunk's start state, its new values U - W S, the final state
+  at::Tensor S16, S_inv, M16, M_inv;  // S and M in block float16 (LowRankScanArgs), for chunk_output_f16
 };
 // S_{n+1} = decay_n S_n + kdecay_n^T (U_n - W_n S_n) from s0, on the factors (kernels::low_rank_scan).
+// With f16_history (kBlockFloat16 only), S and M in block float16, and S in float32 only if keep_states.
 ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at::Tensor& U, const at::Tensor& decay,
-                         const at::Tensor& s0, const std::vector<int64_t>& offsets, kernels::ScanPrecision precision) {
+                         const at::Tensor& s0, const std::vector<int64_t>& offsets, kernels::ScanPrecision precision,
+                         bool f16_history = false, bool keep_states = true) {
+  const int64_t H = W.size(0), N = W.size(1), C = W.size(2), Dk = W.size(3), Dv = U.size(3);
   kernels::LowRankScanArgs a;
   a.A = kdecay;
   a.B = W;
   a.decay = decay.contiguous();
   a.U = U;
   a.y0 = s0.contiguous();
-  a.hist = at::empty({W.size(0), W.size(1), W.size(3), U.size(3)}, U.options());
-  a.M = at::empty(U.sizes(), U.options());
   a.precision = precision;
+  if (!f16_history || keep_states) a.hist = at::empty({H, N, Dk, Dv}, U.options());
+  if (f16_history) {
+    const auto f16 = U.options().dtype(at::kHalf);
+    a.S16 = at::empty({H, N, Dk, Dv}, f16);
+    a.S_inv = at::empty({H, N, Dk / 16, Dv / 16}, U.options());
+    a.M16 = at::empty({H, N, C, Dv}, f16);
+    a.M_inv = at::empty({H, N, C / 16, Dv / 8}, U.options());
+  } else {
+    a.M = at::empty(U.sizes(), U.options());
+  }
   const at::Tensor fin = kernels::low_rank_scan(a, offsets);
-  return {a.hist, a.M, fin};
+  return {a.hist, a.M, fin, a.S16, a.S_inv, a.M16, a.M_inv};
 }
 #endif
 
@@ -637,23 +649,11 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       if (kernels::block_f16_scan_enabled() && kernels::f16_history_enabled()) {
         // The scan hands the output kernel its block float16 history; the float32 one only for the backward.
         const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid, qc, scale);
-        const int64_t H = f.W.size(0), N = f.W.size(1), Dk = f.W.size(3), Dv = f.U.size(3);
-        const auto f16 = f.U.options().dtype(at::kHalf);
-        kernels::LowRankScanArgs a;
-        a.A = f.kdecay;
-        a.B = f.W;
-        a.decay = f.decay;
-        a.U = f.U;
-        a.y0 = s0.to(acc).contiguous();
-        if (keep_states) a.hist = at::empty({H, N, Dk, Dv}, f.U.options());
-        a.precision = kernels::ScanPrecision::kBlockFloat16;
-        a.S16 = at::empty({H, N, Dk, Dv}, f16);
-        a.S_inv = at::empty({H, N, Dk / 16, Dv / 16}, f.U.options());
-        a.M16 = at::empty({H, N, chunk, Dv}, f16);
-        a.M_inv = at::empty({H, N, chunk / 16, Dv / 8}, f.U.options());
-        final_state = kernels::low_rank_scan(a, L.offsets);
-        S = a.hist;
-        o = kernels::chunk_output_f16(f, a.S16, a.S_inv, a.M16, a.M_inv, grid, B, T, q.scalar_type());
+        const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets,
+                                           kernels::ScanPrecision::kBlockFloat16, /*f16_history=*/true, keep_states);
+        S = r.S;
+        final_state = r.final_state;
+        o = kernels::chunk_output_f16(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, q.scalar_type());
       } else {
         const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid);
         const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets,

@@ -298,16 +298,24 @@ TEST(CudaGdn, ForwardWithTheChunkKernelsEqualsTheRecurrence) {
     auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
     const auto ref = gdn_recurrent(f64(q), f64(k), f64(v), f64(g), f64(beta), f64(s0), 0.1);
     ASSERT_TRUE(hh::kernels::chunk_kernels_enabled());
-    poison_allocator();
-    const auto got = gdn_chunked_scan(q, k, v, g, beta, s0, 0.1);
+    ASSERT_TRUE(hh::kernels::f16_history_enabled());
     hh::kernels::set_chunk_kernels(false);
     const auto lt = gdn_chunked_scan(q, k, v, g, beta, s0, 0.1);
     hh::kernels::set_chunk_kernels(true);
-    EXPECT_EQ(got.o.scalar_type(), c.dt) << what;
-    EXPECT_LT(rel_err(got.o, ref.o), 1e-2) << what;
-    EXPECT_LT(rel_err(got.state, ref.state), 2e-3) << what;  // float32 states from TF32 products
-    EXPECT_LT(rel_err(got.o, lt.o), 1e-2) << what;
-    EXPECT_LT(rel_err(got.state, lt.state), 2e-3) << what;
+    // The output from the scan's block float16 history (chunk_output_f16, the default) and from its
+    // float32 one (chunk_output).
+    for (bool f16_history : {true, false}) {
+      hh::kernels::set_f16_history(f16_history);
+      poison_allocator();
+      const auto got = gdn_chunked_scan(q, k, v, g, beta, s0, 0.1);
+      hh::kernels::set_f16_history(true);
+      const std::string how = what + (f16_history ? " (float16 history)" : " (float32 history)");
+      EXPECT_EQ(got.o.scalar_type(), c.dt) << how;
+      EXPECT_LT(rel_err(got.o, ref.o), 1e-2) << how;
+      EXPECT_LT(rel_err(got.state, ref.state), 2e-3) << how;  // float32 states from 11-bit products
+      EXPECT_LT(rel_err(got.o, lt.o), 1e-2) << how;
+      EXPECT_LT(rel_err(got.state, lt.state), 2e-3) << how;
+    }
   }
 }
 
