@@ -108,6 +108,25 @@ at::Tensor chunk_output(const at::Tensor& q, const at::Tensor& k, const at::Tens
 at::Tensor chunk_output_f16(const ChunkFactors& f, const at::Tensor& S16, const at::Tensor& S_inv, const at::Tensor& M16,
                             const at::Tensor& M_inv, const ChunkGrid& grid, int64_t B, int64_t T, at::ScalarType dtype);
 
+// The chunk-local half of the backward for 16-bit inputs (kernels/gdn_chunk_backward.cu), on either side
+// of the reverse low_rank_scan, for the shapes and dtypes of chunk_forward_supported. dO [B, T, H, Dv]
+// of q's dtype is the output's gradient; both take the output scale and apply it to dO.
+// chunk_state_direct: every chunk's direct term of the state gradient (the reverse scan's Z),
+//   Z_n = (diag(e^G) Q - A W)^T (scale dO_n)  [H, N, Dk, Dv] float32,
+// with A = (Q K^T * e^{G_t - G_i}, i <= t) and W chunk_factors' (float16).
+at::Tensor chunk_state_direct(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g, const at::Tensor& W,
+                              const at::Tensor& dO, const ChunkGrid& grid, double scale);
+// chunk_backward: given every chunk's start state S and end-state gradient dS (the reverse scan's hist),
+// both [H, N, Dk, Dv] float32, the gradients of sum_n <scale dO_n, O_n> + <dS_n, S_{n+1}> through the
+// chunk-local function with S and dS held fixed: dq, dk, dv like q, k, v; dg and dbeta float32 [B, T, H].
+// core/attention/gdn.cpp's chunk_local_backward is the reference.
+struct ChunkInputGrads {
+  at::Tensor dq, dk, dv, dg, dbeta;
+};
+ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                               const at::Tensor& beta, const at::Tensor& S, const at::Tensor& dS, const at::Tensor& dO,
+                               const ChunkGrid& grid, double scale);
+
 // Whether the gated delta rule's forward uses chunk_factors / chunk_output where they apply
 // (process-wide, on by default; off for benchmarks of the LibTorch chunk-local path).
 void set_chunk_kernels(bool on);

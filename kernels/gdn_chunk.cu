@@ -18,79 +18,21 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <cstdint>
-#include <stdexcept>
-#include <string>
-#include <type_traits>
-
-#include "kernels/device_ops.cuh"
-#include "kernels/gdn.h"
+#include "kernels/chunk_common.cuh"
 
 namespace hh::kernels {
 namespace {
 
-using namespace device;  // the cp.async and mma.sync helpers
-
-constexpr int kC = 64;                // chunk length
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kOutCols = 64;          // output columns a chunk_output block computes
-constexpr int kLdT = kC + 4;          // float [C][C] matrices read as the A operand: conflict-free rows
 constexpr int kLdOut = kOutCols + 8;  // float slices read as the B operand
-
-// Row stride of a 16-bit [C][D] tile in shared memory: D + 8 elements keeps both the A-operand
-// (row g, column t) and the B-operand (row t, column g) fragment reads free of bank conflicts, and
-// every row 16-byte aligned for cp.async.
-template <int D>
-constexpr int ld16() {
-  return D + 8;
-}
-
-// The input row of slot r of chunk n, or -1 for padding.
-struct SlotRows {
-  const int64_t* gather;  // [N * C] input row of each slot (rows = padding), or null for B regular sequences:
-  int64_t per, T, rows;   // per chunks of T tokens each; rows = B * T
-  __device__ __forceinline__ int64_t operator()(int64_t n, int r) const {
-    if (gather != nullptr) {
-      const int64_t x = gather[n * kC + r];
-      return x < rows ? x : -1;
-    }
-    const int64_t b = n / per, t = (n % per) * kC + r;
-    return t < T ? b * T + t : -1;
-  }
-};
 
 // Two consecutive outputs (8- or 4-byte aligned).
 __device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
 __device__ __forceinline__ void store2(c10::Half* p, float a, float b) {
   const c10::Half h[2] = {c10::Half(a), c10::Half(b)};
   *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(h);
-}
-
-// c += a b on 16-bit operands of T's kind (m16n8k16, float32 accumulation).
-template <class T>
-__device__ __forceinline__ void mma16(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) mma_bf16(c, a, b);
-  else mma_f16(c, a, b);
-}
-
-template <class T>
-__device__ __forceinline__ unsigned bits(T x) {  // a 16-bit value as a TF32 operand (exact)
-  return __float_as_uint(static_cast<float>(x));
-}
-
-// Chunk n's rows of head h of x [rows, H, D] into dst [C][ld16<D>] by cp.async; padding rows zero.
-template <int D, class T>
-__device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ x, const int64_t* rows, int h, int H) {
-  constexpr int V = 16 / sizeof(T), LD = ld16<D>();
-  for (int i = threadIdx.x; i < kC * D / V; i += kThreads) {
-    const int r = i / (D / V), c = (i % (D / V)) * V;
-    T* d = dst + r * LD + c;
-    if (rows[r] >= 0)
-      cp_async16(d, x + (rows[r] * H + h) * D + c);
-    else
-      *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
-  }
 }
 
 // R rows x 64 columns of a float32 matrix at src (row stride ld) into dst [R][kLdOut].
@@ -100,68 +42,6 @@ __device__ __forceinline__ void load_slice(float* dst, const float* __restrict__
     const int r = i / (kOutCols / 4), c = (i % (kOutCols / 4)) * 4;
     cp_async16(dst + r * kLdOut + c, src + r * ld + c);
   }
-}
-
-// Warp 0: G = the chunk's inclusive cumulative sum of g (Gs), and beta (bs, when asked for).
-__device__ __forceinline__ void chunk_gates(const float* __restrict__ g, const float* __restrict__ beta,
-                                            const int64_t* rows, int h, int H, float* Gs, float* bs) {
-  if (threadIdx.x >= 32) return;
-  const int l = threadIdx.x;
-  const int64_t r0 = rows[2 * l], r1 = rows[2 * l + 1];
-  const float g0 = r0 >= 0 ? g[r0 * H + h] : 0.f, g1 = r1 >= 0 ? g[r1 * H + h] : 0.f;
-  float s = g0 + g1;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const float y = __shfl_up_sync(0xffffffffu, s, o);
-    if (l >= o) s += y;
-  }
-  Gs[2 * l] = s - g1;
-  Gs[2 * l + 1] = s;
-  if (bs != nullptr) {
-    bs[2 * l] = r0 >= 0 ? beta[r0 * H + h] : 0.f;
-    bs[2 * l + 1] = r1 >= 0 ? beta[r1 * H + h] : 0.f;
-  }
-}
-
-// X Y^T for rows X, Y of two 16-bit [C][D] tiles, masked by the decay: warp w computes rows
-// 16 (w / 2) .. + 15 and columns 32 (w % 2) .. + 31 of
-//   out[t][i] = row_scale[t] e^{G_t - G_i} x_t.y_i   where i < t (i <= t when inclusive), else 0.
-template <int D, class T>
-__device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const float* Gs, const float* row_scale,
-                                            bool inclusive, float* out) {
-  constexpr int LD = ld16<D>();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int m = (warp / 2) * 16, n0 = (warp % 2) * 32;
-  float acc[4][4] = {};
-  if (n0 < m + 16) {  // otherwise every column is above the diagonal
-    // 16-bit products (exact, as the TF32 ones of 16-bit values are) on m16n8k16 with ldmatrix: X's
-    // rows m.. as the A fragment, Y's rows n0.. (Y [n][k], i.e. B column-major) as B fragments, two
-    // 8-column tiles an ldmatrix.
-    const int a_row = m + lane % 16, a_col = (lane / 16) * 8;
-    const int b_row = n0 + lane % 8 + 8 * (lane / 16), b_col = 8 * ((lane / 8) % 2);
-#pragma unroll
-    for (int k0 = 0; k0 < D; k0 += 16) {
-      unsigned a[4], b01[4], b23[4];
-      ldmatrix_x4(a, Xs + a_row * LD + k0 + a_col);
-      ldmatrix_x4(b01, Ys + b_row * LD + k0 + b_col);
-      ldmatrix_x4(b23, Ys + (b_row + 16) * LD + k0 + b_col);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const unsigned* src = j < 2 ? b01 : b23;
-        const unsigned b[2] = {src[2 * (j % 2)], src[2 * (j % 2) + 1]};
-        mma16<T>(acc[j], a, b);
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t + (e & 1);
-      const bool keep = inclusive ? c <= r : c < r;
-      const float s = row_scale != nullptr ? row_scale[r] : 1.f;
-      out[r * kLdT + c] = keep ? s * acc[j][e] * expf(Gs[r] - Gs[c]) : 0.f;
-    }
 }
 
 // out = Ts diag(scale) X for lower triangular Ts [C][kLdT] (float) and a 16-bit [C][D] tile X: warp w
@@ -244,24 +124,8 @@ __global__ void __launch_bounds__(kThreads)
   masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls);
   __syncthreads();
 
-  // T = (I + L)^{-1} in place, by 16 x 16 blocks: first the inverses of the diagonal blocks (threads
-  // 0..63, one column each, right-looking: once row i is final every later row takes its update),
-  // while the other warps write kdecay and decay; then block rows a = 1..3 in turn:
-  //   T_ab = -T_aa sum_{c=b}^{a-1} L_ac T_cb   (b < a; T_cb final from earlier block rows).
-  float col[16];
-  if (tid < kC) {
-    const int j = tid % 16;
-    const float* Ld = Ls + (tid / 16) * 16 * (kLdT + 1);  // diagonal block tid / 16
-#pragma unroll
-    for (int i = 0; i < 16; ++i) col[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float ti = i == j ? 1.f : (i > j ? col[i] : 0.f);
-      col[i] = ti;
-#pragma unroll
-      for (int r = i + 1; r < 16; ++r) col[r] = fmaf(-Ld[r * kLdT + i], ti, col[r]);
-    }
-  } else {
+  // T = (I + L)^{-1} in place; the threads past the diagonal blocks' 64 write kdecay, Qd and decay meanwhile.
+  invert_unit_lower<kThreads>(Ls, Xs, [&] {
     const float last = Gs[kC - 1];
     c10::Half* dst = kdecay + chunk * kC * DK;
     for (int i = tid - kC; i < kC * DK / 4; i += kThreads - kC) {
@@ -281,33 +145,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
     if (tid == kC) decay[chunk] = expf(last);
-  }
-  __syncthreads();  // every thread is done reading the diagonal blocks of L
-  if (tid < kC) {
-    float* Ld = Ls + (tid / 16) * 16 * (kLdT + 1);
-#pragma unroll
-    for (int r = 0; r < 16; ++r) Ld[r * kLdT + tid % 16] = col[r];
-  }
-  __syncthreads();
-  for (int a = 1; a < 4; ++a) {
-    for (int e = tid; e < a * 256; e += kThreads) {  // Xs[b] = sum_c L_ac T_cb
-      const int b = e / 256, r = (e / 16) % 16, c = e % 16;
-      const float* Lrow = Ls + (16 * a + r) * kLdT;
-      float acc = 0.f;
-      for (int k = 16 * b; k < 16 * a; ++k) acc = fmaf(Lrow[k], Ls[k * kLdT + 16 * b + c], acc);
-      Xs[e] = acc;
-    }
-    __syncthreads();
-    for (int e = tid; e < a * 256; e += kThreads) {  // T_ab = -T_aa Xs[b], over L_ab
-      const int b = e / 256, r = (e / 16) % 16, c = e % 16;
-      const float* Trow = Ls + (16 * a + r) * kLdT + 16 * a;
-      float acc = 0.f;
-#pragma unroll
-      for (int k = 0; k < 16; ++k) acc = fmaf(Trow[k], Xs[b * 256 + k * 16 + c], acc);
-      Ls[(16 * a + r) * kLdT + 16 * b + c] = -acc;
-    }
-    __syncthreads();
-  }
+  });
 
   lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
   lower_times<DV>(Ls, Vs, bs, U + chunk * kC * DV);
@@ -529,27 +367,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void need(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef sizes, bool sixteen_bit) {
-  const std::string name = std::string("hh::kernels::") + fn + ": " + what;
-  if (!x.defined() || !x.is_cuda() || !x.is_contiguous()) throw std::invalid_argument(name + " must be a contiguous CUDA tensor");
-  if (x.sizes() != sizes) throw std::invalid_argument(name + " has the wrong shape");
-  if (sixteen_bit ? x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kHalf : x.scalar_type() != at::kFloat)
-    throw std::invalid_argument(name + (sixteen_bit ? " must be bfloat16 or float16" : " must be float32"));
-  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) throw std::invalid_argument(name + " must be 16-byte aligned");
-}
-
-SlotRows slot_rows(const ChunkGrid& grid, int64_t B, int64_t T) {
-  if (grid.gather.defined()) {
-    if (!grid.gather.is_cuda() || grid.gather.scalar_type() != at::kLong || !grid.gather.is_contiguous() ||
-        grid.gather.numel() != grid.N * kC)
-      throw std::invalid_argument("hh::kernels: ChunkGrid::gather must be N * 64 int64 CUDA values");
-    return {grid.gather.data_ptr<int64_t>(), 0, T, B * T};
-  }
-  if (grid.N != B * grid.per || grid.per * kC < T || (grid.per > 0 && (grid.per - 1) * kC >= T))
-    throw std::invalid_argument("hh::kernels: ChunkGrid: N must be B * per with per = ceil(T / 64)");
-  return {nullptr, grid.per, T, B * T};
-}
-
 struct FactorsArgs {
   const void *k, *v;
   const float *g, *beta;
@@ -625,21 +442,6 @@ struct LaunchOutputF16 {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 };
-
-// Launch<DK, DV, X>::run(p) for the runtime shapes and dtype (chunk_forward_supported has checked them).
-template <template <int, int, class> class Launch, class X, class Args>
-void dispatch_dims(int64_t Dk, int64_t Dv, const Args& p) {
-  if (Dk == 64 && Dv == 64) Launch<64, 64, X>::run(p);
-  else if (Dk == 64) Launch<64, 128, X>::run(p);
-  else if (Dv == 64) Launch<128, 64, X>::run(p);
-  else Launch<128, 128, X>::run(p);
-}
-template <template <int, int, class> class Launch, class Args>
-void dispatch(int64_t Dk, int64_t Dv, at::ScalarType dt, const Args& p) {
-  if (dt == at::kBFloat16) dispatch_dims<Launch, c10::BFloat16>(Dk, Dv, p);
-  else dispatch_dims<Launch, c10::Half>(Dk, Dv, p);
-}
-
 bool g_chunk_kernels = true;
 bool g_block_f16_scan = true;
 bool g_f16_history = true;

@@ -38,7 +38,7 @@ struct GdnBenchArgs {
   std::string profile;  // Chrome trace of one forward and one forward + backward at the first shape
   std::string scan_kernel = "lowrank";
   std::string history = "f16";
-  std::string backward = "explicit";
+  std::string backward = "kernels";
 };
 
 struct Shape {
@@ -114,8 +114,9 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                                              : kernels::ScanKernel::kLowRank);
   kernels::set_f16_history(a.history == "f16");
 #endif
-  attention::set_gdn_backward(a.backward == "autograd" ? attention::GdnBackward::kAutograd
-                                                       : attention::GdnBackward::kExplicit);
+  attention::set_gdn_backward(a.backward == "autograd"   ? attention::GdnBackward::kAutograd
+                              : a.backward == "explicit" ? attention::GdnBackward::kExplicit
+                                                         : attention::GdnBackward::kKernels);
   const auto opts = torch::TensorOptions().dtype(dt).device(dev);
   torch::manual_seed(a.seed);
   nlohmann::json out = {{"device", a.device}, {"dtype", a.dtype}, {"heads", a.heads}, {"dim", a.dim}, {"rows", nlohmann::json::array()}};
@@ -301,9 +302,10 @@ BenchSub add_bench_gdn(CLI::App& bench) {
       ->check(CLI::IsMember({"f16", "f32"}))
       ->capture_default_str();
   c->add_option("--backward", a->backward,
-                 "How the backward differentiates the chunk-local function: explicit (its formulas written out) or "
+                 "How the backward differentiates the chunk-local function: kernels (the CUDA chunk kernels for "
+                 "16-bit CUDA inputs, else explicit), explicit (its formulas written out on LibTorch ops) or "
                  "autograd (through the forward's LibTorch ops)")
-      ->check(CLI::IsMember({"explicit", "autograd"}))
+      ->check(CLI::IsMember({"kernels", "explicit", "autograd"}))
       ->capture_default_str();
   c->add_option("--profile", a->profile,
                  "Write a Chrome trace of one forward and one forward + backward at the first shape (and, with "

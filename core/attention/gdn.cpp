@@ -510,7 +510,7 @@ ChunkedInputs chunk_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
           to_chunks(beta, L, acc)};
 }
 
-GdnBackward g_backward = GdnBackward::kExplicit;
+GdnBackward g_backward = GdnBackward::kKernels;
 
 struct StateGrads {
   at::Tensor dS_end;  // [H, N, Dk, Dv]: the gradient of the state at the end of each chunk
@@ -707,9 +707,6 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     const Tf32Scope tf32(use_tf32(q));
     const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
     const int64_t nseq = static_cast<int64_t>(L.offsets.size()) - 1;
-    // dO times the output scale: every term below takes dO with it.
-    const at::Tensor dOs = grads[0].defined() ? to_chunks(grads[0], L, acc, scale)
-                                              : at::zeros({H, L.N, chunk, Dv}, q.options().dtype(acc));
     const at::Tensor dfin = grads[1].defined() ? grads[1].to(acc).contiguous()
                                                : at::zeros({nseq, H, Dk, Dv}, q.options().dtype(acc));
 
@@ -722,7 +719,38 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     auto cast = [](const at::Tensor& gr, const at::Tensor& like) {
       return gr.defined() ? gr.to(like.scalar_type()) : at::zeros_like(like);
     };
-    if (gdn_backward() == GdnBackward::kExplicit) {
+#ifdef HH_HAVE_KERNELS
+    if (gdn_backward() == GdnBackward::kKernels && chunk_kernels_ok(q, k, v, chunk) && kernels::block_f16_scan_enabled()) {
+      // The chunk kernels read the inputs and dO where they lie and write the gradients there; the
+      // reverse scan runs between them on chunk_factors' float16 factors, as the forward's scan did.
+      HH_GDN_SCOPE("chunk_kernels_backward");
+      at::NoGradGuard no_grad;
+      if (!S.defined() || S.scalar_type() != at::kFloat)
+        throw Error("gated delta rule: the forward kept no float32 chunk states for this backward");
+      const kernels::ChunkGrid grid{L.N, L.regular ? L.N / std::max<int64_t>(B, 1) : 0, L.gather};
+      const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
+                       bf = aligned(beta.to(at::kFloat));
+      const at::Tensor dO = grads[0].defined() ? aligned(grads[0].to(q.scalar_type())) : at::zeros_like(vc);
+      const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid);
+      kernels::LowRankScanArgs a;
+      a.A = f.W;
+      a.B = f.kdecay;
+      a.decay = f.decay;
+      a.Z = kernels::chunk_state_direct(qc, kc, gf, f.W, dO, grid, scale);
+      a.y0 = dfin;
+      a.hist = at::empty_like(a.Z);
+      a.reverse = true;
+      a.precision = kernels::ScanPrecision::kBlockFloat16;
+      const at::Tensor dS0 = kernels::low_rank_scan(a, L.offsets);
+      const kernels::ChunkInputGrads d = kernels::chunk_backward(qc, kc, vc, gf, bf, S.contiguous(), a.hist, dO, grid, scale);
+      return {d.dq, d.dk, d.dv, d.dg.to(g.scalar_type()), d.dbeta.to(beta.scalar_type()), dS0.to(s0_dtype),
+              at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+#endif
+    // dO times the output scale: every term below takes dO with it.
+    const at::Tensor dOs = grads[0].defined() ? to_chunks(grads[0], L, acc, scale)
+                                              : at::zeros({H, L.N, chunk, Dv}, q.options().dtype(acc));
+    if (gdn_backward() != GdnBackward::kAutograd) {
       at::NoGradGuard no_grad;
       const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
       const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);

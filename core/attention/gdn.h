@@ -51,9 +51,11 @@ GdnOutput gdn_chunked_scan(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::vector<int64_t>& cu_seqlens = {});
 
 // How gdn_chunked_scan's backward differentiates the chunk-local function (process-wide; for
-// benchmarks and tests): by its gradient formulas written out (the default; fewer and larger
-// operations), or by autograd through the LibTorch ops of the forward.
-enum class GdnBackward { kExplicit, kAutograd };
+// benchmarks and tests): by the CUDA chunk kernels where they apply (16-bit CUDA inputs of the forward
+// kernels' shapes; kernels::chunk_state_direct / chunk_backward around the reverse scan) and by
+// kExplicit elsewhere (the default); by its gradient formulas written out on LibTorch ops (fewer and
+// larger operations than autograd's); or by autograd through the LibTorch ops of the forward.
+enum class GdnBackward { kKernels, kExplicit, kAutograd };
 void set_gdn_backward(GdnBackward b);
 GdnBackward gdn_backward();
 

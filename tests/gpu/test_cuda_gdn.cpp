@@ -275,6 +275,143 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
     }
 }
 
+// [H, B * per, 64, ...] -> [B, T, H, ...]: on_grid's inverse (padding slots dropped).
+torch::Tensor off_grid(const torch::Tensor& x, int64_t B, int64_t T) {
+  std::vector<int64_t> shape = {x.size(0), B, x.size(1) / B * 64}, perm = {1, 2, 0};
+  for (int64_t i = 3; i < x.dim(); ++i) shape.push_back(x.size(i));
+  for (int64_t i = 3; i < x.dim(); ++i) perm.push_back(i);
+  return x.reshape(shape).narrow(2, 0, T).permute(perm);
+}
+
+// The backward's chunk kernels against float64 autograd through the chunk-local function, with
+// arbitrary start states S_n and end-state gradients dS_n held fixed (not from a scan):
+//   chunk_state_direct = d/dS_n sum <scale dO, O>,
+//   chunk_backward     = d/d(q, k, v, g, beta) of sum_n <scale dO_n, O_n> + <dS_n, S_{n+1}>.
+// T not a multiple of 64 (the last chunks' padding slots), B = 2, Dk != Dv, both 16-bit dtypes,
+// outputs from a NaN-poisoned allocator.
+TEST(CudaGdn, BackwardChunkKernelsEqualAutogradInFloat64) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  namespace F = torch::nn::functional;
+  const auto nrm = F::NormalizeFuncOptions().dim(-1);
+  const int64_t B = 2, T = 150, H = 3, per = 3, N = B * per, C = 64;
+  const double scale = 0.1;
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
+    for (auto [Dk, Dv] : {std::pair<int64_t, int64_t>{128, 128}, {64, 128}, {128, 64}, {64, 64}}) {
+      const std::string what = std::string(c10::toString(dt)) + " Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv);
+      const auto dev = kCuda.dtype(dt), f32 = kCuda.dtype(torch::kFloat);
+      const auto q = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
+      const auto k = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
+      const auto v = torch::randn({B, T, H, Dv}, kF64).to(dev);
+      const auto g = (-0.5 * torch::rand({B, T, H}, kF64)).to(f32), beta = torch::rand({B, T, H}, kF64).to(f32);
+      const auto dO = torch::randn({B, T, H, Dv}, kF64).to(dev);
+      const auto S = 0.5 * torch::randn({H, N, Dk, Dv}, kF64), dS = torch::randn({H, N, Dk, Dv}, kF64);
+      auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
+
+      // The chunk-local function in float64 on the grid, by autograd.
+      auto Q = on_grid(f64(q), per).requires_grad_(true), K = on_grid(f64(k), per).requires_grad_(true);
+      auto V = on_grid(f64(v), per).requires_grad_(true), Gi = on_grid(f64(g), per).requires_grad_(true);
+      auto Bt = on_grid(f64(beta), per).requires_grad_(true);
+      const auto Sg = S.clone().requires_grad_(true);
+      const auto G = Gi.cumsum(-1);
+      const auto diff = G.unsqueeze(-1) - G.unsqueeze(-2);
+      const auto strict = torch::ones({C, C}, torch::kBool).tril(-1), incl = torch::ones({C, C}, torch::kBool).tril();
+      const auto gamma = diff.masked_fill(incl.logical_not(), -std::numeric_limits<double>::infinity()).exp();
+      const auto Lm = (Bt.unsqueeze(-1) * torch::matmul(K, K.transpose(-1, -2)) * gamma).masked_fill(strict.logical_not(), 0.0);
+      const auto Tinv = torch::inverse(torch::eye(C, kF64) + Lm);
+      const auto W = torch::matmul(Tinv, (Bt * G.exp()).unsqueeze(-1) * K), U = torch::matmul(Tinv, Bt.unsqueeze(-1) * V);
+      const auto M = U - torch::matmul(W, Sg);
+      const auto O = G.exp().unsqueeze(-1) * torch::matmul(Q, Sg) + torch::matmul(torch::matmul(Q, K.transpose(-1, -2)) * gamma, M);
+      const auto last = G.select(-1, C - 1);
+      const auto Snext = last.exp().unsqueeze(-1).unsqueeze(-1) * Sg +
+                         torch::matmul(((last.unsqueeze(-1) - G).exp().unsqueeze(-1) * K).transpose(-1, -2), M);
+      const auto dOg = scale * on_grid(f64(dO), per);
+      const auto out_term = (dOg * O).sum();
+      const auto Z = torch::autograd::grad({out_term}, {Sg}, {}, /*retain_graph=*/true)[0];
+      const auto grads = torch::autograd::grad({out_term + (dS * Snext).sum()}, {Q, K, V, Gi, Bt});
+
+      const hh::kernels::ChunkGrid grid{N, per, {}};
+      const auto f = hh::kernels::chunk_factors(k, v, g, beta, grid);
+      poison_allocator();
+      const auto z = hh::kernels::chunk_state_direct(q, k, g, f.W, dO, grid, scale);
+      EXPECT_LT(rel_err(z, Z), 3e-3) << what << " (direct term)";  // TF32 products, float16 W
+      poison_allocator();
+      const auto d = hh::kernels::chunk_backward(q, k, v, g, beta, S.to(f32), dS.to(f32), dO, grid, scale);
+      const torch::Tensor got[] = {d.dq, d.dk, d.dv, d.dg, d.dbeta};
+      const char* names[] = {"dq", "dk", "dv", "dg", "dbeta"};
+      for (size_t i = 0; i < 5; ++i) {
+        EXPECT_EQ(got[i].scalar_type(), i < 3 ? dt : torch::kFloat) << what << " " << names[i];
+        // TF32 products (~1e-3) and, for dq, dk, dv, the 16-bit rounding.
+        EXPECT_LT(rel_err(got[i], off_grid(grads[i], B, T)), 1e-2) << what << " " << names[i];
+      }
+    }
+}
+
+// The gradients of the whole rule with the backward's chunk kernels (the default for 16-bit CUDA
+// inputs) against float64 autograd through the chunked rule and against the LibTorch explicit
+// backward: batches with odd T and an initial state, packed sequences (an empty one among them),
+// Dk != Dv, both 16-bit dtypes.
+TEST(CudaGdn, GradientsWithTheBackwardChunkKernelsEqualTheReference) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  using hh::attention::GdnBackward;
+  namespace F = torch::nn::functional;
+  const auto nrm = F::NormalizeFuncOptions().dim(-1);
+  struct Case {
+    int64_t B, T, H, Dk, Dv;
+    torch::Dtype dt;
+    std::vector<int64_t> cu;
+  };
+  for (const Case& c : {Case{2, 777, 3, 128, 128, torch::kBFloat16, {}}, Case{3, 130, 2, 64, 128, torch::kHalf, {}},
+                        Case{1, 1, 2, 128, 64, torch::kBFloat16, {}},
+                        Case{1, 1000, 3, 128, 128, torch::kBFloat16, {0, 100, 100, 164, 1000}}}) {
+    const std::string what = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " Dk=" + std::to_string(c.Dk) +
+                             " Dv=" + std::to_string(c.Dv) + " " + std::string(c10::toString(c.dt)) +
+                             (c.cu.empty() ? "" : " packed");
+    const int64_t S = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
+    const auto dev = kCuda.dtype(c.dt), f32 = kCuda.dtype(torch::kFloat);
+    std::vector<torch::Tensor> in = {F::normalize(torch::randn({c.B, c.T, c.H, c.Dk}, kF64), nrm).to(dev),
+                                     F::normalize(torch::randn({c.B, c.T, c.H, c.Dk}, kF64), nrm).to(dev),
+                                     torch::randn({c.B, c.T, c.H, c.Dv}, kF64).to(dev),
+                                     (-0.5 * torch::rand({c.B, c.T, c.H}, kF64)).to(f32),
+                                     torch::rand({c.B, c.T, c.H}, kF64).to(f32),
+                                     (0.5 * torch::randn({S, c.H, c.Dk, c.Dv}, kF64)).to(f32)};
+    const auto w_o = torch::randn({c.B, c.T, c.H, c.Dv}, kF64), w_s = torch::randn({S, c.H, c.Dk, c.Dv}, kF64);
+    auto run = [&](GdnBackward mode) {
+      hh::attention::set_gdn_backward(mode);
+      std::vector<torch::Tensor> x;
+      for (const auto& t : in) x.push_back(t.detach().requires_grad_(true));
+      poison_allocator();
+      const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], 0.1, 64, c.cu);
+      auto grads = torch::autograd::grad({(r.o.to(torch::kFloat) * w_o.to(f32)).sum() + (r.state * w_s.to(f32)).sum()}, x);
+      hh::attention::set_gdn_backward(GdnBackward::kKernels);
+      return grads;
+    };
+    const auto got = run(GdnBackward::kKernels), expl = run(GdnBackward::kExplicit);
+    std::vector<torch::Tensor> r;
+    for (const auto& t : in) r.push_back(t.to(torch::kCPU, torch::kDouble).requires_grad_(true));
+    // The reference loss: of the batch, or of each packed sequence alone (an empty one keeps its state).
+    torch::Tensor loss = torch::zeros({}, kF64);
+    const std::vector<int64_t> cu = c.cu.empty() ? std::vector<int64_t>{0, c.T} : c.cu;
+    for (int64_t s = 0; s + 1 < static_cast<int64_t>(cu.size()); ++s) {
+      const int64_t a = cu[static_cast<size_t>(s)], len = cu[static_cast<size_t>(s) + 1] - a;
+      const auto init = c.cu.empty() ? r[5] : r[5].narrow(0, s, 1), ws = c.cu.empty() ? w_s : w_s.narrow(0, s, 1);
+      if (len == 0) {
+        loss = loss + (init * ws).sum();
+        continue;
+      }
+      auto cut = [&](const torch::Tensor& x) { return x.narrow(1, a, len); };
+      const auto ref = gdn_chunked(cut(r[0]), cut(r[1]), cut(r[2]), cut(r[3]), cut(r[4]), init, 0.1);
+      loss = loss + (ref.o * cut(w_o)).sum() + (ref.state * ws).sum();
+    }
+    const auto want = torch::autograd::grad({loss}, r);
+    const char* names[] = {"q", "k", "v", "g", "beta", "s0"};
+    for (size_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(got[i].scalar_type(), in[i].scalar_type()) << what << " " << names[i];
+      EXPECT_LT(rel_err(got[i], want[i]), 1e-2) << what << " " << names[i];
+      EXPECT_LT(rel_err(got[i], expl[i]), 1e-2) << what << " " << names[i] << " (against the explicit backward)";
+    }
+  }
+}
+
 // The whole forward with the chunk kernels against the recurrence, and against the same forward with
 // the chunk-local part in LibTorch: initial state, Dk != Dv, T = 1 and odd T.
 TEST(CudaGdn, ForwardWithTheChunkKernelsEqualsTheRecurrence) {
@@ -444,7 +581,7 @@ TEST(CudaGdn, PackedSequencesOnCudaEqualEachAlone) {
 TEST(CudaGdn, GradientsOnCudaEqualTheReferenceInFloat64) {
   ASSERT_TRUE(torch::cuda::is_available());
   using hh::attention::GdnBackward;
-  for (GdnBackward mode : {GdnBackward::kExplicit, GdnBackward::kAutograd})
+  for (GdnBackward mode : {GdnBackward::kKernels, GdnBackward::kExplicit, GdnBackward::kAutograd})
   for (torch::Dtype dt : {torch::kFloat, torch::kBFloat16}) {
     hh::attention::set_gdn_backward(mode);
     const Inputs in = make_inputs(2, 300, 3, 128, 2);
@@ -464,9 +601,11 @@ TEST(CudaGdn, GradientsOnCudaEqualTheReferenceInFloat64) {
     const double tol = dt == torch::kFloat ? 1e-4 : 1e-2;
     for (size_t i = 0; i < 6; ++i)
       EXPECT_LT(rel_err(g_got[i], g_ref[i]), tol) << names[i] << " " << std::string(c10::toString(dt))
-                                                  << (mode == GdnBackward::kExplicit ? " explicit" : " autograd");
+                                                  << (mode == GdnBackward::kKernels    ? " kernels"
+                                                      : mode == GdnBackward::kExplicit ? " explicit"
+                                                                                       : " autograd");
   }
-  hh::attention::set_gdn_backward(GdnBackward::kExplicit);
+  hh::attention::set_gdn_backward(GdnBackward::kKernels);
 }
 
 TEST(CudaGdn, FusionKernelMatchesTheOpSequence) {

@@ -251,7 +251,7 @@ TEST(GatedDeltaRuleScan, GradientsEqualAutogradThroughTheReference) {
           << names[i] << (cu.empty() ? " (batch)" : " (packed)") << (mode == GdnBackward::kExplicit ? " explicit" : " autograd");
     }
   }
-  hh::attention::set_gdn_backward(GdnBackward::kExplicit);
+  hh::attention::set_gdn_backward(GdnBackward::kKernels);
 }
 
 TEST(GatedDeltaRuleScan, TheRegisteredOpIsTheRuleWithItsGradient) {

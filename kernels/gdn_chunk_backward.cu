@@ -1,0 +1,560 @@
+// The chunk-local half of the chunked gated delta rule's backward for 16-bit inputs (DESIGN.md
+// section 9), on either side of the reverse low_rank_scan. dO carries the output scale in both.
+//   chunk_state_direct: Z_n = (diag(e^G) Q - A W)^T dO_n, the direct effect of chunk n's start state
+//                       on its output, with A = (Q K^T * e^{G_t - G_i}, i <= t); the reverse scan's Z.
+//   chunk_backward:     with every chunk's start state S_n and end-state gradient dS_n held fixed, the
+//                       gradients of J = sum_n <dO_n, O_n> + <dS_n, S_{n+1}> for q, k, v, g and beta.
+// Both read q, k, v, g, beta and dO where they lie ([B, T, H, ...]) and chunk_backward writes the
+// gradients there, so nothing is copied onto a chunk grid. core/attention/gdn.cpp's
+// chunk_local_backward (the same formulas on LibTorch ops) is the reference.
+//
+// chunk_backward, per chunk, with X = diag(beta) V - diag(beta e^G) K S (so the chunk's new values
+// are M = U - W S = T X) and kd = e^{G_C - G}:
+//   dM = A^T dO + diag(kd) K dS,  dVb = T^T dM (dV = diag(beta) dVb),  dT = dM X^T,
+//   ndKb = dVb S^T,  dqdecay = dO S^T,  dkdecay = M dS^T,  dA = dO M^T,  dL = -(T^T dT T^T) strictly lower,
+// then dQ, dK, dbeta and dG as chunk_local_backward assembles them. S and dS stream through shared
+// memory 32 columns at a time; the products contracting over those columns accumulate in registers.
+// Products are m16n8k8 TF32 with float32 accumulation, as LibTorch's float32 GEMMs run with TF32 allowed.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "kernels/chunk_common.cuh"
+
+namespace hh::kernels {
+namespace {
+
+constexpr int kBwdWarps = 16;
+constexpr int kBwdThreads = 32 * kBwdWarps;
+constexpr int kBV = 32;          // columns of S and dS a step of chunk_backward takes
+constexpr int kLdBV = kBV + 4;   // their float rows in shared memory
+constexpr int kDirectThreads = 256;
+
+// acc[j] += sum_{k in [k0, k1)} a(r, k) b(k, c) for the warp's 16 rows from m and NT 8-column tiles from
+// n0 (fragment layout in device_ops.cuh), on m16n8k8 TF32 products of the float operands a(r, k) and
+// b(k, c), rounded to TF32 here; k1 - k0 a multiple of 8.
+template <int NT, class FA, class FB>
+__device__ __forceinline__ void tf32_product(float (&acc)[NT][4], int m, int n0, int k0, int k1, FA a, FB b) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int k = k0; k < k1; k += 8) {
+    const unsigned af[4] = {to_tf32(a(m + g, k + t)), to_tf32(a(m + g + 8, k + t)), to_tf32(a(m + g, k + t + 4)),
+                            to_tf32(a(m + g + 8, k + t + 4))};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const unsigned bf[2] = {to_tf32(b(k + t, n0 + 8 * j + g)), to_tf32(b(k + t + 4, n0 + 8 * j + g))};
+      mma_tf32(acc[j], af, bf);
+    }
+  }
+}
+
+// f(r, c, acc[j][e]) for every element of the warp's tiles (rows from m, 8-column tiles from n0).
+template <int NT, class F>
+__device__ __forceinline__ void for_each(float (&acc)[NT][4], int m, int n0, F f) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f(m + g + (e >= 2 ? 8 : 0), n0 + 8 * j + 2 * t + (e & 1), acc[j][e]);
+}
+
+// Adds a lane's partial sums for its rows g and g + 8 (of the tiles at m) into sums[]: over the lanes of
+// a row (t), then one shared-memory atomic a row.
+__device__ __forceinline__ void add_row_sums(float lo, float hi, int m, float* sums) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {
+    lo += __shfl_xor_sync(0xffffffffu, lo, o);
+    hi += __shfl_xor_sync(0xffffffffu, hi, o);
+  }
+  if (lane % 4 == 0) {
+    atomicAdd(sums + m + lane / 4, lo);
+    atomicAdd(sums + m + lane / 4 + 8, hi);
+  }
+}
+
+// sum over the warp's elements of x(r, c) acc(r, c), by row, into sums[] (row dot products).
+template <int NT, class F>
+__device__ __forceinline__ void row_dots(float (&acc)[NT][4], int m, int n0, F x, float* sums) {
+  float lo = 0.f, hi = 0.f;
+  for_each(acc, m, n0, [&](int r, int c, float v) { (r < m + 8 ? lo : hi) += v * x(r, c); });
+  add_row_sums(lo, hi, m, sums);
+}
+
+// A pair of consecutive 16-bit outputs.
+template <class T>
+__device__ __forceinline__ void store_pair(T* p, float a, float b) {
+  const T pair[2] = {T(a), T(b)};
+  *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(pair);
+}
+
+// Writes the warp's tiles (rows from m, 8-column tiles from n0) of a [C][D] gradient to its rows of
+// head h in out [rows, H, D]; padding slots are skipped.
+template <int D, int NT, class T>
+__device__ __forceinline__ void store_rows(float (&acc)[NT][4], int m, int n0, const int64_t* rows, int h, int H,
+                                           T* __restrict__ out) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int e = 0; e < 4; e += 2) {
+    const int r = m + g + (e >= 2 ? 8 : 0);
+    if (rows[r] < 0) continue;
+    T* dst = out + (rows[r] * H + h) * D;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) store_pair(dst + n0 + 8 * j + 2 * t, acc[j][e], acc[j][e + 1]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// chunk_state_direct: one block of 8 warps per (chunk, head).
+
+template <int DK, int DV, class T>
+constexpr size_t direct_smem() {
+  return (2 * kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T) + kC * ld16<DK>() * sizeof(__half) +
+         (kC * kLdT + kC * (DK + 8) + kC) * sizeof(float) + kC * sizeof(int64_t);
+}
+
+template <int DK, int DV, class T>
+__global__ void __launch_bounds__(kDirectThreads)
+    chunk_state_direct_kernel(const T* __restrict__ q, const T* __restrict__ k, const float* __restrict__ g,
+                              const __half* __restrict__ W, const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
+                              float scale, float* __restrict__ Z) {
+  constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), LDQ = DK + 8;
+  extern __shared__ float4 smem4[];
+  float* const As = reinterpret_cast<float*>(smem4);  // [C][kLdT]: A
+  float* const Qt = As + kC * kLdT;                     // [C][DK + 8]: diag(e^G) Q - A W
+  float* const Gs = Qt + kC * LDQ;
+  int64_t* const rows = reinterpret_cast<int64_t*>(Gs + kC);
+  T* const Qs = reinterpret_cast<T*>(rows + kC);
+  T* const Ks = Qs + kC * LDK;
+  T* const dOs = Ks + kC * LDK;
+  __half* const Ws = reinterpret_cast<__half*>(dOs + kC * LDV);
+  const int64_t n = blockIdx.x;
+  const int h = blockIdx.y, tid = threadIdx.x;
+  const int64_t chunk = static_cast<int64_t>(h) * N + n;
+  if (tid < kC) rows[tid] = slots(n, tid);
+  __syncthreads();
+  load_rows<DK>(Qs, q, rows, h, H);
+  load_rows<DK>(Ks, k, rows, h, H);
+  load_rows<DV>(dOs, dO, rows, h, H);
+  for (int i = tid; i < kC * DK / 8; i += kDirectThreads) {
+    const int r = (8 * i) / DK, c = (8 * i) % DK;
+    cp_async16(Ws + r * LDK + c, W + (chunk * kC + r) * DK + c);
+  }
+  cp_async_commit();
+  chunk_gates(g, nullptr, rows, h, H, Gs, nullptr);
+  cp_async_wait<0>();
+  __syncthreads();
+
+  masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As);
+  __syncthreads();
+
+  const int warp = tid / 32;
+  {  // Qt = diag(e^G) Q - A W: warp w, rows 16 (w % 4) .., columns (DK / 2)(w / 4) ..
+    constexpr int NT = DK / 16;
+    const int m = (warp % 4) * 16, n0 = (warp / 4) * (DK / 2);
+    float aw[NT][4] = {};
+    tf32_product(aw, m, n0, 0, m + 16, [&](int r, int c) { return As[r * kLdT + c]; },
+                 [&](int r, int c) { return __half2float(Ws[r * LDK + c]); });
+    for_each(aw, m, n0, [&](int r, int c, float v) {
+      Qt[r * LDQ + c] = expf(Gs[r]) * static_cast<float>(Qs[r * LDK + c]) - v;
+    });
+  }
+  __syncthreads();
+  {  // Z = Qt^T (scale dO): DK / 16 row groups of 16 split the 8 warps, each group's columns shared out.
+    constexpr int RG = DK / 16, CG = 8 / RG, NT = DV / (8 * CG);
+    const int m = (warp % RG) * 16, n0 = (warp / RG) * (DV / CG);
+    float z[NT][4] = {};
+    tf32_product(z, m, n0, 0, kC, [&](int r, int c) { return Qt[c * LDQ + r]; },
+                 [&](int r, int c) { return scale * static_cast<float>(dOs[r * LDV + c]); });
+    const int lane = tid % 32, g8 = lane / 4, t = lane % 4;
+    float* dst = Z + chunk * DK * DV;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int r = m + g8 + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
+        *reinterpret_cast<float2*>(dst + r * DV + c) = make_float2(z[j][e], z[j][e + 1]);
+      }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// chunk_backward: one block of 16 warps per (chunk, head).
+
+// Shared memory in floats: T, A, Lg = (K K^T * e^{G_t - G_i}, i < t); the column steps' buffers (S and
+// dS slices, X, M, dM, dVb), later dA, dT and a product's scratch; the inverse's scratch; 12 vectors
+// of C; then rows and the 16-bit tiles Q, K, V, dO.
+template <int DK>
+constexpr int step_floats() {
+  const int steps = 2 * DK * kLdBV + 4 * kC * kLdBV, after = 3 * kC * kLdT;
+  return steps > after ? steps : after;
+}
+template <int DK, int DV, class T>
+constexpr size_t backward_smem() {
+  return (3 * kC * kLdT + step_floats<DK>() + 3 * 256 + 12 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
+         (2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T);
+}
+
+template <int DK, int DV, class T>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    chunk_backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                          const float* __restrict__ g, const float* __restrict__ beta, const float* __restrict__ S,
+                          const float* __restrict__ dS, const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
+                          float scale, T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
+                          float* __restrict__ dg, float* __restrict__ dbeta) {
+  constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), NTK = DK / 32;
+  extern __shared__ float4 smem4[];
+  float* const Ts = reinterpret_cast<float*>(smem4);
+  float* const As = Ts + kC * kLdT;
+  float* const Lg = As + kC * kLdT;
+  float* const step = Lg + kC * kLdT;
+  float* const Sj = step;                  // [DK][kLdBV]
+  float* const dSj = Sj + DK * kLdBV;      // [DK][kLdBV]
+  float* const Xj = dSj + DK * kLdBV;      // [C][kLdBV] each
+  float* const Mj = Xj + kC * kLdBV;
+  float* const dMj = Mj + kC * kLdBV;
+  float* const dVbj = dMj + kC * kLdBV;
+  float* const dQK = step;                 // after the steps: [C][kLdT] each
+  float* const Zs = step + kC * kLdT;      // dT, then d(K K^T) = diag(beta) dL * e^{G_t - G_i}
+  float* const Ys = step + 2 * kC * kLdT;  // T^T dT
+  float* const inv = step + step_floats<DK>();  // the inverse's scratch
+  float* const Gs = inv + 3 * 256;
+  float* const eG = Gs + kC;
+  float* const bs = eG + kC;
+  float* const kd = bs + kC;
+  float* const db_sum = kd + kC;   // sum_c dVb V + sum_i dL Lg (dbeta but its e^G kb_dot term)
+  float* const kb_sum = db_sum + kC;  // <ndKb_t, k_t>
+  float* const qq_sum = kb_sum + kC;  // <dqdecay_t, q_t>
+  float* const kk_sum = qq_sum + kC;  // <dkdecay_t, k_t>
+  float* const xa_row = kk_sum + kC;  // row and column sums of dA * A and of dL * L
+  float* const xa_col = xa_row + kC;
+  float* const xl_row = xa_col + kC;
+  float* const xl_col = xl_row + kC;
+  float* const sdot = xl_col + kC;  // <S, dS>, then sum_i kd_i kk_sum_i
+  int64_t* const rows = reinterpret_cast<int64_t*>(sdot + 4);
+  T* const Qs = reinterpret_cast<T*>(rows + kC);
+  T* const Ks = Qs + kC * LDK;
+  T* const Vs = Ks + kC * LDK;
+  T* const dOs = Vs + kC * LDV;
+
+  const int64_t n = blockIdx.x;
+  const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32;
+  const int64_t chunk = static_cast<int64_t>(h) * N + n;
+  if (tid < kC) rows[tid] = slots(n, tid);
+  for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
+  __syncthreads();
+  load_rows<DK>(Qs, q, rows, h, H);
+  load_rows<DK>(Ks, k, rows, h, H);
+  load_rows<DV>(Vs, v, rows, h, H);
+  load_rows<DV>(dOs, dO, rows, h, H);
+  cp_async_commit();
+  chunk_gates(g, beta, rows, h, H, Gs, bs);
+  cp_async_wait<0>();
+  __syncthreads();
+  if (tid < kC) {
+    eG[tid] = expf(Gs[tid]);
+    kd[tid] = expf(Gs[kC - 1] - Gs[tid]);
+  }
+  // Lg (warps 0..7) and A (warps 8..15), then L = diag(beta) Lg into Ts and its inverse there.
+  if (warp < 8) masked_gram<DK>(Ks, Ks, Gs, nullptr, /*inclusive=*/false, Lg, warp);
+  else masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As, warp - 8);
+  __syncthreads();
+  for (int i = tid; i < kC * kC; i += kBwdThreads) {
+    const int r = i / kC, c = i % kC;
+    Ts[r * kLdT + c] = bs[r] * Lg[r * kLdT + c];
+  }
+  __syncthreads();
+  invert_unit_lower<kBwdThreads>(Ts, inv, [] {});
+
+  auto dO_at = [&](int r, int c) { return scale * static_cast<float>(dOs[r * LDV + c]); };
+  const int m = (warp % 4) * 16;           // every warp's 16 rows
+  const int nj = (warp / 4) * 8;           // its 8 columns of a step's [C][kBV] products
+  const int nk = (warp / 4) * (DK / 4);    // its DK / 4 columns of the [C][DK] sums
+  const int nc = (warp / 4) * 16;          // its 16 columns of the [C][C] sums
+  float acc_dq[NTK][4] = {}, acc_kb[NTK][4] = {}, acc_dk[NTK][4] = {};  // dqdecay, ndKb, dkdecay
+  float acc_dA[2][4] = {}, acc_dT[2][4] = {};
+  float s_dot = 0.f;
+  for (int c0 = 0; c0 < DV; c0 += kBV) {
+    const float* Sg = S + chunk * DK * DV + c0;
+    const float* dSg = dS + chunk * DK * DV + c0;
+    for (int i = tid; i < DK * kBV / 4; i += kBwdThreads) {
+      const int r = (4 * i) / kBV, c = (4 * i) % kBV;
+      cp_async16(Sj + r * kLdBV + c, Sg + r * DV + c);
+      cp_async16(dSj + r * kLdBV + c, dSg + r * DV + c);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int i = tid; i < DK * kBV; i += kBwdThreads) {
+      const int r = i / kBV, c = i % kBV;
+      s_dot = fmaf(Sj[r * kLdBV + c], dSj[r * kLdBV + c], s_dot);
+    }
+    {  // X = diag(beta) (V - diag(e^G) K S) and dM = diag(kd) K dS + A^T dO, this step's columns
+      float ks[1][4] = {}, dm[1][4] = {};
+      auto K_at = [&](int r, int c) { return static_cast<float>(Ks[r * LDK + c]); };
+      tf32_product(ks, m, nj, 0, DK, K_at, [&](int r, int c) { return Sj[r * kLdBV + c]; });
+      tf32_product(dm, m, nj, 0, DK, K_at, [&](int r, int c) { return dSj[r * kLdBV + c]; });
+      for_each(dm, m, nj, [&](int r, int, float& x) { x *= kd[r]; });
+      tf32_product(dm, m, nj, m, kC, [&](int r, int c) { return As[c * kLdT + r]; },
+                   [&](int r, int c) { return dO_at(r, c0 + c); });
+      for_each(ks, m, nj, [&](int r, int c, float x) {
+        Xj[r * kLdBV + c] = bs[r] * (static_cast<float>(Vs[r * LDV + c0 + c]) - eG[r] * x);
+      });
+      for_each(dm, m, nj, [&](int r, int c, float x) { dMj[r * kLdBV + c] = x; });
+    }
+    __syncthreads();
+    {  // M = T X, dVb = T^T dM; dV = diag(beta) dVb; sum_c dVb V into db_sum
+      float mm[1][4] = {}, dvb[1][4] = {};
+      tf32_product(mm, m, nj, 0, m + 16, [&](int r, int c) { return Ts[r * kLdT + c]; },
+                   [&](int r, int c) { return Xj[r * kLdBV + c]; });
+      tf32_product(dvb, m, nj, m, kC, [&](int r, int c) { return Ts[c * kLdT + r]; },
+                   [&](int r, int c) { return dMj[r * kLdBV + c]; });
+      for_each(mm, m, nj, [&](int r, int c, float x) { Mj[r * kLdBV + c] = x; });
+      for_each(dvb, m, nj, [&](int r, int c, float x) { dVbj[r * kLdBV + c] = x; });
+      row_dots(dvb, m, nj, [&](int r, int c) { return static_cast<float>(Vs[r * LDV + c0 + c]); }, db_sum);
+      for_each(dvb, m, nj, [&](int r, int, float& x) { x *= bs[r]; });
+      store_rows<DV>(dvb, m, c0 + nj, rows, h, H, dv);
+    }
+    __syncthreads();
+    // The sums over this step's columns.
+    auto S_t = [&](int r, int c) { return Sj[c * kLdBV + r]; };  // S^T
+    tf32_product(acc_dq, m, nk, 0, kBV, [&](int r, int c) { return dO_at(r, c0 + c); }, S_t);
+    tf32_product(acc_kb, m, nk, 0, kBV, [&](int r, int c) { return dVbj[r * kLdBV + c]; }, S_t);
+    tf32_product(acc_dk, m, nk, 0, kBV, [&](int r, int c) { return Mj[r * kLdBV + c]; },
+                 [&](int r, int c) { return dSj[c * kLdBV + r]; });
+    tf32_product(acc_dA, m, nc, 0, kBV, [&](int r, int c) { return dO_at(r, c0 + c); },
+                 [&](int r, int c) { return Mj[c * kLdBV + r]; });
+    tf32_product(acc_dT, m, nc, 0, kBV, [&](int r, int c) { return dMj[r * kLdBV + c]; },
+                 [&](int r, int c) { return Xj[c * kLdBV + r]; });
+    __syncthreads();  // before the next step's slices overwrite these
+  }
+
+  // <S, dS>; the row dot products of the [C][DK] sums.
+  s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 16);
+  s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 8);
+  s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 4);
+  s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 2);
+  s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 1);
+  if (tid % 32 == 0) atomicAdd(sdot, s_dot);
+  auto Q_at = [&](int r, int c) { return static_cast<float>(Qs[r * LDK + c]); };
+  auto K_at = [&](int r, int c) { return static_cast<float>(Ks[r * LDK + c]); };
+  row_dots(acc_dq, m, nk, Q_at, qq_sum);
+  row_dots(acc_kb, m, nk, K_at, kb_sum);
+  row_dots(acc_dk, m, nk, K_at, kk_sum);
+  {  // d(Q K^T) = dA * e^{G_t - G_i} (i <= t) into dQK; dA * A's row and column sums; dT into Zs
+    float lo = 0.f, hi = 0.f;
+    float col[2][2] = {};
+    for_each(acc_dA, m, nc, [&](int r, int c, float x) {
+      const bool keep = c <= r;
+      dQK[r * kLdT + c] = keep ? x * expf(Gs[r] - Gs[c]) : 0.f;
+      const float xa = keep ? x * As[r * kLdT + c] : 0.f;
+      (r < m + 8 ? lo : hi) += xa;
+      col[(c - nc) / 8][c % 2] += xa;
+    });
+    add_row_sums(lo, hi, m, xa_row);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x = col[j][e];
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        if (tid % 32 < 4) atomicAdd(xa_col + nc + 8 * j + 2 * (tid % 4) + e, x);
+      }
+    for_each(acc_dT, m, nc, [&](int r, int c, float x) { Zs[r * kLdT + c] = x; });
+  }
+  __syncthreads();
+  {  // Ys = T^T dT
+    float y[2][4] = {};
+    tf32_product(y, m, nc, m, kC, [&](int r, int c) { return Ts[c * kLdT + r]; },
+                 [&](int r, int c) { return Zs[r * kLdT + c]; });
+    for_each(y, m, nc, [&](int r, int c, float x) { Ys[r * kLdT + c] = x; });
+  }
+  __syncthreads();
+  {  // dL = -(Ys T^T), strictly lower; its sums; d(K K^T) = diag(beta) dL * e^{G_t - G_i} into Zs
+    float y[2][4] = {};
+    if (nc < m + 16)
+      tf32_product(y, m, nc, 0, nc + 16, [&](int r, int c) { return Ys[r * kLdT + c]; },
+                   [&](int r, int c) { return Ts[c * kLdT + r]; });
+    float dlo = 0.f, dhi = 0.f, lo = 0.f, hi = 0.f;
+    float col[2][2] = {};
+    for_each(y, m, nc, [&](int r, int c, float x) {
+      const bool keep = c < r;
+      const float dl = keep ? -x : 0.f, lg = Lg[r * kLdT + c];
+      const float xl = bs[r] * dl * lg;
+      (r < m + 8 ? dlo : dhi) += dl * lg;
+      (r < m + 8 ? lo : hi) += xl;
+      col[(c - nc) / 8][c % 2] += xl;
+      Zs[r * kLdT + c] = keep ? bs[r] * dl * expf(Gs[r] - Gs[c]) : 0.f;
+    });
+    add_row_sums(dlo, dhi, m, db_sum);
+    add_row_sums(lo, hi, m, xl_row);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x = col[j][e];
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        if (tid % 32 < 4) atomicAdd(xl_col + nc + 8 * j + 2 * (tid % 4) + e, x);
+      }
+  }
+  __syncthreads();
+  // dQ = diag(e^G) dqdecay + d(Q K^T) K
+  for_each(acc_dq, m, nk, [&](int r, int, float& x) { x *= eG[r]; });
+  tf32_product(acc_dq, m, nk, 0, m + 16, [&](int r, int c) { return dQK[r * kLdT + c]; }, K_at);
+  store_rows<DK>(acc_dq, m, nk, rows, h, H, dq);
+  // dK = -diag(beta e^G) ndKb + diag(kd) dkdecay + d(Q K^T)^T Q + (d(K K^T) + d(K K^T)^T) K
+  {
+    const int lane = tid % 32;
+#pragma unroll
+    for (int j = 0; j < NTK; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = m + lane / 4 + (e >= 2 ? 8 : 0);
+        acc_kb[j][e] = kd[r] * acc_dk[j][e] - bs[r] * eG[r] * acc_kb[j][e];
+      }
+  }
+  tf32_product(acc_kb, m, nk, m, kC, [&](int r, int c) { return dQK[c * kLdT + r]; }, Q_at);
+  tf32_product(acc_kb, m, nk, 0, kC, [&](int r, int c) { return Zs[r * kLdT + c] + Zs[c * kLdT + r]; }, K_at);
+  store_rows<DK>(acc_kb, m, nk, rows, h, H, dk);
+  __syncthreads();  // every sum is in
+  if (tid < kC) {  // dbeta, and dG with its reverse cumulative sum dg (warps 0 and 1, one row a thread)
+    const int r = tid;
+    const float kb_dot = -kb_sum[r];  // <dKb_t, k_t>
+    const float kd_dot = kd[r] * kk_sum[r];
+    float dG = eG[r] * qq_sum[r] + bs[r] * eG[r] * kb_dot + xa_row[r] - xa_col[r] + xl_row[r] - xl_col[r] - kd_dot;
+    float kd_total = kd_dot;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) kd_total += __shfl_xor_sync(0xffffffffu, kd_total, o);
+    if (r % 32 == 0) atomicAdd(sdot + 1, kd_total);
+    if (rows[r] >= 0) dbeta[rows[r] * H + h] = db_sum[r] + eG[r] * kb_dot;
+    Gs[r] = dG;  // (G itself is no longer read)
+  }
+  __syncthreads();
+  if (tid < 32) {  // through G_C: sum_i kd_i <dkdecay_i, k_i> + e^{G_C} <S, dS>; then the suffix sums
+    const int l = tid;
+    if (l == 31) Gs[kC - 1] += sdot[1] + eG[kC - 1] * sdot[0];
+    __syncwarp();
+    const float a = Gs[2 * l], b = Gs[2 * l + 1];
+    float s = a + b;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_down_sync(0xffffffffu, s, o);
+      if (l + o < 32) s += y;
+    }
+    if (rows[2 * l] >= 0) dg[rows[2 * l] * H + h] = s;
+    if (rows[2 * l + 1] >= 0) dg[rows[2 * l + 1] * H + h] = s - a;
+  }
+}
+
+struct DirectArgs {
+  const void *q, *k;
+  const float* g;
+  const __half* W;
+  const void* dO;
+  SlotRows slots;
+  int H;
+  int64_t N;
+  float scale;
+  float* Z;
+};
+template <int DK, int DV, class X>
+struct LaunchDirect {
+  static void run(const DirectArgs& p) {
+    constexpr size_t smem = direct_smem<DK, DV, X>();
+    auto kernel = chunk_state_direct_kernel<DK, DV, X>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kDirectThreads, smem,
+             at::cuda::getCurrentCUDAStream()>>>(static_cast<const X*>(p.q), static_cast<const X*>(p.k), p.g, p.W,
+                                                 static_cast<const X*>(p.dO), p.slots, p.H, p.N, p.scale, p.Z);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
+
+struct BackwardArgs {
+  const void *q, *k, *v;
+  const float *g, *beta, *S, *dS;
+  const void* dO;
+  SlotRows slots;
+  int H;
+  int64_t N;
+  float scale;
+  void *dq, *dk, *dv;
+  float *dg, *dbeta;
+};
+template <int DK, int DV, class X>
+struct LaunchBackward {
+  static void run(const BackwardArgs& p) {
+    constexpr size_t smem = backward_smem<DK, DV, X>();
+    auto kernel = chunk_backward_kernel<DK, DV, X>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kBwdThreads, smem,
+             at::cuda::getCurrentCUDAStream()>>>(
+        static_cast<const X*>(p.q), static_cast<const X*>(p.k), static_cast<const X*>(p.v), p.g, p.beta, p.S, p.dS,
+        static_cast<const X*>(p.dO), p.slots, p.H, p.N, p.scale, static_cast<X*>(p.dq), static_cast<X*>(p.dk),
+        static_cast<X*>(p.dv), p.dg, p.dbeta);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
+
+}  // namespace
+
+at::Tensor chunk_state_direct(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g, const at::Tensor& W,
+                              const at::Tensor& dO, const ChunkGrid& grid, double scale) {
+  if (q.dim() != 4 || dO.dim() != 4)
+    throw std::invalid_argument("hh::kernels::chunk_state_direct: q and dO must be [B, T, H, D]");
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = dO.size(3), N = grid.N;
+  need(q, "chunk_state_direct", "q", q.sizes(), true);
+  need(k, "chunk_state_direct", "k", q.sizes(), true);
+  need(g, "chunk_state_direct", "g", {B, T, H}, false);
+  need(dO, "chunk_state_direct", "dO", {B, T, H, Dv}, true);
+  need(W, "chunk_state_direct", "W", {H, N, kC, Dk}, true);
+  if (k.scalar_type() != q.scalar_type() || dO.scalar_type() != q.scalar_type() || W.scalar_type() != at::kHalf ||
+      !chunk_forward_supported(Dk, Dv, q.scalar_type()))
+    throw std::invalid_argument(
+        "hh::kernels::chunk_state_direct: q, k and dO of one 16-bit dtype, W float16, Dk and Dv in {64, 128} only");
+  const SlotRows slots = slot_rows(grid, B, T);
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor Z = at::empty({H, N, Dk, Dv}, q.options().dtype(at::kFloat));
+  if (N == 0 || H == 0) return Z;
+  dispatch<LaunchDirect>(Dk, Dv, q.scalar_type(),
+                         DirectArgs{q.data_ptr(), k.data_ptr(), g.data_ptr<float>(),
+                                    reinterpret_cast<const __half*>(W.data_ptr<c10::Half>()), dO.data_ptr(), slots,
+                                    static_cast<int>(H), N, static_cast<float>(scale), Z.data_ptr<float>()});
+  return Z;
+}
+
+ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                               const at::Tensor& beta, const at::Tensor& S, const at::Tensor& dS, const at::Tensor& dO,
+                               const ChunkGrid& grid, double scale) {
+  if (q.dim() != 4 || v.dim() != 4) throw std::invalid_argument("hh::kernels::chunk_backward: q and v must be [B, T, H, D]");
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3), N = grid.N;
+  need(q, "chunk_backward", "q", q.sizes(), true);
+  need(k, "chunk_backward", "k", q.sizes(), true);
+  need(v, "chunk_backward", "v", {B, T, H, Dv}, true);
+  need(dO, "chunk_backward", "dO", {B, T, H, Dv}, true);
+  need(g, "chunk_backward", "g", {B, T, H}, false);
+  need(beta, "chunk_backward", "beta", {B, T, H}, false);
+  need(S, "chunk_backward", "S", {H, N, Dk, Dv}, false);
+  need(dS, "chunk_backward", "dS", {H, N, Dk, Dv}, false);
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || dO.scalar_type() != q.scalar_type() ||
+      !chunk_forward_supported(Dk, Dv, q.scalar_type()))
+    throw std::invalid_argument("hh::kernels::chunk_backward: q, k, v and dO of one 16-bit dtype, Dk and Dv in {64, 128} only");
+  const SlotRows slots = slot_rows(grid, B, T);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const auto f32 = q.options().dtype(at::kFloat);
+  ChunkInputGrads r{at::empty(q.sizes(), q.options()), at::empty(q.sizes(), q.options()), at::empty(v.sizes(), v.options()),
+                    at::empty({B, T, H}, f32), at::empty({B, T, H}, f32)};
+  if (N == 0 || H == 0) return r;
+  dispatch<LaunchBackward>(Dk, Dv, q.scalar_type(),
+                           BackwardArgs{q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr<float>(), beta.data_ptr<float>(),
+                                        S.data_ptr<float>(), dS.data_ptr<float>(), dO.data_ptr(), slots, static_cast<int>(H),
+                                        N, static_cast<float>(scale), r.dq.data_ptr(), r.dk.data_ptr(), r.dv.data_ptr(),
+                                        r.dg.data_ptr<float>(), r.dbeta.data_ptr<float>()});
+  return r;
+}
+
+}  // namespace hh::kernels
