@@ -31,18 +31,25 @@ constexpr int kBV = 32;          // columns of S and dS a step of chunk_backward
 constexpr int kLdBV = kBV + 4;   // their float rows in shared memory
 constexpr int kDirectThreads = 256;
 
+// A product's operand as TF32 bits: a float is rounded here; unsigned bits are taken as they are (values
+// stored already rounded, read through tf32_bits, or 16-bit inputs, read through bits: exact in TF32).
+__device__ __forceinline__ unsigned tf32_operand(float x) { return to_tf32(x); }
+__device__ __forceinline__ unsigned tf32_operand(unsigned x) { return x; }
+__device__ __forceinline__ float round_tf32(float x) { return __uint_as_float(to_tf32(x)); }  // to store
+__device__ __forceinline__ unsigned tf32_bits(float x) { return __float_as_uint(x); }      // a stored round_tf32
+
 // acc[j] += sum_{k in [k0, k1)} a(r, k) b(k, c) for the warp's 16 rows from m and NT 8-column tiles from
-// n0 (fragment layout in device_ops.cuh), on m16n8k8 TF32 products of the float operands a(r, k) and
-// b(k, c), rounded to TF32 here; k1 - k0 a multiple of 8.
+// n0 (fragment layout in device_ops.cuh), on m16n8k8 TF32 products of the operands a(r, k) and b(k, c)
+// (tf32_operand); k1 - k0 a multiple of 8.
 template <int NT, class FA, class FB>
 __device__ __forceinline__ void tf32_product(float (&acc)[NT][4], int m, int n0, int k0, int k1, FA a, FB b) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   for (int k = k0; k < k1; k += 8) {
-    const unsigned af[4] = {to_tf32(a(m + g, k + t)), to_tf32(a(m + g + 8, k + t)), to_tf32(a(m + g, k + t + 4)),
-                            to_tf32(a(m + g + 8, k + t + 4))};
+    const unsigned af[4] = {tf32_operand(a(m + g, k + t)), tf32_operand(a(m + g + 8, k + t)),
+                            tf32_operand(a(m + g, k + t + 4)), tf32_operand(a(m + g + 8, k + t + 4))};
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      const unsigned bf[2] = {to_tf32(b(k + t, n0 + 8 * j + g)), to_tf32(b(k + t + 4, n0 + 8 * j + g))};
+      const unsigned bf[2] = {tf32_operand(b(k + t, n0 + 8 * j + g)), tf32_operand(b(k + t + 4, n0 + 8 * j + g))};
       mma_tf32(acc[j], af, bf);
     }
   }
@@ -107,10 +114,12 @@ __device__ __forceinline__ void store_rows(float (&acc)[NT][4], int m, int n0, c
 // ---------------------------------------------------------------------------------------------------
 // chunk_state_direct: one block of 8 warps per (chunk, head).
 
+// Shared memory: A and W (then Qt in their place: at most their size), G, rows, the 16-bit tiles Q, K,
+// dO; under half of an SM's, so that two blocks share one.
 template <int DK, int DV, class T>
 constexpr size_t direct_smem() {
-  return (2 * kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T) + kC * ld16<DK>() * sizeof(__half) +
-         (kC * kLdT + kC * (DK + 8) + kC) * sizeof(float) + kC * sizeof(int64_t);
+  return (kC * kLdT + kC + kC * ld16<DK>() / 2) * sizeof(float) + kC * sizeof(int64_t) +
+         (2 * kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T);
 }
 
 template <int DK, int DV, class T>
@@ -119,15 +128,16 @@ __global__ void __launch_bounds__(kDirectThreads)
                               const __half* __restrict__ W, const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
                               float scale, float* __restrict__ Z) {
   constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), LDQ = DK + 8;
+  static_assert(kC * LDQ <= kC * kLdT + kC * LDK / 2, "Qt fits where A and W were");
   extern __shared__ float4 smem4[];
-  float* const As = reinterpret_cast<float*>(smem4);  // [C][kLdT]: A
-  float* const Qt = As + kC * kLdT;                     // [C][DK + 8]: diag(e^G) Q - A W
-  float* const Gs = Qt + kC * LDQ;
+  float* const As = reinterpret_cast<float*>(smem4);             // [C][kLdT]: A
+  __half* const Ws = reinterpret_cast<__half*>(As + kC * kLdT);  // [C][LDK]: W
+  float* const Qt = As;                                          // [C][DK + 8]: diag(e^G) Q - A W, once A and W are read
+  float* const Gs = As + kC * kLdT + kC * LDK / 2;
   int64_t* const rows = reinterpret_cast<int64_t*>(Gs + kC);
   T* const Qs = reinterpret_cast<T*>(rows + kC);
   T* const Ks = Qs + kC * LDK;
   T* const dOs = Ks + kC * LDK;
-  __half* const Ws = reinterpret_cast<__half*>(dOs + kC * LDV);
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y, tid = threadIdx.x;
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
@@ -154,9 +164,10 @@ __global__ void __launch_bounds__(kDirectThreads)
     const int m = (warp % 4) * 16, n0 = (warp / 4) * (DK / 2);
     float aw[NT][4] = {};
     tf32_product(aw, m, n0, 0, m + 16, [&](int r, int c) { return As[r * kLdT + c]; },
-                 [&](int r, int c) { return __half2float(Ws[r * LDK + c]); });
+                 [&](int r, int c) { return bits(Ws[r * LDK + c]); });
+    __syncthreads();  // every warp is done with A and W
     for_each(aw, m, n0, [&](int r, int c, float v) {
-      Qt[r * LDQ + c] = expf(Gs[r]) * static_cast<float>(Qs[r * LDK + c]) - v;
+      Qt[r * LDQ + c] = round_tf32(expf(Gs[r]) * static_cast<float>(Qs[r * LDK + c]) - v);
     });
   }
   __syncthreads();
@@ -164,7 +175,7 @@ __global__ void __launch_bounds__(kDirectThreads)
     constexpr int RG = DK / 16, CG = 8 / RG, NT = DV / (8 * CG);
     const int m = (warp % RG) * 16, n0 = (warp / RG) * (DV / CG);
     float z[NT][4] = {};
-    tf32_product(z, m, n0, 0, kC, [&](int r, int c) { return Qt[c * LDQ + r]; },
+    tf32_product(z, m, n0, 0, kC, [&](int r, int c) { return tf32_bits(Qt[c * LDQ + r]); },
                  [&](int r, int c) { return scale * static_cast<float>(dOs[r * LDV + c]); });
     const int lane = tid % 32, g8 = lane / 4, t = lane % 4;
     float* dst = Z + chunk * DK * DV;
@@ -182,11 +193,11 @@ __global__ void __launch_bounds__(kDirectThreads)
 // chunk_backward: one block of 16 warps per (chunk, head).
 
 // Shared memory in floats: T, A, Lg = (K K^T * e^{G_t - G_i}, i < t); the column steps' buffers (S and
-// dS slices, X, M, dM, dVb), later dA, dT and a product's scratch; the inverse's scratch; 12 vectors
+// dS slices, X, M, dM, dVb, scale dO), later dA, dT and a product's scratch; the inverse's scratch; 12 vectors
 // of C; then rows and the 16-bit tiles Q, K, V, dO.
 template <int DK>
 constexpr int step_floats() {
-  const int steps = 2 * DK * kLdBV + 4 * kC * kLdBV, after = 3 * kC * kLdT;
+  const int steps = 2 * DK * kLdBV + 5 * kC * kLdBV, after = 3 * kC * kLdT;
   return steps > after ? steps : after;
 }
 template <int DK, int DV, class T>
@@ -214,6 +225,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float* const Mj = Xj + kC * kLdBV;
   float* const dMj = Mj + kC * kLdBV;
   float* const dVbj = dMj + kC * kLdBV;
+  float* const dOj = dVbj + kC * kLdBV;    // scale dO's columns of the step
+  // The product operands in shared memory are stored rounded to TF32 (round_tf32, read by tf32_bits),
+  // except S and dS until the step's first pass; the 16-bit tiles are read by bits (exact).
   float* const dQK = step;                 // after the steps: [C][kLdT] each
   float* const Zs = step + kC * kLdT;      // dT, then d(K K^T) = diag(beta) dL * e^{G_t - G_i}
   float* const Ys = step + 2 * kC * kLdT;  // T^T dT
@@ -265,8 +279,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   __syncthreads();
   invert_unit_lower<kBwdThreads>(Ts, inv, [] {});
+  for (int i = tid; i < kC * kC; i += kBwdThreads) {
+    float* t = Ts + (i / kC) * kLdT + i % kC;
+    float* a = As + (i / kC) * kLdT + i % kC;
+    *t = round_tf32(*t);
+    *a = round_tf32(*a);
+  }
+  __syncthreads();
 
-  auto dO_at = [&](int r, int c) { return scale * static_cast<float>(dOs[r * LDV + c]); };
+  auto K_bits = [&](int r, int c) { return bits(Ks[r * LDK + c]); };
+  auto Q_bits = [&](int r, int c) { return bits(Qs[r * LDK + c]); };
+  auto dO_bits = [&](int r, int c) { return tf32_bits(dOj[r * kLdBV + c]); };
   const int m = (warp % 4) * 16;           // every warp's 16 rows
   const int nj = (warp / 4) * 8;           // its 8 columns of a step's [C][kBV] products
   const int nk = (warp / 4) * (DK / 4);    // its DK / 4 columns of the [C][DK] sums
@@ -285,47 +308,53 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
+    // <S, dS> over the slices; the slices rounded to TF32 in place; scale dO's columns.
     for (int i = tid; i < DK * kBV; i += kBwdThreads) {
-      const int r = i / kBV, c = i % kBV;
-      s_dot = fmaf(Sj[r * kLdBV + c], dSj[r * kLdBV + c], s_dot);
+      float* a = Sj + (i / kBV) * kLdBV + i % kBV;
+      float* b = dSj + (i / kBV) * kLdBV + i % kBV;
+      s_dot = fmaf(*a, *b, s_dot);
+      *a = round_tf32(*a);
+      *b = round_tf32(*b);
     }
+    for (int i = tid; i < kC * kBV; i += kBwdThreads) {
+      const int r = i / kBV, c = i % kBV;
+      dOj[r * kLdBV + c] = round_tf32(scale * static_cast<float>(dOs[r * LDV + c0 + c]));
+    }
+    __syncthreads();
     {  // X = diag(beta) (V - diag(e^G) K S) and dM = diag(kd) K dS + A^T dO, this step's columns
       float ks[1][4] = {}, dm[1][4] = {};
-      auto K_at = [&](int r, int c) { return static_cast<float>(Ks[r * LDK + c]); };
-      tf32_product(ks, m, nj, 0, DK, K_at, [&](int r, int c) { return Sj[r * kLdBV + c]; });
-      tf32_product(dm, m, nj, 0, DK, K_at, [&](int r, int c) { return dSj[r * kLdBV + c]; });
+      tf32_product(ks, m, nj, 0, DK, K_bits, [&](int r, int c) { return tf32_bits(Sj[r * kLdBV + c]); });
+      tf32_product(dm, m, nj, 0, DK, K_bits, [&](int r, int c) { return tf32_bits(dSj[r * kLdBV + c]); });
       for_each(dm, m, nj, [&](int r, int, float& x) { x *= kd[r]; });
-      tf32_product(dm, m, nj, m, kC, [&](int r, int c) { return As[c * kLdT + r]; },
-                   [&](int r, int c) { return dO_at(r, c0 + c); });
+      tf32_product(dm, m, nj, m, kC, [&](int r, int c) { return tf32_bits(As[c * kLdT + r]); }, dO_bits);
       for_each(ks, m, nj, [&](int r, int c, float x) {
-        Xj[r * kLdBV + c] = bs[r] * (static_cast<float>(Vs[r * LDV + c0 + c]) - eG[r] * x);
+        Xj[r * kLdBV + c] = round_tf32(bs[r] * (static_cast<float>(Vs[r * LDV + c0 + c]) - eG[r] * x));
       });
-      for_each(dm, m, nj, [&](int r, int c, float x) { dMj[r * kLdBV + c] = x; });
+      for_each(dm, m, nj, [&](int r, int c, float x) { dMj[r * kLdBV + c] = round_tf32(x); });
     }
     __syncthreads();
     {  // M = T X, dVb = T^T dM; dV = diag(beta) dVb; sum_c dVb V into db_sum
       float mm[1][4] = {}, dvb[1][4] = {};
-      tf32_product(mm, m, nj, 0, m + 16, [&](int r, int c) { return Ts[r * kLdT + c]; },
-                   [&](int r, int c) { return Xj[r * kLdBV + c]; });
-      tf32_product(dvb, m, nj, m, kC, [&](int r, int c) { return Ts[c * kLdT + r]; },
-                   [&](int r, int c) { return dMj[r * kLdBV + c]; });
-      for_each(mm, m, nj, [&](int r, int c, float x) { Mj[r * kLdBV + c] = x; });
-      for_each(dvb, m, nj, [&](int r, int c, float x) { dVbj[r * kLdBV + c] = x; });
+      tf32_product(mm, m, nj, 0, m + 16, [&](int r, int c) { return tf32_bits(Ts[r * kLdT + c]); },
+                   [&](int r, int c) { return tf32_bits(Xj[r * kLdBV + c]); });
+      tf32_product(dvb, m, nj, m, kC, [&](int r, int c) { return tf32_bits(Ts[c * kLdT + r]); },
+                   [&](int r, int c) { return tf32_bits(dMj[r * kLdBV + c]); });
+      for_each(mm, m, nj, [&](int r, int c, float x) { Mj[r * kLdBV + c] = round_tf32(x); });
+      for_each(dvb, m, nj, [&](int r, int c, float x) { dVbj[r * kLdBV + c] = round_tf32(x); });
       row_dots(dvb, m, nj, [&](int r, int c) { return static_cast<float>(Vs[r * LDV + c0 + c]); }, db_sum);
       for_each(dvb, m, nj, [&](int r, int, float& x) { x *= bs[r]; });
       store_rows<DV>(dvb, m, c0 + nj, rows, h, H, dv);
     }
     __syncthreads();
     // The sums over this step's columns.
-    auto S_t = [&](int r, int c) { return Sj[c * kLdBV + r]; };  // S^T
-    tf32_product(acc_dq, m, nk, 0, kBV, [&](int r, int c) { return dO_at(r, c0 + c); }, S_t);
-    tf32_product(acc_kb, m, nk, 0, kBV, [&](int r, int c) { return dVbj[r * kLdBV + c]; }, S_t);
-    tf32_product(acc_dk, m, nk, 0, kBV, [&](int r, int c) { return Mj[r * kLdBV + c]; },
-                 [&](int r, int c) { return dSj[c * kLdBV + r]; });
-    tf32_product(acc_dA, m, nc, 0, kBV, [&](int r, int c) { return dO_at(r, c0 + c); },
-                 [&](int r, int c) { return Mj[c * kLdBV + r]; });
-    tf32_product(acc_dT, m, nc, 0, kBV, [&](int r, int c) { return dMj[r * kLdBV + c]; },
-                 [&](int r, int c) { return Xj[c * kLdBV + r]; });
+    auto S_t = [&](int r, int c) { return tf32_bits(Sj[c * kLdBV + r]); };  // S^T
+    tf32_product(acc_dq, m, nk, 0, kBV, dO_bits, S_t);
+    tf32_product(acc_kb, m, nk, 0, kBV, [&](int r, int c) { return tf32_bits(dVbj[r * kLdBV + c]); }, S_t);
+    tf32_product(acc_dk, m, nk, 0, kBV, [&](int r, int c) { return tf32_bits(Mj[r * kLdBV + c]); },
+                 [&](int r, int c) { return tf32_bits(dSj[c * kLdBV + r]); });
+    tf32_product(acc_dA, m, nc, 0, kBV, dO_bits, [&](int r, int c) { return tf32_bits(Mj[c * kLdBV + r]); });
+    tf32_product(acc_dT, m, nc, 0, kBV, [&](int r, int c) { return tf32_bits(dMj[r * kLdBV + c]); },
+                 [&](int r, int c) { return tf32_bits(Xj[c * kLdBV + r]); });
     __syncthreads();  // before the next step's slices overwrite these
   }
 
@@ -346,7 +375,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     float col[2][2] = {};
     for_each(acc_dA, m, nc, [&](int r, int c, float x) {
       const bool keep = c <= r;
-      dQK[r * kLdT + c] = keep ? x * expf(Gs[r] - Gs[c]) : 0.f;
+      dQK[r * kLdT + c] = keep ? round_tf32(x * expf(Gs[r] - Gs[c])) : 0.f;
       const float xa = keep ? x * As[r * kLdT + c] : 0.f;
       (r < m + 8 ? lo : hi) += xa;
       col[(c - nc) / 8][c % 2] += xa;
@@ -362,21 +391,21 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         x += __shfl_xor_sync(0xffffffffu, x, 16);
         if (tid % 32 < 4) atomicAdd(xa_col + nc + 8 * j + 2 * (tid % 4) + e, x);
       }
-    for_each(acc_dT, m, nc, [&](int r, int c, float x) { Zs[r * kLdT + c] = x; });
+    for_each(acc_dT, m, nc, [&](int r, int c, float x) { Zs[r * kLdT + c] = round_tf32(x); });
   }
   __syncthreads();
   {  // Ys = T^T dT
     float y[2][4] = {};
-    tf32_product(y, m, nc, m, kC, [&](int r, int c) { return Ts[c * kLdT + r]; },
-                 [&](int r, int c) { return Zs[r * kLdT + c]; });
-    for_each(y, m, nc, [&](int r, int c, float x) { Ys[r * kLdT + c] = x; });
+    tf32_product(y, m, nc, m, kC, [&](int r, int c) { return tf32_bits(Ts[c * kLdT + r]); },
+                 [&](int r, int c) { return tf32_bits(Zs[r * kLdT + c]); });
+    for_each(y, m, nc, [&](int r, int c, float x) { Ys[r * kLdT + c] = round_tf32(x); });
   }
   __syncthreads();
   {  // dL = -(Ys T^T), strictly lower; its sums; d(K K^T) = diag(beta) dL * e^{G_t - G_i} into Zs
     float y[2][4] = {};
     if (nc < m + 16)
-      tf32_product(y, m, nc, 0, nc + 16, [&](int r, int c) { return Ys[r * kLdT + c]; },
-                   [&](int r, int c) { return Ts[c * kLdT + r]; });
+      tf32_product(y, m, nc, 0, nc + 16, [&](int r, int c) { return tf32_bits(Ys[r * kLdT + c]); },
+                   [&](int r, int c) { return tf32_bits(Ts[c * kLdT + r]); });
     float dlo = 0.f, dhi = 0.f, lo = 0.f, hi = 0.f;
     float col[2][2] = {};
     for_each(y, m, nc, [&](int r, int c, float x) {
@@ -404,7 +433,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   __syncthreads();
   // dQ = diag(e^G) dqdecay + d(Q K^T) K
   for_each(acc_dq, m, nk, [&](int r, int, float& x) { x *= eG[r]; });
-  tf32_product(acc_dq, m, nk, 0, m + 16, [&](int r, int c) { return dQK[r * kLdT + c]; }, K_at);
+  tf32_product(acc_dq, m, nk, 0, m + 16, [&](int r, int c) { return tf32_bits(dQK[r * kLdT + c]); }, K_bits);
   store_rows<DK>(acc_dq, m, nk, rows, h, H, dq);
   // dK = -diag(beta e^G) ndKb + diag(kd) dkdecay + d(Q K^T)^T Q + (d(K K^T) + d(K K^T)^T) K
   {
@@ -417,8 +446,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         acc_kb[j][e] = kd[r] * acc_dk[j][e] - bs[r] * eG[r] * acc_kb[j][e];
       }
   }
-  tf32_product(acc_kb, m, nk, m, kC, [&](int r, int c) { return dQK[c * kLdT + r]; }, Q_at);
-  tf32_product(acc_kb, m, nk, 0, kC, [&](int r, int c) { return Zs[r * kLdT + c] + Zs[c * kLdT + r]; }, K_at);
+  tf32_product(acc_kb, m, nk, m, kC, [&](int r, int c) { return tf32_bits(dQK[c * kLdT + r]); }, Q_bits);
+  tf32_product(acc_kb, m, nk, 0, kC, [&](int r, int c) { return Zs[r * kLdT + c] + Zs[c * kLdT + r]; }, K_bits);
   store_rows<DK>(acc_kb, m, nk, rows, h, H, dk);
   __syncthreads();  // every sum is in
   if (tid < kC) {  // dbeta, and dG with its reverse cumulative sum dg (warps 0 and 1, one row a thread)

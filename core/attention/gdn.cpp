@@ -640,6 +640,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     const Tf32Scope tf32(use_tf32(q));
     const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
     at::Tensor S, o, final_state;  // S: the state at the start of each chunk
+    at::Tensor W16, kdecay16, decay;  // the chunk kernels' transition factors, kept for the backward's reverse scan
     if (chunk_kernels_ok(q, k, v, chunk)) {
 #ifdef HH_HAVE_KERNELS
       // The chunk kernels read q, k, v, g and beta where they lie; the scan runs between them.
@@ -654,6 +655,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
         S = r.S;
         final_state = r.final_state;
         o = kernels::chunk_output_f16(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, q.scalar_type());
+        if (keep_states) std::tie(W16, kdecay16, decay) = std::make_tuple(f.W, f.kdecay, f.decay);
       } else {
         const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid);
         const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets,
@@ -662,6 +664,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
         S = r.S;
         final_state = r.final_state;
         o = kernels::chunk_output(qc, kc, gf, r.S, r.M, grid, scale);
+        if (keep_states) std::tie(W16, kdecay16, decay) = std::make_tuple(f.W, f.kdecay, f.decay);
       }
 #endif
     } else {
@@ -686,7 +689,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       }
       o = from_chunks(O, L, B, T, v.scalar_type(), scale);
     }
-    ctx->save_for_backward({q, k, v, g, beta, S});
+    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
@@ -731,7 +734,15 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
                        bf = aligned(beta.to(at::kFloat));
       const at::Tensor dO = grads[0].defined() ? aligned(grads[0].to(q.scalar_type())) : at::zeros_like(vc);
-      const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid);
+      // The forward's factors where it kept them (its chunk kernels ran), else the same ones again.
+      kernels::ChunkFactors f;
+      if (saved[6].defined()) {
+        f.W = saved[6];
+        f.kdecay = saved[7];
+        f.decay = saved[8];
+      } else {
+        f = kernels::chunk_factors(kc, vc, gf, bf, grid);
+      }
       kernels::LowRankScanArgs a;
       a.A = f.W;
       a.B = f.kdecay;
