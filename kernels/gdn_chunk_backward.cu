@@ -55,6 +55,33 @@ __device__ __forceinline__ void tf32_product(float (&acc)[NT][4], int m, int n0,
   }
 }
 
+// The same product for operands stored rounded to TF32 in shared memory as A [r][k] and B^T [n][k] (row
+// strides lda, ldb multiples of 4 floats; 16-byte aligned): each fragment in one ldmatrix (a lane's
+// 32-bit element t of row g is the pair of 16-bit elements 2t, 2t + 1 that ldmatrix hands it), two
+// 8-column tiles a B load; NT even.
+template <int NT>
+__device__ __forceinline__ void tf32_product_nt(float (&acc)[NT][4], int m, int n0, int k0, int k1, const float* A,
+                                                int lda, const float* Bt, int ldb) {
+  static_assert(NT % 2 == 0, "two 8-column tiles a B load");
+  const int lane = threadIdx.x % 32;
+  // A: matrices (rows m.., k), (m + 8.., k), (m.., k + 4), (m + 8.., k + 4) = a[0..3];
+  // B^T: (n.., k), (n.., k + 4) for tile j, then the same 8 rows on for tile j + 1.
+  const float* a_row = A + (m + lane % 8 + 8 * ((lane / 8) % 2)) * lda + 4 * (lane / 16);
+  const float* b_row = Bt + (n0 + lane % 8 + 8 * (lane / 16)) * ldb + 4 * ((lane / 8) % 2);
+  for (int k = k0; k < k1; k += 8) {
+    unsigned a[4];
+    ldmatrix_x4(a, a_row + k);
+#pragma unroll
+    for (int j = 0; j < NT; j += 2) {
+      unsigned b[4];
+      ldmatrix_x4(b, b_row + 8 * j * ldb + k);
+      const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      mma_tf32(acc[j], a, b0);
+      mma_tf32(acc[j + 1], a, b1);
+    }
+  }
+}
+
 // f(r, c, acc[j][e]) for every element of the warp's tiles (rows from m, 8-column tiles from n0).
 template <int NT, class F>
 __device__ __forceinline__ void for_each(float (&acc)[NT][4], int m, int n0, F f) {
@@ -347,14 +374,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     __syncthreads();
     // The sums over this step's columns.
-    auto S_t = [&](int r, int c) { return tf32_bits(Sj[c * kLdBV + r]); };  // S^T
-    tf32_product(acc_dq, m, nk, 0, kBV, dO_bits, S_t);
-    tf32_product(acc_kb, m, nk, 0, kBV, [&](int r, int c) { return tf32_bits(dVbj[r * kLdBV + c]); }, S_t);
-    tf32_product(acc_dk, m, nk, 0, kBV, [&](int r, int c) { return tf32_bits(Mj[r * kLdBV + c]); },
-                 [&](int r, int c) { return tf32_bits(dSj[c * kLdBV + r]); });
-    tf32_product(acc_dA, m, nc, 0, kBV, dO_bits, [&](int r, int c) { return tf32_bits(Mj[c * kLdBV + r]); });
-    tf32_product(acc_dT, m, nc, 0, kBV, [&](int r, int c) { return tf32_bits(dMj[r * kLdBV + c]); },
-                 [&](int r, int c) { return tf32_bits(Xj[c * kLdBV + r]); });
+    // dqdecay += dO S^T, ndKb += dVb S^T, dkdecay += M dS^T, dA += dO M^T, dT += dM X^T.
+    tf32_product_nt(acc_dq, m, nk, 0, kBV, dOj, kLdBV, Sj, kLdBV);
+    tf32_product_nt(acc_kb, m, nk, 0, kBV, dVbj, kLdBV, Sj, kLdBV);
+    tf32_product_nt(acc_dk, m, nk, 0, kBV, Mj, kLdBV, dSj, kLdBV);
+    tf32_product_nt(acc_dA, m, nc, 0, kBV, dOj, kLdBV, Mj, kLdBV);
+    tf32_product_nt(acc_dT, m, nc, 0, kBV, dMj, kLdBV, Xj, kLdBV);
     __syncthreads();  // before the next step's slices overwrite these
   }
 
@@ -403,9 +428,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   __syncthreads();
   {  // dL = -(Ys T^T), strictly lower; its sums; d(K K^T) = diag(beta) dL * e^{G_t - G_i} into Zs
     float y[2][4] = {};
-    if (nc < m + 16)
-      tf32_product(y, m, nc, 0, nc + 16, [&](int r, int c) { return tf32_bits(Ys[r * kLdT + c]); },
-                   [&](int r, int c) { return tf32_bits(Ts[c * kLdT + r]); });
+    if (nc < m + 16) tf32_product_nt(y, m, nc, 0, nc + 16, Ys, kLdT, Ts, kLdT);
     float dlo = 0.f, dhi = 0.f, lo = 0.f, hi = 0.f;
     float col[2][2] = {};
     for_each(y, m, nc, [&](int r, int c, float x) {
