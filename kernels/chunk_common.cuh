@@ -4,6 +4,8 @@
 // memory, the chunk's gates, the decay-masked Gram products, the unit lower inverse, and the host's
 // argument checks and dtype dispatch. Everything is in an unnamed namespace: each kernel file has its own copy.
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 
 #include <cstdint>
 #include <stdexcept>
@@ -205,6 +207,14 @@ inline SlotRows slot_rows(const ChunkGrid& grid, int64_t B, int64_t T) {
   if (grid.N != B * grid.per || grid.per * kC < T || (grid.per > 0 && (grid.per - 1) * kC >= T))
     throw std::invalid_argument("hh::kernels: ChunkGrid: N must be B * per with per = ceil(T / 64)");
   return {nullptr, grid.per, T, B * T};
+}
+
+// kernel<<<blocks, threads, smem>>>(args...) on the current stream, with its dynamic shared memory allowed.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 blocks, int threads, size_t smem, Args... args) {
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<blocks, threads, smem, at::cuda::getCurrentCUDAStream()>>>(args...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Launch<DK, DV, X>::run(p) for the runtime shapes and dtype (chunk_forward_supported has checked them).

@@ -383,13 +383,9 @@ template <int DK, int DV, class X>
 struct LaunchFactors {
   template <bool OUT>
   static void launch(const FactorsArgs& p) {
-    constexpr size_t smem = factors_smem<DK, DV, X, OUT>();
-    auto kernel = chunk_factors_kernel<DK, DV, X, OUT>;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kernel<<<dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        static_cast<const X*>(p.k), static_cast<const X*>(p.v), p.g, p.beta, p.slots, p.H, p.N, p.W, p.U, p.kdecay, p.decay,
-        p.out);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(chunk_factors_kernel<DK, DV, X, OUT>, dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kThreads,
+           factors_smem<DK, DV, X, OUT>(), static_cast<const X*>(p.k), static_cast<const X*>(p.v), p.g, p.beta, p.slots,
+           p.H, p.N, p.W, p.U, p.kdecay, p.decay, p.out);
   }
   static void run(const FactorsArgs& p) { p.out.q != nullptr ? launch<true>(p) : launch<false>(p); }
 };
@@ -407,14 +403,9 @@ struct OutputArgs {
 template <int DK, int DV, class X>
 struct LaunchOutput {
   static void run(const OutputArgs& p) {
-    constexpr size_t smem = output_smem<DK, X>();
-    auto kernel = chunk_output_kernel<DK, DV, X>;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     const dim3 blocks(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H), static_cast<unsigned>(DV / kOutCols));
-    kernel<<<blocks, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(static_cast<const X*>(p.q), static_cast<const X*>(p.k),
-                                                                        p.g, p.slots, p.H, p.N, p.S, p.M, p.scale,
-                                                                        static_cast<X*>(p.out));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(chunk_output_kernel<DK, DV, X>, blocks, kThreads, output_smem<DK, X>(), static_cast<const X*>(p.q),
+           static_cast<const X*>(p.k), p.g, p.slots, p.H, p.N, p.S, p.M, p.scale, static_cast<X*>(p.out));
   }
 };
 
@@ -433,13 +424,9 @@ struct OutputF16Args {
 template <int DK, int DV, class X>
 struct LaunchOutputF16 {
   static void run(const OutputF16Args& p) {
-    constexpr size_t smem = output_f16_smem<DK>();
-    auto kernel = chunk_output_f16_kernel<DK, DV, X>;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     const dim3 blocks(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H), static_cast<unsigned>(DV / kOutCols));
-    kernel<<<blocks, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(p.Qd, p.Aq, p.aq_inv, p.S16, p.S_inv, p.M16,
-                                                                        p.M_inv, p.slots, p.H, p.N, static_cast<X*>(p.out));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(chunk_output_f16_kernel<DK, DV, X>, blocks, kThreads, output_f16_smem<DK>(), p.Qd, p.Aq, p.aq_inv, p.S16,
+           p.S_inv, p.M16, p.M_inv, p.slots, p.H, p.N, static_cast<X*>(p.out));
   }
 };
 bool g_chunk_kernels = true;

@@ -107,6 +107,22 @@ __device__ __forceinline__ void add_row_sums(float lo, float hi, int m, float* s
   }
 }
 
+// Adds a lane's partial sums for its columns 2t + e of the warp's two 8-column tiles from n0 (over its
+// rows g and g + 8) into sums[]: over the lanes of a column (g), then one shared-memory atomic a column.
+__device__ __forceinline__ void add_col_sums(float (&col)[2][2], int n0, float* sums) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float x = col[j][e];
+      x += __shfl_xor_sync(0xffffffffu, x, 4);
+      x += __shfl_xor_sync(0xffffffffu, x, 8);
+      x += __shfl_xor_sync(0xffffffffu, x, 16);
+      if (lane < 4) atomicAdd(sums + n0 + 8 * j + 2 * lane + e, x);
+    }
+}
+
 // sum over the warp's elements of x(r, c) acc(r, c), by row, into sums[] (row dot products).
 template <int NT, class F>
 __device__ __forceinline__ void row_dots(float (&acc)[NT][4], int m, int n0, F x, float* sums) {
@@ -318,7 +334,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   auto Q_bits = [&](int r, int c) { return bits(Qs[r * LDK + c]); };
   auto dO_bits = [&](int r, int c) { return tf32_bits(dOj[r * kLdBV + c]); };
   const int m = (warp % 4) * 16;           // every warp's 16 rows
-  const int nj = (warp / 4) * 8;           // its 8 columns of a step's [C][kBV] products
+  const int ns = ((warp / 4) % 2) * 16;    // its 16 columns of a step's [C][kBV] products
   const int nk = (warp / 4) * (DK / 4);    // its DK / 4 columns of the [C][DK] sums
   const int nc = (warp / 4) * 16;          // its 16 columns of the [C][C] sums
   float acc_dq[NTK][4] = {}, acc_kb[NTK][4] = {}, acc_dk[NTK][4] = {};  // dqdecay, ndKb, dkdecay
@@ -348,29 +364,36 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       dOj[r * kLdBV + c] = round_tf32(scale * static_cast<float>(dOs[r * LDV + c0 + c]));
     }
     __syncthreads();
-    {  // X = diag(beta) (V - diag(e^G) K S) and dM = diag(kd) K dS + A^T dO, this step's columns
-      float ks[1][4] = {}, dm[1][4] = {};
-      tf32_product(ks, m, nj, 0, DK, K_bits, [&](int r, int c) { return tf32_bits(Sj[r * kLdBV + c]); });
-      tf32_product(dm, m, nj, 0, DK, K_bits, [&](int r, int c) { return tf32_bits(dSj[r * kLdBV + c]); });
-      for_each(dm, m, nj, [&](int r, int, float& x) { x *= kd[r]; });
-      tf32_product(dm, m, nj, m, kC, [&](int r, int c) { return tf32_bits(As[c * kLdT + r]); }, dO_bits);
-      for_each(ks, m, nj, [&](int r, int c, float x) {
+    // This step's columns of X = diag(beta) (V - diag(e^G) K S) (warps 0..7) and of
+    // dM = diag(kd) K dS + A^T dO (warps 8..15); then of M = T X (0..7) and dVb = T^T dM (8..15), with
+    // dV = diag(beta) dVb and sum_c dVb V into db_sum. Each warp takes 16 rows and 16 columns.
+    if (warp < 8) {
+      float ks[2][4] = {};
+      tf32_product(ks, m, ns, 0, DK, K_bits, [&](int r, int c) { return tf32_bits(Sj[r * kLdBV + c]); });
+      for_each(ks, m, ns, [&](int r, int c, float x) {
         Xj[r * kLdBV + c] = round_tf32(bs[r] * (static_cast<float>(Vs[r * LDV + c0 + c]) - eG[r] * x));
       });
-      for_each(dm, m, nj, [&](int r, int c, float x) { dMj[r * kLdBV + c] = round_tf32(x); });
+    } else {
+      float dm[2][4] = {};
+      tf32_product(dm, m, ns, 0, DK, K_bits, [&](int r, int c) { return tf32_bits(dSj[r * kLdBV + c]); });
+      for_each(dm, m, ns, [&](int r, int, float& x) { x *= kd[r]; });
+      tf32_product(dm, m, ns, m, kC, [&](int r, int c) { return tf32_bits(As[c * kLdT + r]); }, dO_bits);
+      for_each(dm, m, ns, [&](int r, int c, float x) { dMj[r * kLdBV + c] = round_tf32(x); });
     }
     __syncthreads();
-    {  // M = T X, dVb = T^T dM; dV = diag(beta) dVb; sum_c dVb V into db_sum
-      float mm[1][4] = {}, dvb[1][4] = {};
-      tf32_product(mm, m, nj, 0, m + 16, [&](int r, int c) { return tf32_bits(Ts[r * kLdT + c]); },
+    if (warp < 8) {
+      float mm[2][4] = {};
+      tf32_product(mm, m, ns, 0, m + 16, [&](int r, int c) { return tf32_bits(Ts[r * kLdT + c]); },
                    [&](int r, int c) { return tf32_bits(Xj[r * kLdBV + c]); });
-      tf32_product(dvb, m, nj, m, kC, [&](int r, int c) { return tf32_bits(Ts[c * kLdT + r]); },
+      for_each(mm, m, ns, [&](int r, int c, float x) { Mj[r * kLdBV + c] = round_tf32(x); });
+    } else {
+      float dvb[2][4] = {};
+      tf32_product(dvb, m, ns, m, kC, [&](int r, int c) { return tf32_bits(Ts[c * kLdT + r]); },
                    [&](int r, int c) { return tf32_bits(dMj[r * kLdBV + c]); });
-      for_each(mm, m, nj, [&](int r, int c, float x) { Mj[r * kLdBV + c] = round_tf32(x); });
-      for_each(dvb, m, nj, [&](int r, int c, float x) { dVbj[r * kLdBV + c] = round_tf32(x); });
-      row_dots(dvb, m, nj, [&](int r, int c) { return static_cast<float>(Vs[r * LDV + c0 + c]); }, db_sum);
-      for_each(dvb, m, nj, [&](int r, int, float& x) { x *= bs[r]; });
-      store_rows<DV>(dvb, m, c0 + nj, rows, h, H, dv);
+      for_each(dvb, m, ns, [&](int r, int c, float x) { dVbj[r * kLdBV + c] = round_tf32(x); });
+      row_dots(dvb, m, ns, [&](int r, int c) { return static_cast<float>(Vs[r * LDV + c0 + c]); }, db_sum);
+      for_each(dvb, m, ns, [&](int r, int, float& x) { x *= bs[r]; });
+      store_rows<DV>(dvb, m, c0 + ns, rows, h, H, dv);
     }
     __syncthreads();
     // The sums over this step's columns.
@@ -406,16 +429,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       col[(c - nc) / 8][c % 2] += xa;
     });
     add_row_sums(lo, hi, m, xa_row);
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float x = col[j][e];
-        x += __shfl_xor_sync(0xffffffffu, x, 4);
-        x += __shfl_xor_sync(0xffffffffu, x, 8);
-        x += __shfl_xor_sync(0xffffffffu, x, 16);
-        if (tid % 32 < 4) atomicAdd(xa_col + nc + 8 * j + 2 * (tid % 4) + e, x);
-      }
+    add_col_sums(col, nc, xa_col);
     for_each(acc_dT, m, nc, [&](int r, int c, float x) { Zs[r * kLdT + c] = round_tf32(x); });
   }
   __syncthreads();
@@ -442,16 +456,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     });
     add_row_sums(dlo, dhi, m, db_sum);
     add_row_sums(lo, hi, m, xl_row);
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float x = col[j][e];
-        x += __shfl_xor_sync(0xffffffffu, x, 4);
-        x += __shfl_xor_sync(0xffffffffu, x, 8);
-        x += __shfl_xor_sync(0xffffffffu, x, 16);
-        if (tid % 32 < 4) atomicAdd(xl_col + nc + 8 * j + 2 * (tid % 4) + e, x);
-      }
+    add_col_sums(col, nc, xl_col);
   }
   __syncthreads();
   // dQ = diag(e^G) dqdecay + d(Q K^T) K
@@ -516,13 +521,9 @@ struct DirectArgs {
 template <int DK, int DV, class X>
 struct LaunchDirect {
   static void run(const DirectArgs& p) {
-    constexpr size_t smem = direct_smem<DK, DV, X>();
-    auto kernel = chunk_state_direct_kernel<DK, DV, X>;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kernel<<<dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kDirectThreads, smem,
-             at::cuda::getCurrentCUDAStream()>>>(static_cast<const X*>(p.q), static_cast<const X*>(p.k), p.g, p.W,
-                                                 static_cast<const X*>(p.dO), p.slots, p.H, p.N, p.scale, p.Z);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(chunk_state_direct_kernel<DK, DV, X>, dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)),
+           kDirectThreads, direct_smem<DK, DV, X>(), static_cast<const X*>(p.q), static_cast<const X*>(p.k), p.g, p.W,
+           static_cast<const X*>(p.dO), p.slots, p.H, p.N, p.scale, p.Z);
   }
 };
 
@@ -540,15 +541,10 @@ struct BackwardArgs {
 template <int DK, int DV, class X>
 struct LaunchBackward {
   static void run(const BackwardArgs& p) {
-    constexpr size_t smem = backward_smem<DK, DV, X>();
-    auto kernel = chunk_backward_kernel<DK, DV, X>;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kernel<<<dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kBwdThreads, smem,
-             at::cuda::getCurrentCUDAStream()>>>(
-        static_cast<const X*>(p.q), static_cast<const X*>(p.k), static_cast<const X*>(p.v), p.g, p.beta, p.S, p.dS,
-        static_cast<const X*>(p.dO), p.slots, p.H, p.N, p.scale, static_cast<X*>(p.dq), static_cast<X*>(p.dk),
-        static_cast<X*>(p.dv), p.dg, p.dbeta);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(chunk_backward_kernel<DK, DV, X>, dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kBwdThreads,
+           backward_smem<DK, DV, X>(), static_cast<const X*>(p.q), static_cast<const X*>(p.k), static_cast<const X*>(p.v),
+           p.g, p.beta, p.S, p.dS, static_cast<const X*>(p.dO), p.slots, p.H, p.N, p.scale, static_cast<X*>(p.dq),
+           static_cast<X*>(p.dk), static_cast<X*>(p.dv), p.dg, p.dbeta);
   }
 };
 

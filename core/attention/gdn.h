@@ -42,7 +42,8 @@ GdnOutput gdn_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // c_{s+1} - c_s into one row: chunks never cross a boundary, initial_state and the returned state are
 // then [S, H, Dk, Dv]. Without it, each of the B rows is one sequence.
 // On CUDA with 16-bit q, k, v (Dk, Dv in {64, 128}, chunk 64) the forward's chunk-local halves run as
-// the kernels kernels::chunk_factors / chunk_output around the scan.
+// the kernels kernels::chunk_factors / chunk_output around the scan, and the backward's as
+// kernels::chunk_state_direct / chunk_backward around the reverse scan (GdnBackward::kKernels).
 // Runs as the op hydrahead::chunk_gated_delta_rule(q, k, v, g, beta, initial_state?, scale, chunk,
 // cu_seqlens) -> (o, final_state), registered for every backend with its autograd (a program that
 // links this library can call it through the dispatcher, e.g. torch.ops.hydrahead from Python).

@@ -163,116 +163,131 @@ torch::Tensor on_grid(const torch::Tensor& x, int64_t per) {
 // allocates next start as NaN (an element it fails to write then shows in rel_err).
 void poison_allocator() { (void)torch::full({64 << 20}, std::numeric_limits<float>::quiet_NaN(), kCuda.dtype(torch::kFloat)); }
 
+// Fresh inputs for the chunk kernels on the GPU: L2-normalised q, k and Gaussian v of dtype dt;
+// g = -0.5 U(0, 1) and beta = U(0, 1) in float32.
+struct ChunkIn {
+  torch::Tensor q, k, v, g, beta;
+};
+ChunkIn chunk_in(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, torch::Dtype dt) {
+  namespace F = torch::nn::functional;
+  const auto nrm = F::NormalizeFuncOptions().dim(-1);
+  const auto dev = kCuda.dtype(dt), f32 = kCuda.dtype(torch::kFloat);
+  return {F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev), F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev),
+          torch::randn({B, T, H, Dv}, kF64).to(dev), (-0.5 * torch::rand({B, T, H}, kF64)).to(f32),
+          torch::rand({B, T, H}, kF64).to(f32)};
+}
+
+// f(dt, Dk, Dv, what) for both 16-bit dtypes and every pair of the chunk kernels' head sizes.
+template <class Fn>
+void for_each_chunk_case(Fn f) {
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
+    for (auto [Dk, Dv] : {std::pair<int64_t, int64_t>{128, 128}, {64, 128}, {128, 64}, {64, 64}})
+      f(dt, Dk, Dv, std::string(c10::toString(dt)) + " Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv));
+}
+
 // The chunk kernels alone against their formulas in float64 on the chunk grid: T not a multiple of
 // 64 (the last chunk's padding slots), B = 2, Dk != Dv, both 16-bit dtypes.
 TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
   ASSERT_TRUE(torch::cuda::is_available());
-  namespace F = torch::nn::functional;
-  const auto nrm = F::NormalizeFuncOptions().dim(-1);
   const int64_t B = 2, T = 150, H = 3, per = 3, N = B * per, C = 64;
   const double scale = 0.1;
-  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
-    for (auto [Dk, Dv] : {std::pair<int64_t, int64_t>{128, 128}, {64, 128}, {128, 64}, {64, 64}}) {
-      const std::string what = std::string(c10::toString(dt)) + " Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv);
-      const auto dev = kCuda.dtype(dt), f32 = kCuda.dtype(torch::kFloat);
-      const auto q = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
-      const auto k = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
-      const auto v = torch::randn({B, T, H, Dv}, kF64).to(dev);
-      const auto g = (-0.5 * torch::rand({B, T, H}, kF64)).to(f32), beta = torch::rand({B, T, H}, kF64).to(f32);
-      auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
-      const auto Q = on_grid(f64(q), per), K = on_grid(f64(k), per), V = on_grid(f64(v), per);
-      const auto G = on_grid(f64(g), per).cumsum(-1), Bt = on_grid(f64(beta), per);  // [H, N, C]
-      const auto diff = G.unsqueeze(-1) - G.unsqueeze(-2);
-      const auto strict = torch::ones({C, C}, torch::kBool).tril(-1), incl = torch::ones({C, C}, torch::kBool).tril();
-      const auto L = (Bt.unsqueeze(-1) * torch::matmul(K, K.transpose(-1, -2)) * diff.exp()).masked_fill(strict.logical_not(), 0.0);
-      const auto Tinv = torch::inverse(torch::eye(C, kF64) + L);
-      const auto W = torch::matmul(Tinv, (Bt * G.exp()).unsqueeze(-1) * K), U = torch::matmul(Tinv, Bt.unsqueeze(-1) * V);
-      const auto last = G.select(-1, C - 1);
-      const auto kdecay = (last.unsqueeze(-1) - G).exp().unsqueeze(-1) * K;
+  for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& what) {
+    const auto f32 = kCuda.dtype(torch::kFloat);
+    const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
+    auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
+    const auto Q = on_grid(f64(q), per), K = on_grid(f64(k), per), V = on_grid(f64(v), per);
+    const auto G = on_grid(f64(g), per).cumsum(-1), Bt = on_grid(f64(beta), per);  // [H, N, C]
+    const auto diff = G.unsqueeze(-1) - G.unsqueeze(-2);
+    const auto strict = torch::ones({C, C}, torch::kBool).tril(-1), incl = torch::ones({C, C}, torch::kBool).tril();
+    const auto L = (Bt.unsqueeze(-1) * torch::matmul(K, K.transpose(-1, -2)) * diff.exp()).masked_fill(strict.logical_not(), 0.0);
+    const auto Tinv = torch::inverse(torch::eye(C, kF64) + L);
+    const auto W = torch::matmul(Tinv, (Bt * G.exp()).unsqueeze(-1) * K), U = torch::matmul(Tinv, Bt.unsqueeze(-1) * V);
+    const auto last = G.select(-1, C - 1);
+    const auto kdecay = (last.unsqueeze(-1) - G).exp().unsqueeze(-1) * K;
 
-      poison_allocator();
-      const hh::kernels::ChunkGrid grid{N, per, {}};
-      const auto f = hh::kernels::chunk_factors(k, v, g, beta, grid);
-      // TF32 operands (10 mantissa bits) for T and the scaled K and V: ~1e-3.
-      EXPECT_LT(rel_err(f.W, W), 3e-3) << what;
-      EXPECT_LT(rel_err(f.U, U), 3e-3) << what;
-      EXPECT_EQ(f.W.scalar_type(), torch::kHalf) << what;  // W and kdecay as the scan streams them
-      EXPECT_LT(rel_err(f.kdecay, kdecay), 1e-3) << what;      // float16's rounding
-      EXPECT_LT(rel_err(f.decay, last.exp()), 1e-6) << what;
+    poison_allocator();
+    const hh::kernels::ChunkGrid grid{N, per, {}};
+    const auto f = hh::kernels::chunk_factors(k, v, g, beta, grid);
+    // TF32 operands (10 mantissa bits) for T and the scaled K and V: ~1e-3.
+    EXPECT_LT(rel_err(f.W, W), 3e-3) << what;
+    EXPECT_LT(rel_err(f.U, U), 3e-3) << what;
+    EXPECT_EQ(f.W.scalar_type(), torch::kHalf) << what;  // W and kdecay as the scan streams them
+    EXPECT_LT(rel_err(f.kdecay, kdecay), 1e-3) << what;      // float16's rounding
+    EXPECT_LT(rel_err(f.decay, last.exp()), 1e-6) << what;
 
-      // The output from arbitrary start states and new values (rows of padding slots M = 0, as the scan leaves them).
-      const auto S = torch::randn({H, N, Dk, Dv}, kF64);
-      const auto M = torch::randn({H, N, C, Dv}, kF64) * (Bt != 0).unsqueeze(-1);
-      const auto attn = (torch::matmul(Q, K.transpose(-1, -2)) * diff.masked_fill(incl.logical_not(), -std::numeric_limits<double>::infinity()).exp());
-      const auto O = scale * (G.exp().unsqueeze(-1) * torch::matmul(Q, S) + torch::matmul(attn, M));  // [H, N, C, Dv]
-      const auto want = O.reshape({H, B, per * C, Dv}).narrow(2, 0, T).permute({1, 2, 0, 3});
-      poison_allocator();
-      const auto got = hh::kernels::chunk_output(q, k, g, S.to(f32), M.to(f32), grid, scale);
-      EXPECT_EQ(got.scalar_type(), dt) << what;
-      EXPECT_LT(rel_err(got, want), 1e-2) << what;  // the 16-bit output's rounding
+    // The output from arbitrary start states and new values (rows of padding slots M = 0, as the scan leaves them).
+    const auto S = torch::randn({H, N, Dk, Dv}, kF64);
+    const auto M = torch::randn({H, N, C, Dv}, kF64) * (Bt != 0).unsqueeze(-1);
+    const auto attn = (torch::matmul(Q, K.transpose(-1, -2)) * diff.masked_fill(incl.logical_not(), -std::numeric_limits<double>::infinity()).exp());
+    const auto O = scale * (G.exp().unsqueeze(-1) * torch::matmul(Q, S) + torch::matmul(attn, M));  // [H, N, C, Dv]
+    const auto want = O.reshape({H, B, per * C, Dv}).narrow(2, 0, T).permute({1, 2, 0, 3});
+    poison_allocator();
+    const auto got = hh::kernels::chunk_output(q, k, g, S.to(f32), M.to(f32), grid, scale);
+    EXPECT_EQ(got.scalar_type(), dt) << what;
+    EXPECT_LT(rel_err(got, want), 1e-2) << what;  // the 16-bit output's rounding
 
-      // The output's factors (given q); the forward scan's block float16 history; chunk_output_f16 from
-      // both; all against the chunked rule in float64 from a random initial state (each sequence's
-      // per = 3 chunks in turn).
-      poison_allocator();
-      const auto fo = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
-      EXPECT_LT(rel_err(fo.W, W), 3e-3) << what;  // the factors are unchanged by q
-      EXPECT_LT(rel_err(fo.Qd, scale * G.exp().unsqueeze(-1) * Q), 1e-3) << what;
-      EXPECT_LT(rel_err(fo.Aq.to(torch::kDouble) * fo.aq_inv.to(torch::kDouble).unsqueeze(-1).unsqueeze(-1), scale * attn), 1e-3)
-          << what;
-      // Aq's scale: a power of two with each chunk's largest |entry| in [2^14, 2^15).
-      const auto inv = fo.aq_inv.cpu().to(torch::kDouble);
-      EXPECT_TRUE(torch::equal(torch::exp2(torch::round(torch::log2(inv))), inv)) << what;
-      const auto top = std::get<0>(fo.Aq.cpu().to(torch::kDouble).abs().flatten(2).max(-1));
-      EXPECT_GE(top.min().item<double>(), 16384.0) << what;
-      EXPECT_LT(top.max().item<double>(), 32768.0) << what;
+    // The output's factors (given q); the forward scan's block float16 history; chunk_output_f16 from
+    // both; all against the chunked rule in float64 from a random initial state (each sequence's
+    // per = 3 chunks in turn).
+    poison_allocator();
+    const auto fo = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
+    EXPECT_LT(rel_err(fo.W, W), 3e-3) << what;  // the factors are unchanged by q
+    EXPECT_LT(rel_err(fo.Qd, scale * G.exp().unsqueeze(-1) * Q), 1e-3) << what;
+    EXPECT_LT(rel_err(fo.Aq.to(torch::kDouble) * fo.aq_inv.to(torch::kDouble).unsqueeze(-1).unsqueeze(-1), scale * attn), 1e-3)
+        << what;
+    // Aq's scale: a power of two with each chunk's largest |entry| in [2^14, 2^15).
+    const auto inv = fo.aq_inv.cpu().to(torch::kDouble);
+    EXPECT_TRUE(torch::equal(torch::exp2(torch::round(torch::log2(inv))), inv)) << what;
+    const auto top = std::get<0>(fo.Aq.cpu().to(torch::kDouble).abs().flatten(2).max(-1));
+    EXPECT_GE(top.min().item<double>(), 16384.0) << what;
+    EXPECT_LT(top.max().item<double>(), 32768.0) << what;
 
-      const auto s0 = 0.5 * torch::randn({B, H, Dk, Dv}, kF64);
-      auto Sn = torch::empty({H, N, Dk, Dv}, kF64), Mn = torch::empty({H, N, C, Dv}, kF64);
-      auto fin = torch::empty({B, H, Dk, Dv}, kF64);
-      for (int64_t b = 0; b < B; ++b) {
-        auto y = s0[b].clone();  // [H, Dk, Dv]
-        for (int64_t j = 0; j < per; ++j) {
-          const int64_t n = b * per + j;
-          Sn.select(1, n).copy_(y);
-          Mn.select(1, n).copy_(U.select(1, n) - torch::matmul(W.select(1, n), y));
-          y = last.select(1, n).exp().view({H, 1, 1}) * y + torch::matmul(kdecay.select(1, n).transpose(-1, -2), Mn.select(1, n));
-        }
-        fin[b].copy_(y);
+    const auto s0 = 0.5 * torch::randn({B, H, Dk, Dv}, kF64);
+    auto Sn = torch::empty({H, N, Dk, Dv}, kF64), Mn = torch::empty({H, N, C, Dv}, kF64);
+    auto fin = torch::empty({B, H, Dk, Dv}, kF64);
+    for (int64_t b = 0; b < B; ++b) {
+      auto y = s0[b].clone();  // [H, Dk, Dv]
+      for (int64_t j = 0; j < per; ++j) {
+        const int64_t n = b * per + j;
+        Sn.select(1, n).copy_(y);
+        Mn.select(1, n).copy_(U.select(1, n) - torch::matmul(W.select(1, n), y));
+        y = last.select(1, n).exp().view({H, 1, 1}) * y + torch::matmul(kdecay.select(1, n).transpose(-1, -2), Mn.select(1, n));
       }
-      const auto Of = scale * (G.exp().unsqueeze(-1) * torch::matmul(Q, Sn) + torch::matmul(attn, Mn));
-      const auto want_f = Of.reshape({H, B, per * C, Dv}).narrow(2, 0, T).permute({1, 2, 0, 3});
-      // Expands [.., R / r, D / c] block scales over r x c blocks.
-      auto blocks = [](const torch::Tensor& x, int64_t r, int64_t c) {
-        return x.to(torch::kCPU, torch::kDouble).repeat_interleave(r, -2).repeat_interleave(c, -1);
-      };
-      for (bool states : {false, true}) {
-        poison_allocator();
-        hh::kernels::LowRankScanArgs a;
-        a.A = fo.kdecay;
-        a.B = fo.W;
-        a.decay = fo.decay;
-        a.U = fo.U;
-        a.y0 = s0.to(f32);
-        if (states) a.hist = torch::empty({H, N, Dk, Dv}, f32);
-        a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
-        a.S16 = torch::empty({H, N, Dk, Dv}, kCuda.dtype(torch::kHalf));
-        a.S_inv = torch::empty({H, N, Dk / 16, Dv / 16}, f32);
-        a.M16 = torch::empty({H, N, C, Dv}, kCuda.dtype(torch::kHalf));
-        a.M_inv = torch::empty({H, N, C / 16, Dv / 8}, f32);
-        const auto final_state = hh::kernels::low_rank_scan(a, {0, per, 2 * per});
-        const std::string how = what + (states ? " (with the float32 history)" : "");
-        EXPECT_LT(rel_err(final_state, fin), 3e-3) << how;
-        if (states) EXPECT_LT(rel_err(a.hist, Sn), 3e-3) << how;
-        // The float16 history: 11 significant bits an element on top of the scan's own error.
-        EXPECT_LT(rel_err(a.S16.to(torch::kCPU, torch::kDouble) * blocks(a.S_inv, 16, 16), Sn), 3e-3) << how;
-        EXPECT_LT(rel_err(a.M16.to(torch::kCPU, torch::kDouble) * blocks(a.M_inv, 16, 8), Mn), 3e-3) << how;
-        poison_allocator();
-        const auto o = hh::kernels::chunk_output_f16(fo, a.S16, a.S_inv, a.M16, a.M_inv, grid, B, T, dt);
-        EXPECT_EQ(o.scalar_type(), dt) << how;
-        EXPECT_LT(rel_err(o, want_f), 1e-2) << how;  // the 16-bit output's rounding
-      }
+      fin[b].copy_(y);
     }
+    const auto Of = scale * (G.exp().unsqueeze(-1) * torch::matmul(Q, Sn) + torch::matmul(attn, Mn));
+    const auto want_f = Of.reshape({H, B, per * C, Dv}).narrow(2, 0, T).permute({1, 2, 0, 3});
+    // Expands [.., R / r, D / c] block scales over r x c blocks.
+    auto blocks = [](const torch::Tensor& x, int64_t r, int64_t c) {
+      return x.to(torch::kCPU, torch::kDouble).repeat_interleave(r, -2).repeat_interleave(c, -1);
+    };
+    for (bool states : {false, true}) {
+      poison_allocator();
+      hh::kernels::LowRankScanArgs a;
+      a.A = fo.kdecay;
+      a.B = fo.W;
+      a.decay = fo.decay;
+      a.U = fo.U;
+      a.y0 = s0.to(f32);
+      if (states) a.hist = torch::empty({H, N, Dk, Dv}, f32);
+      a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
+      a.S16 = torch::empty({H, N, Dk, Dv}, kCuda.dtype(torch::kHalf));
+      a.S_inv = torch::empty({H, N, Dk / 16, Dv / 16}, f32);
+      a.M16 = torch::empty({H, N, C, Dv}, kCuda.dtype(torch::kHalf));
+      a.M_inv = torch::empty({H, N, C / 16, Dv / 8}, f32);
+      const auto final_state = hh::kernels::low_rank_scan(a, {0, per, 2 * per});
+      const std::string how = what + (states ? " (with the float32 history)" : "");
+      EXPECT_LT(rel_err(final_state, fin), 3e-3) << how;
+      if (states) EXPECT_LT(rel_err(a.hist, Sn), 3e-3) << how;
+      // The float16 history: 11 significant bits an element on top of the scan's own error.
+      EXPECT_LT(rel_err(a.S16.to(torch::kCPU, torch::kDouble) * blocks(a.S_inv, 16, 16), Sn), 3e-3) << how;
+      EXPECT_LT(rel_err(a.M16.to(torch::kCPU, torch::kDouble) * blocks(a.M_inv, 16, 8), Mn), 3e-3) << how;
+      poison_allocator();
+      const auto o = hh::kernels::chunk_output_f16(fo, a.S16, a.S_inv, a.M16, a.M_inv, grid, B, T, dt);
+      EXPECT_EQ(o.scalar_type(), dt) << how;
+      EXPECT_LT(rel_err(o, want_f), 1e-2) << how;  // the 16-bit output's rounding
+    }
+  });
 }
 
 // [H, B * per, 64, ...] -> [B, T, H, ...]: on_grid's inverse (padding slots dropped).
@@ -291,59 +306,52 @@ torch::Tensor off_grid(const torch::Tensor& x, int64_t B, int64_t T) {
 // outputs from a NaN-poisoned allocator.
 TEST(CudaGdn, BackwardChunkKernelsEqualAutogradInFloat64) {
   ASSERT_TRUE(torch::cuda::is_available());
-  namespace F = torch::nn::functional;
-  const auto nrm = F::NormalizeFuncOptions().dim(-1);
   const int64_t B = 2, T = 150, H = 3, per = 3, N = B * per, C = 64;
   const double scale = 0.1;
-  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
-    for (auto [Dk, Dv] : {std::pair<int64_t, int64_t>{128, 128}, {64, 128}, {128, 64}, {64, 64}}) {
-      const std::string what = std::string(c10::toString(dt)) + " Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv);
-      const auto dev = kCuda.dtype(dt), f32 = kCuda.dtype(torch::kFloat);
-      const auto q = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
-      const auto k = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
-      const auto v = torch::randn({B, T, H, Dv}, kF64).to(dev);
-      const auto g = (-0.5 * torch::rand({B, T, H}, kF64)).to(f32), beta = torch::rand({B, T, H}, kF64).to(f32);
-      const auto dO = torch::randn({B, T, H, Dv}, kF64).to(dev);
-      const auto S = 0.5 * torch::randn({H, N, Dk, Dv}, kF64), dS = torch::randn({H, N, Dk, Dv}, kF64);
-      auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
+  for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& what) {
+    const auto dev = kCuda.dtype(dt), f32 = kCuda.dtype(torch::kFloat);
+    const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
+    const auto dO = torch::randn({B, T, H, Dv}, kF64).to(dev);
+    const auto S = 0.5 * torch::randn({H, N, Dk, Dv}, kF64), dS = torch::randn({H, N, Dk, Dv}, kF64);
+    auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
 
-      // The chunk-local function in float64 on the grid, by autograd.
-      auto Q = on_grid(f64(q), per).requires_grad_(true), K = on_grid(f64(k), per).requires_grad_(true);
-      auto V = on_grid(f64(v), per).requires_grad_(true), Gi = on_grid(f64(g), per).requires_grad_(true);
-      auto Bt = on_grid(f64(beta), per).requires_grad_(true);
-      const auto Sg = S.clone().requires_grad_(true);
-      const auto G = Gi.cumsum(-1);
-      const auto diff = G.unsqueeze(-1) - G.unsqueeze(-2);
-      const auto strict = torch::ones({C, C}, torch::kBool).tril(-1), incl = torch::ones({C, C}, torch::kBool).tril();
-      const auto gamma = diff.masked_fill(incl.logical_not(), -std::numeric_limits<double>::infinity()).exp();
-      const auto Lm = (Bt.unsqueeze(-1) * torch::matmul(K, K.transpose(-1, -2)) * gamma).masked_fill(strict.logical_not(), 0.0);
-      const auto Tinv = torch::inverse(torch::eye(C, kF64) + Lm);
-      const auto W = torch::matmul(Tinv, (Bt * G.exp()).unsqueeze(-1) * K), U = torch::matmul(Tinv, Bt.unsqueeze(-1) * V);
-      const auto M = U - torch::matmul(W, Sg);
-      const auto O = G.exp().unsqueeze(-1) * torch::matmul(Q, Sg) + torch::matmul(torch::matmul(Q, K.transpose(-1, -2)) * gamma, M);
-      const auto last = G.select(-1, C - 1);
-      const auto Snext = last.exp().unsqueeze(-1).unsqueeze(-1) * Sg +
-                         torch::matmul(((last.unsqueeze(-1) - G).exp().unsqueeze(-1) * K).transpose(-1, -2), M);
-      const auto dOg = scale * on_grid(f64(dO), per);
-      const auto out_term = (dOg * O).sum();
-      const auto Z = torch::autograd::grad({out_term}, {Sg}, {}, /*retain_graph=*/true)[0];
-      const auto grads = torch::autograd::grad({out_term + (dS * Snext).sum()}, {Q, K, V, Gi, Bt});
+    // The chunk-local function in float64 on the grid, by autograd.
+    auto Q = on_grid(f64(q), per).requires_grad_(true), K = on_grid(f64(k), per).requires_grad_(true);
+    auto V = on_grid(f64(v), per).requires_grad_(true), Gi = on_grid(f64(g), per).requires_grad_(true);
+    auto Bt = on_grid(f64(beta), per).requires_grad_(true);
+    const auto Sg = S.clone().requires_grad_(true);
+    const auto G = Gi.cumsum(-1);
+    const auto diff = G.unsqueeze(-1) - G.unsqueeze(-2);
+    const auto strict = torch::ones({C, C}, torch::kBool).tril(-1), incl = torch::ones({C, C}, torch::kBool).tril();
+    const auto gamma = diff.masked_fill(incl.logical_not(), -std::numeric_limits<double>::infinity()).exp();
+    const auto Lm = (Bt.unsqueeze(-1) * torch::matmul(K, K.transpose(-1, -2)) * gamma).masked_fill(strict.logical_not(), 0.0);
+    const auto Tinv = torch::inverse(torch::eye(C, kF64) + Lm);
+    const auto W = torch::matmul(Tinv, (Bt * G.exp()).unsqueeze(-1) * K), U = torch::matmul(Tinv, Bt.unsqueeze(-1) * V);
+    const auto M = U - torch::matmul(W, Sg);
+    const auto O = G.exp().unsqueeze(-1) * torch::matmul(Q, Sg) + torch::matmul(torch::matmul(Q, K.transpose(-1, -2)) * gamma, M);
+    const auto last = G.select(-1, C - 1);
+    const auto Snext = last.exp().unsqueeze(-1).unsqueeze(-1) * Sg +
+                       torch::matmul(((last.unsqueeze(-1) - G).exp().unsqueeze(-1) * K).transpose(-1, -2), M);
+    const auto dOg = scale * on_grid(f64(dO), per);
+    const auto out_term = (dOg * O).sum();
+    const auto Z = torch::autograd::grad({out_term}, {Sg}, {}, /*retain_graph=*/true)[0];
+    const auto grads = torch::autograd::grad({out_term + (dS * Snext).sum()}, {Q, K, V, Gi, Bt});
 
-      const hh::kernels::ChunkGrid grid{N, per, {}};
-      const auto f = hh::kernels::chunk_factors(k, v, g, beta, grid);
-      poison_allocator();
-      const auto z = hh::kernels::chunk_state_direct(q, k, g, f.W, dO, grid, scale);
-      EXPECT_LT(rel_err(z, Z), 3e-3) << what << " (direct term)";  // TF32 products, float16 W
-      poison_allocator();
-      const auto d = hh::kernels::chunk_backward(q, k, v, g, beta, S.to(f32), dS.to(f32), dO, grid, scale);
-      const torch::Tensor got[] = {d.dq, d.dk, d.dv, d.dg, d.dbeta};
-      const char* names[] = {"dq", "dk", "dv", "dg", "dbeta"};
-      for (size_t i = 0; i < 5; ++i) {
-        EXPECT_EQ(got[i].scalar_type(), i < 3 ? dt : torch::kFloat) << what << " " << names[i];
-        // TF32 products (~1e-3) and, for dq, dk, dv, the 16-bit rounding.
-        EXPECT_LT(rel_err(got[i], off_grid(grads[i], B, T)), 1e-2) << what << " " << names[i];
-      }
+    const hh::kernels::ChunkGrid grid{N, per, {}};
+    const auto f = hh::kernels::chunk_factors(k, v, g, beta, grid);
+    poison_allocator();
+    const auto z = hh::kernels::chunk_state_direct(q, k, g, f.W, dO, grid, scale);
+    EXPECT_LT(rel_err(z, Z), 3e-3) << what << " (direct term)";  // TF32 products, float16 W
+    poison_allocator();
+    const auto d = hh::kernels::chunk_backward(q, k, v, g, beta, S.to(f32), dS.to(f32), dO, grid, scale);
+    const torch::Tensor got[] = {d.dq, d.dk, d.dv, d.dg, d.dbeta};
+    const char* names[] = {"dq", "dk", "dv", "dg", "dbeta"};
+    for (size_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(got[i].scalar_type(), i < 3 ? dt : torch::kFloat) << what << " " << names[i];
+      // TF32 products (~1e-3) and, for dq, dk, dv, the 16-bit rounding.
+      EXPECT_LT(rel_err(got[i], off_grid(grads[i], B, T)), 1e-2) << what << " " << names[i];
     }
+  });
 }
 
 // The gradients of the whole rule with the backward's chunk kernels (the default for 16-bit CUDA
