@@ -119,7 +119,9 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                                          : attention::GdnBackward::kKernels);
   const auto opts = torch::TensorOptions().dtype(dt).device(dev);
   torch::manual_seed(a.seed);
-  nlohmann::json out = {{"device", a.device}, {"dtype", a.dtype}, {"heads", a.heads}, {"dim", a.dim}, {"rows", nlohmann::json::array()}};
+  nlohmann::json out = {{"device", a.device},         {"dtype", a.dtype},       {"heads", a.heads},
+                         {"dim", a.dim},               {"history", a.history},   {"scan_kernel", a.scan_kernel},
+                         {"backward", a.backward},     {"rows", nlohmann::json::array()}};
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.dim));
   std::printf("gated delta rule, H=%lld Dk=Dv=%lld, chunk %lld, %s on %s; median of %lld after %lld warm-up\n",
               static_cast<long long>(a.heads), static_cast<long long>(a.dim), static_cast<long long>(a.chunk),
