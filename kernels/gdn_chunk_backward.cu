@@ -235,41 +235,18 @@ __global__ void __launch_bounds__(kDirectThreads)
 // ---------------------------------------------------------------------------------------------------
 // chunk_backward: one block of 16 warps per (chunk, head).
 
-// Shared memory in floats: T, A, Lg = (K K^T * e^{G_t - G_i}, i < t); a region that holds first the
-// 16-bit Q and K tiles (for the Gram products), then the column steps' buffers (S and dS slices, X, M,
-// dM, dVb, scale dO), then dA, dT, a product's scratch and Q again; the inverse's scratch; 12 vectors of
-// C; rows; K in float32 (exact, the TF32 operand that ldmatrix reads); the 16-bit tiles V and dO.
-template <int DK>
-constexpr int ldk32() {
-  return DK + 4;  // float rows of K: conflict-free ldmatrix
-}
+// Shared memory in floats: T, A, Lg = (K K^T * e^{G_t - G_i}, i < t); the column steps' buffers (S and
+// dS slices, X, M, dM, dVb, scale dO), later dA, dT and a product's scratch; the inverse's scratch; 12 vectors
+// of C; then rows and the 16-bit tiles Q, K, V, dO.
 template <int DK>
 constexpr int step_floats() {
-  const int steps = 2 * DK * kLdBV + 5 * kC * kLdBV, after = 3 * kC * kLdT + kC * ld16<DK>() / 2;
+  const int steps = 2 * DK * kLdBV + 5 * kC * kLdBV, after = 3 * kC * kLdT;
   return steps > after ? steps : after;
 }
 template <int DK, int DV, class T>
 constexpr size_t backward_smem() {
-  return (3 * kC * kLdT + step_floats<DK>() + 3 * 256 + 12 * kC + 4 + kC * ldk32<DK>()) * sizeof(float) +
-         kC * sizeof(int64_t) + 2 * kC * ld16<DV>() * sizeof(T);
-}
-
-// acc[j] += A[m.., k] b(k, n0 + 8 j ..) as tf32_product, with A [r][k] stored rounded to TF32 (row
-// stride lda a multiple of 4 floats, 16-byte aligned) and its fragments by ldmatrix (as tf32_product_nt).
-template <int NT, class FB>
-__device__ __forceinline__ void tf32_product_lda(float (&acc)[NT][4], int m, int n0, int k0, int k1, const float* A,
-                                                 int lda, FB b) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const float* a_row = A + (m + lane % 8 + 8 * ((lane / 8) % 2)) * lda + 4 * (lane / 16);
-  for (int k = k0; k < k1; k += 8) {
-    unsigned a[4];
-    ldmatrix_x4(a, a_row + k);
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const unsigned bf[2] = {tf32_operand(b(k + t, n0 + 8 * j + g)), tf32_operand(b(k + t + 4, n0 + 8 * j + g))};
-      mma_tf32(acc[j], a, bf);
-    }
-  }
+  return (3 * kC * kLdT + step_floats<DK>() + 3 * 256 + 12 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
+         (2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T);
 }
 
 template <int DK, int DV, class T>
@@ -279,14 +256,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                           const float* __restrict__ dS, const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
                           float scale, T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
                           float* __restrict__ dg, float* __restrict__ dbeta) {
-  constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), LDK32 = ldk32<DK>(), NTK = DK / 32;
+  constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), NTK = DK / 32;
   extern __shared__ float4 smem4[];
   float* const Ts = reinterpret_cast<float*>(smem4);
   float* const As = Ts + kC * kLdT;
   float* const Lg = As + kC * kLdT;
   float* const step = Lg + kC * kLdT;
-  T* const Qs = reinterpret_cast<T*>(step);  // before the steps: Q and K [C][LDK] (16-bit)
-  T* const Ks = Qs + kC * LDK;
   float* const Sj = step;                  // [DK][kLdBV]
   float* const dSj = Sj + DK * kLdBV;      // [DK][kLdBV]
   float* const Xj = dSj + DK * kLdBV;      // [C][kLdBV] each
@@ -295,11 +270,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float* const dVbj = dMj + kC * kLdBV;
   float* const dOj = dVbj + kC * kLdBV;    // scale dO's columns of the step
   // The product operands in shared memory are stored rounded to TF32 (round_tf32, read by tf32_bits),
-  // except S and dS until the step's first pass; K's float32 copy and the 16-bit tiles are exact.
+  // except S and dS until the step's first pass; the 16-bit tiles are read by bits (exact).
   float* const dQK = step;                 // after the steps: [C][kLdT] each
   float* const Zs = step + kC * kLdT;      // dT, then d(K K^T) = diag(beta) dL * e^{G_t - G_i}
   float* const Ys = step + 2 * kC * kLdT;  // T^T dT
-  T* const Qe = reinterpret_cast<T*>(step + 3 * kC * kLdT);  // Q again, for the epilogue
   float* const inv = step + step_floats<DK>();  // the inverse's scratch
   float* const Gs = inv + 3 * 256;
   float* const eG = Gs + kC;
@@ -315,8 +289,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float* const xl_col = xl_row + kC;
   float* const sdot = xl_col + kC;  // <S, dS>, then sum_i kd_i kk_sum_i
   int64_t* const rows = reinterpret_cast<int64_t*>(sdot + 4);
-  float* const Kf = reinterpret_cast<float*>(rows + kC);  // [C][LDK32]
-  T* const Vs = reinterpret_cast<T*>(Kf + kC * LDK32);
+  T* const Qs = reinterpret_cast<T*>(rows + kC);
+  T* const Ks = Qs + kC * LDK;
+  T* const Vs = Ks + kC * LDK;
   T* const dOs = Vs + kC * LDV;
 
   const int64_t n = blockIdx.x;
@@ -345,10 +320,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     const int r = i / kC, c = i % kC;
     Ts[r * kLdT + c] = bs[r] * Lg[r * kLdT + c];
   }
-  for (int i = tid; i < kC * DK; i += kBwdThreads) {
-    const int r = i / DK, c = i % DK;
-    Kf[r * LDK32 + c] = static_cast<float>(Ks[r * LDK + c]);
-  }
   __syncthreads();
   invert_unit_lower<kBwdThreads>(Ts, inv, [] {});
   for (int i = tid; i < kC * kC; i += kBwdThreads) {
@@ -359,8 +330,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   __syncthreads();
 
-  auto K_bits = [&](int r, int c) { return tf32_bits(Kf[r * LDK32 + c]); };
-  auto Q_bits = [&](int r, int c) { return bits(Qe[r * LDK + c]); };
+  auto K_bits = [&](int r, int c) { return bits(Ks[r * LDK + c]); };
+  auto Q_bits = [&](int r, int c) { return bits(Qs[r * LDK + c]); };
   auto dO_bits = [&](int r, int c) { return tf32_bits(dOj[r * kLdBV + c]); };
   const int m = (warp % 4) * 16;           // every warp's 16 rows
   const int ns = ((warp / 4) % 2) * 16;    // its 16 columns of a step's [C][kBV] products
@@ -398,13 +369,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // dV = diag(beta) dVb and sum_c dVb V into db_sum. Each warp takes 16 rows and 16 columns.
     if (warp < 8) {
       float ks[2][4] = {};
-      tf32_product_lda(ks, m, ns, 0, DK, Kf, LDK32, [&](int r, int c) { return tf32_bits(Sj[r * kLdBV + c]); });
+      tf32_product(ks, m, ns, 0, DK, K_bits, [&](int r, int c) { return tf32_bits(Sj[r * kLdBV + c]); });
       for_each(ks, m, ns, [&](int r, int c, float x) {
         Xj[r * kLdBV + c] = round_tf32(bs[r] * (static_cast<float>(Vs[r * LDV + c0 + c]) - eG[r] * x));
       });
     } else {
       float dm[2][4] = {};
-      tf32_product_lda(dm, m, ns, 0, DK, Kf, LDK32, [&](int r, int c) { return tf32_bits(dSj[r * kLdBV + c]); });
+      tf32_product(dm, m, ns, 0, DK, K_bits, [&](int r, int c) { return tf32_bits(dSj[r * kLdBV + c]); });
       for_each(dm, m, ns, [&](int r, int, float& x) { x *= kd[r]; });
       tf32_product(dm, m, ns, m, kC, [&](int r, int c) { return tf32_bits(As[c * kLdT + r]); }, dO_bits);
       for_each(dm, m, ns, [&](int r, int c, float x) { dMj[r * kLdBV + c] = round_tf32(x); });
@@ -435,9 +406,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     __syncthreads();  // before the next step's slices overwrite these
   }
 
-  // Q again (its tile's place went to the steps), while the rest goes on.
-  load_rows<DK>(Qe, q, rows, h, H);
-  cp_async_commit();
   // <S, dS>; the row dot products of the [C][DK] sums.
   s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 16);
   s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 8);
@@ -445,7 +413,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 2);
   s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 1);
   if (tid % 32 == 0) atomicAdd(sdot, s_dot);
-  auto K_at = [&](int r, int c) { return Kf[r * LDK32 + c]; };
+  auto Q_at = [&](int r, int c) { return static_cast<float>(Qs[r * LDK + c]); };
+  auto K_at = [&](int r, int c) { return static_cast<float>(Ks[r * LDK + c]); };
+  row_dots(acc_dq, m, nk, Q_at, qq_sum);
   row_dots(acc_kb, m, nk, K_at, kb_sum);
   row_dots(acc_dk, m, nk, K_at, kk_sum);
   {  // d(Q K^T) = dA * e^{G_t - G_i} (i <= t) into dQK; dA * A's row and column sums; dT into Zs
@@ -462,9 +432,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     add_col_sums(col, nc, xa_col);
     for_each(acc_dT, m, nc, [&](int r, int c, float x) { Zs[r * kLdT + c] = round_tf32(x); });
   }
-  cp_async_wait<0>();
   __syncthreads();
-  row_dots(acc_dq, m, nk, [&](int r, int c) { return static_cast<float>(Qe[r * LDK + c]); }, qq_sum);
   {  // Ys = T^T dT
     float y[2][4] = {};
     tf32_product(y, m, nc, m, kC, [&](int r, int c) { return tf32_bits(Ts[c * kLdT + r]); },
