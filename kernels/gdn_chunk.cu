@@ -384,8 +384,8 @@ struct LaunchFactors {
   template <bool OUT>
   static void launch(const FactorsArgs& p) {
     launch_kernel(chunk_factors_kernel<DK, DV, X, OUT>, dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kThreads,
-           factors_smem<DK, DV, X, OUT>(), static_cast<const X*>(p.k), static_cast<const X*>(p.v), p.g, p.beta, p.slots,
-           p.H, p.N, p.W, p.U, p.kdecay, p.decay, p.out);
+                  factors_smem<DK, DV, X, OUT>(), static_cast<const X*>(p.k), static_cast<const X*>(p.v), p.g, p.beta, p.slots,
+                  p.H, p.N, p.W, p.U, p.kdecay, p.decay, p.out);
   }
   static void run(const FactorsArgs& p) { p.out.q != nullptr ? launch<true>(p) : launch<false>(p); }
 };
@@ -405,7 +405,7 @@ struct LaunchOutput {
   static void run(const OutputArgs& p) {
     const dim3 blocks(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H), static_cast<unsigned>(DV / kOutCols));
     launch_kernel(chunk_output_kernel<DK, DV, X>, blocks, kThreads, output_smem<DK, X>(), static_cast<const X*>(p.q),
-           static_cast<const X*>(p.k), p.g, p.slots, p.H, p.N, p.S, p.M, p.scale, static_cast<X*>(p.out));
+                  static_cast<const X*>(p.k), p.g, p.slots, p.H, p.N, p.S, p.M, p.scale, static_cast<X*>(p.out));
   }
 };
 
@@ -426,9 +426,10 @@ struct LaunchOutputF16 {
   static void run(const OutputF16Args& p) {
     const dim3 blocks(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H), static_cast<unsigned>(DV / kOutCols));
     launch_kernel(chunk_output_f16_kernel<DK, DV, X>, blocks, kThreads, output_f16_smem<DK>(), p.Qd, p.Aq, p.aq_inv, p.S16,
-           p.S_inv, p.M16, p.M_inv, p.slots, p.H, p.N, static_cast<X*>(p.out));
+                  p.S_inv, p.M16, p.M_inv, p.slots, p.H, p.N, static_cast<X*>(p.out));
   }
 };
+
 bool g_chunk_kernels = true;
 bool g_block_f16_scan = true;
 bool g_f16_history = true;

@@ -522,8 +522,8 @@ template <int DK, int DV, class X>
 struct LaunchDirect {
   static void run(const DirectArgs& p) {
     launch_kernel(chunk_state_direct_kernel<DK, DV, X>, dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)),
-           kDirectThreads, direct_smem<DK, DV, X>(), static_cast<const X*>(p.q), static_cast<const X*>(p.k), p.g, p.W,
-           static_cast<const X*>(p.dO), p.slots, p.H, p.N, p.scale, p.Z);
+                  kDirectThreads, direct_smem<DK, DV, X>(), static_cast<const X*>(p.q), static_cast<const X*>(p.k), p.g, p.W,
+                  static_cast<const X*>(p.dO), p.slots, p.H, p.N, p.scale, p.Z);
   }
 };
 
@@ -542,9 +542,9 @@ template <int DK, int DV, class X>
 struct LaunchBackward {
   static void run(const BackwardArgs& p) {
     launch_kernel(chunk_backward_kernel<DK, DV, X>, dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kBwdThreads,
-           backward_smem<DK, DV, X>(), static_cast<const X*>(p.q), static_cast<const X*>(p.k), static_cast<const X*>(p.v),
-           p.g, p.beta, p.S, p.dS, static_cast<const X*>(p.dO), p.slots, p.H, p.N, p.scale, static_cast<X*>(p.dq),
-           static_cast<X*>(p.dk), static_cast<X*>(p.dv), p.dg, p.dbeta);
+                  backward_smem<DK, DV, X>(), static_cast<const X*>(p.q), static_cast<const X*>(p.k), static_cast<const X*>(p.v),
+                  p.g, p.beta, p.S, p.dS, static_cast<const X*>(p.dO), p.slots, p.H, p.N, p.scale, static_cast<X*>(p.dq),
+                  static_cast<X*>(p.dk), static_cast<X*>(p.dv), p.dg, p.dbeta);
   }
 };
 
