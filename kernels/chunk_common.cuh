@@ -217,18 +217,20 @@ void launch_kernel(void (*kernel)(Params...), dim3 blocks, int threads, size_t s
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Launch<DK, DV, X>::run(p) for the runtime shapes and dtype (chunk_forward_supported has checked them).
-template <template <int, int, class> class Launch, class X, class Args>
-void dispatch_dims(int64_t Dk, int64_t Dv, const Args& p) {
-  if (Dk == 64 && Dv == 64) Launch<64, 64, X>::run(p);
-  else if (Dk == 64) Launch<64, 128, X>::run(p);
-  else if (Dv == 64) Launch<128, 64, X>::run(p);
-  else Launch<128, 128, X>::run(p);
-}
-template <template <int, int, class> class Launch, class Args>
-void dispatch(int64_t Dk, int64_t Dv, at::ScalarType dt, const Args& p) {
-  if (dt == at::kBFloat16) dispatch_dims<Launch, c10::BFloat16>(Dk, Dv, p);
-  else dispatch_dims<Launch, c10::Half>(Dk, Dv, p);
+// f(Dim<DK>, Dim<DV>, X) for the runtime head sizes and 16-bit dtype (chunk_forward_supported has
+// checked them): the caller's generic lambda instantiates its kernel for them.
+template <int D>
+using Dim = std::integral_constant<int, D>;
+template <class F>
+void dispatch(int64_t Dk, int64_t Dv, at::ScalarType dt, F&& f) {
+  auto dims = [&](auto x) {
+    if (Dk == 64 && Dv == 64) f(Dim<64>{}, Dim<64>{}, x);
+    else if (Dk == 64) f(Dim<64>{}, Dim<128>{}, x);
+    else if (Dv == 64) f(Dim<128>{}, Dim<64>{}, x);
+    else f(Dim<128>{}, Dim<128>{}, x);
+  };
+  if (dt == at::kBFloat16) dims(c10::BFloat16());
+  else dims(c10::Half());
 }
 
 }  // namespace

@@ -367,69 +367,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-struct FactorsArgs {
-  const void *k, *v;
-  const float *g, *beta;
-  SlotRows slots;
-  int H;
-  int64_t N;
-  c10::Half* W;
-  float* U;
-  c10::Half* kdecay;
-  float* decay;
-  OutFactors out;
-};
-template <int DK, int DV, class X>
-struct LaunchFactors {
-  template <bool OUT>
-  static void launch(const FactorsArgs& p) {
-    launch_kernel(chunk_factors_kernel<DK, DV, X, OUT>, dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kThreads,
-                  factors_smem<DK, DV, X, OUT>(), static_cast<const X*>(p.k), static_cast<const X*>(p.v), p.g, p.beta, p.slots,
-                  p.H, p.N, p.W, p.U, p.kdecay, p.decay, p.out);
-  }
-  static void run(const FactorsArgs& p) { p.out.q != nullptr ? launch<true>(p) : launch<false>(p); }
-};
-
-struct OutputArgs {
-  const void *q, *k;
-  const float* g;
-  SlotRows slots;
-  int H;
-  int64_t N;
-  const float *S, *M;
-  float scale;
-  void* out;
-};
-template <int DK, int DV, class X>
-struct LaunchOutput {
-  static void run(const OutputArgs& p) {
-    const dim3 blocks(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H), static_cast<unsigned>(DV / kOutCols));
-    launch_kernel(chunk_output_kernel<DK, DV, X>, blocks, kThreads, output_smem<DK, X>(), static_cast<const X*>(p.q),
-                  static_cast<const X*>(p.k), p.g, p.slots, p.H, p.N, p.S, p.M, p.scale, static_cast<X*>(p.out));
-  }
-};
-
-struct OutputF16Args {
-  const __half *Qd, *Aq;
-  const float* aq_inv;
-  const __half* S16;
-  const float* S_inv;
-  const __half* M16;
-  const float* M_inv;
-  SlotRows slots;
-  int H;
-  int64_t N;
-  void* out;
-};
-template <int DK, int DV, class X>
-struct LaunchOutputF16 {
-  static void run(const OutputF16Args& p) {
-    const dim3 blocks(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H), static_cast<unsigned>(DV / kOutCols));
-    launch_kernel(chunk_output_f16_kernel<DK, DV, X>, blocks, kThreads, output_f16_smem<DK>(), p.Qd, p.Aq, p.aq_inv, p.S16,
-                  p.S_inv, p.M16, p.M_inv, p.slots, p.H, p.N, static_cast<X*>(p.out));
-  }
-};
-
 bool g_chunk_kernels = true;
 bool g_block_f16_scan = true;
 bool g_f16_history = true;
@@ -476,10 +413,18 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
           r.aq_inv.data_ptr<float>()};
   }
   if (N == 0 || H == 0) return r;
-  dispatch<LaunchFactors>(Dk, Dv, k.scalar_type(),
-                          FactorsArgs{k.data_ptr(), v.data_ptr(), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
-                                      static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr<float>(),
-                                      r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), of});
+  dispatch(Dk, Dv, k.scalar_type(), [&](auto dk, auto dv, auto x) {
+    using X = decltype(x);
+    constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
+    auto run = [&](auto kernel, size_t smem) {
+      launch_kernel(kernel, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kThreads, smem, static_cast<const X*>(k.data_ptr()),
+                    static_cast<const X*>(v.data_ptr()), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
+                    static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr<float>(),
+                    r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), of);
+    };
+    if (q.defined()) run(chunk_factors_kernel<DK, DV, X, true>, factors_smem<DK, DV, X, true>());
+    else run(chunk_factors_kernel<DK, DV, X, false>, factors_smem<DK, DV, X, false>());
+  });
   return r;
 }
 
@@ -498,9 +443,14 @@ at::Tensor chunk_output(const at::Tensor& q, const at::Tensor& k, const at::Tens
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({B, T, H, Dv}, q.options());
   if (N == 0 || H == 0) return out;
-  dispatch<LaunchOutput>(Dk, Dv, q.scalar_type(),
-                         OutputArgs{q.data_ptr(), k.data_ptr(), g.data_ptr<float>(), slots, static_cast<int>(H), N,
-                                    S.data_ptr<float>(), M.data_ptr<float>(), static_cast<float>(scale), out.data_ptr()});
+  dispatch(Dk, Dv, q.scalar_type(), [&](auto dk, auto dv, auto x) {
+    using X = decltype(x);
+    constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
+    launch_kernel(chunk_output_kernel<DK, DV, X>, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H), DV / kOutCols), kThreads, output_smem<DK, X>(),
+                  static_cast<const X*>(q.data_ptr()), static_cast<const X*>(k.data_ptr()), g.data_ptr<float>(), slots,
+                  static_cast<int>(H), N, S.data_ptr<float>(), M.data_ptr<float>(), static_cast<float>(scale),
+                  static_cast<X*>(out.data_ptr()));
+  });
   return out;
 }
 
@@ -526,10 +476,13 @@ at::Tensor chunk_output_f16(const ChunkFactors& f, const at::Tensor& S16, const 
   at::Tensor out = at::empty({B, T, H, Dv}, S16.options().dtype(dtype));
   if (N == 0 || H == 0) return out;
   auto half = [](const at::Tensor& x) { return reinterpret_cast<const __half*>(x.data_ptr<c10::Half>()); };
-  dispatch<LaunchOutputF16>(Dk, Dv, dtype,
-                            OutputF16Args{half(f.Qd), half(f.Aq), f.aq_inv.data_ptr<float>(), half(S16),
-                                          S_inv.data_ptr<float>(), half(M16), M_inv.data_ptr<float>(), slots,
-                                          static_cast<int>(H), N, out.data_ptr()});
+  dispatch(Dk, Dv, dtype, [&](auto dk, auto dv, auto x) {
+    using X = decltype(x);
+    constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
+    launch_kernel(chunk_output_f16_kernel<DK, DV, X>, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H), DV / kOutCols), kThreads, output_f16_smem<DK>(),
+                  half(f.Qd), half(f.Aq), f.aq_inv.data_ptr<float>(), half(S16), S_inv.data_ptr<float>(), half(M16),
+                  M_inv.data_ptr<float>(), slots, static_cast<int>(H), N, static_cast<X*>(out.data_ptr()));
+  });
   return out;
 }
 

@@ -507,47 +507,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
 }
 
-struct DirectArgs {
-  const void *q, *k;
-  const float* g;
-  const __half* W;
-  const void* dO;
-  SlotRows slots;
-  int H;
-  int64_t N;
-  float scale;
-  float* Z;
-};
-template <int DK, int DV, class X>
-struct LaunchDirect {
-  static void run(const DirectArgs& p) {
-    launch_kernel(chunk_state_direct_kernel<DK, DV, X>, dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)),
-                  kDirectThreads, direct_smem<DK, DV, X>(), static_cast<const X*>(p.q), static_cast<const X*>(p.k), p.g, p.W,
-                  static_cast<const X*>(p.dO), p.slots, p.H, p.N, p.scale, p.Z);
-  }
-};
-
-struct BackwardArgs {
-  const void *q, *k, *v;
-  const float *g, *beta, *S, *dS;
-  const void* dO;
-  SlotRows slots;
-  int H;
-  int64_t N;
-  float scale;
-  void *dq, *dk, *dv;
-  float *dg, *dbeta;
-};
-template <int DK, int DV, class X>
-struct LaunchBackward {
-  static void run(const BackwardArgs& p) {
-    launch_kernel(chunk_backward_kernel<DK, DV, X>, dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H)), kBwdThreads,
-                  backward_smem<DK, DV, X>(), static_cast<const X*>(p.q), static_cast<const X*>(p.k), static_cast<const X*>(p.v),
-                  p.g, p.beta, p.S, p.dS, static_cast<const X*>(p.dO), p.slots, p.H, p.N, p.scale, static_cast<X*>(p.dq),
-                  static_cast<X*>(p.dk), static_cast<X*>(p.dv), p.dg, p.dbeta);
-  }
-};
-
 }  // namespace
 
 at::Tensor chunk_state_direct(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g, const at::Tensor& W,
@@ -568,10 +527,14 @@ at::Tensor chunk_state_direct(const at::Tensor& q, const at::Tensor& k, const at
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor Z = at::empty({H, N, Dk, Dv}, q.options().dtype(at::kFloat));
   if (N == 0 || H == 0) return Z;
-  dispatch<LaunchDirect>(Dk, Dv, q.scalar_type(),
-                         DirectArgs{q.data_ptr(), k.data_ptr(), g.data_ptr<float>(),
-                                    reinterpret_cast<const __half*>(W.data_ptr<c10::Half>()), dO.data_ptr(), slots,
-                                    static_cast<int>(H), N, static_cast<float>(scale), Z.data_ptr<float>()});
+  dispatch(Dk, Dv, q.scalar_type(), [&](auto dk, auto dv, auto x) {
+    using X = decltype(x);
+    constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
+    launch_kernel(chunk_state_direct_kernel<DK, DV, X>, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kDirectThreads, direct_smem<DK, DV, X>(),
+                  static_cast<const X*>(q.data_ptr()), static_cast<const X*>(k.data_ptr()), g.data_ptr<float>(),
+                  reinterpret_cast<const __half*>(W.data_ptr<c10::Half>()), static_cast<const X*>(dO.data_ptr()), slots,
+                  static_cast<int>(H), N, static_cast<float>(scale), Z.data_ptr<float>());
+  });
   return Z;
 }
 
@@ -597,11 +560,16 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
   ChunkInputGrads r{at::empty(q.sizes(), q.options()), at::empty(q.sizes(), q.options()), at::empty(v.sizes(), v.options()),
                     at::empty({B, T, H}, f32), at::empty({B, T, H}, f32)};
   if (N == 0 || H == 0) return r;
-  dispatch<LaunchBackward>(Dk, Dv, q.scalar_type(),
-                           BackwardArgs{q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr<float>(), beta.data_ptr<float>(),
-                                        S.data_ptr<float>(), dS.data_ptr<float>(), dO.data_ptr(), slots, static_cast<int>(H),
-                                        N, static_cast<float>(scale), r.dq.data_ptr(), r.dk.data_ptr(), r.dv.data_ptr(),
-                                        r.dg.data_ptr<float>(), r.dbeta.data_ptr<float>()});
+  dispatch(Dk, Dv, q.scalar_type(), [&](auto dk, auto dv, auto x) {
+    using X = decltype(x);
+    constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
+    auto in = [](const at::Tensor& t) { return static_cast<const X*>(t.data_ptr()); };
+    auto out = [](const at::Tensor& t) { return static_cast<X*>(t.data_ptr()); };
+    launch_kernel(chunk_backward_kernel<DK, DV, X>, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kBwdThreads, backward_smem<DK, DV, X>(), in(q), in(k),
+                  in(v), g.data_ptr<float>(), beta.data_ptr<float>(), S.data_ptr<float>(), dS.data_ptr<float>(), in(dO),
+                  slots, static_cast<int>(H), N, static_cast<float>(scale), out(r.dq), out(r.dk), out(r.dv),
+                  r.dg.data_ptr<float>(), r.dbeta.data_ptr<float>());
+  });
   return r;
 }
 

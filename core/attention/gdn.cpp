@@ -647,25 +647,21 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       const kernels::ChunkGrid grid{L.N, L.regular ? L.N / std::max<int64_t>(B, 1) : 0, L.gather};
       const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
                        bf = aligned(beta.to(at::kFloat));
-      if (kernels::block_f16_scan_enabled() && kernels::f16_history_enabled()) {
-        // The scan hands the output kernel its block float16 history; the float32 one only for the backward.
-        const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid, qc, scale);
-        const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets,
-                                           kernels::ScanPrecision::kBlockFloat16, /*f16_history=*/true, keep_states);
-        S = r.S;
-        final_state = r.final_state;
-        o = kernels::chunk_output_f16(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, q.scalar_type());
-        if (keep_states) std::tie(W16, kdecay16, decay) = std::make_tuple(f.W, f.kdecay, f.decay);
-      } else {
-        const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid);
-        const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets,
-                                           kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
-                                                                             : kernels::ScanPrecision::kTf32);
-        S = r.S;
-        final_state = r.final_state;
-        o = kernels::chunk_output(qc, kc, gf, r.S, r.M, grid, scale);
-        if (keep_states) std::tie(W16, kdecay16, decay) = std::make_tuple(f.W, f.kdecay, f.decay);
-      }
+      // With the block float16 history, the scan hands the output kernel its float16 states and new
+      // values (and writes the float32 states only for a backward), and chunk_factors forms the output's
+      // factors from q.
+      const bool f16_history = kernels::block_f16_scan_enabled() && kernels::f16_history_enabled();
+      const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale);
+      const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets,
+                                         kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
+                                                                           : kernels::ScanPrecision::kTf32,
+                                         f16_history, keep_states);
+      S = r.S;
+      final_state = r.final_state;
+      o = f16_history ? kernels::chunk_output_f16(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, q.scalar_type())
+                      : kernels::chunk_output(qc, kc, gf, r.S, r.M, grid, scale);
+      // The backward's reverse scan runs on the same float16 factors.
+      if (keep_states) std::tie(W16, kdecay16, decay) = std::make_tuple(f.W, f.kdecay, f.decay);
 #endif
     } else {
       const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
@@ -723,37 +719,28 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       return gr.defined() ? gr.to(like.scalar_type()) : at::zeros_like(like);
     };
 #ifdef HH_HAVE_KERNELS
-    if (gdn_backward() == GdnBackward::kKernels && chunk_kernels_ok(q, k, v, chunk) && kernels::block_f16_scan_enabled()) {
+    // The forward kept its factors (and the float32 states) exactly when its chunk kernels ran for a graph.
+    if (gdn_backward() == GdnBackward::kKernels && saved[6].defined() && kernels::block_f16_scan_enabled()) {
       // The chunk kernels read the inputs and dO where they lie and write the gradients there; the
-      // reverse scan runs between them on chunk_factors' float16 factors, as the forward's scan did.
+      // reverse scan runs between them on the forward's float16 factors, as the forward's scan did.
       HH_GDN_SCOPE("chunk_kernels_backward");
       at::NoGradGuard no_grad;
-      if (!S.defined() || S.scalar_type() != at::kFloat)
-        throw Error("gated delta rule: the forward kept no float32 chunk states for this backward");
       const kernels::ChunkGrid grid{L.N, L.regular ? L.N / std::max<int64_t>(B, 1) : 0, L.gather};
       const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
                        bf = aligned(beta.to(at::kFloat));
       const at::Tensor dO = grads[0].defined() ? aligned(grads[0].to(q.scalar_type())) : at::zeros_like(vc);
-      // The forward's factors where it kept them (its chunk kernels ran), else the same ones again.
-      kernels::ChunkFactors f;
-      if (saved[6].defined()) {
-        f.W = saved[6];
-        f.kdecay = saved[7];
-        f.decay = saved[8];
-      } else {
-        f = kernels::chunk_factors(kc, vc, gf, bf, grid);
-      }
+      const at::Tensor &W16 = saved[6], &kdecay16 = saved[7], &decay = saved[8];
       kernels::LowRankScanArgs a;
-      a.A = f.W;
-      a.B = f.kdecay;
-      a.decay = f.decay;
-      a.Z = kernels::chunk_state_direct(qc, kc, gf, f.W, dO, grid, scale);
+      a.A = W16;
+      a.B = kdecay16;
+      a.decay = decay;
+      a.Z = kernels::chunk_state_direct(qc, kc, gf, W16, dO, grid, scale);
       a.y0 = dfin;
       a.hist = at::empty_like(a.Z);
       a.reverse = true;
       a.precision = kernels::ScanPrecision::kBlockFloat16;
       const at::Tensor dS0 = kernels::low_rank_scan(a, L.offsets);
-      const kernels::ChunkInputGrads d = kernels::chunk_backward(qc, kc, vc, gf, bf, S.contiguous(), a.hist, dO, grid, scale);
+      const kernels::ChunkInputGrads d = kernels::chunk_backward(qc, kc, vc, gf, bf, S, a.hist, dO, grid, scale);
       return {d.dq, d.dk, d.dv, d.dg.to(g.scalar_type()), d.dbeta.to(beta.scalar_type()), dS0.to(s0_dtype),
               at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }

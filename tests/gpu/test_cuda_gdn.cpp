@@ -6,8 +6,14 @@
 
 #include <gtest/gtest.h>
 
+#include <ATen/record_function.h>
+
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <mutex>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "core/attention/fusion.h"
@@ -354,6 +360,30 @@ TEST(CudaGdn, BackwardChunkKernelsEqualAutogradInFloat64) {
   });
 }
 
+// The names of the hh::gdn:: profiler ranges (core/attention/gdn.cpp's stages) entered while fn ran,
+// on any thread: the backward runs on the autograd engine's thread for the device.
+std::set<std::string> gdn_ranges_during(const std::function<void()>& fn) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    seen.clear();
+  }
+  const auto handle = at::addGlobalCallback(at::RecordFunctionCallback(
+      [](const at::RecordFunction& f) -> std::unique_ptr<at::ObserverContext> {
+        const std::string name = f.name();
+        if (name.rfind("hh::gdn::", 0) == 0) {
+          const std::lock_guard<std::mutex> lock(mu);
+          seen.insert(name);
+        }
+        return nullptr;
+      }));
+  fn();
+  at::removeCallback(handle);
+  const std::lock_guard<std::mutex> lock(mu);
+  return seen;
+}
+
 // The gradients of the whole rule with the backward's chunk kernels (the default for 16-bit CUDA
 // inputs) against float64 autograd through the chunked rule and against the LibTorch explicit
 // backward: batches with odd T and an initial state, packed sequences (an empty one among them),
@@ -388,9 +418,16 @@ TEST(CudaGdn, GradientsWithTheBackwardChunkKernelsEqualTheReference) {
       std::vector<torch::Tensor> x;
       for (const auto& t : in) x.push_back(t.detach().requires_grad_(true));
       poison_allocator();
-      const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], 0.1, 64, c.cu);
-      auto grads = torch::autograd::grad({(r.o.to(torch::kFloat) * w_o.to(f32)).sum() + (r.state * w_s.to(f32)).sum()}, x);
+      std::vector<torch::Tensor> grads;
+      const std::set<std::string> ranges = gdn_ranges_during([&] {
+        const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], 0.1, 64, c.cu);
+        grads = torch::autograd::grad({(r.o.to(torch::kFloat) * w_o.to(f32)).sum() + (r.state * w_s.to(f32)).sum()}, x);
+      });
       hh::attention::set_gdn_backward(GdnBackward::kKernels);
+      // The backward took the path asked for: the kernels, or the LibTorch formulas.
+      const bool kernels = mode == GdnBackward::kKernels;
+      EXPECT_EQ(ranges.count("hh::gdn::chunk_kernels_backward"), kernels ? 1u : 0u) << what;
+      EXPECT_EQ(ranges.count("hh::gdn::chunk_local_backward"), kernels ? 0u : 1u) << what;
       return grads;
     };
     const auto got = run(GdnBackward::kKernels), expl = run(GdnBackward::kExplicit);
