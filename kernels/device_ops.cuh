@@ -1,7 +1,8 @@
 #pragma once
-// Device helpers the kernels share: asynchronous 16-byte copies into shared memory; the mma.sync
-// products (m16n8k8 TF32 with its operand conversions, m16n8k16 float16 / bfloat16) and ldmatrix;
-// vector packs of elements; and one element of rotate-half RoPE with HF's roundings.
+// Device helpers the kernels share: asynchronous 16-byte copies into shared memory; bulk copies
+// completing on shared-memory barriers; the mma.sync products (m16n8k8 TF32 with its operand
+// conversions, m16n8k16 float16 / bfloat16) and ldmatrix; vector packs of elements; and one element
+// of rotate-half RoPE with HF's roundings.
 //
 // Fragment layout of mma.sync.m16n8k8 (lane = 4 g + t, g in 0..7, t in 0..3):
 //   A (16 x 8, row major): a[0] = A[g][t], a[1] = A[g + 8][t], a[2] = A[g][t + 4], a[3] = A[g + 8][t + 4]
@@ -30,6 +31,54 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Hopper's bulk copies and the shared-memory barriers they complete on (sm_90). A barrier's phase
+// completes when its expected arrivals have arrived and the bytes announced by arrive_expect_tx have
+// landed; waiters poll the phase's parity.
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
+}
+// Makes the barriers' initialisation visible to the copy engine (then a block-wide barrier).
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// One arrival that also announces `bytes` more to land in this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// The box at (x, y) (x the inner coordinate) of a 2-D tensor map from global to shared memory by the
+// copy engine, completing on `bar`. `map` is a __grid_constant__ kernel parameter.
+__device__ __forceinline__ void tma_load_2d(void* smem, const void* map, int x, int y, unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_addr(smem)),
+      "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar))
+      : "memory");
+}
+// The byte offset of element (r, c) of a ROWS-row 16-bit tile that the copy engine wrote with a
+// SW-byte swizzle (SW = 32, 64 or 128; the tile 1024-byte aligned): boxes of SW / 2 columns one after
+// the other, rows of SW bytes within a box, and the 16-byte unit of a row XOR-ed with bits 7.. of its
+// offset, so that the same unit of eight consecutive rows falls in distinct banks. c must be a
+// multiple of 8 (an ldmatrix row address).
+template <int SW, int ROWS>
+__device__ __forceinline__ int swizzled(int r, int c) {
+  static_assert(SW == 32 || SW == 64 || SW == 128, "swizzle width");
+  constexpr int kBoxCols = SW / 2;
+  const int linear = (c / kBoxCols) * ROWS * SW + r * SW + (c % kBoxCols) * 2;
+  return linear ^ (((linear >> 7) & (SW / 16 - 1)) << 4);  // a byte offset
 }
 
 // x rounded to TF32 (round to nearest, ties away), as the bits the tensor cores read.

@@ -5,6 +5,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -520,11 +522,39 @@ __global__ void __launch_bounds__(2 * DK)
 // at any magnitude, and float16's range cannot overflow. The blocks are the product's k-steps: block j
 // of Y is k-step j of step (1) and block i of M k-step i of step (2), so each k-step's product is
 // unscaled on its own, by one multiply-add into the float32 sum. Y itself stays float32 in registers.
-// Bytes before the ring in low_rank_scan_f16_kernel's shared memory: Yh, Mh and the inverse scales.
+// The chunks arrive by the copy engine: one producer thread issues each chunk's tiles (A and B in
+// boxes of 64 rows by SW bytes, swizzled; U's and Z's column slices) into a ring slot, where they
+// complete on the slot's `full` barrier; the compute warps release the slot on its `empty` barrier
+// once step (2) has read it. The compute warps issue no copies and sync among themselves on a named
+// barrier.
 template <int DK>
-constexpr size_t f16_scan_head_bytes() {
-  return ((DK * 24 + kLowRankChunk * 24) * 2 + (DK / 16 + 8) * 4 + 15) / 16 * 16;
-}
+struct F16Ring {
+  static constexpr int C = kLowRankChunk, BV = 16, kStages = 3;
+  static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2;  // swizzle width in bytes = one box row
+  static constexpr int kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
+  static constexpr size_t kTile = static_cast<size_t>(C) * DK * 2;  // A or B, 16-bit
+  static constexpr size_t kU = C * BV * 4, kZ = DK * BV * 4;
+  static constexpr size_t kSlot = (2 * kTile + kU + kZ + 16 + 1023) / 1024 * 1024;
+  // Ahead of the slots: the barriers (full, empty), Yh [DK][24] and Mh [C][24] (float16), the inverse
+  // scales of Y's DK / 16 blocks and M's (C / 16) x 2 tiles.
+  static constexpr size_t kBarriers = 2 * kStages * sizeof(unsigned long long);
+  static constexpr size_t kHead = (kBarriers + (DK * 24 + C * 24) * 2 + (DK / 16 + 8) * 4 + 1023) / 1024 * 1024;
+  static constexpr size_t kBytes = kHead + kStages * kSlot + 1024;  // + the base's alignment to 1024
+  char* slots;
+  __device__ __forceinline__ char* A(int b) const { return slots + b * kSlot; }
+  __device__ __forceinline__ char* B(int b) const { return A(b) + kTile; }
+  __device__ __forceinline__ float* U(int b) const { return reinterpret_cast<float*>(B(b) + kTile); }
+  __device__ __forceinline__ float* Z(int b) const { return U(b) + C * BV; }
+  __device__ __forceinline__ float* decay(int b) const { return Z(b) + DK * BV; }
+};
+
+// The tensor maps of one scan: A and B ([rows = H N C, DK] float16, boxes of 64 x SW bytes), U's and Z's
+// column slices ([H N C, Dv] and [H N DK, Dv] float32, boxes of 64 x 16 and DK x 16); has_u, has_z
+// say which of U and Z there are.
+struct ScanMaps {
+  CUtensorMap A, B, U, Z;
+  bool has_u, has_z;
+};
 
 // The chunks' start states and new values as the scan's products use them (LowRankScanArgs::S16 and
 // M16): block float16 with the inverse scales, or null.
@@ -536,34 +566,68 @@ struct F16History {
 };
 
 template <int DK>
-__global__ void __launch_bounds__(2 * DK)
-    low_rank_scan_f16_kernel(const c10::Half* __restrict__ A, const c10::Half* __restrict__ Bm,
-                             const float* __restrict__ decay, const float* __restrict__ U, const float* __restrict__ Z,
+__global__ void __launch_bounds__(2 * DK + 32)
+    low_rank_scan_f16_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay,
                              const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
                              float* __restrict__ fin, const int64_t* __restrict__ offsets, int H, int64_t N, int Dv,
-                             int64_t lda, int64_t ldb, int64_t ldu, bool reverse, F16History h16) {
-  // Warp w owns state rows 16w..16w+15 (block w of Y) in step (2), and the (16-row, 8-column) tiles
-  // w, w + NW, ... of M in step (1), as low_rank_scan_kernel.
+                             bool reverse, F16History h16) {
+  // Compute warp w owns state rows 16w..16w+15 (block w of Y) in step (2), and the (16-row, 8-column)
+  // tiles w, w + NW, ... of M in step (1), as low_rank_scan_kernel; warp NW is the producer.
   constexpr int C = kLowRankChunk, BV = 16, NW = DK / 16, NT = 32 * NW, T1 = (C / 16) * 2 / NW;
   // Rows of 16-bit elements padded for conflict-free ldmatrix: DK + 8 for the factors (272 bytes at
   // Dk 128) and 24 for Y and M (48 bytes), so that 8 consecutive rows cover all 32 banks once.
-  constexpr int LDA = ScanRing<DK, c10::Half>::LDA, LDH = 24, LDY = 24, STAGES = ScanRing<DK, c10::Half>::kStages;
+  using Ring = F16Ring<DK>;
+  constexpr int LDH = 24, LDY = BV, STAGES = Ring::kStages, SW = Ring::SW;
   static_assert(T1 >= 1 && (C / 16) * 2 % NW == 0, "step (1) tiles must divide among the warps");
-  // Shared memory: Yh [DK][LDH] and Mh [C][LDH] (scaled float16), the inverse scales of Y's NW blocks
-  // and of M's (C / 16) x 2 tiles, then the ring of low_rank_scan_kernel (A, B, U, Z, decay per slot).
   extern __shared__ float4 smem4[];
-  __half* const Yh = reinterpret_cast<__half*>(smem4);
+  // The swizzled tiles need 1024-byte alignment: from the first such address on.
+  char* const base = reinterpret_cast<char*>(smem4) + ((1024 - (smem_addr(smem4) & 1023)) & 1023);
+  unsigned long long* const full = reinterpret_cast<unsigned long long*>(base);
+  unsigned long long* const empty = full + STAGES;
+  __half* const Yh = reinterpret_cast<__half*>(base + Ring::kBarriers);
   __half* const Mh = Yh + DK * LDH;
   float* const y_inv = reinterpret_cast<float*>(Mh + C * LDH);
   float* const m_inv = y_inv + NW;
-  const ScanRing<DK, c10::Half> ring{reinterpret_cast<char*>(smem4) + f16_scan_head_bytes<DK>()};
+  const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, s = blockIdx.z;
   const int64_t n0 = offsets[s], n1 = offsets[s + 1], count = n1 - n0;
   const int col0 = blockIdx.x * BV;
   const int64_t state = static_cast<int64_t>(DK) * Dv;
+  auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
+  if (tid == 0) {
+    for (int b = 0; b < STAGES; ++b) mbar_init(&full[b], 1), mbar_init(&empty[b], NW);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warp == NW) {
+    // The producer (one thread): chunk i into slot i % STAGES once every compute warp has released the
+    // slot's previous chunk. It stores the decay, announces the bytes and issues the boxes.
+    if (lane != 0) return;
+    const unsigned bytes = 2 * Ring::kTile + (maps.has_u ? Ring::kU : 0) + (maps.has_z ? Ring::kZ : 0);
+    int b = 0;
+    unsigned round = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      if (round > 0) mbar_wait(&empty[b], (round - 1) & 1);
+      const int64_t c = static_cast<int64_t>(h) * N + chunk(i);
+      *ring.decay(b) = decay[c];
+      mbar_arrive_expect_tx(&full[b], bytes);
+      const int row = static_cast<int>(c * C);
+      for (int x = 0; x < Ring::kBoxes; ++x) {
+        tma_load_2d(ring.A(b) + x * C * SW, &maps.A, x * Ring::kBoxCols, row, &full[b]);
+        tma_load_2d(ring.B(b) + x * C * SW, &maps.B, x * Ring::kBoxCols, row, &full[b]);
+      }
+      if (maps.has_u) tma_load_2d(ring.U(b), &maps.U, col0, row, &full[b]);
+      if (maps.has_z) tma_load_2d(ring.Z(b), &maps.Z, col0, static_cast<int>(c * DK), &full[b]);
+      if (++b == STAGES) b = 0, ++round;
+    }
+    return;
+  }
+
   auto row_in = [&](int e) { return g + (e >= 2 ? 8 : 0); };
   auto col_of = [&](int nt, int e) { return nt * 8 + 2 * t + (e & 1); };
+  auto compute_sync = [] { asm volatile("bar.sync 1, %0;\n" ::"n"(NT) : "memory"); };
   const int m2 = warp * 16;
 
   float y[2][4];  // [nt][element]: this warp's rows of the state, float32
@@ -587,28 +651,22 @@ __global__ void __launch_bounds__(2 * DK)
       if (keep) h16.S_inv[((static_cast<int64_t>(h) * N + n) * NW + warp) * (Dv / BV) + blockIdx.x] = sc.inverse;
     }
   };
-  auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
   load_state_rows(y, y0 + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
   publish_y(count > 0 ? chunk(0) : -1);
-  const ScanSources<c10::Half> sources{A, Bm, U, Z, decay, N, lda, ldb, ldu, h, Dv, col0};
-  auto load_chunk = [&](int64_t n, int b) { load_scan_chunk<DK, NT>(ring, sources, n, b); };
-  for (int b = 0; b < STAGES - 1; ++b) {
-    if (b < count) load_chunk(chunk(b), b);
-    cp_async_commit();
-  }
   // ldmatrix row addresses of this lane (see device_ops.cuh): the A fragment of rows r..r+15 and k
   // k0..k0+15 of a row-major [r][k] block, the same of a [k][r] block read transposed, and B fragments
   // of a [k][n] block (both 8-column tiles, or one).
   const int a_row = lane % 16, a_col = (lane / 16) * 8;
   const int at_k = (lane % 8) + 8 * (lane / 16), at_m = 8 * ((lane / 8) % 2);
   const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
+  int buf = 0;
+  unsigned round = 0;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t n = chunk(i);
-    const int buf = static_cast<int>(i % STAGES);
-    cp_async_wait<STAGES - 2>();  // chunk i's group has landed
-    __syncthreads();              // ... for every thread; Yh holds the state; every warp is past step (2) of chunk i - 1
-    const __half* An = reinterpret_cast<const __half*>(ring.A(buf));
-    const __half* Bn = reinterpret_cast<const __half*>(ring.B(buf));
+    mbar_wait(&full[buf], round & 1);  // chunk i has landed in its slot
+    compute_sync();                    // Yh holds the state; every warp is past step (2) of chunk i - 1
+    const char* An = ring.A(buf);
+    const char* Bn = ring.B(buf);
     const float* Un = ring.U(buf);
     const float* Zn = ring.Z(buf);
     const int64_t chunk_rows = (static_cast<int64_t>(h) * N + n) * C * Dv + col0;
@@ -622,7 +680,7 @@ __global__ void __launch_bounds__(2 * DK)
 #pragma unroll
       for (int j = 0; j < NW; ++j) {
         unsigned a[4], b[2];
-        ldmatrix_x4(a, Bn + (m + a_row) * LDA + 16 * j + a_col);
+        ldmatrix_x4(a, Bn + swizzled<SW, C>(m + a_row, 16 * j + a_col));
         ldmatrix_x2_trans(b, Yh + (16 * j + lane % 16) * LDH + nt * 8);
         float part[4] = {0.f, 0.f, 0.f, 0.f};
         mma_f16(part, a, b);
@@ -633,7 +691,7 @@ __global__ void __launch_bounds__(2 * DK)
       float mv[4];
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
-        const float2 u = U != nullptr ? *reinterpret_cast<const float2*>(Un + (m + row_in(e)) * LDY + col_of(nt, e))
+        const float2 u = maps.has_u ? *reinterpret_cast<const float2*>(Un + (m + row_in(e)) * LDY + col_of(nt, e))
                                       : make_float2(0.f, 0.f);
         mv[e] = u.x - acc[e], mv[e + 1] = u.y - acc[e + 1];
         if (Mout != nullptr)
@@ -654,7 +712,7 @@ __global__ void __launch_bounds__(2 * DK)
           h16.M_inv[((static_cast<int64_t>(h) * N + n) * (C / 16) + m / 16) * (Dv / 8) + col0 / 8 + nt] = sc.inverse;
       }
     }
-    __syncthreads();  // Mh is complete; every warp has read Yh
+    compute_sync();  // Mh is complete; every warp has read Yh
 
     // (2) Y' = a_n Y + A_n^T M + Z_n for this warp's 16 rows: one product per 16-row block of M.
     const float an = *ring.decay(buf);
@@ -663,7 +721,7 @@ __global__ void __launch_bounds__(2 * DK)
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
-        const float2 z = Z != nullptr ? *reinterpret_cast<const float2*>(Zn + (m2 + row_in(e)) * LDY + col_of(nt, e))
+        const float2 z = maps.has_z ? *reinterpret_cast<const float2*>(Zn + (m2 + row_in(e)) * LDY + col_of(nt, e))
                                       : make_float2(0.f, 0.f);
         acc[nt][e] = fmaf(an, y[nt][e], z.x);
         acc[nt][e + 1] = fmaf(an, y[nt][e + 1], z.y);
@@ -675,7 +733,7 @@ __global__ void __launch_bounds__(2 * DK)
 #pragma unroll
     for (int i2 = 0; i2 < C / 16; ++i2) {
       unsigned a[4], b[4];
-      ldmatrix_x4_trans(a, An + (16 * i2 + at_k) * LDA + m2 + at_m);  // A_n^T: [row][k] = A_n[k][row]
+      ldmatrix_x4_trans(a, An + swizzled<SW, C>(16 * i2 + at_k, m2 + at_m));  // A_n^T: [row][k] = A_n[k][row]
       ldmatrix_x4_trans(b, Mh + (16 * i2 + bt_k) * LDH + bt_n);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
@@ -683,10 +741,9 @@ __global__ void __launch_bounds__(2 * DK)
         mma_f16(part[i2][nt], a, bn);
       }
     }
-    // The copy of chunk i + STAGES - 1 into the slot chunk i - 1 used (every warp is past it), issued
-    // while the products are in flight rather than ahead of step (1), where it would delay the chain.
-    if (i + STAGES - 1 < count) load_chunk(chunk(i + STAGES - 1), static_cast<int>((i + STAGES - 1) % STAGES));
-    cp_async_commit();
+    // This warp is done with the slot (step (1) read B and U, step (2) A, Z and the decay).
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[buf]);
 #pragma unroll
     for (int i2 = 0; i2 < C / 16; ++i2)
 #pragma unroll
@@ -700,9 +757,64 @@ __global__ void __launch_bounds__(2 * DK)
 #pragma unroll
       for (int e = 0; e < 4; ++e) y[nt][e] = acc[nt][e];
     publish_y(i + 1 < count ? chunk(i + 1) : -1);  // read by step (1) of the next chunk, after the barrier at the loop's top
+    if (++buf == STAGES) buf = 0, ++round;
   }
-  cp_async_wait<0>();
   store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
+}
+
+// cuTensorMapEncodeTiled, from the driver through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || f == nullptr)
+      throw std::runtime_error("hh::kernels: the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+// A 2-D tensor map over x's leading dimensions flattened into rows ([..., rows, cols], each dimension
+// but the last a whole multiple of the next: x's rows evenly strided), with boxes of box_rows x box_cols.
+CUtensorMap tensor_map_2d(const at::Tensor& x, int64_t box_rows, int64_t box_cols, CUtensorMapSwizzle swizzle,
+                          const char* what) {
+  const int64_t cols = x.size(-1), ld = x.stride(-2), elem = x.element_size();
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) {
+    rows *= x.size(d);
+    if (d + 2 < x.dim() && x.size(d) > 1 && x.stride(d) != x.size(d + 1) * x.stride(d + 1))
+      throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + "'s rows are not evenly strided");
+  }
+  if (x.stride(-1) != 1 || (ld * elem) % 16 != 0 || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0)
+    throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " needs 16-byte aligned rows");
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * elem)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t unit[2] = {1, 1};
+  CUtensorMap map{};
+  const CUresult r = tensor_map_encoder()(
+      &map, elem == 2 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, x.data_ptr(), dims, strides,
+      box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error(std::string("hh::kernels::low_rank_scan: cuTensorMapEncodeTiled failed for ") + what +
+                             " (CUresult " + std::to_string(static_cast<int>(r)) + ")");
+  return map;
+}
+template <int DK>
+ScanMaps scan_maps(const LowRankScanArgs& a, int Dv) {
+  using Ring = F16Ring<DK>;
+  const CUtensorMapSwizzle sw = Ring::SW == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                : Ring::SW == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                 : CU_TENSOR_MAP_SWIZZLE_32B;
+  ScanMaps m{};
+  m.A = tensor_map_2d(a.A, Ring::C, Ring::kBoxCols, sw, "A");
+  m.B = tensor_map_2d(a.B, Ring::C, Ring::kBoxCols, sw, "B");
+  m.has_u = a.U.defined();
+  m.has_z = a.Z.defined();
+  if (m.has_u) m.U = tensor_map_2d(a.U, Ring::C, Ring::BV, CU_TENSOR_MAP_SWIZZLE_NONE, "U");
+  if (m.has_z) m.Z = tensor_map_2d(a.Z, DK, Ring::BV, CU_TENSOR_MAP_SWIZZLE_NONE, "Z");
+  (void)Dv;
+  return m;
 }
 
 template <int DK, class F>
@@ -713,17 +825,16 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, a
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   if constexpr (std::is_same_v<F, c10::Half>) {
     if (a.precision == ScanPrecision::kBlockFloat16) {
-      constexpr size_t smem = f16_scan_head_bytes<DK>() + ScanRing<DK, F>::kBytes;
+      constexpr size_t smem = F16Ring<DK>::kBytes;
       auto kernel = low_rank_scan_f16_kernel<DK>;
       C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       auto half = [](const at::Tensor& x) {
         return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr;
       };
       const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
-      kernel<<<grid, 2 * DK, smem, at::cuda::getCurrentCUDAStream()>>>(
-          a.A.data_ptr<F>(), a.B.data_ptr<F>(), a.decay.data_ptr<float>(), ptr(a.U), ptr(a.Z), a.y0.data_ptr<float>(),
-          ptr(a.hist), ptr(a.M), fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv,
-          a.A.stride(2), a.B.stride(2), a.U.defined() ? a.U.stride(2) : Dv, a.reverse, h16);
+      kernel<<<grid, 2 * DK + 32, smem, at::cuda::getCurrentCUDAStream()>>>(
+          scan_maps<DK>(a, Dv), a.decay.data_ptr<float>(), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M),
+          fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv, a.reverse, h16);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
