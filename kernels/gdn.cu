@@ -538,7 +538,7 @@ struct F16Ring {
   // Ahead of the slots: the barriers (full, empty), Yh [DK][24] and Mh [C][24] (float16), the inverse
   // scales of Y's DK / 16 blocks and M's (C / 16) x 2 tiles.
   static constexpr size_t kBarriers = 2 * kStages * sizeof(unsigned long long);
-  static constexpr size_t kHead = (kBarriers + (DK * 24 + C * 24) * 2 + (DK / 16 + 8) * 4 + 1023) / 1024 * 1024;
+  static constexpr size_t kHead = (kBarriers + (DK * 24 + C * 24) * 2 + (DK / 16 + 4 + 8) * 4 + 1023) / 1024 * 1024;
   static constexpr size_t kBytes = kHead + kStages * kSlot + 1024;  // + the base's alignment to 1024
   char* slots;
   __device__ __forceinline__ char* A(int b) const { return slots + b * kSlot; }
@@ -547,6 +547,21 @@ struct F16Ring {
   __device__ __forceinline__ float* Z(int b) const { return U(b) + C * BV; }
   __device__ __forceinline__ float* decay(int b) const { return Z(b) + DK * BV; }
 };
+
+// K inverse scales from shared memory (16-byte aligned) by the widest loads that divide K.
+template <int K>
+__device__ __forceinline__ void load_scales(float (&dst)[K], const float* src) {
+  if constexpr (K % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < K / 4; ++i) {
+      const float4 v = reinterpret_cast<const float4*>(src)[i];
+      dst[4 * i] = v.x, dst[4 * i + 1] = v.y, dst[4 * i + 2] = v.z, dst[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < K; ++i) dst[i] = src[i];
+  }
+}
 
 // The tensor maps of one scan: A and B ([rows = H N C, DK] float16, boxes of 64 x SW bytes), U's and Z's
 // column slices ([H N C, Dv] and [H N DK, Dv] float32, boxes of 64 x 16 and DK x 16); has_u, has_z
@@ -587,7 +602,7 @@ __global__ void __launch_bounds__(2 * DK + 32)
   __half* const Yh = reinterpret_cast<__half*>(base + Ring::kBarriers);
   __half* const Mh = Yh + DK * LDH;
   float* const y_inv = reinterpret_cast<float*>(Mh + C * LDH);
-  float* const m_inv = y_inv + NW;
+  float* const m_inv = y_inv + (NW + 3) / 4 * 4;  // 16-byte aligned, as y_inv
   const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, s = blockIdx.z;
@@ -629,30 +644,42 @@ __global__ void __launch_bounds__(2 * DK + 32)
   auto col_of = [&](int nt, int e) { return nt * 8 + 2 * t + (e & 1); };
   auto compute_sync = [] { asm volatile("bar.sync 1, %0;\n" ::"n"(NT) : "memory"); };
   const int m2 = warp * 16;
+  // The outputs a chunk writes move by one chunk a step (back, for the reverse scan): pointers at
+  // chunk(0), advanced by these strides.
+  const int64_t c0 = static_cast<int64_t>(h) * N + (count > 0 ? chunk(0) : 0), dir = reverse ? -1 : 1;
+  const int64_t step_state = dir * state, step_rows = dir * C * Dv;
+  const int64_t step_sinv = dir * NW * (Dv / BV), step_minv = dir * (C / 16) * (Dv / 8);
+  // This lane's row and 16-byte column unit in the 16 x 16 block of Y its warp publishes, and in a
+  // 16 x 8 tile of M (lanes 0..15).
+  const int pub_row = lane / 2, pub_col = (lane % 2) * 8;
+  __half* s16 = h16.S != nullptr ? h16.S + c0 * state + col0 + static_cast<int64_t>(m2 + pub_row) * Dv + pub_col : nullptr;
+  float* s_inv = h16.S != nullptr ? h16.S_inv + (c0 * NW + warp) * (Dv / BV) + blockIdx.x : nullptr;
+  __half* m16 = h16.M != nullptr ? h16.M + c0 * C * Dv + col0 + static_cast<int64_t>(lane % 16) * Dv : nullptr;
+  float* m_inv_out = h16.M != nullptr ? h16.M_inv + c0 * (C / 16) * (Dv / 8) + col0 / 8 : nullptr;
+  float* hist_at = hist != nullptr ? hist + c0 * state + col0 : nullptr;
+  float* mout_at = Mout != nullptr ? Mout + c0 * C * Dv + col0 : nullptr;
 
   float y[2][4];  // [nt][element]: this warp's rows of the state, float32
-  // Y's block of this warp into Yh, scaled, with its inverse scale; and into the float16 history as
-  // chunk n's start state (n >= 0).
-  auto publish_y = [&](int64_t n) {
+  // Y's block of this warp into Yh, scaled, with its inverse scale; with `keep`, also into the float16
+  // history (at s16, s_inv) as the start state of the chunk those point at.
+  auto publish_y = [&](bool keep) {
     const float(&flat)[8] = reinterpret_cast<const float(&)[8]>(y);
     const Pow2Scale sc = pow2_scale(warp_max_abs(flat));
-    const bool keep = h16.S != nullptr && n >= 0;
-    const int64_t at = (static_cast<int64_t>(h) * N + n) * state + col0;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const unsigned v = pack_f16(y[nt][e] * sc.scale, y[nt][e + 1] * sc.scale);
-        *reinterpret_cast<unsigned*>(Yh + (m2 + row_in(e)) * LDH + col_of(nt, e)) = v;
-        if (keep) *reinterpret_cast<unsigned*>(h16.S + at + static_cast<int64_t>(m2 + row_in(e)) * Dv + col_of(nt, e)) = v;
-      }
-    if (lane == 0) {
-      y_inv[warp] = sc.inverse;
-      if (keep) h16.S_inv[((static_cast<int64_t>(h) * N + n) * NW + warp) * (Dv / BV) + blockIdx.x] = sc.inverse;
+      for (int e = 0; e < 4; e += 2)
+        *reinterpret_cast<unsigned*>(Yh + (m2 + row_in(e)) * LDH + col_of(nt, e)) =
+            pack_f16(y[nt][e] * sc.scale, y[nt][e + 1] * sc.scale);
+    if (lane == 0) y_inv[warp] = sc.inverse;
+    if (keep && s16 != nullptr) {  // the block by 16-byte units: two a row
+      __syncwarp();
+      *reinterpret_cast<uint4*>(s16) = *reinterpret_cast<const uint4*>(Yh + (m2 + pub_row) * LDH + pub_col);
+      if (lane == 0) *s_inv = sc.inverse;
     }
   };
   load_state_rows(y, y0 + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
-  publish_y(count > 0 ? chunk(0) : -1);
+  publish_y(count > 0);
   // ldmatrix row addresses of this lane (see device_ops.cuh): the A fragment of rows r..r+15 and k
   // k0..k0+15 of a row-major [r][k] block, the same of a [k][r] block read transposed, and B fragments
   // of a [k][n] block (both 8-column tiles, or one).
@@ -662,15 +689,14 @@ __global__ void __launch_bounds__(2 * DK + 32)
   int buf = 0;
   unsigned round = 0;
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t n = chunk(i);
     mbar_wait(&full[buf], round & 1);  // chunk i has landed in its slot
     compute_sync();                    // Yh holds the state; every warp is past step (2) of chunk i - 1
     const char* An = ring.A(buf);
     const char* Bn = ring.B(buf);
     const float* Un = ring.U(buf);
     const float* Zn = ring.Z(buf);
-    const int64_t chunk_rows = (static_cast<int64_t>(h) * N + n) * C * Dv + col0;
-    const int64_t chunk_state = (static_cast<int64_t>(h) * N + n) * state + col0;
+    float yinv[NW];
+    load_scales(yinv, y_inv);
 
     // (1) M = U_n - B_n Y, tile by tile: one product per block of Y, unscaled into the float32 sum.
 #pragma unroll
@@ -684,50 +710,48 @@ __global__ void __launch_bounds__(2 * DK + 32)
         ldmatrix_x2_trans(b, Yh + (16 * j + lane % 16) * LDH + nt * 8);
         float part[4] = {0.f, 0.f, 0.f, 0.f};
         mma_f16(part, a, b);
-        const float inv = y_inv[j];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[e] = fmaf(part[e], inv, acc[e]);
+        for (int e = 0; e < 4; ++e) acc[e] = fmaf(part[e], yinv[j], acc[e]);
       }
       float mv[4];
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const float2 u = maps.has_u ? *reinterpret_cast<const float2*>(Un + (m + row_in(e)) * LDY + col_of(nt, e))
-                                      : make_float2(0.f, 0.f);
+                                    : make_float2(0.f, 0.f);
         mv[e] = u.x - acc[e], mv[e + 1] = u.y - acc[e + 1];
-        if (Mout != nullptr)
-          *reinterpret_cast<float2*>(Mout + chunk_rows + static_cast<int64_t>(m + row_in(e)) * Dv + col_of(nt, e)) =
-              make_float2(mv[e], mv[e + 1]);
+        if (mout_at != nullptr)
+          *reinterpret_cast<float2*>(mout_at + (m + row_in(e)) * Dv + col_of(nt, e)) = make_float2(mv[e], mv[e + 1]);
       }
       const Pow2Scale sc = pow2_scale(warp_max_abs(mv));
 #pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const unsigned v = pack_f16(mv[e] * sc.scale, mv[e + 1] * sc.scale);
-        *reinterpret_cast<unsigned*>(Mh + (m + row_in(e)) * LDH + col_of(nt, e)) = v;
-        if (h16.M != nullptr)
-          *reinterpret_cast<unsigned*>(h16.M + chunk_rows + static_cast<int64_t>(m + row_in(e)) * Dv + col_of(nt, e)) = v;
-      }
-      if (lane == 0) {
-        m_inv[tile] = sc.inverse;
-        if (h16.M != nullptr)
-          h16.M_inv[((static_cast<int64_t>(h) * N + n) * (C / 16) + m / 16) * (Dv / 8) + col0 / 8 + nt] = sc.inverse;
+      for (int e = 0; e < 4; e += 2)
+        *reinterpret_cast<unsigned*>(Mh + (m + row_in(e)) * LDH + col_of(nt, e)) =
+            pack_f16(mv[e] * sc.scale, mv[e + 1] * sc.scale);
+      if (lane == 0) m_inv[tile] = sc.inverse;
+      if (m16 != nullptr) {  // the tile by 16-byte units: one a row, lanes 0..15
+        __syncwarp();
+        if (lane < 16)
+          *reinterpret_cast<uint4*>(m16 + m * Dv + nt * 8) = *reinterpret_cast<const uint4*>(Mh + (m + lane) * LDH + nt * 8);
+        if (lane == 0) m_inv_out[(m / 16) * (Dv / 8) + nt] = sc.inverse;
       }
     }
     compute_sync();  // Mh is complete; every warp has read Yh
 
     // (2) Y' = a_n Y + A_n^T M + Z_n for this warp's 16 rows: one product per 16-row block of M.
     const float an = *ring.decay(buf);
+    float minv[2 * (C / 16)];
+    load_scales(minv, m_inv);
     float acc[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const float2 z = maps.has_z ? *reinterpret_cast<const float2*>(Zn + (m2 + row_in(e)) * LDY + col_of(nt, e))
-                                      : make_float2(0.f, 0.f);
+                                    : make_float2(0.f, 0.f);
         acc[nt][e] = fmaf(an, y[nt][e], z.x);
         acc[nt][e + 1] = fmaf(an, y[nt][e + 1], z.y);
-        if (hist != nullptr)
-          *reinterpret_cast<float2*>(hist + chunk_state + static_cast<int64_t>(m2 + row_in(e)) * Dv + col_of(nt, e)) =
-              make_float2(y[nt][e], y[nt][e + 1]);
+        if (hist_at != nullptr)
+          *reinterpret_cast<float2*>(hist_at + (m2 + row_in(e)) * Dv + col_of(nt, e)) = make_float2(y[nt][e], y[nt][e + 1]);
       }
     float part[C / 16][2][4] = {};
 #pragma unroll
@@ -747,16 +771,20 @@ __global__ void __launch_bounds__(2 * DK + 32)
 #pragma unroll
     for (int i2 = 0; i2 < C / 16; ++i2)
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const float inv = m_inv[2 * i2 + nt];
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = fmaf(part[i2][nt][e], inv, acc[nt][e]);
-      }
+        for (int e = 0; e < 4; ++e) acc[nt][e] = fmaf(part[i2][nt][e], minv[2 * i2 + nt], acc[nt][e]);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) y[nt][e] = acc[nt][e];
-    publish_y(i + 1 < count ? chunk(i + 1) : -1);  // read by step (1) of the next chunk, after the barrier at the loop's top
+    // The outputs' pointers to the next chunk; Y's block is that chunk's start state (read by its step
+    // (1) after the barrier at the loop's top).
+    if (s16 != nullptr) s16 += step_state, s_inv += step_sinv;
+    if (m16 != nullptr) m16 += step_rows, m_inv_out += step_minv;
+    if (hist_at != nullptr) hist_at += step_state;
+    if (mout_at != nullptr) mout_at += step_rows;
+    publish_y(i + 1 < count);
     if (++buf == STAGES) buf = 0, ++round;
   }
   store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
