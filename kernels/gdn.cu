@@ -586,6 +586,7 @@ __global__ void __launch_bounds__(2 * DK + 32)
                              const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
                              float* __restrict__ fin, const int64_t* __restrict__ offsets, int H, int64_t N, int Dv,
                              bool reverse, F16History h16) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the copy engine and its barriers: Hopper on
   // Compute warp w owns state rows 16w..16w+15 (block w of Y) in step (2), and the (16-row, 8-column)
   // tiles w, w + NW, ... of M in step (1), as low_rank_scan_kernel; warp NW is the producer.
   constexpr int C = kLowRankChunk, BV = 16, NW = DK / 16, NT = 32 * NW, T1 = (C / 16) * 2 / NW;
@@ -788,6 +789,9 @@ __global__ void __launch_bounds__(2 * DK + 32)
     if (++buf == STAGES) buf = 0, ++round;
   }
   store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
+#else
+  __trap();  // launch_low_rank_scan refuses below compute capability 9.0
+#endif
 }
 
 // cuTensorMapEncodeTiled, from the driver through the runtime (no link against libcuda).
@@ -853,6 +857,8 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, a
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   if constexpr (std::is_same_v<F, c10::Half>) {
     if (a.precision == ScanPrecision::kBlockFloat16) {
+      if (!copy_engine_available())
+        throw std::invalid_argument("hh::kernels::low_rank_scan: block float16 products need compute capability 9.0 (Hopper)");
       constexpr size_t smem = F16Ring<DK>::kBytes;
       auto kernel = low_rank_scan_f16_kernel<DK>;
       C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -1219,6 +1225,10 @@ void check_fusion(const at::Tensor& o, const at::Tensor& gate, const at::Tensor&
 }  // namespace
 
 void set_state_scan_kernel(ScanKernel k) { g_scan_kernel = k; }
+
+bool copy_engine_available() {
+  return at::cuda::is_available() && at::cuda::getCurrentDeviceProperties()->major >= 9;
+}
 ScanKernel state_scan_kernel() { return g_scan_kernel; }
 
 bool state_scan_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {

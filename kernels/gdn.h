@@ -133,9 +133,13 @@ void set_chunk_kernels(bool on);
 bool chunk_kernels_enabled();
 // Whether the rule's scans for 16-bit inputs run kBlockFloat16 products on float16 factors (the
 // forward on the chunk kernels' factors, the backward's reverse scan on its own, converted), or kTf32
-// (process-wide, on by default; off for benchmarks).
+// (process-wide, on by default; off for benchmarks, and where the current device lacks the copy engine
+// that scan streams its factors with).
 void set_block_f16_scan(bool on);
 bool block_f16_scan_enabled();
+// Whether the current CUDA device has Hopper's copy engine and its barriers (compute capability 9.0 or
+// later), which the block float16 scan needs.
+bool copy_engine_available();
 // Whether the forward's block float16 scan hands the output its float16 history (chunk_output_f16, on
 // chunk_factors' output factors) or its float32 one (chunk_output) (process-wide, on by default; off
 // for benchmarks).

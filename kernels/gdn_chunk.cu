@@ -376,7 +376,7 @@ bool g_f16_history = true;
 void set_chunk_kernels(bool on) { g_chunk_kernels = on; }
 bool chunk_kernels_enabled() { return g_chunk_kernels; }
 void set_block_f16_scan(bool on) { g_block_f16_scan = on; }
-bool block_f16_scan_enabled() { return g_block_f16_scan; }
+bool block_f16_scan_enabled() { return g_block_f16_scan && copy_engine_available(); }
 void set_f16_history(bool on) { g_f16_history = on; }
 bool f16_history_enabled() { return g_f16_history; }
 
