@@ -73,10 +73,15 @@ __device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const 
     }
 }
 
-// With OUT, Q's rows too (for the output's factors).
+// K's rows, then one region for V's, which with OUT holds Q's first (the output's factors are formed
+// from Q before V is loaded there): a quarter less than three tiles, so four blocks share an SM.
+template <int DK, int DV, bool OUT>
+constexpr int factors_second_tile() {
+  return kC * (OUT && ld16<DK>() > ld16<DV>() ? ld16<DK>() : ld16<DV>());
+}
 template <int DK, int DV, class T, bool OUT>
 constexpr size_t factors_smem() {
-  return ((OUT ? 2 : 1) * kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T) +
+  return (kC * ld16<DK>() + factors_second_tile<DK, DV, OUT>()) * sizeof(T) +
          (kC * kLdT + 3 * kC + 3 * 256 + 4) * sizeof(float) + kC * sizeof(int64_t);
 }
 
@@ -91,7 +96,7 @@ struct OutFactors {
 };
 
 template <int DK, int DV, class T, bool OUT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64 registers a thread
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
                          const float* __restrict__ beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
                          float* __restrict__ U, c10::Half* __restrict__ kdecay, float* __restrict__ decay,
@@ -99,8 +104,8 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ float4 smem4[];
   T* const Ks = reinterpret_cast<T*>(smem4);
   T* const Vs = Ks + kC * ld16<DK>();
-  T* const Qs = Vs + kC * ld16<DV>();  // with OUT
-  float* const Ls = reinterpret_cast<float*>(Qs + (OUT ? kC * ld16<DK>() : 0));  // L, then T = (I + L)^{-1}, then Aq
+  T* const Qs = Vs;  // with OUT, until V is loaded
+  float* const Ls = reinterpret_cast<float*>(Vs + factors_second_tile<DK, DV, OUT>());  // Aq, then L, then T = (I + L)^{-1}
   float* const Gs = Ls + kC * kLdT;
   float* const bs = Gs + kC;  // beta
   float* const ws = bs + kC;  // beta e^G: W's scale
@@ -114,44 +119,16 @@ __global__ void __launch_bounds__(kThreads)
   if (tid == 0) *amax = 0u;
   __syncthreads();
   load_rows<DK>(Ks, k, rows, h, H);
-  load_rows<DV>(Vs, v, rows, h, H);
   if constexpr (OUT) load_rows<DK>(Qs, static_cast<const T*>(of.q), rows, h, H);
+  else load_rows<DV>(Vs, v, rows, h, H);
   cp_async_commit();
   chunk_gates(g, beta, rows, h, H, Gs, bs);
   cp_async_wait<0>();
   __syncthreads();
 
-  masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls);
-  __syncthreads();
-
-  // T = (I + L)^{-1} in place; the threads past the diagonal blocks' 64 write kdecay, Qd and decay meanwhile.
-  invert_unit_lower<kThreads>(Ls, Xs, [&] {
-    const float last = Gs[kC - 1];
-    c10::Half* dst = kdecay + chunk * kC * DK;
-    for (int i = tid - kC; i < kC * DK / 4; i += kThreads - kC) {
-      const int r = (4 * i) / DK, c = (4 * i) % DK;
-      const float s = expf(last - Gs[r]);
-      const T* x = Ks + r * ld16<DK>() + c;
-      const c10::Half h[4] = {c10::Half(s * static_cast<float>(x[0])), c10::Half(s * static_cast<float>(x[1])),
-                              c10::Half(s * static_cast<float>(x[2])), c10::Half(s * static_cast<float>(x[3]))};
-      *reinterpret_cast<uint2*>(dst + r * DK + c) = *reinterpret_cast<const uint2*>(h);
-      if constexpr (OUT) {
-        const float sq = of.scale * expf(Gs[r]);
-        const T* y = Qs + r * ld16<DK>() + c;
-        const c10::Half hq[4] = {c10::Half(sq * static_cast<float>(y[0])), c10::Half(sq * static_cast<float>(y[1])),
-                                 c10::Half(sq * static_cast<float>(y[2])), c10::Half(sq * static_cast<float>(y[3]))};
-        *reinterpret_cast<uint2*>(of.Qd + chunk * kC * DK + r * DK + c) = *reinterpret_cast<const uint2*>(hq);
-      }
-    }
-    if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
-    if (tid == kC) decay[chunk] = expf(last);
-  });
-
-  lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
-  lower_times<DV>(Ls, Vs, bs, U + chunk * kC * DV);
   if constexpr (OUT) {
-    // Aq: the masked Q K^T into Ls (every warp is past T), its largest |entry|, then scaled to float16.
-    __syncthreads();
+    // The output's factors first: Aq (the masked Q K^T into Ls, its largest |entry|, then scaled to
+    // float16) and Qd = scale e^G Q. Then Q's region takes V.
     masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, Ls);
     __syncthreads();
     float m = 0.f;
@@ -168,7 +145,44 @@ __global__ void __launch_bounds__(kThreads)
       *reinterpret_cast<uint2*>(of.Aq + chunk * kC * kC + r * kC + c) = *reinterpret_cast<const uint2*>(a);
     }
     if (tid == 0) of.aq_inv[chunk] = sc.inverse;
+    for (int i = tid; i < kC * DK / 4; i += kThreads) {
+      const int r = (4 * i) / DK, c = (4 * i) % DK;
+      const float sq = of.scale * expf(Gs[r]);
+      const T* y = Qs + r * ld16<DK>() + c;
+      const c10::Half hq[4] = {c10::Half(sq * static_cast<float>(y[0])), c10::Half(sq * static_cast<float>(y[1])),
+                               c10::Half(sq * static_cast<float>(y[2])), c10::Half(sq * static_cast<float>(y[3]))};
+      *reinterpret_cast<uint2*>(of.Qd + chunk * kC * DK + r * DK + c) = *reinterpret_cast<const uint2*>(hq);
+    }
+    __syncthreads();  // every thread is done with Q and Aq
+    load_rows<DV>(Vs, v, rows, h, H);  // lands while L, its inverse and W are formed
+    cp_async_commit();
   }
+
+  masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls);
+  __syncthreads();
+
+  // T = (I + L)^{-1} in place; the threads past the diagonal blocks' 64 write kdecay and decay meanwhile.
+  invert_unit_lower<kThreads>(Ls, Xs, [&] {
+    const float last = Gs[kC - 1];
+    c10::Half* dst = kdecay + chunk * kC * DK;
+    for (int i = tid - kC; i < kC * DK / 4; i += kThreads - kC) {
+      const int r = (4 * i) / DK, c = (4 * i) % DK;
+      const float s = expf(last - Gs[r]);
+      const T* x = Ks + r * ld16<DK>() + c;
+      const c10::Half h[4] = {c10::Half(s * static_cast<float>(x[0])), c10::Half(s * static_cast<float>(x[1])),
+                              c10::Half(s * static_cast<float>(x[2])), c10::Half(s * static_cast<float>(x[3]))};
+      *reinterpret_cast<uint2*>(dst + r * DK + c) = *reinterpret_cast<const uint2*>(h);
+    }
+    if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
+    if (tid == kC) decay[chunk] = expf(last);
+  });
+
+  lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
+  if constexpr (OUT) {
+    cp_async_wait<0>();  // V's rows
+    __syncthreads();
+  }
+  lower_times<DV>(Ls, Vs, bs, U + chunk * kC * DV);
 }
 
 template <int DK, class T>
