@@ -305,8 +305,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   load_rows<DV>(Vs, v, rows, h, H);
   load_rows<DV>(dOs, dO, rows, h, H);
   cp_async_commit();
+  // Columns c0.. of S and dS into the step's slices (one cp.async group with the commit that follows).
+  auto load_slices = [&](int c0) {
+    const float* Sg = S + chunk * DK * DV + c0;
+    const float* dSg = dS + chunk * DK * DV + c0;
+    for (int i = tid; i < DK * kBV / 4; i += kBwdThreads) {
+      const int r = (4 * i) / kBV, c = (4 * i) % kBV;
+      cp_async16(Sj + r * kLdBV + c, Sg + r * DV + c);
+      cp_async16(dSj + r * kLdBV + c, dSg + r * DV + c);
+    }
+  };
+  load_slices(0);  // the first step's, in flight through the prologue (which leaves the step region alone)
+  cp_async_commit();
   chunk_gates(g, beta, rows, h, H, Gs, bs);
-  cp_async_wait<0>();
+  cp_async_wait<1>();  // the tiles
   __syncthreads();
   if (tid < kC) {
     eG[tid] = expf(Gs[tid]);
@@ -341,27 +353,25 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float acc_dA[2][4] = {}, acc_dT[2][4] = {};
   float s_dot = 0.f;
   for (int c0 = 0; c0 < DV; c0 += kBV) {
-    const float* Sg = S + chunk * DK * DV + c0;
-    const float* dSg = dS + chunk * DK * DV + c0;
-    for (int i = tid; i < DK * kBV / 4; i += kBwdThreads) {
-      const int r = (4 * i) / kBV, c = (4 * i) % kBV;
-      cp_async16(Sj + r * kLdBV + c, Sg + r * DV + c);
-      cp_async16(dSj + r * kLdBV + c, dSg + r * DV + c);
+    if (c0 > 0) {
+      load_slices(c0);
+      cp_async_commit();
     }
-    cp_async_commit();
+    // Scale dO's columns while the slices land (the last step's sums, which read dOj, are past the
+    // barrier that ended it).
+    for (int i = tid; i < kC * kBV; i += kBwdThreads) {
+      const int r = i / kBV, c = i % kBV;
+      dOj[r * kLdBV + c] = round_tf32(scale * static_cast<float>(dOs[r * LDV + c0 + c]));
+    }
     cp_async_wait<0>();
     __syncthreads();
-    // <S, dS> over the slices; the slices rounded to TF32 in place; scale dO's columns.
+    // <S, dS> over the slices; the slices rounded to TF32 in place.
     for (int i = tid; i < DK * kBV; i += kBwdThreads) {
       float* a = Sj + (i / kBV) * kLdBV + i % kBV;
       float* b = dSj + (i / kBV) * kLdBV + i % kBV;
       s_dot = fmaf(*a, *b, s_dot);
       *a = round_tf32(*a);
       *b = round_tf32(*b);
-    }
-    for (int i = tid; i < kC * kBV; i += kBwdThreads) {
-      const int r = i / kBV, c = i % kBV;
-      dOj[r * kLdBV + c] = round_tf32(scale * static_cast<float>(dOs[r * LDV + c0 + c]));
     }
     __syncthreads();
     // This step's columns of X = diag(beta) (V - diag(e^G) K S) (warps 0..7) and of
