@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -590,8 +591,8 @@ __global__ void __launch_bounds__(2 * DK + 32)
   // Compute warp w owns state rows 16w..16w+15 (block w of Y) in step (2), and the (16-row, 8-column)
   // tiles w, w + NW, ... of M in step (1), as low_rank_scan_kernel; warp NW is the producer.
   constexpr int C = kLowRankChunk, BV = 16, NW = DK / 16, NT = 32 * NW, T1 = (C / 16) * 2 / NW;
-  // Rows of 16-bit elements padded for conflict-free ldmatrix: DK + 8 for the factors (272 bytes at
-  // Dk 128) and 24 for Y and M (48 bytes), so that 8 consecutive rows cover all 32 banks once.
+  // Y's and M's 16-bit rows padded to 24 elements (48 bytes) for conflict-free ldmatrix, so that 8
+  // consecutive rows cover all 32 banks once; the factors' tiles are swizzled instead (swizzled<>).
   using Ring = F16Ring<DK>;
   constexpr int LDH = 24, LDY = BV, STAGES = Ring::kStages, SW = Ring::SW;
   static_assert(T1 >= 1 && (C / 16) * 2 % NW == 0, "step (1) tiles must divide among the warps");
@@ -819,6 +820,8 @@ CUtensorMap tensor_map_2d(const at::Tensor& x, int64_t box_rows, int64_t box_col
   }
   if (x.stride(-1) != 1 || (ld * elem) % 16 != 0 || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0)
     throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " needs 16-byte aligned rows");
+  if (rows > std::numeric_limits<int32_t>::max())  // the copy's row coordinate is a 32-bit integer
+    throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " has more than 2^31 - 1 rows");
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * elem)};
   const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
