@@ -836,7 +836,7 @@ CUtensorMap tensor_map_2d(const at::Tensor& x, int64_t box_rows, int64_t box_col
   return map;
 }
 template <int DK>
-ScanMaps scan_maps(const LowRankScanArgs& a, int Dv) {
+ScanMaps scan_maps(const LowRankScanArgs& a) {
   using Ring = F16Ring<DK>;
   const CUtensorMapSwizzle sw = Ring::SW == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
                                 : Ring::SW == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
@@ -848,7 +848,6 @@ ScanMaps scan_maps(const LowRankScanArgs& a, int Dv) {
   m.has_z = a.Z.defined();
   if (m.has_u) m.U = tensor_map_2d(a.U, Ring::C, Ring::BV, CU_TENSOR_MAP_SWIZZLE_NONE, "U");
   if (m.has_z) m.Z = tensor_map_2d(a.Z, DK, Ring::BV, CU_TENSOR_MAP_SWIZZLE_NONE, "Z");
-  (void)Dv;
   return m;
 }
 
@@ -870,7 +869,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, a
       };
       const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
       kernel<<<grid, 2 * DK + 32, smem, at::cuda::getCurrentCUDAStream()>>>(
-          scan_maps<DK>(a, Dv), a.decay.data_ptr<float>(), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M),
+          scan_maps<DK>(a), a.decay.data_ptr<float>(), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M),
           fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv, a.reverse, h16);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
