@@ -533,6 +533,7 @@ struct F16Ring {
   static constexpr int C = kLowRankChunk, BV = 16, kStages = 3;
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2;  // swizzle width in bytes = one box row
   static constexpr int kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
+  static_assert(kBoxes * kBoxCols == DK, "the factors' rows are whole boxes");
   static constexpr size_t kTile = static_cast<size_t>(C) * DK * 2;  // A or B, 16-bit
   static constexpr size_t kU = C * BV * 4, kZ = DK * BV * 4;
   static constexpr size_t kSlot = (2 * kTile + kU + kZ + 16 + 1023) / 1024 * 1024;
