@@ -93,6 +93,16 @@ __device__ __forceinline__ void chunk_gates(const float* __restrict__ g, const f
   }
 }
 
+// The end of a chunk kernel's loads: commits the tile copies the block has issued, reads the chunk's
+// gates while they land (chunk_gates), then waits for them in every thread.
+__device__ __forceinline__ void gates_while_tiles_land(const float* __restrict__ g, const float* __restrict__ beta,
+                                                       const int64_t* rows, int h, int H, float* Gs, float* bs) {
+  cp_async_commit();
+  chunk_gates(g, beta, rows, h, H, Gs, bs);
+  cp_async_wait<0>();
+  __syncthreads();
+}
+
 // X Y^T for rows X, Y of two 16-bit [C][D] tiles, masked by the decay: warp w computes rows
 // 16 (w / 2) .. + 15 and columns 32 (w % 2) .. + 31 of
 //   out[t][i] = row_scale[t] e^{G_t - G_i} x_t.y_i   where i < t (i <= t when inclusive), else 0

@@ -808,19 +808,12 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   }();
   return fn;
 }
-// A 2-D tensor map over x's leading dimensions flattened into rows ([..., rows, cols], each dimension
-// but the last a whole multiple of the next: x's rows evenly strided), with boxes of box_rows x box_cols.
+// A 2-D tensor map over x's leading dimensions flattened into rows, with boxes of box_rows x box_cols.
+// low_rank_scan has checked the layout the map assumes: unit column stride, rows packed one after
+// another at a stride of a multiple of 16 bytes, a 16-byte aligned start.
 CUtensorMap tensor_map_2d(const at::Tensor& x, int64_t box_rows, int64_t box_cols, CUtensorMapSwizzle swizzle,
                           const char* what) {
-  const int64_t cols = x.size(-1), ld = x.stride(-2), elem = x.element_size();
-  int64_t rows = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) {
-    rows *= x.size(d);
-    if (d + 2 < x.dim() && x.size(d) > 1 && x.stride(d) != x.size(d + 1) * x.stride(d + 1))
-      throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + "'s rows are not evenly strided");
-  }
-  if (x.stride(-1) != 1 || (ld * elem) % 16 != 0 || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0)
-    throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " needs 16-byte aligned rows");
+  const int64_t cols = x.size(-1), rows = x.numel() / cols, ld = x.stride(-2), elem = x.element_size();
   if (rows > std::numeric_limits<int32_t>::max())  // the copy's row coordinate is a 32-bit integer
     throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " has more than 2^31 - 1 rows");
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};

@@ -121,10 +121,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
   load_rows<DK>(Ks, k, rows, h, H);
   if constexpr (OUT) load_rows<DK>(Qs, static_cast<const T*>(of.q), rows, h, H);
   else load_rows<DV>(Vs, v, rows, h, H);
-  cp_async_commit();
-  chunk_gates(g, beta, rows, h, H, Gs, bs);
-  cp_async_wait<0>();
-  __syncthreads();
+  gates_while_tiles_land(g, beta, rows, h, H, Gs, bs);
 
   if constexpr (OUT) {
     // The output's factors first: Aq (the masked Q K^T into Ls, its largest |entry|, then scaled to
@@ -213,10 +210,7 @@ __global__ void __launch_bounds__(kThreads)
   load_rows<DK>(Ks, k, rows, h, H);
   load_slice<DK>(Ss, S + chunk * DK * DV + col0, DV);
   load_slice<kC>(Ms, M + chunk * kC * DV + col0, DV);
-  cp_async_commit();
-  chunk_gates(g, nullptr, rows, h, H, Gs, nullptr);
-  cp_async_wait<0>();
-  __syncthreads();
+  gates_while_tiles_land(g, nullptr, rows, h, H, Gs, nullptr);
 
   masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As);
   __syncthreads();

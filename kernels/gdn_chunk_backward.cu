@@ -193,10 +193,7 @@ __global__ void __launch_bounds__(kDirectThreads)
     const int r = (8 * i) / DK, c = (8 * i) % DK;
     cp_async16(Ws + r * LDK + c, W + (chunk * kC + r) * DK + c);
   }
-  cp_async_commit();
-  chunk_gates(g, nullptr, rows, h, H, Gs, nullptr);
-  cp_async_wait<0>();
-  __syncthreads();
+  gates_while_tiles_land(g, nullptr, rows, h, H, Gs, nullptr);
 
   masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As);
   __syncthreads();
