@@ -103,6 +103,37 @@ __device__ __forceinline__ void gates_while_tiles_land(const float* __restrict__
   __syncthreads();
 }
 
+// acc += A B for a warp's 16 rows from m and NT 8-column tiles from n0 (NT even), over k in [k0, k1)
+// (multiples of 16), on m16n8k16 products of 16-bit operands of T's kind in shared memory, each
+// fragment one ldmatrix (two 8-column tiles of B a load):
+//   A(r, k) = a[r * lda + k], or a[k * lda + r] when TA (A stored transposed: ldmatrix.trans);
+//   B(k, n) = b[n * ldb + k] (B stored as B^T, one row a column), or b[k * ldb + n] when TB.
+// Row strides are multiples of 8 elements (16-byte rows); a stride of 8 mod 64 is free of bank conflicts.
+template <bool TA, bool TB, int NT, class T>
+__device__ __forceinline__ void product16(float (&acc)[NT][4], int m, int n0, int k0, int k1, const T* a, int lda,
+                                          const T* b, int ldb) {
+  static_assert(NT % 2 == 0, "two 8-column tiles a B load");
+  const int l = threadIdx.x % 32, lo = l % 8, b3 = (l / 8) % 2, b4 = l / 16;
+  // Lane l gives the row address of block l / 8, row l % 8: the A blocks are (rows, k) = (0, 0), (8, 0),
+  // (0, 8), (8, 8) from (m, k); the B blocks (k, columns) = (0, 0), (8, 0), (0, 8), (8, 8) from (k, n0).
+  const T* a_at = TA ? a + (lo + 8 * b4) * lda + m + 8 * b3 : a + (m + lo + 8 * b3) * lda + 8 * b4;
+  const T* b_at = TB ? b + (lo + 8 * b3) * ldb + n0 + 8 * b4 : b + (n0 + lo + 8 * b4) * ldb + 8 * b3;
+  for (int k = k0; k < k1; k += 16) {
+    unsigned af[4];
+    if constexpr (TA) ldmatrix_x4_trans(af, a_at + k * lda);
+    else ldmatrix_x4(af, a_at + k);
+#pragma unroll
+    for (int j = 0; j < NT; j += 2) {
+      unsigned bf[4];
+      if constexpr (TB) ldmatrix_x4_trans(bf, b_at + k * ldb + 8 * j);
+      else ldmatrix_x4(bf, b_at + 8 * j * ldb + k);
+      const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+      mma16<T>(acc[j], af, b0);
+      mma16<T>(acc[j + 1], af, b1);
+    }
+  }
+}
+
 // X Y^T for rows X, Y of two 16-bit [C][D] tiles, masked by the decay: warp w computes rows
 // 16 (w / 2) .. + 15 and columns 32 (w % 2) .. + 31 of
 //   out[t][i] = row_scale[t] e^{G_t - G_i} x_t.y_i   where i < t (i <= t when inclusive), else 0
@@ -114,26 +145,8 @@ __device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const floa
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int m = (warp / 2) * 16, n0 = (warp % 2) * 32;
   float acc[4][4] = {};
-  if (n0 < m + 16) {  // otherwise every column is above the diagonal
-    // 16-bit products (exact, as the TF32 ones of 16-bit values are) on m16n8k16 with ldmatrix: X's
-    // rows m.. as the A fragment, Y's rows n0.. (Y [n][k], i.e. B column-major) as B fragments, two
-    // 8-column tiles an ldmatrix.
-    const int a_row = m + lane % 16, a_col = (lane / 16) * 8;
-    const int b_row = n0 + lane % 8 + 8 * (lane / 16), b_col = 8 * ((lane / 8) % 2);
-#pragma unroll
-    for (int k0 = 0; k0 < D; k0 += 16) {
-      unsigned a[4], b01[4], b23[4];
-      ldmatrix_x4(a, Xs + a_row * LD + k0 + a_col);
-      ldmatrix_x4(b01, Ys + b_row * LD + k0 + b_col);
-      ldmatrix_x4(b23, Ys + (b_row + 16) * LD + k0 + b_col);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const unsigned* src = j < 2 ? b01 : b23;
-        const unsigned b[2] = {src[2 * (j % 2)], src[2 * (j % 2) + 1]};
-        mma16<T>(acc[j], a, b);
-      }
-    }
-  }
+  // 16-bit products (exact, as the TF32 ones of 16-bit values are): Y [n][k] is B stored as B^T.
+  if (n0 < m + 16) product16<false, false, 4>(acc, m, n0, 0, D, Xs, LD, Ys, LD);  // else all above the diagonal
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll

@@ -14,7 +14,8 @@
 //   ndKb = dVb S^T,  dqdecay = dO S^T,  dkdecay = M dS^T,  dA = dO M^T,  dL = -(T^T dT T^T) strictly lower,
 // then dQ, dK, dbeta and dG as chunk_local_backward assembles them. S and dS stream through shared
 // memory 32 columns at a time; the products contracting over those columns accumulate in registers.
-// Products are m16n8k8 TF32 with float32 accumulation, as LibTorch's float32 GEMMs run with TF32 allowed.
+// chunk_state_direct's products are m16n8k8 TF32 with float32 accumulation, as LibTorch's float32
+// GEMMs run with TF32 allowed; chunk_backward's are 16-bit (see there).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -28,7 +29,6 @@ namespace {
 constexpr int kBwdWarps = 16;
 constexpr int kBwdThreads = 32 * kBwdWarps;
 constexpr int kBV = 32;          // columns of S and dS a step of chunk_backward takes
-constexpr int kLdBV = kBV + 4;   // their float rows in shared memory
 constexpr int kDirectThreads = 256;
 
 // A product's operand as TF32 bits: a float is rounded here; unsigned bits are taken as they are (values
@@ -51,33 +51,6 @@ __device__ __forceinline__ void tf32_product(float (&acc)[NT][4], int m, int n0,
     for (int j = 0; j < NT; ++j) {
       const unsigned bf[2] = {tf32_operand(b(k + t, n0 + 8 * j + g)), tf32_operand(b(k + t + 4, n0 + 8 * j + g))};
       mma_tf32(acc[j], af, bf);
-    }
-  }
-}
-
-// The same product for operands stored rounded to TF32 in shared memory as A [r][k] and B^T [n][k] (row
-// strides lda, ldb multiples of 4 floats; 16-byte aligned): each fragment in one ldmatrix (a lane's
-// 32-bit element t of row g is the pair of 16-bit elements 2t, 2t + 1 that ldmatrix hands it), two
-// 8-column tiles a B load; NT even.
-template <int NT>
-__device__ __forceinline__ void tf32_product_nt(float (&acc)[NT][4], int m, int n0, int k0, int k1, const float* A,
-                                                int lda, const float* Bt, int ldb) {
-  static_assert(NT % 2 == 0, "two 8-column tiles a B load");
-  const int lane = threadIdx.x % 32;
-  // A: matrices (rows m.., k), (m + 8.., k), (m.., k + 4), (m + 8.., k + 4) = a[0..3];
-  // B^T: (n.., k), (n.., k + 4) for tile j, then the same 8 rows on for tile j + 1.
-  const float* a_row = A + (m + lane % 8 + 8 * ((lane / 8) % 2)) * lda + 4 * (lane / 16);
-  const float* b_row = Bt + (n0 + lane % 8 + 8 * (lane / 16)) * ldb + 4 * ((lane / 8) % 2);
-  for (int k = k0; k < k1; k += 8) {
-    unsigned a[4];
-    ldmatrix_x4(a, a_row + k);
-#pragma unroll
-    for (int j = 0; j < NT; j += 2) {
-      unsigned b[4];
-      ldmatrix_x4(b, b_row + 8 * j * ldb + k);
-      const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      mma_tf32(acc[j], a, b0);
-      mma_tf32(acc[j + 1], a, b1);
     }
   }
 }
@@ -230,20 +203,47 @@ __global__ void __launch_bounds__(kDirectThreads)
 }
 
 // ---------------------------------------------------------------------------------------------------
-// chunk_backward: one block of 16 warps per (chunk, head).
+// chunk_backward: one block of 16 warps per (chunk, head). Its products are m16n8k16 ones on 16-bit
+// operands of the inputs' kind with float32 accumulation, each fragment one ldmatrix (product16): the
+// Q, K, V and dO tiles as they are, and what the block forms (T, scale A, the slices of S and dS, X, M,
+// dM, dVb, then dT, T^T dT, d(Q K^T) and d(K K^T)) rounded once to that kind where it is stored. The
+// row and column sums that make dbeta and dg, <S, dS> and the output's scale stay in float32.
 
-// Shared memory in floats: T, A, Lg = (K K^T * e^{G_t - G_i}, i < t); the column steps' buffers (S and
-// dS slices, X, M, dM, dVb, scale dO), later dA, dT and a product's scratch; the inverse's scratch; 12 vectors
-// of C; then rows and the 16-bit tiles Q, K, V, dO.
+constexpr int kLd16C = kC + 8;    // row stride of a 16-bit [C][C] matrix
+constexpr int kLd16BV = kBV + 8;  // of a 16-bit slice of kBV columns
+
+// The step region in 16-bit elements: the slices of S and dS [DK][kBV], X, M, dM and dVb [C][kBV];
+// after the steps, four [C][C] matrices in their place.
 template <int DK>
-constexpr int step_floats() {
-  const int steps = 2 * DK * kLdBV + 5 * kC * kLdBV, after = 3 * kC * kLdT;
+constexpr int step_elems() {
+  const int steps = 2 * DK * kLd16BV + 4 * kC * kLd16BV, after = 4 * kC * kLd16C;
   return steps > after ? steps : after;
 }
+// Shared memory: in float32 T (where the inverse is formed), A and Lg = (K K^T * e^{G_t - G_i}, i < t),
+// the inverse's scratch, 12 vectors of C and <S, dS>; the rows; then in 16-bit elements T and scale A,
+// the step region and the tiles Q, K, V, dO.
 template <int DK, int DV, class T>
 constexpr size_t backward_smem() {
-  return (3 * kC * kLdT + step_floats<DK>() + 3 * 256 + 12 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
-         (2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T);
+  return (3 * kC * kLdT + 3 * 256 + 12 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
+         (2 * kC * kLd16C + step_elems<DK>() + 2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T);
+}
+
+// f(r, c, x) of the warp's tiles (rows from m, 8-column tiles from n0) into a 16-bit matrix of row
+// stride ld, two columns a store.
+template <int NT, class T, class F>
+__device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* dst, int ld, F f) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
+      store_pair(dst + r * ld + c, f(r, c, acc[j][e]), f(r, c + 1, acc[j][e + 1]));
+    }
+}
+template <int NT, class T>
+__device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* dst, int ld) {
+  store16(acc, m, n0, dst, ld, [](int, int, float x) { return x; });
 }
 
 template <int DK, int DV, class T>
@@ -254,24 +254,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                           float scale, T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
                           float* __restrict__ dg, float* __restrict__ dbeta) {
   constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), NTK = DK / 32;
+  constexpr int kVecs = DK * kBV / (4 * kBwdThreads);  // float4s of S (and of dS) a thread carries a step
+  static_assert(DK * kBV % (4 * kBwdThreads) == 0 && DV % kBV == 0, "whole slices");
   extern __shared__ float4 smem4[];
   float* const Ts = reinterpret_cast<float*>(smem4);
   float* const As = Ts + kC * kLdT;
   float* const Lg = As + kC * kLdT;
-  float* const step = Lg + kC * kLdT;
-  float* const Sj = step;                  // [DK][kLdBV]
-  float* const dSj = Sj + DK * kLdBV;      // [DK][kLdBV]
-  float* const Xj = dSj + DK * kLdBV;      // [C][kLdBV] each
-  float* const Mj = Xj + kC * kLdBV;
-  float* const dMj = Mj + kC * kLdBV;
-  float* const dVbj = dMj + kC * kLdBV;
-  float* const dOj = dVbj + kC * kLdBV;    // scale dO's columns of the step
-  // The product operands in shared memory are stored rounded to TF32 (round_tf32, read by tf32_bits),
-  // except S and dS until the step's first pass; the 16-bit tiles are read by bits (exact).
-  float* const dQK = step;                 // after the steps: [C][kLdT] each
-  float* const Zs = step + kC * kLdT;      // dT, then d(K K^T) = diag(beta) dL * e^{G_t - G_i}
-  float* const Ys = step + 2 * kC * kLdT;  // T^T dT
-  float* const inv = step + step_floats<DK>();  // the inverse's scratch
+  float* const inv = Lg + kC * kLdT;  // the inverse's scratch
   float* const Gs = inv + 3 * 256;
   float* const eG = Gs + kC;
   float* const bs = eG + kC;
@@ -286,7 +275,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float* const xl_col = xl_row + kC;
   float* const sdot = xl_col + kC;  // <S, dS>, then sum_i kd_i kk_sum_i
   int64_t* const rows = reinterpret_cast<int64_t*>(sdot + 4);
-  T* const Qs = reinterpret_cast<T*>(rows + kC);
+  T* const T16 = reinterpret_cast<T*>(rows + kC);  // [C][kLd16C]: T
+  T* const A16 = T16 + kC * kLd16C;                 // scale A
+  T* const step = A16 + kC * kLd16C;
+  T* const Sj = step;                // [DK][kLd16BV]: the step's columns of S
+  T* const dSj = Sj + DK * kLd16BV;  // and of dS
+  T* const Xj = dSj + DK * kLd16BV;  // [C][kLd16BV] each
+  T* const Mj = Xj + kC * kLd16BV;
+  T* const dMj = Mj + kC * kLd16BV;
+  T* const dVbj = dMj + kC * kLd16BV;
+  T* const dQK = step;                // after the steps, [C][kLd16C] each: d(Q K^T) = scale dA * e^{G_t - G_i}
+  T* const dTs = dQK + kC * kLd16C;   // dT
+  T* const Ys = dTs + kC * kLd16C;    // T^T dT
+  T* const dKK = Ys + kC * kLd16C;    // d(K K^T) = diag(beta) dL * e^{G_t - G_i}, strictly lower
+  T* const Qs = step + step_elems<DK>();
   T* const Ks = Qs + kC * LDK;
   T* const Vs = Ks + kC * LDK;
   T* const dOs = Vs + kC * LDV;
@@ -302,20 +304,36 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   load_rows<DV>(Vs, v, rows, h, H);
   load_rows<DV>(dOs, dO, rows, h, H);
   cp_async_commit();
-  // Columns c0.. of S and dS into the step's slices (one cp.async group with the commit that follows).
-  auto load_slices = [&](int c0) {
-    const float* Sg = S + chunk * DK * DV + c0;
-    const float* dSg = dS + chunk * DK * DV + c0;
-    for (int i = tid; i < DK * kBV / 4; i += kBwdThreads) {
-      const int r = (4 * i) / kBV, c = (4 * i) % kBV;
-      cp_async16(Sj + r * kLdBV + c, Sg + r * DV + c);
-      cp_async16(dSj + r * kLdBV + c, dSg + r * DV + c);
+  // A step's columns c0.. of S and dS pass through registers (fetch) into the step's 16-bit slices
+  // (put), which also sums <S, dS> in float32; a thread's i-th float4 is element tid + i threads of
+  // the [DK][kBV / 4] grid.
+  const float* const S_at = S + chunk * DK * DV;
+  const float* const dS_at = dS + chunk * DK * DV;
+  float4 s_in[kVecs], ds_in[kVecs];
+  auto fetch = [&](int c0) {
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int e = tid + i * kBwdThreads, r = e / (kBV / 4), c = c0 + 4 * (e % (kBV / 4));
+      s_in[i] = __ldg(reinterpret_cast<const float4*>(S_at + r * DV + c));
+      ds_in[i] = __ldg(reinterpret_cast<const float4*>(dS_at + r * DV + c));
     }
   };
-  load_slices(0);  // the first step's, in flight through the prologue (which leaves the step region alone)
-  cp_async_commit();
+  float s_dot = 0.f;
+  auto put = [&] {
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int e = tid + i * kBwdThreads, r = e / (kBV / 4), c = 4 * (e % (kBV / 4));
+      const float4 a = s_in[i], b = ds_in[i];
+      s_dot = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, s_dot))));
+      store_pair(Sj + r * kLd16BV + c, a.x, a.y);
+      store_pair(Sj + r * kLd16BV + c + 2, a.z, a.w);
+      store_pair(dSj + r * kLd16BV + c, b.x, b.y);
+      store_pair(dSj + r * kLd16BV + c + 2, b.z, b.w);
+    }
+  };
+  fetch(0);  // in flight through the prologue
   chunk_gates(g, beta, rows, h, H, Gs, bs);
-  cp_async_wait<1>();  // the tiles
+  cp_async_wait<0>();  // the tiles
   __syncthreads();
   if (tid < kC) {
     eG[tid] = expf(Gs[tid]);
@@ -331,73 +349,51 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   __syncthreads();
   invert_unit_lower<kBwdThreads>(Ts, inv, [] {});
-  for (int i = tid; i < kC * kC; i += kBwdThreads) {
-    float* t = Ts + (i / kC) * kLdT + i % kC;
-    float* a = As + (i / kC) * kLdT + i % kC;
-    *t = round_tf32(*t);
-    *a = round_tf32(*a);
+  // T and scale A as 16-bit operands (the output's scale rides on A in dM = diag(kd) K dS + A^T scale dO),
+  // and the first step's slices.
+  for (int i = tid; i < kC * kC / 2; i += kBwdThreads) {
+    const int r = (2 * i) / kC, c = (2 * i) % kC;
+    store_pair(T16 + r * kLd16C + c, Ts[r * kLdT + c], Ts[r * kLdT + c + 1]);
+    store_pair(A16 + r * kLd16C + c, scale * As[r * kLdT + c], scale * As[r * kLdT + c + 1]);
   }
+  put();
   __syncthreads();
 
-  auto K_bits = [&](int r, int c) { return bits(Ks[r * LDK + c]); };
-  auto Q_bits = [&](int r, int c) { return bits(Qs[r * LDK + c]); };
-  auto dO_bits = [&](int r, int c) { return tf32_bits(dOj[r * kLdBV + c]); };
   const int m = (warp % 4) * 16;           // every warp's 16 rows
   const int ns = ((warp / 4) % 2) * 16;    // its 16 columns of a step's [C][kBV] products
   const int nk = (warp / 4) * (DK / 4);    // its DK / 4 columns of the [C][DK] sums
   const int nc = (warp / 4) * 16;          // its 16 columns of the [C][C] sums
-  float acc_dq[NTK][4] = {}, acc_kb[NTK][4] = {}, acc_dk[NTK][4] = {};  // dqdecay, ndKb, dkdecay
+  // dqdecay and dA without the output's scale (applied after the steps); ndKb, dkdecay, dT.
+  float acc_dq[NTK][4] = {}, acc_kb[NTK][4] = {}, acc_dk[NTK][4] = {};
   float acc_dA[2][4] = {}, acc_dT[2][4] = {};
-  float s_dot = 0.f;
   for (int c0 = 0; c0 < DV; c0 += kBV) {
-    if (c0 > 0) {
-      load_slices(c0);
-      cp_async_commit();
-    }
-    // Scale dO's columns while the slices land (the last step's sums, which read dOj, are past the
-    // barrier that ended it).
-    for (int i = tid; i < kC * kBV; i += kBwdThreads) {
-      const int r = i / kBV, c = i % kBV;
-      dOj[r * kLdBV + c] = round_tf32(scale * static_cast<float>(dOs[r * LDV + c0 + c]));
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-    // <S, dS> over the slices; the slices rounded to TF32 in place.
-    for (int i = tid; i < DK * kBV; i += kBwdThreads) {
-      float* a = Sj + (i / kBV) * kLdBV + i % kBV;
-      float* b = dSj + (i / kBV) * kLdBV + i % kBV;
-      s_dot = fmaf(*a, *b, s_dot);
-      *a = round_tf32(*a);
-      *b = round_tf32(*b);
-    }
-    __syncthreads();
+    const bool more = c0 + kBV < DV;
+    if (more) fetch(c0 + kBV);  // the next step's slices land during this one
     // This step's columns of X = diag(beta) (V - diag(e^G) K S) (warps 0..7) and of
-    // dM = diag(kd) K dS + A^T dO (warps 8..15); then of M = T X (0..7) and dVb = T^T dM (8..15), with
-    // dV = diag(beta) dVb and sum_c dVb V into db_sum. Each warp takes 16 rows and 16 columns.
+    // dM = diag(kd) K dS + A^T scale dO (warps 8..15); then of M = T X (0..7) and dVb = T^T dM (8..15),
+    // with dV = diag(beta) dVb and sum_c dVb V into db_sum. Each warp takes 16 rows and 16 columns.
     if (warp < 8) {
       float ks[2][4] = {};
-      tf32_product(ks, m, ns, 0, DK, K_bits, [&](int r, int c) { return tf32_bits(Sj[r * kLdBV + c]); });
-      for_each(ks, m, ns, [&](int r, int c, float x) {
-        Xj[r * kLdBV + c] = round_tf32(bs[r] * (static_cast<float>(Vs[r * LDV + c0 + c]) - eG[r] * x));
+      product16<false, true, 2>(ks, m, ns, 0, DK, Ks, LDK, Sj, kLd16BV);
+      store16(ks, m, ns, Xj, kLd16BV, [&](int r, int c, float x) {
+        return bs[r] * (static_cast<float>(Vs[r * LDV + c0 + c]) - eG[r] * x);
       });
     } else {
       float dm[2][4] = {};
-      tf32_product(dm, m, ns, 0, DK, K_bits, [&](int r, int c) { return tf32_bits(dSj[r * kLdBV + c]); });
+      product16<false, true, 2>(dm, m, ns, 0, DK, Ks, LDK, dSj, kLd16BV);
       for_each(dm, m, ns, [&](int r, int, float& x) { x *= kd[r]; });
-      tf32_product(dm, m, ns, m, kC, [&](int r, int c) { return tf32_bits(As[c * kLdT + r]); }, dO_bits);
-      for_each(dm, m, ns, [&](int r, int c, float x) { dMj[r * kLdBV + c] = round_tf32(x); });
+      product16<true, true, 2>(dm, m, ns, m, kC, A16, kLd16C, dOs + c0, LDV);
+      store16(dm, m, ns, dMj, kLd16BV);
     }
     __syncthreads();
     if (warp < 8) {
       float mm[2][4] = {};
-      tf32_product(mm, m, ns, 0, m + 16, [&](int r, int c) { return tf32_bits(Ts[r * kLdT + c]); },
-                   [&](int r, int c) { return tf32_bits(Xj[r * kLdBV + c]); });
-      for_each(mm, m, ns, [&](int r, int c, float x) { Mj[r * kLdBV + c] = round_tf32(x); });
+      product16<false, true, 2>(mm, m, ns, 0, m + 16, T16, kLd16C, Xj, kLd16BV);
+      store16(mm, m, ns, Mj, kLd16BV);
     } else {
       float dvb[2][4] = {};
-      tf32_product(dvb, m, ns, m, kC, [&](int r, int c) { return tf32_bits(Ts[c * kLdT + r]); },
-                   [&](int r, int c) { return tf32_bits(dMj[r * kLdBV + c]); });
-      for_each(dvb, m, ns, [&](int r, int c, float x) { dVbj[r * kLdBV + c] = round_tf32(x); });
+      product16<true, true, 2>(dvb, m, ns, m, kC, T16, kLd16C, dMj, kLd16BV);
+      store16(dvb, m, ns, dVbj, kLd16BV);
       row_dots(dvb, m, ns, [&](int r, int c) { return static_cast<float>(Vs[r * LDV + c0 + c]); }, db_sum);
       for_each(dvb, m, ns, [&](int r, int, float& x) { x *= bs[r]; });
       store_rows<DV>(dvb, m, c0 + ns, rows, h, H, dv);
@@ -405,70 +401,76 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     __syncthreads();
     // The sums over this step's columns.
     // dqdecay += dO S^T, ndKb += dVb S^T, dkdecay += M dS^T, dA += dO M^T, dT += dM X^T.
-    tf32_product_nt(acc_dq, m, nk, 0, kBV, dOj, kLdBV, Sj, kLdBV);
-    tf32_product_nt(acc_kb, m, nk, 0, kBV, dVbj, kLdBV, Sj, kLdBV);
-    tf32_product_nt(acc_dk, m, nk, 0, kBV, Mj, kLdBV, dSj, kLdBV);
-    tf32_product_nt(acc_dA, m, nc, 0, kBV, dOj, kLdBV, Mj, kLdBV);
-    tf32_product_nt(acc_dT, m, nc, 0, kBV, dMj, kLdBV, Xj, kLdBV);
-    __syncthreads();  // before the next step's slices overwrite these
+    product16<false, false, NTK>(acc_dq, m, nk, 0, kBV, dOs + c0, LDV, Sj, kLd16BV);
+    product16<false, false, NTK>(acc_kb, m, nk, 0, kBV, dVbj, kLd16BV, Sj, kLd16BV);
+    product16<false, false, NTK>(acc_dk, m, nk, 0, kBV, Mj, kLd16BV, dSj, kLd16BV);
+    product16<false, false, 2>(acc_dA, m, nc, 0, kBV, dOs + c0, LDV, Mj, kLd16BV);
+    product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dMj, kLd16BV, Xj, kLd16BV);
+    __syncthreads();  // before the next step's slices (or the matrices after the steps) overwrite these
+    if (more) {
+      put();
+      __syncthreads();
+    }
   }
 
-  // <S, dS>; the row dot products of the [C][DK] sums.
+  // <S, dS>; the output's scale on dqdecay and dA; the row dot products of the [C][DK] sums.
   s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 16);
   s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 8);
   s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 4);
   s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 2);
   s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 1);
   if (tid % 32 == 0) atomicAdd(sdot, s_dot);
+  for_each(acc_dq, m, nk, [&](int, int, float& x) { x *= scale; });
   auto Q_at = [&](int r, int c) { return static_cast<float>(Qs[r * LDK + c]); };
   auto K_at = [&](int r, int c) { return static_cast<float>(Ks[r * LDK + c]); };
   row_dots(acc_dq, m, nk, Q_at, qq_sum);
   row_dots(acc_kb, m, nk, K_at, kb_sum);
   row_dots(acc_dk, m, nk, K_at, kk_sum);
-  {  // d(Q K^T) = dA * e^{G_t - G_i} (i <= t) into dQK; dA * A's row and column sums; dT into Zs
+  {  // d(Q K^T) = scale dA * e^{G_t - G_i} (i <= t); scale dA * A's row and column sums; dT
     float lo = 0.f, hi = 0.f;
     float col[2][2] = {};
-    for_each(acc_dA, m, nc, [&](int r, int c, float x) {
+    for_each(acc_dA, m, nc, [&](int r, int c, float& x) {
       const bool keep = c <= r;
-      dQK[r * kLdT + c] = keep ? round_tf32(x * expf(Gs[r] - Gs[c])) : 0.f;
-      const float xa = keep ? x * As[r * kLdT + c] : 0.f;
+      const float d = scale * x, xa = keep ? d * As[r * kLdT + c] : 0.f;
       (r < m + 8 ? lo : hi) += xa;
       col[(c - nc) / 8][c % 2] += xa;
+      x = keep ? d * expf(Gs[r] - Gs[c]) : 0.f;
     });
     add_row_sums(lo, hi, m, xa_row);
     add_col_sums(col, nc, xa_col);
-    for_each(acc_dT, m, nc, [&](int r, int c, float x) { Zs[r * kLdT + c] = round_tf32(x); });
+    store16(acc_dA, m, nc, dQK, kLd16C);
+    store16(acc_dT, m, nc, dTs, kLd16C);
   }
   __syncthreads();
   {  // Ys = T^T dT
     float y[2][4] = {};
-    tf32_product(y, m, nc, m, kC, [&](int r, int c) { return tf32_bits(Ts[c * kLdT + r]); },
-                 [&](int r, int c) { return tf32_bits(Zs[r * kLdT + c]); });
-    for_each(y, m, nc, [&](int r, int c, float x) { Ys[r * kLdT + c] = round_tf32(x); });
+    product16<true, true, 2>(y, m, nc, m, kC, T16, kLd16C, dTs, kLd16C);
+    store16(y, m, nc, Ys, kLd16C);
   }
   __syncthreads();
-  {  // dL = -(Ys T^T), strictly lower; its sums; d(K K^T) = diag(beta) dL * e^{G_t - G_i} into Zs
+  {  // dL = -(Ys T^T), strictly lower; its sums; d(K K^T) = diag(beta) dL * e^{G_t - G_i}
     float y[2][4] = {};
-    if (nc < m + 16) tf32_product_nt(y, m, nc, 0, nc + 16, Ys, kLdT, Ts, kLdT);
+    if (nc < m + 16) product16<false, false, 2>(y, m, nc, 0, nc + 16, Ys, kLd16C, T16, kLd16C);
     float dlo = 0.f, dhi = 0.f, lo = 0.f, hi = 0.f;
     float col[2][2] = {};
-    for_each(y, m, nc, [&](int r, int c, float x) {
+    for_each(y, m, nc, [&](int r, int c, float& x) {
       const bool keep = c < r;
       const float dl = keep ? -x : 0.f, lg = Lg[r * kLdT + c];
       const float xl = bs[r] * dl * lg;
       (r < m + 8 ? dlo : dhi) += dl * lg;
       (r < m + 8 ? lo : hi) += xl;
       col[(c - nc) / 8][c % 2] += xl;
-      Zs[r * kLdT + c] = keep ? bs[r] * dl * expf(Gs[r] - Gs[c]) : 0.f;
+      x = keep ? bs[r] * dl * expf(Gs[r] - Gs[c]) : 0.f;
     });
     add_row_sums(dlo, dhi, m, db_sum);
     add_row_sums(lo, hi, m, xl_row);
     add_col_sums(col, nc, xl_col);
+    store16(y, m, nc, dKK, kLd16C);
   }
   __syncthreads();
   // dQ = diag(e^G) dqdecay + d(Q K^T) K
   for_each(acc_dq, m, nk, [&](int r, int, float& x) { x *= eG[r]; });
-  tf32_product(acc_dq, m, nk, 0, m + 16, [&](int r, int c) { return tf32_bits(dQK[r * kLdT + c]); }, K_bits);
+  product16<false, true, NTK>(acc_dq, m, nk, 0, m + 16, dQK, kLd16C, Ks, LDK);
   store_rows<DK>(acc_dq, m, nk, rows, h, H, dq);
   // dK = -diag(beta e^G) ndKb + diag(kd) dkdecay + d(Q K^T)^T Q + (d(K K^T) + d(K K^T)^T) K
   {
@@ -481,8 +483,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         acc_kb[j][e] = kd[r] * acc_dk[j][e] - bs[r] * eG[r] * acc_kb[j][e];
       }
   }
-  tf32_product(acc_kb, m, nk, m, kC, [&](int r, int c) { return tf32_bits(dQK[c * kLdT + r]); }, Q_bits);
-  tf32_product(acc_kb, m, nk, 0, kC, [&](int r, int c) { return Zs[r * kLdT + c] + Zs[c * kLdT + r]; }, K_bits);
+  product16<true, true, NTK>(acc_kb, m, nk, m, kC, dQK, kLd16C, Qs, LDK);
+  product16<false, true, NTK>(acc_kb, m, nk, 0, m + 16, dKK, kLd16C, Ks, LDK);
+  product16<true, true, NTK>(acc_kb, m, nk, m, kC, dKK, kLd16C, Ks, LDK);
   store_rows<DK>(acc_kb, m, nk, rows, h, H, dk);
   __syncthreads();  // every sum is in
   if (tid < kC) {  // dbeta, and dG with its reverse cumulative sum dg (warps 0 and 1, one row a thread)
