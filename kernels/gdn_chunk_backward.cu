@@ -14,8 +14,7 @@
 //   ndKb = dVb S^T,  dqdecay = dO S^T,  dkdecay = M dS^T,  dA = dO M^T,  dL = -(T^T dT T^T) strictly lower,
 // then dQ, dK, dbeta and dG as chunk_local_backward assembles them. S and dS stream through shared
 // memory 32 columns at a time; the products contracting over those columns accumulate in registers.
-// chunk_state_direct's products are m16n8k8 TF32 with float32 accumulation, as LibTorch's float32
-// GEMMs run with TF32 allowed; chunk_backward's are 16-bit (see there).
+// Both kernels' products are m16n8k16 ones on 16-bit operands with float32 accumulation (see each).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -30,30 +29,6 @@ constexpr int kBwdWarps = 16;
 constexpr int kBwdThreads = 32 * kBwdWarps;
 constexpr int kBV = 32;          // columns of S and dS a step of chunk_backward takes
 constexpr int kDirectThreads = 256;
-
-// A product's operand as TF32 bits: a float is rounded here; unsigned bits are taken as they are (values
-// stored already rounded, read through tf32_bits, or 16-bit inputs, read through bits: exact in TF32).
-__device__ __forceinline__ unsigned tf32_operand(float x) { return to_tf32(x); }
-__device__ __forceinline__ unsigned tf32_operand(unsigned x) { return x; }
-__device__ __forceinline__ float round_tf32(float x) { return __uint_as_float(to_tf32(x)); }  // to store
-__device__ __forceinline__ unsigned tf32_bits(float x) { return __float_as_uint(x); }      // a stored round_tf32
-
-// acc[j] += sum_{k in [k0, k1)} a(r, k) b(k, c) for the warp's 16 rows from m and NT 8-column tiles from
-// n0 (fragment layout in device_ops.cuh), on m16n8k8 TF32 products of the operands a(r, k) and b(k, c)
-// (tf32_operand); k1 - k0 a multiple of 8.
-template <int NT, class FA, class FB>
-__device__ __forceinline__ void tf32_product(float (&acc)[NT][4], int m, int n0, int k0, int k1, FA a, FB b) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  for (int k = k0; k < k1; k += 8) {
-    const unsigned af[4] = {tf32_operand(a(m + g, k + t)), tf32_operand(a(m + g + 8, k + t)),
-                            tf32_operand(a(m + g, k + t + 4)), tf32_operand(a(m + g + 8, k + t + 4))};
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const unsigned bf[2] = {tf32_operand(b(k + t, n0 + 8 * j + g)), tf32_operand(b(k + t + 4, n0 + 8 * j + g))};
-      mma_tf32(acc[j], af, bf);
-    }
-  }
-}
 
 // f(r, c, acc[j][e]) for every element of the warp's tiles (rows from m, 8-column tiles from n0).
 template <int NT, class F>
@@ -127,15 +102,42 @@ __device__ __forceinline__ void store_rows(float (&acc)[NT][4], int m, int n0, c
   }
 }
 
-// ---------------------------------------------------------------------------------------------------
-// chunk_state_direct: one block of 8 warps per (chunk, head).
+// f(r, c, x) of the warp's tiles (rows from m, 8-column tiles from n0) into a 16-bit matrix of row
+// stride ld, two columns a store.
+template <int NT, class T, class F>
+__device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* dst, int ld, F f) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
+      store_pair(dst + r * ld + c, f(r, c, acc[j][e]), f(r, c + 1, acc[j][e + 1]));
+    }
+}
+template <int NT, class T>
+__device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* dst, int ld) {
+  store16(acc, m, n0, dst, ld, [](int, int, float x) { return x; });
+}
 
-// Shared memory: A and W (then Qt in their place: at most their size), G, rows, the 16-bit tiles Q, K,
-// dO; under half of an SM's, so that two blocks share one.
+// ---------------------------------------------------------------------------------------------------
+// chunk_state_direct: one block of 8 warps per (chunk, head), on m16n8k16 float16 products (product16)
+// in block float16: A, dO and Qt each brought into float16's range by a power-of-two scale for the chunk
+// (pow2_scale), so that they keep 11 significant bits whatever the inputs' kind; W is float16 already.
+
+// Shared memory: A in float32, then Qt in float16 in its place; A in float16; W; G, three largest
+// magnitudes, rows; the 16-bit tiles Q, K, dO (dO then float16 in place). Under half of an SM's, so
+// that two blocks share one.
 template <int DK, int DV, class T>
 constexpr size_t direct_smem() {
-  return (kC * kLdT + kC + kC * ld16<DK>() / 2) * sizeof(float) + kC * sizeof(int64_t) +
-         (2 * kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T);
+  return (kC * kLdT + kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
+         (kC * (kC + 8) + kC * ld16<DK>()) * sizeof(__half) + (2 * kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T);
+}
+
+// The largest x over the block into *top (zero before; non-negative floats order as their bits do).
+__device__ __forceinline__ void block_max(float x, unsigned* top) {
+  const unsigned m = __reduce_max_sync(0xffffffffu, __float_as_uint(x));
+  if (threadIdx.x % 32 == 0) atomicMax(top, m);
 }
 
 template <int DK, int DV, class T>
@@ -143,21 +145,25 @@ __global__ void __launch_bounds__(kDirectThreads)
     chunk_state_direct_kernel(const T* __restrict__ q, const T* __restrict__ k, const float* __restrict__ g,
                               const __half* __restrict__ W, const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
                               float scale, float* __restrict__ Z) {
-  constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), LDQ = DK + 8;
-  static_assert(kC * LDQ <= kC * kLdT + kC * LDK / 2, "Qt fits where A and W were");
+  constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), LDA = kC + 8;
+  static_assert(kC * LDK * sizeof(__half) <= kC * kLdT * sizeof(float), "Qt fits where A was");
   extern __shared__ float4 smem4[];
-  float* const As = reinterpret_cast<float*>(smem4);             // [C][kLdT]: A
-  __half* const Ws = reinterpret_cast<__half*>(As + kC * kLdT);  // [C][LDK]: W
-  float* const Qt = As;                                          // [C][DK + 8]: diag(e^G) Q - A W, once A and W are read
-  float* const Gs = As + kC * kLdT + kC * LDK / 2;
-  int64_t* const rows = reinterpret_cast<int64_t*>(Gs + kC);
-  T* const Qs = reinterpret_cast<T*>(rows + kC);
+  float* const As = reinterpret_cast<float*>(smem4);    // [C][kLdT]: A
+  __half* const Qt = reinterpret_cast<__half*>(As);     // [C][LDK]: diag(e^G) Q - A W, once A is read
+  float* const Gs = As + kC * kLdT;
+  unsigned* const top = reinterpret_cast<unsigned*>(Gs + kC);  // max |A|, |dO|, |Qt|
+  int64_t* const rows = reinterpret_cast<int64_t*>(top + 4);
+  __half* const A16 = reinterpret_cast<__half*>(rows + kC);  // [C][LDA]
+  __half* const Ws = A16 + kC * LDA;                          // [C][LDK]
+  T* const Qs = reinterpret_cast<T*>(Ws + kC * LDK);
   T* const Ks = Qs + kC * LDK;
   T* const dOs = Ks + kC * LDK;
+  __half* const dOh = reinterpret_cast<__half*>(dOs);  // dO in block float16, in place
   const int64_t n = blockIdx.x;
-  const int h = blockIdx.y, tid = threadIdx.x;
+  const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32;
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
   if (tid < kC) rows[tid] = slots(n, tid);
+  if (tid < 3) top[tid] = 0u;
   __syncthreads();
   load_rows<DK>(Qs, q, rows, h, H);
   load_rows<DK>(Ks, k, rows, h, H);
@@ -170,34 +176,56 @@ __global__ void __launch_bounds__(kDirectThreads)
 
   masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As);
   __syncthreads();
-
-  const int warp = tid / 32;
+  {
+    float a = 0.f, d = 0.f;
+    for (int i = tid; i < kC * kC; i += kDirectThreads) a = fmaxf(a, fabsf(As[(i / kC) * kLdT + i % kC]));
+    for (int i = tid; i < kC * DV; i += kDirectThreads) d = fmaxf(d, fabsf(static_cast<float>(dOs[(i / DV) * LDV + i % DV])));
+    block_max(a, top);
+    block_max(d, top + 1);
+  }
+  __syncthreads();
+  const Pow2Scale sa = pow2_scale(__uint_as_float(top[0])), sd = pow2_scale(__uint_as_float(top[1]));
+  for (int i = tid; i < kC * kC / 2; i += kDirectThreads) {
+    const int r = (2 * i) / kC, c = (2 * i) % kC;
+    *reinterpret_cast<unsigned*>(A16 + r * LDA + c) = pack_f16(sa.scale * As[r * kLdT + c], sa.scale * As[r * kLdT + c + 1]);
+  }
+  for (int i = tid; i < kC * DV / 2; i += kDirectThreads) {  // each pair read and rewritten by one thread
+    const int r = (2 * i) / DV, c = (2 * i) % DV;
+    const float x = static_cast<float>(dOs[r * LDV + c]), y = static_cast<float>(dOs[r * LDV + c + 1]);
+    *reinterpret_cast<unsigned*>(dOh + r * LDV + c) = pack_f16(sd.scale * x, sd.scale * y);
+  }
+  __syncthreads();  // A is read: Qt takes its place
   {  // Qt = diag(e^G) Q - A W: warp w, rows 16 (w % 4) .., columns (DK / 2)(w / 4) ..
     constexpr int NT = DK / 16;
     const int m = (warp % 4) * 16, n0 = (warp / 4) * (DK / 2);
-    float aw[NT][4] = {};
-    tf32_product(aw, m, n0, 0, m + 16, [&](int r, int c) { return As[r * kLdT + c]; },
-                 [&](int r, int c) { return bits(Ws[r * LDK + c]); });
-    __syncthreads();  // every warp is done with A and W
-    for_each(aw, m, n0, [&](int r, int c, float v) {
-      Qt[r * LDQ + c] = round_tf32(expf(Gs[r]) * static_cast<float>(Qs[r * LDK + c]) - v);
+    float qt[NT][4] = {};
+    product16<false, true, NT>(qt, m, n0, 0, m + 16, A16, LDA, Ws, LDK);
+    float x = 0.f;
+    for_each(qt, m, n0, [&](int r, int c, float& v) {
+      v = expf(Gs[r]) * static_cast<float>(Qs[r * LDK + c]) - sa.inverse * v;
+      x = fmaxf(x, fabsf(v));
     });
+    block_max(x, top + 2);
+    __syncthreads();
+    const float sq = pow2_scale(__uint_as_float(top[2])).scale;
+    store16(qt, m, n0, Qt, LDK, [&](int, int, float v) { return sq * v; });
   }
   __syncthreads();
-  {  // Z = Qt^T (scale dO): DK / 16 row groups of 16 split the 8 warps, each group's columns shared out.
+  {  // Z = scale Qt^T dO: DK / 16 row groups of 16 split the 8 warps, each group's columns shared out.
     constexpr int RG = DK / 16, CG = 8 / RG, NT = DV / (8 * CG);
     const int m = (warp % RG) * 16, n0 = (warp / RG) * (DV / CG);
     float z[NT][4] = {};
-    tf32_product(z, m, n0, 0, kC, [&](int r, int c) { return tf32_bits(Qt[c * LDQ + r]); },
-                 [&](int r, int c) { return scale * static_cast<float>(dOs[r * LDV + c]); });
+    product16<true, true, NT>(z, m, n0, 0, kC, Qt, LDK, dOh, LDV);
+    const float sq_inv = pow2_scale(__uint_as_float(top[2])).inverse;
     const int lane = tid % 32, g8 = lane / 4, t = lane % 4;
     float* dst = Z + chunk * DK * DV;
+    auto out = [&](float x) { return scale * (sq_inv * (sd.inverse * x)); };
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const int r = m + g8 + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
-        *reinterpret_cast<float2*>(dst + r * DV + c) = make_float2(z[j][e], z[j][e + 1]);
+        *reinterpret_cast<float2*>(dst + r * DV + c) = make_float2(out(z[j][e]), out(z[j][e + 1]));
       }
   }
 }
@@ -226,24 +254,6 @@ template <int DK, int DV, class T>
 constexpr size_t backward_smem() {
   return (3 * kC * kLdT + 3 * 256 + 12 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
          (2 * kC * kLd16C + step_elems<DK>() + 2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T);
-}
-
-// f(r, c, x) of the warp's tiles (rows from m, 8-column tiles from n0) into a 16-bit matrix of row
-// stride ld, two columns a store.
-template <int NT, class T, class F>
-__device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* dst, int ld, F f) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
-      store_pair(dst + r * ld + c, f(r, c, acc[j][e]), f(r, c + 1, acc[j][e + 1]));
-    }
-}
-template <int NT, class T>
-__device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* dst, int ld) {
-  store16(acc, m, n0, dst, ld, [](int, int, float x) { return x; });
 }
 
 template <int DK, int DV, class T>
