@@ -347,14 +347,14 @@ TEST(CudaGdn, BackwardChunkKernelsEqualAutogradInFloat64) {
     const auto f = hh::kernels::chunk_factors(k, v, g, beta, grid);
     poison_allocator();
     const auto z = hh::kernels::chunk_state_direct(q, k, g, f.W, dO, grid, scale);
-    EXPECT_LT(rel_err(z, Z), 3e-3) << what << " (direct term)";  // TF32 products, float16 W
+    EXPECT_LT(rel_err(z, Z), 3e-3) << what << " (direct term)";  // block float16 products
     poison_allocator();
     const auto d = hh::kernels::chunk_backward(q, k, v, g, beta, S.to(f32), dS.to(f32), dO, grid, scale);
     const torch::Tensor got[] = {d.dq, d.dk, d.dv, d.dg, d.dbeta};
     const char* names[] = {"dq", "dk", "dv", "dg", "dbeta"};
     for (size_t i = 0; i < 5; ++i) {
       EXPECT_EQ(got[i].scalar_type(), i < 3 ? dt : torch::kFloat) << what << " " << names[i];
-      // TF32 products (~1e-3) and, for dq, dk, dv, the 16-bit rounding.
+      // Products on 16-bit operands of the inputs' kind (bfloat16: ~3e-3) and, for dq, dk, dv, the 16-bit rounding.
       EXPECT_LT(rel_err(got[i], off_grid(grads[i], B, T)), 1e-2) << what << " " << names[i];
     }
   });
@@ -387,7 +387,9 @@ std::set<std::string> gdn_ranges_during(const std::function<void()>& fn) {
 // The gradients of the whole rule with the backward's chunk kernels (the default for 16-bit CUDA
 // inputs) against float64 autograd through the chunked rule and against the LibTorch explicit
 // backward: batches with odd T and an initial state, packed sequences (an empty one among them),
-// Dk != Dv, both 16-bit dtypes.
+// Dk != Dv, both 16-bit dtypes. The kernels' bfloat16 products leave each element of dbeta and dg an
+// error relative to the terms it sums, not to itself: the one-token case has B H = 24 of each, so that
+// the relative error is a statistic over them (over 2, one near-cancellation passed 1e-2).
 TEST(CudaGdn, GradientsWithTheBackwardChunkKernelsEqualTheReference) {
   ASSERT_TRUE(torch::cuda::is_available());
   using hh::attention::GdnBackward;
@@ -399,7 +401,7 @@ TEST(CudaGdn, GradientsWithTheBackwardChunkKernelsEqualTheReference) {
     std::vector<int64_t> cu;
   };
   for (const Case& c : {Case{2, 777, 3, 128, 128, torch::kBFloat16, {}}, Case{3, 130, 2, 64, 128, torch::kHalf, {}},
-                        Case{1, 1, 2, 128, 64, torch::kBFloat16, {}},
+                        Case{3, 1, 8, 128, 64, torch::kBFloat16, {}},
                         Case{1, 1000, 3, 128, 128, torch::kBFloat16, {0, 100, 100, 164, 1000}}}) {
     const std::string what = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " Dk=" + std::to_string(c.Dk) +
                              " Dv=" + std::to_string(c.Dv) + " " + std::string(c10::toString(c.dt)) +
