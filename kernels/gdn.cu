@@ -1319,22 +1319,28 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     if (offsets[i] < offsets[i - 1]) throw std::invalid_argument("hh::kernels::low_rank_scan: offsets must not decrease");
   if (!a.hist.defined() && a.precision != ScanPrecision::kBlockFloat16)
     throw std::invalid_argument("hh::kernels::low_rank_scan: the float32 and TF32 scans always write hist");
-  const bool h16 = a.S16.defined();
-  if (h16 != a.S_inv.defined() || h16 != a.M16.defined() || h16 != a.M_inv.defined())
-    throw std::invalid_argument("hh::kernels::low_rank_scan: give all of S16, S_inv, M16 and M_inv, or none");
-  if (h16) {
-    if (a.precision != ScanPrecision::kBlockFloat16 || a.reverse)
-      throw std::invalid_argument("hh::kernels::low_rank_scan: the float16 history is written by the block float16 forward scan only");
+  const bool s16 = a.S16.defined(), m16 = a.M16.defined();
+  if (s16 != a.S_inv.defined() || m16 != a.M_inv.defined())
+    throw std::invalid_argument("hh::kernels::low_rank_scan: give S16 with S_inv and M16 with M_inv");
+  if ((s16 || m16) && a.precision != ScanPrecision::kBlockFloat16)
+    throw std::invalid_argument("hh::kernels::low_rank_scan: the float16 history is written by the block float16 scan only");
+  if (m16 && a.reverse)
+    throw std::invalid_argument("hh::kernels::low_rank_scan: M16 is written by the forward scan only");
+  {
     auto want = [&](const at::Tensor& x, const char* what, at::ScalarType dt, at::IntArrayRef sizes) {
       check(x, what);
       if (x.scalar_type() != dt || x.sizes() != sizes)
         throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " must be " +
                                     c10::toString(dt) + " " + c10::str(sizes));
     };
-    want(a.S16, "S16", at::kHalf, {H, N, Dk, Dv});
-    want(a.S_inv, "S_inv", at::kFloat, {H, N, Dk / 16, Dv / 16});
-    want(a.M16, "M16", at::kHalf, {H, N, C, Dv});
-    want(a.M_inv, "M_inv", at::kFloat, {H, N, C / 16, Dv / 8});
+    if (s16) {
+      want(a.S16, "S16", at::kHalf, {H, N, Dk, Dv});
+      want(a.S_inv, "S_inv", at::kFloat, {H, N, Dk / 16, Dv / 16});
+    }
+    if (m16) {
+      want(a.M16, "M16", at::kHalf, {H, N, C, Dv});
+      want(a.M_inv, "M_inv", at::kFloat, {H, N, C / 16, Dv / 8});
+    }
   }
   const c10::cuda::CUDAGuard guard(a.A.device());
   at::Tensor fin = at::empty_like(a.y0);

@@ -60,11 +60,12 @@ struct LowRankScanArgs {
   at::Tensor hist, M;  // outputs; undefined: not written (M optional; hist optional for kBlockFloat16 only)
   bool reverse = false;
   ScanPrecision precision = ScanPrecision::kFloat32;
-  // The chunks' start states and new values as the block float16 products use them (kBlockFloat16 and
-  // in order only; all four or none), for chunk_output_f16: S16 [H, N, Dk, Dv] and M16 [H, N, C, Dv]
-  // float16, each 16 x 16 block of S16 and 16 x 8 tile of M16 scaled by a power of two whose inverse
-  // is in S_inv [H, N, Dk / 16, Dv / 16] and M_inv [H, N, C / 16, Dv / 8] (float32). Half the bytes of
-  // hist and M, and in the form the output's 16-bit products read.
+  // The chunks' start states (hist's values) and new values as the block float16 products use them
+  // (kBlockFloat16 only; S16 with S_inv, M16 with M_inv, M16 in order only), for chunk_output_f16 and
+  // chunk_backward: S16 [H, N, Dk, Dv] and M16 [H, N, C, Dv] float16, each 16 x 16 block of S16 and
+  // 16 x 8 tile of M16 scaled by a power of two whose inverse is in S_inv [H, N, Dk / 16, Dv / 16] and
+  // M_inv [H, N, C / 16, Dv / 8] (float32). Half the bytes of hist and M, and in the form the 16-bit
+  // products read.
   at::Tensor S16, S_inv, M16, M_inv;
 };
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
@@ -116,15 +117,17 @@ at::Tensor chunk_output_f16(const ChunkFactors& f, const at::Tensor& S16, const 
 // with A = (Q K^T * e^{G_t - G_i}, i <= t) and W chunk_factors' (float16).
 at::Tensor chunk_state_direct(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g, const at::Tensor& W,
                               const at::Tensor& dO, const ChunkGrid& grid, double scale);
-// chunk_backward: given every chunk's start state S and end-state gradient dS (the reverse scan's hist),
-// both [H, N, Dk, Dv] float32, the gradients of sum_n <scale dO_n, O_n> + <dS_n, S_{n+1}> through the
-// chunk-local function with S and dS held fixed: dq, dk, dv like q, k, v; dg and dbeta float32 [B, T, H].
-// core/attention/gdn.cpp's chunk_local_backward is the reference.
+// chunk_backward: given every chunk's start state S and end-state gradient dS in block float16 (the
+// forward scan's S16 / S_inv and the reverse scan's, LowRankScanArgs), the gradients of
+// sum_n <scale dO_n, O_n> + <dS_n, S_{n+1}> through the chunk-local function with S and dS held fixed:
+// dq, dk, dv like q, k, v; dg and dbeta float32 [B, T, H]. Its products take 16-bit operands of q's
+// kind. core/attention/gdn.cpp's chunk_local_backward is the reference.
 struct ChunkInputGrads {
   at::Tensor dq, dk, dv, dg, dbeta;
 };
 ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                               const at::Tensor& beta, const at::Tensor& S, const at::Tensor& dS, const at::Tensor& dO,
+                               const at::Tensor& beta, const at::Tensor& S16, const at::Tensor& S_inv,
+                               const at::Tensor& dS16, const at::Tensor& dS_inv, const at::Tensor& dO,
                                const ChunkGrid& grid, double scale);
 
 // Whether the gated delta rule's forward uses chunk_factors / chunk_output where they apply

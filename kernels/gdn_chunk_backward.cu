@@ -237,6 +237,22 @@ __global__ void __launch_bounds__(kDirectThreads)
 // dM, dVb, then dT, T^T dT, d(Q K^T) and d(K K^T)) rounded once to that kind where it is stored. The
 // row and column sums that make dbeta and dg, <S, dS> and the output's scale stay in float32.
 
+// States in block float16 (LowRankScanArgs::S16): [H, N, DK, DV] float16, each 16 x 16 block scaled
+// by a power of two whose inverse is in inv [H, N, DK / 16, DV / 16].
+struct BlockF16 {
+  const __half* x;
+  const float* inv;
+};
+inline BlockF16 block_f16(const at::Tensor& x, const at::Tensor& inv) {
+  return {reinterpret_cast<const __half*>(x.data_ptr<c10::Half>()), inv.data_ptr<float>()};
+}
+// A float16 pair's bits (the lower index in the low half) as two floats.
+__device__ __forceinline__ float2 half2_to_float2(unsigned bits) {
+  __half2 h;
+  memcpy(&h, &bits, sizeof(h));
+  return __half22float2(h);
+}
+
 constexpr int kLd16C = kC + 8;    // row stride of a 16-bit [C][C] matrix
 constexpr int kLd16BV = kBV + 8;  // of a 16-bit slice of kBV columns
 
@@ -259,13 +275,13 @@ constexpr size_t backward_smem() {
 template <int DK, int DV, class T>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     chunk_backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                          const float* __restrict__ g, const float* __restrict__ beta, const float* __restrict__ S,
-                          const float* __restrict__ dS, const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
+                          const float* __restrict__ g, const float* __restrict__ beta, BlockF16 S, BlockF16 dS,
+                          const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
                           float scale, T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
                           float* __restrict__ dg, float* __restrict__ dbeta) {
   constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), NTK = DK / 32;
-  constexpr int kVecs = DK * kBV / (4 * kBwdThreads);  // float4s of S (and of dS) a thread carries a step
-  static_assert(DK * kBV % (4 * kBwdThreads) == 0 && DV % kBV == 0, "whole slices");
+  constexpr int kUnits = DK * kBV / 8;  // 8-element units of a step's slice of S (and of dS)
+  static_assert(kUnits <= kBwdThreads && DV % kBV == 0 && kBV % 16 == 0, "one unit a thread, whole slices");
   extern __shared__ float4 smem4[];
   float* const Ts = reinterpret_cast<float*>(smem4);
   float* const As = Ts + kC * kLdT;
@@ -314,32 +330,36 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   load_rows<DV>(Vs, v, rows, h, H);
   load_rows<DV>(dOs, dO, rows, h, H);
   cp_async_commit();
-  // A step's columns c0.. of S and dS pass through registers (fetch) into the step's 16-bit slices
-  // (put), which also sums <S, dS> in float32; a thread's i-th float4 is element tid + i threads of
-  // the [DK][kBV / 4] grid.
-  const float* const S_at = S + chunk * DK * DV;
-  const float* const dS_at = dS + chunk * DK * DV;
-  float4 s_in[kVecs], ds_in[kVecs];
+  // A step's columns c0.. of S and dS (block float16) pass through registers (fetch) into the step's
+  // 16-bit slices of the inputs' kind (put), which also sums <S, dS> in float32. Thread tid < kUnits
+  // carries unit tid of the [DK][kBV / 8] grid, in one 16 x 16 block of each, and the blocks' scales.
+  const bool carrier = tid < kUnits;
+  const int ur = tid / (kBV / 8), uc = 8 * (tid % (kBV / 8));
+  const int64_t at = chunk * DK * DV + static_cast<int64_t>(ur) * DV + uc;
+  const int64_t at_inv = (chunk * (DK / 16) + ur / 16) * (DV / 16) + uc / 16;
+  uint4 s_in = {}, ds_in = {};
+  float s_sc = 0.f, ds_sc = 0.f;
   auto fetch = [&](int c0) {
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      const int e = tid + i * kBwdThreads, r = e / (kBV / 4), c = c0 + 4 * (e % (kBV / 4));
-      s_in[i] = __ldg(reinterpret_cast<const float4*>(S_at + r * DV + c));
-      ds_in[i] = __ldg(reinterpret_cast<const float4*>(dS_at + r * DV + c));
-    }
+    if (!carrier) return;
+    s_in = __ldg(reinterpret_cast<const uint4*>(S.x + at + c0));
+    ds_in = __ldg(reinterpret_cast<const uint4*>(dS.x + at + c0));
+    s_sc = __ldg(S.inv + at_inv + c0 / 16);
+    ds_sc = __ldg(dS.inv + at_inv + c0 / 16);
   };
   float s_dot = 0.f;
   auto put = [&] {
+    if (!carrier) return;
+    const unsigned a[4] = {s_in.x, s_in.y, s_in.z, s_in.w}, b[4] = {ds_in.x, ds_in.y, ds_in.z, ds_in.w};
+    Pack<T, 8> sa, sb;
 #pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      const int e = tid + i * kBwdThreads, r = e / (kBV / 4), c = 4 * (e % (kBV / 4));
-      const float4 a = s_in[i], b = ds_in[i];
-      s_dot = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, s_dot))));
-      store_pair(Sj + r * kLd16BV + c, a.x, a.y);
-      store_pair(Sj + r * kLd16BV + c + 2, a.z, a.w);
-      store_pair(dSj + r * kLd16BV + c, b.x, b.y);
-      store_pair(dSj + r * kLd16BV + c + 2, b.z, b.w);
+    for (int j = 0; j < 4; ++j) {
+      const float2 x = half2_to_float2(a[j]), y = half2_to_float2(b[j]);
+      const float x0 = s_sc * x.x, x1 = s_sc * x.y, y0 = ds_sc * y.x, y1 = ds_sc * y.y;
+      s_dot = fmaf(x0, y0, fmaf(x1, y1, s_dot));
+      sa.v[2 * j] = T(x0), sa.v[2 * j + 1] = T(x1), sb.v[2 * j] = T(y0), sb.v[2 * j + 1] = T(y1);
     }
+    store_pack<8>(Sj + ur * kLd16BV + uc, sa);
+    store_pack<8>(dSj + ur * kLd16BV + uc, sb);
   };
   fetch(0);  // in flight through the prologue
   chunk_gates(g, beta, rows, h, H, Gs, bs);
@@ -559,7 +579,8 @@ at::Tensor chunk_state_direct(const at::Tensor& q, const at::Tensor& k, const at
 }
 
 ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                               const at::Tensor& beta, const at::Tensor& S, const at::Tensor& dS, const at::Tensor& dO,
+                               const at::Tensor& beta, const at::Tensor& S16, const at::Tensor& S_inv,
+                               const at::Tensor& dS16, const at::Tensor& dS_inv, const at::Tensor& dO,
                                const ChunkGrid& grid, double scale) {
   if (q.dim() != 4 || v.dim() != 4) throw std::invalid_argument("hh::kernels::chunk_backward: q and v must be [B, T, H, D]");
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3), N = grid.N;
@@ -569,8 +590,12 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
   need(dO, "chunk_backward", "dO", {B, T, H, Dv}, true);
   need(g, "chunk_backward", "g", {B, T, H}, false);
   need(beta, "chunk_backward", "beta", {B, T, H}, false);
-  need(S, "chunk_backward", "S", {H, N, Dk, Dv}, false);
-  need(dS, "chunk_backward", "dS", {H, N, Dk, Dv}, false);
+  need(S16, "chunk_backward", "S16", {H, N, Dk, Dv}, true);
+  need(dS16, "chunk_backward", "dS16", {H, N, Dk, Dv}, true);
+  need(S_inv, "chunk_backward", "S_inv", {H, N, Dk / 16, Dv / 16}, false);
+  need(dS_inv, "chunk_backward", "dS_inv", {H, N, Dk / 16, Dv / 16}, false);
+  if (S16.scalar_type() != at::kHalf || dS16.scalar_type() != at::kHalf)
+    throw std::invalid_argument("hh::kernels::chunk_backward: S16 and dS16 must be float16 (block float16 states)");
   if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || dO.scalar_type() != q.scalar_type() ||
       !chunk_forward_supported(Dk, Dv, q.scalar_type()))
     throw std::invalid_argument("hh::kernels::chunk_backward: q, k, v and dO of one 16-bit dtype, Dk and Dv in {64, 128} only");
@@ -586,7 +611,7 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
     auto in = [](const at::Tensor& t) { return static_cast<const X*>(t.data_ptr()); };
     auto out = [](const at::Tensor& t) { return static_cast<X*>(t.data_ptr()); };
     launch_kernel(chunk_backward_kernel<DK, DV, X>, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kBwdThreads, backward_smem<DK, DV, X>(), in(q), in(k),
-                  in(v), g.data_ptr<float>(), beta.data_ptr<float>(), S.data_ptr<float>(), dS.data_ptr<float>(), in(dO),
+                  in(v), g.data_ptr<float>(), beta.data_ptr<float>(), block_f16(S16, S_inv), block_f16(dS16, dS_inv), in(dO),
                   slots, static_cast<int>(H), N, static_cast<float>(scale), out(r.dq), out(r.dk), out(r.dv),
                   r.dg.data_ptr<float>(), r.dbeta.data_ptr<float>());
   });

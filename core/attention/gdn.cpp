@@ -474,10 +474,11 @@ struct ForwardScan {
   at::Tensor S16, S_inv, M16, M_inv;  // S and M in block float16 (LowRankScanArgs), for chunk_output_f16
 };
 // S_{n+1} = decay_n S_n + kdecay_n^T (U_n - W_n S_n) from s0, on the factors (kernels::low_rank_scan).
-// With f16_history (kBlockFloat16 only), S and M in block float16, and S in float32 only if keep_states.
+// With f16_history (kBlockFloat16 only), S and M in block float16 instead of float32. With keep_states
+// and kBlockFloat16, S also in block float16, for the backward's chunk kernels.
 ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at::Tensor& U, const at::Tensor& decay,
                          const at::Tensor& s0, const std::vector<int64_t>& offsets, kernels::ScanPrecision precision,
-                         bool f16_history = false, bool keep_states = true) {
+                         bool f16_history = false, bool keep_states = false) {
   const int64_t H = W.size(0), N = W.size(1), C = W.size(2), Dk = W.size(3), Dv = U.size(3);
   kernels::LowRankScanArgs a;
   a.A = kdecay;
@@ -486,14 +487,16 @@ ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at
   a.U = U;
   a.y0 = s0.contiguous();
   a.precision = precision;
-  if (!f16_history || keep_states) a.hist = at::empty({H, N, Dk, Dv}, U.options());
-  if (f16_history) {
-    const auto f16 = U.options().dtype(at::kHalf);
+  const auto f16 = U.options().dtype(at::kHalf);
+  if (f16_history || (keep_states && precision == kernels::ScanPrecision::kBlockFloat16)) {
     a.S16 = at::empty({H, N, Dk, Dv}, f16);
     a.S_inv = at::empty({H, N, Dk / 16, Dv / 16}, U.options());
+  }
+  if (f16_history) {
     a.M16 = at::empty({H, N, C, Dv}, f16);
     a.M_inv = at::empty({H, N, C / 16, Dv / 8}, U.options());
   } else {
+    a.hist = at::empty({H, N, Dk, Dv}, U.options());
     a.M = at::empty(U.sizes(), U.options());
   }
   const at::Tensor fin = kernels::low_rank_scan(a, offsets);
@@ -641,6 +644,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
     at::Tensor S, o, final_state;  // S: the state at the start of each chunk
     at::Tensor W16, kdecay16, decay;  // the chunk kernels' transition factors, kept for the backward's reverse scan
+    at::Tensor S16, S_inv;            // S in block float16 (kernels::LowRankScanArgs), kept for the backward
     if (chunk_kernels_ok(q, k, v, chunk)) {
 #ifdef HH_HAVE_KERNELS
       // The chunk kernels read q, k, v, g and beta where they lie; the scan runs between them.
@@ -648,20 +652,24 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
                        bf = aligned(beta.to(at::kFloat));
       // With the block float16 history, the scan hands the output kernel its float16 states and new
-      // values (and writes the float32 states only for a backward), and chunk_factors forms the output's
-      // factors from q.
+      // values, and chunk_factors forms the output's factors from q. For a backward the scan keeps the
+      // states in block float16 either way (the backward's chunk kernels read them so).
       const bool f16_history = kernels::block_f16_scan_enabled() && kernels::f16_history_enabled();
       const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale);
       const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets,
                                          kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
                                                                            : kernels::ScanPrecision::kTf32,
                                          f16_history, keep_states);
-      S = r.S;
       final_state = r.final_state;
       o = f16_history ? kernels::chunk_output_f16(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, q.scalar_type())
                       : kernels::chunk_output(qc, kc, gf, r.S, r.M, grid, scale);
-      // The backward's reverse scan runs on the same float16 factors.
-      if (keep_states) std::tie(W16, kdecay16, decay) = std::make_tuple(f.W, f.kdecay, f.decay);
+      // The backward's reverse scan runs on the same float16 factors; its chunk kernels read the states
+      // in block float16 (S in float32 only where the scan wrote no block float16 states).
+      if (keep_states) {
+        std::tie(W16, kdecay16, decay) = std::make_tuple(f.W, f.kdecay, f.decay);
+        std::tie(S, S16, S_inv) = r.S16.defined() ? std::make_tuple(at::Tensor(), r.S16, r.S_inv)
+                                                  : std::make_tuple(r.S, at::Tensor(), at::Tensor());
+      }
 #endif
     } else {
       const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
@@ -685,7 +693,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       }
       o = from_chunks(O, L, B, T, v.scalar_type(), scale);
     }
-    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay});
+    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay, S16, S_inv});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
@@ -696,7 +704,13 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &beta = saved[4], &S = saved[5];
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &beta = saved[4];
+    // The chunk states: float32, or block float16 from the chunk kernels' forward (16 x 16 blocks).
+    const at::Tensor &S16 = saved[9], &S_inv = saved[10];
+    auto float_states = [&] {
+      return saved[5].defined() ? saved[5]
+                                : S16.to(at::kFloat).mul_(S_inv.repeat_interleave(16, -2).repeat_interleave(16, -1));
+    };
     const double scale = ctx->saved_data["scale"].toDouble();
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const std::vector<int64_t> cu_seqlens = ctx->saved_data["cu_seqlens"].toIntVector();
@@ -719,8 +733,10 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       return gr.defined() ? gr.to(like.scalar_type()) : at::zeros_like(like);
     };
 #ifdef HH_HAVE_KERNELS
-    // The forward kept its factors (and the float32 states) exactly when its chunk kernels ran for a graph.
-    if (gdn_backward() == GdnBackward::kKernels && saved[6].defined() && kernels::block_f16_scan_enabled()) {
+    // The forward kept its factors (and the block float16 states) exactly when its chunk kernels ran for
+    // a graph on the block float16 scan.
+    if (gdn_backward() == GdnBackward::kKernels && saved[6].defined() && S16.defined() &&
+        kernels::block_f16_scan_enabled()) {
       // The chunk kernels read the inputs and dO where they lie and write the gradients there; the
       // reverse scan runs between them on the forward's float16 factors, as the forward's scan did.
       HH_GDN_SCOPE("chunk_kernels_backward");
@@ -736,15 +752,18 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       a.decay = decay;
       a.Z = kernels::chunk_state_direct(qc, kc, gf, W16, dO, grid, scale);
       a.y0 = dfin;
-      a.hist = at::empty_like(a.Z);
+      a.S16 = at::empty_like(S16);  // the end-state gradients, in block float16 as S
+      a.S_inv = at::empty_like(S_inv);
       a.reverse = true;
       a.precision = kernels::ScanPrecision::kBlockFloat16;
       const at::Tensor dS0 = kernels::low_rank_scan(a, L.offsets);
-      const kernels::ChunkInputGrads d = kernels::chunk_backward(qc, kc, vc, gf, bf, S, a.hist, dO, grid, scale);
+      const kernels::ChunkInputGrads d =
+          kernels::chunk_backward(qc, kc, vc, gf, bf, S16, S_inv, a.S16, a.S_inv, dO, grid, scale);
       return {d.dq, d.dk, d.dv, d.dg.to(g.scalar_type()), d.dbeta.to(beta.scalar_type()), dS0.to(s0_dtype),
               at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
 #endif
+    const at::Tensor S = float_states();
     // dO times the output scale: every term below takes dO with it.
     const at::Tensor dOs = grads[0].defined() ? to_chunks(grads[0], L, acc, scale)
                                               : at::zeros({H, L.N, chunk, Dv}, q.options().dtype(acc));

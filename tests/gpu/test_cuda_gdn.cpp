@@ -37,6 +37,28 @@ double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
   return ((g - w).norm() / w.norm()).item<double>();
 }
 
+// Block float16 as the scans write their states (kernels::LowRankScanArgs::S16): x [.., R, D] with R
+// and D multiples of 16, each 16 x 16 block scaled by the power of two that puts its largest
+// magnitude in [2^14, 2^15); returns the float16 blocks and the inverse scales [.., R / 16, D / 16] on
+// the GPU.
+std::pair<torch::Tensor, torch::Tensor> to_block_f16(const torch::Tensor& x) {
+  const auto d = x.to(torch::kCPU, torch::kDouble);
+  const int64_t R = d.size(-2), D = d.size(-1);
+  std::vector<int64_t> split(d.sizes().begin(), d.sizes().end() - 2);
+  std::vector<int64_t> grid = split;
+  split.insert(split.end(), {R / 16, 16, D / 16, 16});
+  grid.insert(grid.end(), {R / 16, D / 16});
+  const auto top = d.reshape(split).abs().amax({-3, -1}).clamp_min(1e-30);
+  const auto inv = torch::exp2(torch::floor(torch::log2(top)) - 14);
+  const auto full = inv.repeat_interleave(16, -2).repeat_interleave(16, -1);
+  return {(d / full).to(kCuda.dtype(torch::kHalf)), inv.reshape(grid).to(kCuda.dtype(torch::kFloat))};
+}
+// Its inverse, in float64 on the CPU.
+torch::Tensor from_block_f16(const torch::Tensor& x16, const torch::Tensor& inv) {
+  return x16.to(torch::kCPU, torch::kDouble) *
+         inv.to(torch::kCPU, torch::kDouble).repeat_interleave(16, -2).repeat_interleave(16, -1);
+}
+
 struct Inputs {
   torch::Tensor q, k, v, g, beta, s0;  // float64 on the CPU
 };
@@ -140,6 +162,10 @@ TEST(CudaGdn, LowRankScanEqualsTheLoopOnTheFormedTransitionInFloat64) {
           a.reverse = reverse;
           using hh::kernels::ScanPrecision;
           a.precision = precise ? ScanPrecision::kFloat32 : mode == 3 ? ScanPrecision::kBlockFloat16 : ScanPrecision::kTf32;
+          if (mode == 3) {  // the states also in block float16, in either direction
+            a.S16 = torch::full({H, N, Dk, Dv}, std::numeric_limits<float>::quiet_NaN(), kCuda.dtype(torch::kHalf));
+            a.S_inv = torch::full({H, N, Dk / 16, Dv / 16}, std::numeric_limits<float>::quiet_NaN(), f32);
+          }
           const auto fin = hh::kernels::low_rank_scan(a, offsets);
           const std::string what = "Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) + (with_u ? " U" : " Z") +
                                    (reverse ? " reverse" : "") +
@@ -150,6 +176,7 @@ TEST(CudaGdn, LowRankScanEqualsTheLoopOnTheFormedTransitionInFloat64) {
           EXPECT_LT(rel_err(a.hist, want.hist), tol) << what;  // rel_err also fails on NaN: every element written
           EXPECT_LT(rel_err(fin, want.final_state), tol) << what;
           EXPECT_LT(rel_err(a.M, want_m), tol) << what;
+          if (mode == 3) EXPECT_LT(rel_err(from_block_f16(a.S16, a.S_inv), want.hist), tol) << what << " (S16)";
         }
     }
 }
@@ -349,7 +376,9 @@ TEST(CudaGdn, BackwardChunkKernelsEqualAutogradInFloat64) {
     const auto z = hh::kernels::chunk_state_direct(q, k, g, f.W, dO, grid, scale);
     EXPECT_LT(rel_err(z, Z), 3e-3) << what << " (direct term)";  // block float16 products
     poison_allocator();
-    const auto d = hh::kernels::chunk_backward(q, k, v, g, beta, S.to(f32), dS.to(f32), dO, grid, scale);
+    const auto [S16, S_inv] = to_block_f16(S);  // the states as the scans hand them over
+    const auto [dS16, dS_inv] = to_block_f16(dS);
+    const auto d = hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale);
     const torch::Tensor got[] = {d.dq, d.dk, d.dv, d.dg, d.dbeta};
     const char* names[] = {"dq", "dk", "dv", "dg", "dbeta"};
     for (size_t i = 0; i < 5; ++i) {
