@@ -265,6 +265,39 @@ __global__ void __launch_bounds__(kThreads)
 // per 16 x 8 tile, as the scan formed them).
 constexpr int kLdH = kOutCols + 8;  // float16 rows of 64 (Aq, S16 and M16 slices): conflict-free ldmatrix
 
+// acc[j] += sum_{kb < kblocks} inv(kb, n0 + 8 j) (A[m.., 16 kb ..] B[16 kb .., n0 + 8 j ..]) for a warp's 16
+// rows from m and four 8-column tiles from n0: float16 products of block float16 operands in shared
+// memory (A [r][k] with row stride lda, B [k][n] with row stride kLdH), each 16-deep partial product
+// scaled by its block's inverse scale into the float32 sum.
+template <class Inv>
+__device__ __forceinline__ void block_f16_product(float (&acc)[4][4], int m, int n0, int kblocks, const __half* A,
+                                                  int lda, const __half* B, Inv inv) {
+  const int lane = threadIdx.x % 32;
+  // ldmatrix row addresses of this lane: A fragments of a row-major [r][k] block; B fragments (two
+  // 8-column tiles) of a row-major [k][n] block read transposed.
+  const int a_row = lane % 16, a_col = (lane / 16) * 8;
+  const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
+#pragma unroll 4
+  for (int kb = 0; kb < kblocks; ++kb) {
+    unsigned a[4];
+    ldmatrix_x4(a, A + (m + a_row) * lda + 16 * kb + a_col);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      unsigned b[4];
+      ldmatrix_x4_trans(b, B + (16 * kb + bt_k) * kLdH + n0 + 16 * p + bt_n);
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const unsigned bq[2] = {b[2 * q], b[2 * q + 1]};
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_f16(part, a, bq);
+        const float x = inv(kb, n0 + 16 * p + 8 * q);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[2 * p + q][e] = fmaf(part[e], x, acc[2 * p + q][e]);
+      }
+    }
+  }
+}
+
 template <int DK>
 constexpr size_t output_f16_smem() {
   return (kC * ld16<DK>() + kC * kLdH + DK * kLdH + kC * kLdH) * sizeof(__half) +
@@ -317,50 +350,9 @@ __global__ void __launch_bounds__(kThreads)
 
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int m = (warp % 4) * 16, n0 = (warp / 4) * 32;
-  // ldmatrix row addresses of this lane: A fragments of a row-major [r][k] block; B fragments (two
-  // 8-column tiles) of a row-major [k][n] block read transposed.
-  const int a_row = lane % 16, a_col = (lane / 16) * 8;
-  const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
   float qs[4][4] = {}, am[4][4] = {};
-#pragma unroll
-  for (int j = 0; j < DK / 16; ++j) {
-    unsigned a[4];
-    ldmatrix_x4(a, Qs + (m + a_row) * LDQ + 16 * j + a_col);
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      unsigned b[4];
-      ldmatrix_x4_trans(b, Ss + (16 * j + bt_k) * kLdH + n0 + 16 * p + bt_n);
-      const float inv = s_inv[j * 4 + (n0 + 16 * p) / 16];
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const unsigned bq[2] = {b[2 * q], b[2 * q + 1]};
-        float part[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_f16(part, a, bq);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) qs[2 * p + q][e] = fmaf(part[e], inv, qs[2 * p + q][e]);
-      }
-    }
-  }
-#pragma unroll
-  for (int i2 = 0; i2 < kC / 16; ++i2) {
-    if (16 * i2 > m) break;  // Aq[r][i] = 0 for i > r
-    unsigned a[4];
-    ldmatrix_x4(a, As + (m + a_row) * kLdH + 16 * i2 + a_col);
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      unsigned b[4];
-      ldmatrix_x4_trans(b, Ms + (16 * i2 + bt_k) * kLdH + n0 + 16 * p + bt_n);
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const unsigned bq[2] = {b[2 * q], b[2 * q + 1]};
-        float part[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_f16(part, a, bq);
-        const float inv = m_inv[i2 * 8 + (n0 + 16 * p) / 8 + q];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) am[2 * p + q][e] = fmaf(part[e], inv, am[2 * p + q][e]);
-      }
-    }
-  }
+  block_f16_product(qs, m, n0, DK / 16, Qs, LDQ, Ss, [&](int j, int c) { return s_inv[j * 4 + c / 16]; });
+  block_f16_product(am, m, n0, m / 16 + 1, As, kLdH, Ms, [&](int i, int c) { return m_inv[i * 8 + c / 8]; });  // Aq[r][i] = 0 for i > r
 #pragma unroll
   for (int e = 0; e < 4; e += 2) {
     const int r = m + g + (e >= 2 ? 8 : 0);
