@@ -39,6 +39,9 @@ struct GdnBenchArgs {
   std::string scan_kernel = "lowrank";
   std::string history = "f16";
   std::string backward = "kernels";
+  // The ceilings the achieved rates are set against: an H200's bf16 matrix product (8192^3 through
+  // LibTorch) and its device-to-device copy (bytes read plus written), both measured.
+  double peak_tflops = 813, peak_gbps = 4300;
 };
 
 struct Shape {
@@ -106,6 +109,7 @@ std::string figure(std::optional<double> x, int decimals) {
 int run_bench_gdn(const GdnBenchArgs& a) {
   if (a.iters < 1 || a.warmup < 0 || a.heads < 1 || a.dim < 1 || a.chunk < 1)
     throw Error("--iters, --heads, --dim and --chunk must be positive and --warmup non-negative");
+  if (!(a.peak_tflops > 0) || !(a.peak_gbps > 0)) throw Error("--peak-tflops and --peak-gbps must be positive");
   const at::Device dev = model::parse_device(a.device);
   const auto dt = model::parse_dtype(a.dtype);
 #ifdef HH_HAVE_KERNELS
@@ -121,15 +125,18 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   torch::manual_seed(a.seed);
   nlohmann::json out = {{"device", a.device},         {"dtype", a.dtype},       {"heads", a.heads},
                          {"dim", a.dim},               {"history", a.history},   {"scan_kernel", a.scan_kernel},
-                         {"backward", a.backward},     {"rows", nlohmann::json::array()}};
+                         {"backward", a.backward},     {"peak_tflops", a.peak_tflops},
+                         {"peak_gbps", a.peak_gbps},   {"rows", nlohmann::json::array()}};
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.dim));
   std::printf("gated delta rule, H=%lld Dk=Dv=%lld, chunk %lld, %s on %s; median of %lld after %lld warm-up\n",
               static_cast<long long>(a.heads), static_cast<long long>(a.dim), static_cast<long long>(a.chunk),
               a.dtype.c_str(), a.device.c_str(), static_cast<long long>(a.iters), static_cast<long long>(a.warmup));
   std::printf("  (on CUDA, LT-local: the same forward with its chunk-local part in LibTorch instead of the chunk\n"
-              "   kernels; TF32 scan: with the scan's products in TF32 instead of block float16)\n");
-  std::printf("  %-10s %12s %12s %10s %10s %14s %14s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms", "TFLOP/s", "GB/s",
-              "LT-local fwd", "TF32-scan fwd", "ref fwd ms", "ref fwd+bwd ms");
+              "   kernels; TF32 scan: with the scan's products in TF32 instead of block float16; the forward's\n"
+              "   rates against the ceilings %g TFLOP/s and %g GB/s)\n",
+              a.peak_tflops, a.peak_gbps);
+  std::printf("  %-10s %12s %12s %10s %6s %10s %6s %14s %14s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms", "TFLOP/s",
+              "of", "GB/s", "of", "LT-local fwd", "TF32-scan fwd", "ref fwd ms", "ref fwd+bwd ms");
   for (const Shape& s : parse_shapes(a.shapes, "--shapes")) {
     namespace F = torch::nn::functional;
     const auto nrm = F::NormalizeFuncOptions().dim(-1);
@@ -186,11 +193,18 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const double bytes = static_cast<double>(s.B * s.T * a.heads) * (4.0 * a.dim + 2.0) * static_cast<double>(v.element_size());
     const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
     auto ref = [&](double x) { return with_ref ? std::optional<double>(x) : std::nullopt; };
-    std::printf("  %-10s %12.3f %12.3f %10.1f %10.0f %14s %14s %14s %14s\n", label.c_str(), f, fb, flops / f * 1e-9,
-                bytes / f * 1e-6, figure(f_lt, 3).c_str(), figure(f_tf32, 3).c_str(), figure(ref(rf), 3).c_str(),
-                figure(ref(rfb), 3).c_str());
-    nlohmann::json row = {{"B", s.B}, {"T", s.T}, {"fwd_ms", f}, {"fwd_bwd_ms", fb}, {"fwd_tflops", flops / f * 1e-9},
-                          {"fwd_gbps", bytes / f * 1e-6}};
+    const double tflops = flops / f * 1e-9, gbps = bytes / f * 1e-6;
+    std::printf("  %-10s %12.3f %12.3f %10.1f %5.1f%% %10.0f %5.1f%% %14s %14s %14s %14s\n", label.c_str(), f, fb, tflops,
+                100 * tflops / a.peak_tflops, gbps, 100 * gbps / a.peak_gbps, figure(f_lt, 3).c_str(),
+                figure(f_tf32, 3).c_str(), figure(ref(rf), 3).c_str(), figure(ref(rfb), 3).c_str());
+    nlohmann::json row = {{"B", s.B},
+                          {"T", s.T},
+                          {"fwd_ms", f},
+                          {"fwd_bwd_ms", fb},
+                          {"fwd_tflops", tflops},
+                          {"fwd_gbps", gbps},
+                          {"fwd_tflops_of_peak", tflops / a.peak_tflops},
+                          {"fwd_gbps_of_peak", gbps / a.peak_gbps}};
     if (f_lt) row["fwd_local_libtorch_ms"] = *f_lt;
     if (f_tf32) row["fwd_tf32_scan_ms"] = *f_tf32;
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
@@ -293,6 +307,14 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_option("--warmup", a->warmup, "Untimed repetitions first")->capture_default_str();
   c->add_option("--seed", a->seed, "Seed of the random inputs")->capture_default_str();
   c->add_flag("--json", a->json, "Also print one JSON object");
+  c->add_option("--peak-tflops", a->peak_tflops,
+                "The matrix-unit ceiling the forward's TFLOP/s is set against (default: an H200's bf16 matrix "
+                "product, 8192^3, measured)")
+      ->capture_default_str();
+  c->add_option("--peak-gbps", a->peak_gbps,
+                "The memory ceiling the forward's GB/s (its inputs read and output written once) is set against "
+                "(default: an H200's device-to-device copy, bytes read plus written, measured)")
+      ->capture_default_str();
   c->add_option("--scan-kernel", a->scan_kernel,
                  "The state scan's CUDA kernel: lowrank (on the transition's factors), or tensor (TF32 x3) / fma "
                  "on the materialised transition")
