@@ -1,7 +1,8 @@
 #pragma once
 // Pieces the chunk kernels of the gated delta rule share (kernels/gdn_chunk.cu, the forward;
 // kernels/gdn_chunk_backward.cu, the backward): the chunk grid's slots, tiles of 16-bit rows in shared
-// memory, the chunk's gates, the decay-masked Gram products, the unit lower inverse, and the host's
+// memory, paired stores and a block's maximum, the chunk's gates, a warp's 16-bit product on ldmatrix
+// fragments (product16), the decay-masked Gram products, the unit lower inverse, and the host's
 // argument checks and dtype dispatch. Everything is in an unnamed namespace: each kernel file has its own copy.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -22,7 +23,6 @@ using namespace device;  // the cp.async and mma.sync helpers
 
 constexpr int kC = 64;                // chunk length
 constexpr int kLdT = kC + 4;          // float [C][C] matrices read as the A operand: conflict-free rows
-
 
 // Row stride of a 16-bit [C][D] tile in shared memory: D + 8 elements keeps both the A-operand
 // (row g, column t) and the B-operand (row t, column g) fragment reads free of bank conflicts, and
@@ -56,6 +56,21 @@ __device__ __forceinline__ void mma16(float (&c)[4], const unsigned (&a)[4], con
 template <class T>
 __device__ __forceinline__ unsigned bits(T x) {  // a 16-bit value as a TF32 operand (exact)
   return __float_as_uint(static_cast<float>(x));
+}
+
+// Two consecutive outputs: floats (8-byte aligned), or 16-bit values of T's kind (4-byte aligned).
+__device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+template <class T>
+__device__ __forceinline__ void store2(T* p, float a, float b) {
+  static_assert(sizeof(T) == 2, "a 16-bit pair");
+  const T pair[2] = {T(a), T(b)};
+  *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(pair);
+}
+
+// The largest x over the block into *top (zero before; non-negative floats order as their bits do).
+__device__ __forceinline__ void block_max(float x, unsigned* top) {
+  const unsigned m = __reduce_max_sync(0xffffffffu, __float_as_uint(x));
+  if (threadIdx.x % 32 == 0) atomicMax(top, m);
 }
 
 // Chunk n's rows of head h of x [rows, H, D] into dst [C][ld16<D>] by cp.async; padding rows zero.

@@ -111,7 +111,7 @@ at::Tensor chunk_output_f16(const ChunkFactors& f, const at::Tensor& S16, const 
 
 // The chunk-local half of the backward for 16-bit inputs (kernels/gdn_chunk_backward.cu), on either side
 // of the reverse low_rank_scan, for the shapes and dtypes of chunk_forward_supported. dO [B, T, H, Dv]
-// of q's dtype is the output's gradient; both take the output scale and apply it to dO.
+// of q's dtype is the output's gradient as given; both take the output scale and apply it themselves.
 // chunk_state_direct: every chunk's direct term of the state gradient (the reverse scan's Z),
 //   Z_n = (diag(e^G) Q - A W)^T (scale dO_n)  [H, N, Dk, Dv] float32,
 // with A = (Q K^T * e^{G_t - G_i}, i <= t) and W chunk_factors' (float16).

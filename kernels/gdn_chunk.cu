@@ -28,13 +28,6 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kOutCols = 64;          // output columns a chunk_output block computes
 constexpr int kLdOut = kOutCols + 8;  // float slices read as the B operand
 
-// Two consecutive outputs (8- or 4-byte aligned).
-__device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
-__device__ __forceinline__ void store2(c10::Half* p, float a, float b) {
-  const c10::Half h[2] = {c10::Half(a), c10::Half(b)};
-  *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(h);
-}
-
 // R rows x 64 columns of a float32 matrix at src (row stride ld) into dst [R][kLdOut].
 template <int R>
 __device__ __forceinline__ void load_slice(float* dst, const float* __restrict__ src, int64_t ld) {
@@ -130,8 +123,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
     __syncthreads();
     float m = 0.f;
     for (int i = tid; i < kC * kC; i += kThreads) m = fmaxf(m, fabsf(Ls[(i / kC) * kLdT + i % kC]));
-    m = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m)));
-    if (tid % 32 == 0) atomicMax(amax, __float_as_uint(m));
+    block_max(m, amax);
     __syncthreads();
     const Pow2Scale sc = pow2_scale(of.scale * __uint_as_float(*amax));
     const float s = of.scale * sc.scale;
@@ -272,28 +264,15 @@ constexpr int kLdH = kOutCols + 8;  // float16 rows of 64 (Aq, S16 and M16 slice
 template <class Inv>
 __device__ __forceinline__ void block_f16_product(float (&acc)[4][4], int m, int n0, int kblocks, const __half* A,
                                                   int lda, const __half* B, Inv inv) {
-  const int lane = threadIdx.x % 32;
-  // ldmatrix row addresses of this lane: A fragments of a row-major [r][k] block; B fragments (two
-  // 8-column tiles) of a row-major [k][n] block read transposed.
-  const int a_row = lane % 16, a_col = (lane / 16) * 8;
-  const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
 #pragma unroll 4
   for (int kb = 0; kb < kblocks; ++kb) {
-    unsigned a[4];
-    ldmatrix_x4(a, A + (m + a_row) * lda + 16 * kb + a_col);
+    float part[4][4] = {};
+    product16<false, true, 4>(part, m, n0, 16 * kb, 16 * kb + 16, A, lda, B, kLdH);
 #pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      unsigned b[4];
-      ldmatrix_x4_trans(b, B + (16 * kb + bt_k) * kLdH + n0 + 16 * p + bt_n);
+    for (int j = 0; j < 4; ++j) {
+      const float x = inv(kb, n0 + 8 * j);
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const unsigned bq[2] = {b[2 * q], b[2 * q + 1]};
-        float part[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_f16(part, a, bq);
-        const float x = inv(kb, n0 + 16 * p + 8 * q);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[2 * p + q][e] = fmaf(part[e], x, acc[2 * p + q][e]);
-      }
+      for (int e = 0; e < 4; ++e) acc[j][e] = fmaf(part[j][e], x, acc[j][e]);
     }
   }
 }

@@ -1,5 +1,6 @@
 // The chunk-local half of the chunked gated delta rule's backward for 16-bit inputs (DESIGN.md
-// section 9), on either side of the reverse low_rank_scan. dO carries the output scale in both.
+// section 9), on either side of the reverse low_rank_scan. Below, dO stands for scale times the output's
+// gradient; both kernels read the gradient as given and apply the scale themselves.
 //   chunk_state_direct: Z_n = (diag(e^G) Q - A W)^T dO_n, the direct effect of chunk n's start state
 //                       on its output, with A = (Q K^T * e^{G_t - G_i}, i <= t); the reverse scan's Z.
 //   chunk_backward:     with every chunk's start state S_n and end-state gradient dS_n held fixed, the
@@ -29,6 +30,7 @@ constexpr int kBwdWarps = 16;
 constexpr int kBwdThreads = 32 * kBwdWarps;
 constexpr int kBV = 32;          // columns of S and dS a step of chunk_backward takes
 constexpr int kDirectThreads = 256;
+constexpr int kLd16C = kC + 8;    // row stride of a 16-bit [C][C] matrix
 
 // f(r, c, acc[j][e]) for every element of the warp's tiles (rows from m, 8-column tiles from n0).
 template <int NT, class F>
@@ -79,13 +81,6 @@ __device__ __forceinline__ void row_dots(float (&acc)[NT][4], int m, int n0, F x
   add_row_sums(lo, hi, m, sums);
 }
 
-// A pair of consecutive 16-bit outputs.
-template <class T>
-__device__ __forceinline__ void store_pair(T* p, float a, float b) {
-  const T pair[2] = {T(a), T(b)};
-  *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(pair);
-}
-
 // Writes the warp's tiles (rows from m, 8-column tiles from n0) of a [C][D] gradient to its rows of
 // head h in out [rows, H, D]; padding slots are skipped.
 template <int D, int NT, class T>
@@ -98,7 +93,7 @@ __device__ __forceinline__ void store_rows(float (&acc)[NT][4], int m, int n0, c
     if (rows[r] < 0) continue;
     T* dst = out + (rows[r] * H + h) * D;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) store_pair(dst + n0 + 8 * j + 2 * t, acc[j][e], acc[j][e + 1]);
+    for (int j = 0; j < NT; ++j) store2(dst + n0 + 8 * j + 2 * t, acc[j][e], acc[j][e + 1]);
   }
 }
 
@@ -112,7 +107,7 @@ __device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* d
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
       const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
-      store_pair(dst + r * ld + c, f(r, c, acc[j][e]), f(r, c + 1, acc[j][e + 1]));
+      store2(dst + r * ld + c, f(r, c, acc[j][e]), f(r, c + 1, acc[j][e + 1]));
     }
 }
 template <int NT, class T>
@@ -131,13 +126,7 @@ __device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* d
 template <int DK, int DV, class T>
 constexpr size_t direct_smem() {
   return (kC * kLdT + kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
-         (kC * (kC + 8) + kC * ld16<DK>()) * sizeof(__half) + (2 * kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T);
-}
-
-// The largest x over the block into *top (zero before; non-negative floats order as their bits do).
-__device__ __forceinline__ void block_max(float x, unsigned* top) {
-  const unsigned m = __reduce_max_sync(0xffffffffu, __float_as_uint(x));
-  if (threadIdx.x % 32 == 0) atomicMax(top, m);
+         (kC * kLd16C + kC * ld16<DK>()) * sizeof(__half) + (2 * kC * ld16<DK>() + kC * ld16<DV>()) * sizeof(T);
 }
 
 template <int DK, int DV, class T>
@@ -145,7 +134,7 @@ __global__ void __launch_bounds__(kDirectThreads)
     chunk_state_direct_kernel(const T* __restrict__ q, const T* __restrict__ k, const float* __restrict__ g,
                               const __half* __restrict__ W, const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
                               float scale, float* __restrict__ Z) {
-  constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), LDA = kC + 8;
+  constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), LDA = kLd16C;
   static_assert(kC * LDK * sizeof(__half) <= kC * kLdT * sizeof(float), "Qt fits where A was");
   extern __shared__ float4 smem4[];
   float* const As = reinterpret_cast<float*>(smem4);    // [C][kLdT]: A
@@ -195,6 +184,7 @@ __global__ void __launch_bounds__(kDirectThreads)
     *reinterpret_cast<unsigned*>(dOh + r * LDV + c) = pack_f16(sd.scale * x, sd.scale * y);
   }
   __syncthreads();  // A is read: Qt takes its place
+  Pow2Scale sq;     // Qt's
   {  // Qt = diag(e^G) Q - A W: warp w, rows 16 (w % 4) .., columns (DK / 2)(w / 4) ..
     constexpr int NT = DK / 16;
     const int m = (warp % 4) * 16, n0 = (warp / 4) * (DK / 2);
@@ -207,8 +197,8 @@ __global__ void __launch_bounds__(kDirectThreads)
     });
     block_max(x, top + 2);
     __syncthreads();
-    const float sq = pow2_scale(__uint_as_float(top[2])).scale;
-    store16(qt, m, n0, Qt, LDK, [&](int, int, float v) { return sq * v; });
+    sq = pow2_scale(__uint_as_float(top[2]));
+    store16(qt, m, n0, Qt, LDK, [&](int, int, float v) { return sq.scale * v; });
   }
   __syncthreads();
   {  // Z = scale Qt^T dO: DK / 16 row groups of 16 split the 8 warps, each group's columns shared out.
@@ -216,16 +206,15 @@ __global__ void __launch_bounds__(kDirectThreads)
     const int m = (warp % RG) * 16, n0 = (warp / RG) * (DV / CG);
     float z[NT][4] = {};
     product16<true, true, NT>(z, m, n0, 0, kC, Qt, LDK, dOh, LDV);
-    const float sq_inv = pow2_scale(__uint_as_float(top[2])).inverse;
     const int lane = tid % 32, g8 = lane / 4, t = lane % 4;
     float* dst = Z + chunk * DK * DV;
-    auto out = [&](float x) { return scale * (sq_inv * (sd.inverse * x)); };
+    auto out = [&](float x) { return scale * (sq.inverse * (sd.inverse * x)); };
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const int r = m + g8 + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
-        *reinterpret_cast<float2*>(dst + r * DV + c) = make_float2(out(z[j][e]), out(z[j][e + 1]));
+        store2(dst + r * DV + c, out(z[j][e]), out(z[j][e + 1]));
       }
   }
 }
@@ -253,8 +242,7 @@ __device__ __forceinline__ float2 half2_to_float2(unsigned bits) {
   return __half22float2(h);
 }
 
-constexpr int kLd16C = kC + 8;    // row stride of a 16-bit [C][C] matrix
-constexpr int kLd16BV = kBV + 8;  // of a 16-bit slice of kBV columns
+constexpr int kLd16BV = kBV + 8;  // row stride of a 16-bit slice of kBV columns
 
 // The step region in 16-bit elements: the slices of S and dS [DK][kBV], X, M, dM and dVb [C][kBV];
 // after the steps, four [C][C] matrices in their place.
@@ -383,8 +371,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // and the first step's slices.
   for (int i = tid; i < kC * kC / 2; i += kBwdThreads) {
     const int r = (2 * i) / kC, c = (2 * i) % kC;
-    store_pair(T16 + r * kLd16C + c, Ts[r * kLdT + c], Ts[r * kLdT + c + 1]);
-    store_pair(A16 + r * kLd16C + c, scale * As[r * kLdT + c], scale * As[r * kLdT + c + 1]);
+    store2(T16 + r * kLd16C + c, Ts[r * kLdT + c], Ts[r * kLdT + c + 1]);
+    store2(A16 + r * kLd16C + c, scale * As[r * kLdT + c], scale * As[r * kLdT + c + 1]);
   }
   put();
   __syncthreads();

@@ -705,12 +705,8 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &beta = saved[4];
-    // The chunk states: float32, or block float16 from the chunk kernels' forward (16 x 16 blocks).
+    // The chunk states in block float16 when the chunk kernels' forward kept them so (16 x 16 blocks).
     const at::Tensor &S16 = saved[9], &S_inv = saved[10];
-    auto float_states = [&] {
-      return saved[5].defined() ? saved[5]
-                                : S16.to(at::kFloat).mul_(S_inv.repeat_interleave(16, -2).repeat_interleave(16, -1));
-    };
     const double scale = ctx->saved_data["scale"].toDouble();
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const std::vector<int64_t> cu_seqlens = ctx->saved_data["cu_seqlens"].toIntVector();
@@ -763,7 +759,10 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
               at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
 #endif
-    const at::Tensor S = float_states();
+    // The LibTorch backward takes the states in float32: as kept, or expanded from block float16.
+    const at::Tensor S = saved[5].defined()
+                             ? saved[5]
+                             : S16.to(at::kFloat).mul_(S_inv.repeat_interleave(16, -2).repeat_interleave(16, -1));
     // dO times the output scale: every term below takes dO with it.
     const at::Tensor dOs = grads[0].defined() ? to_chunks(grads[0], L, acc, scale)
                                               : at::zeros({H, L.N, chunk, Dv}, q.options().dtype(acc));

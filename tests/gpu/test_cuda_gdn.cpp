@@ -45,18 +45,17 @@ std::pair<torch::Tensor, torch::Tensor> to_block_f16(const torch::Tensor& x) {
   const auto d = x.to(torch::kCPU, torch::kDouble);
   const int64_t R = d.size(-2), D = d.size(-1);
   std::vector<int64_t> split(d.sizes().begin(), d.sizes().end() - 2);
-  std::vector<int64_t> grid = split;
   split.insert(split.end(), {R / 16, 16, D / 16, 16});
-  grid.insert(grid.end(), {R / 16, D / 16});
-  const auto top = d.reshape(split).abs().amax({-3, -1}).clamp_min(1e-30);
+  const auto top = d.reshape(split).abs().amax({-3, -1}).clamp_min(1e-30);  // [.., R / 16, D / 16]
   const auto inv = torch::exp2(torch::floor(torch::log2(top)) - 14);
   const auto full = inv.repeat_interleave(16, -2).repeat_interleave(16, -1);
-  return {(d / full).to(kCuda.dtype(torch::kHalf)), inv.reshape(grid).to(kCuda.dtype(torch::kFloat))};
+  return {(d / full).to(kCuda.dtype(torch::kHalf)), inv.to(kCuda.dtype(torch::kFloat))};
 }
-// Its inverse, in float64 on the CPU.
-torch::Tensor from_block_f16(const torch::Tensor& x16, const torch::Tensor& inv) {
+// Block float16 values x16 with the inverse scales inv [.., R / r, D / c] of their r x c blocks (the
+// scans' S16 and S_inv: 16 x 16; their M16 and M_inv: 16 x 8), in float64 on the CPU.
+torch::Tensor from_block_f16(const torch::Tensor& x16, const torch::Tensor& inv, int64_t r = 16, int64_t c = 16) {
   return x16.to(torch::kCPU, torch::kDouble) *
-         inv.to(torch::kCPU, torch::kDouble).repeat_interleave(16, -2).repeat_interleave(16, -1);
+         inv.to(torch::kCPU, torch::kDouble).repeat_interleave(r, -2).repeat_interleave(c, -1);
 }
 
 struct Inputs {
@@ -290,10 +289,6 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
     }
     const auto Of = scale * (G.exp().unsqueeze(-1) * torch::matmul(Q, Sn) + torch::matmul(attn, Mn));
     const auto want_f = Of.reshape({H, B, per * C, Dv}).narrow(2, 0, T).permute({1, 2, 0, 3});
-    // Expands [.., R / r, D / c] block scales over r x c blocks.
-    auto blocks = [](const torch::Tensor& x, int64_t r, int64_t c) {
-      return x.to(torch::kCPU, torch::kDouble).repeat_interleave(r, -2).repeat_interleave(c, -1);
-    };
     for (bool states : {false, true}) {
       poison_allocator();
       hh::kernels::LowRankScanArgs a;
@@ -313,8 +308,8 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
       EXPECT_LT(rel_err(final_state, fin), 3e-3) << how;
       if (states) EXPECT_LT(rel_err(a.hist, Sn), 3e-3) << how;
       // The float16 history: 11 significant bits an element on top of the scan's own error.
-      EXPECT_LT(rel_err(a.S16.to(torch::kCPU, torch::kDouble) * blocks(a.S_inv, 16, 16), Sn), 3e-3) << how;
-      EXPECT_LT(rel_err(a.M16.to(torch::kCPU, torch::kDouble) * blocks(a.M_inv, 16, 8), Mn), 3e-3) << how;
+      EXPECT_LT(rel_err(from_block_f16(a.S16, a.S_inv), Sn), 3e-3) << how;
+      EXPECT_LT(rel_err(from_block_f16(a.M16, a.M_inv, 16, 8), Mn), 3e-3) << how;
       poison_allocator();
       const auto o = hh::kernels::chunk_output_f16(fo, a.S16, a.S_inv, a.M16, a.M_inv, grid, B, T, dt);
       EXPECT_EQ(o.scalar_type(), dt) << how;
@@ -418,7 +413,7 @@ std::set<std::string> gdn_ranges_during(const std::function<void()>& fn) {
 // backward: batches with odd T and an initial state, packed sequences (an empty one among them),
 // Dk != Dv, both 16-bit dtypes. The kernels' bfloat16 products leave each element of dbeta and dg an
 // error relative to the terms it sums, not to itself: the one-token case has B H = 24 of each, so that
-// the relative error is a statistic over them (over 2, one near-cancellation passed 1e-2).
+// the relative error is a statistic over them (over 2, one near-cancellation exceeded 1e-2).
 TEST(CudaGdn, GradientsWithTheBackwardChunkKernelsEqualTheReference) {
   ASSERT_TRUE(torch::cuda::is_available());
   using hh::attention::GdnBackward;
