@@ -231,6 +231,7 @@ __global__ void __launch_bounds__(DK)
 }
 
 ScanKernel g_scan_kernel = ScanKernel::kLowRank;
+int64_t g_scan_segments = kAutoSegments;  // set_scan_segments
 
 template <int DK>
 void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, at::Tensor& hist, at::Tensor& fin,
@@ -528,9 +529,11 @@ __global__ void __launch_bounds__(2 * DK)
 // complete on the slot's `full` barrier; the compute warps release the slot on its `empty` barrier
 // once step (2) has read it. The compute warps issue no copies and sync among themselves on a named
 // barrier.
-template <int DK>
+// STAGES slots: three hide the copies' latency best for a block alone on its SM; two let two blocks
+// share an SM (the segmented scan, which has more blocks than SMs).
+template <int DK, int STAGES = 3>
 struct F16Ring {
-  static constexpr int C = kLowRankChunk, BV = 16, kStages = 3;
+  static constexpr int C = kLowRankChunk, BV = 16, kStages = STAGES;
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2;  // swizzle width in bytes = one box row
   static constexpr int kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
   static_assert(kBoxes * kBoxCols == DK, "the factors' rows are whole boxes");
@@ -538,9 +541,9 @@ struct F16Ring {
   static constexpr size_t kU = C * BV * 4, kZ = DK * BV * 4;
   static constexpr size_t kSlot = (2 * kTile + kU + kZ + 16 + 1023) / 1024 * 1024;
   // Ahead of the slots: the barriers (full, empty), Yh [DK][24] and Mh [C][24] (float16), the inverse
-  // scales of Y's DK / 16 blocks and M's (C / 16) x 2 tiles.
   static constexpr size_t kBarriers = 2 * kStages * sizeof(unsigned long long);
-  static constexpr size_t kHead = (kBarriers + (DK * 24 + C * 24) * 2 + (DK / 16 + 4 + 8) * 4 + 1023) / 1024 * 1024;
+  // scales of Y's DK / 16 blocks and M's (C / 16) x 2 tiles, and the chunk the scan starts from.
+  static constexpr size_t kHead = (kBarriers + (DK * 24 + C * 24) * 2 + (DK / 16 + 4 + 8) * 4 + 8 + 1023) / 1024 * 1024;
   static constexpr size_t kBytes = kHead + kStages * kSlot + 1024;  // + the base's alignment to 1024
   char* slots;
   __device__ __forceinline__ char* A(int b) const { return slots + b * kSlot; }
@@ -582,20 +585,56 @@ struct F16History {
   float* M_inv;
 };
 
-template <int DK>
-__global__ void __launch_bounds__(2 * DK + 32)
+// The log of the bound on a warm-up's transitions below which a segment may start from zero
+// (LowRankScanArgs::segment): 2^-20.
+constexpr float kWarmupLogBound = -20.f * 0.69314718f;
+
+// Where the scan of segment [lo, hi) of the sequence of chunks [n0, n1) starts (one warp, 32 chunks a
+// round): forward, the latest w <= lo whose chunks [w, lo) have prod decay_n <= 2^-20, else n0 (the
+// sequence's start, from its initial state); reverse, the earliest w >= hi whose chunks [hi, w) have,
+// else n1. A segment at its sequence's start (forward lo = n0, reverse hi = n1) starts there. Decays
+// that are not numbers never satisfy the bound, so such a segment scans from its sequence's start.
+__device__ int64_t warmup_start(const float* decay, int64_t lo, int64_t hi, int64_t n0, int64_t n1, bool reverse,
+                                int lane) {
+  const int64_t end = reverse ? n1 : n0;
+  int64_t at = reverse ? hi : lo;  // taken so far: chunks [at, lo) forward, [hi, at) reverse
+  float taken = 0.f;               // the log of their decays' product
+  while (at != end) {
+    const int64_t n = reverse ? at + lane : at - 1 - lane;
+    const bool in = reverse ? n < n1 : n >= n0;
+    float x = in ? logf(decay[n]) : 0.f;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, in && taken + x <= kWarmupLogBound);
+    if (hit != 0) {
+      const int j = __ffs(static_cast<int>(hit)) - 1;
+      return reverse ? at + j + 1 : at - 1 - j;
+    }
+    taken += __shfl_sync(0xffffffffu, x, 31);
+    at = reverse ? min(at + 32, n1) : max(at - 32, n0);
+  }
+  return end;
+}
+
+// One block per (segment, 16-column slice of the state) and head: blockIdx.x = segment * (Dv / 16) +
+// slice. segs holds (sequence, lo, hi) per segment; offsets the sequences' chunk ranges.
+template <int DK, int STAGES>
+__global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     low_rank_scan_f16_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay,
                              const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
-                             float* __restrict__ fin, const int64_t* __restrict__ offsets, int H, int64_t N, int Dv,
-                             bool reverse, F16History h16) {
+                             float* __restrict__ fin, const int64_t* __restrict__ offsets,
+                             const int64_t* __restrict__ segs, int H, int64_t N, int Dv, bool reverse, F16History h16) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the copy engine and its barriers: Hopper on
   // Compute warp w owns state rows 16w..16w+15 (block w of Y) in step (2), and the (16-row, 8-column)
   // tiles w, w + NW, ... of M in step (1), as low_rank_scan_kernel; warp NW is the producer.
   constexpr int C = kLowRankChunk, BV = 16, NW = DK / 16, NT = 32 * NW, T1 = (C / 16) * 2 / NW;
   // Y's and M's 16-bit rows padded to 24 elements (48 bytes) for conflict-free ldmatrix, so that 8
   // consecutive rows cover all 32 banks once; the factors' tiles are swizzled instead (swizzled<>).
-  using Ring = F16Ring<DK>;
-  constexpr int LDH = 24, LDY = BV, STAGES = Ring::kStages, SW = Ring::SW;
+  using Ring = F16Ring<DK, STAGES>;
+  constexpr int LDH = 24, LDY = BV, SW = Ring::SW;
   static_assert(T1 >= 1 && (C / 16) * 2 % NW == 0, "step (1) tiles must divide among the warps");
   extern __shared__ float4 smem4[];
   // The swizzled tiles need 1024-byte alignment: from the first such address on.
@@ -606,18 +645,30 @@ __global__ void __launch_bounds__(2 * DK + 32)
   __half* const Mh = Yh + DK * LDH;
   float* const y_inv = reinterpret_cast<float*>(Mh + C * LDH);
   float* const m_inv = y_inv + (NW + 3) / 4 * 4;  // 16-byte aligned, as y_inv
+  long long* const plan = reinterpret_cast<long long*>(m_inv + 8);
   const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int h = blockIdx.y, s = blockIdx.z;
-  const int64_t n0 = offsets[s], n1 = offsets[s + 1], count = n1 - n0;
-  const int col0 = blockIdx.x * BV;
+  const int h = blockIdx.y, slices = Dv / BV;
+  const int64_t* const seg = segs + 3 * (blockIdx.x / slices);
+  const int s = static_cast<int>(seg[0]);
+  const int64_t n0 = offsets[s], n1 = offsets[s + 1], lo = seg[1], hi = seg[2];
+  const int col0 = (blockIdx.x % slices) * BV;
   const int64_t state = static_cast<int64_t>(DK) * Dv;
-  auto chunk = [&](int64_t i) { return reverse ? n1 - 1 - i : n0 + i; };
+  if (warp == NW) {
+    const int64_t w = warmup_start(decay + static_cast<int64_t>(h) * N, lo, hi, n0, n1, reverse, lane);
+    if (lane == 0) *plan = w;
+  }
   if (tid == 0) {
     for (int b = 0; b < STAGES; ++b) mbar_init(&full[b], 1), mbar_init(&empty[b], NW);
     mbar_init_fence();
   }
   __syncthreads();
+  // The block scans chunks w .. hi - 1 (reverse: w - 1 down to lo), the first `skip` of them a warm-up
+  // that writes nothing: its state starts from y0 at the sequence's start, else from zero.
+  const int64_t w = *plan;
+  const int64_t count = reverse ? w - lo : hi - w, skip = reverse ? w - hi : lo - w;
+  const bool from_y0 = w == (reverse ? n1 : n0), last = reverse ? lo == n0 : hi == n1;
+  auto chunk = [&](int64_t i) { return reverse ? w - 1 - i : w + i; };
 
   if (warp == NW) {
     // The producer (one thread): chunk i into slot i % STAGES once every compute warp has released the
@@ -656,7 +707,7 @@ __global__ void __launch_bounds__(2 * DK + 32)
   // 16 x 8 tile of M (lanes 0..15).
   const int pub_row = lane / 2, pub_col = (lane % 2) * 8;
   __half* s16 = h16.S != nullptr ? h16.S + c0 * state + col0 + static_cast<int64_t>(m2 + pub_row) * Dv + pub_col : nullptr;
-  float* s_inv = h16.S != nullptr ? h16.S_inv + (c0 * NW + warp) * (Dv / BV) + blockIdx.x : nullptr;
+  float* s_inv = h16.S != nullptr ? h16.S_inv + (c0 * NW + warp) * (Dv / BV) + col0 / BV : nullptr;
   __half* m16 = h16.M != nullptr ? h16.M + c0 * C * Dv + col0 + static_cast<int64_t>(lane % 16) * Dv : nullptr;
   float* m_inv_out = h16.M != nullptr ? h16.M_inv + c0 * (C / 16) * (Dv / 8) + col0 / 8 : nullptr;
   float* hist_at = hist != nullptr ? hist + c0 * state + col0 : nullptr;
@@ -681,8 +732,15 @@ __global__ void __launch_bounds__(2 * DK + 32)
       if (lane == 0) *s_inv = sc.inverse;
     }
   };
-  load_state_rows(y, y0 + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
-  publish_y(count > 0);
+  if (from_y0) {
+    load_state_rows(y, y0 + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) y[nt][e] = 0.f;
+  }
+  publish_y(count > 0 && skip == 0);
   // ldmatrix row addresses of this lane (see device_ops.cuh): the A fragment of rows r..r+15 and k
   // k0..k0+15 of a row-major [r][k] block, the same of a [k][r] block read transposed, and B fragments
   // of a [k][n] block (both 8-column tiles, or one).
@@ -694,6 +752,7 @@ __global__ void __launch_bounds__(2 * DK + 32)
   for (int64_t i = 0; i < count; ++i) {
     mbar_wait(&full[buf], round & 1);  // chunk i has landed in its slot
     compute_sync();                    // Yh holds the state; every warp is past step (2) of chunk i - 1
+    const bool write = i >= skip;      // past the warm-up: chunk i's outputs are written
     const char* An = ring.A(buf);
     const char* Bn = ring.B(buf);
     const float* Un = ring.U(buf);
@@ -722,7 +781,7 @@ __global__ void __launch_bounds__(2 * DK + 32)
         const float2 u = maps.has_u ? *reinterpret_cast<const float2*>(Un + (m + row_in(e)) * LDY + col_of(nt, e))
                                     : make_float2(0.f, 0.f);
         mv[e] = u.x - acc[e], mv[e + 1] = u.y - acc[e + 1];
-        if (mout_at != nullptr)
+        if (mout_at != nullptr && write)
           *reinterpret_cast<float2*>(mout_at + (m + row_in(e)) * Dv + col_of(nt, e)) = make_float2(mv[e], mv[e + 1]);
       }
       const Pow2Scale sc = pow2_scale(warp_max_abs(mv));
@@ -731,7 +790,7 @@ __global__ void __launch_bounds__(2 * DK + 32)
         *reinterpret_cast<unsigned*>(Mh + (m + row_in(e)) * LDH + col_of(nt, e)) =
             pack_f16(mv[e] * sc.scale, mv[e + 1] * sc.scale);
       if (lane == 0) m_inv[tile] = sc.inverse;
-      if (m16 != nullptr) {  // the tile by 16-byte units: one a row, lanes 0..15
+      if (m16 != nullptr && write) {  // the tile by 16-byte units: one a row, lanes 0..15
         __syncwarp();
         if (lane < 16)
           *reinterpret_cast<uint4*>(m16 + m * Dv + nt * 8) = *reinterpret_cast<const uint4*>(Mh + (m + lane) * LDH + nt * 8);
@@ -753,7 +812,7 @@ __global__ void __launch_bounds__(2 * DK + 32)
                                     : make_float2(0.f, 0.f);
         acc[nt][e] = fmaf(an, y[nt][e], z.x);
         acc[nt][e + 1] = fmaf(an, y[nt][e + 1], z.y);
-        if (hist_at != nullptr)
+        if (hist_at != nullptr && write)
           *reinterpret_cast<float2*>(hist_at + (m2 + row_in(e)) * Dv + col_of(nt, e)) = make_float2(y[nt][e], y[nt][e + 1]);
       }
     float part[C / 16][2][4] = {};
@@ -787,10 +846,10 @@ __global__ void __launch_bounds__(2 * DK + 32)
     if (m16 != nullptr) m16 += step_rows, m_inv_out += step_minv;
     if (hist_at != nullptr) hist_at += step_state;
     if (mout_at != nullptr) mout_at += step_rows;
-    publish_y(i + 1 < count);
+    publish_y(i + 1 < count && i + 1 >= skip);
     if (++buf == STAGES) buf = 0, ++round;
   }
-  store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
+  if (last) store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
 #else
   __trap();  // launch_low_rank_scan refuses below compute capability 9.0
 #endif
@@ -845,27 +904,46 @@ ScanMaps scan_maps(const LowRankScanArgs& a) {
   return m;
 }
 
+// The blocks of one scan: `table` on the device holds the S + 1 sequence offsets, then (sequence,
+// lo, hi) for each of the block float16 kernel's `segments`; with two_stages, that kernel's two-slot
+// ring (two blocks an SM).
+struct ScanPlan {
+  at::Tensor table;
+  int64_t segments = 0;
+  bool two_stages = false;
+};
+
+template <int DK, int STAGES>
+void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
+  const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
+  const int64_t N = a.A.size(1), S = a.y0.size(0);
+  auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
+  auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
+  constexpr size_t smem = F16Ring<DK, STAGES>::kBytes;
+  auto kernel = low_rank_scan_f16_kernel<DK, STAGES>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
+  const int64_t* table = plan.table.data_ptr<int64_t>();
+  const dim3 grid(static_cast<unsigned>(plan.segments * (Dv / 16)), static_cast<unsigned>(H));
+  kernel<<<grid, 2 * DK + 32, smem, at::cuda::getCurrentCUDAStream()>>>(
+      scan_maps<DK>(a), a.decay.data_ptr<float>(), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M), fin.data_ptr<float>(),
+      table, table + S + 1, H, N, Dv, a.reverse, h16);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <int DK, class F>
-void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, at::Tensor& fin) {
+void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
   const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
   const dim3 grid(static_cast<unsigned>(Dv / 16), static_cast<unsigned>(H), static_cast<unsigned>(S));
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
+  const at::Tensor& offsets = plan.table;
   if constexpr (std::is_same_v<F, c10::Half>) {
     if (a.precision == ScanPrecision::kBlockFloat16) {
       if (!copy_engine_available())
         throw std::invalid_argument("hh::kernels::low_rank_scan: block float16 products need compute capability 9.0 (Hopper)");
-      constexpr size_t smem = F16Ring<DK>::kBytes;
-      auto kernel = low_rank_scan_f16_kernel<DK>;
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      auto half = [](const at::Tensor& x) {
-        return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr;
-      };
-      const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
-      kernel<<<grid, 2 * DK + 32, smem, at::cuda::getCurrentCUDAStream()>>>(
-          scan_maps<DK>(a), a.decay.data_ptr<float>(), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M),
-          fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv, a.reverse, h16);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      if (plan.two_stages) launch_low_rank_scan_f16<DK, 2>(a, plan, fin);
+      else launch_low_rank_scan_f16<DK, 3>(a, plan, fin);
       return;
     }
   }
@@ -881,11 +959,11 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const at::Tensor& offsets, a
 }
 
 template <class F>
-void launch_low_rank_scan(int64_t Dk, const LowRankScanArgs& a, const at::Tensor& offsets, at::Tensor& fin) {
+void launch_low_rank_scan(int64_t Dk, const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
   switch (Dk) {
-    case 32: launch_low_rank_scan<32, F>(a, offsets, fin); break;
-    case 64: launch_low_rank_scan<64, F>(a, offsets, fin); break;
-    default: launch_low_rank_scan<128, F>(a, offsets, fin); break;
+    case 32: launch_low_rank_scan<32, F>(a, plan, fin); break;
+    case 64: launch_low_rank_scan<64, F>(a, plan, fin); break;
+    default: launch_low_rank_scan<128, F>(a, plan, fin); break;
   }
 }
 
@@ -1265,6 +1343,18 @@ at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor
   return fin;
 }
 
+int64_t auto_segment_chunks(int64_t blocks, int64_t longest, int64_t sms) {
+  if (blocks < 1 || longest < 1) return 0;
+  const int64_t pieces = std::max<int64_t>(1, 2 * sms / blocks);
+  return std::max<int64_t>(kMinAutoSegment, (longest + pieces - 1) / pieces);
+}
+
+void set_scan_segments(int64_t chunks) {
+  if (chunks < kAutoSegments) throw std::invalid_argument("hh::kernels::set_scan_segments: kAutoSegments, 0 or a number of chunks");
+  g_scan_segments = chunks;
+}
+int64_t scan_segments() { return g_scan_segments; }
+
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv) {
   return C == kLowRankChunk && (Dk == 32 || Dk == 64 || Dk == 128) && Dv > 0 && Dv % 16 == 0;
 }
@@ -1326,6 +1416,10 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     throw std::invalid_argument("hh::kernels::low_rank_scan: the float16 history is written by the block float16 scan only");
   if (m16 && a.reverse)
     throw std::invalid_argument("hh::kernels::low_rank_scan: M16 is written by the forward scan only");
+  if (a.segment < kAutoSegments)
+    throw std::invalid_argument("hh::kernels::low_rank_scan: segment must be kAutoSegments, 0 or a number of chunks");
+  if (a.segment != 0 && a.precision != ScanPrecision::kBlockFloat16)
+    throw std::invalid_argument("hh::kernels::low_rank_scan: segmented scans run on the block float16 kernel only");
   {
     auto want = [&](const at::Tensor& x, const char* what, at::ScalarType dt, at::IntArrayRef sizes) {
       check(x, what);
@@ -1345,11 +1439,30 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   const c10::cuda::CUDAGuard guard(a.A.device());
   at::Tensor fin = at::empty_like(a.y0);
   if (S == 0 || H == 0) return fin;
-  const at::Tensor off = at::tensor(at::ArrayRef<int64_t>(offsets), at::TensorOptions().dtype(at::kLong))
-                             .pin_memory()
-                             .to(a.A.device(), /*non_blocking=*/true);
-  if (a.A.scalar_type() == at::kHalf) launch_low_rank_scan<c10::Half>(Dk, a, off, fin);
-  else launch_low_rank_scan<float>(Dk, a, off, fin);
+  // The segments: whole sequences, or pieces of `len` chunks (the last piece of a sequence shorter).
+  const int64_t blocks_whole = (Dv / 16) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  int64_t longest = 0;
+  for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
+  const int64_t len = a.segment == kAutoSegments ? auto_segment_chunks(blocks_whole, longest, sms) : a.segment;
+  std::vector<int64_t> table(offsets);
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t n0 = offsets[s], n1 = offsets[s + 1];
+    if (len == 0 || n1 - n0 <= len) {
+      table.insert(table.end(), {s, n0, n1});
+      continue;
+    }
+    for (int64_t lo = n0; lo < n1; lo += len) table.insert(table.end(), {s, lo, std::min(lo + len, n1)});
+  }
+  ScanPlan plan;
+  plan.segments = static_cast<int64_t>(table.size() - offsets.size()) / 3;
+  plan.two_stages = a.segment != 0 && plan.segments * (Dv / 16) * H > sms;
+  if (plan.segments * (Dv / 16) > std::numeric_limits<int32_t>::max())
+    throw std::invalid_argument("hh::kernels::low_rank_scan: more than 2^31 - 1 blocks of segments");
+  plan.table = at::tensor(at::ArrayRef<int64_t>(table), at::TensorOptions().dtype(at::kLong))
+                   .pin_memory()
+                   .to(a.A.device(), /*non_blocking=*/true);
+  if (a.A.scalar_type() == at::kHalf) launch_low_rank_scan<c10::Half>(Dk, a, plan, fin);
+  else launch_low_rank_scan<float>(Dk, a, plan, fin);
   return fin;
 }
 

@@ -67,7 +67,28 @@ struct LowRankScanArgs {
   // M_inv [H, N, C / 16, Dv / 8] (float32). Half the bytes of hist and M, and in the form the 16-bit
   // products read.
   at::Tensor S16, S_inv, M16, M_inv;
+  // Segments (kBlockFloat16 only): 0 scans each sequence whole, one block per 16-column slice of its
+  // state. A number of chunks splits each longer sequence into pieces of that many, scanned side by
+  // side, each from zero a few chunks early: from the latest chunk w before the piece with
+  // prod_{n in [w, piece)} decay_n <= 2^-20, or from the sequence's start and y0 when there is none
+  // (reverse scans mirrored). kAutoSegments picks the length for the device (auto_segment_chunks).
+  // Valid where every chunk's transition has norm <= decay_n, as the gated delta rule's has under its
+  // contract (L2-normalised keys, beta in [0, 2], g <= 0): the warm-up's error in the piece's start
+  // state is then at most 2^-20 of the state's norm where the warm-up began. Segmented scans with
+  // more blocks than SMs run two blocks an SM (a ring of two slots instead of three).
+  int64_t segment = 0;
 };
+constexpr int64_t kAutoSegments = -1;
+// The minimum segment length kAutoSegments picks, in chunks, so that warm-ups stay a small share.
+constexpr int64_t kMinAutoSegment = 16;
+// kAutoSegments' length for `blocks` whole-sequence blocks ((Dv / 16) x H x sequences), the longest
+// sequence's chunks and the device's SM count: pieces of the longest sequence so that the blocks fill
+// two a SM once, floor(2 sms / blocks) pieces (at least kMinAutoSegment chunks each); 0 for no chunks.
+int64_t auto_segment_chunks(int64_t blocks, int64_t longest, int64_t sms);
+// The segment length the gated delta rule's block float16 scans use (process-wide; kAutoSegments by
+// default; 0 for whole sequences, as a benchmark's comparison or a test's reference).
+void set_scan_segments(int64_t chunks);
+int64_t scan_segments();
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
 

@@ -39,6 +39,8 @@ struct GdnBenchArgs {
   std::string scan_kernel = "lowrank";
   std::string history = "f16";
   std::string backward = "kernels";
+  std::string scan_segments = "auto";
+  double gate_max = 0.5;  // per-token log decays g drawn from -U(0, gate_max)
   // The ceilings the achieved rates are set against: an H200's bf16 matrix product (8192^3 through
   // LibTorch) and its device-to-device copy (bytes read plus written), both measured.
   double peak_tflops = 813, peak_gbps = 4300;
@@ -110,9 +112,21 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   if (a.iters < 1 || a.warmup < 0 || a.heads < 1 || a.dim < 1 || a.chunk < 1)
     throw Error("--iters, --heads, --dim and --chunk must be positive and --warmup non-negative");
   if (!(a.peak_tflops > 0) || !(a.peak_gbps > 0)) throw Error("--peak-tflops and --peak-gbps must be positive");
+  if (!(a.gate_max >= 0)) throw Error("--gate-max must be non-negative");
+  int64_t segments = -1;  // auto
+  if (a.scan_segments != "auto") {
+    try {
+      size_t used = 0;
+      segments = std::stoll(a.scan_segments, &used);
+      if (used != a.scan_segments.size() || segments < 0) throw std::invalid_argument(a.scan_segments);
+    } catch (const std::exception&) {
+      throw Error("--scan-segments: expected auto, 0 or a number of chunks, got '" + a.scan_segments + "'");
+    }
+  }
   const at::Device dev = model::parse_device(a.device);
   const auto dt = model::parse_dtype(a.dtype);
 #ifdef HH_HAVE_KERNELS
+  kernels::set_scan_segments(segments < 0 ? kernels::kAutoSegments : segments);
   kernels::set_state_scan_kernel(a.scan_kernel == "fma"      ? kernels::ScanKernel::kFma
                                  : a.scan_kernel == "tensor" ? kernels::ScanKernel::kTensorCores
                                                              : kernels::ScanKernel::kLowRank);
@@ -126,11 +140,14 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   nlohmann::json out = {{"device", a.device},         {"dtype", a.dtype},       {"heads", a.heads},
                          {"dim", a.dim},               {"history", a.history},   {"scan_kernel", a.scan_kernel},
                          {"backward", a.backward},     {"peak_tflops", a.peak_tflops},
+                         {"scan_segments", a.scan_segments}, {"gate_max", a.gate_max},
                          {"peak_gbps", a.peak_gbps},   {"rows", nlohmann::json::array()}};
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.dim));
-  std::printf("gated delta rule, H=%lld Dk=Dv=%lld, chunk %lld, %s on %s; median of %lld after %lld warm-up\n",
+  std::printf("gated delta rule, H=%lld Dk=Dv=%lld, chunk %lld, %s on %s, g ~ -U(0, %g), scan segments %s; median of "
+              "%lld after %lld warm-up\n",
               static_cast<long long>(a.heads), static_cast<long long>(a.dim), static_cast<long long>(a.chunk),
-              a.dtype.c_str(), a.device.c_str(), static_cast<long long>(a.iters), static_cast<long long>(a.warmup));
+              a.dtype.c_str(), a.device.c_str(), a.gate_max, a.scan_segments.c_str(), static_cast<long long>(a.iters),
+              static_cast<long long>(a.warmup));
   std::printf("  (on CUDA, LT-local: the same forward with its chunk-local part in LibTorch instead of the chunk\n"
               "   kernels; TF32 scan: with the scan's products in TF32 instead of block float16; the forward's\n"
               "   rates against the ceilings %g TFLOP/s and %g GB/s)\n",
@@ -143,7 +160,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const auto q = F::normalize(torch::randn({s.B, s.T, a.heads, a.dim}, opts.dtype(torch::kFloat)), nrm).to(dt);
     const auto k = F::normalize(torch::randn({s.B, s.T, a.heads, a.dim}, opts.dtype(torch::kFloat)), nrm).to(dt);
     const auto v = torch::randn({s.B, s.T, a.heads, a.dim}, opts);
-    const auto g = (-0.5 * torch::rand({s.B, s.T, a.heads}, opts.dtype(torch::kFloat))).to(dt);
+    const auto g = (-a.gate_max * torch::rand({s.B, s.T, a.heads}, opts.dtype(torch::kFloat))).to(dt);
     const auto beta = torch::rand({s.B, s.T, a.heads}, opts);
     const auto dO = torch::randn_like(v);
     using Fn = std::function<attention::GdnOutput(const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -330,6 +347,15 @@ BenchSub add_bench_gdn(CLI::App& bench) {
                  "16-bit CUDA inputs, else explicit), explicit (its formulas written out on LibTorch ops) or "
                  "autograd (through the forward's LibTorch ops)")
       ->check(CLI::IsMember({"kernels", "explicit", "autograd"}))
+      ->capture_default_str();
+  c->add_option("--scan-segments", a->scan_segments,
+                 "On CUDA with 16-bit inputs, how the block float16 scans split long sequences: auto (pieces that "
+                 "fill the device, each started from zero where the gates have decayed the state below 2^-20 of "
+                 "its size), 0 (whole sequences) or a number of chunks a piece")
+      ->capture_default_str();
+  c->add_option("--gate-max", a->gate_max,
+                 "Draw the per-token log decays g from -U(0, X): smaller X, slower decay, longer warm-ups for "
+                 "the segmented scan")
       ->capture_default_str();
   c->add_option("--profile", a->profile,
                  "Write a Chrome trace of one forward and one forward + backward at the first shape (and, with "

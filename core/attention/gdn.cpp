@@ -487,6 +487,9 @@ ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at
   a.U = U;
   a.y0 = s0.contiguous();
   a.precision = precision;
+  // The rule's contract (L2-normalised keys, beta in [0, 2], g <= 0) bounds each chunk's transition by
+  // its decay, which the segmented scan needs.
+  if (precision == kernels::ScanPrecision::kBlockFloat16) a.segment = kernels::scan_segments();
   const auto f16 = U.options().dtype(at::kHalf);
   if (f16_history || (keep_states && precision == kernels::ScanPrecision::kBlockFloat16)) {
     a.S16 = at::empty({H, N, Dk, Dv}, f16);
@@ -545,6 +548,7 @@ StateGrads state_gradients(const ChunkLocal& c, const at::Tensor& dOs, const at:
       a.A = c.W.to(at::kHalf);
       a.B = c.kdecay.to(at::kHalf);
       a.precision = kernels::ScanPrecision::kBlockFloat16;
+      a.segment = kernels::scan_segments();
     }
     r.dS0 = kernels::low_rank_scan(a, offsets);
     r.dS_end = a.hist;
@@ -752,6 +756,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       a.S_inv = at::empty_like(S_inv);
       a.reverse = true;
       a.precision = kernels::ScanPrecision::kBlockFloat16;
+      a.segment = kernels::scan_segments();
       const at::Tensor dS0 = kernels::low_rank_scan(a, L.offsets);
       const kernels::ChunkInputGrads d =
           kernels::chunk_backward(qc, kc, vc, gf, bf, S16, S_inv, a.S16, a.S_inv, dO, grid, scale);

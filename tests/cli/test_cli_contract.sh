@@ -53,6 +53,19 @@ python3 -c 'import json,sys; j=json.loads(sys.argv[1]); r=j["rows"][0]; assert j
 grep -q "ceilings 0.5 TFLOP/s and 2 GB/s" <<<"$out" || fail "bench gdn table names no ceilings: $out"
 set +e; msg=$("$HH" bench gdn --device cpu --shapes 1x64 --peak-gbps 0 2>&1); rc=$?; set -e
 [[ $rc -eq 1 ]] && grep -q -- "--peak-gbps" <<<"$msg" || fail "bench gdn with --peak-gbps 0 exited $rc: $msg"
+# The scan's segments and the gates' range are recorded; a segment length that is not auto or a
+# non-negative number is refused by name.
+out=$("$HH" bench gdn --device cpu --dtype f32 --shapes 1x64 --heads 2 --dim 16 --iters 1 --warmup 0 \
+  --reference-max-seq 0 --scan-segments 4 --gate-max 0.01 --json)
+json=$(grep '^{' <<<"$out")
+python3 -c 'import json,sys; j=json.loads(sys.argv[1]); assert j["scan_segments"]=="4" and j["gate_max"]==0.01, j' "$json" \
+  || fail "bench gdn segments JSON: $json"
+grep -q "g ~ -U(0, 0.01), scan segments 4;" <<<"$out" || fail "bench gdn table names no gates or segments: $out"
+for bad in -1 3x; do
+  set +e; msg=$("$HH" bench gdn --device cpu --shapes 1x64 --scan-segments "$bad" 2>&1); rc=$?; set -e
+  [[ $rc -eq 1 ]] && grep -q -- "--scan-segments" <<<"$msg" && grep -q -- "'$bad'" <<<"$msg" \
+    || fail "bench gdn with --scan-segments $bad exited $rc: $msg"
+done
 set +e; msg=$("$HH" bench gdn --device cpu --shapes 1y70 2>&1); rc=$?; set -e
 [[ $rc -eq 1 ]] && grep -q "1y70" <<<"$msg" || fail "bench gdn with a bad shape exited $rc: $msg"
 echo "cli contract: ok"
