@@ -232,6 +232,7 @@ __global__ void __launch_bounds__(DK)
 
 ScanKernel g_scan_kernel = ScanKernel::kLowRank;
 int64_t g_scan_segments = kAutoSegments;  // set_scan_segments
+int g_scan_columns = 0;                    // set_scan_columns
 
 template <int DK>
 void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, at::Tensor& hist, at::Tensor& fin,
@@ -355,10 +356,11 @@ __device__ __forceinline__ void load_scan_chunk(const ScanRing<DK, F>& ring, con
 // A warp's 16 state rows from m2 (both 8-column tiles, in the mma accumulator layout: element e of
 // tile nt at row m2 + g (+8 for e >= 2), column 8 nt + 2t (+1 for odd e)) from or to [DK][Dv] rows
 // at column col0.
-__device__ __forceinline__ void load_state_rows(float (&y)[2][4], const float* src, int m2, int Dv, int col0) {
+template <int NTB>
+__device__ __forceinline__ void load_state_rows(float (&y)[NTB][4], const float* src, int m2, int Dv, int col0) {
   const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+  for (int nt = 0; nt < NTB; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
       const float2 v = *reinterpret_cast<const float2*>(src + static_cast<int64_t>(m2 + g + (e >= 2 ? 8 : 0)) * Dv + col0 +
@@ -366,10 +368,11 @@ __device__ __forceinline__ void load_state_rows(float (&y)[2][4], const float* s
       y[nt][e] = v.x, y[nt][e + 1] = v.y;
     }
 }
-__device__ __forceinline__ void store_state_rows(const float (&y)[2][4], float* dst, int m2, int Dv, int col0) {
+template <int NTB>
+__device__ __forceinline__ void store_state_rows(const float (&y)[NTB][4], float* dst, int m2, int Dv, int col0) {
   const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+  for (int nt = 0; nt < NTB; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; e += 2)
       *reinterpret_cast<float2*>(dst + static_cast<int64_t>(m2 + g + (e >= 2 ? 8 : 0)) * Dv + col0 + nt * 8 + 2 * t) =
@@ -530,20 +533,25 @@ __global__ void __launch_bounds__(2 * DK)
 // once step (2) has read it. The compute warps issue no copies and sync among themselves on a named
 // barrier.
 // STAGES slots: three hide the copies' latency best for a block alone on its SM; two let two blocks
-// share an SM (the segmented scan, which has more blocks than SMs).
-template <int DK, int STAGES = 3>
+// share an SM (the segmented scan with 16-column slices, which has more blocks than SMs). BV: the
+// state's columns a block owns (16 or 32; 32 reads each chunk's factors from shared memory once for
+// twice the columns).
+template <int DK, int STAGES = 3, int BV_ = 16>
 struct F16Ring {
-  static constexpr int C = kLowRankChunk, BV = 16, kStages = STAGES;
+  static constexpr int C = kLowRankChunk, BV = BV_, kStages = STAGES, LDH = BV + 8;
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2;  // swizzle width in bytes = one box row
   static constexpr int kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
   static_assert(kBoxes * kBoxCols == DK, "the factors' rows are whole boxes");
   static constexpr size_t kTile = static_cast<size_t>(C) * DK * 2;  // A or B, 16-bit
   static constexpr size_t kU = C * BV * 4, kZ = DK * BV * 4;
   static constexpr size_t kSlot = (2 * kTile + kU + kZ + 16 + 1023) / 1024 * 1024;
-  // Ahead of the slots: the barriers (full, empty), Yh [DK][24] and Mh [C][24] (float16), the inverse
+  // Ahead of the slots: the barriers (full, empty), Yh [DK][LDH] and Mh [C][LDH] (float16), the
+  // inverse scales of Y's (DK / 16) x (BV / 16) blocks (padded to a multiple of 4) and of M's
+  // (C / 16) x (BV / 8) tiles, and the chunk the scan starts from.
+  static constexpr int kYScales = ((DK / 16) * (BV / 16) + 3) / 4 * 4, kMScales = (C / 16) * (BV / 8);
   static constexpr size_t kBarriers = 2 * kStages * sizeof(unsigned long long);
-  // scales of Y's DK / 16 blocks and M's (C / 16) x 2 tiles, and the chunk the scan starts from.
-  static constexpr size_t kHead = (kBarriers + (DK * 24 + C * 24) * 2 + (DK / 16 + 4 + 8) * 4 + 8 + 1023) / 1024 * 1024;
+  static constexpr size_t kHead =
+      (kBarriers + (DK + C) * LDH * 2 + (kYScales + kMScales) * 4 + 8 + 1023) / 1024 * 1024;
   static constexpr size_t kBytes = kHead + kStages * kSlot + 1024;  // + the base's alignment to 1024
   char* slots;
   __device__ __forceinline__ char* A(int b) const { return slots + b * kSlot; }
@@ -619,23 +627,26 @@ __device__ int64_t warmup_start(const float* decay, int64_t lo, int64_t hi, int6
   return end;
 }
 
-// One block per (segment, 16-column slice of the state) and head: blockIdx.x = segment * (Dv / 16) +
+// One block per (segment, BV-column slice of the state) and head: blockIdx.x = segment * (Dv / BV) +
 // slice. segs holds (sequence, lo, hi) per segment; offsets the sequences' chunk ranges.
-template <int DK, int STAGES>
+template <int DK, int STAGES, int BV>
 __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     low_rank_scan_f16_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay,
                              const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
                              float* __restrict__ fin, const int64_t* __restrict__ offsets,
                              const int64_t* __restrict__ segs, int H, int64_t N, int Dv, bool reverse, F16History h16) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the copy engine and its barriers: Hopper on
-  // Compute warp w owns state rows 16w..16w+15 (block w of Y) in step (2), and the (16-row, 8-column)
-  // tiles w, w + NW, ... of M in step (1), as low_rank_scan_kernel; warp NW is the producer.
-  constexpr int C = kLowRankChunk, BV = 16, NW = DK / 16, NT = 32 * NW, T1 = (C / 16) * 2 / NW;
-  // Y's and M's 16-bit rows padded to 24 elements (48 bytes) for conflict-free ldmatrix, so that 8
-  // consecutive rows cover all 32 banks once; the factors' tiles are swizzled instead (swizzled<>).
-  using Ring = F16Ring<DK, STAGES>;
-  constexpr int LDH = 24, LDY = BV, SW = Ring::SW;
-  static_assert(T1 >= 1 && (C / 16) * 2 % NW == 0, "step (1) tiles must divide among the warps");
+  // Compute warp w owns state rows 16w..16w+15 (row block w of Y, all BV columns) in step (2). Step (1)
+  // splits M's (C / 16) x NTB tiles of 16 rows by 8 columns into runs of T1 consecutive tiles (row
+  // block major), one run a warp, so that a warp's tiles of one row block share the factor's fragment:
+  // MT row blocks of NTW tiles each. Warp NW is the producer.
+  constexpr int C = kLowRankChunk, NW = DK / 16, NT = 32 * NW, NTB = BV / 8, QB = BV / 16;
+  constexpr int T1 = (C / 16) * NTB / NW, NTW = T1 < NTB ? T1 : NTB, MT = T1 / NTW;
+  static_assert(T1 >= 1 && (C / 16) * NTB % NW == 0 && T1 % NTW == 0, "step (1) tiles must divide among the warps");
+  // Y's and M's 16-bit rows padded by 8 elements (16 bytes) for conflict-free ldmatrix: 8 consecutive
+  // rows start in distinct 16-byte bank groups; the factors' tiles are swizzled instead (swizzled<>).
+  using Ring = F16Ring<DK, STAGES, BV>;
+  constexpr int LDH = Ring::LDH, LDY = BV, SW = Ring::SW;
   extern __shared__ float4 smem4[];
   // The swizzled tiles need 1024-byte alignment: from the first such address on.
   char* const base = reinterpret_cast<char*>(smem4) + ((1024 - (smem_addr(smem4) & 1023)) & 1023);
@@ -643,9 +654,9 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   unsigned long long* const empty = full + STAGES;
   __half* const Yh = reinterpret_cast<__half*>(base + Ring::kBarriers);
   __half* const Mh = Yh + DK * LDH;
-  float* const y_inv = reinterpret_cast<float*>(Mh + C * LDH);
-  float* const m_inv = y_inv + (NW + 3) / 4 * 4;  // 16-byte aligned, as y_inv
-  long long* const plan = reinterpret_cast<long long*>(m_inv + 8);
+  float* const y_inv = reinterpret_cast<float*>(Mh + C * LDH);  // [row block][column block]
+  float* const m_inv = y_inv + Ring::kYScales;                   // [row block][8-column tile]; 16-byte aligned
+  long long* const plan = reinterpret_cast<long long*>(m_inv + Ring::kMScales);
   const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, slices = Dv / BV;
@@ -698,52 +709,61 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   auto col_of = [&](int nt, int e) { return nt * 8 + 2 * t + (e & 1); };
   auto compute_sync = [] { asm volatile("bar.sync 1, %0;\n" ::"n"(NT) : "memory"); };
   const int m2 = warp * 16;
+  // This warp's step (1) tiles: row blocks mfirst .. mfirst + MT - 1, tiles ntfirst .. ntfirst + NTW - 1.
+  const int mfirst = warp * T1 / NTB, ntfirst = warp * T1 % NTB;
   // The outputs a chunk writes move by one chunk a step (back, for the reverse scan): pointers at
   // chunk(0), advanced by these strides.
   const int64_t c0 = static_cast<int64_t>(h) * N + (count > 0 ? chunk(0) : 0), dir = reverse ? -1 : 1;
   const int64_t step_state = dir * state, step_rows = dir * C * Dv;
-  const int64_t step_sinv = dir * NW * (Dv / BV), step_minv = dir * (C / 16) * (Dv / 8);
-  // This lane's row and 16-byte column unit in the 16 x 16 block of Y its warp publishes, and in a
+  const int64_t step_sinv = dir * NW * (Dv / 16), step_minv = dir * (C / 16) * (Dv / 8);
+  // This lane's row and 16-byte column unit in a 16 x 16 block of Y its warp publishes, and in a
   // 16 x 8 tile of M (lanes 0..15).
   const int pub_row = lane / 2, pub_col = (lane % 2) * 8;
   __half* s16 = h16.S != nullptr ? h16.S + c0 * state + col0 + static_cast<int64_t>(m2 + pub_row) * Dv + pub_col : nullptr;
-  float* s_inv = h16.S != nullptr ? h16.S_inv + (c0 * NW + warp) * (Dv / BV) + col0 / BV : nullptr;
+  float* s_inv = h16.S != nullptr ? h16.S_inv + (c0 * NW + warp) * (Dv / 16) + col0 / 16 : nullptr;
   __half* m16 = h16.M != nullptr ? h16.M + c0 * C * Dv + col0 + static_cast<int64_t>(lane % 16) * Dv : nullptr;
   float* m_inv_out = h16.M != nullptr ? h16.M_inv + c0 * (C / 16) * (Dv / 8) + col0 / 8 : nullptr;
   float* hist_at = hist != nullptr ? hist + c0 * state + col0 : nullptr;
   float* mout_at = Mout != nullptr ? Mout + c0 * C * Dv + col0 : nullptr;
 
-  float y[2][4];  // [nt][element]: this warp's rows of the state, float32
-  // Y's block of this warp into Yh, scaled, with its inverse scale; with `keep`, also into the float16
-  // history (at s16, s_inv) as the start state of the chunk those point at.
+  float y[NTB][4];  // [nt][element]: this warp's rows of the state, float32
+  // Y's blocks of this warp into Yh, each scaled, with its inverse scale; with `keep`, also into the
+  // float16 history (at s16, s_inv) as the start state of the chunk those point at.
   auto publish_y = [&](bool keep) {
-    const float(&flat)[8] = reinterpret_cast<const float(&)[8]>(y);
-    const Pow2Scale sc = pow2_scale(warp_max_abs(flat));
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int q = 0; q < QB; ++q) {
+      float flat[8];
 #pragma unroll
-      for (int e = 0; e < 4; e += 2)
-        *reinterpret_cast<unsigned*>(Yh + (m2 + row_in(e)) * LDH + col_of(nt, e)) =
-            pack_f16(y[nt][e] * sc.scale, y[nt][e + 1] * sc.scale);
-    if (lane == 0) y_inv[warp] = sc.inverse;
-    if (keep && s16 != nullptr) {  // the block by 16-byte units: two a row
+      for (int e = 0; e < 4; ++e) flat[e] = y[2 * q][e], flat[4 + e] = y[2 * q + 1][e];
+      const Pow2Scale sc = pow2_scale(warp_max_abs(flat));
+#pragma unroll
+      for (int nt = 2 * q; nt < 2 * q + 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2)
+          *reinterpret_cast<unsigned*>(Yh + (m2 + row_in(e)) * LDH + col_of(nt, e)) =
+              pack_f16(y[nt][e] * sc.scale, y[nt][e + 1] * sc.scale);
+      if (lane == 0) y_inv[warp * QB + q] = sc.inverse;
+      if (keep && s16 != nullptr && lane == 0) s_inv[q] = sc.inverse;
+    }
+    if (keep && s16 != nullptr) {  // each block by 16-byte units: two a row
       __syncwarp();
-      *reinterpret_cast<uint4*>(s16) = *reinterpret_cast<const uint4*>(Yh + (m2 + pub_row) * LDH + pub_col);
-      if (lane == 0) *s_inv = sc.inverse;
+#pragma unroll
+      for (int q = 0; q < QB; ++q)
+        *reinterpret_cast<uint4*>(s16 + 16 * q) = *reinterpret_cast<const uint4*>(Yh + (m2 + pub_row) * LDH + 16 * q + pub_col);
     }
   };
   if (from_y0) {
     load_state_rows(y, y0 + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
   } else {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < NTB; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) y[nt][e] = 0.f;
   }
   publish_y(count > 0 && skip == 0);
   // ldmatrix row addresses of this lane (see device_ops.cuh): the A fragment of rows r..r+15 and k
   // k0..k0+15 of a row-major [r][k] block, the same of a [k][r] block read transposed, and B fragments
-  // of a [k][n] block (both 8-column tiles, or one).
+  // of a [k][n] block (two 8-column tiles, or one).
   const int a_row = lane % 16, a_col = (lane / 16) * 8;
   const int at_k = (lane % 8) + 8 * (lane / 16), at_m = 8 * ((lane / 8) % 2);
   const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
@@ -757,55 +777,68 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     const char* Bn = ring.B(buf);
     const float* Un = ring.U(buf);
     const float* Zn = ring.Z(buf);
-    float yinv[NW];
+    float yinv[NW * QB];
     load_scales(yinv, y_inv);
 
     // (1) M = U_n - B_n Y, tile by tile: one product per block of Y, unscaled into the float32 sum.
 #pragma unroll
-    for (int i1 = 0; i1 < T1; ++i1) {
-      const int tile = warp + i1 * NW, m = (tile / 2) * 16, nt = tile % 2;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int mi = 0; mi < MT; ++mi) {
+      const int m = (mfirst + mi) * 16;
+      float acc[NTW][4] = {};
 #pragma unroll
       for (int j = 0; j < NW; ++j) {
-        unsigned a[4], b[2];
+        unsigned a[4];
         ldmatrix_x4(a, Bn + swizzled<SW, C>(m + a_row, 16 * j + a_col));
-        ldmatrix_x2_trans(b, Yh + (16 * j + lane % 16) * LDH + nt * 8);
-        float part[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_f16(part, a, b);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[e] = fmaf(part[e], yinv[j], acc[e]);
+        for (int ni = 0; ni < NTW; ++ni) {
+          const int nt = ntfirst + ni;
+          unsigned b[2];
+          ldmatrix_x2_trans(b, Yh + (16 * j + lane % 16) * LDH + nt * 8);
+          float part[4] = {0.f, 0.f, 0.f, 0.f};
+          mma_f16(part, a, b);
+          // Y block (j, nt / 2)'s scale, chosen rather than indexed (nt varies by warp; an indexed
+          // register array would live in local memory).
+          static_assert(QB <= 2, "at most two 16-column blocks");
+          const float sy = QB == 1 || nt < 2 ? yinv[j * QB] : yinv[j * QB + QB - 1];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[ni][e] = fmaf(part[e], sy, acc[ni][e]);
+        }
       }
-      float mv[4];
 #pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const float2 u = maps.has_u ? *reinterpret_cast<const float2*>(Un + (m + row_in(e)) * LDY + col_of(nt, e))
-                                    : make_float2(0.f, 0.f);
-        mv[e] = u.x - acc[e], mv[e + 1] = u.y - acc[e + 1];
-        if (mout_at != nullptr && write)
-          *reinterpret_cast<float2*>(mout_at + (m + row_in(e)) * Dv + col_of(nt, e)) = make_float2(mv[e], mv[e + 1]);
-      }
-      const Pow2Scale sc = pow2_scale(warp_max_abs(mv));
+      for (int ni = 0; ni < NTW; ++ni) {
+        const int nt = ntfirst + ni;
+        float mv[4];
 #pragma unroll
-      for (int e = 0; e < 4; e += 2)
-        *reinterpret_cast<unsigned*>(Mh + (m + row_in(e)) * LDH + col_of(nt, e)) =
-            pack_f16(mv[e] * sc.scale, mv[e + 1] * sc.scale);
-      if (lane == 0) m_inv[tile] = sc.inverse;
-      if (m16 != nullptr && write) {  // the tile by 16-byte units: one a row, lanes 0..15
-        __syncwarp();
-        if (lane < 16)
-          *reinterpret_cast<uint4*>(m16 + m * Dv + nt * 8) = *reinterpret_cast<const uint4*>(Mh + (m + lane) * LDH + nt * 8);
-        if (lane == 0) m_inv_out[(m / 16) * (Dv / 8) + nt] = sc.inverse;
+        for (int e = 0; e < 4; e += 2) {
+          const float2 u = maps.has_u ? *reinterpret_cast<const float2*>(Un + (m + row_in(e)) * LDY + col_of(nt, e))
+                                      : make_float2(0.f, 0.f);
+          mv[e] = u.x - acc[ni][e], mv[e + 1] = u.y - acc[ni][e + 1];
+          if (mout_at != nullptr && write)
+            *reinterpret_cast<float2*>(mout_at + (m + row_in(e)) * Dv + col_of(nt, e)) = make_float2(mv[e], mv[e + 1]);
+        }
+        const Pow2Scale sc = pow2_scale(warp_max_abs(mv));
+#pragma unroll
+        for (int e = 0; e < 4; e += 2)
+          *reinterpret_cast<unsigned*>(Mh + (m + row_in(e)) * LDH + col_of(nt, e)) =
+              pack_f16(mv[e] * sc.scale, mv[e + 1] * sc.scale);
+        if (lane == 0) m_inv[(m / 16) * NTB + nt] = sc.inverse;
+        if (m16 != nullptr && write) {  // the tile by 16-byte units: one a row, lanes 0..15
+          __syncwarp();
+          if (lane < 16)
+            *reinterpret_cast<uint4*>(m16 + m * Dv + nt * 8) = *reinterpret_cast<const uint4*>(Mh + (m + lane) * LDH + nt * 8);
+          if (lane == 0) m_inv_out[(m / 16) * (Dv / 8) + nt] = sc.inverse;
+        }
       }
     }
     compute_sync();  // Mh is complete; every warp has read Yh
 
     // (2) Y' = a_n Y + A_n^T M + Z_n for this warp's 16 rows: one product per 16-row block of M.
     const float an = *ring.decay(buf);
-    float minv[2 * (C / 16)];
+    float minv[(C / 16) * NTB];
     load_scales(minv, m_inv);
-    float acc[2][4];
+    float acc[NTB][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < NTB; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const float2 z = maps.has_z ? *reinterpret_cast<const float2*>(Zn + (m2 + row_in(e)) * LDY + col_of(nt, e))
@@ -815,16 +848,20 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
         if (hist_at != nullptr && write)
           *reinterpret_cast<float2*>(hist_at + (m2 + row_in(e)) * Dv + col_of(nt, e)) = make_float2(y[nt][e], y[nt][e + 1]);
       }
-    float part[C / 16][2][4] = {};
+    float part[C / 16][NTB][4] = {};
 #pragma unroll
     for (int i2 = 0; i2 < C / 16; ++i2) {
-      unsigned a[4], b[4];
+      unsigned a[4];
       ldmatrix_x4_trans(a, An + swizzled<SW, C>(16 * i2 + at_k, m2 + at_m));  // A_n^T: [row][k] = A_n[k][row]
-      ldmatrix_x4_trans(b, Mh + (16 * i2 + bt_k) * LDH + bt_n);
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const unsigned bn[2] = {b[2 * nt], b[2 * nt + 1]};
-        mma_f16(part[i2][nt], a, bn);
+      for (int q = 0; q < QB; ++q) {
+        unsigned b[4];
+        ldmatrix_x4_trans(b, Mh + (16 * i2 + bt_k) * LDH + 16 * q + bt_n);
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const unsigned bn[2] = {b[2 * h2], b[2 * h2 + 1]};
+          mma_f16(part[i2][2 * q + h2], a, bn);
+        }
       }
     }
     // This warp is done with the slot (step (1) read B and U, step (2) A, Z and the decay).
@@ -833,15 +870,15 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
 #pragma unroll
     for (int i2 = 0; i2 < C / 16; ++i2)
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < NTB; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = fmaf(part[i2][nt][e], minv[2 * i2 + nt], acc[nt][e]);
+        for (int e = 0; e < 4; ++e) acc[nt][e] = fmaf(part[i2][nt][e], minv[i2 * NTB + nt], acc[nt][e]);
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < NTB; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) y[nt][e] = acc[nt][e];
-    // The outputs' pointers to the next chunk; Y's block is that chunk's start state (read by its step
-    // (1) after the barrier at the loop's top).
+    // The outputs' pointers to the next chunk; Y's blocks are that chunk's start state (read by its
+    // step (1) after the barrier at the loop's top).
     if (s16 != nullptr) s16 += step_state, s_inv += step_sinv;
     if (m16 != nullptr) m16 += step_rows, m_inv_out += step_minv;
     if (hist_at != nullptr) hist_at += step_state;
@@ -888,9 +925,9 @@ CUtensorMap tensor_map_2d(const at::Tensor& x, int64_t box_rows, int64_t box_col
                              " (CUresult " + std::to_string(static_cast<int>(r)) + ")");
   return map;
 }
-template <int DK>
+template <int DK, int BV>
 ScanMaps scan_maps(const LowRankScanArgs& a) {
-  using Ring = F16Ring<DK>;
+  using Ring = F16Ring<DK, 3, BV>;
   const CUtensorMapSwizzle sw = Ring::SW == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
                                 : Ring::SW == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
                                                  : CU_TENSOR_MAP_SWIZZLE_32B;
@@ -906,27 +943,28 @@ ScanMaps scan_maps(const LowRankScanArgs& a) {
 
 // The blocks of one scan: `table` on the device holds the S + 1 sequence offsets, then (sequence,
 // lo, hi) for each of the block float16 kernel's `segments`; with two_stages, that kernel's two-slot
-// ring (two blocks an SM).
+// ring (two blocks an SM); `columns` the state's columns a block of that kernel owns (16 or 32).
 struct ScanPlan {
   at::Tensor table;
   int64_t segments = 0;
   bool two_stages = false;
+  int columns = 16;
 };
 
-template <int DK, int STAGES>
+template <int DK, int STAGES, int BV>
 void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
   const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
-  constexpr size_t smem = F16Ring<DK, STAGES>::kBytes;
-  auto kernel = low_rank_scan_f16_kernel<DK, STAGES>;
+  constexpr size_t smem = F16Ring<DK, STAGES, BV>::kBytes;
+  auto kernel = low_rank_scan_f16_kernel<DK, STAGES, BV>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
   const int64_t* table = plan.table.data_ptr<int64_t>();
-  const dim3 grid(static_cast<unsigned>(plan.segments * (Dv / 16)), static_cast<unsigned>(H));
+  const dim3 grid(static_cast<unsigned>(plan.segments * (Dv / BV)), static_cast<unsigned>(H));
   kernel<<<grid, 2 * DK + 32, smem, at::cuda::getCurrentCUDAStream()>>>(
-      scan_maps<DK>(a), a.decay.data_ptr<float>(), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M), fin.data_ptr<float>(),
+      scan_maps<DK, BV>(a), a.decay.data_ptr<float>(), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M), fin.data_ptr<float>(),
       table, table + S + 1, H, N, Dv, a.reverse, h16);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -942,8 +980,9 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
     if (a.precision == ScanPrecision::kBlockFloat16) {
       if (!copy_engine_available())
         throw std::invalid_argument("hh::kernels::low_rank_scan: block float16 products need compute capability 9.0 (Hopper)");
-      if (plan.two_stages) launch_low_rank_scan_f16<DK, 2>(a, plan, fin);
-      else launch_low_rank_scan_f16<DK, 3>(a, plan, fin);
+      if (plan.columns == 32) launch_low_rank_scan_f16<DK, 3, 32>(a, plan, fin);
+      else if (plan.two_stages) launch_low_rank_scan_f16<DK, 2, 16>(a, plan, fin);
+      else launch_low_rank_scan_f16<DK, 3, 16>(a, plan, fin);
       return;
     }
   }
@@ -1343,9 +1382,9 @@ at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor
   return fin;
 }
 
-int64_t auto_segment_chunks(int64_t blocks, int64_t longest, int64_t sms) {
+int64_t auto_segment_chunks(int64_t blocks, int64_t longest, int64_t slots) {
   if (blocks < 1 || longest < 1) return 0;
-  const int64_t pieces = std::max<int64_t>(1, 2 * sms / blocks);
+  const int64_t pieces = std::max<int64_t>(1, slots / blocks);
   return std::max<int64_t>(kMinAutoSegment, (longest + pieces - 1) / pieces);
 }
 
@@ -1354,6 +1393,12 @@ void set_scan_segments(int64_t chunks) {
   g_scan_segments = chunks;
 }
 int64_t scan_segments() { return g_scan_segments; }
+void set_scan_columns(int columns) {
+  if (columns != 0 && columns != 16 && columns != 32)
+    throw std::invalid_argument("hh::kernels::set_scan_columns: 0 (automatic), 16 or 32");
+  g_scan_columns = columns;
+}
+int scan_columns() { return g_scan_columns; }
 
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv) {
   return C == kLowRankChunk && (Dk == 32 || Dk == 64 || Dk == 128) && Dv > 0 && Dv % 16 == 0;
@@ -1439,11 +1484,17 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   const c10::cuda::CUDAGuard guard(a.A.device());
   at::Tensor fin = at::empty_like(a.y0);
   if (S == 0 || H == 0) return fin;
-  // The segments: whole sequences, or pieces of `len` chunks (the last piece of a sequence shorter).
-  const int64_t blocks_whole = (Dv / 16) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  // The block float16 kernel's columns a block: 32 where they divide Dv (each chunk's factors read from
+  // shared memory once for twice the columns; one block an SM), else 16 (two blocks an SM when
+  // segmented). The segments: whole sequences, or pieces of `len` chunks (a sequence's last shorter).
+  ScanPlan plan;
+  plan.columns = a.precision == ScanPrecision::kBlockFloat16 && Dv % 32 == 0 && g_scan_columns != 16 ? 32 : 16;
+  const int64_t blocks_whole = (Dv / plan.columns) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   int64_t longest = 0;
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
-  const int64_t len = a.segment == kAutoSegments ? auto_segment_chunks(blocks_whole, longest, sms) : a.segment;
+  const int64_t len = a.segment == kAutoSegments
+                          ? auto_segment_chunks(blocks_whole, longest, (plan.columns == 16 ? 2 : 1) * sms)
+                          : a.segment;
   std::vector<int64_t> table(offsets);
   for (int64_t s = 0; s < S; ++s) {
     const int64_t n0 = offsets[s], n1 = offsets[s + 1];
@@ -1453,9 +1504,8 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     }
     for (int64_t lo = n0; lo < n1; lo += len) table.insert(table.end(), {s, lo, std::min(lo + len, n1)});
   }
-  ScanPlan plan;
   plan.segments = static_cast<int64_t>(table.size() - offsets.size()) / 3;
-  plan.two_stages = a.segment != 0 && plan.segments * (Dv / 16) * H > sms;
+  plan.two_stages = plan.columns == 16 && a.segment != 0 && plan.segments * (Dv / 16) * H > sms;
   if (plan.segments * (Dv / 16) > std::numeric_limits<int32_t>::max())
     throw std::invalid_argument("hh::kernels::low_rank_scan: more than 2^31 - 1 blocks of segments");
   plan.table = at::tensor(at::ArrayRef<int64_t>(table), at::TensorOptions().dtype(at::kLong))

@@ -74,21 +74,28 @@ struct LowRankScanArgs {
   // (reverse scans mirrored). kAutoSegments picks the length for the device (auto_segment_chunks).
   // Valid where every chunk's transition has norm <= decay_n, as the gated delta rule's has under its
   // contract (L2-normalised keys, beta in [0, 2], g <= 0): the warm-up's error in the piece's start
-  // state is then at most 2^-20 of the state's norm where the warm-up began. Segmented scans with
-  // more blocks than SMs run two blocks an SM (a ring of two slots instead of three).
+  // state is then at most 2^-20 of the state's norm where the warm-up began.
+  // Each block of the block float16 kernel owns 32 of the state's columns where 32 divides Dv (one
+  // block an SM), else 16 (two blocks an SM when segmented blocks outnumber the SMs).
   int64_t segment = 0;
 };
 constexpr int64_t kAutoSegments = -1;
 // The minimum segment length kAutoSegments picks, in chunks, so that warm-ups stay a small share.
 constexpr int64_t kMinAutoSegment = 16;
-// kAutoSegments' length for `blocks` whole-sequence blocks ((Dv / 16) x H x sequences), the longest
-// sequence's chunks and the device's SM count: pieces of the longest sequence so that the blocks fill
-// two a SM once, floor(2 sms / blocks) pieces (at least kMinAutoSegment chunks each); 0 for no chunks.
-int64_t auto_segment_chunks(int64_t blocks, int64_t longest, int64_t sms);
+// kAutoSegments' length for `blocks` whole-sequence blocks ((Dv / columns) x H x sequences), the
+// longest sequence's chunks and the blocks the device runs at once (`slots`: SMs times blocks an SM):
+// floor(slots / blocks) pieces of the longest sequence (at least kMinAutoSegment chunks each), so that
+// the blocks fill the device once; 0 for no chunks.
+int64_t auto_segment_chunks(int64_t blocks, int64_t longest, int64_t slots);
 // The segment length the gated delta rule's block float16 scans use (process-wide; kAutoSegments by
 // default; 0 for whole sequences, as a benchmark's comparison or a test's reference).
 void set_scan_segments(int64_t chunks);
 int64_t scan_segments();
+// The state's columns a block of the block float16 scan owns (process-wide): 0 picks (32 where they
+// divide Dv, else 16); 16 always 16, as a benchmark's comparison. 32 reads each chunk's factors from
+// shared memory once for twice the columns, the scan's limit when its blocks share an SM.
+void set_scan_columns(int columns);
+int scan_columns();
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
 

@@ -40,6 +40,7 @@ struct GdnBenchArgs {
   std::string history = "f16";
   std::string backward = "kernels";
   std::string scan_segments = "auto";
+  std::string scan_columns = "auto";
   double gate_max = 0.5;  // per-token log decays g drawn from -U(0, gate_max)
   // The ceilings the achieved rates are set against: an H200's bf16 matrix product (8192^3 through
   // LibTorch) and its device-to-device copy (bytes read plus written), both measured.
@@ -127,6 +128,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   const auto dt = model::parse_dtype(a.dtype);
 #ifdef HH_HAVE_KERNELS
   kernels::set_scan_segments(segments < 0 ? kernels::kAutoSegments : segments);
+  kernels::set_scan_columns(a.scan_columns == "16" ? 16 : 0);
   kernels::set_state_scan_kernel(a.scan_kernel == "fma"      ? kernels::ScanKernel::kFma
                                  : a.scan_kernel == "tensor" ? kernels::ScanKernel::kTensorCores
                                                              : kernels::ScanKernel::kLowRank);
@@ -140,7 +142,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   nlohmann::json out = {{"device", a.device},         {"dtype", a.dtype},       {"heads", a.heads},
                          {"dim", a.dim},               {"history", a.history},   {"scan_kernel", a.scan_kernel},
                          {"backward", a.backward},     {"peak_tflops", a.peak_tflops},
-                         {"scan_segments", a.scan_segments}, {"gate_max", a.gate_max},
+                         {"scan_segments", a.scan_segments}, {"scan_columns", a.scan_columns},
+                         {"gate_max", a.gate_max},
                          {"peak_gbps", a.peak_gbps},   {"rows", nlohmann::json::array()}};
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.dim));
   std::printf("gated delta rule, H=%lld Dk=Dv=%lld, chunk %lld, %s on %s, g ~ -U(0, %g), scan segments %s; median of "
@@ -352,6 +355,11 @@ BenchSub add_bench_gdn(CLI::App& bench) {
                  "On CUDA with 16-bit inputs, how the block float16 scans split long sequences: auto (pieces that "
                  "fill the device, each started from zero where the gates have decayed the state below 2^-20 of "
                  "its size), 0 (whole sequences) or a number of chunks a piece")
+      ->capture_default_str();
+  c->add_option("--scan-columns", a->scan_columns,
+                 "On CUDA with 16-bit inputs, the state's columns a block of the block float16 scans owns: auto "
+                 "(32 where they divide Dv, else 16) or 16")
+      ->check(CLI::IsMember({"auto", "16"}))
       ->capture_default_str();
   c->add_option("--gate-max", a->gate_max,
                  "Draw the per-token log decays g from -U(0, X): smaller X, slower decay, longer warm-ups for "

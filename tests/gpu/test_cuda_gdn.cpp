@@ -276,8 +276,8 @@ TEST(CudaGdn, SegmentedScanStartsEachSegmentWhereItsDecaysAllow) {
         const auto out = hh::kernels::low_rank_scan(a, offsets);
         return std::make_pair(a, out);
       };
-      // Segments of 3 chunks: 22 segments x 8 column slices x 3 heads = 528 blocks, more than an H200's
-      // SMs, so the two-slot ring runs; the whole scan (segment 0) runs the three-slot one.
+      // Segments of 3 chunks: 22 segments x 4 slices of 32 columns x 3 heads = 264 blocks; with 16-column
+      // slices (below) 528, more than an H200's SMs, so that the two-slot ring runs there.
       const auto [seg, seg_fin] = run(len);
       EXPECT_LT(rel_err(seg.hist, hist), 1e-2) << what;  // rel_err also fails on NaN: every element written
       EXPECT_LT(rel_err(from_block_f16(seg.S16, seg.S_inv), hist), 1e-2) << what;
@@ -285,6 +285,20 @@ TEST(CudaGdn, SegmentedScanStartsEachSegmentWhereItsDecaysAllow) {
       if (!reverse) {
         EXPECT_LT(rel_err(seg.M, Mref), 1e-2) << what;
         EXPECT_LT(rel_err(from_block_f16(seg.M16, seg.M_inv, 16, 8), Mref), 1e-2) << what;
+      }
+      // Blocks of 16 columns (as where 32 do not divide Dv) compute the same values in the same order as
+      // the 32-column blocks Dv = 128 gets.
+      ASSERT_EQ(hh::kernels::scan_columns(), 0);
+      hh::kernels::set_scan_columns(16);
+      const auto [narrow, narrow_fin] = run(len);
+      hh::kernels::set_scan_columns(0);
+      EXPECT_TRUE(torch::equal(seg.hist, narrow.hist)) << what << " (16-column blocks)";
+      EXPECT_TRUE(torch::equal(seg.S16, narrow.S16)) << what << " (16-column blocks)";
+      EXPECT_TRUE(torch::equal(seg.S_inv, narrow.S_inv)) << what << " (16-column blocks)";
+      EXPECT_TRUE(torch::equal(seg_fin, narrow_fin)) << what << " (16-column blocks)";
+      if (!reverse) {
+        EXPECT_TRUE(torch::equal(seg.M16, narrow.M16)) << what << " (16-column blocks)";
+        EXPECT_TRUE(torch::equal(seg.M_inv, narrow.M_inv)) << what << " (16-column blocks)";
       }
       const auto [whole, whole_fin] = run(0);
       if (all_ones) {
@@ -300,13 +314,17 @@ TEST(CudaGdn, SegmentedScanStartsEachSegmentWhereItsDecaysAllow) {
     }
 }
 
-TEST(CudaGdn, AutoSegmentsFillTheDeviceTwiceOver) {
+TEST(CudaGdn, AutoSegmentsFillTheDeviceOnce) {
   using hh::kernels::auto_segment_chunks;
-  EXPECT_EQ(auto_segment_chunks(128, 512, 132), 256);   // B1 H16 Dv128 at 32K: two pieces, 256 blocks
-  EXPECT_EQ(auto_segment_chunks(112, 2048, 132), 1024);  // 14 heads at 128K
-  EXPECT_EQ(auto_segment_chunks(16, 512, 132), 32);      // 2 heads: 16 pieces
-  EXPECT_EQ(auto_segment_chunks(16, 100, 132), 16);      // 16 pieces of 7 would be below the minimum
-  EXPECT_EQ(auto_segment_chunks(512, 128, 132), 128);    // B4: already twice the SMs, whole sequences
+  // 32-column blocks, one an SM of an H200's 132: B1 H16 Dv128 at 32K, two pieces of 256 chunks (128
+  // blocks); 14 heads at 128K; 2 heads, 16 pieces; B4 H16 at 8K, already 256 blocks: whole sequences.
+  EXPECT_EQ(auto_segment_chunks(64, 512, 132), 256);
+  EXPECT_EQ(auto_segment_chunks(56, 2048, 132), 1024);
+  EXPECT_EQ(auto_segment_chunks(8, 512, 132), 32);
+  EXPECT_EQ(auto_segment_chunks(256, 128, 132), 128);
+  // 16-column blocks, two an SM: 264 slots.
+  EXPECT_EQ(auto_segment_chunks(128, 512, 264), 256);
+  EXPECT_EQ(auto_segment_chunks(16, 100, 264), 16);  // 16 pieces of 7 would be below the minimum
   EXPECT_EQ(auto_segment_chunks(0, 128, 132), 0);
   EXPECT_EQ(auto_segment_chunks(128, 0, 132), 0);
 }
