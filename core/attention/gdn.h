@@ -44,6 +44,10 @@ GdnOutput gdn_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // On CUDA with 16-bit q, k, v (Dk, Dv in {64, 128}, chunk 64) the forward's chunk-local halves run as
 // the kernels kernels::chunk_factors / chunk_output around the scan, and the backward's as
 // kernels::chunk_state_direct / chunk_backward around the reverse scan (GdnBackward::kKernels).
+// Their block float16 scans split long sequences into pieces scanned side by side, each from zero a
+// few chunks early (kernels::LowRankScanArgs::segment): under the contract above each chunk's
+// transition has norm at most its decay, so a piece's start state misses at most 2^-20 of the state
+// where its warm-up began (kernels::set_scan_segments(0) scans whole sequences).
 // Runs as the op hydrahead::chunk_gated_delta_rule(q, k, v, g, beta, initial_state?, scale, chunk,
 // cu_seqlens) -> (o, final_state), registered for every backend with its autograd (a program that
 // links this library can call it through the dispatcher, e.g. torch.ops.hydrahead from Python).
