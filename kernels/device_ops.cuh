@@ -81,6 +81,16 @@ __device__ __forceinline__ int swizzled(int r, int c) {
   return linear ^ (((linear >> 7) & (SW / 16 - 1)) << 4);  // a byte offset
 }
 
+// The byte offset of element (r, c) of a float32 tile whose rows are SW bytes (SW = 64 or 128) that
+// the copy engine wrote with an SW-byte swizzle (the tile 1024-byte aligned): the 16-byte unit of a
+// row XOR-ed with bits 7.. of its offset, as swizzled<> for 16-bit tiles one box wide.
+template <int SW>
+__device__ __forceinline__ int swizzled_f32(int r, int c) {
+  static_assert(SW == 64 || SW == 128, "swizzle width");
+  const int linear = r * SW + c * 4;
+  return linear ^ (((linear >> 7) & (SW / 16 - 1)) << 4);
+}
+
 // x rounded to TF32 (round to nearest, ties away), as the bits the tensor cores read.
 __device__ __forceinline__ unsigned to_tf32(float x) {
   unsigned r;

@@ -544,6 +544,12 @@ struct F16Ring {
   static_assert(kBoxes * kBoxCols == DK, "the factors' rows are whole boxes");
   static constexpr size_t kTile = static_cast<size_t>(C) * DK * 2;  // A or B, 16-bit
   static constexpr size_t kU = C * BV * 4, kZ = DK * BV * 4;
+  // U's and Z's float32 slices land swizzled at the width of their rows (BV * 4 = 64 or 128 bytes), so
+  // that the accumulator layout's reads (eight rows, the same columns) fall in distinct banks; both
+  // start at multiples of 1024 bytes in the slot, as the swizzle needs.
+  static constexpr int kSliceSwizzle = BV * 4;
+  static_assert(kSliceSwizzle == 64 || kSliceSwizzle == 128, "the slices' swizzle width");
+  static_assert(kTile % 1024 == 0 && kU % 1024 == 0, "U and Z 1024-byte aligned in the slot");
   static constexpr size_t kSlot = (2 * kTile + kU + kZ + 16 + 1023) / 1024 * 1024;
   // Ahead of the slots: the barriers (full, empty), Yh [DK][LDH] and Mh [C][LDH] (float16), the
   // inverse scales of Y's (DK / 16) x (BV / 16) blocks (padded to a multiple of 4) and of M's
@@ -646,7 +652,7 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   // Y's and M's 16-bit rows padded by 8 elements (16 bytes) for conflict-free ldmatrix: 8 consecutive
   // rows start in distinct 16-byte bank groups; the factors' tiles are swizzled instead (swizzled<>).
   using Ring = F16Ring<DK, STAGES, BV>;
-  constexpr int LDH = Ring::LDH, LDY = BV, SW = Ring::SW;
+  constexpr int LDH = Ring::LDH, SW = Ring::SW, SWF = Ring::kSliceSwizzle;
   extern __shared__ float4 smem4[];
   // The swizzled tiles need 1024-byte alignment: from the first such address on.
   char* const base = reinterpret_cast<char*>(smem4) + ((1024 - (smem_addr(smem4) & 1023)) & 1023);
@@ -810,7 +816,8 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
         float mv[4];
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
-          const float2 u = maps.has_u ? *reinterpret_cast<const float2*>(Un + (m + row_in(e)) * LDY + col_of(nt, e))
+          const float2 u = maps.has_u ? *reinterpret_cast<const float2*>(reinterpret_cast<const char*>(Un) +
+                                                                         swizzled_f32<SWF>(m + row_in(e), col_of(nt, e)))
                                       : make_float2(0.f, 0.f);
           mv[e] = u.x - acc[ni][e], mv[e + 1] = u.y - acc[ni][e + 1];
           if (mout_at != nullptr && write)
@@ -841,7 +848,8 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     for (int nt = 0; nt < NTB; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
-        const float2 z = maps.has_z ? *reinterpret_cast<const float2*>(Zn + (m2 + row_in(e)) * LDY + col_of(nt, e))
+        const float2 z = maps.has_z ? *reinterpret_cast<const float2*>(reinterpret_cast<const char*>(Zn) +
+                                                                       swizzled_f32<SWF>(m2 + row_in(e), col_of(nt, e)))
                                     : make_float2(0.f, 0.f);
         acc[nt][e] = fmaf(an, y[nt][e], z.x);
         acc[nt][e + 1] = fmaf(an, y[nt][e + 1], z.y);
@@ -931,13 +939,14 @@ ScanMaps scan_maps(const LowRankScanArgs& a) {
   const CUtensorMapSwizzle sw = Ring::SW == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
                                 : Ring::SW == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
                                                  : CU_TENSOR_MAP_SWIZZLE_32B;
+  const CUtensorMapSwizzle slice_sw = Ring::kSliceSwizzle == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   ScanMaps m{};
   m.A = tensor_map_2d(a.A, Ring::C, Ring::kBoxCols, sw, "A");
   m.B = tensor_map_2d(a.B, Ring::C, Ring::kBoxCols, sw, "B");
   m.has_u = a.U.defined();
   m.has_z = a.Z.defined();
-  if (m.has_u) m.U = tensor_map_2d(a.U, Ring::C, Ring::BV, CU_TENSOR_MAP_SWIZZLE_NONE, "U");
-  if (m.has_z) m.Z = tensor_map_2d(a.Z, DK, Ring::BV, CU_TENSOR_MAP_SWIZZLE_NONE, "Z");
+  if (m.has_u) m.U = tensor_map_2d(a.U, Ring::C, Ring::BV, slice_sw, "U");
+  if (m.has_z) m.Z = tensor_map_2d(a.Z, DK, Ring::BV, slice_sw, "Z");
   return m;
 }
 
