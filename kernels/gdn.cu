@@ -583,8 +583,8 @@ __device__ __forceinline__ void load_scales(float (&dst)[K], const float* src) {
 }
 
 // The tensor maps of one scan: A and B ([rows = H N C, DK] float16, boxes of 64 x SW bytes), U's and Z's
-// column slices ([H N C, Dv] and [H N DK, Dv] float32, boxes of 64 x 16 and DK x 16); has_u, has_z
-// say which of U and Z there are.
+// column slices ([H N C, Dv] and [H N DK, Dv] float32, boxes of 64 x BV and DK x BV, swizzled at their
+// row width BV * 4); has_u, has_z say which of U and Z there are.
 struct ScanMaps {
   CUtensorMap A, B, U, Z;
   bool has_u, has_z;
