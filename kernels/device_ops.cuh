@@ -68,27 +68,25 @@ __device__ __forceinline__ void tma_load_2d(void* smem, const void* map, int x, 
       "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar))
       : "memory");
 }
-// The byte offset of element (r, c) of a ROWS-row 16-bit tile that the copy engine wrote with a
-// SW-byte swizzle (SW = 32, 64 or 128; the tile 1024-byte aligned): boxes of SW / 2 columns one after
-// the other, rows of SW bytes within a box, and the 16-byte unit of a row XOR-ed with bits 7.. of its
-// offset, so that the same unit of eight consecutive rows falls in distinct banks. c must be a
-// multiple of 8 (an ldmatrix row address).
+// Where the copy engine's SW-byte swizzle (SW = 32, 64 or 128; the tile 1024-byte aligned) puts the
+// byte at `linear` of an unswizzled tile of SW-byte rows: the row's 16-byte unit XOR-ed with bits 7..
+// of the offset, so that the same unit of eight consecutive rows falls in distinct banks.
+template <int SW>
+__device__ __forceinline__ int swizzle(int linear) {
+  static_assert(SW == 32 || SW == 64 || SW == 128, "swizzle width");
+  return linear ^ (((linear >> 7) & (SW / 16 - 1)) << 4);
+}
+// The byte offset of element (r, c) of a ROWS-row 16-bit tile the copy engine wrote in boxes of SW / 2
+// columns one after the other, swizzled. c must be a multiple of 8 (an ldmatrix row address).
 template <int SW, int ROWS>
 __device__ __forceinline__ int swizzled(int r, int c) {
-  static_assert(SW == 32 || SW == 64 || SW == 128, "swizzle width");
   constexpr int kBoxCols = SW / 2;
-  const int linear = (c / kBoxCols) * ROWS * SW + r * SW + (c % kBoxCols) * 2;
-  return linear ^ (((linear >> 7) & (SW / 16 - 1)) << 4);  // a byte offset
+  return swizzle<SW>((c / kBoxCols) * ROWS * SW + r * SW + (c % kBoxCols) * 2);
 }
-
-// The byte offset of element (r, c) of a float32 tile whose rows are SW bytes (SW = 64 or 128) that
-// the copy engine wrote with an SW-byte swizzle (the tile 1024-byte aligned): the 16-byte unit of a
-// row XOR-ed with bits 7.. of its offset, as swizzled<> for 16-bit tiles one box wide.
+// The same for a float32 tile one box (SW bytes) wide; c even for 8-byte accesses.
 template <int SW>
 __device__ __forceinline__ int swizzled_f32(int r, int c) {
-  static_assert(SW == 64 || SW == 128, "swizzle width");
-  const int linear = r * SW + c * 4;
-  return linear ^ (((linear >> 7) & (SW / 16 - 1)) << 4);
+  return swizzle<SW>(r * SW + c * 4);
 }
 
 // x rounded to TF32 (round to nearest, ties away), as the bits the tensor cores read.

@@ -536,7 +536,7 @@ __global__ void __launch_bounds__(2 * DK)
 // share an SM (the segmented scan with 16-column slices, which has more blocks than SMs). BV: the
 // state's columns a block owns (16 or 32; 32 reads each chunk's factors from shared memory once for
 // twice the columns).
-template <int DK, int STAGES = 3, int BV_ = 16>
+template <int DK, int STAGES, int BV_>
 struct F16Ring {
   static constexpr int C = kLowRankChunk, BV = BV_, kStages = STAGES, LDH = BV + 8;
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2;  // swizzle width in bytes = one box row
@@ -1515,7 +1515,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   }
   plan.segments = static_cast<int64_t>(table.size() - offsets.size()) / 3;
   plan.two_stages = plan.columns == 16 && a.segment != 0 && plan.segments * (Dv / 16) * H > sms;
-  if (plan.segments * (Dv / 16) > std::numeric_limits<int32_t>::max())
+  if (plan.segments * (Dv / plan.columns) > std::numeric_limits<int32_t>::max())
     throw std::invalid_argument("hh::kernels::low_rank_scan: more than 2^31 - 1 blocks of segments");
   plan.table = at::tensor(at::ArrayRef<int64_t>(table), at::TensorOptions().dtype(at::kLong))
                    .pin_memory()

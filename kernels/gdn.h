@@ -67,8 +67,8 @@ struct LowRankScanArgs {
   // M_inv [H, N, C / 16, Dv / 8] (float32). Half the bytes of hist and M, and in the form the 16-bit
   // products read.
   at::Tensor S16, S_inv, M16, M_inv;
-  // Segments (kBlockFloat16 only): 0 scans each sequence whole, one block per 16-column slice of its
-  // state. A number of chunks splits each longer sequence into pieces of that many, scanned side by
+  // Segments (kBlockFloat16 only): 0 scans each sequence whole, one block per column slice of its
+  // state (below). A number of chunks splits each longer sequence into pieces of that many, scanned side by
   // side, each from zero a few chunks early: from the latest chunk w before the piece with
   // prod_{n in [w, piece)} decay_n <= 2^-20, or from the sequence's start and y0 when there is none
   // (reverse scans mirrored). kAutoSegments picks the length for the device (auto_segment_chunks).

@@ -139,18 +139,25 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                                          : attention::GdnBackward::kKernels);
   const auto opts = torch::TensorOptions().dtype(dt).device(dev);
   torch::manual_seed(a.seed);
-  nlohmann::json out = {{"device", a.device},         {"dtype", a.dtype},       {"heads", a.heads},
-                         {"dim", a.dim},               {"history", a.history},   {"scan_kernel", a.scan_kernel},
-                         {"backward", a.backward},     {"peak_tflops", a.peak_tflops},
-                         {"scan_segments", a.scan_segments}, {"scan_columns", a.scan_columns},
+  nlohmann::json out = {{"device", a.device},
+                         {"dtype", a.dtype},
+                         {"heads", a.heads},
+                         {"dim", a.dim},
+                         {"history", a.history},
+                         {"scan_kernel", a.scan_kernel},
+                         {"scan_segments", a.scan_segments},
+                         {"scan_columns", a.scan_columns},
+                         {"backward", a.backward},
                          {"gate_max", a.gate_max},
-                         {"peak_gbps", a.peak_gbps},   {"rows", nlohmann::json::array()}};
+                         {"peak_tflops", a.peak_tflops},
+                         {"peak_gbps", a.peak_gbps},
+                         {"rows", nlohmann::json::array()}};
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.dim));
-  std::printf("gated delta rule, H=%lld Dk=Dv=%lld, chunk %lld, %s on %s, g ~ -U(0, %g), scan segments %s; median of "
-              "%lld after %lld warm-up\n",
+  std::printf("gated delta rule, H=%lld Dk=Dv=%lld, chunk %lld, %s on %s, g ~ -U(0, %g), scan segments %s, columns %s; "
+              "median of %lld after %lld warm-up\n",
               static_cast<long long>(a.heads), static_cast<long long>(a.dim), static_cast<long long>(a.chunk),
-              a.dtype.c_str(), a.device.c_str(), a.gate_max, a.scan_segments.c_str(), static_cast<long long>(a.iters),
-              static_cast<long long>(a.warmup));
+              a.dtype.c_str(), a.device.c_str(), a.gate_max, a.scan_segments.c_str(), a.scan_columns.c_str(),
+              static_cast<long long>(a.iters), static_cast<long long>(a.warmup));
   std::printf("  (on CUDA, LT-local: the same forward with its chunk-local part in LibTorch instead of the chunk\n"
               "   kernels; TF32 scan: with the scan's products in TF32 instead of block float16; the forward's\n"
               "   rates against the ceilings %g TFLOP/s and %g GB/s)\n",

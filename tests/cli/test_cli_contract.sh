@@ -43,24 +43,27 @@ out=$("$HH" bench gdn --device cpu --dtype f32 --shapes 1x70,2x16 --heads 2 --di
 json=$(grep '^{' <<<"$out")
 python3 -c 'import json,sys; r=json.loads(sys.argv[1])["rows"]; assert [(x["B"],x["T"]) for x in r]==[(1,70),(2,16)] and all(x["fwd_ms"]>0 and x["ref_fwd_ms"]>0 and "fwd_local_libtorch_ms" not in x and "fwd_tf32_scan_ms" not in x for x in r), r' "$json" \
   || fail "bench gdn JSON: $json"
+# One tiny CPU bench gdn (1x64, 2 heads of 16) with the extra flags given: its output in $out, its JSON
+# line in $json.
+tiny_gdn() {
+  out=$("$HH" bench gdn --device cpu --dtype f32 --shapes 1x64 --heads 2 --dim 16 --iters 1 --warmup 0 \
+    --reference-max-seq 0 --json "$@")
+  json=$(grep '^{' <<<"$out")
+}
 # The forward's rates against the ceilings given (each fraction the rate over its ceiling); a ceiling
 # that is not positive is refused by name.
-out=$("$HH" bench gdn --device cpu --dtype f32 --shapes 1x64 --heads 2 --dim 16 --iters 1 --warmup 0 \
-  --reference-max-seq 0 --peak-tflops 0.5 --peak-gbps 2 --json)
-json=$(grep '^{' <<<"$out")
+tiny_gdn --peak-tflops 0.5 --peak-gbps 2
 python3 -c 'import json,sys; j=json.loads(sys.argv[1]); r=j["rows"][0]; assert j["peak_tflops"]==0.5 and j["peak_gbps"]==2 and r["fwd_tflops"]>0 and abs(r["fwd_tflops_of_peak"]*0.5-r["fwd_tflops"])<1e-9*r["fwd_tflops"] and abs(r["fwd_gbps_of_peak"]*2-r["fwd_gbps"])<1e-9*r["fwd_gbps"], j' "$json" \
   || fail "bench gdn ceilings JSON: $json"
 grep -q "ceilings 0.5 TFLOP/s and 2 GB/s" <<<"$out" || fail "bench gdn table names no ceilings: $out"
 set +e; msg=$("$HH" bench gdn --device cpu --shapes 1x64 --peak-gbps 0 2>&1); rc=$?; set -e
 [[ $rc -eq 1 ]] && grep -q -- "--peak-gbps" <<<"$msg" || fail "bench gdn with --peak-gbps 0 exited $rc: $msg"
-# The scan's segments and the gates' range are recorded; a segment length that is not auto or a
-# non-negative number is refused by name.
-out=$("$HH" bench gdn --device cpu --dtype f32 --shapes 1x64 --heads 2 --dim 16 --iters 1 --warmup 0 \
-  --reference-max-seq 0 --scan-segments 4 --gate-max 0.01 --json)
-json=$(grep '^{' <<<"$out")
-python3 -c 'import json,sys; j=json.loads(sys.argv[1]); assert j["scan_segments"]=="4" and j["gate_max"]==0.01, j' "$json" \
+# The scan's segments and columns and the gates' range are recorded; a segment length that is not
+# auto or a non-negative number is refused by name.
+tiny_gdn --scan-segments 4 --scan-columns 16 --gate-max 0.01
+python3 -c 'import json,sys; j=json.loads(sys.argv[1]); assert j["scan_segments"]=="4" and j["scan_columns"]=="16" and j["gate_max"]==0.01, j' "$json" \
   || fail "bench gdn segments JSON: $json"
-grep -q "g ~ -U(0, 0.01), scan segments 4;" <<<"$out" || fail "bench gdn table names no gates or segments: $out"
+grep -q "g ~ -U(0, 0.01), scan segments 4, columns 16;" <<<"$out" || fail "bench gdn table names no gates or segments: $out"
 for bad in -1 3x; do
   set +e; msg=$("$HH" bench gdn --device cpu --shapes 1x64 --scan-segments "$bad" 2>&1); rc=$?; set -e
   [[ $rc -eq 1 ]] && grep -q -- "--scan-segments" <<<"$msg" && grep -q -- "'$bad'" <<<"$msg" \
