@@ -173,15 +173,50 @@ __device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const floa
     }
 }
 
+// acc += A B for a warp's 16 x 8 tile, over k in [k0, k1) (multiples of 8), on the tensor cores with the
+// 3xTF32 split (float32 accuracy): A(r, k) = a[r * lda + k] from row m, B(k, n) = b[k * ldb + n] from
+// column n0, both float32 in shared memory.
+__device__ __forceinline__ void product_3xtf32(float (&acc)[4], int m, int n0, int k0, int k1, const float* a, int lda,
+                                               const float* b, int ldb) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  float cross[4] = {};
+  for (int k = k0; k < k1; k += 8) {
+    unsigned ah[4], al[4], bh[2], bl[2];
+    split_tf32(a[(m + g) * lda + k + t], ah[0], al[0]);
+    split_tf32(a[(m + g + 8) * lda + k + t], ah[1], al[1]);
+    split_tf32(a[(m + g) * lda + k + t + 4], ah[2], al[2]);
+    split_tf32(a[(m + g + 8) * lda + k + t + 4], ah[3], al[3]);
+    split_tf32(b[(k + t) * ldb + n0 + g], bh[0], bl[0]);
+    split_tf32(b[(k + t + 4) * ldb + n0 + g], bh[1], bl[1]);
+    mma_tf32(acc, ah, bh);
+    mma_tf32(cross, ah, bl);
+    mma_tf32(cross, al, bh);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) acc[e] += cross[e];
+}
+
+// A warp's 16 x 8 tile from row m, column n0 of a float32 matrix (row stride ld), times s, from
+// product_3xtf32's accumulator.
+__device__ __forceinline__ void store_tile(float* x, int ld, int m, int n0, const float (&acc)[4], float s) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  *reinterpret_cast<float2*>(x + (m + g) * ld + n0 + 2 * t) = make_float2(s * acc[0], s * acc[1]);
+  *reinterpret_cast<float2*>(x + (m + g + 8) * ld + n0 + 2 * t) = make_float2(s * acc[2], s * acc[3]);
+}
+
 // T = (I + L)^{-1} in place for the strictly lower triangular L in Ls [C][kLdT] (zero on and above the
-// diagonal), by 16 x 16 blocks with THREADS threads: first the inverses of the diagonal blocks (threads
-// 0..63, one column each, right-looking: once row i is final every later row takes its update), while
-// the other threads run other(); then block rows a = 1..3 in turn:
-//   T_ab = -T_aa sum_{c=b}^{a-1} L_ac T_cb   (b < a; T_cb final from earlier block rows).
-// Xs: [3][16][16] floats of scratch. T is left unit lower triangular, zero above the diagonal.
+// diagonal), with THREADS >= 256 threads: first the inverses of the four 16 x 16 diagonal blocks
+// (threads 0..63, one column each, right-looking: once row i is final every later row takes its
+// update), while the other threads run other(); then, on the tensor cores (3xTF32, float32 accuracy),
+// the blocks below them by the block inverse of a lower triangular [[A, 0], [C, D]], whose lower left
+// block is -D^{-1} C A^{-1}: the 16 x 16 blocks (1, 0) and (3, 2) from the diagonal ones, then the
+// 32 x 32 block rows 32.., columns ..31 from the two 32 x 32 diagonal blocks. The product C A^{-1}
+// passes through the upper right 32 x 32 block, which is zero again at the end. T is left unit lower
+// triangular, zero above the diagonal.
 template <int THREADS, class Other>
-__device__ __forceinline__ void invert_unit_lower(float* Ls, float* Xs, Other&& other) {
-  const int tid = threadIdx.x;
+__device__ __forceinline__ void invert_unit_lower(float* Ls, Other&& other) {
+  static_assert(THREADS >= 256, "eight warps for the 32 x 32 block");
+  const int tid = threadIdx.x, warp = tid / 32;
   float col[16];
   if (tid < kC) {
     const int j = tid % 16;
@@ -205,25 +240,39 @@ __device__ __forceinline__ void invert_unit_lower(float* Ls, float* Xs, Other&& 
     for (int r = 0; r < 16; ++r) Ld[r * kLdT + tid % 16] = col[r];
   }
   __syncthreads();
-  for (int a = 1; a < 4; ++a) {
-    for (int e = tid; e < a * 256; e += THREADS) {  // Xs[b] = sum_c L_ac T_cb
-      const int b = e / 256, r = (e / 16) % 16, c = e % 16;
-      const float* Lrow = Ls + (16 * a + r) * kLdT;
-      float acc = 0.f;
-      for (int k = 16 * b; k < 16 * a; ++k) acc = fmaf(Lrow[k], Ls[k * kLdT + 16 * b + c], acc);
-      Xs[e] = acc;
-    }
-    __syncthreads();
-    for (int e = tid; e < a * 256; e += THREADS) {  // T_ab = -T_aa Xs[b], over L_ab
-      const int b = e / 256, r = (e / 16) % 16, c = e % 16;
-      const float* Trow = Ls + (16 * a + r) * kLdT + 16 * a;
-      float acc = 0.f;
-#pragma unroll
-      for (int k = 0; k < 16; ++k) acc = fmaf(Trow[k], Xs[b * 256 + k * 16 + c], acc);
-      Ls[(16 * a + r) * kLdT + 16 * b + c] = -acc;
-    }
-    __syncthreads();
+  float* const Y = Ls + 32;  // rows 0..31, columns 32..63: the products C A^{-1}
+  // Blocks (1, 0) and (3, 2): warp w < 4 forms columns 8 (w % 2) .. + 7 of block (a, a - 1), a = 1 + 2 (w / 2),
+  // through rows 16 (w / 2) .. + 15 of Y.
+  const int a = 16 * (1 + 2 * (warp / 2)), y = 16 * (warp / 2), c = 8 * (warp % 2);
+  if (warp < 4) {
+    float acc[4] = {};  // C A^{-1}; A^{-1} is zero above its diagonal, so k starts at the column
+    product_3xtf32(acc, a, a - 16 + c, c, 16, Ls + (a - 16), kLdT, Ls + (a - 16) * kLdT, kLdT);
+    store_tile(Y, kLdT, y, c, acc, 1.f);
   }
+  __syncthreads();
+  if (warp < 4) {
+    float acc[4] = {};
+    product_3xtf32(acc, a, c, 0, 16, Ls + a, kLdT, Y + y * kLdT, kLdT);
+    store_tile(Ls + (a - 16), kLdT, a, c, acc, -1.f);
+  }
+  __syncthreads();
+  // Rows 32..63, columns 0..31: warp w < 8 forms rows 32 + 16 (w / 4) .. + 15, columns 8 (w % 4) .. + 7.
+  const int r2 = 16 * (warp / 4), n2 = 8 * (warp % 4);
+  if (warp < 8) {
+    float acc[4] = {};
+    product_3xtf32(acc, 32 + r2, n2, n2, 32, Ls, kLdT, Ls, kLdT);  // C A^{-1}: A^{-1} zero above its diagonal
+    store_tile(Y, kLdT, r2, n2, acc, 1.f);
+  }
+  __syncthreads();
+  if (warp < 8) {
+    float acc[4] = {};
+    product_3xtf32(acc, 32 + r2, n2, 0, r2 + 16, Ls + 32, kLdT, Y, kLdT);  // D^{-1} zero right of row r2 + 15
+    store_tile(Ls, kLdT, 32 + r2, n2, acc, -1.f);
+  }
+  __syncthreads();
+  for (int e = tid; e < 32 * 8; e += THREADS)
+    *reinterpret_cast<float4*>(Y + (e / 8) * kLdT + 4 * (e % 8)) = make_float4(0.f, 0.f, 0.f, 0.f);
+  __syncthreads();
 }
 
 inline void need(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef sizes, bool sixteen_bit) {

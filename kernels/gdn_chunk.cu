@@ -75,7 +75,18 @@ constexpr int factors_second_tile() {
 template <int DK, int DV, class T, bool OUT>
 constexpr size_t factors_smem() {
   return (kC * ld16<DK>() + factors_second_tile<DK, DV, OUT>()) * sizeof(T) +
-         (kC * kLdT + 3 * kC + 3 * 256 + 4) * sizeof(float) + kC * sizeof(int64_t);
+         (kC * kLdT + 3 * kC + 4) * sizeof(float) + kC * sizeof(int64_t);
+}
+
+// Eight consecutive 16-bit values of T's kind at x (16-byte aligned) times s, rounded to float16 as
+// c10::Half rounds (to nearest even), in one 16-byte vector.
+template <class T>
+__device__ __forceinline__ uint4 scaled_half8(const T* x, float s) {
+  const Pack<T, 8> in = load_pack<8>(x);
+  return make_uint4(pack_f16(s * static_cast<float>(in.v[0]), s * static_cast<float>(in.v[1])),
+                    pack_f16(s * static_cast<float>(in.v[2]), s * static_cast<float>(in.v[3])),
+                    pack_f16(s * static_cast<float>(in.v[4]), s * static_cast<float>(in.v[5])),
+                    pack_f16(s * static_cast<float>(in.v[6]), s * static_cast<float>(in.v[7])));
 }
 
 // The output's factors of chunk_factors (given q): Qd = scale e^G Q and the block float16 Aq with its
@@ -102,8 +113,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
   float* const Gs = Ls + kC * kLdT;
   float* const bs = Gs + kC;  // beta
   float* const ws = bs + kC;  // beta e^G: W's scale
-  float* const Xs = ws + kC;  // [3][16][16]: the block-row sums of the inverse
-  unsigned* const amax = reinterpret_cast<unsigned*>(Xs + 3 * 256);  // Aq's largest |entry|, as bits
+  unsigned* const amax = reinterpret_cast<unsigned*>(ws + kC);  // Aq's largest |entry|, as bits
   int64_t* const rows = reinterpret_cast<int64_t*>(amax + 4);
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y, tid = threadIdx.x;
@@ -122,25 +132,27 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
     masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, Ls);
     __syncthreads();
     float m = 0.f;
-    for (int i = tid; i < kC * kC; i += kThreads) m = fmaxf(m, fabsf(Ls[(i / kC) * kLdT + i % kC]));
+    for (int i = tid; i < kC * kC / 4; i += kThreads) {
+      const float4 x = *reinterpret_cast<const float4*>(Ls + (4 * i / kC) * kLdT + 4 * i % kC);
+      m = fmaxf(fmaxf(m, fmaxf(fabsf(x.x), fabsf(x.y))), fmaxf(fabsf(x.z), fabsf(x.w)));
+    }
     block_max(m, amax);
     __syncthreads();
     const Pow2Scale sc = pow2_scale(of.scale * __uint_as_float(*amax));
     const float s = of.scale * sc.scale;
-    for (int i = tid; i < kC * kC / 4; i += kThreads) {
-      const int r = (4 * i) / kC, c = (4 * i) % kC;
-      const float* x = Ls + r * kLdT + c;
-      const c10::Half a[4] = {c10::Half(s * x[0]), c10::Half(s * x[1]), c10::Half(s * x[2]), c10::Half(s * x[3])};
-      *reinterpret_cast<uint2*>(of.Aq + chunk * kC * kC + r * kC + c) = *reinterpret_cast<const uint2*>(a);
+    for (int i = tid; i < kC * kC / 8; i += kThreads) {
+      const int r = (8 * i) / kC, c = (8 * i) % kC;
+      const float4 x0 = *reinterpret_cast<const float4*>(Ls + r * kLdT + c);
+      const float4 x1 = *reinterpret_cast<const float4*>(Ls + r * kLdT + c + 4);
+      *reinterpret_cast<uint4*>(of.Aq + chunk * kC * kC + r * kC + c) =
+          make_uint4(pack_f16(s * x0.x, s * x0.y), pack_f16(s * x0.z, s * x0.w), pack_f16(s * x1.x, s * x1.y),
+                     pack_f16(s * x1.z, s * x1.w));
     }
     if (tid == 0) of.aq_inv[chunk] = sc.inverse;
-    for (int i = tid; i < kC * DK / 4; i += kThreads) {
-      const int r = (4 * i) / DK, c = (4 * i) % DK;
-      const float sq = of.scale * expf(Gs[r]);
-      const T* y = Qs + r * ld16<DK>() + c;
-      const c10::Half hq[4] = {c10::Half(sq * static_cast<float>(y[0])), c10::Half(sq * static_cast<float>(y[1])),
-                               c10::Half(sq * static_cast<float>(y[2])), c10::Half(sq * static_cast<float>(y[3]))};
-      *reinterpret_cast<uint2*>(of.Qd + chunk * kC * DK + r * DK + c) = *reinterpret_cast<const uint2*>(hq);
+    for (int i = tid; i < kC * DK / 8; i += kThreads) {
+      const int r = (8 * i) / DK, c = (8 * i) % DK;
+      *reinterpret_cast<uint4*>(of.Qd + chunk * kC * DK + r * DK + c) =
+          scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r]));
     }
     __syncthreads();  // every thread is done with Q and Aq
     load_rows<DV>(Vs, v, rows, h, H);  // lands while L, its inverse and W are formed
@@ -151,16 +163,12 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
   __syncthreads();
 
   // T = (I + L)^{-1} in place; the threads past the diagonal blocks' 64 write kdecay and decay meanwhile.
-  invert_unit_lower<kThreads>(Ls, Xs, [&] {
+  invert_unit_lower<kThreads>(Ls, [&] {
     const float last = Gs[kC - 1];
     c10::Half* dst = kdecay + chunk * kC * DK;
-    for (int i = tid - kC; i < kC * DK / 4; i += kThreads - kC) {
-      const int r = (4 * i) / DK, c = (4 * i) % DK;
-      const float s = expf(last - Gs[r]);
-      const T* x = Ks + r * ld16<DK>() + c;
-      const c10::Half h[4] = {c10::Half(s * static_cast<float>(x[0])), c10::Half(s * static_cast<float>(x[1])),
-                              c10::Half(s * static_cast<float>(x[2])), c10::Half(s * static_cast<float>(x[3]))};
-      *reinterpret_cast<uint2*>(dst + r * DK + c) = *reinterpret_cast<const uint2*>(h);
+    for (int i = tid - kC; i < kC * DK / 8; i += kThreads - kC) {
+      const int r = (8 * i) / DK, c = (8 * i) % DK;
+      *reinterpret_cast<uint4*>(dst + r * DK + c) = scaled_half8(Ks + r * ld16<DK>() + c, expf(last - Gs[r]));
     }
     if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
     if (tid == kC) decay[chunk] = expf(last);

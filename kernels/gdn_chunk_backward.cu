@@ -252,11 +252,11 @@ constexpr int step_elems() {
   return steps > after ? steps : after;
 }
 // Shared memory: in float32 T (where the inverse is formed), A and Lg = (K K^T * e^{G_t - G_i}, i < t),
-// the inverse's scratch, 12 vectors of C and <S, dS>; the rows; then in 16-bit elements T and scale A,
+// 12 vectors of C and <S, dS>; the rows; then in 16-bit elements T and scale A,
 // the step region and the tiles Q, K, V, dO.
 template <int DK, int DV, class T>
 constexpr size_t backward_smem() {
-  return (3 * kC * kLdT + 3 * 256 + 12 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
+  return (3 * kC * kLdT + 12 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
          (2 * kC * kLd16C + step_elems<DK>() + 2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T);
 }
 
@@ -274,8 +274,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float* const Ts = reinterpret_cast<float*>(smem4);
   float* const As = Ts + kC * kLdT;
   float* const Lg = As + kC * kLdT;
-  float* const inv = Lg + kC * kLdT;  // the inverse's scratch
-  float* const Gs = inv + 3 * 256;
+  float* const Gs = Lg + kC * kLdT;
   float* const eG = Gs + kC;
   float* const bs = eG + kC;
   float* const kd = bs + kC;
@@ -366,7 +365,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     Ts[r * kLdT + c] = bs[r] * Lg[r * kLdT + c];
   }
   __syncthreads();
-  invert_unit_lower<kBwdThreads>(Ts, inv, [] {});
+  invert_unit_lower<kBwdThreads>(Ts, [] {});
   // T and scale A as 16-bit operands (the output's scale rides on A in dM = diag(kd) K dS + A^T scale dO),
   // and the first step's slices.
   for (int i = tid; i < kC * kC / 2; i += kBwdThreads) {
