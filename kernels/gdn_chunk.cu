@@ -9,10 +9,12 @@
 //   chunk_output_f16: the same O = Qd S_n + Aq M_n from the scan's block float16 history
 // with S_n the chunk's start state and M_n = U - W S_n its new values (both from the scan). Products
 // run on the tensor cores with float32 accumulation: Q K^T and K K^T on the 16-bit inputs themselves
-// (m16n8k16, exact products), chunk_output_f16's on float16 blocks with their power-of-two scales
-// (11 significant bits an element, as TF32), the rest with TF32 operands, the float32 intermediates
-// (T, the scaled K and V, S_n, M_n) rounded to TF32 as LibTorch's float32 GEMMs round them with TF32
-// allowed. core/attention/gdn.cpp's LibTorch form is the reference.
+// (m16n8k16, exact products); the inverse's off-diagonal blocks in 3xTF32 (float32 accuracy); W and U
+// on K and V as they are, times T diag(scale) split into two 16-bit parts (about 16 significant bits,
+// more than TF32's 11); chunk_output_f16's on float16 blocks with their power-of-two scales (11
+// significant bits an element, as TF32); chunk_output's with TF32 operands, S_n and M_n rounded to TF32
+// as LibTorch's float32 GEMMs round them with TF32 allowed. core/attention/gdn.cpp's LibTorch form is
+// the reference.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -37,33 +39,71 @@ __device__ __forceinline__ void load_slice(float* dst, const float* __restrict__
   }
 }
 
-// out = Ts diag(scale) X for lower triangular Ts [C][kLdT] (float) and a 16-bit [C][D] tile X: warp w
-// computes rows 16 (w % 4) .. + 15 and columns (D / 2)(w / 4) .. + D / 2 - 1, written to out (row stride D).
+// x diag(s) for a pair of float32 values (one row, two consecutive columns) split into two 16-bit parts of
+// T's kind, hi + lo (about 16 significant bits; 22 for float16), as m16n8k16 operand registers.
+template <class T>
+__device__ __forceinline__ void split16(float2 x, float2 s, unsigned& hi, unsigned& lo) {
+  const float a = x.x * s.x, b = x.y * s.y;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const float2 f = __bfloat1622float2(h);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(a - f.x, b - f.y);
+    hi = *reinterpret_cast<const unsigned*>(&h);
+    lo = *reinterpret_cast<const unsigned*>(&l);
+  } else {
+    const __half2 h = __floats2half2_rn(a, b);
+    const float2 f = __half22float2(h);
+    const __half2 l = __floats2half2_rn(a - f.x, b - f.y);
+    hi = *reinterpret_cast<const unsigned*>(&h);
+    lo = *reinterpret_cast<const unsigned*>(&l);
+  }
+}
+
+// out = Ts diag(scale) X for lower triangular Ts [C][kLdT] (float32) and a 16-bit [C][D] tile X of T's
+// kind, on m16n8k16 products: Ts diag(scale) split into two 16-bit parts (split16) as the A operand,
+// built in registers from float pairs, X exact as the B operand (ldmatrix.trans). Warp w computes the
+// 16-row tiles w % 2 and 3 - w % 2 (equal work under the triangle: 1 + 4 or 2 + 3 16-deep steps) in
+// columns (D / 4)(w / 2) .. + D / 4 - 1; written to out (row stride D).
 template <int D, class T, class O>
 __device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const float* scale, O* __restrict__ out) {
-  constexpr int LD = ld16<D>(), NT = D / 16;  // 8-column tiles a warp
+  constexpr int LD = ld16<D>(), NT = D / 32;  // 8-column tiles a warp
+  static_assert(NT % 2 == 0, "two 8-column tiles a B load");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int m = (warp % 4) * 16, n0 = (warp / 4) * (D / 2);
-  float acc[NT][4] = {};
-  for (int k0 = 0; k0 < m + 16; k0 += 8) {  // Ts[r][k] = 0 for k > r
-    const unsigned a[4] = {to_tf32(Ts[(m + g) * kLdT + k0 + t]), to_tf32(Ts[(m + g + 8) * kLdT + k0 + t]),
-                           to_tf32(Ts[(m + g) * kLdT + k0 + t + 4]), to_tf32(Ts[(m + g + 8) * kLdT + k0 + t + 4])};
-    const float s0 = scale[k0 + t], s1 = scale[k0 + t + 4];
+  const int n0 = (warp / 2) * (D / 4);
+  const T* b_at = Xs + (lane % 8 + 8 * ((lane / 8) % 2)) * LD + n0 + 8 * (lane / 16);
+#pragma unroll 1
+  for (int pass = 0; pass < 2; ++pass) {
+    const int m = 16 * (pass == 0 ? warp % 2 : 3 - warp % 2);
+    float acc[NT][4] = {};
+    for (int k = 0; k < m + 16; k += 16) {  // Ts[r][k] = 0 for k > r
+      const float* a0 = Ts + (m + g) * kLdT + k + 2 * t;
+      const float* a1 = a0 + 8 * kLdT;
+      const float2 s0 = *reinterpret_cast<const float2*>(scale + k + 2 * t);
+      const float2 s8 = *reinterpret_cast<const float2*>(scale + k + 2 * t + 8);
+      unsigned hi[4], lo[4];
+      split16<T>(*reinterpret_cast<const float2*>(a0), s0, hi[0], lo[0]);
+      split16<T>(*reinterpret_cast<const float2*>(a1), s0, hi[1], lo[1]);
+      split16<T>(*reinterpret_cast<const float2*>(a0 + 8), s8, hi[2], lo[2]);
+      split16<T>(*reinterpret_cast<const float2*>(a1 + 8), s8, hi[3], lo[3]);
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int c = n0 + 8 * j + g;
-      const unsigned b[2] = {to_tf32(s0 * static_cast<float>(Xs[(k0 + t) * LD + c])),
-                             to_tf32(s1 * static_cast<float>(Xs[(k0 + t + 4) * LD + c]))};
-      mma_tf32(acc[j], a, b);
+      for (int j = 0; j < NT; j += 2) {
+        unsigned bf[4];
+        ldmatrix_x4_trans(bf, b_at + k * LD + 8 * j);
+        const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+        mma16<T>(acc[j], hi, b0);
+        mma16<T>(acc[j], lo, b0);
+        mma16<T>(acc[j + 1], hi, b1);
+        mma16<T>(acc[j + 1], lo, b1);
+      }
     }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
+        store2(out + r * D + c, acc[j][e], acc[j][e + 1]);
+      }
   }
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
-      store2(out + r * D + c, acc[j][e], acc[j][e + 1]);
-    }
 }
 
 // K's rows, then one region for V's, which with OUT holds Q's first (the output's factors are formed
