@@ -152,10 +152,12 @@ __device__ __forceinline__ void product16(float (&acc)[NT][4], int m, int n0, in
 // X Y^T for rows X, Y of two 16-bit [C][D] tiles, masked by the decay: warp w computes rows
 // 16 (w / 2) .. + 15 and columns 32 (w % 2) .. + 31 of
 //   out[t][i] = row_scale[t] e^{G_t - G_i} x_t.y_i   where i < t (i <= t when inclusive), else 0
-// (out [C][kLdT]; w in 0..7, the calling warp's index unless given: eight warps cover the product).
+// (out [C][kLdT]; w in 0..7, the calling warp's index unless given: eight warps cover the product),
+// and, given diag, diag[t] = row_scale[t] x_t.y_t.
 template <int D, class T>
 __device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const float* Gs, const float* row_scale,
-                                            bool inclusive, float* out, int warp = threadIdx.x / 32) {
+                                            bool inclusive, float* out, int warp = threadIdx.x / 32,
+                                            float* diag = nullptr) {
   constexpr int LD = ld16<D>();
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int m = (warp / 2) * 16, n0 = (warp % 2) * 32;
@@ -170,6 +172,7 @@ __device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const floa
       const bool keep = inclusive ? c <= r : c < r;
       const float s = row_scale != nullptr ? row_scale[r] : 1.f;
       out[r * kLdT + c] = keep ? s * acc[j][e] * expf(Gs[r] - Gs[c]) : 0.f;
+      if (diag != nullptr && c == r) diag[r] = s * acc[j][e];
     }
 }
 

@@ -604,19 +604,20 @@ struct F16History {
 constexpr float kWarmupLogBound = -20.f * 0.69314718f;
 
 // Where the scan of segment [lo, hi) of the sequence of chunks [n0, n1) starts (one warp, 32 chunks a
-// round): forward, the latest w <= lo whose chunks [w, lo) have prod decay_n <= 2^-20, else n0 (the
-// sequence's start, from its initial state); reverse, the earliest w >= hi whose chunks [hi, w) have,
-// else n1. A segment at its sequence's start (forward lo = n0, reverse hi = n1) starts there. Decays
-// that are not numbers never satisfy the bound, so such a segment scans from its sequence's start.
-__device__ int64_t warmup_start(const float* decay, int64_t lo, int64_t hi, int64_t n0, int64_t n1, bool reverse,
-                                int lane) {
+// round), by each chunk's log_norm (the log of a bound on its transition's norm: the given bound, or
+// log(decay)): forward, the latest w <= lo whose chunks [w, lo) have sum log_norm <= log 2^-20, else n0
+// (the sequence's start, from its initial state); reverse, the earliest w >= hi whose chunks [hi, w)
+// have, else n1. A segment at its sequence's start (forward lo = n0, reverse hi = n1) starts there.
+// Bounds that are not numbers never satisfy the bound, so such a segment scans from its sequence's start.
+__device__ int64_t warmup_start(const float* decay, const float* bound, int64_t lo, int64_t hi, int64_t n0, int64_t n1,
+                                bool reverse, int lane) {
   const int64_t end = reverse ? n1 : n0;
   int64_t at = reverse ? hi : lo;  // taken so far: chunks [at, lo) forward, [hi, at) reverse
-  float taken = 0.f;               // the log of their decays' product
+  float taken = 0.f;               // the sum of their log_norm
   while (at != end) {
     const int64_t n = reverse ? at + lane : at - 1 - lane;
     const bool in = reverse ? n < n1 : n >= n0;
-    float x = in ? logf(decay[n]) : 0.f;
+    float x = in ? (bound != nullptr ? bound[n] : logf(decay[n])) : 0.f;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const float y = __shfl_up_sync(0xffffffffu, x, o);
@@ -638,7 +639,7 @@ __device__ int64_t warmup_start(const float* decay, int64_t lo, int64_t hi, int6
 template <int DK, int STAGES, int BV>
 __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     low_rank_scan_f16_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay,
-                             const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
+                             const float* __restrict__ bound, const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
                              float* __restrict__ fin, const int64_t* __restrict__ offsets,
                              const int64_t* __restrict__ segs, int H, int64_t N, int Dv, bool reverse, F16History h16) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the copy engine and its barriers: Hopper on
@@ -672,7 +673,8 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   const int col0 = (blockIdx.x % slices) * BV;
   const int64_t state = static_cast<int64_t>(DK) * Dv;
   if (warp == NW) {
-    const int64_t w = warmup_start(decay + static_cast<int64_t>(h) * N, lo, hi, n0, n1, reverse, lane);
+    const int64_t w = warmup_start(decay + static_cast<int64_t>(h) * N,
+                                   bound != nullptr ? bound + static_cast<int64_t>(h) * N : nullptr, lo, hi, n0, n1, reverse, lane);
     if (lane == 0) *plan = w;
   }
   if (tid == 0) {
@@ -973,7 +975,7 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
   const int64_t* table = plan.table.data_ptr<int64_t>();
   const dim3 grid(static_cast<unsigned>(plan.segments * (Dv / BV)), static_cast<unsigned>(H));
   kernel<<<grid, 2 * DK + 32, smem, at::cuda::getCurrentCUDAStream()>>>(
-      scan_maps<DK, BV>(a), a.decay.data_ptr<float>(), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M), fin.data_ptr<float>(),
+      scan_maps<DK, BV>(a), a.decay.data_ptr<float>(), ptr(a.bound), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M), fin.data_ptr<float>(),
       table, table + S + 1, H, N, Dv, a.reverse, h16);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -1436,6 +1438,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   need(a.A, "A", false, true);
   need(a.B, "B", false, true);
   need(a.decay, "decay", false);
+  need(a.bound, "bound", true);
   need(a.U, "U", true, true);
   need(a.Z, "Z", true);
   need(a.y0, "y0", false);
@@ -1449,11 +1452,12 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     throw std::invalid_argument("hh::kernels::low_rank_scan: expected A, B [H, N, C, Dk] and y0 [S, H, Dk, Dv]");
   const int64_t H = a.A.size(0), N = a.A.size(1), C = a.A.size(2), Dk = a.A.size(3), S = a.y0.size(0), Dv = a.y0.size(3);
   if (a.y0.size(1) != H || a.y0.size(2) != Dk || a.decay.sizes() != at::IntArrayRef({H, N}) ||
+      (a.bound.defined() && a.bound.sizes() != at::IntArrayRef({H, N})) ||
       (a.hist.defined() && a.hist.sizes() != at::IntArrayRef({H, N, Dk, Dv})) ||
       (a.U.defined() && a.U.sizes() != at::IntArrayRef({H, N, C, Dv})) ||
       (a.M.defined() && a.M.sizes() != at::IntArrayRef({H, N, C, Dv})) ||
       (a.Z.defined() && a.Z.sizes() != at::IntArrayRef({H, N, Dk, Dv})))
-    throw std::invalid_argument("hh::kernels::low_rank_scan: decay [H, N], U and M [H, N, C, Dv], Z and hist [H, N, Dk, Dv] "
+    throw std::invalid_argument("hh::kernels::low_rank_scan: decay and bound [H, N], U and M [H, N, C, Dv], Z and hist [H, N, Dk, Dv] "
                                 "must agree with A and y0");
   if (!low_rank_scan_supported(C, Dk, Dv))
     throw std::invalid_argument("hh::kernels::low_rank_scan: chunk 64, Dk in {32, 64, 128} and Dv a multiple of 16 only");

@@ -69,15 +69,19 @@ struct LowRankScanArgs {
   at::Tensor S16, S_inv, M16, M_inv;
   // Segments (kBlockFloat16 only): 0 scans each sequence whole, one block per column slice of its
   // state (below). A number of chunks splits each longer sequence into pieces of that many, scanned side by
-  // side, each from zero a few chunks early: from the latest chunk w before the piece with
-  // prod_{n in [w, piece)} decay_n <= 2^-20, or from the sequence's start and y0 when there is none
-  // (reverse scans mirrored). kAutoSegments picks the length for the device (auto_segment_chunks).
-  // Valid where every chunk's transition has norm <= decay_n, as the gated delta rule's has under its
-  // contract (L2-normalised keys, beta in [0, 2], g <= 0): the warm-up's error in the piece's start
-  // state is then at most 2^-20 of the state's norm where the warm-up began.
+  // side, each from zero a few chunks early: from the latest chunk w before the piece whose chunks
+  // [w, piece) have norm bounds (bound below) with a product <= 2^-20, or from the sequence's start and
+  // y0 when there is none (reverse scans mirrored). kAutoSegments picks the length for the device
+  // (auto_segment_chunks). The warm-up's error in the piece's start state is then at most 2^-20 of the
+  // state's norm where the warm-up began.
   // Each block of the block float16 kernel owns 32 of the state's columns where 32 divides Dv (one
   // block an SM), else 16 (two blocks an SM when segmented blocks outnumber the SMs).
   int64_t segment = 0;
+  // The natural log of a bound on each chunk's transition norm (||P[h, n]||), [H, N] float32, optional:
+  // segmented scans find their warm-up starts by it. Without it they take log(decay), a bound only
+  // where every transition has norm <= its decay, as the gated delta rule's has under its contract
+  // (L2-normalised keys, beta in [0, 2], g <= 0). chunk_factors' bound holds for any input.
+  at::Tensor bound;
 };
 constexpr int64_t kAutoSegments = -1;
 // The minimum segment length kAutoSegments picks, in chunks, so that warm-ups stay a small share.
@@ -108,7 +112,11 @@ bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 // The factors of every chunk's transition and update, float32 on the chunk grid: with G = the chunk's
 // cumulative sum of g, L[t, i] = beta_t e^{G_t - G_i} k_t.k_i (i < t) and T = (I + L)^{-1},
 //   W = T diag(beta e^G) K, U = T diag(beta) V  [H, N, 64, Dk / Dv];  kdecay = e^{G_C - G} K;  decay = e^{G_C} [H, N]
-// (A = kdecay, B = W, U, decay of low_rank_scan's forward). W and kdecay are float16: float16 keeps
+// (A = kdecay, B = W, U, decay of low_rank_scan's forward), and low_rank_scan's bound
+//   bound = G_C + sum_t log max(1, |1 - beta_t k_t.k_t|)  [H, N] float32,
+// the log of a bound on the norm of the chunk's transition prod_t e^{g_t} (I - beta_t k_t k_t^T) for
+// any keys and beta (each factor's norm is e^{g_t} max(1, |1 - beta_t |k_t|^2|)); it is G_C under the
+// contract. W and kdecay are float16: float16 keeps
 // TF32's 10 mantissa bits and is what the block float16 scan multiplies, at half the bytes (their
 // entries are bounded by |k| times T's, far inside float16's range for the L2-normalised keys of the
 // LA heads); U and decay are float32.
@@ -119,7 +127,7 @@ bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 // significant bits for every entry, as TF32 keeps, and no overflow). Qd's entries are bounded by |q|
 // as W's are by |k|.
 struct ChunkFactors {
-  at::Tensor W, U, kdecay, decay;
+  at::Tensor W, U, kdecay, decay, bound;
   at::Tensor Qd, Aq, aq_inv;  // only given q
 };
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,

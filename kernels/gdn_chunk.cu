@@ -115,7 +115,7 @@ constexpr int factors_second_tile() {
 template <int DK, int DV, class T, bool OUT>
 constexpr size_t factors_smem() {
   return (kC * ld16<DK>() + factors_second_tile<DK, DV, OUT>()) * sizeof(T) +
-         (kC * kLdT + 3 * kC + 4) * sizeof(float) + kC * sizeof(int64_t);
+         (kC * kLdT + 4 * kC + 4) * sizeof(float) + kC * sizeof(int64_t);
 }
 
 // Eight consecutive 16-bit values of T's kind at x (16-byte aligned) times s, rounded to float16 as
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
                          const float* __restrict__ beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
                          float* __restrict__ U, c10::Half* __restrict__ kdecay, float* __restrict__ decay,
-                         OutFactors of) {
+                         float* __restrict__ bound, OutFactors of) {
   extern __shared__ float4 smem4[];
   T* const Ks = reinterpret_cast<T*>(smem4);
   T* const Vs = Ks + kC * ld16<DK>();
@@ -153,7 +153,8 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
   float* const Gs = Ls + kC * kLdT;
   float* const bs = Gs + kC;  // beta
   float* const ws = bs + kC;  // beta e^G: W's scale
-  unsigned* const amax = reinterpret_cast<unsigned*>(ws + kC);  // Aq's largest |entry|, as bits
+  float* const kk = ws + kC;  // beta_t k_t.k_t
+  unsigned* const amax = reinterpret_cast<unsigned*>(kk + kC);  // Aq's largest |entry|, as bits
   int64_t* const rows = reinterpret_cast<int64_t*>(amax + 4);
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y, tid = threadIdx.x;
@@ -199,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
     cp_async_commit();
   }
 
-  masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls);
+  masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls, tid / 32, kk);
   __syncthreads();
 
   // T = (I + L)^{-1} in place; the threads past the diagonal blocks' 64 write kdecay and decay meanwhile.
@@ -212,6 +213,17 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
     }
     if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
     if (tid == kC) decay[chunk] = expf(last);
+    if (tid >= kThreads - 32) {  // the norm bound: the last warp, two tokens a lane
+      auto term = [](float x) {  // log max(1, |1 - x|), not a number for x not one
+        const float a = fabsf(1.f - x);
+        return logf(a > 1.f || a != a ? a : 1.f);
+      };
+      const int l = tid - (kThreads - 32);
+      float x = term(kk[2 * l]) + term(kk[2 * l + 1]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+      if (l == 0) bound[chunk] = last + x;
+    }
   });
 
   lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
@@ -430,7 +442,7 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   const auto f32 = k.options().dtype(at::kFloat);
   const auto f16 = k.options().dtype(at::kHalf);
   ChunkFactors r{at::empty({H, N, kC, Dk}, f16), at::empty({H, N, kC, Dv}, f32), at::empty({H, N, kC, Dk}, f16),
-                 at::empty({H, N}, f32)};
+                 at::empty({H, N}, f32), at::empty({H, N}, f32)};
   OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr};
   if (q.defined()) {
     r.Qd = at::empty({H, N, kC, Dk}, f16);
@@ -447,7 +459,7 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
       launch_kernel(kernel, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kThreads, smem, static_cast<const X*>(k.data_ptr()),
                     static_cast<const X*>(v.data_ptr()), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
                     static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr<float>(),
-                    r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), of);
+                    r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of);
     };
     if (q.defined()) run(chunk_factors_kernel<DK, DV, X, true>, factors_smem<DK, DV, X, true>());
     else run(chunk_factors_kernel<DK, DV, X, false>, factors_smem<DK, DV, X, false>());

@@ -397,6 +397,7 @@ struct ChunkLocal {
   at::Tensor kd;        // [H, N, C]: e^{G_C - G_i}
   at::Tensor kdecay;    // e^{G_C - G_i} k_i
   at::Tensor dl;        // [H, N]: e^{G_C}
+  at::Tensor log_bound; // [H, N]: G_C + sum_t log max(1, |1 - beta_t k_t.k_t|) >= log ||P_n|| (kernels::ChunkFactors)
 };
 
 ChunkLocal chunk_local(const at::Tensor& Q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& g,
@@ -424,6 +425,7 @@ ChunkLocal chunk_local(const at::Tensor& Q, const at::Tensor& K, const at::Tenso
   r.kd = (G_last.unsqueeze(-1) - r.G).exp();
   r.kdecay = r.kd.unsqueeze(-1) * K;
   r.dl = G_last.exp();
+  r.log_bound = G_last + (1 - beta * r.KK.diagonal(0, -2, -1)).abs_().clamp_min_(1).log_().sum(-1);
   return r;
 }
 
@@ -477,8 +479,8 @@ struct ForwardScan {
 // With f16_history (kBlockFloat16 only), S and M in block float16 instead of float32. With keep_states
 // and kBlockFloat16, S also in block float16, for the backward's chunk kernels.
 ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at::Tensor& U, const at::Tensor& decay,
-                         const at::Tensor& s0, const std::vector<int64_t>& offsets, kernels::ScanPrecision precision,
-                         bool f16_history = false, bool keep_states = false) {
+                         const at::Tensor& bound, const at::Tensor& s0, const std::vector<int64_t>& offsets,
+                         kernels::ScanPrecision precision, bool f16_history = false, bool keep_states = false) {
   const int64_t H = W.size(0), N = W.size(1), C = W.size(2), Dk = W.size(3), Dv = U.size(3);
   kernels::LowRankScanArgs a;
   a.A = kdecay;
@@ -487,9 +489,11 @@ ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at
   a.U = U;
   a.y0 = s0.contiguous();
   a.precision = precision;
-  // The rule's contract (L2-normalised keys, beta in [0, 2], g <= 0) bounds each chunk's transition by
-  // its decay, which the segmented scan needs.
-  if (precision == kernels::ScanPrecision::kBlockFloat16) a.segment = kernels::scan_segments();
+  // The segmented scan starts its pieces where the transitions' norm bounds allow.
+  if (precision == kernels::ScanPrecision::kBlockFloat16 && bound.defined()) {
+    a.segment = kernels::scan_segments();
+    a.bound = bound;
+  }
   const auto f16 = U.options().dtype(at::kHalf);
   if (f16_history || (keep_states && precision == kernels::ScanPrecision::kBlockFloat16)) {
     a.S16 = at::empty({H, N, Dk, Dv}, f16);
@@ -549,6 +553,7 @@ StateGrads state_gradients(const ChunkLocal& c, const at::Tensor& dOs, const at:
       a.B = c.kdecay.to(at::kHalf);
       a.precision = kernels::ScanPrecision::kBlockFloat16;
       a.segment = kernels::scan_segments();
+      a.bound = c.log_bound.to(at::kFloat).contiguous();  // P_n's norm is P_n^T's
     }
     r.dS0 = kernels::low_rank_scan(a, offsets);
     r.dS_end = a.hist;
@@ -647,7 +652,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     const Tf32Scope tf32(use_tf32(q));
     const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
     at::Tensor S, o, final_state;  // S: the state at the start of each chunk
-    at::Tensor W16, kdecay16, decay;  // the chunk kernels' transition factors, kept for the backward's reverse scan
+    at::Tensor W16, kdecay16, decay, bound;  // the chunk kernels' transition factors, kept for the backward's reverse scan
     at::Tensor S16, S_inv;            // S in block float16 (kernels::LowRankScanArgs), kept for the backward
     if (chunk_kernels_ok(q, k, v, chunk)) {
 #ifdef HH_HAVE_KERNELS
@@ -660,7 +665,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       // states in block float16 either way (the backward's chunk kernels read them so).
       const bool f16_history = kernels::block_f16_scan_enabled() && kernels::f16_history_enabled();
       const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale);
-      const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, s0.to(acc), L.offsets,
+      const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, f.bound, s0.to(acc), L.offsets,
                                          kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
                                                                            : kernels::ScanPrecision::kTf32,
                                          f16_history, keep_states);
@@ -670,7 +675,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       // The backward's reverse scan runs on the same float16 factors; its chunk kernels read the states
       // in block float16 (S in float32 only where the scan wrote no block float16 states).
       if (keep_states) {
-        std::tie(W16, kdecay16, decay) = std::make_tuple(f.W, f.kdecay, f.decay);
+        std::tie(W16, kdecay16, decay, bound) = std::make_tuple(f.W, f.kdecay, f.decay, f.bound);
         std::tie(S, S16, S_inv) = r.S16.defined() ? std::make_tuple(at::Tensor(), r.S16, r.S_inv)
                                                   : std::make_tuple(r.S, at::Tensor(), at::Tensor());
       }
@@ -681,7 +686,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       at::Tensor O;
       if (low_rank_scan_ok(c)) {
 #ifdef HH_HAVE_KERNELS
-        const ForwardScan r = forward_scan(c.kdecay, c.W, c.U, c.dl, s0.to(acc), L.offsets,
+        const ForwardScan r = forward_scan(c.kdecay, c.W, c.U, c.dl, at::Tensor(), s0.to(acc), L.offsets,
                                            use_tf32(q) ? kernels::ScanPrecision::kTf32 : kernels::ScanPrecision::kFloat32);
         S = r.S;
         final_state = r.final_state;
@@ -697,7 +702,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       }
       o = from_chunks(O, L, B, T, v.scalar_type(), scale);
     }
-    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay, S16, S_inv});
+    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay, S16, S_inv, bound});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
@@ -745,11 +750,12 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
                        bf = aligned(beta.to(at::kFloat));
       const at::Tensor dO = grads[0].defined() ? aligned(grads[0].to(q.scalar_type())) : at::zeros_like(vc);
-      const at::Tensor &W16 = saved[6], &kdecay16 = saved[7], &decay = saved[8];
+      const at::Tensor &W16 = saved[6], &kdecay16 = saved[7], &decay = saved[8], &bound = saved[11];
       kernels::LowRankScanArgs a;
       a.A = W16;
       a.B = kdecay16;
       a.decay = decay;
+      a.bound = bound;  // P_n's norm is P_n^T's
       a.Z = kernels::chunk_state_direct(qc, kc, gf, W16, dO, grid, scale);
       a.y0 = dfin;
       a.S16 = at::empty_like(S16);  // the end-state gradients, in block float16 as S

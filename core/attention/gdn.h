@@ -45,9 +45,10 @@ GdnOutput gdn_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // the kernels kernels::chunk_factors / chunk_output around the scan, and the backward's as
 // kernels::chunk_state_direct / chunk_backward around the reverse scan (GdnBackward::kKernels).
 // Their block float16 scans split long sequences into pieces scanned side by side, each from zero a
-// few chunks early (kernels::LowRankScanArgs::segment): under the contract above each chunk's
-// transition has norm at most its decay, so a piece's start state misses at most 2^-20 of the state
-// where its warm-up began (kernels::set_scan_segments(0) scans whole sequences).
+// few chunks early (kernels::LowRankScanArgs::segment), where the product of the warm-up's transition
+// norm bounds e^{G_C} prod_t max(1, |1 - beta_t |k_t|^2|) (e^{G_C} under the contract above) is at
+// most 2^-20, so a piece's start state misses at most 2^-20 of the state where its warm-up began, for
+// any input (kernels::set_scan_segments(0) scans whole sequences).
 // Runs as the op hydrahead::chunk_gated_delta_rule(q, k, v, g, beta, initial_state?, scale, chunk,
 // cu_seqlens) -> (o, final_state), registered for every backend with its autograd (a program that
 // links this library can call it through the dispatcher, e.g. torch.ops.hydrahead from Python).

@@ -187,7 +187,7 @@ TEST(CudaGdn, LowRankScanEqualsTheLoopOnTheFormedTransitionInFloat64) {
 // true state, would show as an O(1) difference; with every decay 1 no warm-up ever stops early and the
 // segmented scan must equal the whole one bit for bit. Decays are powers of two whose logs cannot sum
 // to exactly -20, so float32's sums decide as float64's do.
-TEST(CudaGdn, SegmentedScanStartsEachSegmentWhereItsDecaysAllow) {
+TEST(CudaGdn, SegmentedScanStartsEachSegmentWhereItsNormBoundsAllow) {
   ASSERT_TRUE(torch::cuda::is_available());
   const auto f32 = kCuda.dtype(torch::kFloat), f16 = kCuda.dtype(torch::kHalf);
   const int64_t H = 3, C = 64, Dk = 128, Dv = 128;
@@ -199,16 +199,22 @@ TEST(CudaGdn, SegmentedScanStartsEachSegmentWhereItsDecaysAllow) {
   const auto y0 = torch::randn({S, H, Dk, Dv}, kF64);
   // A and B as float16 (the kernel's operands) and back, so that the reference multiplies the same values.
   const auto A16 = A.to(torch::kHalf).to(torch::kDouble), B16 = B.to(torch::kHalf).to(torch::kDouble);
-  for (bool all_ones : {false, true})
+  // The warm-ups follow the decays (no bound given), or a bound given apart from them.
+  for (const char* mode : {"decays", "every decay 1", "bound"})
     for (bool reverse : {false, true}) {
-      const std::string what = std::string(reverse ? "reverse" : "forward") + (all_ones ? ", every decay 1" : "");
-      // log2 of each decay from {0, -7.5, -10.5, -25}.
-      const double choices[] = {0.0, -7.5, -10.5, -25.0};
-      const auto pick = torch::randint(0, 4, {H, N}, torch::kLong);
-      auto log2d = torch::zeros({H, N}, kF64);
+      const std::string what = std::string(reverse ? "reverse" : "forward") + ", " + mode;
+      const bool all_ones = mode == std::string("every decay 1"), with_bound = mode == std::string("bound");
+      // log2 of each decay from {0, -7.5, -10.5, -25}; of each bound from {1.5, -3.75, -8.25, -14.25}, odd
+      // multiples of 0.75, whose sums are never within 0.25 of -20: float32 decides as float64 does.
+      const double choices[] = {0.0, -7.5, -10.5, -25.0}, bound_choices[] = {1.5, -3.75, -8.25, -14.25};
+      const auto pick = torch::randint(0, 4, {H, N}, torch::kLong), bound_pick = torch::randint(0, 4, {H, N}, torch::kLong);
+      auto log2d = torch::zeros({H, N}, kF64), log2b = torch::zeros({H, N}, kF64);
       if (!all_ones)
         for (int64_t h = 0; h < H; ++h)
-          for (int64_t n = 0; n < N; ++n) log2d[h][n] = choices[pick[h][n].item<int64_t>()];
+          for (int64_t n = 0; n < N; ++n) {
+            log2d[h][n] = choices[pick[h][n].item<int64_t>()];
+            log2b[h][n] = with_bound ? bound_choices[bound_pick[h][n].item<int64_t>()] : log2d[h][n].item<double>();
+          }
       const auto decay = torch::exp2(log2d);
       // The reference: per head and segment, w by the contract's rule, then the recurrence from w.
       auto hist = torch::zeros({H, N, Dk, Dv}, kF64), Mref = torch::zeros({H, N, C, Dv}, kF64);
@@ -236,10 +242,10 @@ TEST(CudaGdn, SegmentedScanStartsEachSegmentWhereItsDecaysAllow) {
             double sum = 0;
             if (reverse) {
               for (int64_t n = hi; n < n1; ++n)
-                if ((sum += log2d[h][n].item<double>()) <= -20) { w = n + 1; break; }
+                if ((sum += log2b[h][n].item<double>()) <= -20) { w = n + 1; break; }
             } else {
               for (int64_t n = lo - 1; n >= n0; --n)
-                if ((sum += log2d[h][n].item<double>()) <= -20) { w = n; break; }
+                if ((sum += log2b[h][n].item<double>()) <= -20) { w = n; break; }
             }
             auto y = w == (reverse ? n1 : n0) ? y0[s][h].clone() : torch::zeros({Dk, Dv}, kF64);
             const int64_t count = reverse ? w - lo : hi - w;
@@ -259,6 +265,7 @@ TEST(CudaGdn, SegmentedScanStartsEachSegmentWhereItsDecaysAllow) {
         a.A = A.to(f16);
         a.B = B.to(f16);
         a.decay = decay.to(f32);
+        if (with_bound) a.bound = (log2b * std::log(2.0)).to(f32);
         if (reverse) a.Z = Z.to(f32);
         else a.U = U.to(f32);
         a.y0 = y0.to(f32);
@@ -395,6 +402,17 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
     EXPECT_EQ(f.W.scalar_type(), torch::kHalf) << what;  // W and kdecay as the scan streams them
     EXPECT_LT(rel_err(f.kdecay, kdecay), 1e-3) << what;      // float16's rounding
     EXPECT_LT(rel_err(f.decay, last.exp()), 1e-6) << what;
+    // The log of the transition's norm bound, G_C + sum_t log max(1, |1 - beta_t |k_t|^2|): G_C for these
+    // unit keys, more for keys of lengths 2^-1 .. 2 (out of the rule's contract).
+    for (bool unit : {true, false}) {
+      const auto kw = unit ? k : (f64(k) * torch::exp2(2 * torch::rand({B, T, H, 1}, kF64) - 1)).to(k.options());
+      const auto Kw = on_grid(f64(kw), per);
+      const auto want = last + (1 - Bt * (Kw * Kw).sum(-1)).abs().clamp_min(1).log().sum(-1);
+      const auto got = (unit ? f : hh::kernels::chunk_factors(kw, v, g, beta, grid)).bound.to(torch::kCPU, torch::kDouble);
+      EXPECT_LT((got - want).abs().max().item<double>(), 1e-4) << what << (unit ? "" : ", keys of other lengths");
+      if (unit) EXPECT_LT((want - last).abs().max().item<double>(), 1e-3) << what;  // within bfloat16's rounding of |k|
+      else EXPECT_GT((want - last).mean().item<double>(), 0.5) << what;
+    }
 
     // The output from arbitrary start states and new values (rows of padding slots M = 0, as the scan leaves them).
     const auto S = torch::randn({H, N, Dk, Dv}, kF64);
@@ -685,6 +703,53 @@ TEST(CudaGdn, ForwardWithTheChunkKernelsEqualsTheRecurrence) {
       EXPECT_LT(rel_err(got.state, lt.state), 2e-3) << how;
     }
   }
+}
+
+// Keys outside the rule's contract: every key of a head along one direction with beta |k|^2 = 2.3, so
+// each token multiplies the state's component along it by -1.3 e^g. A chunk's decay e^{-16} alone
+// would let a piece start one chunk early, but its transition grows that component by 1.3^64 e^{-16}
+// = 2.2: the pieces must start at their sequences' starts, giving the whole scan's values bit for bit.
+TEST(CudaGdn, PiecesWarmUpFromTheSequenceStartWhereTransitionsGrow) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t B = 2, T = 64 * 12, H = 2, D = 128;
+  const auto dev = kCuda.dtype(torch::kBFloat16), f32 = kCuda.dtype(torch::kFloat);
+  const auto dir = torch::nn::functional::normalize(torch::randn({1, 1, H, D}, kF64),
+                                                    torch::nn::functional::NormalizeFuncOptions().dim(-1));
+  const auto k = (std::sqrt(2.3) * dir).expand({B, T, H, D}).contiguous().to(dev);
+  const auto q = torch::randn({B, T, H, D}, kF64).div(std::sqrt(static_cast<double>(D))).to(dev);
+  const auto v = torch::randn({B, T, H, D}, kF64).to(dev);
+  const auto g = torch::full({B, T, H}, -0.25, f32), beta = torch::ones({B, T, H}, f32);
+  const auto s0 = torch::randn({B, H, D, D}, f32);
+  const auto kk = k.to(torch::kDouble).pow(2).sum(-1);
+  ASSERT_GT(kk.min().item<double>(), 2.29);  // bfloat16's rounding keeps beta |k|^2 near 2.3
+  ASSERT_LT(kk.max().item<double>(), 2.31);
+  const auto grid = hh::kernels::ChunkGrid{B * 12, 12, {}};
+  const auto f = hh::kernels::chunk_factors(k, v, g.contiguous(), beta, grid);
+  EXPECT_GT(f.bound.min().item<double>(), 0.0) << "each chunk's norm bound: about -16 + 64 log 1.3 = 0.79";
+  auto run = [&](int64_t segments, bool grad) {
+    hh::kernels::set_scan_segments(segments);
+    auto ql = q.detach().requires_grad_(grad), kl = k.detach().requires_grad_(grad), vl = v.detach().requires_grad_(grad);
+    const auto out = gdn_chunked_scan(ql, kl, vl, g, beta, s0, 0.1);
+    std::vector<torch::Tensor> r{out.o, out.state};
+    if (grad) {
+      (out.o.to(torch::kFloat) * torch::cos(torch::arange(out.o.numel(), f32).view(out.o.sizes()))).sum().backward();
+      r.insert(r.end(), {ql.grad(), kl.grad(), vl.grad()});
+    }
+    hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+    return r;
+  };
+  for (bool grad : {false, true}) {
+    const auto whole = run(0, grad), pieces = run(2, grad);
+    const char* names[] = {"o", "final state", "dq", "dk", "dv"};
+    for (size_t i = 0; i < whole.size(); ++i)
+      EXPECT_TRUE(torch::equal(whole[i], pieces[i])) << names[i] << (grad ? " (forward + backward)" : "");
+  }
+  const auto ref = gdn_recurrent(q.to(torch::kCPU, torch::kDouble), k.to(torch::kCPU, torch::kDouble),
+                                 v.to(torch::kCPU, torch::kDouble), g.to(torch::kCPU, torch::kDouble),
+                                 beta.to(torch::kCPU, torch::kDouble), s0.to(torch::kCPU, torch::kDouble), 0.1);
+  const auto got = run(2, false);
+  EXPECT_LT(rel_err(got[0], ref.o), 2e-2);
+  EXPECT_LT(rel_err(got[1], ref.state), 2e-2);
 }
 
 TEST(CudaGdn, ShortConvKernelEqualsConv1dThenSilu) {
