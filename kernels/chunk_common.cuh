@@ -22,7 +22,10 @@ namespace {
 using namespace device;  // the cp.async and mma.sync helpers
 
 constexpr int kC = 64;                // chunk length
-constexpr int kLdT = kC + 4;          // float [C][C] matrices read as the A operand: conflict-free rows
+// Row stride of a float [C][C] matrix: 8 mod 32 words, so that a half-warp's float pairs of four rows
+// (lower_times' A operand) and a warp's column reads of four rows (the inverse's B operand) fall in
+// distinct banks.
+constexpr int kLdT = kC + 8;
 
 // Row stride of a 16-bit [C][D] tile in shared memory: D + 8 elements keeps both the A-operand
 // (row g, column t) and the B-operand (row t, column g) fragment reads free of bank conflicts, and

@@ -204,9 +204,9 @@ TEST(CudaGdn, SegmentedScanStartsEachSegmentWhereItsNormBoundsAllow) {
     for (bool reverse : {false, true}) {
       const std::string what = std::string(reverse ? "reverse" : "forward") + ", " + mode;
       const bool all_ones = mode == std::string("every decay 1"), with_bound = mode == std::string("bound");
-      // log2 of each decay from {0, -7.5, -10.5, -25}; of each bound from {1.5, -3.75, -8.25, -14.25}, odd
+      // log2 of each decay from {0, -7.5, -10.5, -25}; of each bound from {1.5, -9.75, -14.25, -21.75},
       // multiples of 0.75, whose sums are never within 0.25 of -20: float32 decides as float64 does.
-      const double choices[] = {0.0, -7.5, -10.5, -25.0}, bound_choices[] = {1.5, -3.75, -8.25, -14.25};
+      const double choices[] = {0.0, -7.5, -10.5, -25.0}, bound_choices[] = {1.5, -9.75, -14.25, -21.75};
       const auto pick = torch::randint(0, 4, {H, N}, torch::kLong), bound_pick = torch::randint(0, 4, {H, N}, torch::kLong);
       auto log2d = torch::zeros({H, N}, kF64), log2b = torch::zeros({H, N}, kF64);
       if (!all_ones)
@@ -315,8 +315,12 @@ TEST(CudaGdn, SegmentedScanStartsEachSegmentWhereItsNormBoundsAllow) {
         EXPECT_TRUE(torch::equal(seg_fin, whole_fin)) << what;
         if (!reverse) EXPECT_TRUE(torch::equal(seg.M16, whole.M16)) << what;
       } else {
+        // The pieces' early starts leave out what came before them (in float64, a few percent of the
+        // states here): the kernel's pieces differ from the whole scan as much.
+        const double gap = rel_err(hist, whole_hist);
+        EXPECT_GT(gap, 1e-2) << what << ": no piece starts early";
         EXPECT_LT(rel_err(whole.hist, whole_hist), 1e-2) << what;
-        EXPECT_GT(rel_err(seg.hist, whole_hist), 5e-2) << what << ": the segments' warm-ups made no difference";
+        EXPECT_GT(rel_err(seg.hist, whole_hist), 0.5 * gap) << what << ": the segments' warm-ups made no difference";
       }
     }
 }
@@ -797,12 +801,19 @@ TEST(CudaGdn, ChunkGridCopiesEqualThePermutingCopies) {
 TEST(CudaGdn, RowDotEqualsTheSumOfProductsInFloat64) {
   ASSERT_TRUE(torch::cuda::is_available());
   const auto f32 = kCuda.dtype(torch::kFloat);
+  // Each lane of a row's warp sums D / 32 products in one float32 chain, then five levels of a tree:
+  // every row within float32's bound for sums of that length, (D / 32 + 5) 2^-24 sum_i |a_i b_i|. (A
+  // bound relative to the row's sum itself fails now and then: random rows can nearly cancel.)
   auto check = [&](const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
-    const auto want = (a.to(torch::kCPU, torch::kDouble) * b.to(torch::kCPU, torch::kDouble)).sum(-1);
+    const auto prod = a.to(torch::kCPU, torch::kDouble) * b.to(torch::kCPU, torch::kDouble);
+    const auto want = prod.sum(-1);
+    const double chain = static_cast<double>((a.size(-1) + 31) / 32 + 5) * std::ldexp(1.0, -24);
     poison_allocator();
     const auto got = hh::kernels::row_dot(a, b);
-    EXPECT_EQ(got.sizes(), want.sizes()) << what;
-    EXPECT_LT(rel_err(got, want), 1e-6) << what;
+    ASSERT_EQ(got.sizes(), want.sizes()) << what;
+    const auto err = (got.to(torch::kCPU, torch::kDouble) - want).abs();
+    EXPECT_TRUE((err <= chain * prod.abs().sum(-1)).all().item<bool>())
+        << what << ": largest error " << err.max().item<double>();
   };
   // 16-byte loads (D = 128, the rule's rows; D = 16384, a whole state per row), the scalar path
   // (D = 17; a row start off 16-byte alignment), and D = 1.
