@@ -173,6 +173,15 @@ double median_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std
   return ms[ms.size() / 2];
 }
 
+double back_to_back_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
+  for (int64_t i = 0; i < warmup; ++i) fn();
+  sync_device(dev);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iters; ++i) fn();
+  sync_device(dev);
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(iters);
+}
+
 namespace {
 
 // A model of `cfg`'s shape with N(0, 0.02^2) weights drawn on the device (no checkpoint needed).

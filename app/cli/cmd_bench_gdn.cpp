@@ -158,12 +158,13 @@ int run_bench_gdn(const GdnBenchArgs& a) {
               static_cast<long long>(a.heads), static_cast<long long>(a.dim), static_cast<long long>(a.chunk),
               a.dtype.c_str(), a.device.c_str(), a.gate_max, a.scan_segments.c_str(), a.scan_columns.c_str(),
               static_cast<long long>(a.iters), static_cast<long long>(a.warmup));
-  std::printf("  (on CUDA, LT-local: the same forward with its chunk-local part in LibTorch instead of the chunk\n"
-              "   kernels; TF32 scan: with the scan's products in TF32 instead of block float16; the forward's\n"
-              "   rates against the ceilings %g TFLOP/s and %g GB/s)\n",
-              a.peak_tflops, a.peak_gbps);
-  std::printf("  %-10s %12s %12s %10s %6s %10s %6s %14s %14s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms", "TFLOP/s",
-              "of", "GB/s", "of", "LT-local fwd", "TF32-scan fwd", "ref fwd ms", "ref fwd+bwd ms");
+  std::printf("  (b2b: ours with %lld runs queued back to back and one sync at the end, the time a run takes once\n"
+              "   the host keeps ahead of the device; on CUDA, LT-local: the same forward with its chunk-local part\n"
+              "   in LibTorch instead of the chunk kernels; TF32 scan: with the scan's products in TF32 instead of\n"
+              "   block float16; the forward's rates against the ceilings %g TFLOP/s and %g GB/s)\n",
+              static_cast<long long>(a.iters), a.peak_tflops, a.peak_gbps);
+  std::printf("  %-10s %12s %12s %9s %9s %10s %6s %10s %6s %14s %14s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms", "b2b fwd",
+              "b2b f+b", "TFLOP/s", "of", "GB/s", "of", "LT-local fwd", "TF32-scan fwd", "ref fwd ms", "ref fwd+bwd ms");
   for (const Shape& s : parse_shapes(a.shapes, "--shapes")) {
     namespace F = torch::nn::functional;
     const auto nrm = F::NormalizeFuncOptions().dim(-1);
@@ -181,23 +182,25 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const Fn reference = [&](auto& q_, auto& k_, auto& v_, auto& g_, auto& b_) {
       return attention::gdn_chunked(q_, k_, v_, g_, b_, {}, scale, a.chunk);
     };
-    auto forward = [&](const Fn& fn) {
-      return median_ms(dev, a.warmup, a.iters, [&] {
+    using Timer = double (*)(const at::Device&, int64_t, int64_t, const std::function<void()>&);
+    auto forward = [&](const Fn& fn, Timer timer = median_ms) {
+      return timer(dev, a.warmup, a.iters, [&] {
         torch::NoGradGuard no_grad;
         (void)fn(q, k, v, g, beta);
       });
     };
-    auto forward_backward = [&](const Fn& fn) {
+    auto forward_backward = [&](const Fn& fn, Timer timer = median_ms) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
                                         beta.detach().requires_grad_(true)};
-      return median_ms(dev, a.warmup, a.iters, [&] {
+      return timer(dev, a.warmup, a.iters, [&] {
         const auto r = fn(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4]);
         torch::autograd::backward({r.o}, {dO});
         for (auto& l : leaves) l.mutable_grad() = at::Tensor();
       });
     };
     const double f = forward(ours), fb = forward_backward(ours);
+    const double f_b2b = forward(ours, back_to_back_ms), fb_b2b = forward_backward(ours, back_to_back_ms);
     const std::optional<double> f_lt = on_other_path(OtherPath::kLibTorchLocal, dev, [&] { return forward(ours); });
     const std::optional<double> f_tf32 = on_other_path(OtherPath::kTf32Scan, dev, [&] { return forward(ours); });
     if (!a.profile.empty() && out["rows"].empty()) {
@@ -221,13 +224,15 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
     auto ref = [&](double x) { return with_ref ? std::optional<double>(x) : std::nullopt; };
     const double tflops = flops / f * 1e-9, gbps = bytes / f * 1e-6;
-    std::printf("  %-10s %12.3f %12.3f %10.1f %5.1f%% %10.0f %5.1f%% %14s %14s %14s %14s\n", label.c_str(), f, fb, tflops,
-                100 * tflops / a.peak_tflops, gbps, 100 * gbps / a.peak_gbps, figure(f_lt, 3).c_str(),
+    std::printf("  %-10s %12.3f %12.3f %9.3f %9.3f %10.1f %5.1f%% %10.0f %5.1f%% %14s %14s %14s %14s\n", label.c_str(), f, fb,
+                f_b2b, fb_b2b, tflops, 100 * tflops / a.peak_tflops, gbps, 100 * gbps / a.peak_gbps, figure(f_lt, 3).c_str(),
                 figure(f_tf32, 3).c_str(), figure(ref(rf), 3).c_str(), figure(ref(rfb), 3).c_str());
     nlohmann::json row = {{"B", s.B},
                           {"T", s.T},
                           {"fwd_ms", f},
                           {"fwd_bwd_ms", fb},
+                          {"fwd_b2b_ms", f_b2b},
+                          {"fwd_bwd_b2b_ms", fb_b2b},
                           {"fwd_tflops", tflops},
                           {"fwd_gbps", gbps},
                           {"fwd_tflops_of_peak", tflops / a.peak_tflops},

@@ -38,6 +38,11 @@ void sync_device(const c10::Device& d);
 // sorted ascending; median_ms is their median.
 std::vector<double> sample_ms(const c10::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn);
 double median_ms(const c10::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn);
+// Milliseconds a run of fn takes when `iters` runs are queued back to back after `warmup` untimed ones,
+// with one sync_device at the end: the device's time per run once the host keeps ahead of it (each
+// run's launches and host work overlap the previous run's kernels), as kernel benchmarks such as
+// Triton's do_bench report it. On the CPU, the mean of the runs.
+double back_to_back_ms(const c10::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn);
 Runner add_analyze(CLI::App& app);
 Runner add_select(CLI::App& app);
 Runner add_convert(CLI::App& app);

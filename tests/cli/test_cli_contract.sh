@@ -53,9 +53,10 @@ tiny_gdn() {
 # The forward's rates against the ceilings given (each fraction the rate over its ceiling); a ceiling
 # that is not positive is refused by name.
 tiny_gdn --peak-tflops 0.5 --peak-gbps 2
-python3 -c 'import json,sys; j=json.loads(sys.argv[1]); r=j["rows"][0]; assert j["peak_tflops"]==0.5 and j["peak_gbps"]==2 and r["fwd_tflops"]>0 and abs(r["fwd_tflops_of_peak"]*0.5-r["fwd_tflops"])<1e-9*r["fwd_tflops"] and abs(r["fwd_gbps_of_peak"]*2-r["fwd_gbps"])<1e-9*r["fwd_gbps"], j' "$json" \
+python3 -c 'import json,sys; j=json.loads(sys.argv[1]); r=j["rows"][0]; assert j["peak_tflops"]==0.5 and j["peak_gbps"]==2 and r["fwd_tflops"]>0 and r["fwd_b2b_ms"]>0 and r["fwd_bwd_b2b_ms"]>0 and abs(r["fwd_tflops_of_peak"]*0.5-r["fwd_tflops"])<1e-9*r["fwd_tflops"] and abs(r["fwd_gbps_of_peak"]*2-r["fwd_gbps"])<1e-9*r["fwd_gbps"], j' "$json" \
   || fail "bench gdn ceilings JSON: $json"
 grep -q "ceilings 0.5 TFLOP/s and 2 GB/s" <<<"$out" || fail "bench gdn table names no ceilings: $out"
+grep -q "b2b f+b" <<<"$out" && grep -q "1 runs queued back to back" <<<"$out" || fail "bench gdn table has no back-to-back columns: $out"
 set +e; msg=$("$HH" bench gdn --device cpu --shapes 1x64 --peak-gbps 0 2>&1); rc=$?; set -e
 [[ $rc -eq 1 ]] && grep -q -- "--peak-gbps" <<<"$msg" || fail "bench gdn with --peak-gbps 0 exited $rc: $msg"
 # The scan's segments and columns and the gates' range are recorded; a segment length that is not
