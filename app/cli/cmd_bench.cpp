@@ -173,6 +173,31 @@ double median_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std
   return ms[ms.size() / 2];
 }
 
+std::pair<std::vector<double>, std::vector<double>> interleaved_ms(const at::Device& dev, int64_t warmup, int64_t iters,
+                                                                   const std::function<void()>& fa,
+                                                                   const std::function<void()>& fb) {
+  for (int64_t i = 0; i < warmup; ++i) fa(), fb();
+  sync_device(dev);
+  auto timed = [&](const std::function<void()>& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    sync_device(dev);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::pair<std::vector<double>, std::vector<double>> r;
+  for (int64_t i = 0; i < iters; ++i) {
+    r.first.push_back(timed(fa));
+    r.second.push_back(timed(fb));
+  }
+  return r;
+}
+
+double median_of(std::vector<double> xs) {
+  if (xs.empty()) throw std::invalid_argument("median_of: no values");
+  std::sort(xs.begin(), xs.end());
+  return xs[xs.size() / 2];
+}
+
 double back_to_back_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
   for (int64_t i = 0; i < warmup; ++i) fn();
   sync_device(dev);

@@ -268,14 +268,15 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                 a.layer_config.c_str(), static_cast<long long>(cfg.hidden_size), static_cast<long long>(Hq),
                 static_cast<long long>(Hkv), static_cast<long long>(Dh), static_cast<long long>(per_layer),
                 static_cast<long long>(Hq - per_layer));
-    std::printf("  %-10s %14s %14s %10s %14s %14s\n", "B x T", "dense ms", "hybrid ms", "speed-up", "LT-local ms",
+    std::printf("  (dense and hybrid runs alternate; the speed-up is the median of each pair's ratio)\n");
+  std::printf("  %-10s %14s %14s %10s %14s %14s\n", "B x T", "dense ms", "hybrid ms", "speed-up", "LT-local ms",
                 "TF32-scan ms");
     out["layer"] = nlohmann::json::array();
     for (const Shape& s : parse_shapes(a.layer_shapes, "--layer-shapes")) {
       torch::NoGradGuard no_grad;
       const auto x = torch::randn({s.B, s.T, cfg.hidden_size}, opts);
       const auto xn = model::rms_norm(x, lw.input_layernorm, eps);
-      const double dense = median_ms(dev, a.warmup, a.iters, [&] {
+      const std::function<void()> dense_run = [&] {
         // As the transformer's own layer runs it: q/k norm + RoPE through the fused kernel where it applies.
         const auto q = model::norm_rotary(at::linear(xn, lw.q_proj).view({s.B, s.T, Hq, Dh}), lw.q_norm, eps,
                                           teacher.inv_freq(), 0);
@@ -283,20 +284,24 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                           teacher.inv_freq(), 0);
         const auto v = at::linear(xn, lw.v_proj).view({s.B, s.T, Hkv, Dh});
         (void)model::causal_attention(q, k, v, sc);
-      });
-      auto hybrid_ms = [&] {
-        return median_ms(dev, a.warmup, a.iters, [&] {
-          (void)attention::hybrid_attention(cfg, hybrid.options(), hybrid.splits()[0], lw, hybrid.layers()[0], xn,
-                                            teacher.inv_freq());
-        });
       };
-      const double hyb = hybrid_ms();
+      const std::function<void()> hybrid_run = [&] {
+        (void)attention::hybrid_attention(cfg, hybrid.options(), hybrid.splits()[0], lw, hybrid.layers()[0], xn,
+                                          teacher.inv_freq());
+      };
+      auto hybrid_ms = [&] { return median_ms(dev, a.warmup, a.iters, hybrid_run); };
+      // Dense and hybrid runs alternate, so that a drift of the device's clocks over the runs moves both;
+      // the speed-up is the median of the ratios of each dense run to the hybrid run beside it.
+      const auto [dense_runs, hybrid_runs] = interleaved_ms(dev, a.warmup, a.iters, dense_run, hybrid_run);
+      std::vector<double> ratios(dense_runs.size());
+      for (size_t i = 0; i < ratios.size(); ++i) ratios[i] = dense_runs[i] / hybrid_runs[i];
+      const double dense = median_of(dense_runs), hyb = median_of(hybrid_runs), speedup = median_of(ratios);
       const std::optional<double> hyb_lt = on_other_path(OtherPath::kLibTorchLocal, dev, hybrid_ms),
                                   hyb_tf32 = on_other_path(OtherPath::kTf32Scan, dev, hybrid_ms);
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
-      std::printf("  %-10s %14.2f %14.2f %9.2fx %14s %14s\n", label.c_str(), dense, hyb, dense / hyb,
+      std::printf("  %-10s %14.2f %14.2f %9.2fx %14s %14s\n", label.c_str(), dense, hyb, speedup,
                   figure(hyb_lt, 2).c_str(), figure(hyb_tf32, 2).c_str());
-      nlohmann::json layer = {{"B", s.B}, {"T", s.T}, {"dense_ms", dense}, {"hybrid_ms", hyb}};
+      nlohmann::json layer = {{"B", s.B}, {"T", s.T}, {"dense_ms", dense}, {"hybrid_ms", hyb}, {"speedup", speedup}};
       if (hyb_lt) layer["hybrid_local_libtorch_ms"] = *hyb_lt;
       if (hyb_tf32) layer["hybrid_tf32_scan_ms"] = *hyb_tf32;
       out["layer"].push_back(layer);
