@@ -269,7 +269,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                 static_cast<long long>(Hkv), static_cast<long long>(Dh), static_cast<long long>(per_layer),
                 static_cast<long long>(Hq - per_layer));
     std::printf("  (dense and hybrid runs alternate; the speed-up is the median of each pair's ratio)\n");
-  std::printf("  %-10s %14s %14s %10s %14s %14s\n", "B x T", "dense ms", "hybrid ms", "speed-up", "LT-local ms",
+    std::printf("  %-10s %14s %14s %10s %14s %14s\n", "B x T", "dense ms", "hybrid ms", "speed-up", "LT-local ms",
                 "TF32-scan ms");
     out["layer"] = nlohmann::json::array();
     for (const Shape& s : parse_shapes(a.layer_shapes, "--layer-shapes")) {
@@ -370,8 +370,8 @@ BenchSub add_bench_gdn(CLI::App& bench) {
       ->capture_default_str();
   c->add_option("--scan-segments", a->scan_segments,
                  "On CUDA with 16-bit inputs, how the block float16 scans split long sequences: auto (pieces that "
-                 "fill the device, each started from zero where the gates have decayed the state below 2^-20 of "
-                 "its size), 0 (whole sequences) or a number of chunks a piece")
+                 "fill the device, each started from zero where the chunks' transition norm bounds have shrunk "
+                 "the state below 2^-20 of its size), 0 (whole sequences) or a number of chunks a piece")
       ->capture_default_str();
   c->add_option("--scan-columns", a->scan_columns,
                  "On CUDA with 16-bit inputs, the state's columns a block of the block float16 scans owns: auto "

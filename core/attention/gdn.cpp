@@ -397,7 +397,6 @@ struct ChunkLocal {
   at::Tensor kd;        // [H, N, C]: e^{G_C - G_i}
   at::Tensor kdecay;    // e^{G_C - G_i} k_i
   at::Tensor dl;        // [H, N]: e^{G_C}
-  at::Tensor log_bound; // [H, N]: G_C + sum_t log max(1, |1 - beta_t k_t.k_t|) >= log ||P_n|| (kernels::ChunkFactors)
 };
 
 ChunkLocal chunk_local(const at::Tensor& Q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& g,
@@ -425,7 +424,6 @@ ChunkLocal chunk_local(const at::Tensor& Q, const at::Tensor& K, const at::Tenso
   r.kd = (G_last.unsqueeze(-1) - r.G).exp();
   r.kdecay = r.kd.unsqueeze(-1) * K;
   r.dl = G_last.exp();
-  r.log_bound = G_last + (1 - beta * r.KK.diagonal(0, -2, -1)).abs_().clamp_min_(1).log_().sum(-1);
   return r;
 }
 
@@ -528,7 +526,7 @@ struct StateGrads {
 };
 // The reverse scan dS_n = P_n dS_{n+1} + X_n from dS_end of the last chunks = dfin, with
 // X_n = (qdecay - attn W)^T dO_n (dO scaled): on the transition's factors where the kernel applies.
-StateGrads state_gradients(const ChunkLocal& c, const at::Tensor& dOs, const at::Tensor& dfin,
+StateGrads state_gradients(const ChunkLocal& c, const at::Tensor& beta, const at::Tensor& dOs, const at::Tensor& dfin,
                            const std::vector<int64_t>& offsets, bool precise) {
   HH_GDN_SCOPE("state_gradients");
   const at::Tensor X = at::matmul((c.qdecay - at::matmul(c.attn, c.W)).transpose(-1, -2), dOs);
@@ -553,7 +551,11 @@ StateGrads state_gradients(const ChunkLocal& c, const at::Tensor& dOs, const at:
       a.B = c.kdecay.to(at::kHalf);
       a.precision = kernels::ScanPrecision::kBlockFloat16;
       a.segment = kernels::scan_segments();
-      a.bound = c.log_bound.to(at::kFloat).contiguous();  // P_n's norm is P_n^T's
+      // The log of each chunk's transition norm bound, G_C + sum_t log max(1, |1 - beta_t k_t.k_t|), as
+      // kernels::chunk_factors forms it (P_n's norm is P_n^T's).
+      a.bound = (c.G.select(-1, -1) + (1 - beta * c.KK.diagonal(0, -2, -1)).abs_().clamp_min_(1).log_().sum(-1))
+                    .to(at::kFloat)
+                    .contiguous();
     }
     r.dS0 = kernels::low_rank_scan(a, offsets);
     r.dS_end = a.hist;
@@ -781,7 +783,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       at::NoGradGuard no_grad;
       const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
       const ChunkLocal c = chunk_local(in.Q, in.K, in.V, in.g, in.beta);
-      const StateGrads sg = state_gradients(c, dOs, dfin, L.offsets, !use_tf32(q));
+      const StateGrads sg = state_gradients(c, in.beta, dOs, dfin, L.offsets, !use_tf32(q));
       const ChunkGrads d = chunk_local_backward(c, in, S, sg.dS_end, dOs);
       // Back from the chunk grid to [B, T, H, ...] in each input's dtype.
       auto back = [&](const at::Tensor& x, const at::Tensor& like) { return from_chunks(x, L, B, T, like.scalar_type()); };
@@ -801,7 +803,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     StateGrads sg;
     {
       at::NoGradGuard no_grad;
-      sg = state_gradients(c, dOs, dfin, L.offsets, !use_tf32(q));
+      sg = state_gradients(c, in.beta, dOs, dfin, L.offsets, !use_tf32(q));
       dO_St = at::matmul(dOs, S.transpose(-1, -2));  // [H, N, C, Dk]
       S_dS = chunk_dot(S, sg.dS_end);
     }
