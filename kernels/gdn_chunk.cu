@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kThreads)
 //   O = sum_j S_inv[j] (Qd[:, 16 j ..] S16[16 j .., :]) + aq_inv sum_{i <= t} M_inv[i] (Aq[:, 16 i ..] M16[16 i .., :])
 // with each 16-deep product's scale applied to its float32 partial sum (S16's per 16 x 16 block, M16's
 // per 16 x 8 tile, as the scan formed them).
-constexpr int kLdH = kOutCols + 8;  // float16 rows of 64 (Aq, S16 and M16 slices): conflict-free ldmatrix
+constexpr int kLdH = ld16<kOutCols>();  // float16 rows of 64 (Aq, S16 and M16 slices): conflict-free ldmatrix
 
 // acc[j] += sum_{kb < kblocks} inv(kb, n0 + 8 j) (A[m.., 16 kb ..] B[16 kb .., n0 + 8 j ..]) for a warp's 16
 // rows from m and four 8-column tiles from n0: float16 products of block float16 operands in shared

@@ -30,7 +30,7 @@ constexpr int kBwdWarps = 16;
 constexpr int kBwdThreads = 32 * kBwdWarps;
 constexpr int kBV = 32;          // columns of S and dS a step of chunk_backward takes
 constexpr int kDirectThreads = 256;
-constexpr int kLd16C = kC + 8;    // row stride of a 16-bit [C][C] matrix
+constexpr int kLd16C = ld16<kC>();  // row stride of a 16-bit [C][C] matrix
 
 // f(r, c, acc[j][e]) for every element of the warp's tiles (rows from m, 8-column tiles from n0).
 template <int NT, class F>
@@ -242,7 +242,7 @@ __device__ __forceinline__ float2 half2_to_float2(unsigned bits) {
   return __half22float2(h);
 }
 
-constexpr int kLd16BV = kBV + 8;  // row stride of a 16-bit slice of kBV columns
+constexpr int kLd16BV = ld16<kBV>();  // row stride of a 16-bit slice of kBV columns
 
 // The step region in 16-bit elements: the slices of S and dS [DK][kBV], X, M, dM and dVb [C][kBV];
 // after the steps, four [C][C] matrices in their place.
