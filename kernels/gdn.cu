@@ -1161,6 +1161,22 @@ __device__ __forceinline__ void load_vec(float (&dst)[V], const T* src) {
   for (int i = 0; i < V; ++i) dst[i] = static_cast<float>(v[i]);
 }
 
+// One time step of V channels: out[i] = silu(to_dtype(sum_j wv[i K + j] win[j][i])), to the dtype.
+template <class T, int V, int K>
+__device__ __forceinline__ void conv_silu_step(const float (&wv)[V * K], const float (&win)[K][V], T (&out)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < K; ++j) acc = fmaf(wv[i * K + j], win[j][i], acc);
+    const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
+    // SiLU; for 16-bit outputs with the fast exponential and division (a few float32 ulp, far below
+    // the output's rounding).
+    if constexpr (sizeof(T) == 2) out[i] = static_cast<T>(__fdividef(a, 1.0f + __expf(-a)));
+    else out[i] = static_cast<T>(a / (1.0f + ::expf(-a)));
+  }
+}
+
 template <class T, int V, int K>
 __global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t B,
                                         int64_t Tn, int64_t C) {
@@ -1189,17 +1205,7 @@ __global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __rest
       if (t >= Tn) break;
       load_vec<V>(win[K - 1], xs + t * C);
       T out[V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        float acc = 0.f;
-#pragma unroll
-        for (int j = 0; j < K; ++j) acc = fmaf(wv[i * K + j], win[j][i], acc);
-        const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
-        // SiLU; for 16-bit outputs with the fast exponential and division (a few float32 ulp, far below
-        // the output's rounding).
-        if constexpr (sizeof(T) == 2) out[i] = static_cast<T>(__fdividef(a, 1.0f + __expf(-a)));
-        else out[i] = static_cast<T>(a / (1.0f + ::expf(-a)));
-      }
+      conv_silu_step<T, V, K>(wv, win, out);
       if constexpr (V * sizeof(T) == 16) *reinterpret_cast<float4*>(ys + t * C) = *reinterpret_cast<const float4*>(out);
       else
 #pragma unroll
@@ -1208,6 +1214,74 @@ __global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __rest
       for (int j = 0; j < K - 1; ++j)
 #pragma unroll
         for (int i = 0; i < V; ++i) win[j][i] = win[j + 1][i];
+    }
+  }
+}
+
+// The LA heads' q or k in one pass (kernels::causal_conv_silu_rope_l2norm): the short convolution as
+// above, then RoPE and the head's L2 norm as rope_l2norm_packed_kernel forms them, on the convolution's
+// output in registers. Thread p carries the V = 16 bytes of channels c0.. of one sequence over
+// kConvSteps time steps; the P = Dh / V threads of a head are consecutive lanes (packs run along p and
+// a head's P packs start at a multiple of P), which swap their rotate-half partners and sum the head's
+// squares by shuffles within their group, in rope_l2norm_packed_kernel's order.
+template <class T, int V, int K>
+__global__ void conv_rope_l2norm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ cos,
+                                        const T* __restrict__ sin, T* __restrict__ y, int64_t B, int64_t Tn, int64_t C,
+                                        int Dh, int P, float eps) {
+  static_assert(V * sizeof(T) == 16, "16-byte packs");
+  const int lane = threadIdx.x % 32;
+  const unsigned group = P == 32 ? 0xffffffffu : ((1u << P) - 1u) << (lane / P * P);
+  const int64_t packs = C / V, blocks_t = (Tn + kConvSteps - 1) / kConvSteps, items = B * blocks_t * packs;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < items;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c0 = (p % packs) * V, tb = (p / packs) % blocks_t, b = p / (packs * blocks_t);
+    const int64_t t0 = tb * kConvSteps;
+    const int d0 = static_cast<int>(c0 % Dh), j = d0 / V;
+    const bool first = j < P / 2;  // rotate_half: -x[i + Dh/2] in the first half, x[i - Dh/2] in the second
+    const T* xs = x + b * Tn * C + c0;
+    T* ys = y + b * Tn * C + c0;
+    float wv[V * K];
+    load_vec<V * K>(wv, w + c0 * K);
+    float win[K][V];
+#pragma unroll
+    for (int i = 0; i < K - 1; ++i) {
+      const int64_t src = t0 - (K - 1) + i;
+      if (src >= 0) load_vec<V>(win[i], xs + src * C);
+      else
+#pragma unroll
+        for (int e = 0; e < V; ++e) win[i][e] = 0.f;
+    }
+    for (int step = 0; step < kConvSteps; ++step) {
+      const int64_t t = t0 + step;
+      if (t >= Tn) break;  // the whole group: one sequence and time block
+      load_vec<V>(win[K - 1], xs + t * C);
+      Pack<T, V> out;
+      conv_silu_step<T, V, K>(wv, win, out.v);
+      Pack<T, V> partner;
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        reinterpret_cast<unsigned*>(partner.v)[q] =
+            __shfl_xor_sync(group, reinterpret_cast<const unsigned*>(out.v)[q], P / 2);
+      const Pack<T, V> cp = load_pack<V>(cos + t * Dh + d0), sp = load_pack<V>(sin + t * Dh + d0);
+      float r[V];
+      float ss = 0.f;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float rot = first ? -static_cast<float>(partner.v[e]) : static_cast<float>(partner.v[e]);
+        r[e] = static_cast<float>(
+            rope_element<T>(static_cast<float>(out.v[e]), rot, static_cast<float>(cp.v[e]), static_cast<float>(sp.v[e])));
+        ss += r[e] * r[e];
+      }
+      for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(group, ss, off);
+      const float inv = rsqrtf(ss + eps);
+      Pack<T, V> o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(r[e] * inv);
+      store_pack<V>(ys + t * C, o);
+#pragma unroll
+      for (int i = 0; i < K - 1; ++i)
+#pragma unroll
+        for (int e = 0; e < V; ++e) win[i][e] = win[i + 1][e];
     }
   }
 }
@@ -1642,6 +1716,45 @@ at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight) {
     else
       causal_conv_silu_kernel<scalar_t, 1, kShortConvTaps><<<blocks, threads, 0, stream>>>(
           xp, weight.data_ptr<scalar_t>(), yp, B, T, C);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return y;
+}
+
+bool conv_rope_l2norm_supported(int64_t C, int64_t Dh, at::ScalarType dtype) {
+  if (dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16) return false;
+  const int64_t V = 16 / c10::elementSize(dtype), P = Dh / std::max<int64_t>(V, 1);
+  return Dh > 0 && C > 0 && C % Dh == 0 && Dh % (2 * V) == 0 && P <= 32 && (P & (P - 1)) == 0;
+}
+
+at::Tensor causal_conv_silu_rope_l2norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
+                                        const at::Tensor& sin, int64_t Dh, double eps) {
+  check(x, "x");
+  check(weight, "weight");
+  check(cos, "cos");
+  check(sin, "sin");
+  const std::string fn = "hh::kernels::causal_conv_silu_rope_l2norm: ";
+  if (x.dim() != 3 || weight.dim() != 3 || weight.size(0) != x.size(2) || weight.size(1) != 1 ||
+      weight.size(2) != kShortConvTaps || weight.scalar_type() != x.scalar_type())
+    throw std::invalid_argument(fn + "expected x [B, T, C] and weight [C, 1, 4] of x's dtype");
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  if (!conv_rope_l2norm_supported(C, Dh, x.scalar_type()))
+    throw std::invalid_argument(fn + "C a multiple of Dh, and Dh / (16 bytes of elements) a power of two <= 32 with an even count of packs");
+  if (cos.scalar_type() != x.scalar_type() || sin.scalar_type() != x.scalar_type() || cos.numel() != T * Dh || sin.numel() != T * Dh)
+    throw std::invalid_argument(fn + "cos and sin must be [T, Dh] of x's dtype");
+  for (const at::Tensor* t : {&x, &weight, &cos, &sin})
+    if (reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) throw std::invalid_argument(fn + "x, weight, cos and sin must be 16-byte aligned");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty({B, T, C / Dh, Dh}, x.options());
+  if (y.numel() == 0) return y;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_conv_rope_l2norm", [&] {
+    constexpr int kV = 16 / sizeof(scalar_t);
+    const int64_t items = B * ((T + kConvSteps - 1) / kConvSteps) * (C / kV);
+    const unsigned threads = 256;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + threads - 1) / threads, 65535 * 8));
+    conv_rope_l2norm_kernel<scalar_t, kV, kShortConvTaps><<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
+        y.data_ptr<scalar_t>(), B, T, C, static_cast<int>(Dh), static_cast<int>(Dh / kV), static_cast<float>(eps));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;

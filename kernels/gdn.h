@@ -213,6 +213,18 @@ at::Tensor unit_lower_inverse(const at::Tensor& L);
 // reference is at::conv1d (groups = C) then at::silu (core/attention/hybrid.cpp, short_conv).
 at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight);
 
+// The LA heads' q or k without a cache, for inference, in one pass: the short convolution above, then
+// RoPE and each head's L2 norm as rope_l2norm (kernels/fused_ops.h) forms them, the convolution's
+// output never stored:
+//   y = rope_l2norm(causal_conv_silu(x, weight).view({B, T, C / Dh, Dh}), cos, sin, eps)
+// bit for bit where rope_l2norm takes its 16-byte path. x [B, T, C] contiguous (float32, float16,
+// bfloat16), weight [C, 1, 4], cos and sin [T, Dh] of x's dtype, all 16-byte aligned; C a multiple of Dh
+// and Dh / V a power of two <= 32 with V = 16 bytes of elements and Dh / V even (conv_rope_l2norm_supported:
+// Dh in {16, 32, 64, 128, 256} for 16-bit x, {8, .., 128} for float32). Returns [B, T, C / Dh, Dh].
+bool conv_rope_l2norm_supported(int64_t C, int64_t Dh, at::ScalarType dtype);
+at::Tensor causal_conv_silu_rope_l2norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
+                                        const at::Tensor& sin, int64_t Dh, double eps);
+
 // The scale-normalised fusion of every head's output (DESIGN.md section 9), rows of Dh elements:
 //   y = to_dtype(gate * to_dtype(gamma * to_dtype(o * rsqrt(mean(o^2) + eps))))
 // rounding where the LibTorch op sequence (model::rms_norm, then two products) rounds. o, gate [R, n, Dh]

@@ -64,6 +64,16 @@ bool fused_short_conv(const at::Tensor& x, const at::Tensor& weight, const Hybri
 #endif
 }
 
+#ifdef HH_HAVE_KERNELS
+// Whether the LA heads' q and k (after fused_short_conv) may take the short convolution, RoPE and the L2
+// norm as one kernel each (kernels::causal_conv_silu_rope_l2norm): its shapes, 16-byte aligned operands.
+bool fused_conv_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& wq, const at::Tensor& wk, int64_t Dh) {
+  auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  return kernels::conv_rope_l2norm_supported(q.size(2), Dh, q.scalar_type()) && k.sizes() == q.sizes() &&
+         k.scalar_type() == q.scalar_type() && k.is_contiguous() && aligned(q) && aligned(k) && aligned(wq) && aligned(wk);
+}
+#endif
+
 // x * rsqrt(sum(x^2) + 1e-6) over the last axis, in float32.
 at::Tensor l2_normalise(const at::Tensor& x) {
   const at::Tensor f = x.to(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
@@ -276,14 +286,24 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.la, Dh));  // [B, T, nL*Dh]
     at::Tensor k = at::linear(xn, w.la_k_proj);
     at::Tensor v = at::linear(xn, w.la_v_proj);
+    bool rotated = false;  // q and k already through RoPE and the L2 norm
     if (o.gdn_short_conv) {
       const int64_t C = nL * Dh;
       if (fused_short_conv(q, w.la_conv, cache)) {
 #ifdef HH_HAVE_KERNELS
         // Without a cache or a graph on CUDA: one kernel per block of channels, in place of the
-        // concatenation, the transposes and at::conv1d below.
-        q = kernels::causal_conv_silu(q, w.la_conv.narrow(0, 0, C));
-        k = kernels::causal_conv_silu(k, w.la_conv.narrow(0, C, C));
+        // concatenation, the transposes and at::conv1d below; for q and k with RoPE and the L2 norm
+        // in the same pass where the kernel's shapes allow (rope_l2 below otherwise).
+        const at::Tensor wq = w.la_conv.narrow(0, 0, C), wk = w.la_conv.narrow(0, C, C);
+        if (fused_conv_rope(q, k, wq, wk, Dh)) {
+          const auto [cos, sin] = model::rope_cos_sin(inv_freq.to(q.device()), pos, T, q.scalar_type());
+          q = kernels::causal_conv_silu_rope_l2norm(q, wq, cos, sin, Dh, 1e-6);
+          k = kernels::causal_conv_silu_rope_l2norm(k, wk, cos, sin, Dh, 1e-6);
+          rotated = true;
+        } else {
+          q = kernels::causal_conv_silu(q, wq);
+          k = kernels::causal_conv_silu(k, wk);
+        }
         v = kernels::causal_conv_silu(v, w.la_conv.narrow(0, 2 * C, C));
 #endif
       } else {
@@ -295,7 +315,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
         v = qkv.narrow(2, 2 * C, C);
       }
     }
-    std::tie(q, k) = rope_l2(q.reshape({B, T, nL, Dh}), k.reshape({B, T, nL, Dh}), inv_freq, pos);
+    if (!rotated) std::tie(q, k) = rope_l2(q.reshape({B, T, nL, Dh}), k.reshape({B, T, nL, Dh}), inv_freq, pos);
     v = v.reshape({B, T, nL, Dh});
     const at::Tensor ab = at::linear(xn, at::cat({w.la_b_proj, w.la_a_proj}, 0));  // [B, T, 2 nL]: one read of xn (both LA weights)
     at::Tensor beta = at::sigmoid(ab.narrow(2, 0, nL));                              // [B, T, nL]

@@ -18,7 +18,9 @@
 
 #include "core/attention/fusion.h"
 #include "core/attention/gdn.h"
+#include "core/model/transformer.h"
 #ifdef HH_HAVE_KERNELS
+#include "kernels/fused_ops.h"
 #include "kernels/gdn.h"
 #endif
 
@@ -773,6 +775,37 @@ TEST(CudaGdn, ShortConvKernelEqualsConv1dThenSilu) {
         const double tol = dt == torch::kFloat ? 1e-5 : 2.0 / 128;  // a different float32 sum order, rounded
         EXPECT_LT(rel_err(got, want), tol) << "C=" << C << " T=" << T << (dt == torch::kFloat ? " f32" : " bf16");
       }
+}
+
+// The LA heads' q and k in one pass equal the short convolution's kernel then rope_l2norm's, bit for
+// bit: the same roundings in the same order. Several heads, sequences not a multiple of the kernel's 8
+// time steps, the head sizes and dtypes it takes; shapes it does not take are refused.
+TEST(CudaGdn, ConvRopeL2normEqualsTheTwoKernels) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  for (auto dt : {torch::kBFloat16, torch::kHalf, torch::kFloat})
+    for (int64_t Dh : {128, 64})
+      for (auto [B, T, H] : {std::tuple<int64_t, int64_t, int64_t>{2, 37, 3}, {1, 8, 2}, {3, 1, 1}}) {
+        const std::string what = std::string(c10::toString(dt)) + " Dh=" + std::to_string(Dh) + " B=" + std::to_string(B) +
+                                 " T=" + std::to_string(T) + " H=" + std::to_string(H);
+        const auto opts = kCuda.dtype(dt);
+        const int64_t C = H * Dh;
+        const auto x = torch::randn({B, T, C}, opts), w = 0.5 * torch::randn({C, 1, 4}, opts);
+        const auto inv_freq = 1.0 / torch::pow(10000.0, torch::arange(0, Dh, 2, kCuda.dtype(torch::kFloat)) / Dh);
+        const auto [cos, sin] = hh::model::rope_cos_sin(inv_freq, 5, T, dt);
+        ASSERT_TRUE(hh::kernels::conv_rope_l2norm_supported(C, Dh, dt)) << what;
+        const auto want = hh::kernels::rope_l2norm(hh::kernels::causal_conv_silu(x, w).view({B, T, H, Dh}), cos, sin, 1e-6);
+        poison_allocator();
+        const auto got = hh::kernels::causal_conv_silu_rope_l2norm(x, w, cos, sin, Dh, 1e-6);
+        ASSERT_EQ(got.sizes(), want.sizes()) << what;
+        EXPECT_TRUE(torch::equal(got, want)) << what << ": largest difference "
+                                             << (got.to(torch::kFloat) - want.to(torch::kFloat)).abs().max().item<float>();
+      }
+  // 48 = 6 packs of bfloat16 (not a power of two); C not a multiple of Dh.
+  EXPECT_FALSE(hh::kernels::conv_rope_l2norm_supported(96, 48, torch::kBFloat16));
+  EXPECT_FALSE(hh::kernels::conv_rope_l2norm_supported(200, 128, torch::kBFloat16));
+  const auto x = torch::randn({1, 4, 96}, kCuda.dtype(torch::kBFloat16)), w = torch::randn({96, 1, 4}, kCuda.dtype(torch::kBFloat16));
+  const auto cs = torch::ones({4, 48}, kCuda.dtype(torch::kBFloat16));
+  EXPECT_THROW(hh::kernels::causal_conv_silu_rope_l2norm(x, w, cs, cs, 48, 1e-6), std::invalid_argument);
 }
 
 TEST(CudaGdn, ChunkGridCopiesEqualThePermutingCopies) {
