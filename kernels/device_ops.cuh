@@ -168,6 +168,23 @@ __device__ __forceinline__ T rope_element(float x, float rot, float c, float s) 
   return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
 }
 
+// RoPE of a pack of V elements x (rotate-half layout: rot = -partner in the first half of the head, the
+// partner in the second) with their cos and sin, each element rounded as rope_element rounds it, into
+// r; returns the sum of r's squares, in element order.
+template <class T, int V>
+__device__ __forceinline__ float rope_pack(const Pack<T, V>& x, const Pack<T, V>& partner, bool first,
+                                           const Pack<T, V>& c, const Pack<T, V>& s, float (&r)[V]) {
+  float ss = 0.f;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    const float rot = first ? -static_cast<float>(partner.v[e]) : static_cast<float>(partner.v[e]);
+    r[e] = static_cast<float>(rope_element<T>(static_cast<float>(x.v[e]), rot, static_cast<float>(c.v[e]),
+                                              static_cast<float>(s.v[e])));
+    ss += r[e] * r[e];
+  }
+  return ss;
+}
+
 // Block float16 (the low-rank scan, the output factors of chunk_factors): a power-of-two scale per
 // block of values brings its largest magnitude into [2^14, 2^15), where float16 keeps 11 significant
 // bits and cannot overflow.

@@ -138,13 +138,7 @@ __global__ void rope_l2norm_packed_kernel(const T* __restrict__ x, const T* __re
     const int partner = first ? j + P / 2 : j - P / 2;
     const Pack<T, V> xp = load_pack<V>(x + row * Dh + j * V), pp = load_pack<V>(x + row * Dh + partner * V);
     const Pack<T, V> cp = load_pack<V>(cos + t * Dh + j * V), sp = load_pack<V>(sin + t * Dh + j * V);
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const float rot = first ? -static_cast<float>(pp.v[e]) : static_cast<float>(pp.v[e]);
-      r[e] = static_cast<float>(
-          rope_element<T>(static_cast<float>(xp.v[e]), rot, static_cast<float>(cp.v[e]), static_cast<float>(sp.v[e])));
-      ss += r[e] * r[e];
-    }
+    ss = rope_pack<T, V>(xp, pp, first, cp, sp, r);
   }
   for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
   if (!live) return;

@@ -1177,6 +1177,27 @@ __device__ __forceinline__ void conv_silu_step(const float (&wv)[V * K], const f
   }
 }
 
+// The window's first K - 1 rows (t0 - K + 1 .. t0 - 1) of V channels at xs (row stride C), zero before t = 0.
+template <int V, int K, class T>
+__device__ __forceinline__ void conv_window(float (&win)[K][V], const T* xs, int64_t t0, int64_t C) {
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) {
+    const int64_t src = t0 - (K - 1) + j;
+    if (src >= 0) load_vec<V>(win[j], xs + src * C);
+    else
+#pragma unroll
+      for (int i = 0; i < V; ++i) win[j][i] = 0.f;
+  }
+}
+// The window one row on: rows 1 .. K - 1 move up, row K - 1 is left for the next input.
+template <int V, int K>
+__device__ __forceinline__ void slide_window(float (&win)[K][V]) {
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j)
+#pragma unroll
+    for (int i = 0; i < V; ++i) win[j][i] = win[j + 1][i];
+}
+
 template <class T, int V, int K>
 __global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t B,
                                         int64_t Tn, int64_t C) {
@@ -1191,14 +1212,7 @@ __global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __rest
     float wv[V * K];
     load_vec<V * K>(wv, w + c0 * K);
     float win[K][V];  // rows t - K + 1 .. t
-#pragma unroll
-    for (int j = 0; j < K - 1; ++j) {
-      const int64_t src = t0 - (K - 1) + j;
-      if (src >= 0) load_vec<V>(win[j], xs + src * C);
-      else
-#pragma unroll
-        for (int i = 0; i < V; ++i) win[j][i] = 0.f;
-    }
+    conv_window<V, K>(win, xs, t0, C);
 #pragma unroll
     for (int step = 0; step < kConvSteps; ++step) {
       const int64_t t = t0 + step;
@@ -1210,10 +1224,7 @@ __global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __rest
       else
 #pragma unroll
         for (int i = 0; i < V; ++i) ys[t * C + i] = out[i];
-#pragma unroll
-      for (int j = 0; j < K - 1; ++j)
-#pragma unroll
-        for (int i = 0; i < V; ++i) win[j][i] = win[j + 1][i];
+      slide_window<V, K>(win);
     }
   }
 }
@@ -1242,15 +1253,8 @@ __global__ void conv_rope_l2norm_kernel(const T* __restrict__ x, const T* __rest
     T* ys = y + b * Tn * C + c0;
     float wv[V * K];
     load_vec<V * K>(wv, w + c0 * K);
-    float win[K][V];
-#pragma unroll
-    for (int i = 0; i < K - 1; ++i) {
-      const int64_t src = t0 - (K - 1) + i;
-      if (src >= 0) load_vec<V>(win[i], xs + src * C);
-      else
-#pragma unroll
-        for (int e = 0; e < V; ++e) win[i][e] = 0.f;
-    }
+    float win[K][V];  // rows t - K + 1 .. t
+    conv_window<V, K>(win, xs, t0, C);
     for (int step = 0; step < kConvSteps; ++step) {
       const int64_t t = t0 + step;
       if (t >= Tn) break;  // the whole group: one sequence and time block
@@ -1264,24 +1268,14 @@ __global__ void conv_rope_l2norm_kernel(const T* __restrict__ x, const T* __rest
             __shfl_xor_sync(group, reinterpret_cast<const unsigned*>(out.v)[q], P / 2);
       const Pack<T, V> cp = load_pack<V>(cos + t * Dh + d0), sp = load_pack<V>(sin + t * Dh + d0);
       float r[V];
-      float ss = 0.f;
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float rot = first ? -static_cast<float>(partner.v[e]) : static_cast<float>(partner.v[e]);
-        r[e] = static_cast<float>(
-            rope_element<T>(static_cast<float>(out.v[e]), rot, static_cast<float>(cp.v[e]), static_cast<float>(sp.v[e])));
-        ss += r[e] * r[e];
-      }
+      float ss = rope_pack<T, V>(out, partner, first, cp, sp, r);
       for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(group, ss, off);
       const float inv = rsqrtf(ss + eps);
       Pack<T, V> o;
 #pragma unroll
       for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(r[e] * inv);
       store_pack<V>(ys + t * C, o);
-#pragma unroll
-      for (int i = 0; i < K - 1; ++i)
-#pragma unroll
-        for (int e = 0; e < V; ++e) win[i][e] = win[i + 1][e];
+      slide_window<V, K>(win);
     }
   }
 }
