@@ -9,6 +9,7 @@
 #include <ATen/record_function.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <mutex>
@@ -406,6 +407,7 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
     // bits), well inside. (The bounds date from TF32 operands, about 1e-3.)
     EXPECT_LT(rel_err(f.W, W), 3e-3) << what;
     EXPECT_LT(rel_err(f.U, U), 3e-3) << what;
+    std::printf("[ measured ] %s: W %.3g, U %.3g\n", what.c_str(), rel_err(f.W, W), rel_err(f.U, U));
     EXPECT_EQ(f.W.scalar_type(), torch::kHalf) << what;  // W and kdecay as the scan streams them
     EXPECT_LT(rel_err(f.kdecay, kdecay), 1e-3) << what;      // float16's rounding
     EXPECT_LT(rel_err(f.decay, last.exp()), 1e-6) << what;
