@@ -1141,34 +1141,55 @@ __global__ void __launch_bounds__(64) unit_lower_inverse64_kernel(const float* _
 // y[b, t, c] = silu(sum_j w[c, j] x[b, t - (K-1) + j, c]), inputs before t = 0 zero. The sum is rounded
 // to the dtype before the SiLU, as at::conv1d then at::silu round. One thread per V consecutive
 // channels (V = 16 bytes of them when every row is aligned, else 1) and kConvSteps consecutive time
-// steps of one sequence: the taps' weights are loaded once and each input row once, the last K - 1
-// rows kept in registers as the window slides.
+// steps of one sequence: the taps' weights are loaded once, and the K - 1 + kConvSteps input rows the
+// steps read are all loaded before the first step, so that their loads are in flight together (one
+// load a step, each waited on, left the kernels at about half the memory's rate).
 constexpr int kConvSteps = 8;
+constexpr int kConvRopeSteps = 4;  // conv_rope_l2norm_kernel's steps a thread
 
-// V values of T at src, as float32.
-template <int V, class T>
-__device__ __forceinline__ void load_vec(float (&dst)[V], const T* src) {
-  T v[V];
-  if constexpr (V * sizeof(T) % 16 == 0) {  // 16-byte loads (src aligned)
+// N values of T at src: in 16-byte loads where N values fill whole ones (src then 16-byte aligned, as
+// the packed kernels' callers check), else one by one.
+template <int N, class T>
+__device__ __forceinline__ Pack<T, N> load_values(const T* src) {
+  Pack<T, N> v;
+  if constexpr (N * sizeof(T) % 16 == 0) {
 #pragma unroll
-    for (int q = 0; q < static_cast<int>(V * sizeof(T) / 16); ++q)
-      reinterpret_cast<float4*>(v)[q] = reinterpret_cast<const float4*>(src)[q];
+    for (int q = 0; q < static_cast<int>(N * sizeof(T) / 16); ++q)
+      reinterpret_cast<float4*>(v.v)[q] = reinterpret_cast<const float4*>(src)[q];
   } else {
 #pragma unroll
-    for (int i = 0; i < V; ++i) v[i] = src[i];
+    for (int i = 0; i < N; ++i) v.v[i] = src[i];
   }
-#pragma unroll
-  for (int i = 0; i < V; ++i) dst[i] = static_cast<float>(v[i]);
+  return v;
 }
 
-// One time step of V channels: out[i] = silu(to_dtype(sum_j wv[i K + j] win[j][i])), to the dtype.
-template <class T, int V, int K>
-__device__ __forceinline__ void conv_silu_step(const float (&wv)[V * K], const float (&win)[K][V], T (&out)[V]) {
+// The input rows t0 - K + 1 .. t0 + S - 1 of V channels at xs (row stride C): zeros before
+// t = 0; rows past Tn - 1 repeat row Tn - 1 (always in bounds; their steps' outputs are not stored).
+template <int K, int S, int V, class T>
+__device__ __forceinline__ void load_rows(Pack<T, V> (&rows)[K - 1 + S], const T* xs, int64_t t0, int64_t Tn, int64_t C) {
+#pragma unroll
+  for (int r = 0; r < K - 1 + S; ++r) {
+    const int64_t t = t0 - (K - 1) + r;
+    if (r < K - 1 && t < 0) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) rows[r].v[i] = static_cast<T>(0.f);
+    } else {
+      rows[r] = load_values<V>(xs + std::min<int64_t>(t, Tn - 1) * C);
+    }
+  }
+}
+
+// Step `step` (time t0 + step) of V channels: out[i] = silu(to_dtype(sum_j wv[i K + j] rows[step + j][i])),
+// to the dtype. The weights and inputs stay in the dtype until used (float32 copies of them would not
+// fit the registers beside the rows in flight).
+template <class T, int V, int K, int S>
+__device__ __forceinline__ void conv_silu_step(const Pack<T, V * K>& wv, const Pack<T, V> (&rows)[K - 1 + S], int step,
+                                               T (&out)[V]) {
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     float acc = 0.f;
 #pragma unroll
-    for (int j = 0; j < K; ++j) acc = fmaf(wv[i * K + j], win[j][i], acc);
+    for (int j = 0; j < K; ++j) acc = fmaf(static_cast<float>(wv.v[i * K + j]), static_cast<float>(rows[step + j].v[i]), acc);
     const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
     // SiLU; for 16-bit outputs with the fast exponential and division (a few float32 ulp, far below
     // the output's rounding).
@@ -1177,90 +1198,62 @@ __device__ __forceinline__ void conv_silu_step(const float (&wv)[V * K], const f
   }
 }
 
-// The window's first K - 1 rows (t0 - K + 1 .. t0 - 1) of V channels at xs (row stride C), zero before t = 0.
-template <int V, int K, class T>
-__device__ __forceinline__ void conv_window(float (&win)[K][V], const T* xs, int64_t t0, int64_t C) {
-#pragma unroll
-  for (int j = 0; j < K - 1; ++j) {
-    const int64_t src = t0 - (K - 1) + j;
-    if (src >= 0) load_vec<V>(win[j], xs + src * C);
-    else
-#pragma unroll
-      for (int i = 0; i < V; ++i) win[j][i] = 0.f;
-  }
-}
-// The window one row on: rows 1 .. K - 1 move up, row K - 1 is left for the next input.
-template <int V, int K>
-__device__ __forceinline__ void slide_window(float (&win)[K][V]) {
-#pragma unroll
-  for (int j = 0; j < K - 1; ++j)
-#pragma unroll
-    for (int i = 0; i < V; ++i) win[j][i] = win[j + 1][i];
-}
-
-template <class T, int V, int K>
-__global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t B,
-                                        int64_t Tn, int64_t C) {
-  const int64_t packs = C / V, blocks_t = (Tn + kConvSteps - 1) / kConvSteps, items = B * blocks_t * packs;
+template <class T, int V, int K, int S>
+__global__ void __launch_bounds__(256, 2) causal_conv_silu_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                                  T* __restrict__ y, int64_t B, int64_t Tn, int64_t C) {
+  const int64_t packs = C / V, blocks_t = (Tn + S - 1) / S, items = B * blocks_t * packs;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < items;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t c0 = (p % packs) * V, tb = (p / packs) % blocks_t, b = p / (packs * blocks_t);
-    const int64_t t0 = tb * kConvSteps;
+    const int64_t t0 = tb * S;
     const T* xs = x + b * Tn * C + c0;
     T* ys = y + b * Tn * C + c0;
-    // The V channels' K taps are V * K consecutive weights.
-    float wv[V * K];
-    load_vec<V * K>(wv, w + c0 * K);
-    float win[K][V];  // rows t - K + 1 .. t
-    conv_window<V, K>(win, xs, t0, C);
+    Pack<T, V> rows[K - 1 + S];
+    load_rows<K, S>(rows, xs, t0, Tn, C);
+    const Pack<T, V * K> wv = load_values<V * K>(w + c0 * K);  // the V channels' K taps: V * K consecutive weights
 #pragma unroll
-    for (int step = 0; step < kConvSteps; ++step) {
-      const int64_t t = t0 + step;
-      if (t >= Tn) break;
-      load_vec<V>(win[K - 1], xs + t * C);
-      T out[V];
-      conv_silu_step<T, V, K>(wv, win, out);
-      if constexpr (V * sizeof(T) == 16) *reinterpret_cast<float4*>(ys + t * C) = *reinterpret_cast<const float4*>(out);
-      else
-#pragma unroll
-        for (int i = 0; i < V; ++i) ys[t * C + i] = out[i];
-      slide_window<V, K>(win);
+    for (int step = 0; step < S; ++step) {
+      Pack<T, V> out;
+      conv_silu_step<T, V, K, S>(wv, rows, step, out.v);
+      if (t0 + step < Tn) store_pack<V>(ys + (t0 + step) * C, out);
     }
   }
 }
 
 // The LA heads' q or k in one pass (kernels::causal_conv_silu_rope_l2norm): the short convolution as
 // above, then RoPE and the head's L2 norm as rope_l2norm_packed_kernel forms them, on the convolution's
-// output in registers. Thread p carries the V = 16 bytes of channels c0.. of one sequence over
-// kConvSteps time steps; the P = Dh / V threads of a head are consecutive lanes (packs run along p and
-// a head's P packs start at a multiple of P), which swap their rotate-half partners and sum the head's
-// squares by shuffles within their group, in rope_l2norm_packed_kernel's order.
-template <class T, int V, int K>
-__global__ void conv_rope_l2norm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ cos,
-                                        const T* __restrict__ sin, T* __restrict__ y, int64_t B, int64_t Tn, int64_t C,
-                                        int Dh, int P, float eps) {
+// output in registers. Thread p carries the V = 16 bytes of channels c0.. of one sequence over S time
+// steps (kConvRopeSteps: the RoPE tables' loads take the registers that more steps would need); the
+// P = Dh / V threads of a head are consecutive lanes (packs run along p and a head's P packs start at a
+// multiple of P), which swap their rotate-half partners and sum the head's squares by shuffles within
+// their group, in rope_l2norm_packed_kernel's order.
+template <class T, int V, int K, int S>
+__global__ void __launch_bounds__(256, 2)
+    conv_rope_l2norm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ cos,
+                            const T* __restrict__ sin, T* __restrict__ y, int64_t B, int64_t Tn, int64_t C, int Dh,
+                            int P, float eps) {
   static_assert(V * sizeof(T) == 16, "16-byte packs");
   const int lane = threadIdx.x % 32;
   const unsigned group = P == 32 ? 0xffffffffu : ((1u << P) - 1u) << (lane / P * P);
-  const int64_t packs = C / V, blocks_t = (Tn + kConvSteps - 1) / kConvSteps, items = B * blocks_t * packs;
+  const int64_t packs = C / V, blocks_t = (Tn + S - 1) / S, items = B * blocks_t * packs;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < items;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t c0 = (p % packs) * V, tb = (p / packs) % blocks_t, b = p / (packs * blocks_t);
-    const int64_t t0 = tb * kConvSteps;
+    const int64_t t0 = tb * S;
     const int d0 = static_cast<int>(c0 % Dh), j = d0 / V;
     const bool first = j < P / 2;  // rotate_half: -x[i + Dh/2] in the first half, x[i - Dh/2] in the second
     const T* xs = x + b * Tn * C + c0;
     T* ys = y + b * Tn * C + c0;
-    float wv[V * K];
-    load_vec<V * K>(wv, w + c0 * K);
-    float win[K][V];  // rows t - K + 1 .. t
-    conv_window<V, K>(win, xs, t0, C);
-    for (int step = 0; step < kConvSteps; ++step) {
-      const int64_t t = t0 + step;
-      if (t >= Tn) break;  // the whole group: one sequence and time block
-      load_vec<V>(win[K - 1], xs + t * C);
+    Pack<T, V> rows[K - 1 + S];
+    load_rows<K, S>(rows, xs, t0, Tn, C);
+    const Pack<T, V * K> wv = load_values<V * K>(w + c0 * K);
+#pragma unroll
+    for (int step = 0; step < S; ++step) {
+      // Every lane of a group takes every step (one sequence and time block: the shuffles' partners);
+      // steps past the sequence's end work on its last row and store nothing.
+      const int64_t t = std::min<int64_t>(t0 + step, Tn - 1);
       Pack<T, V> out;
-      conv_silu_step<T, V, K>(wv, win, out.v);
+      conv_silu_step<T, V, K, S>(wv, rows, step, out.v);
       Pack<T, V> partner;
 #pragma unroll
       for (int q = 0; q < 4; ++q)
@@ -1274,13 +1267,12 @@ __global__ void conv_rope_l2norm_kernel(const T* __restrict__ x, const T* __rest
       Pack<T, V> o;
 #pragma unroll
       for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(r[e] * inv);
-      store_pack<V>(ys + t * C, o);
-      slide_window<V, K>(win);
+      if (t0 + step < Tn) store_pack<V>(ys + t * C, o);
     }
   }
 }
 
-// ---- scale-normalised fusion: one warp per row of Dh <= 256 elements (8 a lane) ----
+// ---- scale-normalised fusion: rows of Dh <= 256 elements (8 a lane), a warp each (the forward: kFusionRows each) ----
 constexpr int kFusionWarps = 8;
 constexpr int kMaxPerLane = 8;
 constexpr int kMaxFusionHeads = 256;
@@ -1300,56 +1292,67 @@ __device__ __forceinline__ float activate(float x) {
   else return x;
 }
 
-// One warp a row. VEC = 1: lane l takes elements l, l + 32, ... (any Dh <= 256); VEC > 1 (Dh = 32 VEC,
-// rows aligned to VEC elements): lane l takes elements VEC l .. VEC l + VEC - 1, in one vector access.
+// kFusionRows rows a warp, all their loads issued before the first row's sums (one row's loads a warp,
+// each waited on, left the kernel at half the memory's rate). VEC = 1: lane l takes elements l, l + 32,
+// ... of a row (any Dh <= 256); VEC > 1 (Dh = 32 VEC, rows aligned to VEC elements): lane l takes
+// elements VEC l .. VEC l + VEC - 1, in one vector access.
+constexpr int kFusionRows = 4;
 template <class T, int ACT, int VEC>
 __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restrict__ gate, const T* __restrict__ gamma,
                                       T* __restrict__ y, int64_t rows, int n, int Dh, float eps, FusionPlacement pl) {
   constexpr int PER = VEC == 1 ? kMaxPerLane : VEC;
   const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kFusionWarps + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int64_t r = row / n;
-  const int i = static_cast<int>(row % n);
-  const T* orow = o + row * Dh;
-  const T* grow = gate + r * pl.gate_ld + static_cast<int64_t>(i) * Dh;
-  T* yrow = y + r * pl.y_ld + static_cast<int64_t>(pl.pos[i]) * Dh;
-  const T* gm = gamma + static_cast<int64_t>(i) * Dh;
-  float x[PER], gv[PER], gmv[PER];
-  if constexpr (VEC == 1) {
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kFusionWarps + (threadIdx.x >> 5)) * kFusionRows;
+  float x[kFusionRows][PER], gv[kFusionRows][PER], gmv[kFusionRows][PER];
+#pragma unroll
+  for (int rr = 0; rr < kFusionRows; ++rr) {
+    const int64_t row = std::min(row0 + rr, rows - 1);  // rows past the last repeat it and store nothing
+    const int64_t r = row / n;
+    const int i = static_cast<int>(row % n);
+    const T* orow = o + row * Dh;
+    const T* grow = gate + r * pl.gate_ld + static_cast<int64_t>(i) * Dh;
+    const T* gm = gamma + static_cast<int64_t>(i) * Dh;
+    if constexpr (VEC == 1) {
+#pragma unroll
+      for (int k = 0; k < PER; ++k) {
+        const int d = lane + 32 * k;
+        x[rr][k] = d < Dh ? static_cast<float>(orow[d]) : 0.f;
+        gv[rr][k] = d < Dh ? static_cast<float>(grow[d]) : 0.f;
+        gmv[rr][k] = d < Dh ? static_cast<float>(gm[d]) : 0.f;
+      }
+    } else {
+      const Pack<T, VEC> xo = reinterpret_cast<const Pack<T, VEC>*>(orow)[lane];
+      const Pack<T, VEC> xg = reinterpret_cast<const Pack<T, VEC>*>(grow)[lane];
+      const Pack<T, VEC> xm = reinterpret_cast<const Pack<T, VEC>*>(gm)[lane];
+#pragma unroll
+      for (int k = 0; k < PER; ++k)
+        x[rr][k] = static_cast<float>(xo.v[k]), gv[rr][k] = static_cast<float>(xg.v[k]), gmv[rr][k] = static_cast<float>(xm.v[k]);
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < kFusionRows; ++rr) {
+    const int64_t row = row0 + rr;
+    if (row >= rows) break;  // the same for the whole warp
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) ss += x[rr][k] * x[rr][k];
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    const float rstd = rsqrtf(ss / static_cast<float>(Dh) + eps);
+    Pack<T, PER> out;
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
-      const int d = lane + 32 * k;
-      x[k] = d < Dh ? static_cast<float>(orow[d]) : 0.f;
-      gv[k] = d < Dh ? static_cast<float>(grow[d]) : 0.f;
-      gmv[k] = d < Dh ? static_cast<float>(gm[d]) : 0.f;
+      const T normed = static_cast<T>(x[rr][k] * rstd);
+      const T scaled = static_cast<T>(gmv[rr][k] * static_cast<float>(normed));
+      out.v[k] = static_cast<T>(activate<ACT, T>(gv[rr][k]) * static_cast<float>(scaled));
     }
-  } else {
-    const Pack<T, VEC> xo = reinterpret_cast<const Pack<T, VEC>*>(orow)[lane];
-    const Pack<T, VEC> xg = reinterpret_cast<const Pack<T, VEC>*>(grow)[lane];
-    const Pack<T, VEC> xm = reinterpret_cast<const Pack<T, VEC>*>(gm)[lane];
+    T* yrow = y + (row / n) * pl.y_ld + static_cast<int64_t>(pl.pos[row % n]) * Dh;
+    if constexpr (VEC == 1) {
 #pragma unroll
-    for (int k = 0; k < PER; ++k)
-      x[k] = static_cast<float>(xo.v[k]), gv[k] = static_cast<float>(xg.v[k]), gmv[k] = static_cast<float>(xm.v[k]);
-  }
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < PER; ++k) ss += x[k] * x[k];
-  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  const float rstd = rsqrtf(ss / static_cast<float>(Dh) + eps);
-  Pack<T, PER> out;
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const T normed = static_cast<T>(x[k] * rstd);
-    const T scaled = static_cast<T>(gmv[k] * static_cast<float>(normed));
-    out.v[k] = static_cast<T>(activate<ACT, T>(gv[k]) * static_cast<float>(scaled));
-  }
-  if constexpr (VEC == 1) {
-#pragma unroll
-    for (int k = 0; k < PER; ++k)
-      if (lane + 32 * k < Dh) yrow[lane + 32 * k] = out.v[k];
-  } else {
-    reinterpret_cast<Pack<T, VEC>*>(yrow)[lane] = out;
+      for (int k = 0; k < PER; ++k)
+        if (lane + 32 * k < Dh) yrow[lane + 32 * k] = out.v[k];
+    } else {
+      reinterpret_cast<Pack<T, VEC>*>(yrow)[lane] = out;
+    }
   }
 }
 
@@ -1705,10 +1708,10 @@ at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight) {
     const unsigned threads = 256;
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + threads - 1) / threads, 65535 * 8));
     if (packed)
-      causal_conv_silu_kernel<scalar_t, kV, kShortConvTaps><<<blocks, threads, 0, stream>>>(
+      causal_conv_silu_kernel<scalar_t, kV, kShortConvTaps, kConvSteps><<<blocks, threads, 0, stream>>>(
           xp, weight.data_ptr<scalar_t>(), yp, B, T, C);
     else
-      causal_conv_silu_kernel<scalar_t, 1, kShortConvTaps><<<blocks, threads, 0, stream>>>(
+      causal_conv_silu_kernel<scalar_t, 1, kShortConvTaps, kConvSteps><<<blocks, threads, 0, stream>>>(
           xp, weight.data_ptr<scalar_t>(), yp, B, T, C);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -1743,10 +1746,10 @@ at::Tensor causal_conv_silu_rope_l2norm(const at::Tensor& x, const at::Tensor& w
   if (y.numel() == 0) return y;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_conv_rope_l2norm", [&] {
     constexpr int kV = 16 / sizeof(scalar_t);
-    const int64_t items = B * ((T + kConvSteps - 1) / kConvSteps) * (C / kV);
+    const int64_t items = B * ((T + kConvRopeSteps - 1) / kConvRopeSteps) * (C / kV);
     const unsigned threads = 256;
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + threads - 1) / threads, 65535 * 8));
-    conv_rope_l2norm_kernel<scalar_t, kV, kShortConvTaps><<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    conv_rope_l2norm_kernel<scalar_t, kV, kShortConvTaps, kConvRopeSteps><<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
         x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
         y.data_ptr<scalar_t>(), B, T, C, static_cast<int>(Dh), static_cast<int>(Dh / kV), static_cast<float>(eps));
   });
@@ -1758,7 +1761,8 @@ void launch_fusion_forward(const at::Tensor& o, const at::Tensor& gate, GateActi
                            double eps, at::Tensor& y, const FusionPlacement& pl) {
   const int64_t n = o.size(-2), rows = o.numel() / o.size(-1);
   if (rows == 0) return;
-  const unsigned blocks = static_cast<unsigned>((rows + kFusionWarps - 1) / kFusionWarps);
+  const int64_t per_block = static_cast<int64_t>(kFusionWarps) * kFusionRows;
+  const unsigned blocks = static_cast<unsigned>((rows + per_block - 1) / per_block);
   const int64_t Dh = o.size(-1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, o.scalar_type(), "hh_fusion_forward", [&] {
     // Vector accesses when every row of o, gate, gamma and y starts on a multiple of Dh / 32 elements.

@@ -268,9 +268,10 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                 a.layer_config.c_str(), static_cast<long long>(cfg.hidden_size), static_cast<long long>(Hq),
                 static_cast<long long>(Hkv), static_cast<long long>(Dh), static_cast<long long>(per_layer),
                 static_cast<long long>(Hq - per_layer));
-    std::printf("  (dense and hybrid runs alternate; the speed-up is the median of each pair's ratio)\n");
-    std::printf("  %-10s %14s %14s %10s %14s %14s\n", "B x T", "dense ms", "hybrid ms", "speed-up", "LT-local ms",
-                "TF32-scan ms");
+    std::printf("  (dense and hybrid runs alternate, each synced; the speed-up is the median of each pair's ratio;\n"
+                "   b2b: each side's runs queued back to back, one sync at the end, as in a model's stack of layers)\n");
+    std::printf("  %-10s %14s %14s %10s %11s %11s %8s %14s %14s\n", "B x T", "dense ms", "hybrid ms", "speed-up",
+                "dense b2b", "hybrid b2b", "b2b x", "LT-local ms", "TF32-scan ms");
     out["layer"] = nlohmann::json::array();
     for (const Shape& s : parse_shapes(a.layer_shapes, "--layer-shapes")) {
       torch::NoGradGuard no_grad;
@@ -296,12 +297,16 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       std::vector<double> ratios(dense_runs.size());
       for (size_t i = 0; i < ratios.size(); ++i) ratios[i] = dense_runs[i] / hybrid_runs[i];
       const double dense = median_of(dense_runs), hyb = median_of(hybrid_runs), speedup = median_of(ratios);
+      const double dense_b2b = back_to_back_ms(dev, a.warmup, a.iters, dense_run),
+                   hyb_b2b = back_to_back_ms(dev, a.warmup, a.iters, hybrid_run);
       const std::optional<double> hyb_lt = on_other_path(OtherPath::kLibTorchLocal, dev, hybrid_ms),
                                   hyb_tf32 = on_other_path(OtherPath::kTf32Scan, dev, hybrid_ms);
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
-      std::printf("  %-10s %14.2f %14.2f %9.2fx %14s %14s\n", label.c_str(), dense, hyb, speedup,
-                  figure(hyb_lt, 2).c_str(), figure(hyb_tf32, 2).c_str());
-      nlohmann::json layer = {{"B", s.B}, {"T", s.T}, {"dense_ms", dense}, {"hybrid_ms", hyb}, {"speedup", speedup}};
+      std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %14s\n", label.c_str(), dense, hyb, speedup,
+                  dense_b2b, hyb_b2b, dense_b2b / hyb_b2b, figure(hyb_lt, 2).c_str(), figure(hyb_tf32, 2).c_str());
+      nlohmann::json layer = {{"B", s.B},          {"T", s.T},         {"dense_ms", dense},
+                              {"hybrid_ms", hyb},  {"speedup", speedup}, {"dense_b2b_ms", dense_b2b},
+                              {"hybrid_b2b_ms", hyb_b2b}, {"speedup_b2b", dense_b2b / hyb_b2b}};
       if (hyb_lt) layer["hybrid_local_libtorch_ms"] = *hyb_lt;
       if (hyb_tf32) layer["hybrid_tf32_scan_ms"] = *hyb_tf32;
       out["layer"].push_back(layer);

@@ -38,6 +38,29 @@ def main():
     print(f"kernels: {sum(count.values())}, busy {busy / 1e3:.1f} ms over a span of {span / 1e3:.1f} ms")
     for name, us in total.most_common(args.top):
         print(f"{us / 1e3:9.2f} ms {100 * us / max(busy, 1):5.1f}% {count[name]:7d}x  {name[:110]}")
+    host(events, first, last)
+
+
+def host(events, first, last):
+    """The host's side: where the traced region's first operator starts against the first kernel, and
+    the CUDA runtime and driver calls by total time (a long one the device waits behind shows here)."""
+    ops = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation") and "dur" in e]
+    calls = collections.Counter()
+    ncalls = collections.Counter()
+    longest = collections.Counter()
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "dur" in e:
+            calls[e["name"]] += e["dur"]
+            ncalls[e["name"]] += 1
+            longest[e["name"]] = max(longest[e["name"]], e["dur"])
+    if not ops or first is None:
+        return
+    start = min(e["ts"] for e in ops)
+    end = max(e["ts"] + e["dur"] for e in ops)
+    print(f"host: operators from 0 to {(end - start) / 1e3:.2f} ms; kernels from {(first - start) / 1e3:.2f} "
+          f"to {(last - start) / 1e3:.2f} ms")
+    for name, us in calls.most_common(8):
+        print(f"{us / 1e3:9.2f} ms {ncalls[name]:7d}x  longest {longest[name] / 1e3:.2f} ms  {name[:80]}")
 
 
 def by_scope(events, prefix, top):

@@ -780,7 +780,7 @@ TEST(CudaGdn, ShortConvKernelEqualsConv1dThenSilu) {
 }
 
 // The LA heads' q and k in one pass equal the short convolution's kernel then rope_l2norm's, bit for
-// bit: the same roundings in the same order. Several heads, sequences not a multiple of the kernel's 8
+// bit: the same roundings in the same order. Several heads, sequences not a multiple of the kernels' 8 and 4
 // time steps, the head sizes and dtypes it takes; shapes it does not take are refused.
 TEST(CudaGdn, ConvRopeL2normEqualsTheTwoKernels) {
   ASSERT_TRUE(torch::cuda::is_available());
