@@ -1140,12 +1140,12 @@ __global__ void __launch_bounds__(64) unit_lower_inverse64_kernel(const float* _
 // ---- the LA heads' short convolution: depthwise, causal, then SiLU, in the [B, T, C] layout ----
 // y[b, t, c] = silu(sum_j w[c, j] x[b, t - (K-1) + j, c]), inputs before t = 0 zero. The sum is rounded
 // to the dtype before the SiLU, as at::conv1d then at::silu round. One thread per V consecutive
-// channels (V = 16 bytes of them when every row is aligned, else 1) and kConvSteps consecutive time
-// steps of one sequence: the taps' weights are loaded once, and the K - 1 + kConvSteps input rows the
-// steps read are all loaded before the first step, so that their loads are in flight together (one
-// load a step, each waited on, left the kernels at about half the memory's rate).
-constexpr int kConvSteps = 8;
-constexpr int kConvRopeSteps = 4;  // conv_rope_l2norm_kernel's steps a thread
+// channels (a pack: V = 16 bytes of them when every row is aligned, else 1) of one time step; a block
+// takes 32 packs (its lanes) of kConvBlockSteps consecutive time steps (its warps), so that each input
+// row's load from memory serves the K steps that read it from L1. (A thread over several steps, its
+// loads waited on one by one or its registers full of them, left the kernels at a quarter to half of
+// the memory's rate.)
+constexpr int kConvBlockSteps = 8;
 
 // N values of T at src: in 16-byte loads where N values fill whole ones (src then 16-byte aligned, as
 // the packed kernels' callers check), else one by one.
@@ -1163,116 +1163,100 @@ __device__ __forceinline__ Pack<T, N> load_values(const T* src) {
   return v;
 }
 
-// The input rows t0 - K + 1 .. t0 + S - 1 of V channels at xs (row stride C): zeros before
-// t = 0; rows past Tn - 1 repeat row Tn - 1 (always in bounds; their steps' outputs are not stored).
-template <int K, int S, int V, class T>
-__device__ __forceinline__ void load_rows(Pack<T, V> (&rows)[K - 1 + S], const T* xs, int64_t t0, int64_t Tn, int64_t C) {
-#pragma unroll
-  for (int r = 0; r < K - 1 + S; ++r) {
-    const int64_t t = t0 - (K - 1) + r;
-    if (r < K - 1 && t < 0) {
-#pragma unroll
-      for (int i = 0; i < V; ++i) rows[r].v[i] = static_cast<T>(0.f);
-    } else {
-      rows[r] = load_values<V>(xs + std::min<int64_t>(t, Tn - 1) * C);
-    }
-  }
+// This thread's sequence b, time step t and pack (of `packs` in a row), for a grid of
+// B x ceil(Tn / kConvBlockSteps) x ceil(packs / 32) blocks (channel blocks fastest); false where the
+// thread has none (past the sequence's end: whole warps; past the row's last pack: whole lanes).
+__device__ __forceinline__ bool conv_item(int64_t Tn, int64_t packs, int64_t& b, int64_t& t, int64_t& pack) {
+  const int64_t cblocks = (packs + 31) / 32, tblocks = (Tn + kConvBlockSteps - 1) / kConvBlockSteps;
+  const int64_t bid = blockIdx.x;
+  pack = (bid % cblocks) * 32 + threadIdx.x % 32;
+  t = (bid / cblocks) % tblocks * kConvBlockSteps + threadIdx.x / 32;
+  b = bid / (cblocks * tblocks);
+  return t < Tn && pack < packs;
 }
 
-// Step `step` (time t0 + step) of V channels: out[i] = silu(to_dtype(sum_j wv[i K + j] rows[step + j][i])),
-// to the dtype. The weights and inputs stay in the dtype until used (float32 copies of them would not
-// fit the registers beside the rows in flight).
-template <class T, int V, int K, int S>
-__device__ __forceinline__ void conv_silu_step(const Pack<T, V * K>& wv, const Pack<T, V> (&rows)[K - 1 + S], int step,
-                                               T (&out)[V]) {
+// Time step t of V channels from xs (row stride C): silu(to_dtype(sum_j w[i K + j] x[t - K + 1 + j][i]))
+// for each channel i, to the dtype. The weights and inputs stay in the dtype until used.
+template <class T, int V, int K>
+__device__ __forceinline__ Pack<T, V> conv_silu_at(const T* xs, const T* wc, int64_t t, int64_t C) {
+  Pack<T, V> rows[K];  // inputs t - K + 1 .. t, all loads issued before the first is used
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    const int64_t src = t - (K - 1) + j;
+    if (src >= 0) {
+      rows[j] = load_values<V>(xs + src * C);
+    } else {
+#pragma unroll
+      for (int i = 0; i < V; ++i) rows[j].v[i] = static_cast<T>(0.f);
+    }
+  }
+  const Pack<T, V * K> wv = load_values<V * K>(wc);  // the V channels' K taps: V * K consecutive weights
+  Pack<T, V> out;
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     float acc = 0.f;
 #pragma unroll
-    for (int j = 0; j < K; ++j) acc = fmaf(static_cast<float>(wv.v[i * K + j]), static_cast<float>(rows[step + j].v[i]), acc);
+    for (int j = 0; j < K; ++j) acc = fmaf(static_cast<float>(wv.v[i * K + j]), static_cast<float>(rows[j].v[i]), acc);
     const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
     // SiLU; for 16-bit outputs with the fast exponential and division (a few float32 ulp, far below
     // the output's rounding).
-    if constexpr (sizeof(T) == 2) out[i] = static_cast<T>(__fdividef(a, 1.0f + __expf(-a)));
-    else out[i] = static_cast<T>(a / (1.0f + ::expf(-a)));
+    if constexpr (sizeof(T) == 2) out.v[i] = static_cast<T>(__fdividef(a, 1.0f + __expf(-a)));
+    else out.v[i] = static_cast<T>(a / (1.0f + ::expf(-a)));
   }
+  return out;
 }
 
-template <class T, int V, int K, int S>
-__global__ void __launch_bounds__(256, 2) causal_conv_silu_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                                                  T* __restrict__ y, int64_t B, int64_t Tn, int64_t C) {
-  const int64_t packs = C / V, blocks_t = (Tn + S - 1) / S, items = B * blocks_t * packs;
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < items;
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c0 = (p % packs) * V, tb = (p / packs) % blocks_t, b = p / (packs * blocks_t);
-    const int64_t t0 = tb * S;
-    const T* xs = x + b * Tn * C + c0;
-    T* ys = y + b * Tn * C + c0;
-    Pack<T, V> rows[K - 1 + S];
-    load_rows<K, S>(rows, xs, t0, Tn, C);
-    const Pack<T, V * K> wv = load_values<V * K>(w + c0 * K);  // the V channels' K taps: V * K consecutive weights
-#pragma unroll
-    for (int step = 0; step < S; ++step) {
-      Pack<T, V> out;
-      conv_silu_step<T, V, K, S>(wv, rows, step, out.v);
-      if (t0 + step < Tn) store_pack<V>(ys + (t0 + step) * C, out);
-    }
-  }
+template <class T, int V, int K>
+__global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t Tn,
+                                        int64_t C) {
+  int64_t b, t, pack;
+  if (!conv_item(Tn, C / V, b, t, pack)) return;
+  const int64_t c0 = pack * V;
+  store_pack<V>(y + (b * Tn + t) * C + c0, conv_silu_at<T, V, K>(x + b * Tn * C + c0, w + c0 * K, t, C));
 }
 
 // The LA heads' q or k in one pass (kernels::causal_conv_silu_rope_l2norm): the short convolution as
 // above, then RoPE and the head's L2 norm as rope_l2norm_packed_kernel forms them, on the convolution's
-// output in registers. Thread p carries the V = 16 bytes of channels c0.. of one sequence over S time
-// steps (kConvRopeSteps: the RoPE tables' loads take the registers that more steps would need); the
-// P = Dh / V threads of a head are consecutive lanes (packs run along p and a head's P packs start at a
-// multiple of P), which swap their rotate-half partners and sum the head's squares by shuffles within
-// their group, in rope_l2norm_packed_kernel's order.
-template <class T, int V, int K, int S>
-__global__ void __launch_bounds__(256, 2)
-    conv_rope_l2norm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ cos,
-                            const T* __restrict__ sin, T* __restrict__ y, int64_t B, int64_t Tn, int64_t C, int Dh,
-                            int P, float eps) {
+// output in registers. The P = Dh / V threads of a head are consecutive lanes (a head's P packs start
+// at a multiple of P), which swap their rotate-half partners and sum the head's squares by shuffles
+// within their group, in rope_l2norm_packed_kernel's order.
+template <class T, int V, int K>
+__global__ void conv_rope_l2norm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ cos,
+                                        const T* __restrict__ sin, T* __restrict__ y, int64_t Tn, int64_t C, int Dh,
+                                        int P, float eps) {
   static_assert(V * sizeof(T) == 16, "16-byte packs");
+  int64_t b, t, pack;
+  if (!conv_item(Tn, C / V, b, t, pack)) return;  // whole groups: C is a multiple of Dh
   const int lane = threadIdx.x % 32;
   const unsigned group = P == 32 ? 0xffffffffu : ((1u << P) - 1u) << (lane / P * P);
-  const int64_t packs = C / V, blocks_t = (Tn + S - 1) / S, items = B * blocks_t * packs;
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < items;
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c0 = (p % packs) * V, tb = (p / packs) % blocks_t, b = p / (packs * blocks_t);
-    const int64_t t0 = tb * S;
-    const int d0 = static_cast<int>(c0 % Dh), j = d0 / V;
-    const bool first = j < P / 2;  // rotate_half: -x[i + Dh/2] in the first half, x[i - Dh/2] in the second
-    const T* xs = x + b * Tn * C + c0;
-    T* ys = y + b * Tn * C + c0;
-    Pack<T, V> rows[K - 1 + S];
-    load_rows<K, S>(rows, xs, t0, Tn, C);
-    const Pack<T, V * K> wv = load_values<V * K>(w + c0 * K);
+  const int64_t c0 = pack * V;
+  const int d0 = static_cast<int>(c0 % Dh), j = d0 / V;
+  const bool first = j < P / 2;  // rotate_half: -x[i + Dh/2] in the first half, x[i - Dh/2] in the second
+  const Pack<T, V> cp = load_pack<V>(cos + t * Dh + d0), sp = load_pack<V>(sin + t * Dh + d0);
+  const Pack<T, V> out = conv_silu_at<T, V, K>(x + b * Tn * C + c0, w + c0 * K, t, C);
+  Pack<T, V> partner;
 #pragma unroll
-    for (int step = 0; step < S; ++step) {
-      // Every lane of a group takes every step (one sequence and time block: the shuffles' partners);
-      // steps past the sequence's end work on its last row and store nothing.
-      const int64_t t = std::min<int64_t>(t0 + step, Tn - 1);
-      Pack<T, V> out;
-      conv_silu_step<T, V, K, S>(wv, rows, step, out.v);
-      Pack<T, V> partner;
+  for (int q = 0; q < 4; ++q)
+    reinterpret_cast<unsigned*>(partner.v)[q] = __shfl_xor_sync(group, reinterpret_cast<const unsigned*>(out.v)[q], P / 2);
+  float r[V];
+  float ss = rope_pack<T, V>(out, partner, first, cp, sp, r);
+  for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(group, ss, off);
+  const float inv = rsqrtf(ss + eps);
+  Pack<T, V> o;
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        reinterpret_cast<unsigned*>(partner.v)[q] =
-            __shfl_xor_sync(group, reinterpret_cast<const unsigned*>(out.v)[q], P / 2);
-      const Pack<T, V> cp = load_pack<V>(cos + t * Dh + d0), sp = load_pack<V>(sin + t * Dh + d0);
-      float r[V];
-      float ss = rope_pack<T, V>(out, partner, first, cp, sp, r);
-      for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(group, ss, off);
-      const float inv = rsqrtf(ss + eps);
-      Pack<T, V> o;
-#pragma unroll
-      for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(r[e] * inv);
-      if (t0 + step < Tn) store_pack<V>(ys + t * C, o);
-    }
-  }
+  for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(r[e] * inv);
+  store_pack<V>(y + (b * Tn + t) * C + c0, o);
 }
 
-// ---- scale-normalised fusion: rows of Dh <= 256 elements (8 a lane), a warp each (the forward: kFusionRows each) ----
+// conv_item's grid for B sequences of Tn steps with `packs` packs a row.
+unsigned conv_blocks(int64_t B, int64_t Tn, int64_t packs) {
+  const int64_t blocks = B * ((Tn + kConvBlockSteps - 1) / kConvBlockSteps) * ((packs + 31) / 32);
+  if (blocks > std::numeric_limits<int32_t>::max())
+    throw std::invalid_argument("hh::kernels: the short convolution's grid exceeds 2^31 - 1 blocks");
+  return static_cast<unsigned>(blocks);
+}
+
+// ---- scale-normalised fusion: one warp per row of Dh <= 256 elements (8 a lane) ----
 constexpr int kFusionWarps = 8;
 constexpr int kMaxPerLane = 8;
 constexpr int kMaxFusionHeads = 256;
@@ -1292,67 +1276,56 @@ __device__ __forceinline__ float activate(float x) {
   else return x;
 }
 
-// kFusionRows rows a warp, all their loads issued before the first row's sums (one row's loads a warp,
-// each waited on, left the kernel at half the memory's rate). VEC = 1: lane l takes elements l, l + 32,
-// ... of a row (any Dh <= 256); VEC > 1 (Dh = 32 VEC, rows aligned to VEC elements): lane l takes
-// elements VEC l .. VEC l + VEC - 1, in one vector access.
-constexpr int kFusionRows = 4;
+// One warp a row. VEC = 1: lane l takes elements l, l + 32, ... (any Dh <= 256); VEC > 1 (Dh = 32 VEC,
+// rows aligned to VEC elements): lane l takes elements VEC l .. VEC l + VEC - 1, in one vector access.
 template <class T, int ACT, int VEC>
 __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restrict__ gate, const T* __restrict__ gamma,
                                       T* __restrict__ y, int64_t rows, int n, int Dh, float eps, FusionPlacement pl) {
   constexpr int PER = VEC == 1 ? kMaxPerLane : VEC;
   const int lane = threadIdx.x & 31;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kFusionWarps + (threadIdx.x >> 5)) * kFusionRows;
-  float x[kFusionRows][PER], gv[kFusionRows][PER], gmv[kFusionRows][PER];
-#pragma unroll
-  for (int rr = 0; rr < kFusionRows; ++rr) {
-    const int64_t row = std::min(row0 + rr, rows - 1);  // rows past the last repeat it and store nothing
-    const int64_t r = row / n;
-    const int i = static_cast<int>(row % n);
-    const T* orow = o + row * Dh;
-    const T* grow = gate + r * pl.gate_ld + static_cast<int64_t>(i) * Dh;
-    const T* gm = gamma + static_cast<int64_t>(i) * Dh;
-    if constexpr (VEC == 1) {
-#pragma unroll
-      for (int k = 0; k < PER; ++k) {
-        const int d = lane + 32 * k;
-        x[rr][k] = d < Dh ? static_cast<float>(orow[d]) : 0.f;
-        gv[rr][k] = d < Dh ? static_cast<float>(grow[d]) : 0.f;
-        gmv[rr][k] = d < Dh ? static_cast<float>(gm[d]) : 0.f;
-      }
-    } else {
-      const Pack<T, VEC> xo = reinterpret_cast<const Pack<T, VEC>*>(orow)[lane];
-      const Pack<T, VEC> xg = reinterpret_cast<const Pack<T, VEC>*>(grow)[lane];
-      const Pack<T, VEC> xm = reinterpret_cast<const Pack<T, VEC>*>(gm)[lane];
-#pragma unroll
-      for (int k = 0; k < PER; ++k)
-        x[rr][k] = static_cast<float>(xo.v[k]), gv[rr][k] = static_cast<float>(xg.v[k]), gmv[rr][k] = static_cast<float>(xm.v[k]);
-    }
-  }
-#pragma unroll
-  for (int rr = 0; rr < kFusionRows; ++rr) {
-    const int64_t row = row0 + rr;
-    if (row >= rows) break;  // the same for the whole warp
-    float ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < PER; ++k) ss += x[rr][k] * x[rr][k];
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    const float rstd = rsqrtf(ss / static_cast<float>(Dh) + eps);
-    Pack<T, PER> out;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kFusionWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int64_t r = row / n;
+  const int i = static_cast<int>(row % n);
+  const T* orow = o + row * Dh;
+  const T* grow = gate + r * pl.gate_ld + static_cast<int64_t>(i) * Dh;
+  T* yrow = y + r * pl.y_ld + static_cast<int64_t>(pl.pos[i]) * Dh;
+  const T* gm = gamma + static_cast<int64_t>(i) * Dh;
+  float x[PER], gv[PER], gmv[PER];
+  if constexpr (VEC == 1) {
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
-      const T normed = static_cast<T>(x[rr][k] * rstd);
-      const T scaled = static_cast<T>(gmv[rr][k] * static_cast<float>(normed));
-      out.v[k] = static_cast<T>(activate<ACT, T>(gv[rr][k]) * static_cast<float>(scaled));
+      const int d = lane + 32 * k;
+      x[k] = d < Dh ? static_cast<float>(orow[d]) : 0.f;
+      gv[k] = d < Dh ? static_cast<float>(grow[d]) : 0.f;
+      gmv[k] = d < Dh ? static_cast<float>(gm[d]) : 0.f;
     }
-    T* yrow = y + (row / n) * pl.y_ld + static_cast<int64_t>(pl.pos[row % n]) * Dh;
-    if constexpr (VEC == 1) {
+  } else {
+    const Pack<T, VEC> xo = reinterpret_cast<const Pack<T, VEC>*>(orow)[lane];
+    const Pack<T, VEC> xg = reinterpret_cast<const Pack<T, VEC>*>(grow)[lane];
+    const Pack<T, VEC> xm = reinterpret_cast<const Pack<T, VEC>*>(gm)[lane];
 #pragma unroll
-      for (int k = 0; k < PER; ++k)
-        if (lane + 32 * k < Dh) yrow[lane + 32 * k] = out.v[k];
-    } else {
-      reinterpret_cast<Pack<T, VEC>*>(yrow)[lane] = out;
-    }
+    for (int k = 0; k < PER; ++k)
+      x[k] = static_cast<float>(xo.v[k]), gv[k] = static_cast<float>(xg.v[k]), gmv[k] = static_cast<float>(xm.v[k]);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < PER; ++k) ss += x[k] * x[k];
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float rstd = rsqrtf(ss / static_cast<float>(Dh) + eps);
+  Pack<T, PER> out;
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const T normed = static_cast<T>(x[k] * rstd);
+    const T scaled = static_cast<T>(gmv[k] * static_cast<float>(normed));
+    out.v[k] = static_cast<T>(activate<ACT, T>(gv[k]) * static_cast<float>(scaled));
+  }
+  if constexpr (VEC == 1) {
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
+      if (lane + 32 * k < Dh) yrow[lane + 32 * k] = out.v[k];
+  } else {
+    reinterpret_cast<Pack<T, VEC>*>(yrow)[lane] = out;
   }
 }
 
@@ -1703,16 +1676,11 @@ at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight) {
     const scalar_t* wp = weight.data_ptr<scalar_t>();
     const bool packed = C % kV == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0 && reinterpret_cast<uintptr_t>(yp) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(wp) % 16 == 0;
-    const int v = packed ? kV : 1;
-    const int64_t items = B * ((T + kConvSteps - 1) / kConvSteps) * (C / v);
-    const unsigned threads = 256;
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + threads - 1) / threads, 65535 * 8));
+    const unsigned blocks = conv_blocks(B, T, packed ? C / kV : C), threads = 32 * kConvBlockSteps;
     if (packed)
-      causal_conv_silu_kernel<scalar_t, kV, kShortConvTaps, kConvSteps><<<blocks, threads, 0, stream>>>(
-          xp, weight.data_ptr<scalar_t>(), yp, B, T, C);
+      causal_conv_silu_kernel<scalar_t, kV, kShortConvTaps><<<blocks, threads, 0, stream>>>(xp, wp, yp, T, C);
     else
-      causal_conv_silu_kernel<scalar_t, 1, kShortConvTaps, kConvSteps><<<blocks, threads, 0, stream>>>(
-          xp, weight.data_ptr<scalar_t>(), yp, B, T, C);
+      causal_conv_silu_kernel<scalar_t, 1, kShortConvTaps><<<blocks, threads, 0, stream>>>(xp, wp, yp, T, C);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
@@ -1746,12 +1714,10 @@ at::Tensor causal_conv_silu_rope_l2norm(const at::Tensor& x, const at::Tensor& w
   if (y.numel() == 0) return y;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_conv_rope_l2norm", [&] {
     constexpr int kV = 16 / sizeof(scalar_t);
-    const int64_t items = B * ((T + kConvRopeSteps - 1) / kConvRopeSteps) * (C / kV);
-    const unsigned threads = 256;
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + threads - 1) / threads, 65535 * 8));
-    conv_rope_l2norm_kernel<scalar_t, kV, kShortConvTaps, kConvRopeSteps><<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
-        y.data_ptr<scalar_t>(), B, T, C, static_cast<int>(Dh), static_cast<int>(Dh / kV), static_cast<float>(eps));
+    conv_rope_l2norm_kernel<scalar_t, kV, kShortConvTaps>
+        <<<conv_blocks(B, T, C / kV), 32 * kConvBlockSteps, 0, at::cuda::getCurrentCUDAStream()>>>(
+            x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
+            y.data_ptr<scalar_t>(), T, C, static_cast<int>(Dh), static_cast<int>(Dh / kV), static_cast<float>(eps));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
@@ -1761,8 +1727,7 @@ void launch_fusion_forward(const at::Tensor& o, const at::Tensor& gate, GateActi
                            double eps, at::Tensor& y, const FusionPlacement& pl) {
   const int64_t n = o.size(-2), rows = o.numel() / o.size(-1);
   if (rows == 0) return;
-  const int64_t per_block = static_cast<int64_t>(kFusionWarps) * kFusionRows;
-  const unsigned blocks = static_cast<unsigned>((rows + per_block - 1) / per_block);
+  const unsigned blocks = static_cast<unsigned>((rows + kFusionWarps - 1) / kFusionWarps);
   const int64_t Dh = o.size(-1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, o.scalar_type(), "hh_fusion_forward", [&] {
     // Vector accesses when every row of o, gate, gamma and y starts on a multiple of Dh / 32 elements.
