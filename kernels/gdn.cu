@@ -1163,15 +1163,13 @@ __device__ __forceinline__ Pack<T, N> load_values(const T* src) {
   return v;
 }
 
-// This thread's sequence b, time step t and pack (of `packs` in a row), for a grid of
-// B x ceil(Tn / kConvBlockSteps) x ceil(packs / 32) blocks (channel blocks fastest); false where the
-// thread has none (past the sequence's end: whole warps; past the row's last pack: whole lanes).
-__device__ __forceinline__ bool conv_item(int64_t Tn, int64_t packs, int64_t& b, int64_t& t, int64_t& pack) {
-  const int64_t cblocks = (packs + 31) / 32, tblocks = (Tn + kConvBlockSteps - 1) / kConvBlockSteps;
-  const int64_t bid = blockIdx.x;
-  pack = (bid % cblocks) * 32 + threadIdx.x % 32;
-  t = (bid / cblocks) % tblocks * kConvBlockSteps + threadIdx.x / 32;
-  b = bid / (cblocks * tblocks);
+// This thread's time step t and pack (of `packs` in a row) on the grid conv_grid makes (time blocks
+// along x, blocks of 32 packs along y, sequences along z; no divisions, which the thread's little
+// arithmetic could not hide); false where it has none (past the sequence's end: whole warps; past the
+// row's last pack: whole lanes).
+__device__ __forceinline__ bool conv_item(int64_t Tn, int64_t packs, int64_t& t, int64_t& pack) {
+  pack = static_cast<int64_t>(blockIdx.y) * 32 + threadIdx.x % 32;
+  t = static_cast<int64_t>(blockIdx.x) * kConvBlockSteps + threadIdx.x / 32;
   return t < Tn && pack < packs;
 }
 
@@ -1209,9 +1207,9 @@ __device__ __forceinline__ Pack<T, V> conv_silu_at(const T* xs, const T* wc, int
 template <class T, int V, int K>
 __global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t Tn,
                                         int64_t C) {
-  int64_t b, t, pack;
-  if (!conv_item(Tn, C / V, b, t, pack)) return;
-  const int64_t c0 = pack * V;
+  int64_t t, pack;
+  if (!conv_item(Tn, C / V, t, pack)) return;
+  const int64_t b = blockIdx.z, c0 = pack * V;
   store_pack<V>(y + (b * Tn + t) * C + c0, conv_silu_at<T, V, K>(x + b * Tn * C + c0, w + c0 * K, t, C));
 }
 
@@ -1225,12 +1223,12 @@ __global__ void conv_rope_l2norm_kernel(const T* __restrict__ x, const T* __rest
                                         const T* __restrict__ sin, T* __restrict__ y, int64_t Tn, int64_t C, int Dh,
                                         int P, float eps) {
   static_assert(V * sizeof(T) == 16, "16-byte packs");
-  int64_t b, t, pack;
-  if (!conv_item(Tn, C / V, b, t, pack)) return;  // whole groups: C is a multiple of Dh
+  int64_t t, pack;
+  if (!conv_item(Tn, C / V, t, pack)) return;  // whole groups: C is a multiple of Dh
   const int lane = threadIdx.x % 32;
   const unsigned group = P == 32 ? 0xffffffffu : ((1u << P) - 1u) << (lane / P * P);
-  const int64_t c0 = pack * V;
-  const int d0 = static_cast<int>(c0 % Dh), j = d0 / V;
+  const int64_t b = blockIdx.z, c0 = pack * V;
+  const int j = lane % P, d0 = j * V;  // a row's packs begin at a multiple of 32, each head's at one of P
   const bool first = j < P / 2;  // rotate_half: -x[i + Dh/2] in the first half, x[i - Dh/2] in the second
   const Pack<T, V> cp = load_pack<V>(cos + t * Dh + d0), sp = load_pack<V>(sin + t * Dh + d0);
   const Pack<T, V> out = conv_silu_at<T, V, K>(x + b * Tn * C + c0, w + c0 * K, t, C);
@@ -1249,11 +1247,12 @@ __global__ void conv_rope_l2norm_kernel(const T* __restrict__ x, const T* __rest
 }
 
 // conv_item's grid for B sequences of Tn steps with `packs` packs a row.
-unsigned conv_blocks(int64_t B, int64_t Tn, int64_t packs) {
-  const int64_t blocks = B * ((Tn + kConvBlockSteps - 1) / kConvBlockSteps) * ((packs + 31) / 32);
-  if (blocks > std::numeric_limits<int32_t>::max())
-    throw std::invalid_argument("hh::kernels: the short convolution's grid exceeds 2^31 - 1 blocks");
-  return static_cast<unsigned>(blocks);
+dim3 conv_grid(int64_t B, int64_t Tn, int64_t packs) {
+  const int64_t tblocks = (Tn + kConvBlockSteps - 1) / kConvBlockSteps, cblocks = (packs + 31) / 32;
+  if (tblocks > std::numeric_limits<int32_t>::max() || cblocks > 65535 || B > 65535)
+    throw std::invalid_argument("hh::kernels: the short convolution takes at most 65535 sequences, 65535 x 32 packs of "
+                                "channels and 2^31 - 1 blocks of " + std::to_string(kConvBlockSteps) + " steps");
+  return dim3(static_cast<unsigned>(tblocks), static_cast<unsigned>(cblocks), static_cast<unsigned>(B));
 }
 
 // ---- scale-normalised fusion: one warp per row of Dh <= 256 elements (8 a lane) ----
@@ -1268,11 +1267,17 @@ struct FusionPlacement {
   int32_t pos[kMaxFusionHeads];
 };
 
-// at::sigmoid's and at::silu's float formulas, rounded to T as they round them.
+// at::sigmoid's and at::silu's float formulas, rounded to T as they round them; for 16-bit T with the
+// fast exponential and division, as the short convolution's SiLU (a few float32 ulp, far below T's
+// rounding: the kernel is bound by its instructions, and the accurate forms are most of them).
 template <int ACT, class T>
 __device__ __forceinline__ float activate(float x) {
-  if constexpr (ACT == static_cast<int>(GateActivation::kSigmoid)) return static_cast<float>(static_cast<T>(1.f / (1.f + expf(-x))));
-  else if constexpr (ACT == static_cast<int>(GateActivation::kSilu)) return static_cast<float>(static_cast<T>(x / (1.f + expf(-x))));
+  constexpr bool fast = sizeof(T) == 2;
+  const float e = fast ? __expf(-x) : expf(-x);
+  if constexpr (ACT == static_cast<int>(GateActivation::kSigmoid))
+    return static_cast<float>(static_cast<T>(fast ? __fdividef(1.f, 1.f + e) : 1.f / (1.f + e)));
+  else if constexpr (ACT == static_cast<int>(GateActivation::kSilu))
+    return static_cast<float>(static_cast<T>(fast ? __fdividef(x, 1.f + e) : x / (1.f + e)));
   else return x;
 }
 
@@ -1285,8 +1290,17 @@ __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restri
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kFusionWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
-  const int64_t r = row / n;
-  const int i = static_cast<int>(row % n);
+  // Row = r n + i: in 32 bits where the rows fit (a 64-bit division is most of a row's index arithmetic).
+  int64_t r;
+  int i;
+  if (rows <= std::numeric_limits<uint32_t>::max()) {
+    const uint32_t q = static_cast<uint32_t>(row) / static_cast<uint32_t>(n);
+    r = q;
+    i = static_cast<int>(static_cast<uint32_t>(row) - q * static_cast<uint32_t>(n));
+  } else {
+    r = row / n;
+    i = static_cast<int>(row % n);
+  }
   const T* orow = o + row * Dh;
   const T* grow = gate + r * pl.gate_ld + static_cast<int64_t>(i) * Dh;
   T* yrow = y + r * pl.y_ld + static_cast<int64_t>(pl.pos[i]) * Dh;
@@ -1676,7 +1690,8 @@ at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight) {
     const scalar_t* wp = weight.data_ptr<scalar_t>();
     const bool packed = C % kV == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0 && reinterpret_cast<uintptr_t>(yp) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(wp) % 16 == 0;
-    const unsigned blocks = conv_blocks(B, T, packed ? C / kV : C), threads = 32 * kConvBlockSteps;
+    const dim3 blocks = conv_grid(B, T, packed ? C / kV : C);
+    const unsigned threads = 32 * kConvBlockSteps;
     if (packed)
       causal_conv_silu_kernel<scalar_t, kV, kShortConvTaps><<<blocks, threads, 0, stream>>>(xp, wp, yp, T, C);
     else
@@ -1715,7 +1730,7 @@ at::Tensor causal_conv_silu_rope_l2norm(const at::Tensor& x, const at::Tensor& w
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_conv_rope_l2norm", [&] {
     constexpr int kV = 16 / sizeof(scalar_t);
     conv_rope_l2norm_kernel<scalar_t, kV, kShortConvTaps>
-        <<<conv_blocks(B, T, C / kV), 32 * kConvBlockSteps, 0, at::cuda::getCurrentCUDAStream()>>>(
+        <<<conv_grid(B, T, C / kV), 32 * kConvBlockSteps, 0, at::cuda::getCurrentCUDAStream()>>>(
             x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
             y.data_ptr<scalar_t>(), T, C, static_cast<int>(Dh), static_cast<int>(Dh / kV), static_cast<float>(eps));
   });
