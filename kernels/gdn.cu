@@ -1140,15 +1140,17 @@ __global__ void __launch_bounds__(64) unit_lower_inverse64_kernel(const float* _
 // ---- the LA heads' short convolution: depthwise, causal, then SiLU, in the [B, T, C] layout ----
 // y[b, t, c] = silu(sum_j w[c, j] x[b, t - (K-1) + j, c]), inputs before t = 0 zero. The sum is rounded
 // to the dtype before the SiLU, as at::conv1d then at::silu round. One thread per V consecutive
-// channels (a pack: V = 16 bytes of them when every row is aligned, else 1) of one time step; a block
-// takes 32 packs (its lanes) of kConvBlockSteps consecutive time steps (its warps), so that each input
-// row's load from memory serves the K steps that read it from L1. (A thread over several steps, its
-// loads waited on one by one or its registers full of them, left the kernels at a quarter to half of
-// the memory's rate.)
-constexpr int kConvBlockSteps = 8;
+// channels (a pack: V = 16 bytes of them when every row is aligned, else 1) and kConvSteps consecutive
+// time steps of one sequence; a block's lanes take 32 packs and its warps consecutive runs of steps.
+// The kernels are bound by their instructions (the inputs' 16-bit unpacking most of them), so a thread
+// converts its taps' weights once and each input row once, keeping the last K - 1 in float32 as the
+// window slides, and each step's loads are issued one step ahead, in flight while the step before is
+// worked.
+constexpr int kConvSteps = 8;
+constexpr int kConvWarps = 8;
 
-// N values of T at src: in 16-byte loads where N values fill whole ones (src then 16-byte aligned, as
-// the packed kernels' callers check), else one by one.
+// N values of T at src as float32: in 16-byte loads where N values fill whole ones (src then 16-byte
+// aligned, as the packed kernels' callers check), else one by one.
 template <int N, class T>
 __device__ __forceinline__ Pack<T, N> load_values(const T* src) {
   Pack<T, N> v;
@@ -1162,96 +1164,135 @@ __device__ __forceinline__ Pack<T, N> load_values(const T* src) {
   }
   return v;
 }
-
-// This thread's time step t and pack (of `packs` in a row) on the grid conv_grid makes (time blocks
-// along x, blocks of 32 packs along y, sequences along z; no divisions, which the thread's little
-// arithmetic could not hide); false where it has none (past the sequence's end: whole warps; past the
-// row's last pack: whole lanes).
-__device__ __forceinline__ bool conv_item(int64_t Tn, int64_t packs, int64_t& t, int64_t& pack) {
-  pack = static_cast<int64_t>(blockIdx.y) * 32 + threadIdx.x % 32;
-  t = static_cast<int64_t>(blockIdx.x) * kConvBlockSteps + threadIdx.x / 32;
-  return t < Tn && pack < packs;
+template <int N, class T>
+__device__ __forceinline__ void to_float(float (&dst)[N], const Pack<T, N>& v) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) dst[i] = static_cast<float>(v.v[i]);
 }
 
-// Time step t of V channels from xs (row stride C): silu(to_dtype(sum_j w[i K + j] x[t - K + 1 + j][i]))
-// for each channel i, to the dtype. The weights and inputs stay in the dtype until used.
+// A thread's place on conv_grid's grid (runs of kConvSteps steps along x, in blocks of kConvWarps; blocks
+// of 32 packs along y; sequences along z): its pack and first step, false where it has none (whole
+// warps past the sequence's end; whole lanes past the row's last pack).
+__device__ __forceinline__ bool conv_item(int64_t Tn, int64_t packs, int64_t& t0, int64_t& pack) {
+  pack = static_cast<int64_t>(blockIdx.y) * 32 + threadIdx.x % 32;
+  t0 = (static_cast<int64_t>(blockIdx.x) * kConvWarps + threadIdx.x / 32) * kConvSteps;
+  return t0 < Tn && pack < packs;
+}
+
+// The conv's state for one thread: its V channels' K taps and the window of inputs t - K + 1 .. t in
+// float32, the next step's input row in flight.
 template <class T, int V, int K>
-__device__ __forceinline__ Pack<T, V> conv_silu_at(const T* xs, const T* wc, int64_t t, int64_t C) {
-  Pack<T, V> rows[K];  // inputs t - K + 1 .. t, all loads issued before the first is used
+struct ConvWindow {
+  float wv[V * K];   // the V channels' K taps: V * K consecutive weights
+  float win[K][V];   // rows t - K + 1 .. t (the last filled by enter)
+  Pack<T, V> next;   // the row the next step enters
+  __device__ __forceinline__ ConvWindow(const T* xs, const T* wc, int64_t t0, int64_t C) {
+    next = load_values<V>(xs + t0 * C);
+    to_float<V * K>(wv, load_values<V * K>(wc));
 #pragma unroll
-  for (int j = 0; j < K; ++j) {
-    const int64_t src = t - (K - 1) + j;
-    if (src >= 0) {
-      rows[j] = load_values<V>(xs + src * C);
-    } else {
+    for (int j = 0; j < K - 1; ++j) {
+      const int64_t src = t0 - (K - 1) + j;
+      if (src >= 0) to_float<V>(win[j], load_values<V>(xs + src * C));
+      else
 #pragma unroll
-      for (int i = 0; i < V; ++i) rows[j].v[i] = static_cast<T>(0.f);
+        for (int i = 0; i < V; ++i) win[j][i] = 0.f;
     }
   }
-  const Pack<T, V * K> wv = load_values<V * K>(wc);  // the V channels' K taps: V * K consecutive weights
-  Pack<T, V> out;
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < K; ++j) acc = fmaf(static_cast<float>(wv.v[i * K + j]), static_cast<float>(rows[j].v[i]), acc);
-    const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
-    // SiLU; for 16-bit outputs with the fast exponential and division (a few float32 ulp, far below
-    // the output's rounding).
-    if constexpr (sizeof(T) == 2) out.v[i] = static_cast<T>(__fdividef(a, 1.0f + __expf(-a)));
-    else out.v[i] = static_cast<T>(a / (1.0f + ::expf(-a)));
+  // Step t: the row loaded for it enters the window, and row t + 1's load is issued when `more`.
+  __device__ __forceinline__ void enter(const T* xs, int64_t t, int64_t C, bool more) {
+    to_float<V>(win[K - 1], next);
+    if (more) next = load_values<V>(xs + (t + 1) * C);
   }
-  return out;
-}
+  // silu(to_dtype(sum_j wv[i K + j] win[j][i])) for each channel i, to the dtype; then the window slides.
+  __device__ __forceinline__ Pack<T, V> step() {
+    Pack<T, V> out;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      float acc = 0.f;
+#pragma unroll
+      for (int j = 0; j < K; ++j) acc = fmaf(wv[i * K + j], win[j][i], acc);
+      const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
+      // SiLU; for 16-bit outputs with the fast exponential and division (a few float32 ulp, far below
+      // the output's rounding).
+      if constexpr (sizeof(T) == 2) out.v[i] = static_cast<T>(__fdividef(a, 1.0f + __expf(-a)));
+      else out.v[i] = static_cast<T>(a / (1.0f + ::expf(-a)));
+    }
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j)
+#pragma unroll
+      for (int i = 0; i < V; ++i) win[j][i] = win[j + 1][i];
+    return out;
+  }
+};
 
 template <class T, int V, int K>
-__global__ void causal_conv_silu_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t Tn,
-                                        int64_t C) {
-  int64_t t, pack;
-  if (!conv_item(Tn, C / V, t, pack)) return;
-  const int64_t b = blockIdx.z, c0 = pack * V;
-  store_pack<V>(y + (b * Tn + t) * C + c0, conv_silu_at<T, V, K>(x + b * Tn * C + c0, w + c0 * K, t, C));
+__global__ void __launch_bounds__(32 * kConvWarps, 2)
+    causal_conv_silu_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t Tn, int64_t C) {
+  int64_t t0, pack;
+  if (!conv_item(Tn, C / V, t0, pack)) return;
+  const int64_t b = blockIdx.z, c0 = pack * V, t1 = std::min<int64_t>(t0 + kConvSteps, Tn);
+  const T* xs = x + b * Tn * C + c0;
+  T* ys = y + b * Tn * C + c0;
+  ConvWindow<T, V, K> cw(xs, w + c0 * K, t0, C);
+#pragma unroll 1
+  for (int64_t t = t0; t < t1; ++t) {
+    cw.enter(xs, t, C, t + 1 < t1);
+    store_pack<V>(ys + t * C, cw.step());
+  }
 }
 
 // The LA heads' q or k in one pass (kernels::causal_conv_silu_rope_l2norm): the short convolution as
 // above, then RoPE and the head's L2 norm as rope_l2norm_packed_kernel forms them, on the convolution's
-// output in registers. The P = Dh / V threads of a head are consecutive lanes (a head's P packs start
-// at a multiple of P), which swap their rotate-half partners and sum the head's squares by shuffles
-// within their group, in rope_l2norm_packed_kernel's order.
+// output in registers (the RoPE tables' rows also loaded a step ahead). The P = Dh / V threads of a head
+// are consecutive lanes (a head's P packs start at a multiple of P), which swap their rotate-half
+// partners and sum the head's squares by shuffles within their group, in rope_l2norm_packed_kernel's
+// order; a warp's lanes share their steps.
 template <class T, int V, int K>
-__global__ void conv_rope_l2norm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ cos,
-                                        const T* __restrict__ sin, T* __restrict__ y, int64_t Tn, int64_t C, int Dh,
-                                        int P, float eps) {
+__global__ void __launch_bounds__(32 * kConvWarps, 2)
+    conv_rope_l2norm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ cos,
+                            const T* __restrict__ sin, T* __restrict__ y, int64_t Tn, int64_t C, int Dh, int P,
+                            float eps) {
   static_assert(V * sizeof(T) == 16, "16-byte packs");
-  int64_t t, pack;
-  if (!conv_item(Tn, C / V, t, pack)) return;  // whole groups: C is a multiple of Dh
+  int64_t t0, pack;
+  if (!conv_item(Tn, C / V, t0, pack)) return;  // whole groups: C is a multiple of Dh
   const int lane = threadIdx.x % 32;
   const unsigned group = P == 32 ? 0xffffffffu : ((1u << P) - 1u) << (lane / P * P);
-  const int64_t b = blockIdx.z, c0 = pack * V;
+  const int64_t b = blockIdx.z, c0 = pack * V, t1 = std::min<int64_t>(t0 + kConvSteps, Tn);
   const int j = lane % P, d0 = j * V;  // a row's packs begin at a multiple of 32, each head's at one of P
-  const bool first = j < P / 2;  // rotate_half: -x[i + Dh/2] in the first half, x[i - Dh/2] in the second
-  const Pack<T, V> cp = load_pack<V>(cos + t * Dh + d0), sp = load_pack<V>(sin + t * Dh + d0);
-  const Pack<T, V> out = conv_silu_at<T, V, K>(x + b * Tn * C + c0, w + c0 * K, t, C);
-  Pack<T, V> partner;
+  const bool first = j < P / 2;        // rotate_half: -x[i + Dh/2] in the first half, x[i - Dh/2] in the second
+  const T* xs = x + b * Tn * C + c0;
+  T* ys = y + b * Tn * C + c0;
+  ConvWindow<T, V, K> cw(xs, w + c0 * K, t0, C);
+  Pack<T, V> cn = load_pack<V>(cos + t0 * Dh + d0), sn = load_pack<V>(sin + t0 * Dh + d0);
+#pragma unroll 1
+  for (int64_t t = t0; t < t1; ++t) {
+    const bool more = t + 1 < t1;
+    cw.enter(xs, t, C, more);
+    const Pack<T, V> cp = cn, sp = sn;
+    if (more) cn = load_pack<V>(cos + (t + 1) * Dh + d0), sn = load_pack<V>(sin + (t + 1) * Dh + d0);
+    const Pack<T, V> out = cw.step();
+    Pack<T, V> partner;
 #pragma unroll
-  for (int q = 0; q < 4; ++q)
-    reinterpret_cast<unsigned*>(partner.v)[q] = __shfl_xor_sync(group, reinterpret_cast<const unsigned*>(out.v)[q], P / 2);
-  float r[V];
-  float ss = rope_pack<T, V>(out, partner, first, cp, sp, r);
-  for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(group, ss, off);
-  const float inv = rsqrtf(ss + eps);
-  Pack<T, V> o;
+    for (int q = 0; q < 4; ++q)
+      reinterpret_cast<unsigned*>(partner.v)[q] = __shfl_xor_sync(group, reinterpret_cast<const unsigned*>(out.v)[q], P / 2);
+    float r[V];
+    float ss = rope_pack<T, V>(out, partner, first, cp, sp, r);
+    for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(group, ss, off);
+    const float inv = rsqrtf(ss + eps);
+    Pack<T, V> o;
 #pragma unroll
-  for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(r[e] * inv);
-  store_pack<V>(y + (b * Tn + t) * C + c0, o);
+    for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(r[e] * inv);
+    store_pack<V>(ys + t * C, o);
+  }
 }
 
 // conv_item's grid for B sequences of Tn steps with `packs` packs a row.
 dim3 conv_grid(int64_t B, int64_t Tn, int64_t packs) {
-  const int64_t tblocks = (Tn + kConvBlockSteps - 1) / kConvBlockSteps, cblocks = (packs + 31) / 32;
+  const int64_t per_block = static_cast<int64_t>(kConvSteps) * kConvWarps;
+  const int64_t tblocks = (Tn + per_block - 1) / per_block, cblocks = (packs + 31) / 32;
   if (tblocks > std::numeric_limits<int32_t>::max() || cblocks > 65535 || B > 65535)
-    throw std::invalid_argument("hh::kernels: the short convolution takes at most 65535 sequences, 65535 x 32 packs of "
-                                "channels and 2^31 - 1 blocks of " + std::to_string(kConvBlockSteps) + " steps");
+    throw std::invalid_argument("hh::kernels: the short convolution takes at most 65535 sequences and 65535 x 32 packs "
+                                "of channels");
   return dim3(static_cast<unsigned>(tblocks), static_cast<unsigned>(cblocks), static_cast<unsigned>(B));
 }
 
@@ -1691,7 +1732,7 @@ at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight) {
     const bool packed = C % kV == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0 && reinterpret_cast<uintptr_t>(yp) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(wp) % 16 == 0;
     const dim3 blocks = conv_grid(B, T, packed ? C / kV : C);
-    const unsigned threads = 32 * kConvBlockSteps;
+    const unsigned threads = 32 * kConvWarps;
     if (packed)
       causal_conv_silu_kernel<scalar_t, kV, kShortConvTaps><<<blocks, threads, 0, stream>>>(xp, wp, yp, T, C);
     else
@@ -1730,7 +1771,7 @@ at::Tensor causal_conv_silu_rope_l2norm(const at::Tensor& x, const at::Tensor& w
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_conv_rope_l2norm", [&] {
     constexpr int kV = 16 / sizeof(scalar_t);
     conv_rope_l2norm_kernel<scalar_t, kV, kShortConvTaps>
-        <<<conv_grid(B, T, C / kV), 32 * kConvBlockSteps, 0, at::cuda::getCurrentCUDAStream()>>>(
+        <<<conv_grid(B, T, C / kV), 32 * kConvWarps, 0, at::cuda::getCurrentCUDAStream()>>>(
             x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
             y.data_ptr<scalar_t>(), T, C, static_cast<int>(Dh), static_cast<int>(Dh / kV), static_cast<float>(eps));
   });
