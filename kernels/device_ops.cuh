@@ -1,8 +1,8 @@
 #pragma once
 // Device helpers the kernels share: asynchronous 16-byte copies into shared memory; bulk copies
 // completing on shared-memory barriers; the mma.sync products (m16n8k8 TF32 with its operand
-// conversions, m16n8k16 float16 / bfloat16) and ldmatrix; vector packs of elements; and one element
-// of rotate-half RoPE with HF's roundings.
+// conversions, m16n8k16 float16 / bfloat16) and ldmatrix; vector packs of elements; and rotate-half
+// RoPE with HF's roundings.
 //
 // Fragment layout of mma.sync.m16n8k8 (lane = 4 g + t, g in 0..7, t in 0..3):
 //   A (16 x 8, row major): a[0] = A[g][t], a[1] = A[g + 8][t], a[2] = A[g][t + 4], a[3] = A[g + 8][t + 4]
@@ -14,6 +14,9 @@
 // ldmatrix loads 8 x 8 blocks of 16-bit elements, lanes 8i..8i+7 giving the row addresses of block i;
 // lane 4g + t receives row g, elements 2t and 2t+1 of each block (with .trans, column g, rows 2t and
 // 2t+1): with row addresses chosen per fragment, one instruction loads a whole A or B fragment.
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 namespace hh::kernels::device {
@@ -168,19 +171,53 @@ __device__ __forceinline__ T rope_element(float x, float rot, float c, float s) 
   return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
 }
 
+// A 16-bit type's packed pair (two elements in one register) and its conversion to two floats.
+template <class T>
+struct Pair16;
+template <>
+struct Pair16<c10::BFloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ float2 to_float2(type v) { return __bfloat1622float2(v); }
+};
+template <>
+struct Pair16<c10::Half> {
+  using type = __half2;
+  static __device__ __forceinline__ float2 to_float2(type v) { return __half22float2(v); }
+};
+
 // RoPE of a pack of V elements x (rotate-half layout: rot = -partner in the first half of the head, the
 // partner in the second) with their cos and sin, each element rounded as rope_element rounds it, into
-// r; returns the sum of r's squares, in element order.
+// r; returns the sum of r's squares, in element order. For 16-bit T as packed pairs: a product of two
+// 16-bit values is exact in float32 and a sum of two such products' roundings is exact there too
+// (or far below half the 16-bit ulp), so the pairs' rounded multiplies and add give rope_element's
+// values bit for bit, in a third of the instructions.
 template <class T, int V>
 __device__ __forceinline__ float rope_pack(const Pack<T, V>& x, const Pack<T, V>& partner, bool first,
                                            const Pack<T, V>& c, const Pack<T, V>& s, float (&r)[V]) {
   float ss = 0.f;
+  if constexpr (sizeof(T) == 2 && V % 2 == 0) {
+    using P2 = typename Pair16<T>::type;
+    const P2* xp = reinterpret_cast<const P2*>(x.v);
+    const P2* pp = reinterpret_cast<const P2*>(partner.v);
+    const P2* cp = reinterpret_cast<const P2*>(c.v);
+    const P2* sp = reinterpret_cast<const P2*>(s.v);
 #pragma unroll
-  for (int e = 0; e < V; ++e) {
-    const float rot = first ? -static_cast<float>(partner.v[e]) : static_cast<float>(partner.v[e]);
-    r[e] = static_cast<float>(rope_element<T>(static_cast<float>(x.v[e]), rot, static_cast<float>(c.v[e]),
-                                              static_cast<float>(s.v[e])));
-    ss += r[e] * r[e];
+    for (int q = 0; q < V / 2; ++q) {
+      const P2 rot = first ? __hneg2(pp[q]) : pp[q];
+      const float2 f = Pair16<T>::to_float2(__hadd2(__hmul2(xp[q], cp[q]), __hmul2(rot, sp[q])));
+      r[2 * q] = f.x;
+      r[2 * q + 1] = f.y;
+      ss += f.x * f.x;
+      ss += f.y * f.y;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float rot = first ? -static_cast<float>(partner.v[e]) : static_cast<float>(partner.v[e]);
+      r[e] = static_cast<float>(rope_element<T>(static_cast<float>(x.v[e]), rot, static_cast<float>(c.v[e]),
+                                                static_cast<float>(s.v[e])));
+      ss += r[e] * r[e];
+    }
   }
   return ss;
 }
