@@ -190,7 +190,8 @@ struct Pair16<c10::Half> {
 // r; returns the sum of r's squares, in element order. For 16-bit T as packed pairs: a product of two
 // 16-bit values is exact in float32 and a sum of two such products' roundings is exact there too
 // (or far below half the 16-bit ulp), so the pairs' rounded multiplies and add give rope_element's
-// values bit for bit, in a third of the instructions.
+// values bit for bit, in fewer instructions. The _rn forms keep the compiler from contracting a
+// multiply and the add into one fused multiply-add, which would round once where HF rounds twice.
 template <class T, int V>
 __device__ __forceinline__ float rope_pack(const Pack<T, V>& x, const Pack<T, V>& partner, bool first,
                                            const Pack<T, V>& c, const Pack<T, V>& s, float (&r)[V]) {
@@ -204,7 +205,7 @@ __device__ __forceinline__ float rope_pack(const Pack<T, V>& x, const Pack<T, V>
 #pragma unroll
     for (int q = 0; q < V / 2; ++q) {
       const P2 rot = first ? __hneg2(pp[q]) : pp[q];
-      const float2 f = Pair16<T>::to_float2(__hadd2(__hmul2(xp[q], cp[q]), __hmul2(rot, sp[q])));
+      const float2 f = Pair16<T>::to_float2(__hadd2_rn(__hmul2_rn(xp[q], cp[q]), __hmul2_rn(rot, sp[q])));
       r[2 * q] = f.x;
       r[2 * q + 1] = f.y;
       ss += f.x * f.x;
