@@ -171,18 +171,21 @@ __device__ __forceinline__ T rope_element(float x, float rot, float c, float s) 
   return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
 }
 
-// A 16-bit type's packed pair (two elements in one register) and its conversion to two floats.
+// A 16-bit type's packed pair (two elements in one register), its conversion to two floats, and two
+// floats rounded to a pair (each as static_cast<T> rounds it).
 template <class T>
 struct Pair16;
 template <>
 struct Pair16<c10::BFloat16> {
   using type = __nv_bfloat162;
   static __device__ __forceinline__ float2 to_float2(type v) { return __bfloat1622float2(v); }
+  static __device__ __forceinline__ type round(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
 template <>
 struct Pair16<c10::Half> {
   using type = __half2;
   static __device__ __forceinline__ float2 to_float2(type v) { return __half22float2(v); }
+  static __device__ __forceinline__ type round(float a, float b) { return __floats2half2_rn(a, b); }
 };
 
 // RoPE of a pack of V elements x (rotate-half layout: rot = -partner in the first half of the head, the

@@ -1311,15 +1311,19 @@ struct FusionPlacement {
 // at::sigmoid's and at::silu's float formulas, rounded to T as they round them; for 16-bit T with the
 // fast exponential and division, as the short convolution's SiLU (a few float32 ulp, far below T's
 // rounding: the kernel is bound by its instructions, and the accurate forms are most of them).
+// activation: before the rounding to T; activate: rounded.
+template <int ACT, class T>
+__device__ __forceinline__ float activation(float x) {
+  constexpr bool fast = sizeof(T) == 2;
+  if constexpr (ACT == static_cast<int>(GateActivation::kSigmoid))
+    return fast ? __fdividef(1.f, 1.f + __expf(-x)) : 1.f / (1.f + expf(-x));
+  else if constexpr (ACT == static_cast<int>(GateActivation::kSilu))
+    return fast ? __fdividef(x, 1.f + __expf(-x)) : x / (1.f + expf(-x));
+  else return x;
+}
 template <int ACT, class T>
 __device__ __forceinline__ float activate(float x) {
-  constexpr bool fast = sizeof(T) == 2;
-  const float e = fast ? __expf(-x) : expf(-x);
-  if constexpr (ACT == static_cast<int>(GateActivation::kSigmoid))
-    return static_cast<float>(static_cast<T>(fast ? __fdividef(1.f, 1.f + e) : 1.f / (1.f + e)));
-  else if constexpr (ACT == static_cast<int>(GateActivation::kSilu))
-    return static_cast<float>(static_cast<T>(fast ? __fdividef(x, 1.f + e) : x / (1.f + e)));
-  else return x;
+  return static_cast<float>(static_cast<T>(activation<ACT, T>(x)));
 }
 
 // One warp a row. VEC = 1: lane l takes elements l, l + 32, ... (any Dh <= 256); VEC > 1 (Dh = 32 VEC,
@@ -1347,6 +1351,7 @@ __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restri
   T* yrow = y + r * pl.y_ld + static_cast<int64_t>(pl.pos[i]) * Dh;
   const T* gm = gamma + static_cast<int64_t>(i) * Dh;
   float x[PER], gv[PER], gmv[PER];
+  Pack<T, PER> gm_pack;  // gamma as stored (VEC > 1)
   if constexpr (VEC == 1) {
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
@@ -1358,10 +1363,10 @@ __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restri
   } else {
     const Pack<T, VEC> xo = reinterpret_cast<const Pack<T, VEC>*>(orow)[lane];
     const Pack<T, VEC> xg = reinterpret_cast<const Pack<T, VEC>*>(grow)[lane];
-    const Pack<T, VEC> xm = reinterpret_cast<const Pack<T, VEC>*>(gm)[lane];
+    gm_pack = reinterpret_cast<const Pack<T, VEC>*>(gm)[lane];
 #pragma unroll
     for (int k = 0; k < PER; ++k)
-      x[k] = static_cast<float>(xo.v[k]), gv[k] = static_cast<float>(xg.v[k]), gmv[k] = static_cast<float>(xm.v[k]);
+      x[k] = static_cast<float>(xo.v[k]), gv[k] = static_cast<float>(xg.v[k]), gmv[k] = static_cast<float>(gm_pack.v[k]);
   }
   float ss = 0.f;
 #pragma unroll
@@ -1369,11 +1374,25 @@ __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restri
   for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
   const float rstd = rsqrtf(ss / static_cast<float>(Dh) + eps);
   Pack<T, PER> out;
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+    // On 16-bit pairs: gamma times the rounded norm and the rounded gate times that are products of two
+    // 16-bit values, exact in float32, so one rounded pair multiply gives the float32 product's
+    // rounding, bit for bit (the _rn form: no contraction into a fused multiply-add).
+    using P2 = typename Pair16<T>::type;
 #pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const T normed = static_cast<T>(x[k] * rstd);
-    const T scaled = static_cast<T>(gmv[k] * static_cast<float>(normed));
-    out.v[k] = static_cast<T>(activate<ACT, T>(gv[k]) * static_cast<float>(scaled));
+    for (int k = 0; k < PER; k += 2) {
+      const P2 normed = Pair16<T>::round(x[k] * rstd, x[k + 1] * rstd);
+      const P2 act = Pair16<T>::round(activation<ACT, T>(gv[k]), activation<ACT, T>(gv[k + 1]));
+      const P2 gm = *reinterpret_cast<const P2*>(&gm_pack.v[k]);
+      *reinterpret_cast<P2*>(&out.v[k]) = __hmul2_rn(act, __hmul2_rn(gm, normed));
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const T normed = static_cast<T>(x[k] * rstd);
+      const T scaled = static_cast<T>(gmv[k] * static_cast<float>(normed));
+      out.v[k] = static_cast<T>(activate<ACT, T>(gv[k]) * static_cast<float>(scaled));
+    }
   }
   if constexpr (VEC == 1) {
 #pragma unroll
