@@ -310,6 +310,26 @@ void launch_kernel(void (*kernel)(Params...), dim3 blocks, int threads, size_t s
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// launch_kernel with the blocks in clusters of `cluster_z` along z (the grid's z a multiple of it).
+template <class... Params, class... Args>
+void launch_cluster_kernel(void (*kernel)(Params...), dim3 blocks, unsigned cluster_z, int threads, size_t smem,
+                           Args... args) {
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = blocks;
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = at::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = cluster_z;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
+}
+
 // f(Dim<DK>, Dim<DV>, X) for the runtime head sizes and 16-bit dtype (chunk_forward_supported has
 // checked them): the caller's generic lambda instantiates its kernel for them.
 template <int D>

@@ -226,6 +226,18 @@ __device__ __forceinline__ float rope_pack(const Pack<T, V>& x, const Pack<T, V>
   return ss;
 }
 
+// A gate's activation in float32 before its rounding to T: ACT 1 the sigmoid, 2 SiLU, 0 none
+// (GateActivation's kSigmoid, kSilu, kNone). at::sigmoid's and at::silu's float formulas; for 16-bit T
+// with the fast exponential and division (a few float32 ulp, far below T's rounding: the kernels that
+// apply them are bound by their instructions, and the accurate forms are most of them).
+template <int ACT, class T>
+__device__ __forceinline__ float gate_activation(float x) {
+  constexpr bool fast = sizeof(T) == 2;
+  if constexpr (ACT == 1) return fast ? __fdividef(1.f, 1.f + __expf(-x)) : 1.f / (1.f + expf(-x));
+  else if constexpr (ACT == 2) return fast ? __fdividef(x, 1.f + __expf(-x)) : x / (1.f + expf(-x));
+  else return x;
+}
+
 // Block float16 (the low-rank scan, the output factors of chunk_factors): a power-of-two scale per
 // block of values brings its largest magnitude into [2^14, 2^15), where float16 keeps 11 significant
 // bits and cannot overflow.

@@ -1308,22 +1308,10 @@ struct FusionPlacement {
   int32_t pos[kMaxFusionHeads];
 };
 
-// at::sigmoid's and at::silu's float formulas, rounded to T as they round them; for 16-bit T with the
-// fast exponential and division, as the short convolution's SiLU (a few float32 ulp, far below T's
-// rounding: the kernel is bound by its instructions, and the accurate forms are most of them).
-// activation: before the rounding to T; activate: rounded.
-template <int ACT, class T>
-__device__ __forceinline__ float activation(float x) {
-  constexpr bool fast = sizeof(T) == 2;
-  if constexpr (ACT == static_cast<int>(GateActivation::kSigmoid))
-    return fast ? __fdividef(1.f, 1.f + __expf(-x)) : 1.f / (1.f + expf(-x));
-  else if constexpr (ACT == static_cast<int>(GateActivation::kSilu))
-    return fast ? __fdividef(x, 1.f + __expf(-x)) : x / (1.f + expf(-x));
-  else return x;
-}
+// The gate's activation rounded to T (device_ops.cuh's gate_activation, GateActivation's numbering).
 template <int ACT, class T>
 __device__ __forceinline__ float activate(float x) {
-  return static_cast<float>(static_cast<T>(activation<ACT, T>(x)));
+  return static_cast<float>(static_cast<T>(gate_activation<ACT, T>(x)));
 }
 
 // One warp a row. VEC = 1: lane l takes elements l, l + 32, ... (any Dh <= 256); VEC > 1 (Dh = 32 VEC,
@@ -1382,7 +1370,7 @@ __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restri
 #pragma unroll
     for (int k = 0; k < PER; k += 2) {
       const P2 normed = Pair16<T>::round(x[k] * rstd, x[k + 1] * rstd);
-      const P2 act = Pair16<T>::round(activation<ACT, T>(gv[k]), activation<ACT, T>(gv[k + 1]));
+      const P2 act = Pair16<T>::round(gate_activation<ACT, T>(gv[k]), gate_activation<ACT, T>(gv[k + 1]));
       const P2 gm = *reinterpret_cast<const P2*>(&gm_pack.v[k]);
       *reinterpret_cast<P2*>(&out.v[k]) = __hmul2_rn(act, __hmul2_rn(gm, normed));
     }

@@ -237,9 +237,28 @@ at::Tensor fusion_norm_forward(const at::Tensor& o, const at::Tensor& gate, cons
 // o [B, T, n, Dh] contiguous, gate [B, T, n Dh] with unit stride on its last axis (a column slice of a
 // wider projection, say), gamma [n, Dh], y [B, T, Hy, Dh] contiguous; n <= 256, Dh <= 256. Other heads
 // of y are left as they are.
-enum class GateActivation { kNone, kSigmoid, kSilu };
+enum class GateActivation { kNone = 0, kSigmoid = 1, kSilu = 2 };  // device_ops.cuh's gate_activation<ACT> numbering
 void fusion_norm_forward_into(const at::Tensor& o, const at::Tensor& gate, GateActivation act, const at::Tensor& gamma,
                               double eps, at::Tensor& y, const std::vector<int64_t>& heads);
+
+// chunk_output_f16 with fusion_norm_forward_into in its epilogue, for inference: each chunk's output o,
+// rounded to y's dtype as chunk_output_f16 stores it, goes through the fusion norm straight into y
+// (head h of the rule to y[b, t, heads[h]]), so o is never written or read back. The formulas and
+// roundings are fusion_norm_forward_into's; only each row's sum of squares is added in another order
+// (its float32 sum may differ in the last place, and a rounded output by one ulp now and then).
+// gate [B, T, H Dv] with unit stride on its last axis and evenly spaced rows, gamma [H, Dv] contiguous,
+// y [B, T, Hy, Dv] contiguous, all of one 16-bit dtype; H <= 256, Dv 64 or 128 (chunk_output_fusion_supported).
+// A head's two 64-column halves of a chunk run in one cluster, so it needs compute capability 9.0.
+struct OutputFusion {
+  at::Tensor gate, gamma;
+  GateActivation act = GateActivation::kNone;
+  double eps = 1e-6;
+  std::vector<int64_t> heads;
+};
+bool chunk_output_fusion_supported(int64_t H, int64_t Dv, at::ScalarType dtype);
+void chunk_output_f16_fused(const ChunkFactors& f, const at::Tensor& S16, const at::Tensor& S_inv, const at::Tensor& M16,
+                            const at::Tensor& M_inv, const ChunkGrid& grid, int64_t B, int64_t T, const OutputFusion& fusion,
+                            at::Tensor& y);
 struct FusionNormGrads {
   at::Tensor d_o, d_gate;  // like o
   at::Tensor d_gamma;      // [n, Dh] float32 (summed over rows)

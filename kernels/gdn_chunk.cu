@@ -19,6 +19,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cooperative_groups.h>
 
 #include "kernels/chunk_common.cuh"
 
@@ -343,11 +344,100 @@ constexpr size_t output_f16_smem() {
          (DK / 16 * 4 + 4 * 8) * sizeof(float) + kC * sizeof(int64_t);
 }
 
-template <int DK, int DV, class O>
+// chunk_output_f16_fused's epilogue: where head h's output row r would go, the fusion norm reads the
+// gate at gate + r gate_ld + h Dv and gamma at gamma + h Dv, and writes y + r y_ld + pos[h] Dv
+// (elements of the output's 16-bit type).
+constexpr int kMaxFusedHeads = 256;
+struct FusedOutputArgs {
+  const void* gate = nullptr;
+  const void* gamma = nullptr;
+  void* y = nullptr;
+  int64_t gate_ld = 0, y_ld = 0;
+  float eps = 0.f;
+  int32_t pos[kMaxFusedHeads] = {};
+};
+// Each row's two 32-column sums of squares (the fused epilogue's), after the kernel's other shared memory.
+constexpr size_t kFusedPartials = 2 * kC * sizeof(float);
+
+// The fused epilogue of chunk_output_f16_kernel: the warp's 16 rows from m and columns col0 + n0 .. + 31
+// (qs, am as the kernel formed them). Each row's sum of squares over all Dv columns is added in one
+// order in every block that holds part of the row (columns 0-31, 32-63, then 64-95, 96-127 from the
+// cluster's second block), so that both halves normalise by the same value; then, as the fusion
+// kernel: normed = O(o rstd), y = O(O(act(gate)) O(gamma normed)), the last two products as rounded
+// 16-bit pairs (products of two 16-bit values are exact in float32: the same bits).
+template <int DV, class O, int ACT>
+__device__ __forceinline__ void fused_output_epilogue(const float (&qs)[4][4], const float (&am)[4][4], float a_inv,
+                                                      const int64_t* rows, float* part, int m, int n0, int g, int t,
+                                                      int warp, int h, int col0, const FusedOutputArgs& fa) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // clusters: Hopper on
+  using P2 = typename Pair16<O>::type;
+  float v[4][4];             // o, rounded to O as chunk_output_f16 stores it
+  float ss[2] = {0.f, 0.f};  // rows m + g and m + g + 8, this thread's 8 columns of each
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      v[j][e] = static_cast<float>(O(fmaf(a_inv, am[j][e], qs[j][e])));
+      ss[e / 2] += v[j][e] * v[j][e];
+    }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // over the quad's 4 lanes: the same sum in each (addition commutes)
+    ss[i] += __shfl_xor_sync(0xffffffffu, ss[i], 1);
+    ss[i] += __shfl_xor_sync(0xffffffffu, ss[i], 2);
+  }
+  if (t == 0) part[(warp / 4) * kC + m + g] = ss[0], part[(warp / 4) * kC + m + g + 8] = ss[1];
+  float total[2];
+  if constexpr (DV / kOutCols == 2) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // both blocks' sums written
+    const float* p0 = cluster.map_shared_rank(part, 0);
+    const float* p1 = cluster.map_shared_rank(part, 1);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = m + g + 8 * i;
+      total[i] = ((p0[r] + p0[kC + r]) + p1[r]) + p1[kC + r];
+    }
+    cluster.sync();  // read before either block leaves
+  } else {
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) total[i] = part[m + g + 8 * i] + part[kC + m + g + 8 * i];
+  }
+  const O* gamma = static_cast<const O*>(fa.gamma) + static_cast<int64_t>(h) * DV + col0 + n0 + 2 * t;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t row = rows[m + g + 8 * i];
+    if (row < 0) continue;
+    const float rstd = rsqrtf(total[i] / static_cast<float>(DV) + fa.eps);
+    const int64_t c0 = col0 + n0 + 2 * t;
+    const O* gate = static_cast<const O*>(fa.gate) + row * fa.gate_ld + static_cast<int64_t>(h) * DV + c0;
+    O* y = static_cast<O*>(fa.y) + row * fa.y_ld + static_cast<int64_t>(fa.pos[h]) * DV + c0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const P2 gp = *reinterpret_cast<const P2*>(gate + 8 * j);
+      const float2 gf = Pair16<O>::to_float2(gp);
+      const P2 normed = Pair16<O>::round(v[j][2 * i] * rstd, v[j][2 * i + 1] * rstd);
+      const P2 act = Pair16<O>::round(gate_activation<ACT, O>(gf.x), gate_activation<ACT, O>(gf.y));
+      const P2 gm = *reinterpret_cast<const P2*>(gamma + 8 * j);
+      *reinterpret_cast<P2*>(y + 8 * j) = __hmul2_rn(act, __hmul2_rn(gm, normed));
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+// FUSE < 0: o into out. FUSE = a GateActivation (chunk_output_f16_fused): o, rounded to O as it would be
+// stored, through the fusion norm into fa.y, with out unused; a head's Dv / 64 blocks of one row
+// range form a cluster along z, whose blocks add their rows' sums of squares through each other's
+// shared memory in one column order.
+template <int DK, int DV, class O, int FUSE>
 __global__ void __launch_bounds__(kThreads)
     chunk_output_f16_kernel(const __half* __restrict__ Qd, const __half* __restrict__ Aq, const float* __restrict__ aq_inv,
                             const __half* __restrict__ S16, const float* __restrict__ S_inv, const __half* __restrict__ M16,
-                            const float* __restrict__ M_inv, SlotRows slots, int H, int64_t N, O* __restrict__ out) {
+                            const float* __restrict__ M_inv, SlotRows slots, int H, int64_t N, O* __restrict__ out,
+                            const __grid_constant__ FusedOutputArgs fa) {
   constexpr int LDQ = ld16<DK>();
   extern __shared__ float4 smem4[];
   __half* const Qs = reinterpret_cast<__half*>(smem4);
@@ -392,17 +482,22 @@ __global__ void __launch_bounds__(kThreads)
   float qs[4][4] = {}, am[4][4] = {};
   block_f16_product(qs, m, n0, DK / 16, Qs, LDQ, Ss, [&](int j, int c) { return s_inv[j * 4 + c / 16]; });
   block_f16_product(am, m, n0, m / 16 + 1, As, kLdH, Ms, [&](int i, int c) { return m_inv[i * 8 + c / 8]; });  // Aq[r][i] = 0 for i > r
+  if constexpr (FUSE < 0) {
 #pragma unroll
-  for (int e = 0; e < 4; e += 2) {
-    const int r = m + g + (e >= 2 ? 8 : 0);
-    const int64_t row = rows[r];
-    if (row < 0) continue;
-    O* dst = out + (row * H + h) * DV + col0;
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m + g + (e >= 2 ? 8 : 0);
+      const int64_t row = rows[r];
+      if (row < 0) continue;
+      O* dst = out + (row * H + h) * DV + col0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const O pair[2] = {O(fmaf(a_inv, am[j][e], qs[j][e])), O(fmaf(a_inv, am[j][e + 1], qs[j][e + 1]))};
-      *reinterpret_cast<uint32_t*>(dst + n0 + 8 * j + 2 * t) = *reinterpret_cast<const uint32_t*>(pair);
+      for (int j = 0; j < 4; ++j) {
+        const O pair[2] = {O(fmaf(a_inv, am[j][e], qs[j][e])), O(fmaf(a_inv, am[j][e + 1], qs[j][e + 1]))};
+        *reinterpret_cast<uint32_t*>(dst + n0 + 8 * j + 2 * t) = *reinterpret_cast<const uint32_t*>(pair);
+      }
     }
+  } else {
+    fused_output_epilogue<DV, O, FUSE>(qs, am, a_inv, rows, reinterpret_cast<float*>(rows + kC), m, n0, g, t, warp, h,
+                                       col0, fa);
   }
 }
 
@@ -493,36 +588,109 @@ at::Tensor chunk_output(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return out;
 }
 
-at::Tensor chunk_output_f16(const ChunkFactors& f, const at::Tensor& S16, const at::Tensor& S_inv, const at::Tensor& M16,
-                            const at::Tensor& M_inv, const ChunkGrid& grid, int64_t B, int64_t T, at::ScalarType dtype) {
+namespace {
+// chunk_output_f16's and chunk_output_f16_fused's checks of the factors and history; H, N and Dv out.
+void check_output_f16(const char* fn, const ChunkFactors& f, const at::Tensor& S16, const at::Tensor& S_inv,
+                      const at::Tensor& M16, const at::Tensor& M_inv, const ChunkGrid& grid, at::ScalarType dtype,
+                      int64_t& H, int64_t& N, int64_t& Dk, int64_t& Dv) {
+  const std::string name = std::string("hh::kernels::") + fn + ": ";
   if (!f.Qd.defined() || f.Qd.dim() != 4 || S16.dim() != 4)
-    throw std::invalid_argument("hh::kernels::chunk_output_f16: needs chunk_factors' output factors (given q) and S16 [H, N, Dk, Dv]");
-  const int64_t H = f.Qd.size(0), N = f.Qd.size(1), Dk = f.Qd.size(3), Dv = S16.size(3);
-  need(f.Qd, "chunk_output_f16", "Qd", {H, N, kC, Dk}, true);
-  need(f.Aq, "chunk_output_f16", "Aq", {H, N, kC, kC}, true);
-  need(f.aq_inv, "chunk_output_f16", "aq_inv", {H, N}, false);
-  need(S16, "chunk_output_f16", "S16", {H, N, Dk, Dv}, true);
-  need(S_inv, "chunk_output_f16", "S_inv", {H, N, Dk / 16, Dv / 16}, false);
-  need(M16, "chunk_output_f16", "M16", {H, N, kC, Dv}, true);
-  need(M_inv, "chunk_output_f16", "M_inv", {H, N, kC / 16, Dv / 8}, false);
+    throw std::invalid_argument(name + "needs chunk_factors' output factors (given q) and S16 [H, N, Dk, Dv]");
+  H = f.Qd.size(0), N = f.Qd.size(1), Dk = f.Qd.size(3), Dv = S16.size(3);
+  need(f.Qd, fn, "Qd", {H, N, kC, Dk}, true);
+  need(f.Aq, fn, "Aq", {H, N, kC, kC}, true);
+  need(f.aq_inv, fn, "aq_inv", {H, N}, false);
+  need(S16, fn, "S16", {H, N, Dk, Dv}, true);
+  need(S_inv, fn, "S_inv", {H, N, Dk / 16, Dv / 16}, false);
+  need(M16, fn, "M16", {H, N, kC, Dv}, true);
+  need(M_inv, fn, "M_inv", {H, N, kC / 16, Dv / 8}, false);
   if (f.Qd.scalar_type() != at::kHalf || f.Aq.scalar_type() != at::kHalf || S16.scalar_type() != at::kHalf ||
       M16.scalar_type() != at::kHalf)
-    throw std::invalid_argument("hh::kernels::chunk_output_f16: Qd, Aq, S16 and M16 must be float16");
+    throw std::invalid_argument(name + "Qd, Aq, S16 and M16 must be float16");
   if (!chunk_forward_supported(Dk, Dv, dtype) || N != grid.N)
-    throw std::invalid_argument("hh::kernels::chunk_output_f16: Dk and Dv in {64, 128}, a 16-bit dtype, and the grid's N chunks only");
+    throw std::invalid_argument(name + "Dk and Dv in {64, 128}, a 16-bit dtype, and the grid's N chunks only");
+}
+
+const __half* half_ptr(const at::Tensor& x) { return reinterpret_cast<const __half*>(x.data_ptr<c10::Half>()); }
+}  // namespace
+
+at::Tensor chunk_output_f16(const ChunkFactors& f, const at::Tensor& S16, const at::Tensor& S_inv, const at::Tensor& M16,
+                            const at::Tensor& M_inv, const ChunkGrid& grid, int64_t B, int64_t T, at::ScalarType dtype) {
+  int64_t H, N, Dk, Dv;
+  check_output_f16("chunk_output_f16", f, S16, S_inv, M16, M_inv, grid, dtype, H, N, Dk, Dv);
   const SlotRows slots = slot_rows(grid, B, T);
   const c10::cuda::CUDAGuard guard(S16.device());
   at::Tensor out = at::empty({B, T, H, Dv}, S16.options().dtype(dtype));
   if (N == 0 || H == 0) return out;
-  auto half = [](const at::Tensor& x) { return reinterpret_cast<const __half*>(x.data_ptr<c10::Half>()); };
   dispatch(Dk, Dv, dtype, [&](auto dk, auto dv, auto x) {
     using X = decltype(x);
     constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
-    launch_kernel(chunk_output_f16_kernel<DK, DV, X>, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H), DV / kOutCols), kThreads, output_f16_smem<DK>(),
-                  half(f.Qd), half(f.Aq), f.aq_inv.data_ptr<float>(), half(S16), S_inv.data_ptr<float>(), half(M16),
-                  M_inv.data_ptr<float>(), slots, static_cast<int>(H), N, static_cast<X*>(out.data_ptr()));
+    launch_kernel(chunk_output_f16_kernel<DK, DV, X, -1>, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H), DV / kOutCols), kThreads, output_f16_smem<DK>(),
+                  half_ptr(f.Qd), half_ptr(f.Aq), f.aq_inv.data_ptr<float>(), half_ptr(S16), S_inv.data_ptr<float>(), half_ptr(M16),
+                  M_inv.data_ptr<float>(), slots, static_cast<int>(H), N, static_cast<X*>(out.data_ptr()), FusedOutputArgs{});
   });
   return out;
+}
+
+bool chunk_output_fusion_supported(int64_t H, int64_t Dv, at::ScalarType dtype) {
+  return H > 0 && H <= kMaxFusedHeads && (Dv == 64 || Dv == 128) && (dtype == at::kBFloat16 || dtype == at::kHalf) &&
+         copy_engine_available();
+}
+
+void chunk_output_f16_fused(const ChunkFactors& f, const at::Tensor& S16, const at::Tensor& S_inv, const at::Tensor& M16,
+                            const at::Tensor& M_inv, const ChunkGrid& grid, int64_t B, int64_t T, const OutputFusion& fu,
+                            at::Tensor& y) {
+  const char* fn = "chunk_output_f16_fused";
+  const std::string name = std::string("hh::kernels::") + fn + ": ";
+  const at::ScalarType dtype = y.scalar_type();
+  int64_t H, N, Dk, Dv;
+  check_output_f16(fn, f, S16, S_inv, M16, M_inv, grid, dtype, H, N, Dk, Dv);
+  if (!chunk_output_fusion_supported(H, Dv, dtype))
+    throw std::invalid_argument(name + "at most 256 heads, Dv 64 or 128, a 16-bit dtype, and a device of compute capability 9.0 or later");
+  const at::Tensor& gate = fu.gate;
+  if (!y.is_cuda() || y.dim() != 4 || y.size(0) != B || y.size(1) != T || y.size(3) != Dv || !y.is_contiguous())
+    throw std::invalid_argument(name + "y must be a contiguous CUDA tensor [B, T, Hy, Dv]");
+  if (!gate.defined() || gate.dim() != 3 || gate.device() != y.device() || gate.size(0) != B || gate.size(1) != T ||
+      gate.size(2) != H * Dv || gate.stride(2) != 1 || gate.stride(0) != T * gate.stride(1) || gate.stride(1) % 2 != 0)
+    throw std::invalid_argument(name + "gate must be [B, T, H Dv] with unit stride on its last axis and evenly spaced rows of an even stride");
+  if (!fu.gamma.defined() || fu.gamma.device() != y.device() || fu.gamma.sizes() != at::IntArrayRef({H, Dv}) ||
+      !fu.gamma.is_contiguous())
+    throw std::invalid_argument(name + "gamma must be a contiguous [H, Dv] tensor on y's device");
+  if (gate.scalar_type() != dtype || fu.gamma.scalar_type() != dtype)
+    throw std::invalid_argument(name + "gate, gamma and y must have one dtype");
+  for (const at::Tensor* x : std::initializer_list<const at::Tensor*>{&gate, &fu.gamma, &y})
+    if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 4 != 0) throw std::invalid_argument(name + "gate, gamma and y must be 4-byte aligned");
+  if (static_cast<int64_t>(fu.heads.size()) != H) throw std::invalid_argument(name + "heads must name one position per head");
+  FusedOutputArgs fa;
+  fa.gate = gate.data_ptr();
+  fa.gamma = fu.gamma.data_ptr();
+  fa.y = y.data_ptr();
+  fa.gate_ld = gate.stride(1);
+  fa.y_ld = y.size(2) * Dv;
+  fa.eps = static_cast<float>(fu.eps);
+  for (int64_t i = 0; i < H; ++i) {
+    if (fu.heads[i] < 0 || fu.heads[i] >= y.size(2))
+      throw std::invalid_argument(name + "head position " + std::to_string(fu.heads[i]) + " is outside y's " + std::to_string(y.size(2)));
+    fa.pos[i] = static_cast<int32_t>(fu.heads[i]);
+  }
+  const SlotRows slots = slot_rows(grid, B, T);
+  const c10::cuda::CUDAGuard guard(S16.device());
+  if (N == 0) return;
+  dispatch(Dk, Dv, dtype, [&](auto dk, auto dv, auto x) {
+    using X = decltype(x);
+    constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
+    auto launch = [&](auto act) {
+      constexpr int A = decltype(act)::value;
+      const dim3 blocks(static_cast<unsigned>(N), static_cast<unsigned>(H), DV / kOutCols);
+      launch_cluster_kernel(chunk_output_f16_kernel<DK, DV, X, A>, blocks, DV / kOutCols, kThreads,
+                            output_f16_smem<DK>() + kFusedPartials, half_ptr(f.Qd), half_ptr(f.Aq), f.aq_inv.data_ptr<float>(),
+                            half_ptr(S16), S_inv.data_ptr<float>(), half_ptr(M16), M_inv.data_ptr<float>(), slots,
+                            static_cast<int>(H), N, static_cast<X*>(nullptr), fa);
+    };
+    if (fu.act == GateActivation::kSigmoid) launch(std::integral_constant<int, 1>{});
+    else if (fu.act == GateActivation::kSilu) launch(std::integral_constant<int, 2>{});
+    else launch(std::integral_constant<int, 0>{});
+  });
 }
 
 }  // namespace hh::kernels

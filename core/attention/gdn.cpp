@@ -643,6 +643,51 @@ ChunkGrads chunk_local_backward(const ChunkLocal& c, const ChunkedInputs& in, co
   return r;
 }
 
+#ifdef HH_HAVE_KERNELS
+// The forward on the chunk kernels (chunk_kernels_ok): chunk_factors, the scan, then every chunk's
+// output, into o, or, given `fusion`, through the fusion norm into *y (o left undefined: inference,
+// with the block float16 history only). With keep_states, what the backward needs besides.
+struct KernelForward {
+  at::Tensor o, final_state;
+  at::Tensor W16, kdecay16, decay, bound;  // the transition factors, for the backward's reverse scan
+  at::Tensor S, S16, S_inv;                // the chunks' start states (S16 and S_inv where the scan wrote them)
+};
+KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                             const at::Tensor& beta, const at::Tensor& s0, double scale, const ChunkLayout& L,
+                             bool keep_states, const kernels::OutputFusion* fusion = nullptr, at::Tensor* y = nullptr) {
+  const int64_t B = q.size(0), T = q.size(1);
+  // The chunk kernels read q, k, v, g and beta where they lie; the scan runs between them.
+  const kernels::ChunkGrid grid{L.N, L.regular ? L.N / std::max<int64_t>(B, 1) : 0, L.gather};
+  const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
+                   bf = aligned(beta.to(at::kFloat));
+  // With the block float16 history, the scan hands the output kernel its float16 states and new
+  // values, and chunk_factors forms the output's factors from q. For a backward the scan keeps the
+  // states in block float16 either way (the backward's chunk kernels read them so).
+  const bool f16_history = kernels::block_f16_scan_enabled() && kernels::f16_history_enabled();
+  if (fusion != nullptr && !f16_history)
+    throw std::logic_error("hh::attention::kernel_forward: the fused output needs the block float16 history");
+  const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale);
+  const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, f.bound, s0, L.offsets,
+                                     kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
+                                                                       : kernels::ScanPrecision::kTf32,
+                                     f16_history, keep_states);
+  KernelForward out;
+  out.final_state = r.final_state;
+  if (fusion != nullptr) kernels::chunk_output_f16_fused(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, *fusion, *y);
+  else
+    out.o = f16_history ? kernels::chunk_output_f16(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, q.scalar_type())
+                        : kernels::chunk_output(qc, kc, gf, r.S, r.M, grid, scale);
+  // The backward's reverse scan runs on the same float16 factors; its chunk kernels read the states
+  // in block float16 (S in float32 only where the scan wrote no block float16 states).
+  if (keep_states) {
+    std::tie(out.W16, out.kdecay16, out.decay, out.bound) = std::make_tuple(f.W, f.kdecay, f.decay, f.bound);
+    std::tie(out.S, out.S16, out.S_inv) = r.S16.defined() ? std::make_tuple(at::Tensor(), r.S16, r.S_inv)
+                                                          : std::make_tuple(r.S, at::Tensor(), at::Tensor());
+  }
+  return out;
+}
+#endif
+
 class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
@@ -658,29 +703,9 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     at::Tensor S16, S_inv;            // S in block float16 (kernels::LowRankScanArgs), kept for the backward
     if (chunk_kernels_ok(q, k, v, chunk)) {
 #ifdef HH_HAVE_KERNELS
-      // The chunk kernels read q, k, v, g and beta where they lie; the scan runs between them.
-      const kernels::ChunkGrid grid{L.N, L.regular ? L.N / std::max<int64_t>(B, 1) : 0, L.gather};
-      const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
-                       bf = aligned(beta.to(at::kFloat));
-      // With the block float16 history, the scan hands the output kernel its float16 states and new
-      // values, and chunk_factors forms the output's factors from q. For a backward the scan keeps the
-      // states in block float16 either way (the backward's chunk kernels read them so).
-      const bool f16_history = kernels::block_f16_scan_enabled() && kernels::f16_history_enabled();
-      const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale);
-      const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, f.bound, s0.to(acc), L.offsets,
-                                         kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
-                                                                           : kernels::ScanPrecision::kTf32,
-                                         f16_history, keep_states);
-      final_state = r.final_state;
-      o = f16_history ? kernels::chunk_output_f16(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, q.scalar_type())
-                      : kernels::chunk_output(qc, kc, gf, r.S, r.M, grid, scale);
-      // The backward's reverse scan runs on the same float16 factors; its chunk kernels read the states
-      // in block float16 (S in float32 only where the scan wrote no block float16 states).
-      if (keep_states) {
-        std::tie(W16, kdecay16, decay, bound) = std::make_tuple(f.W, f.kdecay, f.decay, f.bound);
-        std::tie(S, S16, S_inv) = r.S16.defined() ? std::make_tuple(at::Tensor(), r.S16, r.S_inv)
-                                                  : std::make_tuple(r.S, at::Tensor(), at::Tensor());
-      }
+      const KernelForward r = kernel_forward(q, k, v, g, beta, s0.to(acc), scale, L, keep_states);
+      std::tie(o, final_state, W16, kdecay16, decay, bound, S, S16, S_inv) =
+          std::make_tuple(r.o, r.final_state, r.W16, r.kdecay16, r.decay, r.bound, r.S, r.S16, r.S_inv);
 #endif
     } else {
       const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
@@ -872,5 +897,34 @@ GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   if (q.is_cuda()) return gdn_chunked_scan(q, k, v, g, beta, initial_state, scale, chunk);
   return gdn_chunked(q, k, v, g, beta, initial_state, scale, chunk);
 }
+
+#ifdef HH_HAVE_KERNELS
+at::Tensor gdn_fused_output(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                            const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
+                            const kernels::OutputFusion& fusion, at::Tensor& y) {
+  const bool graph = at::GradMode::is_enabled() &&
+                     (q.requires_grad() || k.requires_grad() || v.requires_grad() || g.requires_grad() ||
+                      beta.requires_grad() || (initial_state.defined() && initial_state.requires_grad()) ||
+                      fusion.gate.requires_grad() || fusion.gamma.requires_grad());
+  const bool fused = !graph && q.is_cuda() && chunk_kernels_ok(q, k, v, chunk) && kernels::block_f16_scan_enabled() &&
+                     kernels::f16_history_enabled() &&
+                     kernels::chunk_output_fusion_supported(q.size(2), v.size(3), q.scalar_type()) &&
+                     y.scalar_type() == q.scalar_type();
+  if (!fused) {
+    const GdnOutput r = gdn(q, k, v, g, beta, initial_state, scale, chunk);
+    kernels::fusion_norm_forward_into(r.o.contiguous(), fusion.gate, fusion.act, fusion.gamma.contiguous(), fusion.eps, y,
+                                      fusion.heads);
+    return r.state;
+  }
+  check_inputs(q, k, v, g, beta, initial_state);
+  at::NoGradGuard no_grad;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
+  const at::Tensor s0 = initial_state.defined() ? initial_state.to(at::kFloat)
+                                                : at::zeros({B, H, Dk, Dv}, q.options().dtype(at::kFloat));
+  const Tf32Scope tf32(use_tf32(q));
+  const ChunkLayout L = make_layout(B, T, chunk, {}, q.device());
+  return kernel_forward(q, k, v, g, beta, s0, scale, L, /*keep_states=*/false, &fusion, &y).final_state;
+}
+#endif
 
 }  // namespace hh::attention

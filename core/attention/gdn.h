@@ -16,6 +16,12 @@
 
 #include "core/util/compat.h"
 
+#ifdef HH_HAVE_KERNELS
+namespace hh::kernels {
+struct OutputFusion;  // kernels/gdn.h
+}
+#endif
+
 namespace hh::attention {
 
 struct GdnOutput {
@@ -68,6 +74,17 @@ GdnBackward gdn_backward();
 // gdn_chunked_scan on CUDA tensors, gdn_chunked elsewhere.
 GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
               const at::Tensor& initial_state, double scale, int64_t chunk = 64);
+
+#ifdef HH_HAVE_KERNELS
+// Inference: gdn's output passed straight through the fusion norm into y (kernels::OutputFusion: the
+// gate before its activation, gamma, the activation, eps and each head's place in y), without o being
+// written, where the chunk kernels and their block float16 history run and no graph is recorded
+// (kernels::chunk_output_f16_fused); elsewhere gdn, then kernels::fusion_norm_forward_into. One
+// sequence a row (no cu_seqlens). Returns the final state, as gdn does.
+at::Tensor gdn_fused_output(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                            const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
+                            const kernels::OutputFusion& fusion, at::Tensor& y);
+#endif
 
 // The op hydrahead::gdn_state_scan, through the dispatcher. P [H, N, Dk, Dk], Z [H, N, Dk, Dv],
 // y0 [S, H, Dk, Dv] of one floating dtype; the chunks of sequence s are [offsets[s], offsets[s+1]).

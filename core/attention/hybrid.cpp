@@ -322,10 +322,33 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     if (o.gdn_allow_neg_eigval) beta = beta * 2;
     const at::Tensor g = -w.la_A_log.exp() * at::softplus(ab.narrow(2, nL, nL) + w.la_dt_bias);  // [B, T, nL]
     const at::Tensor s0 = cache != nullptr ? cache->la_state : at::Tensor();
-    const GdnOutput r = chunked ? gdn(q, k, v, g, beta, s0, scale, o.gdn_chunk)
-                                : gdn_recurrent(q, k, v, g, beta, s0, scale);
-    if (cache != nullptr) cache->la_state = r.state;
-    fuse(r.o, o.fusion_concat ? at::Tensor() : at::linear(xn, w.la_gate), /*silu_gate=*/true, split.la);
+    const at::Tensor gate_pre = o.fusion_concat ? at::Tensor() : at::linear(xn, w.la_gate);
+    bool fused_out = false;
+#ifdef HH_HAVE_KERNELS
+    // Without a graph on CUDA, the rule's output goes through the fusion norm inside its last kernel
+    // (gdn_fused_output: o is never written), where `fuse` below would take its kernel.
+    if (chunked && !o.fusion_concat && q.is_cuda() && q.scalar_type() != at::kDouble && Dh <= 256 &&
+        !at::GradMode::is_enabled()) {
+      kernels::OutputFusion fu;
+      fu.gate = gate_pre;
+      fu.gamma = pick(w.fusion_gamma, 0, split.la).contiguous();
+      fu.act = kernels::GateActivation::kSilu;
+      fu.eps = eps;
+      fu.heads = split.la;
+      if (fu.gamma.scalar_type() == q.scalar_type() && fu.gate.scalar_type() == q.scalar_type()) {
+        if (!out.defined()) out = at::empty({B, T, Hq, Dh}, q.options());
+        const at::Tensor state = gdn_fused_output(q, k, v, g, beta, s0, scale, o.gdn_chunk, fu, out);
+        if (cache != nullptr) cache->la_state = state;
+        fused_out = true;
+      }
+    }
+#endif
+    if (!fused_out) {
+      const GdnOutput r = chunked ? gdn(q, k, v, g, beta, s0, scale, o.gdn_chunk)
+                                  : gdn_recurrent(q, k, v, g, beta, s0, scale);
+      if (cache != nullptr) cache->la_state = r.state;
+      fuse(r.o, gate_pre, /*silu_gate=*/true, split.la);
+    }
   }
   if (cache != nullptr) cache->pos += T;
   return out;  // [B, T, Hq, Dh], heads in their original order

@@ -8,6 +8,7 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -713,6 +714,60 @@ TEST(CudaGdn, ForwardWithTheChunkKernelsEqualsTheRecurrence) {
       EXPECT_LT(rel_err(got.state, lt.state), 2e-3) << how;
     }
   }
+}
+
+// The rule's output through the fusion norm inside chunk_output_f16 (gdn_fused_output) against the rule
+// then the fusion kernel: the same final state bit for bit (the same kernels up to the output), the
+// fused heads in their places with the fusion's roundings (only each row's sum of squares is added in
+// another order: almost every element the same bits, the rest a few ulp), the other heads untouched.
+// Both head sizes the output kernel takes (Dv 128: a cluster of two blocks a row range), both
+// activations and 16-bit dtypes, T not a multiple of 64, an initial state, the gate a column slice.
+TEST(CudaGdn, FusedOutputEqualsTheRuleThenTheFusion) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  namespace F = torch::nn::functional;
+  using hh::kernels::GateActivation;
+  const auto nrm = F::NormalizeFuncOptions().dim(-1);
+  const int64_t B = 2, T = 150, H = 3, Hy = 7;
+  const std::vector<int64_t> heads = {0, 4, 5};
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
+    for (auto [Dk, Dv] : {std::pair<int64_t, int64_t>{128, 128}, {64, 64}, {128, 64}})
+      for (GateActivation act : {GateActivation::kSilu, GateActivation::kSigmoid}) {
+        const std::string what = std::string(c10::toString(dt)) + " Dk=" + std::to_string(Dk) + " Dv=" +
+                                 std::to_string(Dv) + " activation " + std::to_string(static_cast<int>(act));
+        const auto dev = kCuda.dtype(dt), f32 = kCuda.dtype(torch::kFloat);
+        const auto q = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
+        const auto k = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
+        const auto v = torch::randn({B, T, H, Dv}, kF64).to(dev);
+        const auto g = (-0.5 * torch::rand({B, T, H}, kF64)).to(f32), beta = torch::rand({B, T, H}, kF64).to(f32);
+        const auto s0 = (0.5 * torch::randn({B, H, Dk, Dv}, kF64)).to(f32);
+        const auto proj = torch::randn({B, T, (H + 1) * Dv}, dev);  // the gate is columns Dv .. (H + 1) Dv
+        hh::kernels::OutputFusion fu;
+        fu.gate = proj.narrow(2, Dv, H * Dv);
+        fu.gamma = 1 + 0.3 * torch::randn({H, Dv}, dev);
+        fu.act = act;
+        fu.eps = 1e-6;
+        fu.heads = heads;
+        torch::NoGradGuard no_grad;
+        const auto r = hh::attention::gdn(q, k, v, g, beta, s0, 0.1);
+        auto want = torch::full({B, T, Hy, Dv}, 7.0, dev);
+        hh::kernels::fusion_norm_forward_into(r.o, fu.gate, act, fu.gamma, fu.eps, want, heads);
+        poison_allocator();
+        auto got = torch::full({B, T, Hy, Dv}, 7.0, dev);
+        const auto state = hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, fu, got);
+        EXPECT_TRUE(torch::equal(state, r.state)) << what << " (final state)";
+        for (int64_t h = 0; h < Hy; ++h) {
+          const auto a = got.select(2, h), b = want.select(2, h);
+          if (std::find(heads.begin(), heads.end(), h) == heads.end()) {
+            EXPECT_TRUE(a.eq(7.0).all().item<bool>()) << what << " head " << h << " written";
+            continue;
+          }
+          EXPECT_GE(a.eq(b).to(torch::kDouble).mean().item<double>(), 0.99) << what << " head " << h;
+          // A last-place change of the norm can move each of the three roundings after it: at most 3 ulp.
+          const double ulp = dt == torch::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;  // one unit in the last place, relative
+          const auto af = a.to(torch::kFloat), bf = b.to(torch::kFloat);
+          EXPECT_LE(((af - bf).abs() - 3 * ulp * bf.abs()).max().item<double>(), 1e-6) << what << " head " << h;
+        }
+      }
 }
 
 // Keys outside the rule's contract: every key of a head along one direction with beta |k|^2 = 2.3, so
