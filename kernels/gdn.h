@@ -247,7 +247,8 @@ void fusion_norm_forward_into(const at::Tensor& o, const at::Tensor& gate, GateA
 // roundings are fusion_norm_forward_into's; only each row's sum of squares is added in another order
 // (its float32 sum may differ in the last place, and a rounded output by one ulp now and then).
 // gate [B, T, H Dv] with unit stride on its last axis and evenly spaced rows, gamma [H, Dv] contiguous,
-// y [B, T, Hy, Dv] contiguous, all of one 16-bit dtype; H <= 256, Dv 64 or 128 (chunk_output_fusion_supported).
+// y [B, T, Hy, Dv] contiguous, all of one 16-bit dtype and 4-byte aligned; H <= 256, Dv 64 or 128
+// (chunk_output_fusion_supported; chunk_output_fusion_fits for the tensors).
 // A head's two 64-column halves of a chunk run in one cluster, so it needs compute capability 9.0.
 struct OutputFusion {
   at::Tensor gate, gamma;
@@ -256,6 +257,7 @@ struct OutputFusion {
   std::vector<int64_t> heads;
 };
 bool chunk_output_fusion_supported(int64_t H, int64_t Dv, at::ScalarType dtype);
+bool chunk_output_fusion_fits(const OutputFusion& fusion, const at::Tensor& y);
 void chunk_output_f16_fused(const ChunkFactors& f, const at::Tensor& S16, const at::Tensor& S_inv, const at::Tensor& M16,
                             const at::Tensor& M_inv, const ChunkGrid& grid, int64_t B, int64_t T, const OutputFusion& fusion,
                             at::Tensor& y);

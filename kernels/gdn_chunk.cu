@@ -637,6 +637,12 @@ bool chunk_output_fusion_supported(int64_t H, int64_t Dv, at::ScalarType dtype) 
          copy_engine_available();
 }
 
+bool chunk_output_fusion_fits(const OutputFusion& fu, const at::Tensor& y) {
+  auto aligned = [](const at::Tensor& x) { return x.defined() && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0; };
+  return aligned(fu.gate) && aligned(fu.gamma) && aligned(y) && fu.gate.dim() == 3 && fu.gate.stride(-1) == 1 &&
+         fu.gate.stride(1) % 2 == 0 && fu.gamma.is_contiguous() && y.is_contiguous();
+}
+
 void chunk_output_f16_fused(const ChunkFactors& f, const at::Tensor& S16, const at::Tensor& S_inv, const at::Tensor& M16,
                             const at::Tensor& M_inv, const ChunkGrid& grid, int64_t B, int64_t T, const OutputFusion& fu,
                             at::Tensor& y) {

@@ -909,7 +909,7 @@ at::Tensor gdn_fused_output(const at::Tensor& q, const at::Tensor& k, const at::
   const bool fused = !graph && q.is_cuda() && chunk_kernels_ok(q, k, v, chunk) && kernels::block_f16_scan_enabled() &&
                      kernels::f16_history_enabled() &&
                      kernels::chunk_output_fusion_supported(q.size(2), v.size(3), q.scalar_type()) &&
-                     y.scalar_type() == q.scalar_type();
+                     kernels::chunk_output_fusion_fits(fusion, y) && y.scalar_type() == q.scalar_type();
   if (!fused) {
     const GdnOutput r = gdn(q, k, v, g, beta, initial_state, scale, chunk);
     kernels::fusion_norm_forward_into(r.o.contiguous(), fusion.gate, fusion.act, fusion.gamma.contiguous(), fusion.eps, y,
