@@ -906,7 +906,10 @@ at::Tensor gdn_fused_output(const at::Tensor& q, const at::Tensor& k, const at::
                      (q.requires_grad() || k.requires_grad() || v.requires_grad() || g.requires_grad() ||
                       beta.requires_grad() || (initial_state.defined() && initial_state.requires_grad()) ||
                       fusion.gate.requires_grad() || fusion.gamma.requires_grad());
-  const bool fused = !graph && q.is_cuda() && chunk_kernels_ok(q, k, v, chunk) && kernels::block_f16_scan_enabled() &&
+  if (graph)
+    throw Error("gated delta rule with a fused output: inference only, but an input requires a gradient "
+                "(run it under a no-grad guard, or take gdn and the fusion norm apart)");
+  const bool fused = q.is_cuda() && chunk_kernels_ok(q, k, v, chunk) && kernels::block_f16_scan_enabled() &&
                      kernels::f16_history_enabled() &&
                      kernels::chunk_output_fusion_supported(q.size(2), v.size(3), q.scalar_type()) &&
                      kernels::chunk_output_fusion_fits(fusion, y) && y.scalar_type() == q.scalar_type();

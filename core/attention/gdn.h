@@ -78,9 +78,10 @@ GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 #ifdef HH_HAVE_KERNELS
 // Inference: gdn's output passed straight through the fusion norm into y (kernels::OutputFusion: the
 // gate before its activation, gamma, the activation, eps and each head's place in y), without o being
-// written, where the chunk kernels and their block float16 history run and no graph is recorded
-// (kernels::chunk_output_f16_fused); elsewhere gdn, then kernels::fusion_norm_forward_into. One
-// sequence a row (no cu_seqlens). Returns the final state, as gdn does.
+// written, where the chunk kernels and their block float16 history run (kernels::chunk_output_f16_fused);
+// elsewhere gdn, then kernels::fusion_norm_forward_into. One sequence a row (no cu_seqlens). No graph
+// may be recorded through it: an input that requires a gradient under grad mode is an error. Returns
+// the final state, as gdn does.
 at::Tensor gdn_fused_output(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                             const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
                             const kernels::OutputFusion& fusion, at::Tensor& y);
