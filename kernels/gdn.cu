@@ -1149,8 +1149,8 @@ __global__ void __launch_bounds__(64) unit_lower_inverse64_kernel(const float* _
 constexpr int kConvSteps = 8;
 constexpr int kConvWarps = 8;
 
-// N values of T at src as float32: in 16-byte loads where N values fill whole ones (src then 16-byte
-// aligned, as the packed kernels' callers check), else one by one.
+// N values of T at src: in 16-byte loads where N values fill whole ones (src then 16-byte aligned, as
+// the packed kernels' callers check), else one by one.
 template <int N, class T>
 __device__ __forceinline__ Pack<T, N> load_values(const T* src) {
   Pack<T, N> v;
@@ -1212,10 +1212,7 @@ struct ConvWindow {
 #pragma unroll
       for (int j = 0; j < K; ++j) acc = fmaf(wv[i * K + j], win[j][i], acc);
       const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
-      // SiLU; for 16-bit outputs with the fast exponential and division (a few float32 ulp, far below
-      // the output's rounding).
-      if constexpr (sizeof(T) == 2) out.v[i] = static_cast<T>(__fdividef(a, 1.0f + __expf(-a)));
-      else out.v[i] = static_cast<T>(a / (1.0f + ::expf(-a)));
+      out.v[i] = static_cast<T>(gate_activation<2, T>(a));        // SiLU (fast forms for 16-bit outputs)
     }
 #pragma unroll
     for (int j = 0; j < K - 1; ++j)
