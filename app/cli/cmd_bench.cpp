@@ -154,46 +154,23 @@ void sync_device(const at::Device& d) {
   if (d.is_cuda()) torch::cuda::synchronize(d.index());
 }
 
-namespace {
-// Milliseconds from a synced device to the end of one run of fn, synced.
-double synced_run_ms(const at::Device& dev, const std::function<void()>& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  sync_device(dev);
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-}  // namespace
-
 std::vector<double> sample_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
   for (int64_t i = 0; i < warmup; ++i) fn();
   sync_device(dev);
   std::vector<double> ms;
-  for (int64_t i = 0; i < iters; ++i) ms.push_back(synced_run_ms(dev, fn));
+  for (int64_t i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    sync_device(dev);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
   std::sort(ms.begin(), ms.end());
   return ms;
 }
 
-double median_of(std::vector<double> xs) {
-  if (xs.empty()) throw std::invalid_argument("median_of: no values");
-  std::sort(xs.begin(), xs.end());
-  return xs[xs.size() / 2];
-}
-
 double median_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
-  return median_of(sample_ms(dev, warmup, iters, fn));
-}
-
-std::pair<std::vector<double>, std::vector<double>> interleaved_ms(const at::Device& dev, int64_t warmup, int64_t iters,
-                                                                   const std::function<void()>& fa,
-                                                                   const std::function<void()>& fb) {
-  for (int64_t i = 0; i < warmup; ++i) fa(), fb();
-  sync_device(dev);
-  std::pair<std::vector<double>, std::vector<double>> r;
-  for (int64_t i = 0; i < iters; ++i) {
-    r.first.push_back(synced_run_ms(dev, fa));
-    r.second.push_back(synced_run_ms(dev, fb));
-  }
-  return r;
+  const std::vector<double> ms = sample_ms(dev, warmup, iters, fn);
+  return ms[ms.size() / 2];
 }
 
 double back_to_back_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn) {

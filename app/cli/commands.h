@@ -43,13 +43,6 @@ double median_ms(const c10::Device& dev, int64_t warmup, int64_t iters, const st
 // run's launches and host work overlap the previous run's kernels), as kernel benchmarks such as
 // Triton's do_bench report it. On the CPU, the mean of the runs.
 double back_to_back_ms(const c10::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn);
-// Milliseconds of `iters` runs each of fa and fb, alternating (fa, fb, fa, ...) after `warmup` untimed
-// pairs, each run ended by sync_device; in run order, so that pair i is (first[i], second[i]).
-std::pair<std::vector<double>, std::vector<double>> interleaved_ms(const c10::Device& dev, int64_t warmup, int64_t iters,
-                                                                   const std::function<void()>& fa,
-                                                                   const std::function<void()>& fb);
-// The median of xs (the upper one of an even count), which must not be empty.
-double median_of(std::vector<double> xs);
 Runner add_analyze(CLI::App& app);
 Runner add_select(CLI::App& app);
 Runner add_convert(CLI::App& app);
