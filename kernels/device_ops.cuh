@@ -19,6 +19,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 namespace hh::kernels::device {
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -224,6 +229,25 @@ __device__ __forceinline__ float rope_pack(const Pack<T, V>& x, const Pack<T, V>
     }
   }
   return ss;
+}
+
+// Where a fusion of n heads places its rows (the fusion kernel's and chunk_output_f16_fused's): head i
+// of row r (= b T + t) reads its gate at r gate_ld + i Dh and writes y at r y_ld + pos[i] Dh (elements).
+constexpr int kMaxFusionHeads = 256;
+struct FusionPlacement {
+  int64_t gate_ld = 0, y_ld = 0;
+  int32_t pos[kMaxFusionHeads] = {};
+};
+// Host side: pos[i] = heads[i] for the heads (at most kMaxFusionHeads), each a head of y's Hy, else
+// std::invalid_argument naming `fn`.
+inline void place_heads(FusionPlacement& pl, const std::vector<int64_t>& heads, int64_t Hy, const std::string& fn) {
+  if (heads.size() > static_cast<size_t>(kMaxFusionHeads))
+    throw std::invalid_argument(fn + ": at most " + std::to_string(kMaxFusionHeads) + " heads");
+  for (size_t i = 0; i < heads.size(); ++i) {
+    if (heads[i] < 0 || heads[i] >= Hy)
+      throw std::invalid_argument(fn + ": head position " + std::to_string(heads[i]) + " is outside y's " + std::to_string(Hy));
+    pl.pos[i] = static_cast<int32_t>(heads[i]);
+  }
 }
 
 // A gate's activation in float32 before its rounding to T: ACT 1 the sigmoid, 2 SiLU, 0 none

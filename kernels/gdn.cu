@@ -1296,14 +1296,6 @@ dim3 conv_grid(int64_t B, int64_t Tn, int64_t packs) {
 // ---- scale-normalised fusion: one warp per row of Dh <= 256 elements (8 a lane) ----
 constexpr int kFusionWarps = 8;
 constexpr int kMaxPerLane = 8;
-constexpr int kMaxFusionHeads = 256;
-
-// Where the forward reads gate rows and writes y rows: head i of row r (= b T + t) reads gate + r
-// gate_ld + i Dh and writes y + r y_ld + pos[i] Dh.
-struct FusionPlacement {
-  int64_t gate_ld, y_ld;
-  int32_t pos[kMaxFusionHeads];
-};
 
 // The gate's activation rounded to T (device_ops.cuh's gate_activation, GateActivation's numbering).
 template <int ACT, class T>
@@ -1843,10 +1835,7 @@ void fusion_norm_forward_into(const at::Tensor& o, const at::Tensor& gate, GateA
     fail("y must be [B, T, Hy, Dh] and gamma [n, Dh]");
   if (static_cast<int64_t>(heads.size()) != n) fail("heads must name one position per head of o");
   FusionPlacement pl{gate.stride(1), Hy * Dh, {}};
-  for (int64_t i = 0; i < n; ++i) {
-    if (heads[i] < 0 || heads[i] >= Hy) fail("head position " + std::to_string(heads[i]) + " is outside y's " + std::to_string(Hy));
-    pl.pos[i] = static_cast<int32_t>(heads[i]);
-  }
+  place_heads(pl, heads, Hy, "hh::kernels::fusion_norm_forward_into");
   const c10::cuda::CUDAGuard guard(o.device());
   launch_fusion_forward(o, gate, act, gamma, eps, y, pl);
 }

@@ -233,7 +233,8 @@ at::Tensor fusion_norm_forward(const at::Tensor& o, const at::Tensor& gate, cons
 
 // The same forward with the gate's activation inside, each head's result written into its place in a
 // wider output: for head i of o, y[b, t, heads[i]] = fusion of o[b, t, i] with act(gate[b, t, i Dh ..
-// (i + 1) Dh]), act computed in float32 and rounded to the dtype as at::sigmoid / at::silu round it.
+// (i + 1) Dh]), act computed in float32 and rounded to the dtype as at::sigmoid / at::silu round it (for
+// 16-bit dtypes with the fast exponential and division: a few float32 ulp before that rounding).
 // o [B, T, n, Dh] contiguous, gate [B, T, n Dh] with unit stride on its last axis (a column slice of a
 // wider projection, say), gamma [n, Dh], y [B, T, Hy, Dh] contiguous; n <= 256, Dh <= 256. Other heads
 // of y are left as they are.
@@ -245,7 +246,7 @@ void fusion_norm_forward_into(const at::Tensor& o, const at::Tensor& gate, GateA
 // rounded to y's dtype as chunk_output_f16 stores it, goes through the fusion norm straight into y
 // (head h of the rule to y[b, t, heads[h]]), so o is never written or read back. The formulas and
 // roundings are fusion_norm_forward_into's; only each row's sum of squares is added in another order
-// (its float32 sum may differ in the last place, and a rounded output by one ulp now and then).
+// (its float32 sum may differ in the last place, and then a rounded output by a few ulp, rarely).
 // gate [B, T, H Dv] with unit stride on its last axis and evenly spaced rows, gamma [H, Dv] contiguous,
 // y [B, T, Hy, Dv] contiguous, all of one 16-bit dtype and 4-byte aligned; H <= 256, Dv 64 or 128
 // (chunk_output_fusion_supported; chunk_output_fusion_fits for the tensors).

@@ -345,16 +345,13 @@ constexpr size_t output_f16_smem() {
 }
 
 // chunk_output_f16_fused's epilogue: where head h's output row r would go, the fusion norm reads the
-// gate at gate + r gate_ld + h Dv and gamma at gamma + h Dv, and writes y + r y_ld + pos[h] Dv
-// (elements of the output's 16-bit type).
-constexpr int kMaxFusedHeads = 256;
+// gate, gamma at gamma + h Dv, and writes y as pl places them (elements of the output's 16-bit type).
 struct FusedOutputArgs {
   const void* gate = nullptr;
   const void* gamma = nullptr;
   void* y = nullptr;
-  int64_t gate_ld = 0, y_ld = 0;
   float eps = 0.f;
-  int32_t pos[kMaxFusedHeads] = {};
+  FusionPlacement pl;
 };
 // Each row's two 32-column sums of squares (the fused epilogue's), after the kernel's other shared memory.
 constexpr size_t kFusedPartials = 2 * kC * sizeof(float);
@@ -411,8 +408,8 @@ __device__ __forceinline__ void fused_output_epilogue(const float (&qs)[4][4], c
     if (row < 0) continue;
     const float rstd = rsqrtf(total[i] / static_cast<float>(DV) + fa.eps);
     const int64_t c0 = col0 + n0 + 2 * t;
-    const O* gate = static_cast<const O*>(fa.gate) + row * fa.gate_ld + static_cast<int64_t>(h) * DV + c0;
-    O* y = static_cast<O*>(fa.y) + row * fa.y_ld + static_cast<int64_t>(fa.pos[h]) * DV + c0;
+    const O* gate = static_cast<const O*>(fa.gate) + row * fa.pl.gate_ld + static_cast<int64_t>(h) * DV + c0;
+    O* y = static_cast<O*>(fa.y) + row * fa.pl.y_ld + static_cast<int64_t>(fa.pl.pos[h]) * DV + c0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const P2 gp = *reinterpret_cast<const P2*>(gate + 8 * j);
@@ -633,7 +630,7 @@ at::Tensor chunk_output_f16(const ChunkFactors& f, const at::Tensor& S16, const 
 }
 
 bool chunk_output_fusion_supported(int64_t H, int64_t Dv, at::ScalarType dtype) {
-  return H > 0 && H <= kMaxFusedHeads && (Dv == 64 || Dv == 128) && (dtype == at::kBFloat16 || dtype == at::kHalf) &&
+  return H > 0 && H <= kMaxFusionHeads && (Dv == 64 || Dv == 128) && (dtype == at::kBFloat16 || dtype == at::kHalf) &&
          copy_engine_available();
 }
 
@@ -671,14 +668,10 @@ void chunk_output_f16_fused(const ChunkFactors& f, const at::Tensor& S16, const 
   fa.gate = gate.data_ptr();
   fa.gamma = fu.gamma.data_ptr();
   fa.y = y.data_ptr();
-  fa.gate_ld = gate.stride(1);
-  fa.y_ld = y.size(2) * Dv;
   fa.eps = static_cast<float>(fu.eps);
-  for (int64_t i = 0; i < H; ++i) {
-    if (fu.heads[i] < 0 || fu.heads[i] >= y.size(2))
-      throw std::invalid_argument(name + "head position " + std::to_string(fu.heads[i]) + " is outside y's " + std::to_string(y.size(2)));
-    fa.pos[i] = static_cast<int32_t>(fu.heads[i]);
-  }
+  fa.pl.gate_ld = gate.stride(1);
+  fa.pl.y_ld = y.size(2) * Dv;
+  place_heads(fa.pl, fu.heads, y.size(2), std::string("hh::kernels::") + fn);
   const SlotRows slots = slot_rows(grid, B, T);
   const c10::cuda::CUDAGuard guard(S16.device());
   if (N == 0) return;
