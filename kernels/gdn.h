@@ -247,9 +247,9 @@ void fusion_norm_forward_into(const at::Tensor& o, const at::Tensor& gate, GateA
 // (head h of the rule to y[b, t, heads[h]]), so o is never written or read back. The formulas and
 // roundings are fusion_norm_forward_into's; only each row's sum of squares is added in another order
 // (its float32 sum may differ in the last place, and then a rounded output by a few ulp, rarely).
-// gate [B, T, H Dv] with unit stride on its last axis and evenly spaced rows, gamma [H, Dv] contiguous,
-// y [B, T, Hy, Dv] contiguous, all of one 16-bit dtype and 4-byte aligned; H <= 256, Dv 64 or 128
-// (chunk_output_fusion_supported; chunk_output_fusion_fits for the tensors).
+// gate [B, T, H Dv] with unit stride on its last axis and evenly spaced rows 16 bytes apart, gamma [H, Dv]
+// contiguous, y [B, T, Hy, Dv] contiguous, all of one 16-bit dtype and 16-byte aligned; H <= 256, Dv 64 or
+// 128 (chunk_output_fusion_supported; chunk_output_fusion_fits for the tensors).
 // A head's two 64-column halves of a chunk run in one cluster, so it needs compute capability 9.0.
 struct OutputFusion {
   at::Tensor gate, gamma;

@@ -353,21 +353,41 @@ struct FusedOutputArgs {
   float eps = 0.f;
   FusionPlacement pl;
 };
-// Each row's two 32-column sums of squares (the fused epilogue's), after the kernel's other shared memory.
+// The fused epilogue's shared memory after the kernel's own: each row's two 32-column sums of squares,
+// then the block's gate tile [kC][kLdH] (fetched while the products run).
 constexpr size_t kFusedPartials = 2 * kC * sizeof(float);
+constexpr size_t kFusedExtra = kFusedPartials + kC * kLdH * sizeof(__half);
 
-// The fused epilogue of chunk_output_f16_kernel: the warp's 16 rows from m and columns col0 + n0 .. + 31
-// (qs, am as the kernel formed them). Each row's sum of squares over all Dv columns is added in one
-// order in every block that holds part of the row (columns 0-31, 32-63, then 64-95, 96-127 from the
-// cluster's second block), so that both halves normalise by the same value; then, as the fusion
-// kernel: normed = O(o rstd), y = O(O(act(gate)) O(gamma normed)), the last two products as rounded
-// 16-bit pairs (products of two 16-bit values are exact in float32: the same bits).
+// The block's 64 x 64 output tile, staged in shared memory (Ys [kC][kLdH], pairs at the warps' fragment
+// positions), stored a row of 128 bytes at a time: 16 bytes a lane, whole sectors (the fragments' own
+// 4-byte stores cover half of each 32-byte sector an instruction). dst(row) is where row `row` of the
+// tile's first column goes; padding rows (row < 0) are not stored.
+template <class O, class Dst>
+__device__ __forceinline__ void store_staged_tile(const __half* Ys, const int64_t* rows, Dst dst) {
+  __syncthreads();  // every warp's pairs in Ys
+  for (int i = threadIdx.x; i < kC * kOutCols / 8; i += kThreads) {
+    const int r = (8 * i) / kOutCols, c = (8 * i) % kOutCols;
+    const int64_t row = rows[r];
+    if (row >= 0) *reinterpret_cast<float4*>(dst(row) + c) = *reinterpret_cast<const float4*>(Ys + r * kLdH + c);
+  }
+}
+
+// The fused epilogue of chunk_output_f16_kernel: the warp's 16 rows from m and columns n0 .. n0 + 31 of
+// the block's 64 (qs, am as the kernel formed them; the gate tile Gs fetched by this thread's copies
+// of the last group). Each row's sum of squares over all Dv columns is added in one order in every
+// block that holds part of the row (columns 0-31, 32-63, then 64-95, 96-127 from the cluster's second
+// block), so that both halves normalise by the same value; then, as the fusion kernel: normed =
+// O(o rstd), y = O(O(act(gate)) O(gamma normed)), the last two products as rounded 16-bit pairs
+// (products of two 16-bit values are exact in float32: the same bits), staged in Ys (free once every
+// warp's products are done) and stored by rows.
 template <int DV, class O, int ACT>
 __device__ __forceinline__ void fused_output_epilogue(const float (&qs)[4][4], const float (&am)[4][4], float a_inv,
-                                                      const int64_t* rows, float* part, int m, int n0, int g, int t,
-                                                      int warp, int h, int col0, const FusedOutputArgs& fa) {
+                                                      const int64_t* rows, float* part, const __half* Gs, __half* Ys,
+                                                      int m, int n0, int g, int t, int warp, int h, int col0,
+                                                      const FusedOutputArgs& fa) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // clusters: Hopper on
   using P2 = typename Pair16<O>::type;
+  cp_async_wait<0>();        // this thread's copies of the gate tile
   float v[4][4];             // o, rounded to O as chunk_output_f16 stores it
   float ss[2] = {0.f, 0.f};  // rows m + g and m + g + 8, this thread's 8 columns of each
 #pragma unroll
@@ -387,7 +407,7 @@ __device__ __forceinline__ void fused_output_epilogue(const float (&qs)[4][4], c
   if constexpr (DV / kOutCols == 2) {
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // both blocks' sums written
+    cluster.sync();  // both blocks' sums, the gate tile and every warp's products done
     const float* p0 = cluster.map_shared_rank(part, 0);
     const float* p1 = cluster.map_shared_rank(part, 1);
 #pragma unroll
@@ -404,22 +424,20 @@ __device__ __forceinline__ void fused_output_epilogue(const float (&qs)[4][4], c
   const O* gamma = static_cast<const O*>(fa.gamma) + static_cast<int64_t>(h) * DV + col0 + n0 + 2 * t;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int64_t row = rows[m + g + 8 * i];
-    if (row < 0) continue;
+    const int r = m + g + 8 * i;
     const float rstd = rsqrtf(total[i] / static_cast<float>(DV) + fa.eps);
-    const int64_t c0 = col0 + n0 + 2 * t;
-    const O* gate = static_cast<const O*>(fa.gate) + row * fa.pl.gate_ld + static_cast<int64_t>(h) * DV + c0;
-    O* y = static_cast<O*>(fa.y) + row * fa.pl.y_ld + static_cast<int64_t>(fa.pl.pos[h]) * DV + c0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const P2 gp = *reinterpret_cast<const P2*>(gate + 8 * j);
-      const float2 gf = Pair16<O>::to_float2(gp);
+      const int c = n0 + 8 * j + 2 * t;
+      const float2 gf = Pair16<O>::to_float2(*reinterpret_cast<const P2*>(Gs + r * kLdH + c));
       const P2 normed = Pair16<O>::round(v[j][2 * i] * rstd, v[j][2 * i + 1] * rstd);
       const P2 act = Pair16<O>::round(gate_activation<ACT, O>(gf.x), gate_activation<ACT, O>(gf.y));
       const P2 gm = *reinterpret_cast<const P2*>(gamma + 8 * j);
-      *reinterpret_cast<P2*>(y + 8 * j) = __hmul2_rn(act, __hmul2_rn(gm, normed));
+      *reinterpret_cast<P2*>(Ys + r * kLdH + c) = __hmul2_rn(act, __hmul2_rn(gm, normed));
     }
   }
+  O* const y = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * DV + col0;
+  store_staged_tile<O>(Ys, rows, [&](int64_t row) { return y + row * fa.pl.y_ld; });
 #else
   __trap();
 #endif
@@ -471,7 +489,22 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (tid >= kThreads - kC) rows[tid - (kThreads - kC)] = slots(n, tid - (kThreads - kC));
   const float a_inv = aq_inv[chunk];
-  cp_async_wait<0>();
+  float* const part = reinterpret_cast<float*>(rows + kC);                  // FUSE only: [2][kC]
+  __half* const Gs = reinterpret_cast<__half*>(part + 2 * kC);              // FUSE only: the gate tile
+  if constexpr (FUSE >= 0) {
+    // The gate tile as a second group of copies, in flight while the products run.
+    __syncthreads();  // rows
+    const O* gate = static_cast<const O*>(fa.gate) + static_cast<int64_t>(h) * DV + col0;
+    for (int i = tid; i < kC * kOutCols / 8; i += kThreads) {
+      const int r = (8 * i) / kOutCols, c = (8 * i) % kOutCols;
+      const int64_t row = rows[r];
+      if (row >= 0) cp_async16(Gs + r * kLdH + c, gate + row * fa.pl.gate_ld + c);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
   __syncthreads();
 
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -479,22 +512,23 @@ __global__ void __launch_bounds__(kThreads)
   float qs[4][4] = {}, am[4][4] = {};
   block_f16_product(qs, m, n0, DK / 16, Qs, LDQ, Ss, [&](int j, int c) { return s_inv[j * 4 + c / 16]; });
   block_f16_product(am, m, n0, m / 16 + 1, As, kLdH, Ms, [&](int i, int c) { return m_inv[i * 8 + c / 8]; });  // Aq[r][i] = 0 for i > r
+  // The output tile is staged in Qs's region (free once every warp's products are done) and stored by rows.
+  __half* const Ys = Qs;
   if constexpr (FUSE < 0) {
+    __syncthreads();  // every warp's products done: Qs free
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
       const int r = m + g + (e >= 2 ? 8 : 0);
-      const int64_t row = rows[r];
-      if (row < 0) continue;
-      O* dst = out + (row * H + h) * DV + col0;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const O pair[2] = {O(fmaf(a_inv, am[j][e], qs[j][e])), O(fmaf(a_inv, am[j][e + 1], qs[j][e + 1]))};
-        *reinterpret_cast<uint32_t*>(dst + n0 + 8 * j + 2 * t) = *reinterpret_cast<const uint32_t*>(pair);
+        *reinterpret_cast<uint32_t*>(Ys + r * kLdH + n0 + 8 * j + 2 * t) = *reinterpret_cast<const uint32_t*>(pair);
       }
     }
+    O* const dst = out + static_cast<int64_t>(h) * DV + col0;
+    store_staged_tile<O>(Ys, rows, [&](int64_t row) { return dst + row * H * DV; });
   } else {
-    fused_output_epilogue<DV, O, FUSE>(qs, am, a_inv, rows, reinterpret_cast<float*>(rows + kC), m, n0, g, t, warp, h,
-                                       col0, fa);
+    fused_output_epilogue<DV, O, FUSE>(qs, am, a_inv, rows, part, Gs, Ys, m, n0, g, t, warp, h, col0, fa);
   }
 }
 
@@ -635,9 +669,9 @@ bool chunk_output_fusion_supported(int64_t H, int64_t Dv, at::ScalarType dtype) 
 }
 
 bool chunk_output_fusion_fits(const OutputFusion& fu, const at::Tensor& y) {
-  auto aligned = [](const at::Tensor& x) { return x.defined() && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0; };
+  auto aligned = [](const at::Tensor& x) { return x.defined() && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0; };
   return aligned(fu.gate) && aligned(fu.gamma) && aligned(y) && fu.gate.dim() == 3 && fu.gate.stride(-1) == 1 &&
-         fu.gate.stride(1) % 2 == 0 && fu.gamma.is_contiguous() && y.is_contiguous();
+         fu.gate.stride(1) % 8 == 0 && fu.gamma.is_contiguous() && y.is_contiguous();
 }
 
 void chunk_output_f16_fused(const ChunkFactors& f, const at::Tensor& S16, const at::Tensor& S_inv, const at::Tensor& M16,
@@ -654,15 +688,15 @@ void chunk_output_f16_fused(const ChunkFactors& f, const at::Tensor& S16, const 
   if (!y.is_cuda() || y.dim() != 4 || y.size(0) != B || y.size(1) != T || y.size(3) != Dv || !y.is_contiguous())
     throw std::invalid_argument(name + "y must be a contiguous CUDA tensor [B, T, Hy, Dv]");
   if (!gate.defined() || gate.dim() != 3 || gate.device() != y.device() || gate.size(0) != B || gate.size(1) != T ||
-      gate.size(2) != H * Dv || gate.stride(2) != 1 || gate.stride(0) != T * gate.stride(1) || gate.stride(1) % 2 != 0)
-    throw std::invalid_argument(name + "gate must be [B, T, H Dv] with unit stride on its last axis and evenly spaced rows of an even stride");
+      gate.size(2) != H * Dv || gate.stride(2) != 1 || gate.stride(0) != T * gate.stride(1) || gate.stride(1) % 8 != 0)
+    throw std::invalid_argument(name + "gate must be [B, T, H Dv] with unit stride on its last axis and evenly spaced rows 16 bytes apart");
   if (!fu.gamma.defined() || fu.gamma.device() != y.device() || fu.gamma.sizes() != at::IntArrayRef({H, Dv}) ||
       !fu.gamma.is_contiguous())
     throw std::invalid_argument(name + "gamma must be a contiguous [H, Dv] tensor on y's device");
   if (gate.scalar_type() != dtype || fu.gamma.scalar_type() != dtype)
     throw std::invalid_argument(name + "gate, gamma and y must have one dtype");
   for (const at::Tensor* x : std::initializer_list<const at::Tensor*>{&gate, &fu.gamma, &y})
-    if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 4 != 0) throw std::invalid_argument(name + "gate, gamma and y must be 4-byte aligned");
+    if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0) throw std::invalid_argument(name + "gate, gamma and y must be 16-byte aligned");
   if (static_cast<int64_t>(fu.heads.size()) != H) throw std::invalid_argument(name + "heads must name one position per head");
   FusedOutputArgs fa;
   fa.gate = gate.data_ptr();
@@ -682,7 +716,7 @@ void chunk_output_f16_fused(const ChunkFactors& f, const at::Tensor& S16, const 
       constexpr int A = decltype(act)::value;
       const dim3 blocks(static_cast<unsigned>(N), static_cast<unsigned>(H), DV / kOutCols);
       launch_cluster_kernel(chunk_output_f16_kernel<DK, DV, X, A>, blocks, DV / kOutCols, kThreads,
-                            output_f16_smem<DK>() + kFusedPartials, half_ptr(f.Qd), half_ptr(f.Aq), f.aq_inv.data_ptr<float>(),
+                            output_f16_smem<DK>() + kFusedExtra, half_ptr(f.Qd), half_ptr(f.Aq), f.aq_inv.data_ptr<float>(),
                             half_ptr(S16), S_inv.data_ptr<float>(), half_ptr(M16), M_inv.data_ptr<float>(), slots,
                             static_cast<int>(H), N, static_cast<X*>(nullptr), fa);
     };
