@@ -767,6 +767,15 @@ TEST(CudaGdn, FusedOutputEqualsTheRuleThenTheFusion) {
           const auto af = a.to(torch::kFloat), bf = b.to(torch::kFloat);
           EXPECT_LE(((af - bf).abs() - 3 * ulp * bf.abs()).max().item<double>(), 1e-6) << what << " head " << h;
         }
+        // A gate the fused kernel cannot read (one element off 16-byte alignment): the rule, then the
+        // fusion kernel, the reference's own path, bit for bit.
+        hh::kernels::OutputFusion off = fu;
+        off.gate = proj.narrow(2, 1, H * Dv);
+        ASSERT_FALSE(hh::kernels::chunk_output_fusion_fits(off, got)) << what;
+        auto want_off = torch::full({B, T, Hy, Dv}, 7.0, dev), got_off = torch::full({B, T, Hy, Dv}, 7.0, dev);
+        hh::kernels::fusion_norm_forward_into(r.o, off.gate, act, off.gamma, off.eps, want_off, heads);
+        (void)hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, off, got_off);
+        EXPECT_TRUE(torch::equal(got_off, want_off)) << what << " (gate off alignment)";
       }
 }
 
