@@ -777,6 +777,17 @@ TEST(CudaGdn, FusedOutputEqualsTheRuleThenTheFusion) {
         (void)hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, off, got_off);
         EXPECT_TRUE(torch::equal(got_off, want_off)) << what << " (gate off alignment)";
       }
+  // Inference only: a graph through it is refused.
+  const auto dev = kCuda.dtype(torch::kBFloat16), f32 = kCuda.dtype(torch::kFloat);
+  const auto q = torch::randn({1, 64, 1, 64}, dev).requires_grad_(true), k = torch::randn({1, 64, 1, 64}, dev),
+             v = torch::randn({1, 64, 1, 64}, dev);
+  const auto g = -torch::rand({1, 64, 1}, f32), beta = torch::rand({1, 64, 1}, f32);
+  hh::kernels::OutputFusion fu;
+  fu.gate = torch::randn({1, 64, 64}, dev);
+  fu.gamma = torch::ones({1, 64}, dev);
+  fu.heads = {0};
+  auto y = torch::zeros({1, 64, 1, 64}, dev);
+  EXPECT_THROW(hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, fu, y), std::runtime_error);
 }
 
 // Keys outside the rule's contract: every key of a head along one direction with beta |k|^2 = 2.3, so
