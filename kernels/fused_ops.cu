@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -37,14 +38,16 @@ int pack_width(int64_t n, std::initializer_list<const void*> ptrs) {
   return v;
 }
 
-// One warp per row of n elements.
+// One warp per row of n elements. x's rows come in groups of `group` packed rows, the groups `ld`
+// elements apart (ld = group * n when x is contiguous); y is contiguous.
 template <class T>
-__global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t rows,
-                                int64_t n, float eps) {
+__global__ void rms_norm_kernel(const T* __restrict__ x, int64_t group, int64_t ld, const T* __restrict__ w,
+                                T* __restrict__ y, int64_t rows, int64_t n, float eps) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
-  const T* xr = x + row * n;
+  const int64_t outer = row / group;
+  const T* xr = x + outer * ld + (row - outer * group) * n;
   T* yr = y + row * n;
   float ss = 0.f;
   for (int64_t i = lane; i < n; i += 32) {
@@ -58,17 +61,20 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ w
   }
 }
 
-// One warp per (token, head) row of Dh elements: RMSNorm, then RoPE with the token's cos/sin.
+// One warp per (token, head) row of Dh elements: RMSNorm, then RoPE with the token's cos/sin. x's
+// tokens lie `ld` elements apart (H * Dh when contiguous; more for a column slice of a wider
+// projection), y is contiguous.
 template <class T>
-__global__ void norm_rope_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ cos,
+__global__ void norm_rope_kernel(const T* __restrict__ x, int64_t ld, const T* __restrict__ w, const T* __restrict__ cos,
                                  const T* __restrict__ sin, T* __restrict__ y, int64_t rows, int64_t T_len, int64_t H,
                                  int64_t Dh, float eps) {
   __shared__ float normed[kWarpsPerBlock][kMaxHeadDim];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (row >= rows) return;
-  const int64_t t = (row / H) % T_len;  // rows are (b, t, h) in order
-  const T* xr = x + row * Dh;
+  const int64_t token = row / H;  // rows are (b, t, h) in order
+  const int64_t t = token % T_len;
+  const T* xr = x + token * ld + (row - token * H) * Dh;
   T* yr = y + row * Dh;
   float ss = 0.f;
   for (int64_t i = lane; i < Dh; i += 32) {
@@ -304,19 +310,43 @@ unsigned blocks_for_rows(int64_t rows) {
 
 }  // namespace
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check(x, "x");
+// x [..., g, n] read in place: its last two axes packed (unit stride, rows n apart) and the axes before
+// them one run of evenly spaced groups, `ld` elements apart, as in a column slice [B, T, H, Dh] of a
+// wider projection. Else nullopt (the caller copies x first).
+struct PackedGroups {
+  int64_t group, ld;
+};
+std::optional<PackedGroups> packed_groups(const at::Tensor& x) {
+  const int64_t d = x.dim();
+  if (x.is_contiguous()) return PackedGroups{d >= 2 ? x.size(-2) : 1, d >= 2 ? x.size(-2) * x.size(-1) : x.size(-1)};
+  if (d < 3 || x.stride(-1) != 1 || x.stride(-2) != x.size(-1)) return std::nullopt;
+  const int64_t ld = x.stride(d - 3);
+  if (ld < x.size(-2) * x.size(-1)) return std::nullopt;  // overlapping groups
+  int64_t expected = ld;  // each axis before the last two: the stride one run of groups needs
+  for (int64_t i = d - 3; i >= 0; --i) {
+    if (x.size(i) != 1 && x.stride(i) != expected) return std::nullopt;
+    expected *= x.size(i);
+  }
+  return PackedGroups{x.size(-2), ld};
+}
+
+at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+  if (!x_in.is_cuda()) throw std::invalid_argument("hh::kernels: x must be a CUDA tensor");
   check(weight, "weight");
+  const std::optional<PackedGroups> in_place = packed_groups(x_in);
+  const at::Tensor x = in_place ? x_in : x_in.contiguous();
+  const PackedGroups pg = in_place ? *in_place : *packed_groups(x);
   const int64_t n = x.size(-1), rows = x.numel() / n;
   if (weight.numel() != n || weight.scalar_type() != x.scalar_type())
     throw std::invalid_argument("hh::kernels::rms_norm: weight must be [n] of x's dtype");
   const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = at::empty(x.sizes(), x.options());
   if (rows == 0) return y;
   auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_rms_norm", [&] {
     rms_norm_kernel<scalar_t><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
-        x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n, static_cast<float>(eps));
+        x.data_ptr<scalar_t>(), pg.group, pg.ld, weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n,
+        static_cast<float>(eps));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
@@ -356,9 +386,15 @@ at::Tensor rope_l2norm(const at::Tensor& x, const at::Tensor& cos, const at::Ten
   return y;
 }
 
-at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+at::Tensor norm_rope(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
                      double eps) {
-  check(x, "x");
+  if (!x_in.is_cuda()) throw std::invalid_argument("hh::kernels: x must be a CUDA tensor");
+  if (x_in.dim() != 4) throw std::invalid_argument("hh::kernels::norm_rope: x must be [B, T, H, Dh]");
+  // A column slice of a wider projection (packed_groups: heads packed, tokens evenly spaced) is read in
+  // place; any other layout is copied first.
+  const std::optional<PackedGroups> in_place = packed_groups(x_in);
+  const at::Tensor x = in_place ? x_in : x_in.contiguous();
+  const int64_t ld = in_place ? in_place->ld : x.size(2) * x.size(3);
   check(weight, "weight");
   check(cos, "cos");
   check(sin, "sin");
@@ -368,12 +404,12 @@ at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Te
   if (cos.numel() != T * Dh || sin.numel() != T * Dh)
     throw std::invalid_argument("hh::kernels::norm_rope: cos/sin must be [T, Dh]");
   const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = at::empty(x.sizes(), x.options());
   if (rows == 0) return y;
   auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_norm_rope", [&] {
     norm_rope_kernel<scalar_t><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
-        x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
+        x.data_ptr<scalar_t>(), ld, weight.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
         y.data_ptr<scalar_t>(), rows, T, H, Dh, static_cast<float>(eps));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

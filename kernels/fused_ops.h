@@ -12,10 +12,12 @@
 
 namespace hh::kernels {
 
-// weight * to_dtype(x * rsqrt(mean(x^2, -1) + eps)), statistics in float32. x [..., n] contiguous.
+// weight * to_dtype(x * rsqrt(mean(x^2, -1) + eps)), statistics in float32. x [..., n] contiguous, or
+// a column slice [..., g, n] of a wider projection read in place (other layouts are copied first); y contiguous.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-// RoPE(rms_norm(x, weight)) for x [B, T, H, Dh] contiguous, cos/sin [T, Dh] in x's dtype
+// RoPE(rms_norm(x, weight)) for x [B, T, H, Dh] (contiguous, or a column slice of a wider projection: heads
+// packed, tokens evenly spaced; other layouts are copied first), cos/sin [T, Dh] in x's dtype
 // (rotate-half layout: y = x*cos + rotate_half(x)*sin, each product rounded to the dtype as HF does).
 at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
                      double eps);

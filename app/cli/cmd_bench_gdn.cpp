@@ -270,8 +270,10 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                 static_cast<long long>(Hq - per_layer));
     std::printf("  (each side's runs in a block of their own after its warm-up, each synced; b2b: each side's runs\n"
                 "   queued back to back, one sync at the end, as in a model's stack of layers)\n");
-    std::printf("  %-10s %14s %14s %10s %11s %11s %8s %14s %14s\n", "B x T", "dense ms", "hybrid ms", "speed-up",
-                "dense b2b", "hybrid b2b", "b2b x", "LT-local ms", "TF32-scan ms");
+    std::printf("  (1-stream b2b: the hybrid back to back with its FA and LA heads one after the other on one\n"
+                "   stream instead of side by side on two; CUDA only)\n");
+    std::printf("  %-10s %14s %14s %10s %11s %11s %8s %14s %14s %14s\n", "B x T", "dense ms", "hybrid ms", "speed-up",
+                "dense b2b", "hybrid b2b", "b2b x", "1-stream b2b", "LT-local ms", "TF32-scan ms");
     out["layer"] = nlohmann::json::array();
     for (const Shape& s : parse_shapes(a.layer_shapes, "--layer-shapes")) {
       torch::NoGradGuard no_grad;
@@ -290,6 +292,10 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         (void)attention::hybrid_attention(cfg, hybrid.options(), hybrid.splits()[0], lw, hybrid.layers()[0], xn,
                                           teacher.inv_freq());
       };
+      const std::function<void()> hybrid_one_stream = [&] {
+        (void)attention::hybrid_attention(cfg, hybrid.options(), hybrid.splits()[0], lw, hybrid.layers()[0], xn,
+                                          teacher.inv_freq(), true, nullptr, /*side_by_side=*/false);
+      };
       auto hybrid_ms = [&] { return median_ms(dev, a.warmup, a.iters, hybrid_run); };
       // Each side in a block of its own: with the runs alternating, every hybrid run followed a dense run
       // at full load and took about 2.5 ms more at 128K than hybrid runs following each other.
@@ -298,12 +304,16 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                    hyb_b2b = back_to_back_ms(dev, a.warmup, a.iters, hybrid_run), speedup_b2b = dense_b2b / hyb_b2b;
       const std::optional<double> hyb_lt = on_other_path(OtherPath::kLibTorchLocal, dev, hybrid_ms),
                                   hyb_tf32 = on_other_path(OtherPath::kTf32Scan, dev, hybrid_ms);
+      std::optional<double> hyb_one_b2b;
+      if (dev.is_cuda()) hyb_one_b2b = back_to_back_ms(dev, a.warmup, a.iters, hybrid_one_stream);
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
-      std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %14s\n", label.c_str(), dense, hyb, speedup,
-                  dense_b2b, hyb_b2b, speedup_b2b, figure(hyb_lt, 2).c_str(), figure(hyb_tf32, 2).c_str());
+      std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %14s %14s\n", label.c_str(), dense, hyb, speedup,
+                  dense_b2b, hyb_b2b, speedup_b2b, figure(hyb_one_b2b, 2).c_str(), figure(hyb_lt, 2).c_str(),
+                  figure(hyb_tf32, 2).c_str());
       nlohmann::json layer = {{"B", s.B},          {"T", s.T},         {"dense_ms", dense},
                               {"hybrid_ms", hyb},  {"speedup", speedup}, {"dense_b2b_ms", dense_b2b},
                               {"hybrid_b2b_ms", hyb_b2b}, {"speedup_b2b", speedup_b2b}};
+      if (hyb_one_b2b) layer["hybrid_one_stream_b2b_ms"] = *hyb_one_b2b;
       if (hyb_lt) layer["hybrid_local_libtorch_ms"] = *hyb_lt;
       if (hyb_tf32) layer["hybrid_tf32_scan_ms"] = *hyb_tf32;
       out["layer"].push_back(layer);

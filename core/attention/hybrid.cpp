@@ -12,6 +12,7 @@
 #ifdef HH_HAVE_KERNELS
 #include "kernels/fused_ops.h"
 #include "kernels/gdn.h"
+#include "kernels/streams.h"
 #endif
 
 namespace hh::attention {
@@ -188,7 +189,7 @@ std::vector<HybridWeightEntry> hybrid_weight_table(const model::ModelConfig& cfg
 
 at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& o, const HeadSplit& split,
                             const model::LayerWeights& tw, const HybridLayerWeights& w, const at::Tensor& xn,
-                            const at::Tensor& inv_freq, bool chunked, HybridLayerCache* cache) {
+                            const at::Tensor& inv_freq, bool chunked, HybridLayerCache* cache, bool side_by_side) {
   const int64_t B = xn.size(0), T = xn.size(1), Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads;
   const int64_t pos = cache != nullptr ? cache->pos : 0;
   const int64_t Dh = cfg.head_dim, G = Hq / Hkv;
@@ -226,7 +227,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     }
   };
 
-  if (nF > 0) {
+  auto fa_branch = [&] {
     // FA: the teacher's q (q_norm) for these heads over the teacher's keys and values (k_norm).
     // Keys and values of the KV groups these heads read only (the groups in order; slot[i] is FA head
     // i's group among them).
@@ -281,8 +282,8 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     }
     const at::Tensor o_fa = model::causal_attention(q, kf, vf, scale, pk, pv);  // [B, T, nF, Dh]
     fuse(o_fa, fa_gate_pre, /*silu_gate=*/false, split.fa);
-  }
-  if (nL > 0) {
+  };
+  auto la_branch = [&] {
     at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.la, Dh));  // [B, T, nL*Dh]
     at::Tensor k = at::linear(xn, w.la_k_proj);
     at::Tensor v = at::linear(xn, w.la_v_proj);
@@ -317,12 +318,28 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     }
     if (!rotated) std::tie(q, k) = rope_l2(q.reshape({B, T, nL, Dh}), k.reshape({B, T, nL, Dh}), inv_freq, pos);
     v = v.reshape({B, T, nL, Dh});
-    const at::Tensor ab = at::linear(xn, at::cat({w.la_b_proj, w.la_a_proj}, 0));  // [B, T, 2 nL]: one read of xn (both LA weights)
+    // b's and a's projections [B, T, 2 nL]. For long inputs they come from the gate's product (their
+    // rows after the gate's, padded to a multiple of 8 so the gate's rows stay 16-byte aligned for
+    // the fused output), which saves a product too narrow to use the device well; they join only where
+    // all three train alike, as the FA heads' gate does. Else one product of both.
+    at::Tensor ab, gate_pre;
+    const bool ab_joins = !o.fusion_concat && B * T >= nL * Dh &&
+                          (!at::GradMode::is_enabled() || (w.la_gate.requires_grad() == w.la_b_proj.requires_grad() &&
+                                                           w.la_gate.requires_grad() == w.la_a_proj.requires_grad()));
+    if (ab_joins) {
+      std::vector<at::Tensor> rows = {w.la_gate, w.la_b_proj, w.la_a_proj};
+      if (const int64_t pad = (8 - 2 * nL % 8) % 8; pad > 0) rows.push_back(at::zeros({pad, xn.size(2)}, w.la_gate.options()));
+      const at::Tensor proj = at::linear(xn, at::cat(rows, 0));  // [B, T, nL Dh + 2 nL + pad]
+      gate_pre = proj.narrow(2, 0, nL * Dh);
+      ab = proj.narrow(2, nL * Dh, 2 * nL);
+    } else {
+      ab = at::linear(xn, at::cat({w.la_b_proj, w.la_a_proj}, 0));  // one read of xn for both
+      if (!o.fusion_concat) gate_pre = at::linear(xn, w.la_gate);
+    }
     at::Tensor beta = at::sigmoid(ab.narrow(2, 0, nL));                              // [B, T, nL]
     if (o.gdn_allow_neg_eigval) beta = beta * 2;
     const at::Tensor g = -w.la_A_log.exp() * at::softplus(ab.narrow(2, nL, nL) + w.la_dt_bias);  // [B, T, nL]
     const at::Tensor s0 = cache != nullptr ? cache->la_state : at::Tensor();
-    const at::Tensor gate_pre = o.fusion_concat ? at::Tensor() : at::linear(xn, w.la_gate);
     bool fused_out = false;
 #ifdef HH_HAVE_KERNELS
     // Without a graph on CUDA, the rule's output goes through the fusion norm inside its last kernel
@@ -349,7 +366,18 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       if (cache != nullptr) cache->la_state = r.state;
       fuse(r.o, gate_pre, /*silu_gate=*/true, split.la);
     }
+  };
+#ifdef HH_HAVE_KERNELS
+  if (side_by_side && nF > 0 && nL > 0 && xn.is_cuda() && cache == nullptr && !at::GradMode::is_enabled()) {
+    // The LA heads on a second stream while the FA heads run on this one: both write their heads into
+    // `out`, allocated here before the two start, and keep nothing else past the call.
+    out = at::empty({B, T, Hq, Dh}, xn.options());
+    kernels::run_side_by_side(xn.device(), la_branch, fa_branch);
+    return out;
   }
+#endif
+  if (nF > 0) fa_branch();
+  if (nL > 0) la_branch();
   if (cache != nullptr) cache->pos += T;
   return out;  // [B, T, Hq, Dh], heads in their original order
 }

@@ -195,13 +195,13 @@ struct PrefixSplitFn : torch::autograd::Function<PrefixSplitFn> {
 #ifdef HH_HAVE_KERNELS
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (recording({&x})) return RmsNormFn::apply(x, weight, eps);
-  return kernels::rms_norm(x.contiguous(), weight, eps);
+  return kernels::rms_norm(x, weight, eps);  // reads a column slice of a projection in place
 }
 
 at::Tensor fused_norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
                            double eps) {
   if (recording({&x})) return NormRopeFn::apply(x, weight, cos, sin, eps);
-  return kernels::norm_rope(x.contiguous(), weight, cos, sin, eps);
+  return kernels::norm_rope(x, weight, cos, sin, eps);  // reads a column slice of a projection in place
 }
 
 at::Tensor fused_silu_mul(const at::Tensor& gate, const at::Tensor& up) {

@@ -61,4 +61,37 @@ TEST(CudaHybrid, ForwardWithoutAGraphEqualsTheForwardWithOne) {
   EXPECT_LT(((without - with_graph).abs().max() / with_graph.abs().max()).item<double>(), 1e-4);
 }
 
+TEST(CudaHybrid, LayerSideBySideEqualsOneAfterTheOther) {
+  // Without a graph on CUDA the LA heads run on a second stream beside the FA heads. Each head's
+  // output must be the same bits as with the two one after the other, and, with the output poisoned
+  // beforehand by a run of other inputs, every element written (a missing join would leave the LA
+  // heads' part unfinished when the current stream reads it). Dh = 128 takes the fused output kernel.
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto c = hh::test::tiny_config(1, 8, 2, 128, 256, 512, 300);
+  auto w = hh::model::random_weights(c, 5, torch::kFloat, 0.1);
+  for (auto& e : hh::model::weight_table(c, w)) *e.slot = e.slot->to(torch::kCUDA, torch::kBFloat16);
+  const hh::model::Transformer teacher(c, w);
+  hh::select::Manifest m;
+  m.model = hh::select::shape_of(c);
+  m.fa_heads = {{0, 2}, {0, 5}};
+  hh::attention::ConvertOptions co;
+  co.seed = 2;
+  const HybridModel h = hh::attention::convert(teacher, m, co);
+  torch::NoGradGuard no_grad;
+  const auto opts = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  for (int64_t T : {150, 8192}) {
+    const auto xn = torch::randn({2, T, c.hidden_size}, opts);
+    auto layer = [&](const torch::Tensor& x, bool side_by_side) {
+      return hh::attention::hybrid_attention(c, h.options(), h.splits()[0], teacher.weights().layers[0], h.layers()[0], x,
+                                             teacher.inv_freq(), true, nullptr, side_by_side);
+    };
+    const auto one_after = layer(xn, false);
+    (void)layer(torch::randn_like(xn) * 10, true);  // leaves other values in the memory the next run takes
+    const auto side = layer(xn, true);
+    EXPECT_TRUE(torch::equal(side, one_after)) << "T=" << T << ": max difference "
+                                               << (side.to(torch::kFloat) - one_after.to(torch::kFloat)).abs().max().item<float>();
+    EXPECT_TRUE(torch::isfinite(side).all().item<bool>()) << "T=" << T;
+  }
+}
+
 }  // namespace

@@ -67,6 +67,20 @@ TEST_P(FusedOps, MatchTheOpSequencesTheyReplace) {
     const auto cos = emb.cos().to(opts), sin = emb.sin().to(opts);
     expect_near_exact(hh::kernels::norm_rope(x, w, cos, sin, 1e-6), hf_rope(hf_rms_norm(x, w, 1e-6), cos, sin), 4 * ulp,
                       "norm_rope Dh=" + std::to_string(Dh));
+    // A column slice of a wider projection (tokens H + 3 heads apart) is read in place: the same bits
+    // as its contiguous copy.
+    const auto wide = torch::randn({B, T, (H + 3) * Dh}, opts);
+    const auto slice = wide.narrow(2, 2 * Dh, H * Dh).view({B, T, H, Dh});
+    ASSERT_FALSE(slice.is_contiguous());
+    EXPECT_TRUE(torch::equal(hh::kernels::norm_rope(slice, w, cos, sin, 1e-6),
+                             hh::kernels::norm_rope(slice.contiguous(), w, cos, sin, 1e-6)))
+        << "norm_rope on a column slice, Dh=" << Dh;
+    EXPECT_TRUE(torch::equal(hh::kernels::rms_norm(slice, w, 1e-6), hh::kernels::rms_norm(slice.contiguous(), w, 1e-6)))
+        << "rms_norm on a column slice, Dh=" << Dh;
+    // A layout that is not one run of groups (tokens transposed) is copied first: the same values.
+    const auto transposed = x.transpose(0, 1);
+    EXPECT_TRUE(torch::equal(hh::kernels::rms_norm(transposed, w, 1e-6), hh::kernels::rms_norm(transposed.contiguous(), w, 1e-6)))
+        << "rms_norm on a transposed view, Dh=" << Dh;
     // The LA heads' q/k: RoPE, then x * rsqrt(sum(x^2) + eps) in float32.
     const auto r = hf_rope(x, cos, sin).to(torch::kFloat);
     const auto l2 = (r * torch::rsqrt(r.pow(2).sum(-1, true) + 1e-6)).to(dt);
