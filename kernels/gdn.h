@@ -130,8 +130,19 @@ struct ChunkFactors {
   at::Tensor W, U, kdecay, decay, bound;
   at::Tensor Qd, Aq, aq_inv;  // only given q
 };
+// Given `conv` (with q, Dk = Dv, on a grid of regular sequences: short_conv_fusion_supported), k, v and q are the LA heads' projections before
+// their short convolution, and each block forms its chunk's
+//   q = causal_conv_silu_rope_l2norm(q, conv->wq, cos, sin, Dk, eps), k likewise, v = causal_conv_silu(v, conv->wv)
+// itself (bit for bit, as [B, T, H D] with H D channels): the convolved tensors are never written to memory.
+struct ShortConvInputs {
+  at::Tensor wq, wk, wv;  // [H Dk, 1, 4], [H Dk, 1, 4], [H Dv, 1, 4] of the inputs' dtype, contiguous
+  at::Tensor cos, sin;    // [T, Dk] of the inputs' dtype: RoPE's tables at positions 0 .. T - 1
+  double eps = 1e-6;      // the L2 norm's
+};
+bool short_conv_fusion_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
-                           const ChunkGrid& grid, const at::Tensor& q = {}, double scale = 1.0);
+                           const ChunkGrid& grid, const at::Tensor& q = {}, double scale = 1.0,
+                           const ShortConvInputs* conv = nullptr);
 
 // Every chunk's output from its start state S [H, N, Dk, Dv] and new values M [H, N, 64, Dv] (low_rank_scan's
 // hist and M_out): o_t = scale (e^{G_t} q_t S + sum_{i <= t} e^{G_t - G_i} (q_t.k_i) M_i), as [B, T, H, Dv] of q's dtype.

@@ -140,12 +140,114 @@ struct OutFactors {
   float* aq_inv;
 };
 
-template <int DK, int DV, class T, bool OUT>
+// The LA heads' short convolution inside chunk_factors (given ShortConvInputs): the block reads the
+// projections before the convolution and forms the chunk's q, k and v itself, bit for bit as
+// causal_conv_silu_rope_l2norm (q, k) and causal_conv_silu (v) form them in kernels/gdn.cu, so they
+// are never written to memory and read back. Regular sequences only (slots.gather null): position t of
+// sequence b is row b T + t.
+template <class T>
+struct PreConv {
+  const T* wq;  // [H Dk, 1, 4]: q's taps, channel-major
+  const T* wk;
+  const T* wv;   // [H Dv, 1, 4]
+  const T* cos;  // [T, Dk]: RoPE's tables at positions 0 .. T - 1
+  const T* sin;
+  float eps;     // the L2 norm's
+};
+constexpr int kConvTaps = 4;
+
+// Chunk n's rows -3 .. C - 1 of head h of x [rows, H, D] into dst [C + 3][D] (unpadded), by cp.async;
+// rows before the sequence's start or past its end zero.
+template <int D, class T>
+__device__ __forceinline__ void stage_conv_rows(T* dst, const T* __restrict__ x, const SlotRows& slots, int64_t n, int h,
+                                                int H) {
+  constexpr int V = 16 / sizeof(T), R = kC + kConvTaps - 1;
+  static_assert(R * D <= kC * ld16<D>(), "the staged rows fit the tile's region");
+  const int64_t b = n / slots.per, t0 = (n % slots.per) * kC - (kConvTaps - 1);
+  for (int i = threadIdx.x; i < R * D / V; i += blockDim.x) {
+    const int r = i / (D / V), c = (i % (D / V)) * V;
+    const int64_t t = t0 + r;
+    T* d = dst + r * D + c;
+    if (t >= 0 && t < slots.T)
+      cp_async16(d, x + ((b * slots.T + t) * H + h) * D + c);
+    else
+      *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// The staged rows (stage_conv_rows, landed) through the convolution with taps w of head h, its SiLU
+// and, with ROPE, RoPE at the rows' positions and each row's L2 norm, into tile [C][ld16<D>] (another
+// region; padding rows zero). Thread i takes pack i % P (P = D / 8 packs a row) of R consecutive rows,
+// its window sliding in registers; the P threads of a row are consecutive lanes, which swap
+// rotate-half partners and sum the row's squares by shuffles in causal_conv_silu_rope_l2norm's order.
+// The taps are read from L1 each step (held in registers, they spill the kernel's 64). Every thread of
+// the block must call it.
+template <int D, bool ROPE, class T>
+__device__ __forceinline__ void short_conv_tile(const T* staged, T* tile, const T* __restrict__ w, const PreConv<T>& pc,
+                                                const SlotRows& slots, int64_t n, int h) {
+  constexpr int V = 16 / sizeof(T), P = D / V, R = kC * P / kThreads, K = kConvTaps;
+  static_assert(V == 8 && R * kThreads == kC * P && P <= 32 && 32 % P == 0, "16-bit values, whole rows a warp");
+  const int j = threadIdx.x % P, r0 = threadIdx.x / P * R, lane = threadIdx.x % 32;
+  const unsigned group = P == 32 ? 0xffffffffu : ((1u << P) - 1u) << (lane / P * P);
+  const bool first = j < P / 2;  // rotate_half: -x[i + D/2] in the first half, x[i - D/2] in the second
+  const int64_t t0 = (n % slots.per) * kC;
+  const T* wj = w + (static_cast<int64_t>(h) * D + j * V) * K;  // the pack's V channels' K taps
+  Pack<T, V> win[K];
+#pragma unroll
+  for (int i = 0; i < K - 1; ++i) win[i + 1] = load_pack<V>(staged + (r0 + i) * D + j * V);
+#pragma unroll 1
+  for (int s = 0; s < R; ++s) {
+#pragma unroll
+    for (int i = 0; i < K - 1; ++i) win[i] = win[i + 1];
+    win[K - 1] = load_pack<V>(staged + (r0 + s + K - 1) * D + j * V);
+    Pack<T, V> y;
+#pragma unroll
+    for (int i = 0; i < V; i += 2) {  // two channels' taps (16 bytes) a load, from L1 each step
+      const Pack<T, 2 * K> wp = load_pack<2 * K>(wj + i * K);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        float acc = 0.f;
+#pragma unroll
+        for (int q = 0; q < K; ++q)
+          acc = fmaf(static_cast<float>(wp.v[u * K + q]), static_cast<float>(win[q].v[i + u]), acc);
+        const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
+        y.v[i + u] = static_cast<T>(gate_activation<2, T>(a));   // SiLU
+      }
+    }
+    const int64_t t = t0 + r0 + s;
+    if constexpr (ROPE) {
+      const int64_t tt = t < slots.T ? t : slots.T - 1;  // rows past the end: any table row (they are zeroed)
+      const Pack<T, V> cp = load_pack<V>(pc.cos + tt * D + j * V), sp = load_pack<V>(pc.sin + tt * D + j * V);
+      Pack<T, V> partner;
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        reinterpret_cast<unsigned*>(partner.v)[q] = __shfl_xor_sync(group, reinterpret_cast<const unsigned*>(y.v)[q], P / 2);
+      float r[V];
+      float ss = rope_pack<T, V>(y, partner, first, cp, sp, r);
+      for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(group, ss, off);
+      const float inv = rsqrtf(ss + pc.eps);
+#pragma unroll
+      for (int e = 0; e < V; ++e) y.v[e] = static_cast<T>(r[e] * inv);
+    }
+    T* d = tile + (r0 + s) * ld16<D>() + j * V;
+    if (t < slots.T) store_pack<V>(d, y);
+    else *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// PRE: k, v and of.q are the projections before the short convolution, which the block applies
+// (PreConv above); needs OUT, DK = DV and regular sequences. The raw rows are staged where the tile
+// they become is not: K's in Ls's region and Q's in K's, then Q formed into Q's region and K into
+// K's; V's in V's region (as V's rows land in the other forms), formed into K's region once W is done,
+// where U's product reads it.
+template <int DK, int DV, class T, bool OUT, bool PRE>
 __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64 registers a thread
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
                          const float* __restrict__ beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
                          float* __restrict__ U, c10::Half* __restrict__ kdecay, float* __restrict__ decay,
-                         float* __restrict__ bound, OutFactors of) {
+                         float* __restrict__ bound, OutFactors of, PreConv<T> pc) {
+  static_assert(OUT || !PRE, "the short convolution inside chunk_factors comes with the output's factors");
+  static_assert(!PRE || DK == DV, "V formed into K's region");
   extern __shared__ float4 smem4[];
   T* const Ks = reinterpret_cast<T*>(smem4);
   T* const Vs = Ks + kC * ld16<DK>();
@@ -163,10 +265,22 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
   if (tid < kC) rows[tid] = slots(n, tid);
   if (tid == 0) *amax = 0u;
   __syncthreads();
-  load_rows<DK>(Ks, k, rows, h, H);
-  if constexpr (OUT) load_rows<DK>(Qs, static_cast<const T*>(of.q), rows, h, H);
-  else load_rows<DV>(Vs, v, rows, h, H);
+  if constexpr (PRE) {
+    static_assert((kC + kConvTaps - 1) * DK * sizeof(T) <= kC * kLdT * sizeof(float), "K's raw rows fit Ls's region");
+    stage_conv_rows<DK>(reinterpret_cast<T*>(Ls), k, slots, n, h, H);
+    stage_conv_rows<DK>(Ks, static_cast<const T*>(of.q), slots, n, h, H);
+  } else {
+    load_rows<DK>(Ks, k, rows, h, H);
+    if constexpr (OUT) load_rows<DK>(Qs, static_cast<const T*>(of.q), rows, h, H);
+    else load_rows<DV>(Vs, v, rows, h, H);
+  }
   gates_while_tiles_land(g, beta, rows, h, H, Gs, bs);
+  if constexpr (PRE) {
+    short_conv_tile<DK, true>(Ks, Qs, pc.wq, pc, slots, n, h);
+    __syncthreads();  // Q's raw rows read: K's region takes K
+    short_conv_tile<DK, true>(reinterpret_cast<const T*>(Ls), Ks, pc.wk, pc, slots, n, h);
+    __syncthreads();
+  }
 
   if constexpr (OUT) {
     // The output's factors first: Aq (the masked Q K^T into Ls, its largest |entry|, then scaled to
@@ -197,7 +311,8 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
           scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r]));
     }
     __syncthreads();  // every thread is done with Q and Aq
-    load_rows<DV>(Vs, v, rows, h, H);  // lands while L, its inverse and W are formed
+    if constexpr (PRE) stage_conv_rows<DV>(Vs, v, slots, n, h, H);  // lands while L, its inverse and W are formed
+    else load_rows<DV>(Vs, v, rows, h, H);
     cp_async_commit();
   }
 
@@ -231,8 +346,12 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
   if constexpr (OUT) {
     cp_async_wait<0>();  // V's rows
     __syncthreads();
+    if constexpr (PRE) {
+      short_conv_tile<DV, false>(Vs, Ks, pc.wv, pc, slots, n, h);  // K's region: free once W is done
+      __syncthreads();
+    }
   }
-  lower_times<DV>(Ls, Vs, bs, U + chunk * kC * DV);
+  lower_times<DV>(Ls, PRE ? Ks : Vs, bs, U + chunk * kC * DV);
 }
 
 template <int DK, class T>
@@ -549,8 +668,13 @@ bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
   return (Dk == 64 || Dk == 128) && (Dv == 64 || Dv == 128) && (dtype == at::kBFloat16 || dtype == at::kHalf);
 }
 
+bool short_conv_fusion_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
+  // 16-bit values, D in {64, 128} (8 or 16 lanes a row); V is formed into K's region.
+  return chunk_forward_supported(Dk, Dv, dtype) && Dk == Dv;
+}
+
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
-                           const ChunkGrid& grid, const at::Tensor& q, double scale) {
+                           const ChunkGrid& grid, const at::Tensor& q, double scale, const ShortConvInputs* conv) {
   if (k.dim() != 4 || v.dim() != 4) throw std::invalid_argument("hh::kernels::chunk_factors: k and v must be [B, T, H, D]");
   const int64_t B = k.size(0), T = k.size(1), H = k.size(2), Dk = k.size(3), Dv = v.size(3), N = grid.N;
   need(k, "chunk_factors", "k", k.sizes(), true);
@@ -564,6 +688,22 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
     if (q.scalar_type() != k.scalar_type()) throw std::invalid_argument("hh::kernels::chunk_factors: q must have k's dtype");
   }
   const SlotRows slots = slot_rows(grid, B, T);
+  PreConv<void> pre{nullptr, nullptr, nullptr, nullptr, nullptr, 1e-6f};  // type-erased until dispatch
+  if (conv != nullptr) {
+    const std::string fn = "hh::kernels::chunk_factors: with the short convolution, ";
+    if (!q.defined()) throw std::invalid_argument(fn + "q is needed");
+    if (grid.gather.defined()) throw std::invalid_argument(fn + "the grid must hold regular sequences");
+    if (!short_conv_fusion_supported(Dk, Dv, k.scalar_type())) throw std::invalid_argument(fn + "Dk = Dv in {64, 128} only");
+    need(conv->wq, "chunk_factors", "the short convolution's q taps", {H * Dk, 1, kConvTaps}, true);
+    need(conv->wk, "chunk_factors", "the short convolution's k taps", {H * Dk, 1, kConvTaps}, true);
+    need(conv->wv, "chunk_factors", "the short convolution's v taps", {H * Dv, 1, kConvTaps}, true);
+    need(conv->cos, "chunk_factors", "RoPE's cos table", {T, Dk}, true);
+    need(conv->sin, "chunk_factors", "RoPE's sin table", {T, Dk}, true);
+    for (const at::Tensor* t : {&conv->wq, &conv->wk, &conv->wv, &conv->cos, &conv->sin})
+      if (t->scalar_type() != k.scalar_type()) throw std::invalid_argument(fn + "the taps and tables must have k's dtype");
+    pre = {conv->wq.data_ptr(), conv->wk.data_ptr(), conv->wv.data_ptr(), conv->cos.data_ptr(), conv->sin.data_ptr(),
+           static_cast<float>(conv->eps)};
+  }
   const c10::cuda::CUDAGuard guard(k.device());
   const auto f32 = k.options().dtype(at::kFloat);
   const auto f16 = k.options().dtype(at::kHalf);
@@ -581,14 +721,21 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   dispatch(Dk, Dv, k.scalar_type(), [&](auto dk, auto dv, auto x) {
     using X = decltype(x);
     constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
+    const PreConv<X> pc{static_cast<const X*>(pre.wq), static_cast<const X*>(pre.wk), static_cast<const X*>(pre.wv),
+                        static_cast<const X*>(pre.cos), static_cast<const X*>(pre.sin), pre.eps};
     auto run = [&](auto kernel, size_t smem) {
       launch_kernel(kernel, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kThreads, smem, static_cast<const X*>(k.data_ptr()),
                     static_cast<const X*>(v.data_ptr()), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
                     static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr<float>(),
-                    r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of);
+                    r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc);
     };
-    if (q.defined()) run(chunk_factors_kernel<DK, DV, X, true>, factors_smem<DK, DV, X, true>());
-    else run(chunk_factors_kernel<DK, DV, X, false>, factors_smem<DK, DV, X, false>());
+    if (conv != nullptr) {
+      if constexpr (DK == DV) run(chunk_factors_kernel<DK, DV, X, true, true>, factors_smem<DK, DV, X, true>());
+    } else if (q.defined()) {
+      run(chunk_factors_kernel<DK, DV, X, true, false>, factors_smem<DK, DV, X, true>());
+    } else {
+      run(chunk_factors_kernel<DK, DV, X, false, false>, factors_smem<DK, DV, X, false>());
+    }
   });
   return r;
 }

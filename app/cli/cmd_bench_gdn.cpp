@@ -318,12 +318,12 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       if (hyb_tf32) layer["hybrid_tf32_scan_ms"] = *hyb_tf32;
       out["layer"].push_back(layer);
       if (!a.profile.empty() && out["layer"].size() == parse_shapes(a.layer_shapes, "--layer-shapes").size()) {
-        // The hybrid layer at the last (longest) shape, in a trace of its own beside --profile's.
+        // The hybrid layer at the last (longest) shape, in a trace of its own beside --profile's: on one
+        // stream, so that each kernel's time is its own (side by side they share the device).
         std::filesystem::path lp(a.profile);
         lp.replace_filename(lp.stem().string() + "-layer" + lp.extension().string());
         profile_to(lp.string(), [&] {
-          (void)attention::hybrid_attention(cfg, hybrid.options(), hybrid.splits()[0], lw, hybrid.layers()[0], xn,
-                                            teacher.inv_freq());
+          hybrid_one_stream();
           sync_device(dev);
         });
       }

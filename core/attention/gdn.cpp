@@ -15,6 +15,7 @@
 #include "core/model/summary.h"
 #include "core/util/error.h"
 #ifdef HH_HAVE_KERNELS
+#include "kernels/fused_ops.h"
 #include "kernels/gdn.h"
 #endif
 
@@ -652,9 +653,11 @@ struct KernelForward {
   at::Tensor W16, kdecay16, decay, bound;  // the transition factors, for the backward's reverse scan
   at::Tensor S, S16, S_inv;                // the chunks' start states (S16 and S_inv where the scan wrote them)
 };
+// Given `conv`, q, k and v are the projections before the short convolution, which chunk_factors applies.
 KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                              const at::Tensor& beta, const at::Tensor& s0, double scale, const ChunkLayout& L,
-                             bool keep_states, const kernels::OutputFusion* fusion = nullptr, at::Tensor* y = nullptr) {
+                             bool keep_states, const kernels::OutputFusion* fusion = nullptr, at::Tensor* y = nullptr,
+                             const kernels::ShortConvInputs* conv = nullptr) {
   const int64_t B = q.size(0), T = q.size(1);
   // The chunk kernels read q, k, v, g and beta where they lie; the scan runs between them.
   const kernels::ChunkGrid grid{L.N, L.regular ? L.N / std::max<int64_t>(B, 1) : 0, L.gather};
@@ -666,7 +669,10 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   const bool f16_history = kernels::block_f16_scan_enabled() && kernels::f16_history_enabled();
   if (fusion != nullptr && !f16_history)
     throw std::logic_error("hh::attention::kernel_forward: the fused output needs the block float16 history");
-  const kernels::ChunkFactors f = kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale);
+  if (conv != nullptr && !f16_history)
+    throw std::logic_error("hh::attention::kernel_forward: the short convolution inside chunk_factors needs the block float16 history");
+  const kernels::ChunkFactors f =
+      kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale, conv);
   const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, f.bound, s0, L.offsets,
                                      kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
                                                                        : kernels::ScanPrecision::kTf32,
@@ -899,9 +905,30 @@ GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 }
 
 #ifdef HH_HAVE_KERNELS
-at::Tensor gdn_fused_output(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+namespace {
+// The LA heads' short convolution (with RoPE and the L2 norm for q and k) as kernels of its own, on q, k,
+// v [B, T, H, D]: what chunk_factors would do inside with `c`.
+void convolve_apart(at::Tensor& q, at::Tensor& k, at::Tensor& v, const kernels::ShortConvInputs& c) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
+  auto flat = [&](const at::Tensor& x) { return x.reshape({B, T, -1}).contiguous(); };
+  auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const at::Tensor qf = flat(q), kf = flat(k);
+  if (kernels::conv_rope_l2norm_supported(H * D, D, q.scalar_type()) && aligned(qf) && aligned(kf) && aligned(c.wq) &&
+      aligned(c.wk)) {
+    q = kernels::causal_conv_silu_rope_l2norm(qf, c.wq, c.cos, c.sin, D, c.eps).view({B, T, H, D});
+    k = kernels::causal_conv_silu_rope_l2norm(kf, c.wk, c.cos, c.sin, D, c.eps).view({B, T, H, D});
+  } else {
+    q = kernels::rope_l2norm(kernels::causal_conv_silu(qf, c.wq).view({B, T, H, D}), c.cos, c.sin, c.eps);
+    k = kernels::rope_l2norm(kernels::causal_conv_silu(kf, c.wk).view({B, T, H, D}), c.cos, c.sin, c.eps);
+  }
+  v = kernels::causal_conv_silu(flat(v), c.wv).view(v.sizes());
+}
+}  // namespace
+
+at::Tensor gdn_fused_output(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& g,
                             const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
-                            const kernels::OutputFusion& fusion, at::Tensor& y) {
+                            const kernels::OutputFusion& fusion, at::Tensor& y, const kernels::ShortConvInputs* conv) {
+  at::Tensor q = q_in, k = k_in, v = v_in;
   const bool graph = at::GradMode::is_enabled() &&
                      (q.requires_grad() || k.requires_grad() || v.requires_grad() || g.requires_grad() ||
                       beta.requires_grad() || (initial_state.defined() && initial_state.requires_grad()) ||
@@ -913,6 +940,14 @@ at::Tensor gdn_fused_output(const at::Tensor& q, const at::Tensor& k, const at::
                      kernels::f16_history_enabled() &&
                      kernels::chunk_output_fusion_supported(q.size(2), v.size(3), q.scalar_type()) &&
                      kernels::chunk_output_fusion_fits(fusion, y) && y.scalar_type() == q.scalar_type();
+  // The convolution inside chunk_factors where its tensors fit (contiguous, 16-byte aligned), else first.
+  auto fits = [](const at::Tensor& t) {
+    return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  const bool conv_inside = conv != nullptr && fused && kernels::short_conv_fusion_supported(q.size(3), v.size(3), q.scalar_type()) &&
+                           fits(q) && fits(k) && fits(v) && fits(conv->wq) && fits(conv->wk) && fits(conv->wv) &&
+                           fits(conv->cos) && fits(conv->sin);
+  if (conv != nullptr && !conv_inside) convolve_apart(q, k, v, *conv);
   if (!fused) {
     const GdnOutput r = gdn(q, k, v, g, beta, initial_state, scale, chunk);
     kernels::fusion_norm_forward_into(r.o.contiguous(), fusion.gate, fusion.act, fusion.gamma.contiguous(), fusion.eps, y,
@@ -926,7 +961,8 @@ at::Tensor gdn_fused_output(const at::Tensor& q, const at::Tensor& k, const at::
                                                 : at::zeros({B, H, Dk, Dv}, q.options().dtype(at::kFloat));
   const Tf32Scope tf32(use_tf32(q));
   const ChunkLayout L = make_layout(B, T, chunk, {}, q.device());
-  return kernel_forward(q, k, v, g, beta, s0, scale, L, /*keep_states=*/false, &fusion, &y).final_state;
+  return kernel_forward(q, k, v, g, beta, s0, scale, L, /*keep_states=*/false, &fusion, &y, conv_inside ? conv : nullptr)
+      .final_state;
 }
 #endif
 

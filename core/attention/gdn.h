@@ -19,6 +19,7 @@
 #ifdef HH_HAVE_KERNELS
 namespace hh::kernels {
 struct OutputFusion;  // kernels/gdn.h
+struct ShortConvInputs;
 }
 #endif
 
@@ -82,9 +83,13 @@ GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 // elsewhere gdn, then kernels::fusion_norm_forward_into. One sequence a row (no cu_seqlens). No graph
 // may be recorded through it: an input that requires a gradient under grad mode is an error. Returns
 // the final state, as gdn does.
+// Given `conv`, q, k and v [B, T, H, D] are the LA heads' projections before their short convolution
+// (kernels::ShortConvInputs): chunk_factors applies it where it can, else its own kernels run first; the
+// same values either way.
 at::Tensor gdn_fused_output(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                             const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
-                            const kernels::OutputFusion& fusion, at::Tensor& y);
+                            const kernels::OutputFusion& fusion, at::Tensor& y,
+                            const kernels::ShortConvInputs* conv = nullptr);
 #endif
 
 // The op hydrahead::gdn_state_scan, through the dispatcher. P [H, N, Dk, Dk], Z [H, N, Dk, Dv],

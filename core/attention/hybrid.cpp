@@ -288,7 +288,26 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     at::Tensor k = at::linear(xn, w.la_k_proj);
     at::Tensor v = at::linear(xn, w.la_v_proj);
     bool rotated = false;  // q and k already through RoPE and the L2 norm
-    if (o.gdn_short_conv) {
+    // Without a graph or a cache on CUDA, the rule's output goes through the fusion norm inside its last
+    // kernel (gdn_fused_output: o is never written), where `fuse` below would take its kernel; the short
+    // convolution, RoPE and the L2 norm then run inside its first (q, k and v are never written).
+#ifdef HH_HAVE_KERNELS
+    kernels::ShortConvInputs conv;
+    bool conv_inside = false;
+    const bool fuse_out = chunked && !o.fusion_concat && q.is_cuda() && q.scalar_type() != at::kDouble && Dh <= 256 &&
+               !at::GradMode::is_enabled() && w.fusion_gamma.scalar_type() == q.scalar_type();
+    if (fuse_out && o.gdn_short_conv && fused_short_conv(q, w.la_conv, cache)) {
+      const int64_t C = nL * Dh;
+      conv.wq = w.la_conv.narrow(0, 0, C);
+      conv.wk = w.la_conv.narrow(0, C, C);
+      conv.wv = w.la_conv.narrow(0, 2 * C, C);
+      std::tie(conv.cos, conv.sin) = model::rope_cos_sin(inv_freq.to(q.device()), pos, T, q.scalar_type());
+      conv.eps = 1e-6;
+      conv_inside = true;
+      rotated = true;
+    }
+#endif
+    if (o.gdn_short_conv && !rotated) {
       const int64_t C = nL * Dh;
       if (fused_short_conv(q, w.la_conv, cache)) {
 #ifdef HH_HAVE_KERNELS
@@ -317,6 +336,8 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       }
     }
     if (!rotated) std::tie(q, k) = rope_l2(q.reshape({B, T, nL, Dh}), k.reshape({B, T, nL, Dh}), inv_freq, pos);
+    q = q.reshape({B, T, nL, Dh});
+    k = k.reshape({B, T, nL, Dh});
     v = v.reshape({B, T, nL, Dh});
     // b's and a's projections [B, T, 2 nL]. For long inputs they come from the gate's product (their
     // rows after the gate's, padded to a multiple of 8 so the gate's rows stay 16-byte aligned for
@@ -342,22 +363,18 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     const at::Tensor s0 = cache != nullptr ? cache->la_state : at::Tensor();
     bool fused_out = false;
 #ifdef HH_HAVE_KERNELS
-    // Without a graph on CUDA, the rule's output goes through the fusion norm inside its last kernel
-    // (gdn_fused_output: o is never written), where `fuse` below would take its kernel.
-    if (chunked && !o.fusion_concat && q.is_cuda() && q.scalar_type() != at::kDouble && Dh <= 256 &&
-        !at::GradMode::is_enabled()) {
+    if (fuse_out && gate_pre.scalar_type() == q.scalar_type()) {
       kernels::OutputFusion fu;
       fu.gate = gate_pre;
       fu.gamma = pick(w.fusion_gamma, 0, split.la).contiguous();
       fu.act = kernels::GateActivation::kSilu;
       fu.eps = eps;
       fu.heads = split.la;
-      if (fu.gamma.scalar_type() == q.scalar_type() && fu.gate.scalar_type() == q.scalar_type()) {
-        if (!out.defined()) out = at::empty({B, T, Hq, Dh}, q.options());
-        const at::Tensor state = gdn_fused_output(q, k, v, g, beta, s0, scale, o.gdn_chunk, fu, out);
-        if (cache != nullptr) cache->la_state = state;
-        fused_out = true;
-      }
+      if (!out.defined()) out = at::empty({B, T, Hq, Dh}, q.options());
+      const at::Tensor state =
+          gdn_fused_output(q, k, v, g, beta, s0, scale, o.gdn_chunk, fu, out, conv_inside ? &conv : nullptr);
+      if (cache != nullptr) cache->la_state = state;
+      fused_out = true;
     }
 #endif
     if (!fused_out) {
