@@ -195,6 +195,11 @@ bool copy_engine_available();
 // for benchmarks).
 void set_f16_history(bool on);
 bool f16_history_enabled();
+// Whether gdn_fused_output lets chunk_factors apply the LA heads' short convolution when given one
+// (ShortConvInputs), or runs the convolution's own kernels first (process-wide, on by default; off for
+// benchmarks).
+void set_conv_in_factors(bool on);
+bool conv_in_factors_enabled();
 
 // The copies between B regular sequences and the chunk grid of the rule's LibTorch backward, as one
 // pass each with 16-byte accesses (core/attention/gdn.cpp's to_chunks / from_chunks, whose permuting

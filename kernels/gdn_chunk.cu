@@ -654,6 +654,7 @@ __global__ void __launch_bounds__(kThreads)
 bool g_chunk_kernels = true;
 bool g_block_f16_scan = true;
 bool g_f16_history = true;
+bool g_conv_in_factors = true;
 
 }  // namespace
 
@@ -663,6 +664,8 @@ void set_block_f16_scan(bool on) { g_block_f16_scan = on; }
 bool block_f16_scan_enabled() { return g_block_f16_scan && copy_engine_available(); }
 void set_f16_history(bool on) { g_f16_history = on; }
 bool f16_history_enabled() { return g_f16_history; }
+void set_conv_in_factors(bool on) { g_conv_in_factors = on; }
+bool conv_in_factors_enabled() { return g_conv_in_factors; }
 
 bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
   return (Dk == 64 || Dk == 128) && (Dv == 64 || Dv == 128) && (dtype == at::kBFloat16 || dtype == at::kHalf);

@@ -78,7 +78,7 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 
 // The other paths a CUDA run also times, for a comparison in the same run: the forward's chunk-local
 // part in LibTorch (the chunk kernels off), and the scan on TF32 products instead of block float16.
-enum class OtherPath { kLibTorchLocal, kTf32Scan };
+enum class OtherPath { kLibTorchLocal, kTf32Scan, kConvApart };
 
 // fn() with that path's process-wide switch off, restored after; nothing where the switch changes
 // nothing (a build without the CUDA kernels, or a CPU device), so that no run is timed twice.
@@ -86,13 +86,13 @@ template <class Fn>
 std::optional<double> on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) {
 #ifdef HH_HAVE_KERNELS
   if (!dev.is_cuda()) return std::nullopt;
-  const bool chunk = p == OtherPath::kLibTorchLocal;
   struct Restore {
     void (*set)(bool);
     bool was;
     ~Restore() { set(was); }
-  } restore{chunk ? kernels::set_chunk_kernels : kernels::set_block_f16_scan,
-            chunk ? kernels::chunk_kernels_enabled() : kernels::block_f16_scan_enabled()};
+  } restore = p == OtherPath::kLibTorchLocal ? Restore{kernels::set_chunk_kernels, kernels::chunk_kernels_enabled()}
+              : p == OtherPath::kTf32Scan    ? Restore{kernels::set_block_f16_scan, kernels::block_f16_scan_enabled()}
+                                             : Restore{kernels::set_conv_in_factors, kernels::conv_in_factors_enabled()};
   restore.set(false);
   return fn();
 #else
@@ -271,9 +271,11 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     std::printf("  (each side's runs in a block of their own after its warm-up, each synced; b2b: each side's runs\n"
                 "   queued back to back, one sync at the end, as in a model's stack of layers)\n");
     std::printf("  (1-stream b2b: the hybrid back to back with its FA and LA heads one after the other on one\n"
-                "   stream instead of side by side on two; CUDA only)\n");
-    std::printf("  %-10s %14s %14s %10s %11s %11s %8s %14s %14s %14s\n", "B x T", "dense ms", "hybrid ms", "speed-up",
-                "dense b2b", "hybrid b2b", "b2b x", "1-stream b2b", "LT-local ms", "TF32-scan ms");
+                "   stream instead of side by side on two; conv-apart b2b: back to back with the LA heads' short\n"
+                "   convolution as kernels of its own instead of inside chunk_factors; CUDA only)\n");
+    std::printf("  %-10s %14s %14s %10s %11s %11s %8s %14s %15s %14s %14s\n", "B x T", "dense ms", "hybrid ms",
+                "speed-up", "dense b2b", "hybrid b2b", "b2b x", "1-stream b2b", "conv-apart b2b", "LT-local ms",
+                "TF32-scan ms");
     out["layer"] = nlohmann::json::array();
     for (const Shape& s : parse_shapes(a.layer_shapes, "--layer-shapes")) {
       torch::NoGradGuard no_grad;
@@ -306,14 +308,17 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                   hyb_tf32 = on_other_path(OtherPath::kTf32Scan, dev, hybrid_ms);
       std::optional<double> hyb_one_b2b;
       if (dev.is_cuda()) hyb_one_b2b = back_to_back_ms(dev, a.warmup, a.iters, hybrid_one_stream);
+      const std::optional<double> hyb_conv_apart_b2b =
+          on_other_path(OtherPath::kConvApart, dev, [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_run); });
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
-      std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %14s %14s\n", label.c_str(), dense, hyb, speedup,
-                  dense_b2b, hyb_b2b, speedup_b2b, figure(hyb_one_b2b, 2).c_str(), figure(hyb_lt, 2).c_str(),
-                  figure(hyb_tf32, 2).c_str());
+      std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %15s %14s %14s\n", label.c_str(), dense, hyb,
+                  speedup, dense_b2b, hyb_b2b, speedup_b2b, figure(hyb_one_b2b, 2).c_str(),
+                  figure(hyb_conv_apart_b2b, 2).c_str(), figure(hyb_lt, 2).c_str(), figure(hyb_tf32, 2).c_str());
       nlohmann::json layer = {{"B", s.B},          {"T", s.T},         {"dense_ms", dense},
                               {"hybrid_ms", hyb},  {"speedup", speedup}, {"dense_b2b_ms", dense_b2b},
                               {"hybrid_b2b_ms", hyb_b2b}, {"speedup_b2b", speedup_b2b}};
       if (hyb_one_b2b) layer["hybrid_one_stream_b2b_ms"] = *hyb_one_b2b;
+      if (hyb_conv_apart_b2b) layer["hybrid_conv_apart_b2b_ms"] = *hyb_conv_apart_b2b;
       if (hyb_lt) layer["hybrid_local_libtorch_ms"] = *hyb_lt;
       if (hyb_tf32) layer["hybrid_tf32_scan_ms"] = *hyb_tf32;
       out["layer"].push_back(layer);

@@ -944,7 +944,8 @@ at::Tensor gdn_fused_output(const at::Tensor& q_in, const at::Tensor& k_in, cons
   auto fits = [](const at::Tensor& t) {
     return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
   };
-  const bool conv_inside = conv != nullptr && fused && kernels::short_conv_fusion_supported(q.size(3), v.size(3), q.scalar_type()) &&
+  const bool conv_inside = conv != nullptr && fused && kernels::conv_in_factors_enabled() &&
+                           kernels::short_conv_fusion_supported(q.size(3), v.size(3), q.scalar_type()) &&
                            fits(q) && fits(k) && fits(v) && fits(conv->wq) && fits(conv->wk) && fits(conv->wv) &&
                            fits(conv->cos) && fits(conv->sin);
   if (conv != nullptr && !conv_inside) convolve_apart(q, k, v, *conv);
