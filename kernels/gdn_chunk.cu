@@ -113,11 +113,10 @@ template <int DK, int DV, bool OUT>
 constexpr int factors_second_tile() {
   return kC * (OUT && ld16<DK>() > ld16<DV>() ? ld16<DK>() : ld16<DV>());
 }
-template <int DK, int DV, class T, bool OUT, bool PRE = false>
+template <int DK, int DV, class T, bool OUT>
 constexpr size_t factors_smem() {
   return (kC * ld16<DK>() + factors_second_tile<DK, DV, OUT>()) * sizeof(T) +
-         (kC * kLdT + 4 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
-         (PRE ? DK * 4 * sizeof(float) : 0);  // PRE: one tile's convolution taps in float32 (kConvTaps = 4)
+         (kC * kLdT + 4 * kC + 4) * sizeof(float) + kC * sizeof(int64_t);
 }
 
 // Eight consecutive 16-bit values of T's kind at x (16-byte aligned) times s, rounded to float16 as
@@ -176,62 +175,44 @@ __device__ __forceinline__ void stage_conv_rows(T* dst, const T* __restrict__ x,
   }
 }
 
-// Head h's taps of w [H D, 1, K] into wf [D][K] as float32, once for a tile (then a barrier).
-template <int D, class T>
-__device__ __forceinline__ void taps_to_float(float* wf, const T* __restrict__ w, int h) {
-  constexpr int V = 16 / sizeof(T);
-  for (int i = threadIdx.x; i < D * kConvTaps / V; i += blockDim.x) {
-    const Pack<T, V> p = load_pack<V>(w + static_cast<int64_t>(h) * D * kConvTaps + i * V);
-#pragma unroll
-    for (int e = 0; e < V; ++e) wf[i * V + e] = static_cast<float>(p.v[e]);
-  }
-}
-
-// The staged rows (stage_conv_rows, landed) through the convolution with taps wf (taps_to_float), its
-// SiLU and, with ROPE, RoPE at the rows' positions and each row's L2 norm, into tile [C][ld16<D>]
-// (another region; padding rows zero). Thread i takes pack i % P (P = D / 8 packs a row) of R
-// consecutive rows, its window sliding in registers as float32 (each row converted once); the P
-// threads of a row are consecutive lanes, which swap rotate-half partners and sum the row's squares by
-// shuffles in causal_conv_silu_rope_l2norm's order. Every thread of the block must call it.
+// The staged rows (stage_conv_rows, landed) through the convolution with taps w of head h, its SiLU
+// and, with ROPE, RoPE at the rows' positions and each row's L2 norm, into tile [C][ld16<D>] (another
+// region; padding rows zero). Thread i takes pack i % P (P = D / 8 packs a row) of R consecutive rows,
+// its window sliding in registers; the P threads of a row are consecutive lanes, which swap
+// rotate-half partners and sum the row's squares by shuffles in causal_conv_silu_rope_l2norm's order.
+// The taps are read from L1 each step (held in registers, they spill the kernel's 64). Every thread of
+// the block must call it.
 template <int D, bool ROPE, class T>
-__device__ __forceinline__ void short_conv_tile(const T* staged, T* tile, const float* wf, const PreConv<T>& pc,
-                                                const SlotRows& slots, int64_t n) {
+__device__ __forceinline__ void short_conv_tile(const T* staged, T* tile, const T* __restrict__ w, const PreConv<T>& pc,
+                                                const SlotRows& slots, int64_t n, int h) {
   constexpr int V = 16 / sizeof(T), P = D / V, R = kC * P / kThreads, K = kConvTaps;
   static_assert(V == 8 && R * kThreads == kC * P && P <= 32 && 32 % P == 0, "16-bit values, whole rows a warp");
-  static_assert(K == 4, "a channel's taps are one float4");
   const int j = threadIdx.x % P, r0 = threadIdx.x / P * R, lane = threadIdx.x % 32;
   const unsigned group = P == 32 ? 0xffffffffu : ((1u << P) - 1u) << (lane / P * P);
   const bool first = j < P / 2;  // rotate_half: -x[i + D/2] in the first half, x[i - D/2] in the second
   const int64_t t0 = (n % slots.per) * kC;
-  const float4* taps = reinterpret_cast<const float4*>(wf) + j * V;  // the pack's channels' taps
-  float win[K][V];  // rows r - 3 .. r
+  const T* wj = w + (static_cast<int64_t>(h) * D + j * V) * K;  // the pack's V channels' K taps
+  Pack<T, V> win[K];
 #pragma unroll
-  for (int i = 0; i < K - 1; ++i) {
-    const Pack<T, V> p = load_pack<V>(staged + (r0 + i) * D + j * V);
-#pragma unroll
-    for (int e = 0; e < V; ++e) win[i + 1][e] = static_cast<float>(p.v[e]);
-  }
-#pragma unroll
+  for (int i = 0; i < K - 1; ++i) win[i + 1] = load_pack<V>(staged + (r0 + i) * D + j * V);
+#pragma unroll 1
   for (int s = 0; s < R; ++s) {
-    {
-      const Pack<T, V> p = load_pack<V>(staged + (r0 + s + K - 1) * D + j * V);
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-#pragma unroll
-        for (int i = 0; i < K - 1; ++i) win[i][e] = win[i + 1][e];
-        win[K - 1][e] = static_cast<float>(p.v[e]);
-      }
-    }
+    for (int i = 0; i < K - 1; ++i) win[i] = win[i + 1];
+    win[K - 1] = load_pack<V>(staged + (r0 + s + K - 1) * D + j * V);
     Pack<T, V> y;
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const float4 w4 = taps[i];
-      float acc = fmaf(w4.x, win[0][i], 0.f);
-      acc = fmaf(w4.y, win[1][i], acc);
-      acc = fmaf(w4.z, win[2][i], acc);
-      acc = fmaf(w4.w, win[3][i], acc);
-      const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
-      y.v[i] = static_cast<T>(gate_activation<2, T>(a));       // SiLU
+    for (int i = 0; i < V; i += 2) {  // two channels' taps (16 bytes) a load, from L1 each step
+      const Pack<T, 2 * K> wp = load_pack<2 * K>(wj + i * K);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        float acc = 0.f;
+#pragma unroll
+        for (int q = 0; q < K; ++q)
+          acc = fmaf(static_cast<float>(wp.v[u * K + q]), static_cast<float>(win[q].v[i + u]), acc);
+        const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
+        y.v[i + u] = static_cast<T>(gate_activation<2, T>(a));   // SiLU
+      }
     }
     const int64_t t = t0 + r0 + s;
     if constexpr (ROPE) {
@@ -278,7 +259,6 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
   float* const kk = ws + kC;  // beta_t k_t.k_t
   unsigned* const amax = reinterpret_cast<unsigned*>(kk + kC);  // Aq's largest |entry|, as bits
   int64_t* const rows = reinterpret_cast<int64_t*>(amax + 4);
-  float* const Wf = reinterpret_cast<float*>(rows + kC);  // PRE: a tile's convolution taps
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y, tid = threadIdx.x;
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
@@ -294,14 +274,11 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
     if constexpr (OUT) load_rows<DK>(Qs, static_cast<const T*>(of.q), rows, h, H);
     else load_rows<DV>(Vs, v, rows, h, H);
   }
-  if constexpr (PRE) taps_to_float<DK>(Wf, pc.wq, h);
   gates_while_tiles_land(g, beta, rows, h, H, Gs, bs);
   if constexpr (PRE) {
-    short_conv_tile<DK, true>(Ks, Qs, Wf, pc, slots, n);
-    __syncthreads();  // Q's raw rows and taps read: K's region takes K
-    taps_to_float<DK>(Wf, pc.wk, h);
-    __syncthreads();
-    short_conv_tile<DK, true>(reinterpret_cast<const T*>(Ls), Ks, Wf, pc, slots, n);
+    short_conv_tile<DK, true>(Ks, Qs, pc.wq, pc, slots, n, h);
+    __syncthreads();  // Q's raw rows read: K's region takes K
+    short_conv_tile<DK, true>(reinterpret_cast<const T*>(Ls), Ks, pc.wk, pc, slots, n, h);
     __syncthreads();
   }
 
@@ -370,9 +347,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64
     cp_async_wait<0>();  // V's rows
     __syncthreads();
     if constexpr (PRE) {
-      taps_to_float<DV>(Wf, pc.wv, h);
-      __syncthreads();
-      short_conv_tile<DV, false>(Vs, Ks, Wf, pc, slots, n);  // K's region: free once W is done
+      short_conv_tile<DV, false>(Vs, Ks, pc.wv, pc, slots, n, h);  // K's region: free once W is done
       __syncthreads();
     }
   }
@@ -758,7 +733,7 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
                     r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc);
     };
     if (conv != nullptr) {
-      if constexpr (DK == DV) run(chunk_factors_kernel<DK, DV, X, true, true>, factors_smem<DK, DV, X, true, true>());
+      if constexpr (DK == DV) run(chunk_factors_kernel<DK, DV, X, true, true>, factors_smem<DK, DV, X, true>());
     } else if (q.defined()) {
       run(chunk_factors_kernel<DK, DV, X, true, false>, factors_smem<DK, DV, X, true>());
     } else {

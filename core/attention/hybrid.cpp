@@ -340,18 +340,16 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     k = k.reshape({B, T, nL, Dh});
     v = v.reshape({B, T, nL, Dh});
     // b's and a's projections [B, T, 2 nL]. For long inputs they come from the gate's product (their
-    // rows after the gate's, zero rows after them up to a multiple of 128: the product's tiles stay
-    // whole, and the gate's rows 16-byte aligned for the fused output), which saves a product too narrow
-    // to use the device well; they join only where all three train alike, as the FA heads' gate does.
-    // Else one product of both.
+    // rows after the gate's, padded to a multiple of 8 so the gate's rows stay 16-byte aligned for
+    // the fused output), which saves a product too narrow to use the device well; they join only where
+    // all three train alike, as the FA heads' gate does. Else one product of both.
     at::Tensor ab, gate_pre;
     const bool ab_joins = !o.fusion_concat && B * T >= nL * Dh &&
                           (!at::GradMode::is_enabled() || (w.la_gate.requires_grad() == w.la_b_proj.requires_grad() &&
                                                            w.la_gate.requires_grad() == w.la_a_proj.requires_grad()));
     if (ab_joins) {
       std::vector<at::Tensor> rows = {w.la_gate, w.la_b_proj, w.la_a_proj};
-      const int64_t width = nL * Dh + 2 * nL, pad = (nL * Dh % 8 == 0 ? (128 - width % 128) % 128 : 0);
-      if (pad > 0) rows.push_back(at::zeros({pad, xn.size(2)}, w.la_gate.options()));
+      if (const int64_t pad = (8 - 2 * nL % 8) % 8; pad > 0) rows.push_back(at::zeros({pad, xn.size(2)}, w.la_gate.options()));
       const at::Tensor proj = at::linear(xn, at::cat(rows, 0));  // [B, T, nL Dh + 2 nL + pad]
       gate_pre = proj.narrow(2, 0, nL * Dh);
       ab = proj.narrow(2, nL * Dh, 2 * nL);
