@@ -240,8 +240,10 @@ __device__ __forceinline__ void short_conv_tile(const T* staged, T* tile, const 
 // they become is not: K's in Ls's region and Q's in K's, then Q formed into Q's region and K into
 // K's; V's in V's region (as V's rows land in the other forms), formed into K's region once W is done,
 // where U's product reads it.
+// Four blocks an SM (at most 64 registers a thread); three with PRE, whose convolution spills 212 bytes
+// a thread at 64 registers and 28 at 80 (at 128K, B1, 14 heads: 3.55-3.62 ms against 3.75-3.76 ms).
 template <int DK, int DV, class T, bool OUT, bool PRE>
-__global__ void __launch_bounds__(kThreads, 4)  // four blocks an SM: at most 64 registers a thread
+__global__ void __launch_bounds__(kThreads, PRE ? 3 : 4)
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
                          const float* __restrict__ beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
                          float* __restrict__ U, c10::Half* __restrict__ kdecay, float* __restrict__ decay,
