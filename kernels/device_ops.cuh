@@ -231,6 +231,29 @@ __device__ __forceinline__ float rope_pack(const Pack<T, V>& x, const Pack<T, V>
   return ss;
 }
 
+// RoPE and the row's L2 norm on pack y of a row whose P packs lie in consecutive lanes (`group`, this
+// lane's pack first in the row's first half or not): the rotate-half partner swapped by a shuffle,
+// rope_pack, the squares summed over the group by shuffles, then to_dtype(r * rsqrt(sum r^2 + eps)).
+// rope_l2norm_packed_kernel's order (fused_ops.cu), for causal_conv_silu_rope_l2norm and chunk_factors'
+// short convolution, which form the pack in registers.
+template <class T, int V>
+__device__ __forceinline__ Pack<T, V> rope_l2_lanes(const Pack<T, V>& y, unsigned group, int P, bool first,
+                                                   const Pack<T, V>& c, const Pack<T, V>& s, float eps) {
+  static_assert(V * sizeof(T) == 16, "16-byte packs");
+  Pack<T, V> partner;
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    reinterpret_cast<unsigned*>(partner.v)[q] = __shfl_xor_sync(group, reinterpret_cast<const unsigned*>(y.v)[q], P / 2);
+  float r[V];
+  float ss = rope_pack<T, V>(y, partner, first, c, s, r);
+  for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(group, ss, off);
+  const float inv = rsqrtf(ss + eps);
+  Pack<T, V> o;
+#pragma unroll
+  for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(r[e] * inv);
+  return o;
+}
+
 // Where a fusion of n heads places its rows (the fusion kernel's and chunk_output_f16_fused's): head i
 // of row r (= b T + t) reads its gate at r gate_ld + i Dh and writes y at r y_ld + pos[i] Dh (elements).
 constexpr int kMaxFusionHeads = 256;

@@ -1267,19 +1267,7 @@ __global__ void __launch_bounds__(32 * kConvWarps, 2)
     cw.enter(xs, t, C, more);
     const Pack<T, V> cp = cn, sp = sn;
     if (more) cn = load_pack<V>(cos + (t + 1) * Dh + d0), sn = load_pack<V>(sin + (t + 1) * Dh + d0);
-    const Pack<T, V> out = cw.step();
-    Pack<T, V> partner;
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      reinterpret_cast<unsigned*>(partner.v)[q] = __shfl_xor_sync(group, reinterpret_cast<const unsigned*>(out.v)[q], P / 2);
-    float r[V];
-    float ss = rope_pack<T, V>(out, partner, first, cp, sp, r);
-    for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(group, ss, off);
-    const float inv = rsqrtf(ss + eps);
-    Pack<T, V> o;
-#pragma unroll
-    for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(r[e] * inv);
-    store_pack<V>(ys + t * C, o);
+    store_pack<V>(ys + t * C, rope_l2_lanes<T, V>(cw.step(), group, P, first, cp, sp, eps));
   }
 }
 

@@ -218,16 +218,7 @@ __device__ __forceinline__ void short_conv_tile(const T* staged, T* tile, const 
     if constexpr (ROPE) {
       const int64_t tt = t < slots.T ? t : slots.T - 1;  // rows past the end: any table row (they are zeroed)
       const Pack<T, V> cp = load_pack<V>(pc.cos + tt * D + j * V), sp = load_pack<V>(pc.sin + tt * D + j * V);
-      Pack<T, V> partner;
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        reinterpret_cast<unsigned*>(partner.v)[q] = __shfl_xor_sync(group, reinterpret_cast<const unsigned*>(y.v)[q], P / 2);
-      float r[V];
-      float ss = rope_pack<T, V>(y, partner, first, cp, sp, r);
-      for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(group, ss, off);
-      const float inv = rsqrtf(ss + pc.eps);
-#pragma unroll
-      for (int e = 0; e < V; ++e) y.v[e] = static_cast<T>(r[e] * inv);
+      y = rope_l2_lanes<T, V>(y, group, P, first, cp, sp, pc.eps);
     }
     T* d = tile + (r0 + s) * ld16<D>() + j * V;
     if (t < slots.T) store_pack<V>(d, y);

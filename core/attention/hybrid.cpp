@@ -363,7 +363,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     const at::Tensor s0 = cache != nullptr ? cache->la_state : at::Tensor();
     bool fused_out = false;
 #ifdef HH_HAVE_KERNELS
-    if (fuse_out && gate_pre.scalar_type() == q.scalar_type()) {
+    if (fuse_out) {  // gate_pre is q's dtype: both are products of xn
       kernels::OutputFusion fu;
       fu.gate = gate_pre;
       fu.gamma = pick(w.fusion_gamma, 0, split.la).contiguous();

@@ -835,6 +835,13 @@ TEST(CudaGdn, ShortConvInsideChunkFactorsEqualsItsOwnKernels) {
       const auto s_got = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, fu, y_got, &conv);
       EXPECT_TRUE(torch::equal(y_got, y_want)) << what << " (fused output)";
       EXPECT_TRUE(torch::equal(s_got, s_want)) << what << " (final state)";
+      // With the convolution kept out of chunk_factors, gdn_fused_output runs its kernels first: the same bits.
+      hh::kernels::set_conv_in_factors(false);
+      auto y_apart = torch::full({B, T, H, D}, 7.0, dev);
+      const auto s_apart = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, fu, y_apart, &conv);
+      hh::kernels::set_conv_in_factors(true);
+      EXPECT_TRUE(torch::equal(y_apart, y_want)) << what << " (convolution apart)";
+      EXPECT_TRUE(torch::equal(s_apart, s_want)) << what << " (convolution apart, final state)";
     }
   // chunk_factors refuses the convolution without q, and on a gathered grid.
   const auto dev = kCuda.dtype(torch::kBFloat16), f32 = kCuda.dtype(torch::kFloat);
