@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <utility>
 #include <stdexcept>
 #include <string>
 
@@ -329,13 +330,19 @@ std::optional<PackedGroups> packed_groups(const at::Tensor& x) {
   }
   return PackedGroups{x.size(-2), ld};
 }
+// x as the kernels read it, with its groups: itself where packed_groups allows, else a contiguous copy.
+std::pair<at::Tensor, PackedGroups> in_groups(const at::Tensor& x) {
+  if (const std::optional<PackedGroups> pg = packed_groups(x)) return {x, *pg};
+  const at::Tensor c = x.contiguous();
+  return {c, *packed_groups(c)};
+}
 
 at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
   if (!x_in.is_cuda()) throw std::invalid_argument("hh::kernels: x must be a CUDA tensor");
   check(weight, "weight");
-  const std::optional<PackedGroups> in_place = packed_groups(x_in);
-  const at::Tensor x = in_place ? x_in : x_in.contiguous();
-  const PackedGroups pg = in_place ? *in_place : *packed_groups(x);
+  const std::pair<at::Tensor, PackedGroups> xg = in_groups(x_in);
+  const at::Tensor& x = xg.first;
+  const PackedGroups pg = xg.second;
   const int64_t n = x.size(-1), rows = x.numel() / n;
   if (weight.numel() != n || weight.scalar_type() != x.scalar_type())
     throw std::invalid_argument("hh::kernels::rms_norm: weight must be [n] of x's dtype");
@@ -391,10 +398,10 @@ at::Tensor norm_rope(const at::Tensor& x_in, const at::Tensor& weight, const at:
   if (!x_in.is_cuda()) throw std::invalid_argument("hh::kernels: x must be a CUDA tensor");
   if (x_in.dim() != 4) throw std::invalid_argument("hh::kernels::norm_rope: x must be [B, T, H, Dh]");
   // A column slice of a wider projection (packed_groups: heads packed, tokens evenly spaced) is read in
-  // place; any other layout is copied first.
-  const std::optional<PackedGroups> in_place = packed_groups(x_in);
-  const at::Tensor x = in_place ? x_in : x_in.contiguous();
-  const int64_t ld = in_place ? in_place->ld : x.size(2) * x.size(3);
+  // place; any other layout is copied first. Its groups are a token's H heads.
+  const std::pair<at::Tensor, PackedGroups> xg = in_groups(x_in);
+  const at::Tensor& x = xg.first;
+  const int64_t ld = xg.second.ld;
   check(weight, "weight");
   check(cos, "cos");
   check(sin, "sin");

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/device_ops.cuh"
+#include "kernels/fused_ops.h"
 
 namespace hh::kernels {
 namespace {
@@ -1761,6 +1762,26 @@ at::Tensor causal_conv_silu_rope_l2norm(const at::Tensor& x, const at::Tensor& w
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
+}
+
+ConvolvedQkv short_conv_apart(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ShortConvInputs& c) {
+  if (q.dim() != 4 || k.sizes() != q.sizes() || v.dim() != 4)
+    throw std::invalid_argument("hh::kernels::short_conv_apart: expected q and k [B, T, H, D] of one shape, v [B, T, H, Dv]");
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
+  auto flat = [&](const at::Tensor& x) { return x.reshape({B, T, -1}).contiguous(); };
+  auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const at::Tensor qf = flat(q), kf = flat(k);
+  ConvolvedQkv r;
+  if (conv_rope_l2norm_supported(H * D, D, q.scalar_type()) && aligned(qf) && aligned(kf) && aligned(c.wq) &&
+      aligned(c.wk) && aligned(c.cos) && aligned(c.sin)) {
+    r.q = causal_conv_silu_rope_l2norm(qf, c.wq, c.cos, c.sin, D, c.eps);
+    r.k = causal_conv_silu_rope_l2norm(kf, c.wk, c.cos, c.sin, D, c.eps);
+  } else {
+    r.q = rope_l2norm(causal_conv_silu(qf, c.wq).view({B, T, H, D}), c.cos, c.sin, c.eps);
+    r.k = rope_l2norm(causal_conv_silu(kf, c.wk).view({B, T, H, D}), c.cos, c.sin, c.eps);
+  }
+  r.v = causal_conv_silu(flat(v), c.wv).view(v.sizes());
+  return r;
 }
 
 void launch_fusion_forward(const at::Tensor& o, const at::Tensor& gate, GateActivation act, const at::Tensor& gamma,

@@ -130,10 +130,12 @@ struct ChunkFactors {
   at::Tensor W, U, kdecay, decay, bound;
   at::Tensor Qd, Aq, aq_inv;  // only given q
 };
-// Given `conv` (with q, Dk = Dv, on a grid of regular sequences: short_conv_fusion_supported), k, v and q are the LA heads' projections before
-// their short convolution, and each block forms its chunk's
-//   q = causal_conv_silu_rope_l2norm(q, conv->wq, cos, sin, Dk, eps), k likewise, v = causal_conv_silu(v, conv->wv)
-// itself (bit for bit, as [B, T, H D] with H D channels): the convolved tensors are never written to memory.
+// Given `conv` (with q, Dk = Dv, on a grid of regular sequences: short_conv_fusion_supported), k, v and
+// q are the LA heads' projections before their short convolution, and each block forms its chunk's
+//   q = causal_conv_silu_rope_l2norm(q, conv->wq, cos, sin, Dk, eps), k likewise,
+//   v = causal_conv_silu(v, conv->wv)
+// itself (bit for bit, as [B, T, H D] with H D channels): the convolved tensors are never written to
+// memory. short_conv_apart below forms the same values with kernels of their own.
 struct ShortConvInputs {
   at::Tensor wq, wk, wv;  // [H Dk, 1, 4], [H Dk, 1, 4], [H Dv, 1, 4] of the inputs' dtype, contiguous
   at::Tensor cos, sin;    // [T, Dk] of the inputs' dtype: RoPE's tables at positions 0 .. T - 1
@@ -240,6 +242,15 @@ at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight);
 bool conv_rope_l2norm_supported(int64_t C, int64_t Dh, at::ScalarType dtype);
 at::Tensor causal_conv_silu_rope_l2norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
                                         const at::Tensor& sin, int64_t Dh, double eps);
+
+// The LA heads' q, k and v [B, T, H, D] (any layout) through the short convolution as kernels of their
+// own: causal_conv_silu_rope_l2norm for q and k where its shapes and alignment allow, else
+// causal_conv_silu then rope_l2norm; causal_conv_silu for v. The values chunk_factors forms inside given
+// `c`, for where it cannot. Returns them contiguous, [B, T, H, D].
+struct ConvolvedQkv {
+  at::Tensor q, k, v;
+};
+ConvolvedQkv short_conv_apart(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ShortConvInputs& c);
 
 // The scale-normalised fusion of every head's output (DESIGN.md section 9), rows of Dh elements:
 //   y = to_dtype(gate * to_dtype(gamma * to_dtype(o * rsqrt(mean(o^2) + eps))))

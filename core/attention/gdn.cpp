@@ -15,7 +15,6 @@
 #include "core/model/summary.h"
 #include "core/util/error.h"
 #ifdef HH_HAVE_KERNELS
-#include "kernels/fused_ops.h"
 #include "kernels/gdn.h"
 #endif
 
@@ -905,26 +904,6 @@ GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 }
 
 #ifdef HH_HAVE_KERNELS
-namespace {
-// The LA heads' short convolution (with RoPE and the L2 norm for q and k) as kernels of its own, on q, k,
-// v [B, T, H, D]: what chunk_factors would do inside with `c`.
-void convolve_apart(at::Tensor& q, at::Tensor& k, at::Tensor& v, const kernels::ShortConvInputs& c) {
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
-  auto flat = [&](const at::Tensor& x) { return x.reshape({B, T, -1}).contiguous(); };
-  auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
-  const at::Tensor qf = flat(q), kf = flat(k);
-  if (kernels::conv_rope_l2norm_supported(H * D, D, q.scalar_type()) && aligned(qf) && aligned(kf) && aligned(c.wq) &&
-      aligned(c.wk)) {
-    q = kernels::causal_conv_silu_rope_l2norm(qf, c.wq, c.cos, c.sin, D, c.eps).view({B, T, H, D});
-    k = kernels::causal_conv_silu_rope_l2norm(kf, c.wk, c.cos, c.sin, D, c.eps).view({B, T, H, D});
-  } else {
-    q = kernels::rope_l2norm(kernels::causal_conv_silu(qf, c.wq).view({B, T, H, D}), c.cos, c.sin, c.eps);
-    k = kernels::rope_l2norm(kernels::causal_conv_silu(kf, c.wk).view({B, T, H, D}), c.cos, c.sin, c.eps);
-  }
-  v = kernels::causal_conv_silu(flat(v), c.wv).view(v.sizes());
-}
-}  // namespace
-
 at::Tensor gdn_fused_output(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& g,
                             const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
                             const kernels::OutputFusion& fusion, at::Tensor& y, const kernels::ShortConvInputs* conv) {
@@ -948,7 +927,10 @@ at::Tensor gdn_fused_output(const at::Tensor& q_in, const at::Tensor& k_in, cons
                            kernels::short_conv_fusion_supported(q.size(3), v.size(3), q.scalar_type()) &&
                            fits(q) && fits(k) && fits(v) && fits(conv->wq) && fits(conv->wk) && fits(conv->wv) &&
                            fits(conv->cos) && fits(conv->sin);
-  if (conv != nullptr && !conv_inside) convolve_apart(q, k, v, *conv);
+  if (conv != nullptr && !conv_inside) {
+    const kernels::ConvolvedQkv c = kernels::short_conv_apart(q, k, v, *conv);
+    q = c.q, k = c.k, v = c.v;
+  }
   if (!fused) {
     const GdnOutput r = gdn(q, k, v, g, beta, initial_state, scale, chunk);
     kernels::fusion_norm_forward_into(r.o.contiguous(), fusion.gate, fusion.act, fusion.gamma.contiguous(), fusion.eps, y,

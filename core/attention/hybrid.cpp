@@ -51,27 +51,13 @@ at::Tensor short_conv(const at::Tensor& x, const at::Tensor& weight, at::Tensor*
   return at::silu(y.transpose(1, 2));  // [B, T, C]
 }
 
-// Whether short_conv may run as kernels::causal_conv_silu: CUDA, not float64, no decoding cache (whose
-// past inputs the kernel does not take), no gradient to record, the kernel's tap count.
-bool fused_short_conv(const at::Tensor& x, const at::Tensor& weight, const HybridLayerCache* cache) {
 #ifdef HH_HAVE_KERNELS
+// Whether short_conv may run on the convolution kernels (inside chunk_factors, or short_conv_apart):
+// CUDA, not float64, no decoding cache (whose past inputs the kernels do not take), no gradient to
+// record, the kernels' tap count.
+bool fused_short_conv(const at::Tensor& x, const at::Tensor& weight, const HybridLayerCache* cache) {
   return cache == nullptr && x.is_cuda() && x.scalar_type() != at::kDouble && !at::GradMode::is_enabled() &&
          weight.size(2) == 4 && x.is_contiguous();
-#else
-  (void)x;
-  (void)weight;
-  (void)cache;
-  return false;
-#endif
-}
-
-#ifdef HH_HAVE_KERNELS
-// Whether the LA heads' q and k (after fused_short_conv) may take the short convolution, RoPE and the L2
-// norm as one kernel each (kernels::causal_conv_silu_rope_l2norm): its shapes, 16-byte aligned operands.
-bool fused_conv_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& wq, const at::Tensor& wk, int64_t Dh) {
-  auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
-  return kernels::conv_rope_l2norm_supported(q.size(2), Dh, q.scalar_type()) && k.sizes() == q.sizes() &&
-         k.scalar_type() == q.scalar_type() && k.is_contiguous() && aligned(q) && aligned(k) && aligned(wq) && aligned(wk);
 }
 #endif
 
@@ -287,81 +273,51 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.la, Dh));  // [B, T, nL*Dh]
     at::Tensor k = at::linear(xn, w.la_k_proj);
     at::Tensor v = at::linear(xn, w.la_v_proj);
-    bool rotated = false;  // q and k already through RoPE and the L2 norm
-    // Without a graph or a cache on CUDA, the rule's output goes through the fusion norm inside its last
-    // kernel (gdn_fused_output: o is never written), where `fuse` below would take its kernel; the short
-    // convolution, RoPE and the L2 norm then run inside its first (q, k and v are never written).
+    // Where the short convolution, RoPE and the L2 norm run. Without a cache or a graph on CUDA, on
+    // kernels: inside the rule's first kernel where its output goes through the fusion norm inside its
+    // last (gdn_fused_output: q, k, v and o are never written), else as kernels of their own
+    // (short_conv_apart). Otherwise at::conv1d over the three blocks, then rope_l2.
+    bool on_kernels = false, fuse_out = false;
 #ifdef HH_HAVE_KERNELS
+    fuse_out = chunked && !o.fusion_concat && q.is_cuda() && q.scalar_type() != at::kDouble && Dh <= 256 &&
+                          !at::GradMode::is_enabled() && w.fusion_gamma.scalar_type() == q.scalar_type();
     kernels::ShortConvInputs conv;
-    bool conv_inside = false;
-    const bool fuse_out = chunked && !o.fusion_concat && q.is_cuda() && q.scalar_type() != at::kDouble && Dh <= 256 &&
-               !at::GradMode::is_enabled() && w.fusion_gamma.scalar_type() == q.scalar_type();
-    if (fuse_out && o.gdn_short_conv && fused_short_conv(q, w.la_conv, cache)) {
+    on_kernels = o.gdn_short_conv && fused_short_conv(q, w.la_conv, cache);
+    if (on_kernels) {
       const int64_t C = nL * Dh;
       conv.wq = w.la_conv.narrow(0, 0, C);
       conv.wk = w.la_conv.narrow(0, C, C);
       conv.wv = w.la_conv.narrow(0, 2 * C, C);
       std::tie(conv.cos, conv.sin) = model::rope_cos_sin(inv_freq.to(q.device()), pos, T, q.scalar_type());
       conv.eps = 1e-6;
-      conv_inside = true;
-      rotated = true;
+      if (!fuse_out) {
+        const kernels::ConvolvedQkv c = kernels::short_conv_apart(q.view({B, T, nL, Dh}), k.view({B, T, nL, Dh}),
+                                                                  v.view({B, T, nL, Dh}), conv);
+        q = c.q, k = c.k, v = c.v;
+      }
     }
 #endif
-    if (o.gdn_short_conv && !rotated) {
-      const int64_t C = nL * Dh;
-      if (fused_short_conv(q, w.la_conv, cache)) {
-#ifdef HH_HAVE_KERNELS
-        // Without a cache or a graph on CUDA: one kernel per block of channels, in place of the
-        // concatenation, the transposes and at::conv1d below; for q and k with RoPE and the L2 norm
-        // in the same pass where the kernel's shapes allow (rope_l2 below otherwise).
-        const at::Tensor wq = w.la_conv.narrow(0, 0, C), wk = w.la_conv.narrow(0, C, C);
-        if (fused_conv_rope(q, k, wq, wk, Dh)) {
-          const auto [cos, sin] = model::rope_cos_sin(inv_freq.to(q.device()), pos, T, q.scalar_type());
-          q = kernels::causal_conv_silu_rope_l2norm(q, wq, cos, sin, Dh, 1e-6);
-          k = kernels::causal_conv_silu_rope_l2norm(k, wk, cos, sin, Dh, 1e-6);
-          rotated = true;
-        } else {
-          q = kernels::causal_conv_silu(q, wq);
-          k = kernels::causal_conv_silu(k, wk);
-        }
-        v = kernels::causal_conv_silu(v, w.la_conv.narrow(0, 2 * C, C));
-#endif
-      } else {
+    if (!on_kernels) {
+      if (o.gdn_short_conv) {
         // One convolution over the q, k, v channel blocks (the layout of la_conv.weight).
+        const int64_t C = nL * Dh;
         at::Tensor* past = cache != nullptr ? &cache->la_conv : nullptr;
         const at::Tensor qkv = short_conv(at::cat({q, k, v}, 2), w.la_conv, past);  // [B, T, 3*nL*Dh]
         q = qkv.narrow(2, 0, C);
         k = qkv.narrow(2, C, C);
         v = qkv.narrow(2, 2 * C, C);
       }
+      std::tie(q, k) = rope_l2(q.reshape({B, T, nL, Dh}), k.reshape({B, T, nL, Dh}), inv_freq, pos);
     }
-    if (!rotated) std::tie(q, k) = rope_l2(q.reshape({B, T, nL, Dh}), k.reshape({B, T, nL, Dh}), inv_freq, pos);
     q = q.reshape({B, T, nL, Dh});
     k = k.reshape({B, T, nL, Dh});
     v = v.reshape({B, T, nL, Dh});
-    // b's and a's projections [B, T, 2 nL]. For long inputs they come from the gate's product (their
-    // rows after the gate's, padded to a multiple of 8 so the gate's rows stay 16-byte aligned for
-    // the fused output), which saves a product too narrow to use the device well; they join only where
-    // all three train alike, as the FA heads' gate does. Else one product of both.
-    at::Tensor ab, gate_pre;
-    const bool ab_joins = !o.fusion_concat && B * T >= nL * Dh &&
-                          (!at::GradMode::is_enabled() || (w.la_gate.requires_grad() == w.la_b_proj.requires_grad() &&
-                                                           w.la_gate.requires_grad() == w.la_a_proj.requires_grad()));
-    if (ab_joins) {
-      std::vector<at::Tensor> rows = {w.la_gate, w.la_b_proj, w.la_a_proj};
-      if (const int64_t pad = (8 - 2 * nL % 8) % 8; pad > 0) rows.push_back(at::zeros({pad, xn.size(2)}, w.la_gate.options()));
-      const at::Tensor proj = at::linear(xn, at::cat(rows, 0));  // [B, T, nL Dh + 2 nL + pad]
-      gate_pre = proj.narrow(2, 0, nL * Dh);
-      ab = proj.narrow(2, nL * Dh, 2 * nL);
-    } else {
-      ab = at::linear(xn, at::cat({w.la_b_proj, w.la_a_proj}, 0));  // one read of xn for both
-      if (!o.fusion_concat) gate_pre = at::linear(xn, w.la_gate);
-    }
+    const at::Tensor ab = at::linear(xn, at::cat({w.la_b_proj, w.la_a_proj}, 0));  // [B, T, 2 nL]: one read of xn (both LA weights)
     at::Tensor beta = at::sigmoid(ab.narrow(2, 0, nL));                              // [B, T, nL]
     if (o.gdn_allow_neg_eigval) beta = beta * 2;
     const at::Tensor g = -w.la_A_log.exp() * at::softplus(ab.narrow(2, nL, nL) + w.la_dt_bias);  // [B, T, nL]
     const at::Tensor s0 = cache != nullptr ? cache->la_state : at::Tensor();
-    bool fused_out = false;
+    const at::Tensor gate_pre = o.fusion_concat ? at::Tensor() : at::linear(xn, w.la_gate);
 #ifdef HH_HAVE_KERNELS
     if (fuse_out) {  // gate_pre is q's dtype: both are products of xn
       kernels::OutputFusion fu;
@@ -372,12 +328,11 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       fu.heads = split.la;
       if (!out.defined()) out = at::empty({B, T, Hq, Dh}, q.options());
       const at::Tensor state =
-          gdn_fused_output(q, k, v, g, beta, s0, scale, o.gdn_chunk, fu, out, conv_inside ? &conv : nullptr);
+          gdn_fused_output(q, k, v, g, beta, s0, scale, o.gdn_chunk, fu, out, on_kernels ? &conv : nullptr);
       if (cache != nullptr) cache->la_state = state;
-      fused_out = true;
     }
 #endif
-    if (!fused_out) {
+    if (!fuse_out) {
       const GdnOutput r = chunked ? gdn(q, k, v, g, beta, s0, scale, o.gdn_chunk)
                                   : gdn_recurrent(q, k, v, g, beta, s0, scale);
       if (cache != nullptr) cache->la_state = r.state;
