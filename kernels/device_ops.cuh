@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace hh::kernels::device {
@@ -249,8 +250,14 @@ __device__ __forceinline__ Pack<T, V> rope_l2_lanes(const Pack<T, V>& y, unsigne
   for (int off = P / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(group, ss, off);
   const float inv = rsqrtf(ss + eps);
   Pack<T, V> o;
+  if constexpr (sizeof(T) == 2) {  // a pair rounded a conversion, as each alone
+    using P2 = typename Pair16<T>::type;
 #pragma unroll
-  for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(r[e] * inv);
+    for (int e = 0; e < V; e += 2) *reinterpret_cast<P2*>(o.v + e) = Pair16<T>::round(r[e] * inv, r[e + 1] * inv);
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(r[e] * inv);
+  }
   return o;
 }
 
@@ -273,6 +280,16 @@ inline void place_heads(FusionPlacement& pl, const std::vector<int64_t>& heads, 
   }
 }
 
+// e^x as __expf forms it (ex2.approx of x log2 e) with subnormal inputs and results flushed to zero:
+// one instruction after the product instead of __expf's five, which rescale around a subnormal result.
+// Where it only enters as 1 + e^x the two agree bit for bit: a result below 2^-126 leaves 1 unchanged
+// either way, and an input below 2^-126 in magnitude gives 1 either way.
+__device__ __forceinline__ float exp_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+}
+
 // A gate's activation in float32 before its rounding to T: ACT 1 the sigmoid, 2 SiLU, 0 none
 // (GateActivation's kSigmoid, kSilu, kNone). at::sigmoid's and at::silu's float formulas; for 16-bit T
 // with the fast exponential and division (a few float32 ulp, far below T's rounding: the kernels that
@@ -280,9 +297,22 @@ inline void place_heads(FusionPlacement& pl, const std::vector<int64_t>& heads, 
 template <int ACT, class T>
 __device__ __forceinline__ float gate_activation(float x) {
   constexpr bool fast = sizeof(T) == 2;
-  if constexpr (ACT == 1) return fast ? __fdividef(1.f, 1.f + __expf(-x)) : 1.f / (1.f + expf(-x));
-  else if constexpr (ACT == 2) return fast ? __fdividef(x, 1.f + __expf(-x)) : x / (1.f + expf(-x));
+  if constexpr (ACT == 1) return fast ? __fdividef(1.f, 1.f + exp_ftz(-x)) : 1.f / (1.f + expf(-x));
+  else if constexpr (ACT == 2) return fast ? __fdividef(x, 1.f + exp_ftz(-x)) : x / (1.f + expf(-x));
   else return x;
+}
+
+// Element e of a pack of 16-bit values as float: for bfloat16 the bits moved into place in one
+// instruction (a shift for the low half of a 32-bit word, a mask for the high half), where converting
+// the element alone takes two for the high half. e must be known when compiled (unrolled loops).
+template <class T, int V>
+__device__ __forceinline__ float pack_float(const Pack<T, V>& p, int e) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const unsigned w = reinterpret_cast<const unsigned*>(p.v)[e / 2];
+    return __uint_as_float(e % 2 != 0 ? (w & 0xffff0000u) : (w << 16));
+  } else {
+    return static_cast<float>(p.v[e]);
+  }
 }
 
 // Block float16 (the low-rank scan, the output factors of chunk_factors): a power-of-two scale per

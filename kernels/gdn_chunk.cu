@@ -205,15 +205,15 @@ __device__ __forceinline__ void short_conv_tile(const T* staged, T* tile, const 
 #pragma unroll
     for (int i = 0; i < V; i += 2) {  // two channels' taps (16 bytes) a load, from L1 each step
       const Pack<T, 2 * K> wp = load_pack<2 * K>(wj + i * K);
+      float acc[2] = {0.f, 0.f};
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        float acc = 0.f;
+      for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int q = 0; q < K; ++q)
-          acc = fmaf(static_cast<float>(wp.v[u * K + q]), static_cast<float>(win[q].v[i + u]), acc);
-        const float a = static_cast<float>(static_cast<T>(acc));  // the convolution's output, in the dtype
-        y.v[i + u] = static_cast<T>(gate_activation<2, T>(a));   // SiLU
-      }
+        for (int q = 0; q < K; ++q) acc[u] = fmaf(pack_float(wp, u * K + q), pack_float(win[q], i + u), acc[u]);
+      // The convolution's output in the dtype, then SiLU: a pair rounded a conversion, as each alone.
+      using P2 = typename Pair16<T>::type;
+      const float2 a = Pair16<T>::to_float2(Pair16<T>::round(acc[0], acc[1]));
+      *reinterpret_cast<P2*>(y.v + i) = Pair16<T>::round(gate_activation<2, T>(a.x), gate_activation<2, T>(a.y));
     }
     const int64_t t = t0 + r0 + s;
     if constexpr (ROPE) {
