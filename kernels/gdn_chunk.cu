@@ -180,9 +180,8 @@ __device__ __forceinline__ void stage_conv_rows(T* dst, const T* __restrict__ x,
 // region; padding rows zero). Thread i takes pack i % P (P = D / 8 packs a row) of R consecutive rows,
 // its window sliding in registers; the P threads of a row are consecutive lanes, which swap
 // rotate-half partners and sum the row's squares by shuffles in causal_conv_silu_rope_l2norm's order.
-// The taps are read from L1 each step: held in registers they spilled when the kernel had 64 a thread;
-// it has 80 now (chunk_factors_kernel), where holding them was not tried. Every thread of the block
-// must call it.
+// The taps are read from L1 each step: held in registers as packs they spilled 36 bytes a thread at the
+// kernel's 80 and gained nothing (BENCHMARKS.md v36). Every thread of the block must call it.
 template <int D, bool ROPE, class T>
 __device__ __forceinline__ void short_conv_tile(const T* staged, T* tile, const T* __restrict__ w, const PreConv<T>& pc,
                                                 const SlotRows& slots, int64_t n, int h) {
