@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <stdexcept>
 #include <string>
@@ -40,8 +41,9 @@ int pack_width(int64_t n, std::initializer_list<const void*> ptrs) {
 }
 
 // One warp per row of n elements. x's rows come in groups of `group` packed rows, the groups `ld`
-// elements apart (ld = group * n when x is contiguous); y is contiguous.
-template <class T>
+// elements apart (ld = group * n when x is contiguous); y is contiguous. Each lane reads V consecutive
+// elements at a time (V = 1 where rows or pointers are not aligned to V elements).
+template <class T, int V>
 __global__ void rms_norm_kernel(const T* __restrict__ x, int64_t group, int64_t ld, const T* __restrict__ w,
                                 T* __restrict__ y, int64_t rows, int64_t n, float eps) {
   const int lane = threadIdx.x & 31;
@@ -51,14 +53,24 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, int64_t group, int64_t 
   const T* xr = x + outer * ld + (row - outer * group) * n;
   T* yr = y + row * n;
   float ss = 0.f;
-  for (int64_t i = lane; i < n; i += 32) {
-    const float v = static_cast<float>(xr[i]);
-    ss += v * v;
+  for (int64_t i = static_cast<int64_t>(lane) * V; i < n; i += 32 * V) {
+    const Pack<T, V> p = load_pack<V>(xr + i);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float v = static_cast<float>(p.v[e]);
+      ss += v * v;
+    }
   }
   const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(n) + eps);
-  for (int64_t i = lane; i < n; i += 32) {
-    const T normed = static_cast<T>(static_cast<float>(xr[i]) * inv);  // HF: to(input dtype)
-    yr[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(normed));
+  for (int64_t i = static_cast<int64_t>(lane) * V; i < n; i += 32 * V) {
+    const Pack<T, V> p = load_pack<V>(xr + i), wp = load_pack<V>(w + i);
+    Pack<T, V> o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const T normed = static_cast<T>(static_cast<float>(p.v[e]) * inv);  // HF: to(input dtype)
+      o.v[e] = static_cast<T>(static_cast<float>(wp.v[e]) * static_cast<float>(normed));
+    }
+    store_pack<V>(yr + i, o);
   }
 }
 
@@ -351,9 +363,29 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps
   if (rows == 0) return y;
   auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_rms_norm", [&] {
-    rms_norm_kernel<scalar_t><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
-        x.data_ptr<scalar_t>(), pg.group, pg.ld, weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n,
-        static_cast<float>(eps));
+    // The widest vector of at most 16 bytes that keeps every lane busy (n >= 32 V) and that the rows'
+    // starts and the pointers are aligned to.
+    int vec = 1;
+    for (int c : {8, 4, 2}) {
+      if (c * sizeof(scalar_t) > 16 || n < 32 * c || n % c != 0 || pg.ld % c != 0) continue;
+      const uintptr_t bytes = c * sizeof(scalar_t);
+      if (reinterpret_cast<uintptr_t>(x.data_ptr()) % bytes == 0 && reinterpret_cast<uintptr_t>(weight.data_ptr()) % bytes == 0 &&
+          reinterpret_cast<uintptr_t>(y.data_ptr()) % bytes == 0) {
+        vec = c;
+        break;
+      }
+    }
+    auto launch = [&](auto v) {
+      rms_norm_kernel<scalar_t, decltype(v)::value><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
+          x.data_ptr<scalar_t>(), pg.group, pg.ld, weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n,
+          static_cast<float>(eps));
+    };
+    switch (vec) {
+      case 8: if constexpr (sizeof(scalar_t) <= 2) launch(std::integral_constant<int, 8>{}); break;
+      case 4: if constexpr (sizeof(scalar_t) <= 4) launch(std::integral_constant<int, 4>{}); break;
+      case 2: launch(std::integral_constant<int, 2>{}); break;
+      default: launch(std::integral_constant<int, 1>{});
+    }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;

@@ -312,7 +312,12 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     q = q.reshape({B, T, nL, Dh});
     k = k.reshape({B, T, nL, Dh});
     v = v.reshape({B, T, nL, Dh});
-    const at::Tensor ab = at::linear(xn, at::cat({w.la_b_proj, w.la_a_proj}, 0));  // [B, T, 2 nL]: one read of xn (both LA weights)
+    // [B, T, 2 nL (+ pad)]: one read of xn for both LA weights. On CUDA the product's rows are padded
+    // with zero weights to a multiple of 8 outputs (16-byte output rows, which cuBLAS's faster kernels need).
+    std::vector<at::Tensor> ab_rows = {w.la_b_proj, w.la_a_proj};
+    if (const int64_t pad = xn.is_cuda() ? (8 - 2 * nL % 8) % 8 : 0; pad > 0)
+      ab_rows.push_back(at::zeros({pad, w.la_b_proj.size(1)}, w.la_b_proj.options().requires_grad(false)));
+    const at::Tensor ab = at::linear(xn, at::cat(ab_rows, 0));
     at::Tensor beta = at::sigmoid(ab.narrow(2, 0, nL));                              // [B, T, nL]
     if (o.gdn_allow_neg_eigval) beta = beta * 2;
     const at::Tensor g = -w.la_A_log.exp() * at::softplus(ab.narrow(2, nL, nL) + w.la_dt_bias);  // [B, T, nL]
