@@ -364,28 +364,25 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps
   auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_rms_norm", [&] {
     // The widest vector of at most 16 bytes that keeps every lane busy (n >= 32 V) and that the rows'
-    // starts and the pointers are aligned to.
-    int vec = 1;
-    for (int c : {8, 4, 2}) {
-      if (c * sizeof(scalar_t) > 16 || n < 32 * c || n % c != 0 || pg.ld % c != 0) continue;
-      const uintptr_t bytes = c * sizeof(scalar_t);
-      if (reinterpret_cast<uintptr_t>(x.data_ptr()) % bytes == 0 && reinterpret_cast<uintptr_t>(weight.data_ptr()) % bytes == 0 &&
-          reinterpret_cast<uintptr_t>(y.data_ptr()) % bytes == 0) {
-        vec = c;
-        break;
+    // starts and the pointers are aligned to; V = 1 always fits.
+    auto try_launch = [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      if constexpr (V * sizeof(scalar_t) > 16) {
+        return false;
+      } else {
+        const uintptr_t bytes = V * sizeof(scalar_t);
+        auto aligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+        if (V > 1 && (n < 32 * V || n % V != 0 || pg.ld % V != 0 || !aligned(x.data_ptr()) ||
+                      !aligned(weight.data_ptr()) || !aligned(y.data_ptr())))
+          return false;
+        rms_norm_kernel<scalar_t, V><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
+            x.data_ptr<scalar_t>(), pg.group, pg.ld, weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n,
+            static_cast<float>(eps));
+        return true;
       }
-    }
-    auto launch = [&](auto v) {
-      rms_norm_kernel<scalar_t, decltype(v)::value><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
-          x.data_ptr<scalar_t>(), pg.group, pg.ld, weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n,
-          static_cast<float>(eps));
     };
-    switch (vec) {
-      case 8: if constexpr (sizeof(scalar_t) <= 2) launch(std::integral_constant<int, 8>{}); break;
-      case 4: if constexpr (sizeof(scalar_t) <= 4) launch(std::integral_constant<int, 4>{}); break;
-      case 2: launch(std::integral_constant<int, 2>{}); break;
-      default: launch(std::integral_constant<int, 1>{});
-    }
+    try_launch(std::integral_constant<int, 8>{}) || try_launch(std::integral_constant<int, 4>{}) ||
+        try_launch(std::integral_constant<int, 2>{}) || try_launch(std::integral_constant<int, 1>{});
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
