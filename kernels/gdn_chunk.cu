@@ -182,9 +182,17 @@ __device__ __forceinline__ void stage_conv_rows(T* dst, const T* __restrict__ x,
 // rotate-half partners and sum the row's squares by shuffles in causal_conv_silu_rope_l2norm's order.
 // The taps are read from L1 each step: held in registers as packs they spilled 36 bytes a thread at the
 // kernel's 80 and gained nothing (BENCHMARKS.md v36). Every thread of the block must call it.
+template <bool ROPE, class T>
+__device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, const T* __restrict__ w, const PreConv<T>& pc,
+                                                   const SlotRows& slots, int64_t n, int h);
+
 template <int D, bool ROPE, class T>
 __device__ __forceinline__ void short_conv_tile(const T* staged, T* tile, const T* __restrict__ w, const PreConv<T>& pc,
                                                 const SlotRows& slots, int64_t n, int h) {
+  if constexpr (D == 128) {
+    short_conv_rows128<ROPE>(staged, tile, w, pc, slots, n, h);
+    return;
+  }
   constexpr int V = 16 / sizeof(T), P = D / V, R = kC * P / kThreads, K = kConvTaps;
   static_assert(V == 8 && R * kThreads == kC * P && P <= 32 && 32 % P == 0, "16-bit values, whole rows a warp");
   const int j = threadIdx.x % P, r0 = threadIdx.x / P * R, lane = threadIdx.x % 32;
@@ -223,6 +231,88 @@ __device__ __forceinline__ void short_conv_tile(const T* staged, T* tile, const 
     T* d = tile + (r0 + s) * ld16<D>() + j * V;
     if (t < slots.T) store_pack<V>(d, y);
     else *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// short_conv_tile for D = 128 by rows: warp w forms rows R w .. R w + R - 1 (R = C / 8), lane l channels
+// 4l .. 4l + 3 of each, its taps (16 floats) and a window of K rows (a ring of K x 4 floats, slots
+// named statically in steps of K) in registers: a row's inputs are read and converted once, where
+// a thread of 8 channels and 4 rows read its taps from L1 and converted every tap and window value
+// at each step. Bit for bit the 8-channel form's values: each channel's taps summed in the same order,
+// and the row's squares summed in rope_l2_lanes' order: lane 2j + 1 continues lane 2j's sum over its
+// own four channels (together the 8-channel pack j's sum, in element order), then the pack sums meet
+// by the same butterfly (lane offsets 16, 8, 4, 2 for pack offsets 8, 4, 2, 1).
+template <bool ROPE, class T>
+__device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, const T* __restrict__ w, const PreConv<T>& pc,
+                                                   const SlotRows& slots, int64_t n, int h) {
+  constexpr int D = 128, E = 4, K = kConvTaps, R = kC / kWarps;
+  static_assert(sizeof(T) == 2 && D == 32 * E && R % K == 0 && E * K == 16, "16-bit values, one row a warp");
+  using P2 = typename Pair16<T>::type;
+  const int lane = threadIdx.x % 32, r0 = threadIdx.x / 32 * R;
+  const bool first = lane < 16, odd = lane % 2 != 0;  // rotate_half's first half; pack j's second four channels
+  const int64_t t0 = (n % slots.per) * kC;
+  float tap[E][K];
+  {
+    const T* wl = w + (static_cast<int64_t>(h) * D + E * lane) * K;  // the lane's channels' taps, 32 bytes
+    const Pack<T, 8> a = load_pack<8>(wl), b = load_pack<8>(wl + 8);
+#pragma unroll
+    for (int q = 0; q < K; ++q) {
+      tap[0][q] = pack_float(a, q), tap[1][q] = pack_float(a, K + q);
+      tap[2][q] = pack_float(b, q), tap[3][q] = pack_float(b, K + q);
+    }
+  }
+  float win[K][E];  // window row q of step s (staged row r0 + s + q) in slot (s + q) % K
+  auto enter = [&](float(&slot)[E], int row) {
+    const Pack<T, E> p = load_pack<E>(staged + row * D + E * lane);
+#pragma unroll
+    for (int e = 0; e < E; ++e) slot[e] = pack_float(p, e);
+  };
+#pragma unroll
+  for (int q = 0; q < K - 1; ++q) enter(win[q], r0 + q);
+#pragma unroll 1
+  for (int s0 = 0; s0 < R; s0 += K) {
+#pragma unroll
+    for (int u = 0; u < K; ++u) {
+      const int s = s0 + u;
+      enter(win[(u + K - 1) % K], r0 + s + K - 1);
+      Pack<T, E> y;
+#pragma unroll
+      for (int e = 0; e < E; e += 2) {
+        float acc[2] = {0.f, 0.f};
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+          for (int q = 0; q < K; ++q) acc[c] = fmaf(tap[e + c][q], win[(u + q) % K][e + c], acc[c]);
+        const float2 a = Pair16<T>::to_float2(Pair16<T>::round(acc[0], acc[1]));
+        *reinterpret_cast<P2*>(y.v + e) = Pair16<T>::round(gate_activation<2, T>(a.x), gate_activation<2, T>(a.y));
+      }
+      const int64_t t = t0 + r0 + s;
+      if constexpr (ROPE) {
+        const int64_t tt = t < slots.T ? t : slots.T - 1;  // rows past the end: any table row (they are zeroed)
+        const Pack<T, E> cp = load_pack<E>(pc.cos + tt * D + E * lane), sp = load_pack<E>(pc.sin + tt * D + E * lane);
+        Pack<T, E> partner;
+#pragma unroll
+        for (int q = 0; q < E / 2; ++q)
+          reinterpret_cast<unsigned*>(partner.v)[q] = __shfl_xor_sync(0xffffffffu, reinterpret_cast<const unsigned*>(y.v)[q], 16);
+        float r[E];
+        float ss = rope_pack<T, E>(y, partner, first, cp, sp, r);
+        const float before = __shfl_up_sync(0xffffffffu, ss, 1);  // lane 2j's sum, for lane 2j + 1
+        if (odd) {
+          ss = before;
+#pragma unroll
+          for (int e = 0; e < E; ++e) ss += r[e] * r[e];
+        }
+#pragma unroll
+        for (int off = 16; off > 1; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        const float total = __shfl_xor_sync(0xffffffffu, ss, 1);  // even lanes: their odd neighbour's
+        const float inv = rsqrtf((odd ? ss : total) + pc.eps);
+#pragma unroll
+        for (int e = 0; e < E; e += 2) *reinterpret_cast<P2*>(y.v + e) = Pair16<T>::round(r[e] * inv, r[e + 1] * inv);
+      }
+      T* d = tile + (r0 + s) * ld16<D>() + E * lane;
+      if (t < slots.T) store_pack<E>(d, y);
+      else *reinterpret_cast<uint2*>(d) = make_uint2(0u, 0u);
+    }
   }
 }
 

@@ -282,11 +282,11 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       const auto x = torch::randn({s.B, s.T, cfg.hidden_size}, opts);
       const auto xn = model::rms_norm(x, lw.input_layernorm, eps);
       const std::function<void()> dense_run = [&] {
-        // As the transformer's own layer runs it: q/k norm + RoPE through the fused kernel where it applies.
-        const auto q = model::norm_rotary(at::linear(xn, lw.q_proj).view({s.B, s.T, Hq, Dh}), lw.q_norm, eps,
-                                          teacher.inv_freq(), 0);
-        const auto k = model::norm_rotary(at::linear(xn, lw.k_proj).view({s.B, s.T, Hkv, Dh}), lw.k_norm, eps,
-                                          teacher.inv_freq(), 0);
+        // As the transformer's own layer runs it: q/k norm + RoPE through the fused kernel where it applies,
+        // one build of the RoPE tables for both (as the hybrid layer builds one for all its heads).
+        const auto [cos, sin] = model::rope_cos_sin(teacher.inv_freq().to(xn.device()), 0, s.T, xn.scalar_type());
+        const auto q = model::norm_rotary(at::linear(xn, lw.q_proj).view({s.B, s.T, Hq, Dh}), lw.q_norm, eps, cos, sin);
+        const auto k = model::norm_rotary(at::linear(xn, lw.k_proj).view({s.B, s.T, Hkv, Dh}), lw.k_norm, eps, cos, sin);
         const auto v = at::linear(xn, lw.v_proj).view({s.B, s.T, Hkv, Dh});
         (void)model::causal_attention(q, k, v, sc);
       };

@@ -68,14 +68,17 @@ at::Tensor l2_normalise(const at::Tensor& x) {
 }
 
 // The LA heads' q and k: l2_normalise(rotary(x)) of each, as one kernel each on CUDA when no graph
-// needs them (with one build of the RoPE tables for both).
-std::pair<at::Tensor, at::Tensor> rope_l2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& inv_freq, int64_t pos) {
+// needs them (on the layer's RoPE tables `rope`, [T, Dh] in q's dtype).
+std::pair<at::Tensor, at::Tensor> rope_l2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& inv_freq, int64_t pos,
+                                          const std::pair<at::Tensor, at::Tensor>& rope) {
 #ifdef HH_HAVE_KERNELS
   auto graph = [](const at::Tensor& x) { return at::GradMode::is_enabled() && x.requires_grad(); };
   if (q.is_cuda() && q.scalar_type() != at::kDouble && k.scalar_type() == q.scalar_type() && !graph(q) && !graph(k)) {
-    const auto [cos, sin] = model::rope_cos_sin(inv_freq.to(q.device()), pos, q.size(1), q.scalar_type());
+    const auto& [cos, sin] = rope;
     return {kernels::rope_l2norm(q.contiguous(), cos, sin, 1e-6), kernels::rope_l2norm(k.contiguous(), cos, sin, 1e-6)};
   }
+#else
+  (void)rope;
 #endif
   return {l2_normalise(model::rotary(q, inv_freq, pos)), l2_normalise(model::rotary(k, inv_freq, pos))};
 }
@@ -182,6 +185,11 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
   const double eps = cfg.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(Dh));
   const int64_t nF = static_cast<int64_t>(split.fa.size()), nL = static_cast<int64_t>(split.la.size());
   at::Tensor out;  // [B, T, Hq, Dh]
+  // The RoPE tables of positions pos .. pos + T - 1, built once for the FA heads' q and k and the LA
+  // heads (before the two branches part: with side_by_side both streams read them).
+  const std::pair<at::Tensor, at::Tensor> rope =
+      (nF > 0 && o.fa_rope) || nL > 0 ? model::rope_cos_sin(inv_freq.to(xn.device()), pos, T, xn.scalar_type())
+                                      : std::pair<at::Tensor, at::Tensor>();
   // The heads' contributions act(gate) * (gamma_h * RMSNorm(o_h)), or o itself under fusion_concat,
   // placed at their original head positions. o_grp [B, T, n, Dh] and gate_pre [B, T, n * Dh] (before
   // its activation) for the n heads of `heads` (ascending). Without a graph on CUDA one kernel applies
@@ -248,8 +256,8 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     q = q.view({B, T, nF, Dh});
     k = k.view({B, T, nU, Dh});
     v = v.view({B, T, nU, Dh});
-    q = o.fa_rope ? model::norm_rotary(q, tw.q_norm, eps, inv_freq, pos) : model::norm_fused(q, tw.q_norm, eps);
-    k = o.fa_rope ? model::norm_rotary(k, tw.k_norm, eps, inv_freq, pos) : model::norm_fused(k, tw.k_norm, eps);
+    q = o.fa_rope ? model::norm_rotary(q, tw.q_norm, eps, rope.first, rope.second) : model::norm_fused(q, tw.q_norm, eps);
+    k = o.fa_rope ? model::norm_rotary(k, tw.k_norm, eps, rope.first, rope.second) : model::norm_fused(k, tw.k_norm, eps);
     if (o.fa_log_scale) {
       const double a = o.fa_log_scale_alpha;
       const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // float32 for 16-bit models
@@ -288,7 +296,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       conv.wq = w.la_conv.narrow(0, 0, C);
       conv.wk = w.la_conv.narrow(0, C, C);
       conv.wv = w.la_conv.narrow(0, 2 * C, C);
-      std::tie(conv.cos, conv.sin) = model::rope_cos_sin(inv_freq.to(q.device()), pos, T, q.scalar_type());
+      std::tie(conv.cos, conv.sin) = rope;
       conv.eps = 1e-6;
       if (!fuse_out) {
         const kernels::ConvolvedQkv c = kernels::short_conv_apart(q.view({B, T, nL, Dh}), k.view({B, T, nL, Dh}),
@@ -307,22 +315,27 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
         k = qkv.narrow(2, C, C);
         v = qkv.narrow(2, 2 * C, C);
       }
-      std::tie(q, k) = rope_l2(q.reshape({B, T, nL, Dh}), k.reshape({B, T, nL, Dh}), inv_freq, pos);
+      std::tie(q, k) = rope_l2(q.reshape({B, T, nL, Dh}), k.reshape({B, T, nL, Dh}), inv_freq, pos, rope);
     }
     q = q.reshape({B, T, nL, Dh});
     k = k.reshape({B, T, nL, Dh});
     v = v.reshape({B, T, nL, Dh});
-    // [B, T, 2 nL (+ pad)]: one read of xn for both LA weights. On CUDA the product's rows are padded
-    // with zero weights to a multiple of 8 outputs (16-byte output rows, which cuBLAS's faster kernels need).
+    // b and a [B, T, 2 nL] from one product with the gate's rows where the gate is fused (gate_pre
+    // [B, T, nL Dh] its first columns), else from one of their own. On CUDA the product's rows are padded
+    // with zero weights to a multiple of 8 outputs (16-byte output rows, which cuBLAS's faster kernels
+    // need; the fused output reads the gate's rows at that stride).
     std::vector<at::Tensor> ab_rows = {w.la_b_proj, w.la_a_proj};
+    if (!o.fusion_concat) ab_rows.insert(ab_rows.begin(), w.la_gate);
     if (const int64_t pad = xn.is_cuda() ? (8 - 2 * nL % 8) % 8 : 0; pad > 0)
       ab_rows.push_back(at::zeros({pad, w.la_b_proj.size(1)}, w.la_b_proj.options().requires_grad(false)));
-    const at::Tensor ab = at::linear(xn, at::cat(ab_rows, 0));
+    const at::Tensor prod = at::linear(xn, at::cat(ab_rows, 0));
+    const int64_t gate_cols = o.fusion_concat ? 0 : nL * Dh;
+    const at::Tensor gate_pre = o.fusion_concat ? at::Tensor() : prod.narrow(2, 0, gate_cols);
+    const at::Tensor ab = prod.narrow(2, gate_cols, 2 * nL);
     at::Tensor beta = at::sigmoid(ab.narrow(2, 0, nL));                              // [B, T, nL]
     if (o.gdn_allow_neg_eigval) beta = beta * 2;
     const at::Tensor g = -w.la_A_log.exp() * at::softplus(ab.narrow(2, nL, nL) + w.la_dt_bias);  // [B, T, nL]
     const at::Tensor s0 = cache != nullptr ? cache->la_state : at::Tensor();
-    const at::Tensor gate_pre = o.fusion_concat ? at::Tensor() : at::linear(xn, w.la_gate);
 #ifdef HH_HAVE_KERNELS
     if (fuse_out) {  // gate_pre is q's dtype: both are products of xn
       kernels::OutputFusion fu;

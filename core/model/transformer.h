@@ -156,6 +156,10 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offse
 // needing no gradient; differentiable in x), else the op sequence.
 at::Tensor norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& inv_freq,
                        int64_t offset);
+// The same with the cos and sin tables of x's positions built once (rope_cos_sin, [T, Dh] in x's dtype):
+// a layer's q and k, or the heads of a hybrid layer, share one build.
+at::Tensor norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                       const at::Tensor& sin);
 // rms_norm(x, weight, eps), as one kernel on CUDA (16-bit or float32, weight needing no gradient), else
 // the op sequence.
 at::Tensor norm_fused(const at::Tensor& x, const at::Tensor& weight, double eps);
