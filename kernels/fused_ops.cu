@@ -42,7 +42,11 @@ int pack_width(int64_t n, std::initializer_list<const void*> ptrs) {
 
 // One warp per row of n elements. x's rows come in groups of `group` packed rows, the groups `ld`
 // elements apart (ld = group * n when x is contiguous); y is contiguous. Each lane reads V consecutive
-// elements at a time (V = 1 where rows or pointers are not aligned to V elements).
+// elements at a time (V = 1 where rows or pointers are not aligned to V elements). A lane's first
+// kHeldPacks packs of x and of the weight are loaded together up front and held for the second pass
+// (a row of a head, or of up to 32 kHeldPacks V elements, waits on one round of loads instead of
+// two); longer rows read the rest again.
+constexpr int kHeldPacks = 2;
 template <class T, int V>
 __global__ void rms_norm_kernel(const T* __restrict__ x, int64_t group, int64_t ld, const T* __restrict__ w,
                                 T* __restrict__ y, int64_t rows, int64_t n, float eps) {
@@ -52,8 +56,24 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, int64_t group, int64_t 
   const int64_t outer = row / group;
   const T* xr = x + outer * ld + (row - outer * group) * n;
   T* yr = y + row * n;
+  Pack<T, V> held[kHeldPacks], held_w[kHeldPacks];
+#pragma unroll
+  for (int k = 0; k < kHeldPacks; ++k) {
+    const int64_t i = (static_cast<int64_t>(lane) + 32 * k) * V;
+    if (i < n) held[k] = load_pack<V>(xr + i), held_w[k] = load_pack<V>(w + i);
+  }
   float ss = 0.f;
-  for (int64_t i = static_cast<int64_t>(lane) * V; i < n; i += 32 * V) {
+#pragma unroll
+  for (int k = 0; k < kHeldPacks; ++k) {
+    if ((static_cast<int64_t>(lane) + 32 * k) * V < n) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float v = static_cast<float>(held[k].v[e]);
+        ss += v * v;
+      }
+    }
+  }
+  for (int64_t i = (static_cast<int64_t>(lane) + 32 * kHeldPacks) * V; i < n; i += 32 * V) {
     const Pack<T, V> p = load_pack<V>(xr + i);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
@@ -62,16 +82,22 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, int64_t group, int64_t 
     }
   }
   const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(n) + eps);
-  for (int64_t i = static_cast<int64_t>(lane) * V; i < n; i += 32 * V) {
-    const Pack<T, V> p = load_pack<V>(xr + i), wp = load_pack<V>(w + i);
+  auto normed = [&](const Pack<T, V>& p, const Pack<T, V>& wp) {
     Pack<T, V> o;
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      const T normed = static_cast<T>(static_cast<float>(p.v[e]) * inv);  // HF: to(input dtype)
-      o.v[e] = static_cast<T>(static_cast<float>(wp.v[e]) * static_cast<float>(normed));
+      const T nv = static_cast<T>(static_cast<float>(p.v[e]) * inv);  // HF: to(input dtype)
+      o.v[e] = static_cast<T>(static_cast<float>(wp.v[e]) * static_cast<float>(nv));
     }
-    store_pack<V>(yr + i, o);
+    return o;
+  };
+#pragma unroll
+  for (int k = 0; k < kHeldPacks; ++k) {
+    const int64_t i = (static_cast<int64_t>(lane) + 32 * k) * V;
+    if (i < n) store_pack<V>(yr + i, normed(held[k], held_w[k]));
   }
+  for (int64_t i = (static_cast<int64_t>(lane) + 32 * kHeldPacks) * V; i < n; i += 32 * V)
+    store_pack<V>(yr + i, normed(load_pack<V>(xr + i), load_pack<V>(w + i)));
 }
 
 // One warp per (token, head) row of Dh elements: RMSNorm, then RoPE with the token's cos/sin. x's

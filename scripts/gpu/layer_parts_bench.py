@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""The hybrid layer's two largest parts on their own, timed with torch on the same GPU.
+
+1. The projections: x^ [T, d] times W^T for the output widths the hybrid layer asks cuBLAS for (each
+   product apart, and merged into one), in TFLOP/s.
+2. The FA heads' causal attention (B=1, H heads, T, Dh) through each SDPA backend torch offers, with
+   q, k, v contiguous [B, H, T, Dh] or as the layer passes them (head slices of [B, T, width] rows).
+
+  python3 scripts/gpu/layer_parts_bench.py [--seq 131072] [--d 2048] [--dh 128]
+Medians of CUDA-event timings after warm-up; fresh random inputs (never zeros).
+"""
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def median_ms(fn, warmup=3, iters=10):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seq", type=int, default=131072)
+    p.add_argument("--d", type=int, default=2048)
+    p.add_argument("--dh", type=int, default=128)
+    p.add_argument("--fa-heads", type=int, default=2)
+    p.add_argument("--la-heads", type=int, default=14)
+    a = p.parse_args()
+    dev, dt = "cuda", torch.bfloat16
+    T, d, Dh, nF, nL = a.seq, a.d, a.dh, a.fa_heads, a.la_heads
+    x = torch.randn(T, d, device=dev, dtype=dt)
+    print(f"projections of x [{T}, {d}] bf16 (torch {torch.__version__}, {torch.cuda.get_device_name()}):")
+    widths = {
+        "FA q,k,v,gate": 4 * nF * Dh,
+        "LA q": nL * Dh,
+        "LA gate+b+a (padded to 8)": nL * Dh + 2 * nL + (8 - 2 * nL % 8) % 8,
+        "LA q,k,v merged": 3 * nL * Dh,
+        "LA q,k,v,gate,b,a merged": 4 * nL * Dh + 2 * nL + (8 - 2 * nL % 8) % 8,
+        "everything merged": 4 * nF * Dh + 4 * nL * Dh + 2 * nL + (8 - 2 * nL % 8) % 8,
+        "o_proj (d -> d)": d,
+    }
+    for name, n in widths.items():
+        w = torch.randn(n, d, device=dev, dtype=dt) * 0.02
+        ms = median_ms(lambda: F.linear(x, w))
+        print(f"  {name:28s} N={n:5d}  {ms:7.3f} ms  {2 * T * d * n / ms / 1e9:6.1f} TFLOP/s")
+        del w
+    del x
+    torch.cuda.empty_cache()
+
+    flops = lambda H: 4 * T * T / 2 * Dh * H
+    print(f"causal attention B=1 T={T} Dh={Dh} bf16:")
+    for H in (nF, 16):
+        qc, kc, vc = (torch.randn(1, H, T, Dh, device=dev, dtype=dt) for _ in range(3))
+        wide = torch.randn(1, T, 4 * H * Dh, device=dev, dtype=dt)  # the layer's merged product, heads as slices
+        ql = wide[..., : H * Dh].view(1, T, H, Dh).transpose(1, 2)
+        kl = wide[..., H * Dh : 2 * H * Dh].view(1, T, H, Dh).transpose(1, 2)
+        vl = wide[..., 2 * H * Dh : 3 * H * Dh].view(1, T, H, Dh).transpose(1, 2)
+        for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+            for layout, (q, k, v) in (("contiguous", (qc, kc, vc)), ("layer views", (ql, kl, vl))):
+                try:
+                    with sdpa_kernel([backend]):
+                        ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), warmup=2, iters=5)
+                    print(f"  H={H:2d} {backend.name:20s} {layout:12s} {ms:8.2f} ms  {flops(H) / ms / 1e9:6.1f} TFLOP/s")
+                except RuntimeError as e:
+                    print(f"  H={H:2d} {backend.name:20s} {layout:12s} not available: {str(e).splitlines()[0][:80]}")
+        with torch.no_grad():
+            ms = median_ms(lambda: F.scaled_dot_product_attention(ql, kl, vl, is_causal=True), warmup=2, iters=5)
+        print(f"  H={H:2d} default backend      layer views  {ms:8.2f} ms  {flops(H) / ms / 1e9:6.1f} TFLOP/s")
+        del qc, kc, vc, wide, ql, kl, vl
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
