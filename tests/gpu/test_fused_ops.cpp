@@ -2,8 +2,10 @@
 // independently, on fresh random inputs, for float32, float16 and bfloat16.
 #include <torch/torch.h>
 
+#include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -199,6 +201,30 @@ TEST_P(FusedOps, PrefixSplitAttentionAndItsGradientsMatchOneSoftmaxOverAllKeys) 
     // Without a graph the same function takes the plain path: the same values.
     torch::NoGradGuard no_grad;
     EXPECT_TRUE(torch::equal(hh::model::prefix_split_attention(q, k, v, pk, pv, scale), out.detach()));
+  }
+}
+
+// Long causal attention through SDPA on q, k, v that are head slices of wider rows (as the hybrid
+// layer's FA heads and the transformer pass them), at an odd and an even length, against one float64
+// softmax over all keys; GQA and one KV head per query head.
+TEST(FusedOps, LongCausalAttentionOnHeadSlicesMatchesOneSoftmaxInFloat64) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto opts = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  const int64_t Dh = 128;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(Dh)), tol = 1e-2;  // bfloat16 operands
+  for (const int64_t T : {8191, 8192}) {
+    for (const auto& [Hq, Hkv] : std::vector<std::pair<int64_t, int64_t>>{{4, 2}, {2, 2}}) {
+      const auto wide = torch::randn({1, T, (Hq + 2 * Hkv + 1) * Dh}, opts);  // one spare head: rows wider than q, k, v
+      const auto q = wide.narrow(2, 0, Hq * Dh).view({1, T, Hq, Dh});
+      const auto k = wide.narrow(2, Hq * Dh, Hkv * Dh).view({1, T, Hkv, Dh});
+      const auto v = wide.narrow(2, (Hq + Hkv) * Dh, Hkv * Dh).view({1, T, Hkv, Dh});
+      torch::NoGradGuard no_grad;
+      const auto out = hh::model::causal_attention(q, k, v, scale);
+      const auto d = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
+      const auto none = torch::empty({1, 0, Hkv, Dh}, opts.dtype(torch::kDouble));
+      const auto want = attention_over_prefix(d(q), d(k), d(v), none, none, scale);
+      EXPECT_LE(rel_err(out, want), tol) << "T=" << T << " Hq=" << Hq << " Hkv=" << Hkv;
+    }
   }
 }
 #endif
