@@ -11,6 +11,8 @@ import sys
 
 import torch
 
+from cuda_timing import median_ms
+
 
 def hf_rule():
     for mod in ("transformers.models.qwen3_next.modeling_qwen3_next", "transformers.models.qwen3_5.modeling_qwen3_5"):
@@ -20,22 +22,6 @@ def hf_rule():
         except (ImportError, AttributeError):
             continue
     sys.exit("no torch_chunk_gated_delta_rule in this transformers")
-
-
-def median_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def main():
