@@ -56,31 +56,23 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, int64_t group, int64_t 
   const int64_t outer = row / group;
   const T* xr = x + outer * ld + (row - outer * group) * n;
   T* yr = y + row * n;
+  auto pack_at = [&](int k) { return (static_cast<int64_t>(lane) + 32 * k) * V; };  // the lane's k-th pack
   Pack<T, V> held[kHeldPacks], held_w[kHeldPacks];
 #pragma unroll
-  for (int k = 0; k < kHeldPacks; ++k) {
-    const int64_t i = (static_cast<int64_t>(lane) + 32 * k) * V;
-    if (i < n) held[k] = load_pack<V>(xr + i), held_w[k] = load_pack<V>(w + i);
-  }
+  for (int k = 0; k < kHeldPacks; ++k)
+    if (pack_at(k) < n) held[k] = load_pack<V>(xr + pack_at(k)), held_w[k] = load_pack<V>(w + pack_at(k));
   float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < kHeldPacks; ++k) {
-    if ((static_cast<int64_t>(lane) + 32 * k) * V < n) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float v = static_cast<float>(held[k].v[e]);
-        ss += v * v;
-      }
-    }
-  }
-  for (int64_t i = (static_cast<int64_t>(lane) + 32 * kHeldPacks) * V; i < n; i += 32 * V) {
-    const Pack<T, V> p = load_pack<V>(xr + i);
+  auto add_squares = [&](const Pack<T, V>& p) {
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const float v = static_cast<float>(p.v[e]);
       ss += v * v;
     }
-  }
+  };
+#pragma unroll
+  for (int k = 0; k < kHeldPacks; ++k)
+    if (pack_at(k) < n) add_squares(held[k]);
+  for (int64_t i = pack_at(kHeldPacks); i < n; i += 32 * V) add_squares(load_pack<V>(xr + i));
   const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(n) + eps);
   auto normed = [&](const Pack<T, V>& p, const Pack<T, V>& wp) {
     Pack<T, V> o;
@@ -92,11 +84,9 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, int64_t group, int64_t 
     return o;
   };
 #pragma unroll
-  for (int k = 0; k < kHeldPacks; ++k) {
-    const int64_t i = (static_cast<int64_t>(lane) + 32 * k) * V;
-    if (i < n) store_pack<V>(yr + i, normed(held[k], held_w[k]));
-  }
-  for (int64_t i = (static_cast<int64_t>(lane) + 32 * kHeldPacks) * V; i < n; i += 32 * V)
+  for (int k = 0; k < kHeldPacks; ++k)
+    if (pack_at(k) < n) store_pack<V>(yr + pack_at(k), normed(held[k], held_w[k]));
+  for (int64_t i = pack_at(kHeldPacks); i < n; i += 32 * V)
     store_pack<V>(yr + i, normed(load_pack<V>(xr + i), load_pack<V>(w + i)));
 }
 

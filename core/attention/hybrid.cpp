@@ -67,20 +67,16 @@ at::Tensor l2_normalise(const at::Tensor& x) {
   return (f * at::rsqrt(f.pow(2).sum(-1, true) + 1e-6)).to(x.scalar_type());
 }
 
-// The LA heads' q and k: l2_normalise(rotary(x)) of each, as one kernel each on CUDA when no graph
-// needs them (on the layer's RoPE tables `rope`, [T, Dh] in q's dtype).
-std::pair<at::Tensor, at::Tensor> rope_l2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& inv_freq, int64_t pos,
-                                          const std::pair<at::Tensor, at::Tensor>& rope) {
+// The LA heads' q and k: l2_normalise(rotary(x)) of each on the layer's RoPE tables `rope` ([T, Dh] in
+// q's dtype), as one kernel each on CUDA when no graph needs them.
+std::pair<at::Tensor, at::Tensor> rope_l2(const at::Tensor& q, const at::Tensor& k, const std::pair<at::Tensor, at::Tensor>& rope) {
+  const auto& [cos, sin] = rope;
 #ifdef HH_HAVE_KERNELS
   auto graph = [](const at::Tensor& x) { return at::GradMode::is_enabled() && x.requires_grad(); };
-  if (q.is_cuda() && q.scalar_type() != at::kDouble && k.scalar_type() == q.scalar_type() && !graph(q) && !graph(k)) {
-    const auto& [cos, sin] = rope;
+  if (q.is_cuda() && q.scalar_type() != at::kDouble && k.scalar_type() == q.scalar_type() && !graph(q) && !graph(k))
     return {kernels::rope_l2norm(q.contiguous(), cos, sin, 1e-6), kernels::rope_l2norm(k.contiguous(), cos, sin, 1e-6)};
-  }
-#else
-  (void)rope;
 #endif
-  return {l2_normalise(model::rotary(q, inv_freq, pos)), l2_normalise(model::rotary(k, inv_freq, pos))};
+  return {l2_normalise(model::rotary(q, cos, sin)), l2_normalise(model::rotary(k, cos, sin))};
 }
 
 }  // namespace
@@ -315,13 +311,13 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
         k = qkv.narrow(2, C, C);
         v = qkv.narrow(2, 2 * C, C);
       }
-      std::tie(q, k) = rope_l2(q.reshape({B, T, nL, Dh}), k.reshape({B, T, nL, Dh}), inv_freq, pos, rope);
+      std::tie(q, k) = rope_l2(q.reshape({B, T, nL, Dh}), k.reshape({B, T, nL, Dh}), rope);
     }
     q = q.reshape({B, T, nL, Dh});
     k = k.reshape({B, T, nL, Dh});
     v = v.reshape({B, T, nL, Dh});
-    // b and a [B, T, 2 nL] from one product with the gate's rows where the gate is fused (gate_pre
-    // [B, T, nL Dh] its first columns), else from one of their own. On CUDA the product's rows are padded
+    // b and a [B, T, 2 nL] from one product with the gate's rows where the layer has a gate (not
+    // fusion_concat; gate_pre [B, T, nL Dh] its first columns), else from one of their own. On CUDA the product's rows are padded
     // with zero weights to a multiple of 8 outputs (16-byte output rows, which cuBLAS's faster kernels
     // need; the fused output reads the gate's rows at that stride).
     std::vector<at::Tensor> ab_rows = {w.la_b_proj, w.la_a_proj};

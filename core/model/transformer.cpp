@@ -670,14 +670,20 @@ at::Tensor norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps
                                use_fused(true, x));
 }
 
-at::Tensor norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
-                       const at::Tensor& sin) {
+// rope_cos_sin's [T, Dh] tables for x [B, T, H, Dh], checked, in the broadcast shape apply_rope takes.
+RopeTables given_tables(const char* fn, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t T = x.size(1), Dh = x.size(3);
   if (cos.dim() != 2 || cos.size(0) != T || cos.size(1) != Dh || !sin.sizes().equals(cos.sizes()))
-    throw Error("norm_rotary: the cos and sin tables must be [" + std::to_string(T) + ", " + std::to_string(Dh) +
+    throw Error(std::string(fn) + ": the cos and sin tables must be [" + std::to_string(T) + ", " + std::to_string(Dh) +
                 "] for x " + shape_str(x.sizes()) + ", got " + shape_str(cos.sizes()) + " and " + shape_str(sin.sizes()));
-  return norm_rope_maybe_fused(x, weight, RopeTables{cos.view({1, T, 1, Dh}), sin.view({1, T, 1, Dh})}, eps,
-                               use_fused(true, x));
+  return {cos.view({1, T, 1, Dh}), sin.view({1, T, 1, Dh})};
+}
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return apply_rope(x, given_tables("rotary", x, cos, sin));
+}
+at::Tensor norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                       const at::Tensor& sin) {
+  return norm_rope_maybe_fused(x, weight, given_tables("norm_rotary", x, cos, sin), eps, use_fused(true, x));
 }
 
 at::Tensor norm_fused(const at::Tensor& x, const at::Tensor& weight, double eps) {

@@ -152,6 +152,8 @@ class Transformer {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // Rotate-half RoPE of x [B, T, H, Dh] at positions offset.., angles from inv_freq [Dh/2] in float32.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offset);
+// The same on the cos and sin tables of x's positions (rope_cos_sin, [T, Dh] in x's dtype).
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 // rotary(rms_norm(x, weight, eps), inv_freq, offset): as one kernel on CUDA (16-bit or float32, weight
 // needing no gradient; differentiable in x), else the op sequence.
 at::Tensor norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& inv_freq,

@@ -32,6 +32,7 @@ def main():
     T, d, Dh, nF, nL = a.seq, a.d, a.dh, a.fa_heads, a.la_heads
     x = torch.randn(T, d, device=dev, dtype=dt)
     print(f"projections of x [{T}, {d}] bf16 (torch {torch.__version__}, {torch.cuda.get_device_name()}):")
+    # Output widths; the FA heads' k and v as when each reads a KV group of its own (bench gdn's layer).
     widths = {
         "FA q,k,v,gate": 4 * nF * Dh,
         "LA q": nL * Dh,
@@ -83,6 +84,7 @@ def main():
                 print(f"  H={H:2d} {backend.name:20s} {name:19s} {m:8.2f} ms  {flops(H) / m / 1e9:6.1f} TFLOP/s  (rounds: {rs})")
         del qc, kc, vc, wide, ql, kl, vl, qn, kn
         torch.cuda.empty_cache()
+
 
 if __name__ == "__main__":
     main()
