@@ -46,10 +46,16 @@ int pack_width(int64_t n, std::initializer_list<const void*> ptrs) {
 // kHeldPacks packs of x and of the weight are loaded together up front and held for the second pass
 // (a row of a head, or of up to 32 kHeldPacks V elements, waits on one round of loads instead of
 // two); longer rows read the rest again.
+// Given token_scale, each output element is then multiplied by its token's scale and rounded again, as
+// to_dtype(y * s) does (row r's token is r / per_token % tokens).
 constexpr int kHeldPacks = 2;
+struct TokenScale {
+  const void* s = nullptr;  // [tokens] of the kernel's T, or null: none
+  int64_t per_token = 1, tokens = 1;
+};
 template <class T, int V>
 __global__ void rms_norm_kernel(const T* __restrict__ x, int64_t group, int64_t ld, const T* __restrict__ w,
-                                T* __restrict__ y, int64_t rows, int64_t n, float eps) {
+                                T* __restrict__ y, int64_t rows, int64_t n, float eps, TokenScale ts) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -74,12 +80,15 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, int64_t group, int64_t 
     if (pack_at(k) < n) add_squares(held[k]);
   for (int64_t i = pack_at(kHeldPacks); i < n; i += 32 * V) add_squares(load_pack<V>(xr + i));
   const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(n) + eps);
+  const bool scaled = ts.s != nullptr;
+  const float s = scaled ? static_cast<float>(static_cast<const T*>(ts.s)[row / ts.per_token % ts.tokens]) : 1.f;
   auto normed = [&](const Pack<T, V>& p, const Pack<T, V>& wp) {
     Pack<T, V> o;
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const T nv = static_cast<T>(static_cast<float>(p.v[e]) * inv);  // HF: to(input dtype)
       o.v[e] = static_cast<T>(static_cast<float>(wp.v[e]) * static_cast<float>(nv));
+      if (scaled) o.v[e] = static_cast<T>(static_cast<float>(o.v[e]) * s);
     }
     return o;
   };
@@ -337,6 +346,50 @@ unsigned blocks_for_rows(int64_t rows) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
+// RoPE's tables for positions offset .. offset + T - 1 in one pass: element (t, j) of cos and sin
+// [T, Dh] is cos / sin of float(offset + t) * inv_freq[j mod Dh / 2], rounded to T_ once, the values
+// of core/model/transformer.cpp's rope_tables (arange, to float, outer product, cat, cos / sin, to
+// dtype) bit for bit: the same float32 product and the same cosf / sinf. One thread a (t, j < Dh / 2)
+// pair, writing columns j and j + Dh / 2.
+template <class T_>
+__global__ void rope_tables_kernel(const float* __restrict__ inv_freq, int64_t offset, int64_t T, int64_t half,
+                                   T_* __restrict__ cos_out, T_* __restrict__ sin_out) {
+  const int64_t items = T * half;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / half, j = i - t * half;
+    const float f = __fmul_rn(static_cast<float>(offset + t), inv_freq[j]);
+    const T_ c = static_cast<T_>(cosf(f)), s = static_cast<T_>(sinf(f));
+    const int64_t at = t * 2 * half + j;
+    cos_out[at] = c, cos_out[at + half] = c;
+    sin_out[at] = s, sin_out[at + half] = s;
+  }
+}
+
+// The LA heads' gates from their projections, in float32, with the values (in the model's 16-bit dtype T)
+// of core/attention/hybrid.cpp's op sequence, each op's result rounded to T as LibTorch rounds it:
+//   beta = sigmoid(b) (times 2 with two), g = -exp(A_log) * softplus(a + dt_bias)
+// (sigmoid as 1 / (1 + exp(-x)), softplus as x above 20, else log1p(exp(x)), both in float32). b and a:
+// rows of H values, ld_b and ld_a apart; g and beta [rows, H] contiguous.
+template <class T>
+__global__ void gdn_gates_kernel(const T* __restrict__ b, int64_t ld_b, const T* __restrict__ a, int64_t ld_a,
+                                 const T* __restrict__ A_log, const T* __restrict__ dt_bias, int64_t rows, int H,
+                                 bool two, float* __restrict__ g, float* __restrict__ beta) {
+  const int64_t items = rows * H;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / H;
+    const int h = static_cast<int>(i - r * H);
+    T be = static_cast<T>(1.f / (1.f + expf(-static_cast<float>(b[r * ld_b + h]))));
+    if (two) be = static_cast<T>(static_cast<float>(be) * 2.f);
+    beta[i] = static_cast<float>(be);
+    const float x = static_cast<float>(static_cast<T>(static_cast<float>(a[r * ld_a + h]) + static_cast<float>(dt_bias[h])));
+    const T sp = static_cast<T>(x > 20.f ? x : log1pf(expf(x)));
+    const T decay_rate = static_cast<T>(-static_cast<float>(static_cast<T>(expf(static_cast<float>(A_log[h])))));
+    g[i] = static_cast<float>(static_cast<T>(static_cast<float>(decay_rate) * static_cast<float>(sp)));
+  }
+}
+
 }  // namespace
 
 // x [..., g, n] read in place: its last two axes packed (unit stride, rows n apart) and the axes before
@@ -366,8 +419,19 @@ std::pair<at::Tensor, PackedGroups> in_groups(const at::Tensor& x) {
 }
 
 at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+  return rms_norm_token_scaled(x_in, weight, eps, at::Tensor());
+}
+
+at::Tensor rms_norm_token_scaled(const at::Tensor& x_in, const at::Tensor& weight, double eps, const at::Tensor& scale) {
   if (!x_in.is_cuda()) throw std::invalid_argument("hh::kernels: x must be a CUDA tensor");
   check(weight, "weight");
+  TokenScale ts;
+  if (scale.defined()) {
+    check(scale, "scale");
+    if (x_in.dim() != 4 || scale.dim() != 1 || scale.size(0) != x_in.size(1) || scale.scalar_type() != x_in.scalar_type())
+      throw std::invalid_argument("hh::kernels::rms_norm_token_scaled: expected x [B, T, H, n] and scale [T] of x's dtype");
+    ts = {scale.data_ptr(), x_in.size(2), x_in.size(1)};
+  }
   const std::pair<at::Tensor, PackedGroups> xg = in_groups(x_in);
   const at::Tensor& x = xg.first;
   const PackedGroups pg = xg.second;
@@ -393,7 +457,7 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps
           return false;
         rms_norm_kernel<scalar_t, V><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
             x.data_ptr<scalar_t>(), pg.group, pg.ld, weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n,
-            static_cast<float>(eps));
+            static_cast<float>(eps), ts);
         return true;
       }
     };
@@ -402,6 +466,62 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
+}
+
+// b or a [B, T, H] as gdn_gates_kernel reads it: unit stride over heads, rows evenly spaced.
+bool gate_rows(const at::Tensor& x) {
+  return x.is_cuda() && x.dim() == 3 && (x.size(2) <= 1 || x.stride(2) == 1) &&
+         (x.size(0) <= 1 || x.stride(0) == x.size(1) * x.stride(1));
+}
+
+bool gdn_gates_supported(const at::Tensor& b, const at::Tensor& a, const at::Tensor& A_log, const at::Tensor& dt_bias) {
+  const at::ScalarType dt = b.scalar_type();
+  if (dt != at::kBFloat16 && dt != at::kHalf) return false;
+  for (const at::Tensor* t : {&a, &A_log, &dt_bias})
+    if (t->scalar_type() != dt || !t->is_cuda()) return false;
+  return gate_rows(b) && gate_rows(a) && a.sizes() == b.sizes() && A_log.dim() == 1 && dt_bias.dim() == 1 &&
+         A_log.size(0) == b.size(2) && dt_bias.size(0) == b.size(2) && A_log.is_contiguous() && dt_bias.is_contiguous();
+}
+
+std::pair<at::Tensor, at::Tensor> gdn_gates(const at::Tensor& b, const at::Tensor& a, const at::Tensor& A_log,
+                                            const at::Tensor& dt_bias, bool beta_times_two) {
+  if (!gdn_gates_supported(b, a, A_log, dt_bias))
+    throw std::invalid_argument("hh::kernels::gdn_gates: expected b and a [B, T, H] (unit stride over heads, rows evenly "
+                                "spaced), A_log and dt_bias [H], all CUDA tensors of one 16-bit dtype");
+  const c10::cuda::CUDAGuard guard(b.device());
+  const int64_t H = b.size(2), rows = b.size(0) * b.size(1);
+  const auto f32 = b.options().dtype(at::kFloat);
+  at::Tensor g = at::empty(b.sizes(), f32), beta = at::empty(b.sizes(), f32);
+  if (rows * H == 0) return {g, beta};
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, b.scalar_type(), "hh_gdn_gates", [&] {
+    gdn_gates_kernel<scalar_t><<<elementwise_blocks(rows * H), kThreads, 0, stream>>>(
+        b.data_ptr<scalar_t>(), b.stride(1), a.data_ptr<scalar_t>(), a.stride(1), A_log.data_ptr<scalar_t>(),
+        dt_bias.data_ptr<scalar_t>(), rows, static_cast<int>(H), beta_times_two, g.data_ptr<float>(), beta.data_ptr<float>());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {g, beta};
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype) {
+  check(inv_freq, "inv_freq");
+  if (inv_freq.dim() != 1 || inv_freq.scalar_type() != at::kFloat)
+    throw std::invalid_argument("hh::kernels::rope_tables: inv_freq must be [Dh / 2] float32");
+  if (T < 0) throw std::invalid_argument("hh::kernels::rope_tables: T must be >= 0");
+  if (dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16)
+    throw std::invalid_argument("hh::kernels::rope_tables: dtype must be float32, float16 or bfloat16");
+  const int64_t half = inv_freq.size(0);
+  const c10::cuda::CUDAGuard guard(inv_freq.device());
+  const auto opts = inv_freq.options().dtype(dtype);
+  at::Tensor c = at::empty({T, 2 * half}, opts), s = at::empty({T, 2 * half}, opts);
+  if (T * half == 0) return {c, s};
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "hh_rope_tables", [&] {
+    rope_tables_kernel<scalar_t><<<elementwise_blocks(T * half), kThreads, 0, stream>>>(
+        inv_freq.data_ptr<float>(), offset, T, half, c.data_ptr<scalar_t>(), s.data_ptr<scalar_t>());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {c, s};
 }
 
 at::Tensor rope_l2norm(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, double eps) {

@@ -15,6 +15,22 @@ namespace hh::kernels {
 // weight * to_dtype(x * rsqrt(mean(x^2, -1) + eps)), statistics in float32. x [..., n] contiguous, or
 // a column slice [..., g, n] of a wider projection read in place (other layouts are copied first); y contiguous.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// rms_norm(x, weight) * scale per token, rounded to the dtype after each as to_dtype(rms_norm(x) * s)
+// rounds: x [B, T, H, n] as above, scale [T] of x's dtype (the FA heads' log-scaled queries). No backward.
+at::Tensor rms_norm_token_scaled(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& scale);
+
+// RoPE's cos and sin tables [T, 2 inv_freq.size(0)] in `dtype` for positions offset .. offset + T - 1
+// (inv_freq float32 on the device), bit for bit core/model/transformer.cpp's rope_tables, in one launch.
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype);
+
+// The LA heads' gates in float32: beta = sigmoid(b) (times 2 given beta_times_two) and
+// g = -exp(A_log) * softplus(a + dt_bias), with the values of that op sequence in the 16-bit dtype of
+// b, a, A_log and dt_bias (each op's result rounded to it), in one pass. b and a [B, T, H] with unit
+// stride over heads and evenly spaced rows (column slices of one projection), A_log and dt_bias [H].
+// Returns (g, beta), [B, T, H] float32 contiguous. No backward.
+bool gdn_gates_supported(const at::Tensor& b, const at::Tensor& a, const at::Tensor& A_log, const at::Tensor& dt_bias);
+std::pair<at::Tensor, at::Tensor> gdn_gates(const at::Tensor& b, const at::Tensor& a, const at::Tensor& A_log,
+                                            const at::Tensor& dt_bias, bool beta_times_two);
 
 // RoPE(rms_norm(x, weight)) for x [B, T, H, Dh] (contiguous, or a column slice of a wider projection: heads
 // packed, tokens evenly spaced; other layouts are copied first), cos/sin [T, Dh] in x's dtype

@@ -331,6 +331,14 @@ int run_bench_gdn(const GdnBenchArgs& a) {
           hybrid_one_stream();
           sync_device(dev);
         });
+        // And as it runs by default, the LA heads beside the FA heads, for where the two streams overlap.
+        if (dev.is_cuda()) {
+          lp.replace_filename(std::filesystem::path(a.profile).stem().string() + "-layer-streams" + lp.extension().string());
+          profile_to(lp.string(), [&] {
+            hybrid_run();
+            sync_device(dev);
+          });
+        }
       }
     }
   }
@@ -401,7 +409,8 @@ BenchSub add_bench_gdn(CLI::App& bench) {
       ->capture_default_str();
   c->add_option("--profile", a->profile,
                  "Write a Chrome trace of one forward and one forward + backward at the first shape (and, with "
-                 "--layer-config, one hybrid layer at the last layer shape to FILE-layer.json)");
+                 "--layer-config, one hybrid layer at the last layer shape to FILE-layer.json, on one stream, and on CUDA "
+                 "to FILE-layer-streams.json as it runs by default, its LA heads on a second stream)");
   return {c, [a] { return run_bench_gdn(*a); }};
 }
 

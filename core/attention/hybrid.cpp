@@ -252,14 +252,29 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     q = q.view({B, T, nF, Dh});
     k = k.view({B, T, nU, Dh});
     v = v.view({B, T, nU, Dh});
-    q = o.fa_rope ? model::norm_rotary(q, tw.q_norm, eps, rope.first, rope.second) : model::norm_fused(q, tw.q_norm, eps);
-    k = o.fa_rope ? model::norm_rotary(k, tw.k_norm, eps, rope.first, rope.second) : model::norm_fused(k, tw.k_norm, eps);
+    // The log scale of the queries, log(t + a) / log(a) at absolute positions t, in q's dtype.
+    at::Tensor log_scale;
     if (o.fa_log_scale) {
       const double a = o.fa_log_scale_alpha;
       const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // float32 for 16-bit models
-      const at::Tensor t = at::arange(pos, pos + T, xn.options().dtype(acc));  // absolute positions
-      q = q * ((t + a).log() / std::log(a)).to(q.scalar_type()).view({1, T, 1, 1});
+      const at::Tensor t = at::arange(pos, pos + T, xn.options().dtype(acc));
+      log_scale = ((t + a).log() / std::log(a)).to(q.scalar_type());
     }
+    bool q_scaled = false;
+#ifdef HH_HAVE_KERNELS
+    // Without RoPE on CUDA and without a graph, the norm's kernel applies the scale as it writes q (the
+    // same two roundings as norm, then times the scale), instead of a pass of its own over q.
+    if (log_scale.defined() && !o.fa_rope && q.is_cuda() && q.scalar_type() != at::kDouble &&
+        tw.q_norm.scalar_type() == q.scalar_type() &&
+        !(at::GradMode::is_enabled() && (q.requires_grad() || tw.q_norm.requires_grad()))) {
+      q = kernels::rms_norm_token_scaled(q, tw.q_norm, eps, log_scale);
+      q_scaled = true;
+    }
+#endif
+    if (!q_scaled)
+      q = o.fa_rope ? model::norm_rotary(q, tw.q_norm, eps, rope.first, rope.second) : model::norm_fused(q, tw.q_norm, eps);
+    k = o.fa_rope ? model::norm_rotary(k, tw.k_norm, eps, rope.first, rope.second) : model::norm_fused(k, tw.k_norm, eps);
+    if (log_scale.defined() && !q_scaled) q = q * log_scale.view({1, T, 1, 1});
     // Each FA head reads its own KV group: gather the groups into per-head keys (MHA layout).
     const at::Tensor kf = pick(k, 2, slot), vf = pick(v, 2, slot);  // [B, T, nF, Dh]
     at::Tensor pk, pv;
@@ -328,9 +343,19 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     const int64_t gate_cols = o.fusion_concat ? 0 : nL * Dh;
     const at::Tensor gate_pre = o.fusion_concat ? at::Tensor() : prod.narrow(2, 0, gate_cols);
     const at::Tensor ab = prod.narrow(2, gate_cols, 2 * nL);
-    at::Tensor beta = at::sigmoid(ab.narrow(2, 0, nL));                              // [B, T, nL]
-    if (o.gdn_allow_neg_eigval) beta = beta * 2;
-    const at::Tensor g = -w.la_A_log.exp() * at::softplus(ab.narrow(2, nL, nL) + w.la_dt_bias);  // [B, T, nL]
+    at::Tensor beta, g;  // [B, T, nL]
+#ifdef HH_HAVE_KERNELS
+    // Where the output is fused (CUDA, no graph), one kernel forms both in float32 with the values of the
+    // ops below, as the rule's kernels read them.
+    if (fuse_out && kernels::gdn_gates_supported(ab.narrow(2, 0, nL), ab.narrow(2, nL, nL), w.la_A_log, w.la_dt_bias))
+      std::tie(g, beta) = kernels::gdn_gates(ab.narrow(2, 0, nL), ab.narrow(2, nL, nL), w.la_A_log, w.la_dt_bias,
+                                             o.gdn_allow_neg_eigval);
+#endif
+    if (!g.defined()) {
+      beta = at::sigmoid(ab.narrow(2, 0, nL));
+      if (o.gdn_allow_neg_eigval) beta = beta * 2;
+      g = -w.la_A_log.exp() * at::softplus(ab.narrow(2, nL, nL) + w.la_dt_bias);
+    }
     const at::Tensor s0 = cache != nullptr ? cache->la_state : at::Tensor();
 #ifdef HH_HAVE_KERNELS
     if (fuse_out) {  // gate_pre is q's dtype: both are products of xn

@@ -71,14 +71,27 @@ struct RopeTables {
   at::Tensor cos, sin;  // [1, T, 1, Dh] model dtype, broadcast over batch and heads
 };
 
-// HF Qwen3RotaryEmbedding: angles pos * inv_freq and their cos/sin in float32, then cast.
-RopeTables rope_tables(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype) {
+// HF Qwen3RotaryEmbedding: angles pos * inv_freq and their cos/sin in float32, then cast (the reference
+// kernels::rope_tables is tested against).
+RopeTables rope_tables_ops(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype) {
   const auto long_opts = at::TensorOptions().dtype(at::kLong).device(inv_freq.device());
   at::Tensor pos = at::arange(offset, offset + T, long_opts).to(at::kFloat);  // [T]
   at::Tensor freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0);               // [T, Dh/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);                               // [T, Dh]
   const int64_t Dh = emb.size(1);
   return {emb.cos().to(dtype).view({1, T, 1, Dh}), emb.sin().to(dtype).view({1, T, 1, Dh})};
+}
+
+RopeTables rope_tables(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype) {
+#ifdef HH_HAVE_KERNELS
+  // On CUDA one kernel forms both tables with the ops' values below (eight small launches otherwise).
+  if (inv_freq.is_cuda() && inv_freq.dim() == 1 && inv_freq.scalar_type() == at::kFloat && inv_freq.is_contiguous() &&
+      (dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) && T > 0) {
+    const auto [c, s] = kernels::rope_tables(inv_freq, offset, T, dtype);
+    return {c.view({1, T, 1, c.size(1)}), s.view({1, T, 1, s.size(1)})};
+  }
+#endif
+  return rope_tables_ops(inv_freq, offset, T, dtype);
 }
 
 // Non-interleaved layout: pairs are (i, i + Dh/2). rotate_half(x) = [-x2, x1].

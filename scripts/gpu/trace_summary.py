@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Sums GPU kernel time by kernel name in a Chrome trace (e.g. `hydrahead bench analyze --profile`).
 
-    python3 scripts/gpu/trace_summary.py trace.json [--top 25] [--by-scope hh::]
+    python3 scripts/gpu/trace_summary.py trace.json [--top 25] [--by-scope hh::] [--ops] [--streams]
 
 With --by-scope PREFIX, each kernel's time is charged to the innermost profiler range named PREFIX...
 that was open on the launching thread when it was launched (core/attention/gdn.cpp names the stages
 of the gated delta rule hh::gdn::...), and each range's kernels are listed by name under it.
+With --ops, each kernel is charged to the chain of operators (outermost two, then the innermost) open
+on the launching thread at its launch: where a copy or an elementwise kernel comes from.
+With --streams, the kernels in the order they ran, with their stream, start, length and the part of
+their time some kernel on another stream ran too; then each stream's busy time and the time the
+device ran no kernel at all.
 """
 import argparse
 import collections
@@ -17,11 +22,17 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--by-scope", metavar="PREFIX", help="charge kernels to the innermost range named PREFIX...")
+    ap.add_argument("--ops", action="store_true", help="charge kernels to the operators that launched them")
+    ap.add_argument("--streams", action="store_true", help="the kernels in order, by stream, with their overlap")
     args = ap.parse_args()
     with open(args.trace) as f:
         events = json.load(f)["traceEvents"]
     if args.by_scope:
         return by_scope(events, args.by_scope, args.top)
+    if args.ops:
+        return by_ops(events, args.top)
+    if args.streams:
+        return streams(events)
     total = collections.Counter()
     count = collections.Counter()
     first, last = None, None
@@ -93,6 +104,71 @@ def by_scope(events, prefix, top):
         print(f"{us / 1e3:9.2f} ms {100 * us / max(busy, 1):5.1f}%  {where}")
         for name, k in per_scope[where].most_common(min(top, 6)):
             print(f"    {k / 1e3:9.2f} ms  {name[:100]}")
+
+
+def kernels_of(events):
+    return sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"])
+
+
+def by_ops(events, top):
+    # Operators by thread; each kernel's launch (by correlation id) placed inside them by time.
+    ops = collections.defaultdict(list)
+    launches = {}
+    for e in events:
+        cat = e.get("cat", "")
+        if cat in ("cpu_op", "user_annotation") and "dur" in e:
+            ops[e["tid"]].append((e["ts"], e["ts"] + e["dur"], e["name"]))
+        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
+            launches[e["args"]["correlation"]] = (e["tid"], e["ts"])
+    total = collections.Counter()
+    count = collections.Counter()
+    for e in kernels_of(events):
+        chain = "(no operator)"
+        launch = launches.get(e.get("args", {}).get("correlation"))
+        if launch is not None:
+            tid, ts = launch
+            inside = sorted((r for r in ops.get(tid, ()) if r[0] <= ts <= r[1]), key=lambda r: (r[0], -r[1]))
+            names = [r[2] for r in inside]
+            if names:
+                chain = " > ".join(names[:2] + (["..."] if len(names) > 3 else []) + names[2:][-1:])
+        key = (chain, e["name"])
+        total[key] += e["dur"]
+        count[key] += 1
+    busy = sum(total.values())
+    print(f"kernel time {busy / 1e3:.1f} ms by launching operators")
+    for (chain, name), us in total.most_common(top):
+        print(f"{us / 1e3:9.2f} ms {count[(chain, name)]:5d}x  {chain[:120]}\n{'':23}{name[:100]}")
+
+
+def streams(events):
+    ks = kernels_of(events)
+    if not ks:
+        return
+    t0 = ks[0]["ts"]
+    stream_of = lambda e: e.get("args", {}).get("stream", "?")
+    print(f"{'start ms':>9} {'ms':>7} {'beside':>7} stream  kernel  (beside: time another stream's kernel also ran)")
+    for e in ks:
+        a, b = e["ts"], e["ts"] + e["dur"]
+        spans = sorted((max(a, o["ts"]), min(b, o["ts"] + o["dur"])) for o in ks
+                       if stream_of(o) != stream_of(e) and o["ts"] < b and o["ts"] + o["dur"] > a)
+        beside, reach = 0.0, a
+        for lo, hi in spans:  # the union of the overlaps
+            lo = max(lo, reach)
+            if hi > lo:
+                beside += hi - lo
+                reach = hi
+        print(f"{(a - t0) / 1e3:9.3f} {e['dur'] / 1e3:7.3f} {beside / 1e3:7.3f} {str(stream_of(e)):>6}  {e['name'][:90]}")
+    busy = collections.Counter()
+    for e in ks:
+        busy[stream_of(e)] += e["dur"]
+    ends = sorted((e["ts"], e["ts"] + e["dur"]) for e in ks)
+    idle, reach = 0.0, ends[0][0]
+    for lo, hi in ends:
+        if lo > reach:
+            idle += lo - reach
+        reach = max(reach, hi)
+    print(f"span {(reach - t0) / 1e3:.2f} ms, no kernel running {idle / 1e3:.2f} ms; busy by stream: " +
+          ", ".join(f"{s} {us / 1e3:.2f} ms" for s, us in busy.most_common()))
 
 
 if __name__ == "__main__":

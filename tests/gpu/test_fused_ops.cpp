@@ -231,6 +231,91 @@ TEST(FusedOps, LongCausalAttentionOnHeadSlicesMatchesOneSoftmaxInFloat64) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedOps, ::testing::Values(torch::kFloat, torch::kHalf, torch::kBFloat16));
 
+// Where x and want differ bit for bit: the count and the first index, for a message.
+std::string first_difference(const torch::Tensor& got, const torch::Tensor& want) {
+  const auto ne = got.ne(want).flatten().cpu();
+  const int64_t n = ne.sum().item<int64_t>();
+  if (n == 0) return "none";
+  const int64_t at = ne.nonzero()[0][0].item<int64_t>();
+  return std::to_string(n) + " elements, the first at flat index " + std::to_string(at) + ": " +
+         std::to_string(got.flatten()[at].item<double>()) + " against " + std::to_string(want.flatten()[at].item<double>());
+}
+
+TEST_P(FusedOps, RopeTablesEqualTheOpSequenceBitForBit) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto dt = GetParam();
+  for (const double theta : {1e6, 1e4}) {
+    for (const int64_t Dh : {128, 64}) {
+      const auto inv_freq = hh::model::rope_inv_freq(theta, Dh, torch::kCUDA);
+      // Long tables (angles past 1e5 radians take cosf's slow argument reduction) and an offset one.
+      using Span = std::pair<int64_t, int64_t>;  // (offset, T)
+      for (const auto& [offset, T] : std::vector<Span>{{0, 131072}, {12345, 777}}) {
+        const auto pos = torch::arange(offset, offset + T, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA))
+                             .to(torch::kFloat);
+        const auto ang = pos.unsqueeze(1) * inv_freq.unsqueeze(0);
+        const auto emb = torch::cat({ang, ang}, -1);
+        const auto [c, s] = hh::kernels::rope_tables(inv_freq, offset, T, dt);
+        const std::string what = "theta " + std::to_string(theta) + " Dh " + std::to_string(Dh) + " offset " +
+                                 std::to_string(offset) + " T " + std::to_string(T);
+        EXPECT_TRUE(torch::equal(c, emb.cos().to(dt))) << "cos, " << what << ": " << first_difference(c, emb.cos().to(dt));
+        EXPECT_TRUE(torch::equal(s, emb.sin().to(dt))) << "sin, " << what << ": " << first_difference(s, emb.sin().to(dt));
+      }
+      // What the model's layers take: model::rope_cos_sin on CUDA goes through the kernel.
+      const auto [c, s] = hh::model::rope_cos_sin(inv_freq, 7, 300, dt);
+      const auto [kc, ks] = hh::kernels::rope_tables(inv_freq, 7, 300, dt);
+      EXPECT_TRUE(torch::equal(c, kc) && torch::equal(s, ks)) << "rope_cos_sin, Dh " << Dh;
+    }
+  }
+}
+
+TEST_P(FusedOps, TokenScaledRmsNormEqualsTheNormTimesTheScale) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto dt = GetParam();
+  const auto opts = torch::TensorOptions().dtype(dt).device(torch::kCUDA);
+  const int64_t B = 2, T = 333, H = 2, Dh = 128;
+  // The FA heads' q as the hybrid layer forms it: a column slice of one wider projection.
+  const auto wide = torch::randn({B, T, 5 * Dh}, opts) * 2;
+  const auto q = wide.narrow(2, Dh, H * Dh).view({B, T, H, Dh});
+  const auto w = 1 + 0.1 * torch::randn({Dh}, opts);
+  const double a = 512;
+  const auto t = torch::arange(100, 100 + T, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
+  const auto scale = ((t + a).log() / std::log(a)).to(dt);
+  const auto want = hh::kernels::rms_norm(q, w, 1e-6) * scale.view({1, T, 1, 1});
+  const auto got = hh::kernels::rms_norm_token_scaled(q, w, 1e-6, scale);
+  EXPECT_TRUE(torch::equal(got, want)) << first_difference(got, want);
+  // Element by element (n = 100 is no multiple of a 16-byte pack): the same.
+  const auto x = torch::randn({B, T, 3, 100}, opts);
+  const auto w100 = 1 + 0.1 * torch::randn({100}, opts);
+  EXPECT_TRUE(torch::equal(hh::kernels::rms_norm_token_scaled(x, w100, 1e-6, scale),
+                           hh::kernels::rms_norm(x, w100, 1e-6) * scale.view({1, T, 1, 1})));
+  EXPECT_THROW(hh::kernels::rms_norm_token_scaled(q, w, 1e-6, scale.narrow(0, 0, T - 1)), std::invalid_argument);
+}
+
+TEST(FusedOps, GdnGatesEqualTheOpSequenceBitForBit) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  for (const auto dt : {torch::kBFloat16, torch::kHalf}) {
+    const auto opts = torch::TensorOptions().dtype(dt).device(torch::kCUDA);
+    const int64_t B = 3, T = 1001, H = 14, N = 64 + 2 * H + 4;
+    // b and a as the hybrid layer reads them: column slices of one product; some of a + dt_bias past
+    // softplus's threshold of 20.
+    const auto prod = torch::randn({B, T, N}, opts) * 6;
+    prod.narrow(2, 64 + H, 1).add_(25);
+    const auto b = prod.narrow(2, 64, H), a = prod.narrow(2, 64 + H, H);
+    const auto A_log = (torch::rand({H}, opts.dtype(torch::kFloat)) * 15 + 1).log().to(dt);
+    const auto dt_bias = torch::randn({H}, opts);
+    ASSERT_TRUE(hh::kernels::gdn_gates_supported(b, a, A_log, dt_bias));
+    for (const bool two : {false, true}) {
+      auto beta = torch::sigmoid(b);
+      if (two) beta = beta * 2;
+      const auto g = -A_log.exp() * torch::softplus(a + dt_bias);
+      const auto [kg, kbeta] = hh::kernels::gdn_gates(b, a, A_log, dt_bias, two);
+      EXPECT_TRUE(torch::equal(kbeta, beta.to(torch::kFloat))) << "beta, " << dt << ": " << first_difference(kbeta, beta.to(torch::kFloat));
+      EXPECT_TRUE(torch::equal(kg, g.to(torch::kFloat))) << "g, " << dt << ": " << first_difference(kg, g.to(torch::kFloat));
+    }
+    EXPECT_FALSE(hh::kernels::gdn_gates_supported(b, a, A_log.to(torch::kFloat), dt_bias));  // mixed dtypes: the ops
+  }
+}
+
 TEST(FusedOps, ForwardWithFusedKernelsMatchesTheDefaultPath) {
   hh::model::ModelConfig c;
   c.vocab_size = 300;

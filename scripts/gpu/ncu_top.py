@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""The SASS instructions a kernel's warps were sampled on most, from Nsight Compute's source page.
+
+    ncu -i report.ncu-rep --page source --csv --print-source sass > source.csv
+    python3 scripts/gpu/ncu_top.py source.csv [--top 40]
+
+For each kernel in the file (one CSV table each): the total of the warp-state samples, those samples
+summed by stall reason (the columns that count one reason), then the instructions with the most samples,
+each with its share, its address and its text, and the neighbourhood it sits in.
+"""
+import argparse
+import csv
+import io
+import re
+
+
+def tables(text):
+    """The file's CSV tables, each with the line before its header (ncu names the kernel there)."""
+    out, title, block = [], "", []
+    for line in text.splitlines():
+        if line.startswith('"') and ("Source" in line or "Address" in line) and not block:
+            block = [line]
+        elif block and line.startswith('"'):
+            block.append(line)
+        else:
+            if block:
+                out.append((title, block))
+                block = []
+            if line.strip():
+                title = line.strip()
+    if block:
+        out.append((title, block))
+    return out
+
+
+def number(x):
+    try:
+        return float(x.replace(",", ""))
+    except (ValueError, AttributeError):
+        return 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv")
+    ap.add_argument("--top", type=int, default=40)
+    args = ap.parse_args()
+    with open(args.csv, errors="replace") as f:
+        text = f.read()
+    found = tables(text)
+    if not found:
+        print(f"{args.csv}: no source table found; its first lines:")
+        print("\n".join(text.splitlines()[:10]))
+        return
+    for title, block in found:
+        rows = list(csv.DictReader(io.StringIO("\n".join(block))))
+        if not rows:
+            continue
+        cols = list(rows[0].keys())
+        src = next((c for c in cols if c.strip() == "Source"), None)
+        addr = next((c for c in cols if c.strip() == "Address"), None)
+        allc = next((c for c in cols if "Warp Stall Sampling (All" in c), None)
+        if src is None or allc is None:
+            print(f"{title}: columns {cols[:12]} ... (no Source or warp-stall samples)")
+            continue
+        reasons = [c for c in cols if re.match(r"\s*stall_", c) or (c.startswith("Stall") and c != allc)]
+        total = sum(number(r[allc]) for r in rows)
+        print(f"== {title[:140]}")
+        print(f"{len(rows)} instructions, {total:.0f} warp-state samples")
+        sums = sorted(((sum(number(r[c]) for r in rows), c) for c in reasons), reverse=True)
+        for s, c in sums[:12]:
+            if s > 0:
+                print(f"  {100 * s / max(total, 1):5.1f}%  {c.strip()}")
+        ranked = sorted(range(len(rows)), key=lambda i: -number(rows[i][allc]))
+        print(f"{'share':>6} {'address':>8}  instruction")
+        for i in ranked[: args.top]:
+            r = rows[i]
+            share = 100 * number(r[allc]) / max(total, 1)
+            top_reason = max(reasons, key=lambda c: number(r[c])) if reasons else ""
+            print(f"{share:5.1f}% {r.get(addr, '')[-8:]:>8}  {r[src].strip()[:70]:70}  {top_reason.strip()[:28]}")
+
+
+if __name__ == "__main__":
+    main()
