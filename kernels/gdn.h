@@ -202,6 +202,11 @@ bool f16_history_enabled();
 // benchmarks).
 void set_conv_in_factors(bool on);
 bool conv_in_factors_enabled();
+// Whether chunk_factors with the convolution inside runs four blocks an SM (at most 64 registers a
+// thread) instead of three for bfloat16 with Dk = Dv = 128, where the four fit without spilling
+// (process-wide, on by default; off for benchmarks).
+void set_factors_four_blocks(bool on);
+bool factors_four_blocks_enabled();
 
 // The copies between B regular sequences and the chunk grid of the rule's LibTorch backward, as one
 // pass each with 16-byte accesses (core/attention/gdn.cpp's to_chunks / from_chunks, whose permuting

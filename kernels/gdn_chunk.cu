@@ -321,10 +321,12 @@ __device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, con
 // they become is not: K's in Ls's region and Q's in K's, then Q formed into Q's region and K into
 // K's; V's in V's region (as V's rows land in the other forms), formed into K's region once W is done,
 // where U's product reads it.
-// Four blocks an SM (at most 64 registers a thread); three with PRE, whose convolution spills 212 bytes
-// a thread at 64 registers and 28 at 80 (at 128K, B1, 14 heads: 3.55-3.62 ms against 3.75-3.76 ms).
-template <int DK, int DV, class T, bool OUT, bool PRE>
-__global__ void __launch_bounds__(kThreads, PRE ? 3 : 4)
+// MINB blocks an SM: four (at most 64 registers a thread), three with PRE by default. The 8-channel
+// convolution (D = 64) spills about 120 bytes a thread at 64 registers; the by-rows one (D = 128) none for
+// bfloat16 and 12 bytes for float16, so the bfloat16 Dh = 128 form also comes in four
+// (set_factors_four_blocks).
+template <int DK, int DV, class T, bool OUT, bool PRE, int MINB = (PRE ? 3 : 4)>
+__global__ void __launch_bounds__(kThreads, MINB)
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
                          const float* __restrict__ beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
                          float* __restrict__ U, c10::Half* __restrict__ kdecay, float* __restrict__ decay,
@@ -738,6 +740,7 @@ bool g_chunk_kernels = true;
 bool g_block_f16_scan = true;
 bool g_f16_history = true;
 bool g_conv_in_factors = true;
+bool g_factors_four_blocks = true;
 
 }  // namespace
 
@@ -749,6 +752,8 @@ void set_f16_history(bool on) { g_f16_history = on; }
 bool f16_history_enabled() { return g_f16_history; }
 void set_conv_in_factors(bool on) { g_conv_in_factors = on; }
 bool conv_in_factors_enabled() { return g_conv_in_factors; }
+void set_factors_four_blocks(bool on) { g_factors_four_blocks = on; }
+bool factors_four_blocks_enabled() { return g_factors_four_blocks; }
 
 bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
   return (Dk == 64 || Dk == 128) && (Dv == 64 || Dv == 128) && (dtype == at::kBFloat16 || dtype == at::kHalf);
@@ -816,7 +821,12 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
                     r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc);
     };
     if (conv != nullptr) {
-      if constexpr (DK == DV) run(chunk_factors_kernel<DK, DV, X, true, true>, factors_smem<DK, DV, X, true>());
+      if constexpr (DK == 128 && DV == 128 && std::is_same_v<X, c10::BFloat16>) {
+        if (g_factors_four_blocks) run(chunk_factors_kernel<DK, DV, X, true, true, 4>, factors_smem<DK, DV, X, true>());
+        else run(chunk_factors_kernel<DK, DV, X, true, true>, factors_smem<DK, DV, X, true>());
+      } else if constexpr (DK == DV) {
+        run(chunk_factors_kernel<DK, DV, X, true, true>, factors_smem<DK, DV, X, true>());
+      }
     } else if (q.defined()) {
       run(chunk_factors_kernel<DK, DV, X, true, false>, factors_smem<DK, DV, X, true>());
     } else {

@@ -823,6 +823,14 @@ TEST(CudaGdn, ShortConvInsideChunkFactorsEqualsItsOwnKernels) {
           {"decay", {got.decay, want.decay}}, {"bound", {got.bound, want.bound}}, {"Qd", {got.Qd, want.Qd}},
           {"Aq", {got.Aq, want.Aq}},    {"aq_inv", {got.aq_inv, want.aq_inv}}};
       for (const auto& [name, t] : pairs) EXPECT_TRUE(torch::equal(t.first, t.second)) << what << ": " << name;
+      // Three blocks an SM instead of four (bfloat16, D = 128; elsewhere the same kernel): the same bits.
+      hh::kernels::set_factors_four_blocks(false);
+      poison_allocator();
+      const auto three = hh::kernels::chunk_factors(k, v, g, beta, grid, q, 0.1, &conv);
+      hh::kernels::set_factors_four_blocks(true);
+      EXPECT_TRUE(torch::equal(three.W, got.W) && torch::equal(three.U, got.U) && torch::equal(three.kdecay, got.kdecay) &&
+                  torch::equal(three.Qd, got.Qd) && torch::equal(three.Aq, got.Aq) && torch::equal(three.bound, got.bound))
+          << what << ": three blocks an SM";
 
       hh::kernels::OutputFusion fu;
       fu.gate = torch::randn({B, T, H * D}, dev);
