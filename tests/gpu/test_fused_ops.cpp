@@ -231,7 +231,7 @@ TEST(FusedOps, LongCausalAttentionOnHeadSlicesMatchesOneSoftmaxInFloat64) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedOps, ::testing::Values(torch::kFloat, torch::kHalf, torch::kBFloat16));
 
-// Where x and want differ bit for bit: the count and the first index, for a message.
+// Where got and want differ bit for bit: how many elements, and the first of them, for a message.
 std::string first_difference(const torch::Tensor& got, const torch::Tensor& want) {
   const auto ne = got.ne(want).flatten().cpu();
   const int64_t n = ne.sum().item<int64_t>();
