@@ -71,8 +71,8 @@ struct RopeTables {
   at::Tensor cos, sin;  // [1, T, 1, Dh] model dtype, broadcast over batch and heads
 };
 
-// HF Qwen3RotaryEmbedding: angles pos * inv_freq and their cos/sin in float32, then cast (the reference
-// kernels::rope_tables is tested against).
+// HF Qwen3RotaryEmbedding: angles pos * inv_freq and their cos/sin in float32, then cast (on CUDA
+// kernels::rope_tables forms the same values in one launch).
 RopeTables rope_tables_ops(const at::Tensor& inv_freq, int64_t offset, int64_t T, at::ScalarType dtype) {
   const auto long_opts = at::TensorOptions().dtype(at::kLong).device(inv_freq.device());
   at::Tensor pos = at::arange(offset, offset + T, long_opts).to(at::kFloat);  // [T]
