@@ -428,8 +428,10 @@ at::Tensor rms_norm_token_scaled(const at::Tensor& x_in, const at::Tensor& weigh
   TokenScale ts;
   if (scale.defined()) {
     check(scale, "scale");
-    if (x_in.dim() != 4 || scale.dim() != 1 || scale.size(0) != x_in.size(1) || scale.scalar_type() != x_in.scalar_type())
-      throw std::invalid_argument("hh::kernels::rms_norm_token_scaled: expected x [B, T, H, n] and scale [T] of x's dtype");
+    if (x_in.dim() != 4 || scale.dim() != 1 || scale.size(0) != x_in.size(1) || scale.scalar_type() != x_in.scalar_type() ||
+        scale.device() != x_in.device())
+      throw std::invalid_argument("hh::kernels::rms_norm_token_scaled: expected x [B, T, H, n] and scale [T] of x's dtype, "
+                                  "on x's device");
     ts = {scale.data_ptr(), x_in.size(2), x_in.size(1)};
   }
   const std::pair<at::Tensor, PackedGroups> xg = in_groups(x_in);

@@ -342,19 +342,18 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     const at::Tensor prod = at::linear(xn, at::cat(ab_rows, 0));
     const int64_t gate_cols = o.fusion_concat ? 0 : nL * Dh;
     const at::Tensor gate_pre = o.fusion_concat ? at::Tensor() : prod.narrow(2, 0, gate_cols);
-    const at::Tensor ab = prod.narrow(2, gate_cols, 2 * nL);
+    const at::Tensor b_pre = prod.narrow(2, gate_cols, nL), a_pre = prod.narrow(2, gate_cols + nL, nL);  // [B, T, nL]
     at::Tensor beta, g;  // [B, T, nL]
 #ifdef HH_HAVE_KERNELS
     // Where the output is fused (CUDA, no graph), one kernel forms both in float32 with the values of the
     // ops below, as the rule's kernels read them.
-    if (fuse_out && kernels::gdn_gates_supported(ab.narrow(2, 0, nL), ab.narrow(2, nL, nL), w.la_A_log, w.la_dt_bias))
-      std::tie(g, beta) = kernels::gdn_gates(ab.narrow(2, 0, nL), ab.narrow(2, nL, nL), w.la_A_log, w.la_dt_bias,
-                                             o.gdn_allow_neg_eigval);
+    if (fuse_out && kernels::gdn_gates_supported(b_pre, a_pre, w.la_A_log, w.la_dt_bias))
+      std::tie(g, beta) = kernels::gdn_gates(b_pre, a_pre, w.la_A_log, w.la_dt_bias, o.gdn_allow_neg_eigval);
 #endif
     if (!g.defined()) {
-      beta = at::sigmoid(ab.narrow(2, 0, nL));
+      beta = at::sigmoid(b_pre);
       if (o.gdn_allow_neg_eigval) beta = beta * 2;
-      g = -w.la_A_log.exp() * at::softplus(ab.narrow(2, nL, nL) + w.la_dt_bias);
+      g = -w.la_A_log.exp() * at::softplus(a_pre + w.la_dt_bias);
     }
     const at::Tensor s0 = cache != nullptr ? cache->la_state : at::Tensor();
 #ifdef HH_HAVE_KERNELS

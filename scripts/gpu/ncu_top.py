@@ -15,10 +15,13 @@ import re
 
 
 def tables(text):
-    """The file's CSV tables, each with the line before its header (ncu names the kernel there)."""
+    """The file's CSV tables, each with the line before its header (ncu names the kernel there). A
+    second copy of the header starts a new table, whether or not other lines come between."""
     out, title, block = [], "", []
     for line in text.splitlines():
-        if line.startswith('"') and ("Source" in line or "Address" in line) and not block:
+        if line.startswith('"') and ("Source" in line or "Address" in line) and (not block or line == block[0]):
+            if block:
+                out.append((title, block))
             block = [line]
         elif block and line.startswith('"'):
             block.append(line)

@@ -74,28 +74,40 @@ def host(events, first, last):
         print(f"{us / 1e3:9.2f} ms {ncalls[name]:7d}x  longest {longest[name] / 1e3:.2f} ms  {name[:80]}")
 
 
-def by_scope(events, prefix, top):
-    # Ranges by thread, the launches by correlation id, then each kernel's innermost enclosing range.
+def kernels_of(events):
+    return sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"])
+
+
+def open_ranges(events, keep=lambda name: True):
+    """For each kernel, the profiler ranges (operators, annotations) whose name passes `keep` that were
+    open on the launching thread when it was launched, outermost first: a function of the kernel event."""
     ranges = collections.defaultdict(list)
     launches = {}
     for e in events:
         cat = e.get("cat", "")
-        if cat in ("cpu_op", "user_annotation") and e.get("name", "").startswith(prefix) and "dur" in e:
+        if cat in ("cpu_op", "user_annotation") and "dur" in e and keep(e.get("name", "")):
             ranges[e["tid"]].append((e["ts"], e["ts"] + e["dur"], e["name"]))
         elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
             launches[e["args"]["correlation"]] = (e["tid"], e["ts"])
+
+    def around(kernel):
+        launch = launches.get(kernel.get("args", {}).get("correlation"))
+        if launch is None:
+            return []
+        tid, ts = launch
+        return sorted((r for r in ranges.get(tid, ()) if r[0] <= ts <= r[1]), key=lambda r: (r[0], -r[1]))
+
+    return around
+
+
+def by_scope(events, prefix, top):
+    # Each kernel charged to its innermost enclosing range named prefix...
+    around = open_ranges(events, lambda name: name.startswith(prefix))
     scope_total = collections.Counter()
     per_scope = collections.defaultdict(collections.Counter)
-    for e in events:
-        if e.get("cat") != "kernel" or "dur" not in e:
-            continue
-        where = "(outside " + prefix + "*)"
-        launch = launches.get(e.get("args", {}).get("correlation"))
-        if launch is not None:
-            tid, ts = launch
-            inside = [r for r in ranges.get(tid, ()) if r[0] <= ts <= r[1]]
-            if inside:
-                where = min(inside, key=lambda r: r[1] - r[0])[2]
+    for e in kernels_of(events):
+        inside = around(e)
+        where = min(inside, key=lambda r: r[1] - r[0])[2] if inside else "(outside " + prefix + "*)"
         scope_total[where] += e["dur"]
         per_scope[where][e["name"]] += e["dur"]
     busy = sum(scope_total.values())
@@ -106,31 +118,14 @@ def by_scope(events, prefix, top):
             print(f"    {k / 1e3:9.2f} ms  {name[:100]}")
 
 
-def kernels_of(events):
-    return sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"])
-
-
 def by_ops(events, top):
-    # Operators by thread; each kernel's launch (by correlation id) placed inside them by time.
-    ops = collections.defaultdict(list)
-    launches = {}
-    for e in events:
-        cat = e.get("cat", "")
-        if cat in ("cpu_op", "user_annotation") and "dur" in e:
-            ops[e["tid"]].append((e["ts"], e["ts"] + e["dur"], e["name"]))
-        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
-            launches[e["args"]["correlation"]] = (e["tid"], e["ts"])
+    # Each kernel charged to the chain of operators open at its launch (outermost two, then the innermost).
+    around = open_ranges(events)
     total = collections.Counter()
     count = collections.Counter()
     for e in kernels_of(events):
-        chain = "(no operator)"
-        launch = launches.get(e.get("args", {}).get("correlation"))
-        if launch is not None:
-            tid, ts = launch
-            inside = sorted((r for r in ops.get(tid, ()) if r[0] <= ts <= r[1]), key=lambda r: (r[0], -r[1]))
-            names = [r[2] for r in inside]
-            if names:
-                chain = " > ".join(names[:2] + (["..."] if len(names) > 3 else []) + names[2:][-1:])
+        names = [r[2] for r in around(e)]
+        chain = " > ".join(names[:2] + (["..."] if len(names) > 3 else []) + names[2:][-1:]) if names else "(no operator)"
         key = (chain, e["name"])
         total[key] += e["dur"]
         count[key] += 1
@@ -138,6 +133,17 @@ def by_ops(events, top):
     print(f"kernel time {busy / 1e3:.1f} ms by launching operators")
     for (chain, name), us in total.most_common(top):
         print(f"{us / 1e3:9.2f} ms {count[(chain, name)]:5d}x  {chain[:120]}\n{'':23}{name[:100]}")
+
+
+def covered(spans):
+    """The length of the union of (lo, hi) intervals."""
+    total, reach = 0.0, None
+    for lo, hi in sorted(spans):
+        lo = lo if reach is None else max(lo, reach)
+        if hi > lo:
+            total += hi - lo
+        reach = hi if reach is None else max(reach, hi)
+    return total
 
 
 def streams(events):
@@ -149,25 +155,15 @@ def streams(events):
     print(f"{'start ms':>9} {'ms':>7} {'beside':>7} stream  kernel  (beside: time another stream's kernel also ran)")
     for e in ks:
         a, b = e["ts"], e["ts"] + e["dur"]
-        spans = sorted((max(a, o["ts"]), min(b, o["ts"] + o["dur"])) for o in ks
-                       if stream_of(o) != stream_of(e) and o["ts"] < b and o["ts"] + o["dur"] > a)
-        beside, reach = 0.0, a
-        for lo, hi in spans:  # the union of the overlaps
-            lo = max(lo, reach)
-            if hi > lo:
-                beside += hi - lo
-                reach = hi
+        beside = covered((max(a, o["ts"]), min(b, o["ts"] + o["dur"])) for o in ks
+                         if stream_of(o) != stream_of(e) and o["ts"] < b and o["ts"] + o["dur"] > a)
         print(f"{(a - t0) / 1e3:9.3f} {e['dur'] / 1e3:7.3f} {beside / 1e3:7.3f} {str(stream_of(e)):>6}  {e['name'][:90]}")
     busy = collections.Counter()
     for e in ks:
         busy[stream_of(e)] += e["dur"]
-    ends = sorted((e["ts"], e["ts"] + e["dur"]) for e in ks)
-    idle, reach = 0.0, ends[0][0]
-    for lo, hi in ends:
-        if lo > reach:
-            idle += lo - reach
-        reach = max(reach, hi)
-    print(f"span {(reach - t0) / 1e3:.2f} ms, no kernel running {idle / 1e3:.2f} ms; busy by stream: " +
+    end = max(e["ts"] + e["dur"] for e in ks)
+    idle = (end - t0) - covered((e["ts"], e["ts"] + e["dur"]) for e in ks)
+    print(f"span {(end - t0) / 1e3:.2f} ms, no kernel running {idle / 1e3:.2f} ms; busy by stream: " +
           ", ".join(f"{s} {us / 1e3:.2f} ms" for s, us in busy.most_common()))
 
 

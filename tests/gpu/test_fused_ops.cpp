@@ -283,6 +283,9 @@ TEST_P(FusedOps, TokenScaledRmsNormEqualsTheNormTimesTheScale) {
   const auto want = hh::kernels::rms_norm(q, w, 1e-6) * scale.view({1, T, 1, 1});
   const auto got = hh::kernels::rms_norm_token_scaled(q, w, 1e-6, scale);
   EXPECT_TRUE(torch::equal(got, want)) << first_difference(got, want);
+  // And against HF's op sequence, the norm written out here, times the scale.
+  const double ulp = dt == torch::kBFloat16 ? 1.0 / 128 : dt == torch::kHalf ? 1.0 / 1024 : 1e-6;
+  expect_near_exact(got, hf_rms_norm(q, w, 1e-6) * scale.view({1, T, 1, 1}), 4 * ulp, "rms_norm_token_scaled");
   // Element by element (n = 100 is no multiple of a 16-byte pack): the same.
   const auto x = torch::randn({B, T, 3, 100}, opts);
   const auto w100 = 1 + 0.1 * torch::randn({100}, opts);
