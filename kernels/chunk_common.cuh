@@ -167,20 +167,30 @@ __device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const floa
   float acc[4][4] = {};
   // 16-bit products (exact, as the TF32 ones of 16-bit values are): Y [n][k] is B stored as B^T.
   if (n0 < m + 16) product16<false, false, 4>(acc, m, n0, 0, D, Xs, LD, Ys, LD);  // else all above the diagonal
+  // The decay e^{G_r - G_c} (an exponent <= 0 on and below the diagonal) by ex2.approx of the difference
+  // times log2 e: about two float32 ulp, where expf's range reduction took four times the instructions
+  // of the rest of the epilogue. Each row's G and scale are read once, the columns' G and the
+  // outputs in pairs.
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int half = 0; half < 2; ++half) {
+    const int r = m + g + 8 * half;
+    const float gr = Gs[r], s = row_scale != nullptr ? row_scale[r] : 1.f;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t + (e & 1);
-      const bool keep = inclusive ? c <= r : c < r;
-      const float s = row_scale != nullptr ? row_scale[r] : 1.f;
-      out[r * kLdT + c] = keep ? s * acc[j][e] * expf(Gs[r] - Gs[c]) : 0.f;
-      if (diag != nullptr && c == r) diag[r] = s * acc[j][e];
+    for (int j = 0; j < 4; ++j) {
+      const int c = n0 + 8 * j + 2 * t;
+      const float2 gc = *reinterpret_cast<const float2*>(Gs + c);
+      const float x0 = acc[j][2 * half], x1 = acc[j][2 * half + 1];
+      const bool keep0 = inclusive ? c <= r : c < r, keep1 = inclusive ? c + 1 <= r : c + 1 < r;
+      *reinterpret_cast<float2*>(out + r * kLdT + c) =
+          make_float2(keep0 ? s * x0 * exp_ftz(gr - gc.x) : 0.f, keep1 ? s * x1 * exp_ftz(gr - gc.y) : 0.f);
+      if (diag != nullptr && c == r) diag[r] = s * x0;
+      if (diag != nullptr && c + 1 == r) diag[r] = s * x1;
     }
+  }
 }
 
 // acc += A B for a warp's 16 x 8 tile, over k in [k0, k1) (multiples of 8), on the tensor cores with the
-// 3xTF32 split (float32 accuracy): A(r, k) = a[r * lda + k] from row m, B(k, n) = b[k * ldb + n] from
+// 3xTF32 split by truncation (within about 2^-21 of float32's products; split_tf32_truncated): A(r, k) = a[r * lda + k] from row m, B(k, n) = b[k * ldb + n] from
 // column n0, both float32 in shared memory.
 __device__ __forceinline__ void product_3xtf32(float (&acc)[4], int m, int n0, int k0, int k1, const float* a, int lda,
                                                const float* b, int ldb) {
@@ -188,12 +198,12 @@ __device__ __forceinline__ void product_3xtf32(float (&acc)[4], int m, int n0, i
   float cross[4] = {};
   for (int k = k0; k < k1; k += 8) {
     unsigned ah[4], al[4], bh[2], bl[2];
-    split_tf32(a[(m + g) * lda + k + t], ah[0], al[0]);
-    split_tf32(a[(m + g + 8) * lda + k + t], ah[1], al[1]);
-    split_tf32(a[(m + g) * lda + k + t + 4], ah[2], al[2]);
-    split_tf32(a[(m + g + 8) * lda + k + t + 4], ah[3], al[3]);
-    split_tf32(b[(k + t) * ldb + n0 + g], bh[0], bl[0]);
-    split_tf32(b[(k + t + 4) * ldb + n0 + g], bh[1], bl[1]);
+    split_tf32_truncated(a[(m + g) * lda + k + t], ah[0], al[0]);
+    split_tf32_truncated(a[(m + g + 8) * lda + k + t], ah[1], al[1]);
+    split_tf32_truncated(a[(m + g) * lda + k + t + 4], ah[2], al[2]);
+    split_tf32_truncated(a[(m + g + 8) * lda + k + t + 4], ah[3], al[3]);
+    split_tf32_truncated(b[(k + t) * ldb + n0 + g], bh[0], bl[0]);
+    split_tf32_truncated(b[(k + t + 4) * ldb + n0 + g], bh[1], bl[1]);
     mma_tf32(acc, ah, bh);
     mma_tf32(cross, ah, bl);
     mma_tf32(cross, al, bh);

@@ -21,6 +21,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cooperative_groups.h>
 
+#include <algorithm>
+#include <limits>
+
 #include "kernels/chunk_common.cuh"
 
 namespace hh::kernels {
@@ -161,15 +164,22 @@ constexpr int kConvTaps = 4;
 template <int D, class T>
 __device__ __forceinline__ void stage_conv_rows(T* dst, const T* __restrict__ x, const SlotRows& slots, int64_t n, int h,
                                                 int H) {
-  constexpr int V = 16 / sizeof(T), R = kC + kConvTaps - 1;
+  constexpr int V = 16 / sizeof(T), P = D / V, R = kC + kConvTaps - 1, STEP = kThreads / P;
   static_assert(R * D <= kC * ld16<D>(), "the staged rows fit the tile's region");
-  const int64_t b = n / slots.per, t0 = (n % slots.per) * kC - (kConvTaps - 1);
-  for (int i = threadIdx.x; i < R * D / V; i += blockDim.x) {
-    const int r = i / (D / V), c = (i % (D / V)) * V;
-    const int64_t t = t0 + r;
+  static_assert(kThreads % P == 0, "each thread keeps one 16-byte column of the rows");
+  // Thread i moves column (i % P) of rows i / P, i / P + STEP, ...: the source advances by STEP rows
+  // of x a step, so the loop adds to one offset instead of forming each element's 64-bit address.
+  const int c = (threadIdx.x % P) * V;
+  int r = threadIdx.x / P;
+  const int64_t b = n / slots.per;
+  const int t0 = static_cast<int>((n % slots.per) * kC) - (kConvTaps - 1), len = static_cast<int>(slots.T);
+  int t = t0 + r;
+  const T* src = x + ((b * slots.T + t) * H + h) * D + c;  // row t's column (formed, not read, for t < 0)
+  const int stride = STEP * H * D;
+  for (; r < R; r += STEP, t += STEP, src += stride) {
     T* d = dst + r * D + c;
-    if (t >= 0 && t < slots.T)
-      cp_async16(d, x + ((b * slots.T + t) * H + h) * D + c);
+    if (t >= 0 && t < len)
+      cp_async16(d, src);
     else
       *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
   }
@@ -784,6 +794,8 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
     const std::string fn = "hh::kernels::chunk_factors: with the short convolution, ";
     if (!q.defined()) throw std::invalid_argument(fn + "q is needed");
     if (grid.gather.defined()) throw std::invalid_argument(fn + "the grid must hold regular sequences");
+    if (T > std::numeric_limits<int>::max() - kC || H * std::max(Dk, Dv) * (kThreads / 8) > std::numeric_limits<int>::max())
+      throw std::invalid_argument(fn + "T must be below 2^31 - 64 tokens and H x D x 32 below 2^31");
     if (!short_conv_fusion_supported(Dk, Dv, k.scalar_type())) throw std::invalid_argument(fn + "Dk = Dv in {64, 128} only");
     need(conv->wq, "chunk_factors", "the short convolution's q taps", {H * Dk, 1, kConvTaps}, true);
     need(conv->wk, "chunk_factors", "the short convolution's k taps", {H * Dk, 1, kConvTaps}, true);

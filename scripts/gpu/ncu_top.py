@@ -6,7 +6,9 @@
 
 For each kernel in the file (one CSV table each): the total of the warp-state samples, those samples
 summed by stall reason (the columns that count one reason), then the instructions with the most samples,
-each with its share, its address and its text, and the neighbourhood it sits in.
+each with its share, its address and its text. With --mix (a SASS table), also the executed warp
+instructions summed by opcode (the mnemonic without its modifiers), the mix that sets an issue-bound
+kernel's time.
 """
 import argparse
 import csv
@@ -47,6 +49,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--mix", action="store_true", help="executed instructions by opcode")
     args = ap.parse_args()
     with open(args.csv, errors="replace") as f:
         text = f.read()
@@ -74,6 +77,18 @@ def main():
         for s, c in sums[:12]:
             if s > 0:
                 print(f"  {100 * s / max(total, 1):5.1f}%  {c.strip()}")
+        execc = next((c for c in cols if c.strip() == "Instructions Executed"), None)
+        if args.mix and execc is not None:
+            mix = {}
+            for r in rows:
+                text = r[src].strip()
+                words = [w for w in text.split() if not w.startswith("@")]  # drop a predicate guard
+                op = words[0].split(".")[0] if words else "?"
+                mix[op] = mix.get(op, 0.0) + number(r[execc])
+            executed = sum(mix.values())
+            print(f"{executed:.0f} warp instructions executed; by opcode:")
+            for op, n in sorted(mix.items(), key=lambda x: -x[1])[:30]:
+                print(f"  {100 * n / max(executed, 1):5.1f}%  {n:14.0f}  {op}")
         ranked = sorted(range(len(rows)), key=lambda i: -number(rows[i][allc]))
         print(f"{'share':>6} {'address':>8}  instruction")
         for i in ranked[: args.top]:

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""A kernel's executed instructions and warp-state samples summed by CUDA source line.
+
+    ncu -i report.ncu-rep --page source --csv --print-source sass > source.csv
+    cuobjdump -xelf all kernels.o && nvdisasm -g -c -fun NAME file.cubin > kernel.sass   (or all functions)
+    python3 scripts/gpu/ncu_lines.py source.csv kernel.sass --function chunk_factors_kernel [--top 40]
+
+Nsight Compute's SASS table (one row an instruction, in address order) carries the counts; nvdisasm's
+listing with line information (-g) says which source line each instruction came from. The two list
+the same instructions in the same order, so they are joined row by row; the opcodes are compared
+as they are joined, and a mismatch stops the script. For each source line: its executed warp
+instructions, its share of them, its share of the stall samples and the line's text.
+"""
+import argparse
+import csv
+import io
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ncu_top import number, tables  # noqa: E402
+
+LINE = re.compile(r'"([^"]+)", line (\d+)')
+INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+FUNC = re.compile(r"^\s*\.text\.(\S+?):?\s*$|\.section\s+\.text\.(\S+?),")
+
+
+def disasm_functions(path):
+    """{mangled name: [(opcode, (file, line), (file, line))]} from an nvdisasm -g or -gi listing: each
+    instruction's innermost source line outside the toolkit's headers and its outermost (the kernel's
+    own line). -gi writes an instruction's inlining chain as consecutive //## lines, innermost first."""
+    funcs, cur, chain, fresh = {}, None, [], True
+    with open(path, errors="replace") as f:
+        for raw in f:
+            m = FUNC.search(raw)
+            if m:
+                cur = m.group(1) or m.group(2)
+                funcs.setdefault(cur, [])
+                chain, fresh = [], True
+                continue
+            if raw.lstrip().startswith("//##"):
+                if fresh:  # a new chain: the instructions after it take it
+                    chain, fresh = [], False
+                chain += [(f, int(n)) for f, n in LINE.findall(raw)]
+                continue
+            m = INSN.search(raw)
+            if m and cur is not None:
+                fresh = True
+                text = m.group(2).strip()
+                if text.startswith("{"):
+                    text = text[1:].strip()
+                words = [w for w in text.split() if not w.startswith("@")]
+                own = [c for c in chain if not c[0].startswith("/usr/")]
+                inner = own[0] if own else (chain[0] if chain else (None, 0))
+                outer = chain[-1] if chain else (None, 0)
+                funcs[cur].append((words[0].split(".")[0] if words else "?", inner, outer))
+    return funcs
+
+
+def opcode(text):
+    words = [w for w in text.strip().split() if not w.startswith("@")]
+    return words[0].split(".")[0] if words else "?"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv", help="ncu --page source --csv --print-source sass output (one kernel)")
+    ap.add_argument("sass", help="nvdisasm -g listing holding the kernel")
+    ap.add_argument("--function", required=True, help="a substring of the kernel's mangled name")
+    ap.add_argument("--top", type=int, default=40)
+    args = ap.parse_args()
+    with open(args.csv, errors="replace") as f:
+        found = tables(f.read())
+    if not found:
+        sys.exit(f"{args.csv}: no source table")
+    rows = list(csv.DictReader(io.StringIO("\n".join(found[0][1]))))
+    cols = list(rows[0].keys())
+    src = next(c for c in cols if c.strip() == "Source")
+    execc = next((c for c in cols if c.strip() == "Instructions Executed"), None)
+    allc = next((c for c in cols if "Warp Stall Sampling (All" in c), None)
+    if execc is None or allc is None:
+        sys.exit(f"{args.csv}: no 'Instructions Executed' or warp-stall column")
+    funcs = disasm_functions(args.sass)
+    names = [n for n in funcs if args.function in n]
+    if not names:
+        sys.exit(f"{args.sass}: no function matching {args.function!r}; it has {len(funcs)}")
+    # The matching function with the same instruction count as the table.
+    name = next((n for n in names if len(funcs[n]) == len(rows)), None)
+    if name is None:
+        sys.exit(f"no function matching {args.function!r} has {len(rows)} instructions: "
+                 + ", ".join(f"{n[:60]} ({len(funcs[n])})" for n in names))
+    inner, outer, sources = {}, {}, {}
+    for i, (r, (op, at, call)) in enumerate(zip(rows, funcs[name])):
+        if opcode(r[src]) != op:
+            sys.exit(f"instruction {i}: the table has {r[src].strip()!r}, the listing {op}")
+        for table, key in ((inner, at), (outer, call)):
+            e, s = table.get(key, (0.0, 0.0))
+            table[key] = (e + number(r[execc]), s + number(r[allc]))
+    executed = sum(e for e, _ in inner.values())
+    samples = sum(s for _, s in inner.values())
+    print(f"{name[:120]}: {len(rows)} instructions, {executed:.0f} warp instructions executed, {samples:.0f} samples")
+
+    def text(file, line):
+        if file not in sources:
+            try:
+                with open(file, errors="replace") as f:
+                    sources[file] = f.read().splitlines()
+            except OSError:
+                sources[file] = []
+        s = sources[file]
+        return s[line - 1].strip() if 0 < line <= len(s) else ""
+
+    for title, table in (("by the line itself", inner), ("by the outermost call (the kernel's own line)", outer)):
+        print(f"== {title}")
+        print(f"{'exec %':>7} {'stall %':>7}  source line")
+        for (file, line), (e, s) in sorted(table.items(), key=lambda x: -x[1][0])[: args.top]:
+            where = f"{os.path.basename(file)}:{line}" if file else "?"
+            print(f"{100 * e / max(executed, 1):6.1f}% {100 * s / max(samples, 1):6.1f}%  {where:22} {text(file, line)[:90]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# scripts/gpu/ncu_top.py --mix and scripts/gpu/ncu_lines.py on a hand-made Nsight Compute source table
+# and nvdisasm listing whose sums are known: executed instructions by opcode, and executed instructions
+# and stall samples by source line (innermost line outside the toolkit's headers, and the kernel's own).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Kernel k: four instructions. Executed 100, 300, 500, 100 (1000 in all); samples 10, 20, 60, 10 (100).
+cat > "$TMP/source.csv" <<'CSV'
+"Kernel Name","void k(int)",
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed","stall_barrier"
+"0x7f0000000000","      LDC R1, c[0x0][0x28]","10","5","100","1"
+"0x7f0000000010","      FFMA R2, R3, R4, R2","20","5","300","2"
+"0x7f0000000020","@P0   FFMA.FTZ R5, R3, R4, R5","60","30","500","50"
+"0x7f0000000030","      EXIT","10","0","100","0"
+CSV
+# The listing: a second function first (not the kernel), then k. The LDC comes from the kernel's line 5;
+# the first FFMA from helper.cuh line 12 inlined at k.cu line 7; the predicated FFMA from a toolkit
+# header inlined at helper.cuh line 13 inlined at k.cu line 7; EXIT from line 9.
+cat > "$TMP/k.sass" <<'SASS'
+	.section	.text._Z5otherv,"ax",@progbits
+.text._Z5otherv:
+	//## File "/src/k.cu", line 2
+        /*0000*/                   EXIT ;
+	.section	.text._Z1ki,"ax",@progbits
+.text._Z1ki:
+	//## File "/src/k.cu", line 5
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+	//## File "/src/helper.cuh", line 12 inlined at "/src/k.cu", line 7
+	//## File "/src/k.cu", line 7
+        /*0010*/                   FFMA R2, R3, R4, R2 ;
+	//## File "/usr/local/cuda/include/x.hpp", line 40 inlined at "/src/helper.cuh", line 13
+	//## File "/src/helper.cuh", line 13 inlined at "/src/k.cu", line 7
+	//## File "/src/k.cu", line 7
+        /*0020*/              @P0  FFMA.FTZ R5, R3, R4, R5 ;
+	//## File "/src/k.cu", line 9
+        /*0030*/                   EXIT ;
+SASS
+
+out=$(python3 "$ROOT/scripts/gpu/ncu_top.py" "$TMP/source.csv" --mix)
+grep -q "^1000 warp instructions executed; by opcode:$" <<<"$out" || fail "mix total: $out"
+grep -qE "^ +80\.0% +800  FFMA$" <<<"$out" || fail "FFMA (predicate and modifiers dropped): $out"
+grep -qE "^ +10\.0% +100  LDC$" <<<"$out" || fail "LDC: $out"
+
+out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k)
+grep -q "4 instructions, 1000 warp instructions executed, 100 samples" <<<"$out" || fail "totals: $out"
+inner=$(sed -n '/by the line itself/,/by the outermost/p' <<<"$out")
+outer=$(sed -n '/by the outermost/,$p' <<<"$out")
+# Innermost: helper.cuh:13 (500, 60 %; the toolkit's header skipped), helper.cuh:12 (300), k.cu:5, k.cu:9.
+grep -qE "^ +50\.0% +60\.0%  helper\.cuh:13 " <<<"$inner" || fail "helper.cuh:13: $inner"
+grep -qE "^ +30\.0% +20\.0%  helper\.cuh:12 " <<<"$inner" || fail "helper.cuh:12: $inner"
+grep -qE "^ +10\.0% +10\.0%  k\.cu:5 " <<<"$inner" || fail "k.cu:5: $inner"
+# Outermost: both FFMAs on k.cu:7.
+grep -qE "^ +80\.0% +80\.0%  k\.cu:7 " <<<"$outer" || fail "k.cu:7: $outer"
+[[ "$(grep -cE '^ +[0-9.]+%' <<<"$outer")" == 3 ]] || fail "three kernel lines: $outer"
+
+# A listing whose instructions do not match the table stops with the instruction's index.
+sed 's/FFMA R2, R3, R4, R2/FMUL R2, R3, R4/' "$TMP/k.sass" > "$TMP/bad.sass"
+if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/bad.sass" --function _Z1k > "$TMP/bad.txt" 2>&1; then
+  fail "a mismatched listing was accepted"
+fi
+grep -q "instruction 1: the table has 'FFMA R2, R3, R4, R2', the listing FMUL" "$TMP/bad.txt" || fail "mismatch message: $(cat "$TMP/bad.txt")"
+echo "ncu_lines: ok"
