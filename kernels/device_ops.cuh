@@ -298,6 +298,14 @@ __device__ __forceinline__ float exp_ftz(float x) {
   return y;
 }
 
+// 1 / sqrt(x) as rsqrtf gives it for normal x (the same MUFU.RSQ), without rsqrtf's rescaling of
+// subnormal inputs (flushed to zero here): for sums of squares plus a norm's epsilon, never subnormal.
+__device__ __forceinline__ float rsqrt_ftz(float x) {
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // A gate's activation in float32 before its rounding to T: ACT 1 the sigmoid, 2 SiLU, 0 none
 // (GateActivation's kSigmoid, kSilu, kNone). at::sigmoid's and at::silu's float formulas; for 16-bit T
 // with the fast exponential and division (a few float32 ulp, far below T's rounding: the kernels that

@@ -260,7 +260,11 @@ __device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, con
   using P2 = typename Pair16<T>::type;
   const int lane = threadIdx.x % 32, r0 = threadIdx.x / 32 * R;
   const bool first = lane < 16, odd = lane % 2 != 0;  // rotate_half's first half; pack j's second four channels
-  const int64_t t0 = (n % slots.per) * kC;
+  // Positions in 32 bits (chunk_factors checks T < 2^31 - 64), and the table rows' addresses by one
+  // wide multiply from the lane's columns: 64-bit comparisons and shifts took 17 instructions a row.
+  const int t0 = static_cast<int>((n % slots.per) * kC), len = static_cast<int>(slots.T);
+  const T* const cos_l = pc.cos + E * lane;
+  const T* const sin_l = pc.sin + E * lane;
   float tap[E][K];
   {
     const T* wl = w + (static_cast<int64_t>(h) * D + E * lane) * K;  // the lane's channels' taps, 32 bytes
@@ -296,10 +300,11 @@ __device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, con
         const float2 a = Pair16<T>::to_float2(Pair16<T>::round(acc[0], acc[1]));
         *reinterpret_cast<P2*>(y.v + e) = Pair16<T>::round(gate_activation<2, T>(a.x), gate_activation<2, T>(a.y));
       }
-      const int64_t t = t0 + r0 + s;
+      const int t = t0 + r0 + s;
       if constexpr (ROPE) {
-        const int64_t tt = t < slots.T ? t : slots.T - 1;  // rows past the end: any table row (they are zeroed)
-        const Pack<T, E> cp = load_pack<E>(pc.cos + tt * D + E * lane), sp = load_pack<E>(pc.sin + tt * D + E * lane);
+        const unsigned tt = static_cast<unsigned>(min(t, len - 1));  // rows past the end: any table row (they are zeroed)
+        const uint64_t at = static_cast<uint64_t>(tt) * D;
+        const Pack<T, E> cp = load_pack<E>(cos_l + at), sp = load_pack<E>(sin_l + at);
         Pack<T, E> partner;
 #pragma unroll
         for (int q = 0; q < E / 2; ++q)
@@ -315,12 +320,12 @@ __device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, con
 #pragma unroll
         for (int off = 16; off > 1; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
         const float total = __shfl_xor_sync(0xffffffffu, ss, 1);  // even lanes: their odd neighbour's
-        const float inv = rsqrtf((odd ? ss : total) + pc.eps);
+        const float inv = rsqrt_ftz((odd ? ss : total) + pc.eps);
 #pragma unroll
         for (int e = 0; e < E; e += 2) *reinterpret_cast<P2*>(y.v + e) = Pair16<T>::round(r[e] * inv, r[e + 1] * inv);
       }
       T* d = tile + (r0 + s) * ld16<D>() + E * lane;
-      if (t < slots.T) store_pack<E>(d, y);
+      if (t < len) store_pack<E>(d, y);
       else *reinterpret_cast<uint2*>(d) = make_uint2(0u, 0u);
     }
   }
@@ -340,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
                          const float* __restrict__ beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
                          float* __restrict__ U, c10::Half* __restrict__ kdecay, float* __restrict__ decay,
-                         float* __restrict__ bound, OutFactors of, PreConv<T> pc) {
+                         float* __restrict__ bound, OutFactors of, PreConv<T> pc, int64_t n0) {
   static_assert(OUT || !PRE, "the short convolution inside chunk_factors comes with the output's factors");
   static_assert(!PRE || DK == DV, "V formed into K's region");
   extern __shared__ float4 smem4[];
@@ -354,8 +359,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
   float* const kk = ws + kC;  // beta_t k_t.k_t
   unsigned* const amax = reinterpret_cast<unsigned*>(kk + kC);  // Aq's largest |entry|, as bits
   int64_t* const rows = reinterpret_cast<int64_t*>(amax + 4);
-  const int64_t n = blockIdx.x;
-  const int h = blockIdx.y, tid = threadIdx.x;
+  // Heads vary fastest along the grid: the H blocks of a chunk run together, so its rows of q, k and
+  // v (one span of H D values a row) and of RoPE's tables are read from memory once and then from L2,
+  // where the other order read the tables again for each head (64 MB at T = 128K, more than L2).
+  // The grid is (H, chunks n0 ..): a launch takes at most 2^16 - 1 chunks.
+  const int64_t n = n0 + blockIdx.y;
+  const int h = blockIdx.x, tid = threadIdx.x;
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
   if (tid < kC) rows[tid] = slots(n, tid);
   if (tid == 0) *amax = 0u;
@@ -821,16 +830,20 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
           r.aq_inv.data_ptr<float>()};
   }
   if (N == 0 || H == 0) return r;
+  if (H > 65535) throw std::invalid_argument("hh::kernels::chunk_factors: at most 65535 heads");
   dispatch(Dk, Dv, k.scalar_type(), [&](auto dk, auto dv, auto x) {
     using X = decltype(x);
     constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
     const PreConv<X> pc{static_cast<const X*>(pre.wq), static_cast<const X*>(pre.wk), static_cast<const X*>(pre.wv),
                         static_cast<const X*>(pre.cos), static_cast<const X*>(pre.sin), pre.eps};
     auto run = [&](auto kernel, size_t smem) {
-      launch_kernel(kernel, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kThreads, smem, static_cast<const X*>(k.data_ptr()),
-                    static_cast<const X*>(v.data_ptr()), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
-                    static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr<float>(),
-                    r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc);
+      for (int64_t n0 = 0; n0 < N; n0 += 65535) {  // the grid's y takes at most 2^16 - 1 chunks
+        launch_kernel(kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(std::min<int64_t>(N - n0, 65535))),
+                      kThreads, smem, static_cast<const X*>(k.data_ptr()),
+                      static_cast<const X*>(v.data_ptr()), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
+                      static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr<float>(),
+                      r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc, n0);
+      }
     };
     if (conv != nullptr) {
       if constexpr (DK == 128 && DV == 128 && std::is_same_v<X, c10::BFloat16>) {

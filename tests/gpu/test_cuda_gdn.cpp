@@ -864,6 +864,50 @@ TEST(CudaGdn, ShortConvInsideChunkFactorsEqualsItsOwnKernels) {
   EXPECT_THROW(hh::kernels::chunk_factors(x, x, g, beta, gathered, x, 0.1, &conv), std::invalid_argument);
 }
 
+// More chunks than one launch's grid takes (2^16 - 1 along y): chunk_factors launches in slices, and
+// the chunks of the second slice equal the same rows' factors computed alone (each chunk's factors
+// depend on its own rows only), with the convolution inside as well (its rows reach three tokens back,
+// so the rows alone start three tokens early and the first chunk is left out of the comparison).
+TEST(CudaGdn, ChunkFactorsPastOneLaunchEqualTheSameRowsAlone) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t D = 64, per = 65535 + 3, T = per * 64 - 20, H = 1, first = 65534;  // the compared rows' chunks from `first`
+  namespace F = torch::nn::functional;
+  const auto dev = kCuda.dtype(torch::kBFloat16), f32 = kCuda.dtype(torch::kFloat);
+  // As chunk_in's, drawn on the GPU (4.2M rows).
+  const auto nrm = F::NormalizeFuncOptions().dim(-1);
+  const auto q = F::normalize(torch::randn({1, T, H, D}, f32), nrm).to(dev), k = F::normalize(torch::randn({1, T, H, D}, f32), nrm).to(dev);
+  const auto v = torch::randn({1, T, H, D}, dev), g = -0.5 * torch::rand({1, T, H}, f32), beta = torch::rand({1, T, H}, f32);
+  hh::kernels::ShortConvInputs conv;
+  conv.wq = 0.5 * torch::randn({H * D, 1, 4}, dev);
+  conv.wk = 0.5 * torch::randn({H * D, 1, 4}, dev);
+  conv.wv = 0.5 * torch::randn({H * D, 1, 4}, dev);
+  std::tie(conv.cos, conv.sin) = hh::model::rope_cos_sin(hh::model::rope_inv_freq(10000.0, D, torch::kCUDA), 0, T, torch::kBFloat16);
+  conv.eps = 1e-6;
+  for (bool with_conv : {false, true}) {
+    const std::string what = with_conv ? "with the convolution" : "without";
+    poison_allocator();
+    const auto all = with_conv ? hh::kernels::chunk_factors(k, v, g, beta, {per, per, {}}, q, 0.1, &conv)
+                               : hh::kernels::chunk_factors(k, v, g, beta, {per, per, {}}, q, 0.1);
+    // The rows from chunk first - 1 on (one chunk of context for the convolution), as a sequence of their own.
+    const int64_t t0 = (first - 1) * 64, len = T - t0, sub_per = (len + 63) / 64;
+    auto rows = [&](const torch::Tensor& x) { return x.narrow(1, t0, len).contiguous(); };
+    hh::kernels::ShortConvInputs sub_conv = conv;
+    sub_conv.cos = conv.cos.narrow(0, t0, len).contiguous();
+    sub_conv.sin = conv.sin.narrow(0, t0, len).contiguous();
+    const hh::kernels::ChunkGrid sub_grid{sub_per, sub_per, {}};
+    const auto alone = with_conv ? hh::kernels::chunk_factors(rows(k), rows(v), rows(g), rows(beta), sub_grid, rows(q), 0.1, &sub_conv)
+                                 : hh::kernels::chunk_factors(rows(k), rows(v), rows(g), rows(beta), sub_grid, rows(q), 0.1);
+    // Chunks first .. per - 1 of the whole against chunks 1 .. of the rows alone.
+    auto tail = [&](const torch::Tensor& x, int64_t from) { return x.narrow(1, from, per - first); };
+    const std::vector<std::pair<const char*, std::pair<torch::Tensor, torch::Tensor>>> pairs = {
+        {"W", {all.W, alone.W}},    {"U", {all.U, alone.U}},    {"kdecay", {all.kdecay, alone.kdecay}},
+        {"Qd", {all.Qd, alone.Qd}}, {"Aq", {all.Aq, alone.Aq}}, {"bound", {all.bound, alone.bound}},
+        {"decay", {all.decay, alone.decay}}};
+    for (const auto& [name, t] : pairs)
+      EXPECT_TRUE(torch::equal(tail(t.first, first), tail(t.second, 1))) << what << ": " << name;
+  }
+}
+
 // Keys outside the rule's contract: every key of a head along one direction with beta |k|^2 = 2.3, so
 // each token multiplies the state's component along it by -1.3 e^g. A chunk's decay e^{-16} alone
 // would let a piece start one chunk early, but its transition grows that component by 1.3^64 e^{-16}
