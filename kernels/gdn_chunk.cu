@@ -126,11 +126,9 @@ constexpr size_t factors_smem() {
 // c10::Half rounds (to nearest even), in one 16-byte vector.
 template <class T>
 __device__ __forceinline__ uint4 scaled_half8(const T* x, float s) {
-  const Pack<T, 8> in = load_pack<8>(x);
-  return make_uint4(pack_f16(s * static_cast<float>(in.v[0]), s * static_cast<float>(in.v[1])),
-                    pack_f16(s * static_cast<float>(in.v[2]), s * static_cast<float>(in.v[3])),
-                    pack_f16(s * static_cast<float>(in.v[4]), s * static_cast<float>(in.v[5])),
-                    pack_f16(s * static_cast<float>(in.v[6]), s * static_cast<float>(in.v[7])));
+  const Pack<T, 8> in = load_pack<8>(x);  // pack_float: bfloat16 unpacked in one instruction an element
+  return make_uint4(pack_f16(s * pack_float(in, 0), s * pack_float(in, 1)), pack_f16(s * pack_float(in, 2), s * pack_float(in, 3)),
+                    pack_f16(s * pack_float(in, 4), s * pack_float(in, 5)), pack_f16(s * pack_float(in, 6), s * pack_float(in, 7)));
 }
 
 // The output's factors of chunk_factors (given q): Qd = scale e^G Q and the block float16 Aq with its
@@ -638,7 +636,11 @@ __device__ __forceinline__ void fused_output_epilogue(const float (&qs)[4][4], c
       const int r = m + g + 8 * i;
       total[i] = ((p0[r] + p0[kC + r]) + p1[r]) + p1[kC + r];
     }
-    cluster.sync();  // read before either block leaves
+    // Neither block may leave while the other still reads its sums: each arrives once its own reads are
+    // done (their values are in registers, so the arrival needs no memory ordering: relaxed, where
+    // cluster.sync's release waited on every store before it) and waits for the other's arrival only
+    // before it leaves, after its rows are stored.
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
   } else {
     __syncthreads();
 #pragma unroll
@@ -661,6 +663,7 @@ __device__ __forceinline__ void fused_output_epilogue(const float (&qs)[4][4], c
   }
   O* const y = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * DV + col0;
   store_staged_tile<O>(Ys, rows, [&](int64_t row) { return y + row * fa.pl.y_ld; });
+  if constexpr (DV / kOutCols == 2) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // the other block's arrival
 #else
   __trap();
 #endif
