@@ -109,8 +109,9 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) 
   hi = to_tf32(x);
   lo = to_tf32(x - __uint_as_float(hi));
 }
-// The same split by truncation, three integer and float instructions where cvt.rna takes six for each
-// half: hi = x's top 19 bits, lo = x - hi (exact) with its own low 13 bits cleared. hi + lo is within
+// The same split by truncation: three instructions for both halves, where the rounded split takes nine
+// (cvt.rna is an infinity test, an add, a select and a mask for each half, and the subtraction between).
+// hi = x's top 19 bits, lo = x - hi (exact) with its own low 13 bits cleared. hi + lo is within
 // 2^-21 |x| of x, against 2^-23 for the rounded split. Infinity stays infinite in hi, and so does the
 // device's own NaN (all mantissa bits set) stay NaN.
 __device__ __forceinline__ void split_tf32_truncated(float x, unsigned& hi, unsigned& lo) {
