@@ -2,14 +2,17 @@
 """A kernel's executed instructions and warp-state samples summed by CUDA source line.
 
     ncu -i report.ncu-rep --page source --csv --print-source sass > source.csv
-    cuobjdump -xelf all kernels.o && nvdisasm -g -c -fun NAME file.cubin > kernel.sass   (or all functions)
+    cuobjdump -xelf all kernels.o && nvdisasm -gi -c file.cubin > kernel.sass
     python3 scripts/gpu/ncu_lines.py source.csv kernel.sass --function chunk_factors_kernel [--top 40]
 
 Nsight Compute's SASS table (one row an instruction, in address order) carries the counts; nvdisasm's
-listing with line information (-g) says which source line each instruction came from. The two list
-the same instructions in the same order, so they are joined row by row; the opcodes are compared
-as they are joined, and a mismatch stops the script. For each source line: its executed warp
-instructions, its share of them, its share of the stall samples and the line's text.
+listing with line information (-gi: each instruction's inlining chain) says which source line each
+instruction came from. The two list the same instructions in the same order, so they are joined row
+by row; the opcodes are compared as they are joined, and a mismatch stops the script. For each
+source line: its executed warp instructions, its share of them, its share of the stall samples and
+the line's text (as the file reads now). --show FILE:LINE (a file's base name and a line, innermost
+or outermost) lists that line's instructions in address order: index, executed, samples, the stall
+reason with the most samples, and the instruction.
 """
 import argparse
 import csv
@@ -66,9 +69,10 @@ def opcode(text):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output (one kernel)")
-    ap.add_argument("sass", help="nvdisasm -g listing holding the kernel")
+    ap.add_argument("sass", help="nvdisasm -gi listing holding the kernel")
     ap.add_argument("--function", required=True, help="a substring of the kernel's mangled name")
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--show", metavar="FILE:LINE", help="list the instructions of one source line")
     args = ap.parse_args()
     with open(args.csv, errors="replace") as f:
         found = tables(f.read())
@@ -90,10 +94,24 @@ def main():
     if name is None:
         sys.exit(f"no function matching {args.function!r} has {len(rows)} instructions: "
                  + ", ".join(f"{n[:60]} ({len(funcs[n])})" for n in names))
-    inner, outer, sources = {}, {}, {}
-    for i, (r, (op, at, call)) in enumerate(zip(rows, funcs[name])):
+    for i, (r, (op, _, _)) in enumerate(zip(rows, funcs[name])):
         if opcode(r[src]) != op:
             sys.exit(f"instruction {i}: the table has {r[src].strip()!r}, the listing {op}")
+    if args.show:
+        reasons = [c for c in cols if c.strip().startswith("stall_") and "Not Issued" not in c]
+        shown = 0
+        for i, (r, (op, at, call)) in enumerate(zip(rows, funcs[name])):
+            names_of = {f"{os.path.basename(f)}:{n}" for f, n in (at, call) if f}
+            if args.show not in names_of:
+                continue
+            top = max(reasons, key=lambda c: number(r[c])).strip() if reasons else ""
+            print(f"{i:6d} {number(r[execc]):12.0f} {number(r[allc]):8.0f}  {top:24} {r[src].strip()}")
+            shown += 1
+        if shown == 0:
+            sys.exit(f"no instruction of {name[:60]} comes from {args.show}")
+        return
+    inner, outer, sources = {}, {}, {}
+    for r, (_, at, call) in zip(rows, funcs[name]):
         for table, key in ((inner, at), (outer, call)):
             e, s = table.get(key, (0.0, 0.0))
             table[key] = (e + number(r[execc]), s + number(r[allc]))

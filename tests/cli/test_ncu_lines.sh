@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu/ncu_top.py --mix and scripts/gpu/ncu_lines.py on a hand-made Nsight Compute source table
 # and nvdisasm listing whose sums are known: executed instructions by opcode, and executed instructions
-# and stall samples by source line (innermost line outside the toolkit's headers, and the kernel's own).
+# and stall samples by source line (innermost line outside the toolkit's headers, and the kernel's own),
+# and one line's instructions (--show).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 TMP="$(mktemp -d)"
@@ -56,6 +57,16 @@ grep -qE "^ +10\.0% +10\.0%  k\.cu:5 " <<<"$inner" || fail "k.cu:5: $inner"
 # Outermost: both FFMAs on k.cu:7.
 grep -qE "^ +80\.0% +80\.0%  k\.cu:7 " <<<"$outer" || fail "k.cu:7: $outer"
 [[ "$(grep -cE '^ +[0-9.]+%' <<<"$outer")" == 3 ]] || fail "three kernel lines: $outer"
+
+# --show lists one line's instructions: k.cu:7 (outermost) holds instructions 1 and 2; helper.cuh:13
+# (innermost) only 2, with its executed count, samples and top stall reason.
+out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --show k.cu:7)
+[[ "$(wc -l <<<"$out")" == 2 ]] || fail "k.cu:7 has two instructions: $out"
+out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --show helper.cuh:13)
+grep -qE "^ +2 +500 +60  stall_barrier +@P0   FFMA.FTZ R5, R3, R4, R5$" <<<"$out" || fail "helper.cuh:13: $out"
+if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --show k.cu:99 > /dev/null 2>&1; then
+  fail "a line without instructions was accepted"
+fi
 
 # A listing whose instructions do not match the table stops with the instruction's index.
 sed 's/FFMA R2, R3, R4, R2/FMUL R2, R3, R4/' "$TMP/k.sass" > "$TMP/bad.sass"
