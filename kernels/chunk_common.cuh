@@ -190,8 +190,8 @@ __device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const floa
 }
 
 // acc += A B for a warp's 16 x 8 tile, over k in [k0, k1) (multiples of 8), on the tensor cores with the
-// 3xTF32 split by truncation (within about 2^-21 of float32's products; split_tf32_truncated): A(r, k) = a[r * lda + k] from row m, B(k, n) = b[k * ldb + n] from
-// column n0, both float32 in shared memory.
+// 3xTF32 split by truncation (split_tf32_truncated: operands within 2^-21 of float32's): A(r, k) =
+// a[r * lda + k] from row m, B(k, n) = b[k * ldb + n] from column n0, both float32 in shared memory.
 __device__ __forceinline__ void product_3xtf32(float (&acc)[4], int m, int n0, int k0, int k1, const float* a, int lda,
                                                const float* b, int ldb) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;

@@ -112,8 +112,8 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) 
 // The same split by truncation: three instructions for both halves, where the rounded split takes nine
 // (cvt.rna is an infinity test, an add, a select and a mask for each half, and the subtraction between).
 // hi = x's top 19 bits, lo = x - hi (exact) with its own low 13 bits cleared. hi + lo is within
-// 2^-21 |x| of x, against 2^-23 for the rounded split. Infinity stays infinite in hi, and so does the
-// device's own NaN (all mantissa bits set) stay NaN.
+// 2^-21 |x| of x, against 2^-23 for the rounded split. Infinity stays infinite in hi, and the device's
+// own NaN (all mantissa bits set) stays NaN.
 __device__ __forceinline__ void split_tf32_truncated(float x, unsigned& hi, unsigned& lo) {
   hi = __float_as_uint(x) & 0xffffe000u;
   lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
@@ -298,6 +298,12 @@ __device__ __forceinline__ float exp_ftz(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
   return y;
 }
+
+// The cluster barrier in two halves (sm_90): an arrival without memory ordering, for a block whose
+// reads of another block's shared memory are done (their values in registers), and the wait for every
+// block's arrival, before the block may leave.
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
 
 // 1 / sqrt(x) as rsqrtf gives it for normal x (the same MUFU.RSQ), without rsqrtf's rescaling of
 // subnormal inputs (flushed to zero here): for sums of squares plus a norm's epsilon, never subnormal.

@@ -357,10 +357,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
   float* const kk = ws + kC;  // beta_t k_t.k_t
   unsigned* const amax = reinterpret_cast<unsigned*>(kk + kC);  // Aq's largest |entry|, as bits
   int64_t* const rows = reinterpret_cast<int64_t*>(amax + 4);
-  // Heads vary fastest along the grid: the H blocks of a chunk run together, so its rows of q, k and
-  // v (one span of H D values a row) and of RoPE's tables are read from memory once and then from L2,
-  // where the other order read the tables again for each head (64 MB at T = 128K, more than L2).
-  // The grid is (H, chunks n0 ..): a launch takes at most 2^16 - 1 chunks.
+  // The grid is (H, chunks n0 ..; a launch takes at most 2^16 - 1 chunks): heads vary fastest, so the H
+  // blocks of a chunk run together and its rows of q, k and v (one span of H D values a row) and of
+  // RoPE's tables are read from memory once and then from L2, where the other order read the tables
+  // again for each head (64 MB at T = 128K, more than L2; the kernel's DRAM bytes fell by a fifth).
   const int64_t n = n0 + blockIdx.y;
   const int h = blockIdx.x, tid = threadIdx.x;
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
@@ -637,10 +637,9 @@ __device__ __forceinline__ void fused_output_epilogue(const float (&qs)[4][4], c
       total[i] = ((p0[r] + p0[kC + r]) + p1[r]) + p1[kC + r];
     }
     // Neither block may leave while the other still reads its sums: each arrives once its own reads are
-    // done (their values are in registers, so the arrival needs no memory ordering: relaxed, where
-    // cluster.sync's release waited on every store before it) and waits for the other's arrival only
-    // before it leaves, after its rows are stored.
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+    // done (relaxed: cluster.sync's release waited on every store before it) and waits for the other's
+    // arrival only before it leaves, after its rows are stored.
+    cluster_arrive_relaxed();
   } else {
     __syncthreads();
 #pragma unroll
@@ -663,7 +662,7 @@ __device__ __forceinline__ void fused_output_epilogue(const float (&qs)[4][4], c
   }
   O* const y = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * DV + col0;
   store_staged_tile<O>(Ys, rows, [&](int64_t row) { return y + row * fa.pl.y_ld; });
-  if constexpr (DV / kOutCols == 2) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // the other block's arrival
+  if constexpr (DV / kOutCols == 2) cluster_wait();  // the other block's arrival
 #else
   __trap();
 #endif
@@ -806,8 +805,9 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
     const std::string fn = "hh::kernels::chunk_factors: with the short convolution, ";
     if (!q.defined()) throw std::invalid_argument(fn + "q is needed");
     if (grid.gather.defined()) throw std::invalid_argument(fn + "the grid must hold regular sequences");
-    if (T > std::numeric_limits<int>::max() - kC || H * std::max(Dk, Dv) * (kThreads / 8) > std::numeric_limits<int>::max())
-      throw std::invalid_argument(fn + "T must be below 2^31 - 64 tokens and H x D x 32 below 2^31");
+    // stage_conv_rows and short_conv_rows128 keep positions and a row stride of H kThreads 8 elements in int.
+    if (T > std::numeric_limits<int>::max() - kC || H * kThreads * 8 > std::numeric_limits<int>::max())
+      throw std::invalid_argument(fn + "T must be below 2^31 - 64 tokens and H below 2^20");
     if (!short_conv_fusion_supported(Dk, Dv, k.scalar_type())) throw std::invalid_argument(fn + "Dk = Dv in {64, 128} only");
     need(conv->wq, "chunk_factors", "the short convolution's q taps", {H * Dk, 1, kConvTaps}, true);
     need(conv->wk, "chunk_factors", "the short convolution's k taps", {H * Dk, 1, kConvTaps}, true);
@@ -833,7 +833,6 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
           r.aq_inv.data_ptr<float>()};
   }
   if (N == 0 || H == 0) return r;
-  if (H > 65535) throw std::invalid_argument("hh::kernels::chunk_factors: at most 65535 heads");
   dispatch(Dk, Dv, k.scalar_type(), [&](auto dk, auto dv, auto x) {
     using X = decltype(x);
     constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;

@@ -22,7 +22,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ncu_top import number, tables  # noqa: E402
+from ncu_top import number, opcode, tables  # noqa: E402
 
 LINE = re.compile(r'"([^"]+)", line (\d+)')
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -50,20 +50,11 @@ def disasm_functions(path):
             m = INSN.search(raw)
             if m and cur is not None:
                 fresh = True
-                text = m.group(2).strip()
-                if text.startswith("{"):
-                    text = text[1:].strip()
-                words = [w for w in text.split() if not w.startswith("@")]
                 own = [c for c in chain if not c[0].startswith("/usr/")]
                 inner = own[0] if own else (chain[0] if chain else (None, 0))
                 outer = chain[-1] if chain else (None, 0)
-                funcs[cur].append((words[0].split(".")[0] if words else "?", inner, outer))
+                funcs[cur].append((opcode(m.group(2)), inner, outer))
     return funcs
-
-
-def opcode(text):
-    words = [w for w in text.strip().split() if not w.startswith("@")]
-    return words[0].split(".")[0] if words else "?"
 
 
 def main():

@@ -38,6 +38,12 @@ def tables(text):
     return out
 
 
+def opcode(text):
+    """An instruction's mnemonic without its predicate guard and modifiers: '@P0 FFMA.FTZ R1, ...' -> 'FFMA'."""
+    words = [w for w in text.strip().lstrip("{").split() if not w.startswith("@")]
+    return words[0].split(".")[0] if words else "?"
+
+
 def number(x):
     try:
         return float(x.replace(",", ""))
@@ -81,9 +87,7 @@ def main():
         if args.mix and execc is not None:
             mix = {}
             for r in rows:
-                text = r[src].strip()
-                words = [w for w in text.split() if not w.startswith("@")]  # drop a predicate guard
-                op = words[0].split(".")[0] if words else "?"
+                op = opcode(r[src])
                 mix[op] = mix.get(op, 0.0) + number(r[execc])
             executed = sum(mix.values())
             print(f"{executed:.0f} warp instructions executed; by opcode:")
