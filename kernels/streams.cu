@@ -2,6 +2,7 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -25,27 +26,56 @@ c10::cuda::CUDAStream side_stream(c10::DeviceIndex device) {
 
 }  // namespace
 
+struct SideBySide::Impl {
+  c10::cuda::CUDAGuard guard;
+  c10::cuda::CUDAStream current, second;
+  std::vector<at::cuda::CUDAEvent> events;  // each wait's, alive until the join
+  bool joined = false;
+
+  explicit Impl(const at::Device& device)
+      : guard(device),
+        current(c10::cuda::getCurrentCUDAStream(device.index())),
+        second(side_stream(current.device_index())) {}
+  // `waiter` waits for what `on` holds so far.
+  void order(const c10::cuda::CUDAStream& on, const c10::cuda::CUDAStream& waiter) {
+    events.emplace_back();
+    events.back().record(on);
+    events.back().block(waiter);
+  }
+};
+
+SideBySide::SideBySide(const at::Device& device) {
+  if (!device.is_cuda()) throw std::invalid_argument("hh::kernels::SideBySide: expected a CUDA device");
+  impl_ = std::make_unique<Impl>(device);
+  impl_->order(impl_->current, impl_->second);
+}
+
+SideBySide::~SideBySide() {
+  if (impl_ && !impl_->joined) impl_->order(impl_->second, impl_->current);
+}
+
+void SideBySide::on_side(const std::function<void()>& fn) {
+  const c10::cuda::CUDAStreamGuard on_second(impl_->second);
+  fn();
+}
+
+void SideBySide::current_waits_for_side() { impl_->order(impl_->second, impl_->current); }
+
+void SideBySide::used_on_current(const at::Tensor& t) {
+  if (t.defined() && t.is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), impl_->current);
+}
+
+void SideBySide::join() {
+  if (impl_->joined) return;
+  impl_->order(impl_->second, impl_->current);
+  impl_->joined = true;
+}
+
 void run_side_by_side(const at::Device& device, const std::function<void()>& side, const std::function<void()>& main) {
-  if (!device.is_cuda()) throw std::invalid_argument("hh::kernels::run_side_by_side: expected a CUDA device");
-  const c10::cuda::CUDAGuard guard(device);
-  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
-  const c10::cuda::CUDAStream second = side_stream(current.device_index());
-  at::cuda::CUDAEvent fork, join;
-  fork.record(current);
-  fork.block(second);
-  {
-    const c10::cuda::CUDAStreamGuard on_second(second);
-    side();
-  }
-  try {
-    main();
-  } catch (...) {
-    join.record(second);
-    join.block(current);
-    throw;
-  }
-  join.record(second);
-  join.block(current);
+  SideBySide sb(device);
+  sb.on_side(side);
+  main();  // on an exception the destructor still orders the current stream after the second
+  sb.join();
 }
 
 }  // namespace hh::kernels

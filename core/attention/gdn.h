@@ -12,6 +12,7 @@
 // hand-off is batched matrix work. Both are plain LibTorch ops, so autograd differentiates them, and
 // both take any T (not a multiple of the chunk, shorter than a chunk).
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/util/compat.h"
@@ -85,11 +86,13 @@ GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 // the final state, as gdn does.
 // Given `conv`, q, k and v [B, T, H, D] are the LA heads' projections before their short convolution
 // (kernels::ShortConvInputs): chunk_factors applies it where it can, else its own kernels run first; the
-// same values either way.
+// same values either way. after_factors, where given, is called once chunk_factors is queued, before the
+// scan (a point for another stream to wait on), on the chunk kernels' path only.
 at::Tensor gdn_fused_output(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                             const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
                             const kernels::OutputFusion& fusion, at::Tensor& y,
-                            const kernels::ShortConvInputs* conv = nullptr);
+                            const kernels::ShortConvInputs* conv = nullptr,
+                            const std::function<void()>& after_factors = {});
 #endif
 
 // The op hydrahead::gdn_state_scan, through the dispatcher. P [H, N, Dk, Dk], Z [H, N, Dk, Dv],

@@ -172,6 +172,13 @@ std::vector<HybridWeightEntry> hybrid_weight_table(const model::ModelConfig& cfg
   return t;
 }
 
+namespace {
+bool g_flash_after_factors = true;
+}  // namespace
+
+void set_flash_after_factors(bool on) { g_flash_after_factors = on; }
+bool flash_after_factors() { return g_flash_after_factors; }
+
 at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& o, const HeadSplit& split,
                             const model::LayerWeights& tw, const HybridLayerWeights& w, const at::Tensor& xn,
                             const at::Tensor& inv_freq, bool chunked, HybridLayerCache* cache, bool side_by_side) {
@@ -217,8 +224,14 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     }
   };
 
-  auto fa_branch = [&] {
-    // FA: the teacher's q (q_norm) for these heads over the teacher's keys and values (k_norm).
+  // FA: the teacher's q (q_norm) for these heads over the teacher's keys and values (k_norm), in two
+  // parts: fa_prepare forms the attention's inputs, fa_attend runs it and fuses its output.
+  struct FaInputs {
+    at::Tensor q, kf, vf, gate_pre;  // [B, T, nF, Dh] x 3, [B, T, nF * Dh]
+    at::Tensor pk, pv;               // the cache's keys and values before these
+  };
+  auto fa_prepare = [&] {
+    FaInputs f;
     // Keys and values of the KV groups these heads read only (the groups in order; slot[i] is FA head
     // i's group among them).
     std::vector<int64_t> used, slot;
@@ -276,19 +289,24 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     k = o.fa_rope ? model::norm_rotary(k, tw.k_norm, eps, rope.first, rope.second) : model::norm_fused(k, tw.k_norm, eps);
     if (log_scale.defined() && !q_scaled) q = q * log_scale.view({1, T, 1, 1});
     // Each FA head reads its own KV group: gather the groups into per-head keys (MHA layout).
-    const at::Tensor kf = pick(k, 2, slot), vf = pick(v, 2, slot);  // [B, T, nF, Dh]
-    at::Tensor pk, pv;
+    f.kf = pick(k, 2, slot), f.vf = pick(v, 2, slot);  // [B, T, nF, Dh]
     if (cache != nullptr) {
-      pk = cache->fa_k;
-      pv = cache->fa_v;
+      f.pk = cache->fa_k;
+      f.pv = cache->fa_v;
       // Contiguous copies: kf and vf may be views into the merged projection, which the cache must not keep.
-      cache->fa_k = pk.defined() ? at::cat({pk, kf}, 1) : kf.contiguous();
-      cache->fa_v = pv.defined() ? at::cat({pv, vf}, 1) : vf.contiguous();
+      cache->fa_k = f.pk.defined() ? at::cat({f.pk, f.kf}, 1) : f.kf.contiguous();
+      cache->fa_v = f.pv.defined() ? at::cat({f.pv, f.vf}, 1) : f.vf.contiguous();
     }
-    const at::Tensor o_fa = model::causal_attention(q, kf, vf, scale, pk, pv);  // [B, T, nF, Dh]
-    fuse(o_fa, fa_gate_pre, /*silu_gate=*/false, split.fa);
+    f.q = q;
+    f.gate_pre = fa_gate_pre;
+    return f;
   };
-  auto la_branch = [&] {
+  auto fa_attend = [&](const FaInputs& f) {
+    const at::Tensor o_fa = model::causal_attention(f.q, f.kf, f.vf, scale, f.pk, f.pv);  // [B, T, nF, Dh]
+    fuse(o_fa, f.gate_pre, /*silu_gate=*/false, split.fa);
+  };
+  // after_factors, where given, is called once the rule's first kernel is queued (the fused output's path).
+  auto la_branch = [&](const std::function<void()>& after_factors) {
     at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.la, Dh));  // [B, T, nL*Dh]
     at::Tensor k = at::linear(xn, w.la_k_proj);
     at::Tensor v = at::linear(xn, w.la_v_proj);
@@ -365,8 +383,8 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       fu.eps = eps;
       fu.heads = split.la;
       if (!out.defined()) out = at::empty({B, T, Hq, Dh}, q.options());
-      const at::Tensor state =
-          gdn_fused_output(q, k, v, g, beta, s0, scale, o.gdn_chunk, fu, out, on_kernels ? &conv : nullptr);
+      const at::Tensor state = gdn_fused_output(q, k, v, g, beta, s0, scale, o.gdn_chunk, fu, out,
+                                                on_kernels ? &conv : nullptr, after_factors);
       if (cache != nullptr) cache->la_state = state;
     }
 #endif
@@ -382,12 +400,30 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     // The LA heads on a second stream while the FA heads run on this one: both write their heads into
     // `out`, allocated here before the two start, and keep nothing else past the call.
     out = at::empty({B, T, Hq, Dh}, xn.options());
-    kernels::run_side_by_side(xn.device(), la_branch, fa_branch);
+    if (!flash_after_factors()) {
+      kernels::run_side_by_side(xn.device(), [&] { la_branch({}); }, [&] { fa_attend(fa_prepare()); });
+      return out;
+    }
+    // The FA heads' inputs first, at the second stream's priority; their attention waits for the LA
+    // heads' chunk_factors. Flash attention keeps every SM it gets until it ends: started earlier, it
+    // would hold SMs the LA heads' products and chunk_factors need, and, gated on its inputs alone, those
+    // inputs' small kernels starve behind the LA heads' and release it at no chosen point. From
+    // chunk_factors' end it shares the device with the scan, which leaves some SMs to it.
+    kernels::SideBySide sb(xn.device());
+    FaInputs fa;
+    sb.on_side([&] {
+      fa = fa_prepare();
+      sb.current_waits_for_side();
+      la_branch([&] { sb.current_waits_for_side(); });
+    });
+    for (const at::Tensor* t : {&fa.q, &fa.kf, &fa.vf, &fa.gate_pre}) sb.used_on_current(*t);
+    fa_attend(fa);
+    sb.join();
     return out;
   }
 #endif
-  if (nF > 0) fa_branch();
-  if (nL > 0) la_branch();
+  if (nF > 0) fa_attend(fa_prepare());
+  if (nL > 0) la_branch({});
   if (cache != nullptr) cache->pos += T;
   return out;  // [B, T, Hq, Dh], heads in their original order
 }

@@ -77,21 +77,28 @@ TEST(CudaHybrid, LayerSideBySideEqualsOneAfterTheOther) {
   hh::attention::ConvertOptions co;
   co.seed = 2;
   const HybridModel h = hh::attention::convert(teacher, m, co);
+  // Both orders of the FA heads' attention: after the LA heads' chunk_factors (the default; its inputs
+  // formed on the second stream and read on this one) and after its own inputs alone.
   torch::NoGradGuard no_grad;
   const auto opts = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
-  for (int64_t T : {150, 8192}) {
-    const auto xn = torch::randn({2, T, c.hidden_size}, opts);
-    auto layer = [&](const torch::Tensor& x, bool side_by_side) {
-      return hh::attention::hybrid_attention(c, h.options(), h.splits()[0], teacher.weights().layers[0], h.layers()[0], x,
-                                             teacher.inv_freq(), true, nullptr, side_by_side);
-    };
-    const auto one_after = layer(xn, false);
-    (void)layer(torch::randn_like(xn) * 10, true);  // leaves other values in the memory the next run takes
-    const auto side = layer(xn, true);
-    EXPECT_TRUE(torch::equal(side, one_after)) << "T=" << T << ": max difference "
-                                               << (side.to(torch::kFloat) - one_after.to(torch::kFloat)).abs().max().item<float>();
-    EXPECT_TRUE(torch::isfinite(side).all().item<bool>()) << "T=" << T;
-  }
+  const bool gated_default = hh::attention::flash_after_factors();
+  for (bool gated : {true, false})
+    for (int64_t T : {150, 8192}) {
+      hh::attention::set_flash_after_factors(gated);
+      const auto xn = torch::randn({2, T, c.hidden_size}, opts);
+      auto layer = [&](const torch::Tensor& x, bool side_by_side) {
+        return hh::attention::hybrid_attention(c, h.options(), h.splits()[0], teacher.weights().layers[0], h.layers()[0],
+                                               x, teacher.inv_freq(), true, nullptr, side_by_side);
+      };
+      const auto one_after = layer(xn, false);
+      (void)layer(torch::randn_like(xn) * 10, true);  // leaves other values in the memory the next run takes
+      const auto side = layer(xn, true);
+      const std::string where = "T=" + std::to_string(T) + (gated ? ", gated" : ", ungated");
+      EXPECT_TRUE(torch::equal(side, one_after))
+          << where << ": max difference " << (side.to(torch::kFloat) - one_after.to(torch::kFloat)).abs().max().item<float>();
+      EXPECT_TRUE(torch::isfinite(side).all().item<bool>()) << where;
+    }
+  hh::attention::set_flash_after_factors(gated_default);
 }
 
 }  // namespace
