@@ -81,7 +81,7 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // part in LibTorch (the chunk kernels off), and the scan on TF32 products instead of block float16.
 // kConvApart: the LA heads' short convolution as kernels of its own; kFactorsThreeBlocks: chunk_factors
 // with the convolution inside at three blocks an SM instead of four.
-enum class OtherPath { kLibTorchLocal, kTf32Scan, kConvApart, kFactorsThreeBlocks, kFlashUngated };
+enum class OtherPath { kLibTorchLocal, kTf32Scan, kConvApart, kFactorsThreeBlocks };
 
 // fn() with that path's process-wide switch off, restored after; nothing where the switch changes
 // nothing (a build without the CUDA kernels, or a CPU device), so that no run is timed twice.
@@ -96,13 +96,29 @@ std::optional<double> on_other_path(OtherPath p, const at::Device& dev, Fn&& fn)
   } restore = p == OtherPath::kLibTorchLocal ? Restore{kernels::set_chunk_kernels, kernels::chunk_kernels_enabled()}
               : p == OtherPath::kTf32Scan    ? Restore{kernels::set_block_f16_scan, kernels::block_f16_scan_enabled()}
               : p == OtherPath::kConvApart   ? Restore{kernels::set_conv_in_factors, kernels::conv_in_factors_enabled()}
-              : p == OtherPath::kFlashUngated
-                  ? Restore{attention::set_flash_after_factors, attention::flash_after_factors()}
-                  : Restore{kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled()};
+                                             : Restore{kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled()};
   restore.set(false);
   return fn();
 #else
   (void)p, (void)dev, (void)fn;
+  return std::nullopt;
+#endif
+}
+
+// fn() with the hybrid layer's FA heads' attention gated at `gate`, restored after; nothing off CUDA or
+// without the kernels (the side-by-side path does not run there).
+template <class Fn>
+std::optional<double> on_flash_gate(attention::FlashGate gate, const at::Device& dev, Fn&& fn) {
+#ifdef HH_HAVE_KERNELS
+  if (!dev.is_cuda()) return std::nullopt;
+  struct Restore {
+    attention::FlashGate was = attention::flash_gate();
+    ~Restore() { attention::set_flash_gate(was); }
+  } restore;
+  attention::set_flash_gate(gate);
+  return fn();
+#else
+  (void)gate, (void)dev, (void)fn;
   return std::nullopt;
 #endif
 }
@@ -279,12 +295,13 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     std::printf("  (1-stream b2b: the hybrid back to back with its FA and LA heads one after the other on one\n"
                 "   stream instead of side by side on two; conv-apart b2b: back to back with the LA heads' short\n"
                 "   convolution as kernels of its own instead of inside chunk_factors; cf 4 / 3 b2b: back to back\n"
-                "   with chunk_factors at four (the default) or three blocks an SM; ungated b2b: back to back with\n"
-                "   the FA heads' attention started once its inputs are formed instead of after chunk_factors;\n"
-                "   these three are medians of three rounds that alternate them; CUDA only)\n");
-    std::printf("  %-10s %14s %14s %10s %11s %11s %8s %14s %15s %14s %14s %15s %13s\n", "B x T", "dense ms", "hybrid ms",
+                "   with chunk_factors at four (the default) or three blocks an SM; ungated / after-scan b2b: back\n"
+                "   to back with the FA heads' attention started once its inputs are formed, or after the LA\n"
+                "   heads' scan, instead of after their chunk_factors; these are medians of three rounds that\n"
+                "   alternate them with the default; CUDA only)\n");
+    std::printf("  %-10s %14s %14s %10s %11s %11s %8s %14s %15s %14s %14s %15s %26s\n", "B x T", "dense ms", "hybrid ms",
                 "speed-up", "dense b2b", "hybrid b2b", "b2b x", "1-stream b2b", "conv-apart b2b", "LT-local ms",
-                "TF32-scan ms", "cf 4 / 3 b2b", "ungated b2b");
+                "TF32-scan ms", "cf 4 / 3 b2b", "ungated / after-scan b2b");
     out["layer"] = nlohmann::json::array();
     for (const Shape& s : parse_shapes(a.layer_shapes, "--layer-shapes")) {
       torch::NoGradGuard no_grad;
@@ -322,27 +339,29 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       // chunk_factors at four blocks an SM against three, and the FA heads' attention gated on
       // chunk_factors against on its inputs alone, alternating with the default: the device slows as it
       // warms up.
-      std::vector<double> four, three, ungated;
+      std::vector<double> four, three, ungated, after_scan;
       for (int round = 0; round < 3 && dev.is_cuda(); ++round) {
         four.push_back(back_to_back_ms(dev, a.warmup, a.iters, hybrid_run));
         if (const auto t = on_other_path(OtherPath::kFactorsThreeBlocks, dev,
                                          [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_run); }))
           three.push_back(*t);
-        if (const auto t = on_other_path(OtherPath::kFlashUngated, dev,
-                                         [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_run); }))
-          ungated.push_back(*t);
+        auto b2b = [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_run); };
+        if (const auto t = on_flash_gate(attention::FlashGate::kInputs, dev, b2b)) ungated.push_back(*t);
+        if (const auto t = on_flash_gate(attention::FlashGate::kScan, dev, b2b)) after_scan.push_back(*t);
       }
       auto median_of = [](std::vector<double> v) -> std::optional<double> {
         if (v.empty()) return std::nullopt;
         std::sort(v.begin(), v.end());
         return v[v.size() / 2];
       };
-      const std::optional<double> cf_four = median_of(four), cf_three = median_of(three), fa_ungated = median_of(ungated);
+      const std::optional<double> cf_four = median_of(four), cf_three = median_of(three), fa_ungated = median_of(ungated),
+                                  fa_after_scan = median_of(after_scan);
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
-      std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %15s %14s %14s %15s %13s\n", label.c_str(), dense,
+      std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %15s %14s %14s %15s %26s\n", label.c_str(), dense,
                   hyb, speedup, dense_b2b, hyb_b2b, speedup_b2b, figure(hyb_one_b2b, 2).c_str(),
                   figure(hyb_conv_apart_b2b, 2).c_str(), figure(hyb_lt, 2).c_str(), figure(hyb_tf32, 2).c_str(),
-                  (figure(cf_four, 2) + " / " + figure(cf_three, 2)).c_str(), figure(fa_ungated, 2).c_str());
+                  (figure(cf_four, 2) + " / " + figure(cf_three, 2)).c_str(),
+                  (figure(fa_ungated, 2) + " / " + figure(fa_after_scan, 2)).c_str());
       nlohmann::json layer = {{"B", s.B},          {"T", s.T},         {"dense_ms", dense},
                               {"hybrid_ms", hyb},  {"speedup", speedup}, {"dense_b2b_ms", dense_b2b},
                               {"hybrid_b2b_ms", hyb_b2b}, {"speedup_b2b", speedup_b2b}};
@@ -353,6 +372,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       if (cf_four) layer["hybrid_factors_four_blocks_b2b_ms"] = *cf_four;
       if (cf_three) layer["hybrid_factors_three_blocks_b2b_ms"] = *cf_three;
       if (fa_ungated) layer["hybrid_flash_ungated_b2b_ms"] = *fa_ungated;
+      if (fa_after_scan) layer["hybrid_flash_after_scan_b2b_ms"] = *fa_after_scan;
       out["layer"].push_back(layer);
       if (!a.profile.empty() && out["layer"].size() == parse_shapes(a.layer_shapes, "--layer-shapes").size()) {
         // The hybrid layer at the last (longest) shape, in a trace of its own beside --profile's: on one

@@ -657,7 +657,7 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
                              const at::Tensor& beta, const at::Tensor& s0, double scale, const ChunkLayout& L,
                              bool keep_states, const kernels::OutputFusion* fusion = nullptr, at::Tensor* y = nullptr,
                              const kernels::ShortConvInputs* conv = nullptr,
-                             const std::function<void()>& after_factors = {}) {
+                             const std::function<void(GdnStage)>& on_queued = {}) {
   const int64_t B = q.size(0), T = q.size(1);
   // The chunk kernels read q, k, v, g and beta where they lie; the scan runs between them.
   const kernels::ChunkGrid grid{L.N, L.regular ? L.N / std::max<int64_t>(B, 1) : 0, L.gather};
@@ -673,11 +673,12 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
     throw std::logic_error("hh::attention::kernel_forward: the short convolution inside chunk_factors needs the block float16 history");
   const kernels::ChunkFactors f =
       kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale, conv);
-  if (after_factors) after_factors();
+  if (on_queued) on_queued(GdnStage::kFactors);
   const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, f.bound, s0, L.offsets,
                                      kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
                                                                        : kernels::ScanPrecision::kTf32,
                                      f16_history, keep_states);
+  if (on_queued) on_queued(GdnStage::kScan);
   KernelForward out;
   out.final_state = r.final_state;
   if (fusion != nullptr) kernels::chunk_output_f16_fused(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, *fusion, *y);
@@ -909,7 +910,7 @@ GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 at::Tensor gdn_fused_output(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& g,
                             const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
                             const kernels::OutputFusion& fusion, at::Tensor& y, const kernels::ShortConvInputs* conv,
-                            const std::function<void()>& after_factors) {
+                            const std::function<void(GdnStage)>& on_queued) {
   at::Tensor q = q_in, k = k_in, v = v_in;
   const bool graph = at::GradMode::is_enabled() &&
                      (q.requires_grad() || k.requires_grad() || v.requires_grad() || g.requires_grad() ||
@@ -948,7 +949,7 @@ at::Tensor gdn_fused_output(const at::Tensor& q_in, const at::Tensor& k_in, cons
   const Tf32Scope tf32(use_tf32(q));
   const ChunkLayout L = make_layout(B, T, chunk, {}, q.device());
   return kernel_forward(q, k, v, g, beta, s0, scale, L, /*keep_states=*/false, &fusion, &y, conv_inside ? conv : nullptr,
-                        after_factors)
+                        on_queued)
       .final_state;
 }
 #endif

@@ -86,13 +86,14 @@ GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 // the final state, as gdn does.
 // Given `conv`, q, k and v [B, T, H, D] are the LA heads' projections before their short convolution
 // (kernels::ShortConvInputs): chunk_factors applies it where it can, else its own kernels run first; the
-// same values either way. after_factors, where given, is called once chunk_factors is queued, before the
-// scan (a point for another stream to wait on), on the chunk kernels' path only.
+// same values either way. on_queued, where given, is called with each stage of the chunk kernels' path
+// once that stage's kernels are queued (points for another stream to wait on); on no other path.
+enum class GdnStage { kFactors, kScan };
 at::Tensor gdn_fused_output(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                             const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
                             const kernels::OutputFusion& fusion, at::Tensor& y,
                             const kernels::ShortConvInputs* conv = nullptr,
-                            const std::function<void()>& after_factors = {});
+                            const std::function<void(GdnStage)>& on_queued = {});
 #endif
 
 // The op hydrahead::gdn_state_scan, through the dispatcher. P [H, N, Dk, Dk], Z [H, N, Dk, Dv],

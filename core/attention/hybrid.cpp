@@ -173,11 +173,11 @@ std::vector<HybridWeightEntry> hybrid_weight_table(const model::ModelConfig& cfg
 }
 
 namespace {
-bool g_flash_after_factors = true;
+FlashGate g_flash_gate = FlashGate::kFactors;
 }  // namespace
 
-void set_flash_after_factors(bool on) { g_flash_after_factors = on; }
-bool flash_after_factors() { return g_flash_after_factors; }
+void set_flash_gate(FlashGate gate) { g_flash_gate = gate; }
+FlashGate flash_gate() { return g_flash_gate; }
 
 at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& o, const HeadSplit& split,
                             const model::LayerWeights& tw, const HybridLayerWeights& w, const at::Tensor& xn,
@@ -305,8 +305,8 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     const at::Tensor o_fa = model::causal_attention(f.q, f.kf, f.vf, scale, f.pk, f.pv);  // [B, T, nF, Dh]
     fuse(o_fa, f.gate_pre, /*silu_gate=*/false, split.fa);
   };
-  // after_factors, where given, is called once the rule's first kernel is queued (the fused output's path).
-  auto la_branch = [&](const std::function<void()>& after_factors) {
+  // on_queued, where given, is called as the rule's stages are queued (the fused output's path).
+  auto la_branch = [&](const std::function<void(GdnStage)>& on_queued) {
     at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.la, Dh));  // [B, T, nL*Dh]
     at::Tensor k = at::linear(xn, w.la_k_proj);
     at::Tensor v = at::linear(xn, w.la_v_proj);
@@ -384,7 +384,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       fu.heads = split.la;
       if (!out.defined()) out = at::empty({B, T, Hq, Dh}, q.options());
       const at::Tensor state = gdn_fused_output(q, k, v, g, beta, s0, scale, o.gdn_chunk, fu, out,
-                                                on_kernels ? &conv : nullptr, after_factors);
+                                                on_kernels ? &conv : nullptr, on_queued);
       if (cache != nullptr) cache->la_state = state;
     }
 #endif
@@ -400,21 +400,24 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     // The LA heads on a second stream while the FA heads run on this one: both write their heads into
     // `out`, allocated here before the two start, and keep nothing else past the call.
     out = at::empty({B, T, Hq, Dh}, xn.options());
-    if (!flash_after_factors()) {
+    const FlashGate gate = flash_gate();
+    if (gate == FlashGate::kInputs) {
       kernels::run_side_by_side(xn.device(), [&] { la_branch({}); }, [&] { fa_attend(fa_prepare()); });
       return out;
     }
-    // The FA heads' inputs first, at the second stream's priority; their attention waits for the LA
-    // heads' chunk_factors. Flash attention keeps every SM it gets until it ends: started earlier, it
+    // The FA heads' inputs first, at the second stream's priority; their attention waits for a chosen
+    // stage of the LA heads. Flash attention keeps every SM it gets until it ends: started earlier, it
     // would hold SMs the LA heads' products and chunk_factors need, and, gated on its inputs alone, those
-    // inputs' small kernels starve behind the LA heads' and release it at no chosen point. From
-    // chunk_factors' end it shares the device with the scan, which leaves some SMs to it.
+    // inputs' small kernels starve behind the LA heads' and release it at no chosen point.
+    const GdnStage after = gate == FlashGate::kScan ? GdnStage::kScan : GdnStage::kFactors;
     kernels::SideBySide sb(xn.device());
     FaInputs fa;
     sb.on_side([&] {
       fa = fa_prepare();
       sb.current_waits_for_side();
-      la_branch([&] { sb.current_waits_for_side(); });
+      la_branch([&](GdnStage s) {
+        if (s == after) sb.current_waits_for_side();
+      });
     });
     for (const at::Tensor* t : {&fa.q, &fa.kf, &fa.vf, &fa.gate_pre}) sb.used_on_current(*t);
     fa_attend(fa);

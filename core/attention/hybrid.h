@@ -84,9 +84,11 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
                             const at::Tensor& inv_freq, bool chunked = true, HybridLayerCache* cache = nullptr,
                             bool side_by_side = true);
 
-// With side_by_side on CUDA: the FA heads' attention starts once the LA heads' chunk_factors is done
-// (on, the default), or once its own inputs are (off). For timing one against the other.
-void set_flash_after_factors(bool on);
-bool flash_after_factors();
+// With side_by_side on CUDA, when the FA heads' attention may start: once its own inputs are formed
+// (kInputs), once the LA heads' chunk_factors is done too (kFactors, the default), or their scan
+// (kScan). The result is the same; for timing one against another.
+enum class FlashGate { kInputs, kFactors, kScan };
+void set_flash_gate(FlashGate gate);
+FlashGate flash_gate();
 
 }  // namespace hh::attention

@@ -77,14 +77,16 @@ TEST(CudaHybrid, LayerSideBySideEqualsOneAfterTheOther) {
   hh::attention::ConvertOptions co;
   co.seed = 2;
   const HybridModel h = hh::attention::convert(teacher, m, co);
-  // Both orders of the FA heads' attention: after the LA heads' chunk_factors (the default; its inputs
-  // formed on the second stream and read on this one) and after its own inputs alone.
+  // Every gate of the FA heads' attention: after its own inputs alone, after the LA heads'
+  // chunk_factors (the default) or their scan (with its inputs formed on the second stream and read on
+  // this one).
   torch::NoGradGuard no_grad;
   const auto opts = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
-  const bool gated_default = hh::attention::flash_after_factors();
-  for (bool gated : {true, false})
+  using hh::attention::FlashGate;
+  const FlashGate gate_default = hh::attention::flash_gate();
+  for (FlashGate gate : {FlashGate::kInputs, FlashGate::kFactors, FlashGate::kScan})
     for (int64_t T : {150, 8192}) {
-      hh::attention::set_flash_after_factors(gated);
+      hh::attention::set_flash_gate(gate);
       const auto xn = torch::randn({2, T, c.hidden_size}, opts);
       auto layer = [&](const torch::Tensor& x, bool side_by_side) {
         return hh::attention::hybrid_attention(c, h.options(), h.splits()[0], teacher.weights().layers[0], h.layers()[0],
@@ -93,12 +95,12 @@ TEST(CudaHybrid, LayerSideBySideEqualsOneAfterTheOther) {
       const auto one_after = layer(xn, false);
       (void)layer(torch::randn_like(xn) * 10, true);  // leaves other values in the memory the next run takes
       const auto side = layer(xn, true);
-      const std::string where = "T=" + std::to_string(T) + (gated ? ", gated" : ", ungated");
+      const std::string where = "T=" + std::to_string(T) + ", gate " + std::to_string(static_cast<int>(gate));
       EXPECT_TRUE(torch::equal(side, one_after))
           << where << ": max difference " << (side.to(torch::kFloat) - one_after.to(torch::kFloat)).abs().max().item<float>();
       EXPECT_TRUE(torch::isfinite(side).all().item<bool>()) << where;
     }
-  hh::attention::set_flash_after_factors(gated_default);
+  hh::attention::set_flash_gate(gate_default);
 }
 
 }  // namespace
