@@ -77,6 +77,9 @@ GdnBackward gdn_backward();
 GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
               const at::Tensor& initial_state, double scale, int64_t chunk = 64);
 
+// The stages of the rule on the chunk kernels, in the order they are queued.
+enum class GdnStage { kFactors, kScan };
+
 #ifdef HH_HAVE_KERNELS
 // Inference: gdn's output passed straight through the fusion norm into y (kernels::OutputFusion: the
 // gate before its activation, gamma, the activation, eps and each head's place in y), without o being
@@ -88,7 +91,6 @@ GdnOutput gdn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 // (kernels::ShortConvInputs): chunk_factors applies it where it can, else its own kernels run first; the
 // same values either way. on_queued, where given, is called with each stage of the chunk kernels' path
 // once that stage's kernels are queued (points for another stream to wait on); on no other path.
-enum class GdnStage { kFactors, kScan };
 at::Tensor gdn_fused_output(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                             const at::Tensor& beta, const at::Tensor& initial_state, double scale, int64_t chunk,
                             const kernels::OutputFusion& fusion, at::Tensor& y,
