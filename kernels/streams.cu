@@ -51,7 +51,11 @@ SideBySide::SideBySide(const at::Device& device) {
 }
 
 SideBySide::~SideBySide() {
-  if (impl_ && !impl_->joined) impl_->order(impl_->second, impl_->current);
+  if (!impl_ || impl_->joined) return;
+  try {
+    impl_->order(impl_->second, impl_->current);
+  } catch (...) {  // unwinding from an error already: the device's own error is the one to report
+  }
 }
 
 void SideBySide::on_side(const std::function<void()>& fn) {
