@@ -311,8 +311,11 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     // holds (ten back-to-back calls of a short layer end before it bites). Where NVML reads the device,
     // also the energy a call (the device updates its counter every 20-100 ms); at the limit, time
     // follows energy.
-    const util::GpuEnergy energy(static_cast<unsigned>(dev.is_cuda() ? std::max<int>(0, dev.index()) : 0));
-    if (dev.is_cuda() && !energy.available()) std::printf("  (no energy figures: %s)\n", energy.why_unavailable().c_str());
+    std::optional<util::GpuEnergy> energy;  // CUDA only: the driver's library is not loaded for a CPU run
+    if (dev.is_cuda()) {
+      energy.emplace(static_cast<unsigned>(std::max<int>(0, dev.index())));
+      if (!energy->available()) std::printf("  (no energy figures: %s)\n", energy->why_unavailable().c_str());
+    }
     struct Sustained {
       double ms;                            // a call, over the batch
       std::optional<double> joules, watts;  // a call's, and the mean power over the batch
@@ -322,10 +325,10 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       const int n = std::max(10, static_cast<int>(std::ceil(2000.0 / std::max(ms, 0.01))));
       sync_device(dev);
       const auto t0 = std::chrono::steady_clock::now();
-      const std::optional<uint64_t> e0 = energy.millijoules();
+      const std::optional<uint64_t> e0 = energy->millijoules();
       for (int i = 0; i < n; ++i) run();
       sync_device(dev);
-      const std::optional<uint64_t> e1 = energy.millijoules();
+      const std::optional<uint64_t> e1 = energy->millijoules();
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       Sustained r{seconds * 1e3 / n, std::nullopt, std::nullopt};
       if (e0 && e1 && *e1 >= *e0) {
