@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/chunk_common.cuh"
 #include "kernels/device_ops.cuh"
 #include "kernels/fused_ops.h"
 
@@ -234,6 +235,7 @@ __global__ void __launch_bounds__(DK)
 ScanKernel g_scan_kernel = ScanKernel::kLowRank;
 int64_t g_scan_segments = kAutoSegments;  // set_scan_segments
 int g_scan_columns = 0;                    // set_scan_columns
+bool g_output_in_scan = true;              // set_output_in_scan
 
 template <int DK>
 void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, at::Tensor& hist, at::Tensor& fin,
@@ -536,10 +538,13 @@ __global__ void __launch_bounds__(2 * DK)
 // STAGES slots: three hide the copies' latency best for a block alone on its SM; two let two blocks
 // share an SM (the segmented scan with 16-column slices, which has more blocks than SMs). BV: the
 // state's columns a block owns (16 or 32; 32 reads each chunk's factors from shared memory once for
-// twice the columns).
-template <int DK, int STAGES, int BV_>
+// twice the columns). OUT: the forward writing its output (LowRankScanArgs::output), whose slots hold the
+// chunk's Qd [C][DK] (boxed and swizzled as A and B) and Aq [C][C] (one box of 128-byte rows) where Z
+// would be (the forward has none), and aq_inv beside the decay.
+template <int DK, int STAGES, int BV_, bool OUT_ = false>
 struct F16Ring {
   static constexpr int C = kLowRankChunk, BV = BV_, kStages = STAGES, LDH = BV + 8;
+  static constexpr bool OUT = OUT_;
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2;  // swizzle width in bytes = one box row
   static constexpr int kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
   static_assert(kBoxes * kBoxCols == DK, "the factors' rows are whole boxes");
@@ -551,7 +556,9 @@ struct F16Ring {
   static constexpr int kSliceSwizzle = BV * 4;
   static_assert(kSliceSwizzle == 64 || kSliceSwizzle == 128, "the slices' swizzle width");
   static_assert(kTile % 1024 == 0 && kU % 1024 == 0, "U and Z 1024-byte aligned in the slot");
-  static constexpr size_t kSlot = (2 * kTile + kU + kZ + 16 + 1023) / 1024 * 1024;
+  static constexpr size_t kAq = static_cast<size_t>(C) * C * 2;
+  static constexpr size_t kFourth = OUT ? kTile + kAq : kZ;  // Z, or Qd and Aq
+  static constexpr size_t kSlot = (2 * kTile + kU + kFourth + 16 + 1023) / 1024 * 1024;
   // Ahead of the slots: the barriers (full, empty), Yh [DK][LDH] and Mh [C][LDH] (float16), the
   // inverse scales of Y's (DK / 16) x (BV / 16) blocks (padded to a multiple of 4) and of M's
   // (C / 16) x (BV / 8) tiles, and the chunk the scan starts from.
@@ -565,7 +572,10 @@ struct F16Ring {
   __device__ __forceinline__ char* B(int b) const { return A(b) + kTile; }
   __device__ __forceinline__ float* U(int b) const { return reinterpret_cast<float*>(B(b) + kTile); }
   __device__ __forceinline__ float* Z(int b) const { return U(b) + C * BV; }
-  __device__ __forceinline__ float* decay(int b) const { return Z(b) + DK * BV; }
+  __device__ __forceinline__ char* Qd(int b) const { return reinterpret_cast<char*>(U(b) + C * BV); }
+  __device__ __forceinline__ char* Aq(int b) const { return Qd(b) + kTile; }
+  __device__ __forceinline__ float* decay(int b) const { return reinterpret_cast<float*>(Qd(b) + kFourth); }
+  __device__ __forceinline__ float* aq_inv(int b) const { return decay(b) + 1; }
 };
 
 // K inverse scales from shared memory (16-byte aligned) by the widest loads that divide K.
@@ -588,7 +598,17 @@ __device__ __forceinline__ void load_scales(float (&dst)[K], const float* src) {
 // row width BV * 4); has_u, has_z say which of U and Z there are.
 struct ScanMaps {
   CUtensorMap A, B, U, Z;
+  CUtensorMap Qd, Aq;  // the output's factors (OUT)
   bool has_u, has_z;
+};
+
+// Where the forward's output goes (OUT): o [rows, H, Dv] of the inputs' 16-bit type (bfloat16 when
+// bf16, else float16), chunk n's slot r at row rows(n, r) (none for padding); aq_inv [H, N].
+struct ScanOut {
+  const float* aq_inv;
+  void* o;
+  SlotRows rows;
+  bool bf16;
 };
 
 // The chunks' start states and new values as the scan's products use them (LowRankScanArgs::S16 and
@@ -637,12 +657,17 @@ __device__ int64_t warmup_start(const float* decay, const float* bound, int64_t 
 
 // One block per (segment, BV-column slice of the state) and head: blockIdx.x = segment * (Dv / BV) +
 // slice. segs holds (sequence, lo, hi) per segment; offsets the sequences' chunk ranges.
-template <int DK, int STAGES, int BV>
+// OUT (the forward only): each chunk's output columns of the slice, o = Qd S_n + aq_inv Aq M_n, as
+// chunk_output_f16 forms it from S16 and M16 (the same float16 operands, scales and order of sums): the
+// warp's step (1) tiles of o, Qd's product beside B's on Y's same fragments in step (1), Aq's on M's
+// in step (2).
+template <int DK, int STAGES, int BV, bool OUT>
 __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     low_rank_scan_f16_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay,
                              const float* __restrict__ bound, const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
                              float* __restrict__ fin, const int64_t* __restrict__ offsets,
-                             const int64_t* __restrict__ segs, int H, int64_t N, int Dv, bool reverse, F16History h16) {
+                             const int64_t* __restrict__ segs, int H, int64_t N, int Dv, bool reverse, F16History h16,
+                             ScanOut so) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the copy engine and its barriers: Hopper on
   // Compute warp w owns state rows 16w..16w+15 (row block w of Y, all BV columns) in step (2). Step (1)
   // splits M's (C / 16) x NTB tiles of 16 rows by 8 columns into runs of T1 consecutive tiles (row
@@ -653,7 +678,7 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   static_assert(T1 >= 1 && (C / 16) * NTB % NW == 0 && T1 % NTW == 0, "step (1) tiles must divide among the warps");
   // Y's and M's 16-bit rows padded by 8 elements (16 bytes) for conflict-free ldmatrix: 8 consecutive
   // rows start in distinct 16-byte bank groups; the factors' tiles are swizzled instead (swizzled<>).
-  using Ring = F16Ring<DK, STAGES, BV>;
+  using Ring = F16Ring<DK, STAGES, BV, OUT>;
   constexpr int LDH = Ring::LDH, SW = Ring::SW, SWF = Ring::kSliceSwizzle;
   extern __shared__ float4 smem4[];
   // The swizzled tiles need 1024-byte alignment: from the first such address on.
@@ -694,19 +719,23 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     // The producer (one thread): chunk i into slot i % STAGES once every compute warp has released the
     // slot's previous chunk. It stores the decay, announces the bytes and issues the boxes.
     if (lane != 0) return;
-    const unsigned bytes = 2 * Ring::kTile + (maps.has_u ? Ring::kU : 0) + (maps.has_z ? Ring::kZ : 0);
+    const unsigned bytes = 2 * Ring::kTile + (maps.has_u ? Ring::kU : 0) + (maps.has_z ? Ring::kZ : 0) +
+                           (OUT ? Ring::kTile + Ring::kAq : 0);
     int b = 0;
     unsigned round = 0;
     for (int64_t i = 0; i < count; ++i) {
       if (round > 0) mbar_wait(&empty[b], (round - 1) & 1);
       const int64_t c = static_cast<int64_t>(h) * N + chunk(i);
       *ring.decay(b) = decay[c];
+      if constexpr (OUT) *ring.aq_inv(b) = so.aq_inv[c];
       mbar_arrive_expect_tx(&full[b], bytes);
       const int row = static_cast<int>(c * C);
       for (int x = 0; x < Ring::kBoxes; ++x) {
         tma_load_2d(ring.A(b) + x * C * SW, &maps.A, x * Ring::kBoxCols, row, &full[b]);
         tma_load_2d(ring.B(b) + x * C * SW, &maps.B, x * Ring::kBoxCols, row, &full[b]);
+        if constexpr (OUT) tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
       }
+      if constexpr (OUT) tma_load_2d(ring.Aq(b), &maps.Aq, 0, row, &full[b]);
       if (maps.has_u) tma_load_2d(ring.U(b), &maps.U, col0, row, &full[b]);
       if (maps.has_z) tma_load_2d(ring.Z(b), &maps.Z, col0, static_cast<int>(c * DK), &full[b]);
       if (++b == STAGES) b = 0, ++round;
@@ -789,15 +818,18 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     float yinv[NW * QB];
     load_scales(yinv, y_inv);
 
-    // (1) M = U_n - B_n Y, tile by tile: one product per block of Y, unscaled into the float32 sum.
+    // (1) M = U_n - B_n Y, tile by tile: one product per block of Y, unscaled into the float32 sum;
+    // with OUT, Qd S_n on the same fragments of Y into oq.
+    float oq[MT][NTW][4] = {};
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi) {
       const int m = (mfirst + mi) * 16;
       float acc[NTW][4] = {};
 #pragma unroll
       for (int j = 0; j < NW; ++j) {
-        unsigned a[4];
+        unsigned a[4], aq[4];
         ldmatrix_x4(a, Bn + swizzled<SW, C>(m + a_row, 16 * j + a_col));
+        if constexpr (OUT) ldmatrix_x4(aq, ring.Qd(buf) + swizzled<SW, C>(m + a_row, 16 * j + a_col));
 #pragma unroll
         for (int ni = 0; ni < NTW; ++ni) {
           const int nt = ntfirst + ni;
@@ -811,6 +843,12 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
           const float sy = QB == 1 || nt < 2 ? yinv[j * QB] : yinv[j * QB + QB - 1];
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[ni][e] = fmaf(part[e], sy, acc[ni][e]);
+          if constexpr (OUT) {
+            float pq[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_f16(pq, aq, b);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) oq[mi][ni][e] = fmaf(pq[e], sy, oq[mi][ni][e]);
+          }
         }
       }
 #pragma unroll
@@ -875,9 +913,12 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
         }
       }
     }
-    // This warp is done with the slot (step (1) read B and U, step (2) A, Z and the decay).
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[buf]);
+    // This warp is done with the slot (step (1) read B and U, step (2) A, Z and the decay); with OUT, once
+    // its output's product has read Aq, below.
+    if constexpr (!OUT) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[buf]);
+    }
 #pragma unroll
     for (int i2 = 0; i2 < C / 16; ++i2)
 #pragma unroll
@@ -895,6 +936,50 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     if (hist_at != nullptr) hist_at += step_state;
     if (mout_at != nullptr) mout_at += step_rows;
     publish_y(i + 1 < count && i + 1 >= skip);
+    if constexpr (OUT) {
+      // After the state's update, whose products' registers are free by now: o = Qd S_n + aq_inv Aq M_n
+      // for the warp's step (1) tiles, Aq's product over M's row blocks i <= the tile's (Aq is zero above
+      // its diagonal), each 16-deep product scaled by its M tile's inverse scale.
+      const float a_inv = *ring.aq_inv(buf);
+      const int64_t n = chunk(i);
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) {
+        const int m = (mfirst + mi) * 16;
+        float am[NTW][4] = {};
+#pragma unroll 4
+        for (int i2 = 0; i2 <= m / 16; ++i2) {
+          unsigned a[4];
+          ldmatrix_x4(a, ring.Aq(buf) + swizzled<128, C>(m + a_row, 16 * i2 + a_col));
+#pragma unroll
+          for (int ni = 0; ni < NTW; ++ni) {
+            const int nt = ntfirst + ni;
+            unsigned b[2];
+            ldmatrix_x2_trans(b, Mh + (16 * i2 + lane % 16) * LDH + nt * 8);
+            float pa[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_f16(pa, a, b);
+            const float x = m_inv[i2 * NTB + nt];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) am[ni][e] = fmaf(pa[e], x, am[ni][e]);
+          }
+        }
+        if (write) {
+          const int64_t r0 = so.rows(n, m + g), r1 = so.rows(n, m + g + 8);
+#pragma unroll
+          for (int ni = 0; ni < NTW; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; e += 2) {
+              const int64_t row = e < 2 ? r0 : r1;
+              if (row < 0) continue;
+              const int64_t at = (row * H + h) * Dv + col0 + col_of(ntfirst + ni, e);
+              const float x0 = fmaf(a_inv, am[ni][e], oq[mi][ni][e]), x1 = fmaf(a_inv, am[ni][e + 1], oq[mi][ni][e + 1]);
+              if (so.bf16) *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(so.o) + at) = __floats2bfloat162_rn(x0, x1);
+              else *reinterpret_cast<__half2*>(static_cast<__half*>(so.o) + at) = __floats2half2_rn(x0, x1);
+            }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[buf]);  // the slot's Qd and Aq read
+    }
     if (++buf == STAGES) buf = 0, ++round;
   }
   if (last) store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
@@ -938,7 +1023,7 @@ CUtensorMap tensor_map_2d(const at::Tensor& x, int64_t box_rows, int64_t box_col
 }
 template <int DK, int BV>
 ScanMaps scan_maps(const LowRankScanArgs& a) {
-  using Ring = F16Ring<DK, 3, BV>;
+  using Ring = F16Ring<DK, 3, BV>;  // the boxes do not depend on the ring's depth or OUT
   const CUtensorMapSwizzle sw = Ring::SW == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
                                 : Ring::SW == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
                                                  : CU_TENSOR_MAP_SWIZZLE_32B;
@@ -950,6 +1035,10 @@ ScanMaps scan_maps(const LowRankScanArgs& a) {
   m.has_z = a.Z.defined();
   if (m.has_u) m.U = tensor_map_2d(a.U, Ring::C, Ring::BV, slice_sw, "U");
   if (m.has_z) m.Z = tensor_map_2d(a.Z, DK, Ring::BV, slice_sw, "Z");
+  if (a.output.o.defined()) {
+    m.Qd = tensor_map_2d(a.output.Qd, Ring::C, Ring::kBoxCols, sw, "Qd");
+    m.Aq = tensor_map_2d(a.output.Aq, Ring::C, Ring::C, CU_TENSOR_MAP_SWIZZLE_128B, "Aq");
+  }
   return m;
 }
 
@@ -963,21 +1052,27 @@ struct ScanPlan {
   int columns = 16;
 };
 
-template <int DK, int STAGES, int BV>
+template <int DK, int STAGES, int BV, bool OUT>
 void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
   const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
-  constexpr size_t smem = F16Ring<DK, STAGES, BV>::kBytes;
-  auto kernel = low_rank_scan_f16_kernel<DK, STAGES, BV>;
+  constexpr size_t smem = F16Ring<DK, STAGES, BV, OUT>::kBytes;
+  static_assert(smem <= 227 * 1024, "the ring must fit in an SM's shared memory");
+  auto kernel = low_rank_scan_f16_kernel<DK, STAGES, BV, OUT>;
+  ScanOut so{};
+  if constexpr (OUT) {
+    const LowRankScanArgs::Output& o = a.output;
+    so = {o.aq_inv.data_ptr<float>(), o.o.data_ptr(), slot_rows(o.grid, o.B, o.T), o.o.scalar_type() == at::kBFloat16};
+  }
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
   const int64_t* table = plan.table.data_ptr<int64_t>();
   const dim3 grid(static_cast<unsigned>(plan.segments * (Dv / BV)), static_cast<unsigned>(H));
   kernel<<<grid, 2 * DK + 32, smem, at::cuda::getCurrentCUDAStream()>>>(
       scan_maps<DK, BV>(a), a.decay.data_ptr<float>(), ptr(a.bound), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M), fin.data_ptr<float>(),
-      table, table + S + 1, H, N, Dv, a.reverse, h16);
+      table, table + S + 1, H, N, Dv, a.reverse, h16, so);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -992,9 +1087,15 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
     if (a.precision == ScanPrecision::kBlockFloat16) {
       if (!copy_engine_available())
         throw std::invalid_argument("hh::kernels::low_rank_scan: block float16 products need compute capability 9.0 (Hopper)");
-      if (plan.columns == 32) launch_low_rank_scan_f16<DK, 3, 32>(a, plan, fin);
-      else if (plan.two_stages) launch_low_rank_scan_f16<DK, 2, 16>(a, plan, fin);
-      else launch_low_rank_scan_f16<DK, 3, 16>(a, plan, fin);
+      // With the output, two blocks no longer fit an SM (their slots hold Qd and Aq): three slots.
+      if (a.output.o.defined()) {
+        if constexpr (DK >= 64) {  // chunk_factors' head sizes (low_rank_scan refuses the output for others)
+          if (plan.columns == 32) launch_low_rank_scan_f16<DK, 3, 32, true>(a, plan, fin);
+          else launch_low_rank_scan_f16<DK, 3, 16, true>(a, plan, fin);
+        }
+      } else if (plan.columns == 32) launch_low_rank_scan_f16<DK, 3, 32, false>(a, plan, fin);
+      else if (plan.two_stages) launch_low_rank_scan_f16<DK, 2, 16, false>(a, plan, fin);
+      else launch_low_rank_scan_f16<DK, 3, 16, false>(a, plan, fin);
       return;
     }
   }
@@ -1494,6 +1595,8 @@ void set_scan_columns(int columns) {
   g_scan_columns = columns;
 }
 int scan_columns() { return g_scan_columns; }
+void set_output_in_scan(bool on) { g_output_in_scan = on; }
+bool output_in_scan_enabled() { return g_output_in_scan; }
 
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv) {
   return C == kLowRankChunk && (Dk == 32 || Dk == 64 || Dk == 128) && Dv > 0 && Dv % 16 == 0;
@@ -1577,6 +1680,29 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       want(a.M16, "M16", at::kHalf, {H, N, C, Dv});
       want(a.M_inv, "M_inv", at::kFloat, {H, N, C / 16, Dv / 8});
     }
+    const LowRankScanArgs::Output& o = a.output;
+    if (o.o.defined()) {
+      if (a.precision != ScanPrecision::kBlockFloat16 || a.reverse || a.Z.defined())
+        throw std::invalid_argument("hh::kernels::low_rank_scan: the output is written by the forward block float16 scan only (no Z)");
+      if (Dk != 64 && Dk != 128)
+        throw std::invalid_argument("hh::kernels::low_rank_scan: the output needs Dk 64 or 128 (chunk_factors' head sizes)");
+      want(o.Qd, "output.Qd", at::kHalf, {H, N, C, Dk});
+      want(o.Aq, "output.Aq", at::kHalf, {H, N, C, C});
+      want(o.aq_inv, "output.aq_inv", at::kFloat, {H, N});
+      check(o.o, "output.o");
+      if ((o.o.scalar_type() != at::kBFloat16 && o.o.scalar_type() != at::kHalf) ||
+          o.o.sizes() != at::IntArrayRef({o.B, o.T, H, Dv}))
+        throw std::invalid_argument("hh::kernels::low_rank_scan: output.o must be bfloat16 or float16 [B, T, H, Dv] = " +
+                                    c10::str(at::IntArrayRef({o.B, o.T, H, Dv})) + ", got " +
+                                    c10::toString(o.o.scalar_type()) + " " + c10::str(o.o.sizes()));
+      if (o.grid.N != N)
+        throw std::invalid_argument("hh::kernels::low_rank_scan: output.grid has " + std::to_string(o.grid.N) +
+                                    " chunks, the factors " + std::to_string(N));
+      (void)slot_rows(o.grid, o.B, o.T);  // checks the grid against B and T
+      for (const at::Tensor* x : {&o.Qd, &o.Aq})
+        if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
+          throw std::invalid_argument("hh::kernels::low_rank_scan: output.Qd and output.Aq must be 16-byte aligned");
+    }
   }
   const c10::cuda::CUDAGuard guard(a.A.device());
   at::Tensor fin = at::empty_like(a.y0);
@@ -1589,9 +1715,10 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   const int64_t blocks_whole = (Dv / plan.columns) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   int64_t longest = 0;
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
-  const int64_t len = a.segment == kAutoSegments
-                          ? auto_segment_chunks(blocks_whole, longest, (plan.columns == 16 ? 2 : 1) * sms)
-                          : a.segment;
+  // Two blocks of 16 columns share an SM, except with the output (three slots of Qd and Aq besides).
+  const bool two_a_sm = plan.columns == 16 && !a.output.o.defined();
+  const int64_t len = a.segment == kAutoSegments ? auto_segment_chunks(blocks_whole, longest, (two_a_sm ? 2 : 1) * sms)
+                                                 : a.segment;
   std::vector<int64_t> table(offsets);
   for (int64_t s = 0; s < S; ++s) {
     const int64_t n0 = offsets[s], n1 = offsets[s + 1];
@@ -1602,7 +1729,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     for (int64_t lo = n0; lo < n1; lo += len) table.insert(table.end(), {s, lo, std::min(lo + len, n1)});
   }
   plan.segments = static_cast<int64_t>(table.size() - offsets.size()) / 3;
-  plan.two_stages = plan.columns == 16 && a.segment != 0 && plan.segments * (Dv / 16) * H > sms;
+  plan.two_stages = two_a_sm && a.segment != 0 && plan.segments * (Dv / 16) * H > sms;
   if (plan.segments * (Dv / plan.columns) > std::numeric_limits<int32_t>::max())
     throw std::invalid_argument("hh::kernels::low_rank_scan: more than 2^31 - 1 blocks of segments");
   plan.table = at::tensor(at::ArrayRef<int64_t>(table), at::TensorOptions().dtype(at::kLong))

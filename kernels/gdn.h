@@ -82,6 +82,18 @@ struct LowRankScanArgs {
   // where every transition has norm <= its decay, as the gated delta rule's has under its contract
   // (L2-normalised keys, beta in [0, 2], g <= 0). chunk_factors' bound holds for any input.
   at::Tensor bound;
+  // The forward's output, written by the scan itself (kBlockFloat16, forward, no Z; given o): every
+  // chunk's o = Qd S_n + aq_inv Aq M_n from chunk_factors' output factors (ChunkFactors::Qd, Aq, aq_inv
+  // below), formed from the block float16 start state and new values the scan's own products use, so bit
+  // for bit chunk_output_f16's o from the history S16 and M16 (which need then not be written). o [B, T,
+  // H, Dv] bfloat16 or float16, contiguous, written at the rows `grid` gives the chunks' slots (B
+  // sequences of T tokens; padding slots are not written). One read of Qd and Aq a column slice, instead
+  // of the history written, read back and a kernel of its own.
+  struct Output {
+    at::Tensor Qd, Aq, aq_inv, o;
+    ChunkGrid grid;
+    int64_t B = 0, T = 0;
+  } output;
 };
 constexpr int64_t kAutoSegments = -1;
 // The minimum segment length kAutoSegments picks, in chunks, so that warm-ups stay a small share.
@@ -100,6 +112,11 @@ int64_t scan_segments();
 // shared memory once for twice the columns, the scan's limit when its blocks share an SM.
 void set_scan_columns(int columns);
 int scan_columns();
+// Whether the rule's forward has its block float16 scan write the output (LowRankScanArgs::output)
+// instead of handing the history to chunk_output_f16 (process-wide, on by default; off for benchmarks).
+// Given the fusion norm (gdn_fused_output), the scan's o then goes through fusion_norm_forward_into.
+void set_output_in_scan(bool on);
+bool output_in_scan_enabled();
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
 

@@ -83,8 +83,9 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // The other paths a CUDA run also times, for a comparison in the same run: the forward's chunk-local
 // part in LibTorch (the chunk kernels off), and the scan on TF32 products instead of block float16.
 // kConvApart: the LA heads' short convolution as kernels of its own; kFactorsThreeBlocks: chunk_factors
-// with the convolution inside at three blocks an SM instead of four.
-enum class OtherPath { kLibTorchLocal, kTf32Scan, kConvApart, kFactorsThreeBlocks };
+// with the convolution inside at three blocks an SM instead of four; kOutputApart: the output formed by
+// chunk_output_f16 (fused with the norm in the layer) from the scan's history instead of by the scan.
+enum class OtherPath { kLibTorchLocal, kTf32Scan, kConvApart, kFactorsThreeBlocks, kOutputApart };
 
 // fn() with that path's process-wide switch off, restored after; nothing where the switch changes
 // nothing (a build without the CUDA kernels, or a CPU device), so that no run is timed twice.
@@ -99,6 +100,7 @@ std::optional<double> on_other_path(OtherPath p, const at::Device& dev, Fn&& fn)
   } restore = p == OtherPath::kLibTorchLocal ? Restore{kernels::set_chunk_kernels, kernels::chunk_kernels_enabled()}
               : p == OtherPath::kTf32Scan    ? Restore{kernels::set_block_f16_scan, kernels::block_f16_scan_enabled()}
               : p == OtherPath::kConvApart   ? Restore{kernels::set_conv_in_factors, kernels::conv_in_factors_enabled()}
+              : p == OtherPath::kOutputApart ? Restore{kernels::set_output_in_scan, kernels::output_in_scan_enabled()}
                                              : Restore{kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled()};
   restore.set(false);
   return fn();
@@ -124,6 +126,13 @@ std::optional<double> on_flash_gate(attention::FlashGate gate, const at::Device&
   (void)gate, (void)dev, (void)fn;
   return std::nullopt;
 #endif
+}
+
+// The median of v (the upper one of an even count), or nothing for none.
+std::optional<double> median_of(std::vector<double> v) {
+  if (v.empty()) return std::nullopt;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 // x with `decimals` decimals, or "-" for a figure not taken.
@@ -186,10 +195,13 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   std::printf("  (b2b: ours with %lld runs queued back to back and one sync at the end, the time a run takes once\n"
               "   the host keeps ahead of the device; on CUDA, LT-local: the same forward with its chunk-local part\n"
               "   in LibTorch instead of the chunk kernels; TF32 scan: with the scan's products in TF32 instead of\n"
-              "   block float16; the forward's rates against the ceilings %g TFLOP/s and %g GB/s)\n",
+              "   block float16; out-apart b2b: back to back with the output formed by a kernel of its own from the\n"
+              "   scan's history instead of by the scan, medians of three rounds alternating with ours; the\n"
+              "   forward's rates against the ceilings %g TFLOP/s and %g GB/s)\n",
               static_cast<long long>(a.iters), a.peak_tflops, a.peak_gbps);
-  std::printf("  %-10s %12s %12s %9s %9s %10s %6s %10s %6s %14s %14s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms", "b2b fwd",
-              "b2b f+b", "TFLOP/s", "of", "GB/s", "of", "LT-local fwd", "TF32-scan fwd", "ref fwd ms", "ref fwd+bwd ms");
+  std::printf("  %-10s %12s %12s %9s %9s %10s %6s %10s %6s %14s %14s %18s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms",
+              "b2b fwd", "b2b f+b", "TFLOP/s", "of", "GB/s", "of", "LT-local fwd", "TF32-scan fwd", "b2b fwd / out-apart",
+              "ref fwd ms", "ref fwd+bwd ms");
   for (const Shape& s : parse_shapes(a.shapes, "--shapes")) {
     namespace F = torch::nn::functional;
     const auto nrm = F::NormalizeFuncOptions().dim(-1);
@@ -228,6 +240,15 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const double f_b2b = forward(ours, back_to_back_ms), fb_b2b = forward_backward(ours, back_to_back_ms);
     const std::optional<double> f_lt = on_other_path(OtherPath::kLibTorchLocal, dev, [&] { return forward(ours); });
     const std::optional<double> f_tf32 = on_other_path(OtherPath::kTf32Scan, dev, [&] { return forward(ours); });
+    // The output in the scan against a kernel of its own, back to back, alternating (the device slows as it warms).
+    std::vector<double> in_scan_rounds, apart_rounds;
+    for (int round = 0; round < 3 && dev.is_cuda(); ++round) {
+      if (const auto t = on_other_path(OtherPath::kOutputApart, dev, [&] { return forward(ours, back_to_back_ms); })) {
+        apart_rounds.push_back(*t);
+        in_scan_rounds.push_back(forward(ours, back_to_back_ms));
+      }
+    }
+    const std::optional<double> f_in_scan = median_of(in_scan_rounds), f_apart = median_of(apart_rounds);
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
@@ -249,9 +270,11 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
     auto ref = [&](double x) { return with_ref ? std::optional<double>(x) : std::nullopt; };
     const double tflops = flops / f * 1e-9, gbps = bytes / f * 1e-6;
-    std::printf("  %-10s %12.3f %12.3f %9.3f %9.3f %10.1f %5.1f%% %10.0f %5.1f%% %14s %14s %14s %14s\n", label.c_str(), f, fb,
-                f_b2b, fb_b2b, tflops, 100 * tflops / a.peak_tflops, gbps, 100 * gbps / a.peak_gbps, figure(f_lt, 3).c_str(),
-                figure(f_tf32, 3).c_str(), figure(ref(rf), 3).c_str(), figure(ref(rfb), 3).c_str());
+    std::printf("  %-10s %12.3f %12.3f %9.3f %9.3f %10.1f %5.1f%% %10.0f %5.1f%% %14s %14s %18s %14s %14s\n", label.c_str(), f,
+                fb, f_b2b, fb_b2b, tflops, 100 * tflops / a.peak_tflops, gbps, 100 * gbps / a.peak_gbps,
+                figure(f_lt, 3).c_str(), figure(f_tf32, 3).c_str(),
+                (figure(f_in_scan, 3) + " / " + figure(f_apart, 3)).c_str(), figure(ref(rf), 3).c_str(),
+                figure(ref(rfb), 3).c_str());
     nlohmann::json row = {{"B", s.B},
                           {"T", s.T},
                           {"fwd_ms", f},
@@ -264,6 +287,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                           {"fwd_gbps_of_peak", gbps / a.peak_gbps}};
     if (f_lt) row["fwd_local_libtorch_ms"] = *f_lt;
     if (f_tf32) row["fwd_tf32_scan_ms"] = *f_tf32;
+    if (f_in_scan) row["fwd_output_in_scan_b2b_ms"] = *f_in_scan;
+    if (f_apart) row["fwd_output_apart_b2b_ms"] = *f_apart;
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
     out["rows"].push_back(row);
   }
@@ -300,11 +325,12 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                 "   convolution as kernels of its own instead of inside chunk_factors; cf 4 / 3 b2b: back to back\n"
                 "   with chunk_factors at four (the default) or three blocks an SM; ungated / after-scan b2b: back\n"
                 "   to back with the FA heads' attention started once its inputs are formed, or after the LA\n"
-                "   heads' scan, instead of after their chunk_factors; these are medians of three rounds that\n"
-                "   alternate them with the default; CUDA only)\n");
-    std::printf("  %-10s %14s %14s %10s %11s %11s %8s %14s %15s %14s %14s %15s %26s\n", "B x T", "dense ms", "hybrid ms",
+                "   heads' scan, instead of after their chunk_factors; out-apart b2b: back to back with the LA\n"
+                "   heads' output and its norm formed by a kernel of their own from the scan's history instead of\n"
+                "   by the scan; these are medians of three rounds that alternate them with the default; CUDA only)\n");
+    std::printf("  %-10s %14s %14s %10s %11s %11s %8s %14s %15s %14s %14s %15s %26s %15s\n", "B x T", "dense ms", "hybrid ms",
                 "speed-up", "dense b2b", "hybrid b2b", "b2b x", "1-stream b2b", "conv-apart b2b", "LT-local ms",
-                "TF32-scan ms", "cf 4 / 3 b2b", "ungated / after-scan b2b");
+                "TF32-scan ms", "cf 4 / 3 b2b", "ungated / after-scan b2b", "out-apart b2b");
     out["layer"] = nlohmann::json::array();
     // Sustained: each side back to back for about two seconds, longer than the one-second window over
     // which a GPU averages its power, so that under a power limit both sides run at the clock the limit
@@ -373,7 +399,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       // chunk_factors at four blocks an SM against three, and the FA heads' attention gated on
       // chunk_factors against on its inputs alone, alternating with the default: the device slows as it
       // warms up.
-      std::vector<double> four, three, ungated, after_scan;
+      std::vector<double> four, three, ungated, after_scan, out_apart;
       for (int round = 0; round < 3 && dev.is_cuda(); ++round) {
         four.push_back(back_to_back_ms(dev, a.warmup, a.iters, hybrid_run));
         if (const auto t = on_other_path(OtherPath::kFactorsThreeBlocks, dev,
@@ -382,21 +408,17 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         auto b2b = [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_run); };
         if (const auto t = on_flash_gate(attention::FlashGate::kInputs, dev, b2b)) ungated.push_back(*t);
         if (const auto t = on_flash_gate(attention::FlashGate::kScan, dev, b2b)) after_scan.push_back(*t);
+        if (const auto t = on_other_path(OtherPath::kOutputApart, dev, b2b)) out_apart.push_back(*t);
       }
-      auto median_of = [](std::vector<double> v) -> std::optional<double> {
-        if (v.empty()) return std::nullopt;
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2];
-      };
       const std::optional<double> cf_four = median_of(four), cf_three = median_of(three), fa_ungated = median_of(ungated),
-                                  fa_after_scan = median_of(after_scan);
+                                  fa_after_scan = median_of(after_scan), output_apart = median_of(out_apart);
       const std::optional<Sustained> dense_e = sustained(dense_run, dense_b2b), hyb_e = sustained(hybrid_run, hyb_b2b);
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
-      std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %15s %14s %14s %15s %26s\n", label.c_str(), dense,
+      std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %15s %14s %14s %15s %26s %15s\n", label.c_str(), dense,
                   hyb, speedup, dense_b2b, hyb_b2b, speedup_b2b, figure(hyb_one_b2b, 2).c_str(),
                   figure(hyb_conv_apart_b2b, 2).c_str(), figure(hyb_lt, 2).c_str(), figure(hyb_tf32, 2).c_str(),
                   (figure(cf_four, 2) + " / " + figure(cf_three, 2)).c_str(),
-                  (figure(fa_ungated, 2) + " / " + figure(fa_after_scan, 2)).c_str());
+                  (figure(fa_ungated, 2) + " / " + figure(fa_after_scan, 2)).c_str(), figure(output_apart, 2).c_str());
       nlohmann::json layer = {{"B", s.B},          {"T", s.T},         {"dense_ms", dense},
                               {"hybrid_ms", hyb},  {"speedup", speedup}, {"dense_b2b_ms", dense_b2b},
                               {"hybrid_b2b_ms", hyb_b2b}, {"speedup_b2b", speedup_b2b}};
@@ -408,6 +430,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       if (cf_three) layer["hybrid_factors_three_blocks_b2b_ms"] = *cf_three;
       if (fa_ungated) layer["hybrid_flash_ungated_b2b_ms"] = *fa_ungated;
       if (fa_after_scan) layer["hybrid_flash_after_scan_b2b_ms"] = *fa_after_scan;
+      if (output_apart) layer["hybrid_output_apart_b2b_ms"] = *output_apart;
       if (dense_e && hyb_e) {
         layer["dense_sustained_ms"] = dense_e->ms, layer["hybrid_sustained_ms"] = hyb_e->ms;
         layer["speedup_sustained"] = dense_e->ms / hyb_e->ms;

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -475,10 +476,12 @@ struct ForwardScan {
 };
 // S_{n+1} = decay_n S_n + kdecay_n^T (U_n - W_n S_n) from s0, on the factors (kernels::low_rank_scan).
 // With f16_history (kBlockFloat16 only), S and M in block float16 instead of float32. With keep_states
-// and kBlockFloat16, S also in block float16, for the backward's chunk kernels.
+// and kBlockFloat16, S also in block float16, for the backward's chunk kernels. Given `output` (with
+// f16_history), the scan writes the output itself, and the history only where keep_states asks for S.
 ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at::Tensor& U, const at::Tensor& decay,
                          const at::Tensor& bound, const at::Tensor& s0, const std::vector<int64_t>& offsets,
-                         kernels::ScanPrecision precision, bool f16_history = false, bool keep_states = false) {
+                         kernels::ScanPrecision precision, bool f16_history = false, bool keep_states = false,
+                         const kernels::LowRankScanArgs::Output* output = nullptr) {
   const int64_t H = W.size(0), N = W.size(1), C = W.size(2), Dk = W.size(3), Dv = U.size(3);
   kernels::LowRankScanArgs a;
   a.A = kdecay;
@@ -493,11 +496,14 @@ ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at
     a.bound = bound;
   }
   const auto f16 = U.options().dtype(at::kHalf);
-  if (f16_history || (keep_states && precision == kernels::ScanPrecision::kBlockFloat16)) {
+  if (output != nullptr) a.output = *output;
+  if ((f16_history && output == nullptr) || (keep_states && precision == kernels::ScanPrecision::kBlockFloat16)) {
     a.S16 = at::empty({H, N, Dk, Dv}, f16);
     a.S_inv = at::empty({H, N, Dk / 16, Dv / 16}, U.options());
   }
-  if (f16_history) {
+  if (f16_history && output != nullptr) {
+    // Neither the new values nor (beyond S16 above) the states: the output is written.
+  } else if (f16_history) {
     a.M16 = at::empty({H, N, C, Dv}, f16);
     a.M_inv = at::empty({H, N, C / 16, Dv / 8}, U.options());
   } else {
@@ -674,14 +680,26 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   const kernels::ChunkFactors f =
       kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale, conv);
   if (on_queued) on_queued(GdnStage::kFactors);
+  // The scan writes the output itself (kernels::set_output_in_scan), or hands its history to the output kernel.
+  std::optional<kernels::LowRankScanArgs::Output> in_scan;
+  if (f16_history && kernels::output_in_scan_enabled()) {
+    in_scan.emplace();
+    in_scan->Qd = f.Qd, in_scan->Aq = f.Aq, in_scan->aq_inv = f.aq_inv;
+    in_scan->grid = grid, in_scan->B = B, in_scan->T = T;
+    in_scan->o = at::empty({B, T, f.U.size(0), f.U.size(3)}, q.options());
+  }
   const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, f.bound, s0, L.offsets,
                                      kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
                                                                        : kernels::ScanPrecision::kTf32,
-                                     f16_history, keep_states);
+                                     f16_history, keep_states, in_scan ? &*in_scan : nullptr);
   if (on_queued) on_queued(GdnStage::kScan);
   KernelForward out;
   out.final_state = r.final_state;
-  if (fusion != nullptr) kernels::chunk_output_f16_fused(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, *fusion, *y);
+  if (in_scan && fusion != nullptr)
+    kernels::fusion_norm_forward_into(in_scan->o, fusion->gate, fusion->act, fusion->gamma.contiguous(), fusion->eps, *y,
+                                      fusion->heads);
+  else if (in_scan) out.o = in_scan->o;
+  else if (fusion != nullptr) kernels::chunk_output_f16_fused(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, *fusion, *y);
   else
     out.o = f16_history ? kernels::chunk_output_f16(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, q.scalar_type())
                         : kernels::chunk_output(qc, kc, gf, r.S, r.M, grid, scale);

@@ -14,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -497,6 +498,128 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
   });
 }
 
+// The output written by the forward scan itself (LowRankScanArgs::output) against chunk_output_f16 from
+// the same scan's block float16 history: the same bits (the same float16 operands, scales and order of
+// sums) and the same final state. Both dtypes and the chunk kernels' head sizes, the scan's 32- and
+// 16-column blocks, whole sequences and segments of two chunks (with warm-ups), T not a multiple of 64,
+// an initial state, o from a NaN-poisoned allocator (an unwritten element fails the comparison).
+TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t B = 2, T = 777, H = 3, per = (T + 63) / 64, N = B * per, C = 64;
+  const double scale = 0.1;
+  for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& what) {
+    const auto f32 = kCuda.dtype(torch::kFloat);
+    const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
+    const hh::kernels::ChunkGrid grid{N, per, {}};
+    const auto fo = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
+    const auto s0 = (0.5 * torch::randn({B, H, Dk, Dv}, kF64)).to(f32);
+    for (int columns : {0, 16})
+      for (int64_t segment : {int64_t{0}, int64_t{2}}) {
+        const std::string how = what + (columns == 0 ? ", 32 columns a block" : ", 16 columns a block") +
+                                (segment == 0 ? ", whole sequences" : ", segments of 2 chunks");
+        auto args = [&] {
+          hh::kernels::LowRankScanArgs a;
+          a.A = fo.kdecay;
+          a.B = fo.W;
+          a.decay = fo.decay;
+          a.U = fo.U;
+          a.y0 = s0;
+          a.bound = fo.bound;
+          a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
+          a.segment = segment;
+          return a;
+        };
+        hh::kernels::set_scan_columns(columns);
+        hh::kernels::LowRankScanArgs apart = args();
+        apart.S16 = torch::empty({H, N, Dk, Dv}, kCuda.dtype(torch::kHalf));
+        apart.S_inv = torch::empty({H, N, Dk / 16, Dv / 16}, f32);
+        apart.M16 = torch::empty({H, N, C, Dv}, kCuda.dtype(torch::kHalf));
+        apart.M_inv = torch::empty({H, N, C / 16, Dv / 8}, f32);
+        const auto fin_apart = hh::kernels::low_rank_scan(apart, {0, per, 2 * per});
+        const auto want = hh::kernels::chunk_output_f16(fo, apart.S16, apart.S_inv, apart.M16, apart.M_inv, grid, B, T, dt);
+        poison_allocator();
+        hh::kernels::LowRankScanArgs in = args();
+        in.output.Qd = fo.Qd;
+        in.output.Aq = fo.Aq;
+        in.output.aq_inv = fo.aq_inv;
+        in.output.o = torch::empty({B, T, H, Dv}, kCuda.dtype(dt));
+        in.output.grid = grid;
+        in.output.B = B;
+        in.output.T = T;
+        const auto fin = hh::kernels::low_rank_scan(in, {0, per, 2 * per});
+        hh::kernels::set_scan_columns(0);
+        EXPECT_TRUE(torch::equal(in.output.o, want)) << how;
+        EXPECT_TRUE(torch::equal(fin, fin_apart)) << how;
+        EXPECT_LT(rel_err(in.output.o, want), 1e-6) << how;  // how far, where the bits differ
+      }
+    // The output's tensors are checked: o of the wrong shape, and a reverse scan, are refused.
+    hh::kernels::LowRankScanArgs bad;
+    bad.A = fo.kdecay;
+    bad.B = fo.W;
+    bad.decay = fo.decay;
+    bad.U = fo.U;
+    bad.y0 = s0;
+    bad.precision = hh::kernels::ScanPrecision::kBlockFloat16;
+    bad.output.Qd = fo.Qd;
+    bad.output.Aq = fo.Aq;
+    bad.output.aq_inv = fo.aq_inv;
+    bad.output.grid = grid;
+    bad.output.B = B;
+    bad.output.T = T;
+    bad.output.o = torch::empty({B, T - 1, H, Dv}, kCuda.dtype(dt));
+    EXPECT_THROW(hh::kernels::low_rank_scan(bad, {0, per, 2 * per}), std::invalid_argument) << what;
+    bad.output.o = torch::empty({B, T, H, Dv}, kCuda.dtype(dt));
+    bad.reverse = true;
+    EXPECT_THROW(hh::kernels::low_rank_scan(bad, {0, per, 2 * per}), std::invalid_argument) << what;
+  });
+}
+
+// The rule with its output written by the scan (the default) against the output kernel on the scan's
+// history (kernels::set_output_in_scan(false)): the same output, final state and gradients, bit for
+// bit, for a regular batch and for packed sequences (the chunks' slots by gather, an empty sequence
+// among them), with and without a graph (which keeps the states for the backward).
+TEST(CudaGdn, OutputInTheScanLeavesTheRuleUnchanged) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  ASSERT_TRUE(hh::kernels::output_in_scan_enabled());
+  struct Case {
+    int64_t B, T;
+    std::vector<int64_t> cu;
+  };
+  for (const Case& c : {Case{2, 777, {}}, Case{1, 1000, {0, 100, 100, 164, 1000}}}) {
+    const int64_t S = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
+    const Inputs d = on_device(make_inputs(c.B, c.T, 3, 128, S), torch::kBFloat16);
+    const auto dO = torch::randn_like(d.v);
+    auto run = [&](bool in_scan, bool grad) {
+      hh::kernels::set_output_in_scan(in_scan);
+      std::vector<torch::Tensor> x = {d.q, d.k, d.v, d.g, d.beta};
+      if (grad)
+        for (auto& t : x) t = t.detach().requires_grad_(true);
+      poison_allocator();
+      std::vector<torch::Tensor> out;
+      {
+        std::optional<torch::NoGradGuard> no_grad;
+        if (!grad) no_grad.emplace();
+        const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], d.s0, 0.1, 64, c.cu);
+        out = {r.o.detach(), r.state.detach()};
+        if (grad) {
+          torch::autograd::backward({r.o}, {dO});
+          for (auto& t : x) out.push_back(t.grad());
+        }
+      }
+      hh::kernels::set_output_in_scan(true);
+      return out;
+    };
+    for (bool grad : {false, true}) {
+      const auto in = run(true, grad), apart = run(false, grad);
+      const char* names[] = {"o", "state", "dq", "dk", "dv", "dg", "dbeta"};
+      ASSERT_EQ(in.size(), apart.size());
+      for (size_t i = 0; i < in.size(); ++i)
+        EXPECT_TRUE(torch::equal(in[i], apart[i])) << (c.cu.empty() ? "regular batch" : "packed sequences")
+                                                   << (grad ? ", with a graph: " : ": ") << names[i];
+    }
+  }
+}
+
 // [H, B * per, 64, ...] -> [B, T, H, ...]: on_grid's inverse (padding slots dropped).
 torch::Tensor off_grid(const torch::Tensor& x, int64_t B, int64_t T) {
   std::vector<int64_t> shape = {x.size(0), B, x.size(1) / B * 64}, perm = {1, 2, 0};
@@ -716,7 +839,8 @@ TEST(CudaGdn, ForwardWithTheChunkKernelsEqualsTheRecurrence) {
   }
 }
 
-// The rule's output through the fusion norm inside chunk_output_f16 (gdn_fused_output) against the rule
+// The rule's output through the fusion norm (gdn_fused_output: the scan's own output then the fusion
+// kernel by default, or the norm inside chunk_output_f16 from the scan's history) against the rule
 // then the fusion kernel: the same final state bit for bit (the same kernels up to the output), the
 // fused heads in their places with the fusion's roundings (only each row's sum of squares is added in
 // another order: almost every element the same bits, the rest a few ulp), the other heads untouched.
@@ -731,9 +855,13 @@ TEST(CudaGdn, FusedOutputEqualsTheRuleThenTheFusion) {
   const std::vector<int64_t> heads = {0, 4, 5};
   for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
     for (auto [Dk, Dv] : {std::pair<int64_t, int64_t>{128, 128}, {64, 64}, {128, 64}})
-      for (GateActivation act : {GateActivation::kSilu, GateActivation::kSigmoid}) {
+      for (GateActivation act : {GateActivation::kSilu, GateActivation::kSigmoid})
+      for (bool in_scan : {true, false}) {
+        // The output from the scan then the fusion kernel (the default), or the fusion inside chunk_output_f16.
+        hh::kernels::set_output_in_scan(in_scan);
         const std::string what = std::string(c10::toString(dt)) + " Dk=" + std::to_string(Dk) + " Dv=" +
-                                 std::to_string(Dv) + " activation " + std::to_string(static_cast<int>(act));
+                                 std::to_string(Dv) + " activation " + std::to_string(static_cast<int>(act)) +
+                                 (in_scan ? ", output in the scan" : ", fusion in the output kernel");
         const auto dev = kCuda.dtype(dt), f32 = kCuda.dtype(torch::kFloat);
         const auto q = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
         const auto k = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
@@ -776,6 +904,8 @@ TEST(CudaGdn, FusedOutputEqualsTheRuleThenTheFusion) {
         hh::kernels::fusion_norm_forward_into(r.o, off.gate, act, off.gamma, off.eps, want_off, heads);
         (void)hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, off, got_off);
         EXPECT_TRUE(torch::equal(got_off, want_off)) << what << " (gate off alignment)";
+        if (in_scan) EXPECT_TRUE(torch::equal(got, want)) << what << " (the rule's own output through the fusion kernel)";
+        hh::kernels::set_output_in_scan(true);
       }
   // Inference only: a graph through it is refused.
   const auto dev = kCuda.dtype(torch::kBFloat16), f32 = kCuda.dtype(torch::kFloat);
