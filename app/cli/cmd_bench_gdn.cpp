@@ -42,6 +42,7 @@ struct GdnBenchArgs {
   std::string profile;  // Chrome trace of one forward and one forward + backward at the first shape
   std::string scan_kernel = "lowrank";
   std::string history = "f16";
+  bool output_apart = false;  // the output by a kernel of its own from the scan's history
   std::string backward = "kernels";
   std::string scan_segments = "auto";
   std::string scan_columns = "auto";
@@ -167,6 +168,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                  : a.scan_kernel == "tensor" ? kernels::ScanKernel::kTensorCores
                                                              : kernels::ScanKernel::kLowRank);
   kernels::set_f16_history(a.history == "f16");
+  kernels::set_output_in_scan(!a.output_apart);
 #endif
   attention::set_gdn_backward(a.backward == "autograd"   ? attention::GdnBackward::kAutograd
                               : a.backward == "explicit" ? attention::GdnBackward::kExplicit
@@ -178,6 +180,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"heads", a.heads},
                          {"dim", a.dim},
                          {"history", a.history},
+                         {"output_apart", a.output_apart},
                          {"scan_kernel", a.scan_kernel},
                          {"scan_segments", a.scan_segments},
                          {"scan_columns", a.scan_columns},
@@ -505,6 +508,9 @@ BenchSub add_bench_gdn(CLI::App& bench) {
                  "on the materialised transition")
       ->check(CLI::IsMember({"lowrank", "tensor", "fma"}))
       ->capture_default_str();
+  c->add_flag("--output-apart", a->output_apart,
+              "On CUDA with 16-bit inputs, form the output (and in the layer its fusion norm) with a kernel of its own "
+              "from the scan's block float16 history, instead of in the scan itself");
   c->add_option("--history", a->history,
                  "On CUDA with 16-bit inputs, the chunks' states and new values the forward's scan hands its output "
                  "kernel: f16 (block float16, as its products use them) or f32")

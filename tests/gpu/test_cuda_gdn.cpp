@@ -575,9 +575,11 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
 }
 
 // The rule with its output written by the scan (the default) against the output kernel on the scan's
-// history (kernels::set_output_in_scan(false)): the same output, final state and gradients, bit for
-// bit, for a regular batch and for packed sequences (the chunks' slots by gather, an empty sequence
-// among them), with and without a graph (which keeps the states for the backward).
+// history (kernels::set_output_in_scan(false)): the same output, final state and gradients of q, k and
+// v bit for bit, for a regular batch and for packed sequences (the chunks' slots by gather, an empty
+// sequence among them), with and without a graph (which keeps the states for the backward). dg and
+// dbeta sum a chunk's terms by atomic adds in chunk_backward, in an order that varies from run to run,
+// so those two agree to float32's rounding of their sums instead.
 TEST(CudaGdn, OutputInTheScanLeavesTheRuleUnchanged) {
   ASSERT_TRUE(torch::cuda::is_available());
   ASSERT_TRUE(hh::kernels::output_in_scan_enabled());
@@ -613,9 +615,12 @@ TEST(CudaGdn, OutputInTheScanLeavesTheRuleUnchanged) {
       const auto in = run(true, grad), apart = run(false, grad);
       const char* names[] = {"o", "state", "dq", "dk", "dv", "dg", "dbeta"};
       ASSERT_EQ(in.size(), apart.size());
-      for (size_t i = 0; i < in.size(); ++i)
-        EXPECT_TRUE(torch::equal(in[i], apart[i])) << (c.cu.empty() ? "regular batch" : "packed sequences")
-                                                   << (grad ? ", with a graph: " : ": ") << names[i];
+      for (size_t i = 0; i < in.size(); ++i) {
+        const std::string how = std::string(c.cu.empty() ? "regular batch" : "packed sequences") +
+                                (grad ? ", with a graph: " : ": ") + names[i];
+        if (i < 5) EXPECT_TRUE(torch::equal(in[i], apart[i])) << how;
+        else EXPECT_LT(rel_err(in[i], apart[i]), 1e-5) << how;
+      }
     }
   }
 }
