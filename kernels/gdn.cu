@@ -942,6 +942,16 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
       // its diagonal), each 16-deep product scaled by its M tile's inverse scale.
       const float a_inv = *ring.aq_inv(buf);
       const int64_t n = chunk(i);
+      // The output row of the chunk's slot r (SlotRows), the regular grid's division once a chunk in 32 bits
+      // (n < 2^31 chunks: low_rank_scan checks the grid's rows against 32 bits).
+      int64_t first = 0;
+      int valid = 0;
+      if (so.rows.gather == nullptr) {
+        const int nn = static_cast<int>(n), per = static_cast<int>(so.rows.per), b = nn / per, t0 = (nn - b * per) * C;
+        first = static_cast<int64_t>(b) * so.rows.T + t0;
+        valid = static_cast<int>(min(static_cast<int64_t>(C), so.rows.T - t0));
+      }
+      auto row_of = [&](int r) -> int64_t { return so.rows.gather != nullptr ? so.rows(n, r) : r < valid ? first + r : -1; };
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) {
         const int m = (mfirst + mi) * 16;
@@ -963,7 +973,7 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
           }
         }
         if (write) {
-          const int64_t r0 = so.rows(n, m + g), r1 = so.rows(n, m + g + 8);
+          const int64_t r0 = row_of(m + g), r1 = row_of(m + g + 8);
 #pragma unroll
           for (int ni = 0; ni < NTW; ++ni)
 #pragma unroll
@@ -1699,6 +1709,8 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
         throw std::invalid_argument("hh::kernels::low_rank_scan: output.grid has " + std::to_string(o.grid.N) +
                                     " chunks, the factors " + std::to_string(N));
       (void)slot_rows(o.grid, o.B, o.T);  // checks the grid against B and T
+      if (N > std::numeric_limits<int32_t>::max() || o.grid.per > std::numeric_limits<int32_t>::max())
+        throw std::invalid_argument("hh::kernels::low_rank_scan: the output's grid has more than 2^31 - 1 chunks");
       for (const at::Tensor* x : {&o.Qd, &o.Aq})
         if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
           throw std::invalid_argument("hh::kernels::low_rank_scan: output.Qd and output.Aq must be 16-byte aligned");
