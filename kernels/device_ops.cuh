@@ -304,10 +304,9 @@ __device__ __forceinline__ float exp_ftz(float x) {
 // block's arrival, before the block may leave.
 __device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
-// The whole cluster barrier with release and acquire (every thread of every block of the cluster), in its
-// form for threads that need not arrive converged (.aligned would require every warp converged there).
+// The whole cluster barrier with release and acquire (every thread of every block of the cluster).
 __device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 // This block's rank in its cluster.
 __device__ __forceinline__ unsigned cluster_rank() {
