@@ -541,10 +541,7 @@ __global__ void __launch_bounds__(2 * DK)
 // twice the columns). OUT: the forward writing its output (LowRankScanArgs::output), whose slots hold the
 // chunk's Qd [C][DK] (boxed and swizzled as A and B) and Aq [C][C] (one box of 128-byte rows) where Z
 // would be (the forward has none), and aq_inv beside the decay.
-// FUSE: the output through the fusion norm, whose head's column blocks form a cluster and exchange each
-// row's sums of squares: the head region also holds their barriers (two for the chunks in turn, one for
-// the end) and the sums [2 chunks][2 halves of the block's columns][C].
-template <int DK, int STAGES, int BV_, bool OUT_ = false, bool FUSE = false>
+template <int DK, int STAGES, int BV_, bool OUT_ = false>
 struct F16Ring {
   static constexpr int C = kLowRankChunk, BV = BV_, kStages = STAGES, LDH = BV + 8;
   static constexpr bool OUT = OUT_;
@@ -567,9 +564,8 @@ struct F16Ring {
   // (C / 16) x (BV / 8) tiles, and the chunk the scan starts from.
   static constexpr int kYScales = ((DK / 16) * (BV / 16) + 3) / 4 * 4, kMScales = (C / 16) * (BV / 8);
   static constexpr size_t kBarriers = 2 * kStages * sizeof(unsigned long long);
-  static constexpr size_t kExchange = FUSE ? 3 * sizeof(unsigned long long) + 2 * 2 * C * sizeof(float) : 0;
   static constexpr size_t kHead =
-      (kBarriers + (DK + C) * LDH * 2 + (kYScales + kMScales) * 4 + 8 + kExchange + 1023) / 1024 * 1024;
+      (kBarriers + (DK + C) * LDH * 2 + (kYScales + kMScales) * 4 + 8 + 1023) / 1024 * 1024;
   static constexpr size_t kBytes = kHead + kStages * kSlot + 1024;  // + the base's alignment to 1024
   char* slots;
   __device__ __forceinline__ char* A(int b) const { return slots + b * kSlot; }
@@ -664,17 +660,14 @@ __device__ int64_t warmup_start(const float* decay, const float* bound, int64_t 
 // OUT (the forward only): each chunk's output columns of the slice, o = Qd S_n + aq_inv Aq M_n, as
 // chunk_output_f16 forms it from S16 and M16 (the same float16 operands, scales and order of sums): the
 // warp's step (1) tiles of o, Qd's product beside B's on Y's same fragments in step (1), Aq's on M's
-// after the state's update. FUSE >= 0 (a GateActivation; O the output's 16-bit type): o, rounded to O,
-// through the fusion norm into fa.y instead, as chunk_output_f16_fused's epilogue forms it; the head's
-// Dv / BV blocks of a segment are one cluster (along x), which adds each row's sums of squares over the
-// head's columns through the blocks' shared memory, each chunk.
-template <int DK, int STAGES, int BV, bool OUT, int FUSE = -1, class O = c10::BFloat16>
+// in step (2).
+template <int DK, int STAGES, int BV, bool OUT>
 __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     low_rank_scan_f16_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay,
                              const float* __restrict__ bound, const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
                              float* __restrict__ fin, const int64_t* __restrict__ offsets,
                              const int64_t* __restrict__ segs, int H, int64_t N, int Dv, bool reverse, F16History h16,
-                             ScanOut so, const __grid_constant__ FusedOutputArgs fa) {
+                             ScanOut so) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the copy engine and its barriers: Hopper on
   // Compute warp w owns state rows 16w..16w+15 (row block w of Y, all BV columns) in step (2). Step (1)
   // splits M's (C / 16) x NTB tiles of 16 rows by 8 columns into runs of T1 consecutive tiles (row
@@ -685,9 +678,7 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   static_assert(T1 >= 1 && (C / 16) * NTB % NW == 0 && T1 % NTW == 0, "step (1) tiles must divide among the warps");
   // Y's and M's 16-bit rows padded by 8 elements (16 bytes) for conflict-free ldmatrix: 8 consecutive
   // rows start in distinct 16-byte bank groups; the factors' tiles are swizzled instead (swizzled<>).
-  constexpr bool FUSED = FUSE >= 0;
-  static_assert(!FUSED || (OUT && MT == 1 && NTB == 2 * NTW), "the fused output: a warp's tiles are half a row block's");
-  using Ring = F16Ring<DK, STAGES, BV, OUT, FUSED>;
+  using Ring = F16Ring<DK, STAGES, BV, OUT>;
   constexpr int LDH = Ring::LDH, SW = Ring::SW, SWF = Ring::kSliceSwizzle;
   extern __shared__ float4 smem4[];
   // The swizzled tiles need 1024-byte alignment: from the first such address on.
@@ -699,9 +690,6 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   float* const y_inv = reinterpret_cast<float*>(Mh + C * LDH);  // [row block][column block]
   float* const m_inv = y_inv + Ring::kYScales;                   // [row block][8-column tile]; 16-byte aligned
   long long* const plan = reinterpret_cast<long long*>(m_inv + Ring::kMScales);
-  // FUSED: the sums-of-squares exchange (F16Ring's kExchange).
-  unsigned long long* const xbar = reinterpret_cast<unsigned long long*>(plan + 1);  // [2] the chunks in turn, [2] the end
-  float* const xsum = reinterpret_cast<float*>(xbar + 3);                            // [2][2][C]
   const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, slices = Dv / BV;
@@ -715,15 +703,11 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
                                    bound != nullptr ? bound + static_cast<int64_t>(h) * N : nullptr, lo, hi, n0, n1, reverse, lane);
     if (lane == 0) *plan = w;
   }
-  const int CS = Dv / BV;  // FUSED: the cluster's blocks
   if (tid == 0) {
     for (int b = 0; b < STAGES; ++b) mbar_init(&full[b], 1), mbar_init(&empty[b], NW);
-    if constexpr (FUSED)
-      for (int b = 0; b < 3; ++b) mbar_init(&xbar[b], NW * CS);  // every compute warp of every block
     mbar_init_fence();
   }
-  if constexpr (FUSED) cluster_sync_all();  // the barriers initialised in every block before any arrives
-  else __syncthreads();
+  __syncthreads();
   // The block scans chunks w .. hi - 1 (reverse: w - 1 down to lo), the first `skip` of them a warm-up
   // that writes nothing: its state starts from y0 at the sequence's start, else from zero.
   const int64_t w = *plan;
@@ -822,7 +806,7 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   const int at_k = (lane % 8) + 8 * (lane / 16), at_m = 8 * ((lane / 8) % 2);
   const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
   int buf = 0;
-  unsigned round = 0, written = 0;  // written: chunks whose output went through the fusion (FUSED)
+  unsigned round = 0;
   for (int64_t i = 0; i < count; ++i) {
     mbar_wait(&full[buf], round & 1);  // chunk i has landed in its slot
     compute_sync();                    // Yh holds the state; every warp is past step (2) of chunk i - 1
@@ -971,21 +955,6 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) {
         const int m = (mfirst + mi) * 16;
-        const int64_t r0 = row_of(m + g), r1 = row_of(m + g + 8);
-        // FUSED: the gate's pairs at this thread's output positions, loaded while the product runs.
-        using P2 = typename Pair16<O>::type;
-        [[maybe_unused]] P2 gv[NTW][2];
-        if constexpr (FUSED) {
-#pragma unroll
-          for (int ni = 0; ni < NTW; ++ni)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const int64_t row = r == 0 ? r0 : r1;
-              gv[ni][r] = write && row >= 0 ? *reinterpret_cast<const P2*>(static_cast<const O*>(fa.gate) + row * fa.pl.gate_ld +
-                                                                            static_cast<int64_t>(h) * Dv + col0 + col_of(ntfirst + ni, 0))
-                                            : Pair16<O>::round(0.f, 0.f);
-            }
-        }
         float am[NTW][4] = {};
 #pragma unroll 4
         for (int i2 = 0; i2 <= m / 16; ++i2) {
@@ -1003,56 +972,8 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
             for (int e = 0; e < 4; ++e) am[ni][e] = fmaf(pa[e], x, am[ni][e]);
           }
         }
-        if (FUSED && write) {
-          // o rounded to O, each row's sum of squares over the head's columns from the cluster's blocks
-          // (the quad's 16 columns here, the block's two halves and the other blocks' through shared
-          // memory, in column order), then the fusion as chunk_output_f16_fused's epilogue forms it.
-          float v[NTW][4], ss[2] = {0.f, 0.f};
-#pragma unroll
-          for (int ni = 0; ni < NTW; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              v[ni][e] = static_cast<float>(O(fmaf(a_inv, am[ni][e], oq[mi][ni][e])));
-              ss[e / 2] += v[ni][e] * v[ni][e];
-            }
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
-            ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
-          }
-          const int px = written & 1;  // the exchange's slot: chunks written in turn
-          if (t == 0) {
-            float* xs = xsum + (px * 2 + ntfirst / NTW) * C;
-            xs[m + g] = ss[0], xs[m + g + 8] = ss[1];
-          }
-          __syncwarp();
-          if (lane < CS) mbar_arrive_cluster(cluster_addr(&xbar[px], static_cast<unsigned>(lane)));
-          mbar_wait_cluster(&xbar[px], (written >> 1) & 1);
-          ++written;
-          const O* gamma = static_cast<const O*>(fa.gamma) + static_cast<int64_t>(h) * Dv + col0;
-          O* const ydst = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * Dv + col0;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int rr = m + g + 8 * r;
-            float total = 0.f;
-            for (int c = 0; c < CS; ++c)
-#pragma unroll
-              for (int half = 0; half < 2; ++half)
-                total += ld_cluster_f32(cluster_addr(xsum + (px * 2 + half) * C + rr, static_cast<unsigned>(c)));
-            const int64_t row = r == 0 ? r0 : r1;
-            if (row < 0) continue;
-            const float rstd = rsqrtf(total / static_cast<float>(Dv) + fa.eps);
-#pragma unroll
-            for (int ni = 0; ni < NTW; ++ni) {
-              const int c = col_of(ntfirst + ni, 0);
-              const float2 gf = Pair16<O>::to_float2(gv[ni][r]);
-              const P2 normed = Pair16<O>::round(v[ni][2 * r] * rstd, v[ni][2 * r + 1] * rstd);
-              const P2 act = Pair16<O>::round(gate_activation<FUSE, O>(gf.x), gate_activation<FUSE, O>(gf.y));
-              const P2 gm = *reinterpret_cast<const P2*>(gamma + c);
-              *reinterpret_cast<P2*>(ydst + row * fa.pl.y_ld + c) = __hmul2_rn(act, __hmul2_rn(gm, normed));
-            }
-          }
-        } else if (write) {
+        if (write) {
+          const int64_t r0 = row_of(m + g), r1 = row_of(m + g + 8);
 #pragma unroll
           for (int ni = 0; ni < NTW; ++ni)
 #pragma unroll
@@ -1070,11 +991,6 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
       if (lane == 0) mbar_arrive(&empty[buf]);  // the slot's Qd and Aq read
     }
     if (++buf == STAGES) buf = 0, ++round;
-  }
-  if constexpr (FUSED) {  // no block leaves while another may still read its sums
-    __syncwarp();
-    if (lane < CS) mbar_arrive_cluster(cluster_addr(&xbar[2], static_cast<unsigned>(lane)));
-    mbar_wait_cluster(&xbar[2], 0);
   }
   if (last) store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
 #else
@@ -1146,37 +1062,27 @@ struct ScanPlan {
   int columns = 16;
 };
 
-template <int DK, int STAGES, int BV, bool OUT, int FUSE = -1, class O = c10::BFloat16>
+template <int DK, int STAGES, int BV, bool OUT>
 void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
   const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
-  constexpr size_t smem = F16Ring<DK, STAGES, BV, OUT, (FUSE >= 0)>::kBytes;
+  constexpr size_t smem = F16Ring<DK, STAGES, BV, OUT>::kBytes;
   static_assert(smem <= 227 * 1024, "the ring must fit in an SM's shared memory");
-  auto kernel = low_rank_scan_f16_kernel<DK, STAGES, BV, OUT, FUSE, O>;
+  auto kernel = low_rank_scan_f16_kernel<DK, STAGES, BV, OUT>;
   ScanOut so{};
-  FusedOutputArgs fa{};
   if constexpr (OUT) {
     const LowRankScanArgs::Output& o = a.output;
-    const int64_t H = a.A.size(0), Dv = a.y0.size(3);
-    if constexpr (FUSE >= 0) fa = fused_output_args("low_rank_scan", *o.fusion, o.y, o.B, o.T, H, Dv, o.y.scalar_type());
-    so = {o.aq_inv.data_ptr<float>(), FUSE >= 0 ? nullptr : o.o.data_ptr(), slot_rows(o.grid, o.B, o.T),
-          o.o.defined() && o.o.scalar_type() == at::kBFloat16};
+    so = {o.aq_inv.data_ptr<float>(), o.o.data_ptr(), slot_rows(o.grid, o.B, o.T), o.o.scalar_type() == at::kBFloat16};
   }
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
   const int64_t* table = plan.table.data_ptr<int64_t>();
   const dim3 grid(static_cast<unsigned>(plan.segments * (Dv / BV)), static_cast<unsigned>(H));
-  if constexpr (FUSE >= 0) {  // a segment's Dv / BV blocks of a head in one cluster
-    launch_cluster_kernel(kernel, grid, dim3(static_cast<unsigned>(Dv / BV), 1, 1), 2 * DK + 32, smem, scan_maps<DK, BV>(a),
-                          a.decay.data_ptr<float>(), ptr(a.bound), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M),
-                          fin.data_ptr<float>(), table, table + S + 1, H, N, Dv, a.reverse, h16, so, fa);
-    return;
-  }
   kernel<<<grid, 2 * DK + 32, smem, at::cuda::getCurrentCUDAStream()>>>(
       scan_maps<DK, BV>(a), a.decay.data_ptr<float>(), ptr(a.bound), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M), fin.data_ptr<float>(),
-      table, table + S + 1, H, N, Dv, a.reverse, h16, so, fa);
+      table, table + S + 1, H, N, Dv, a.reverse, h16, so);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1192,21 +1098,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
       if (!copy_engine_available())
         throw std::invalid_argument("hh::kernels::low_rank_scan: block float16 products need compute capability 9.0 (Hopper)");
       // With the output, two blocks no longer fit an SM (their slots hold Qd and Aq): three slots.
-      if (a.output.fusion != nullptr) {
-        if constexpr (DK == 128) {  // scan_output_fusion_supported
-          const bool bf16 = a.output.y.scalar_type() == at::kBFloat16;
-          auto launch = [&](auto act) {
-            constexpr int A = decltype(act)::value;
-            if (bf16) launch_low_rank_scan_f16<DK, 3, 32, true, A, c10::BFloat16>(a, plan, fin);
-            else launch_low_rank_scan_f16<DK, 3, 32, true, A, c10::Half>(a, plan, fin);
-          };
-          switch (a.output.fusion->act) {
-            case GateActivation::kSigmoid: launch(std::integral_constant<int, 1>{}); break;
-            case GateActivation::kSilu: launch(std::integral_constant<int, 2>{}); break;
-            default: launch(std::integral_constant<int, 0>{}); break;
-          }
-        }
-      } else if (a.output.o.defined()) {
+      if (a.output.o.defined()) {
         if constexpr (DK >= 64) {  // chunk_factors' head sizes (low_rank_scan refuses the output for others)
           if (plan.columns == 32) launch_low_rank_scan_f16<DK, 3, 32, true>(a, plan, fin);
           else launch_low_rank_scan_f16<DK, 3, 16, true>(a, plan, fin);
@@ -1714,7 +1606,6 @@ void set_scan_columns(int columns) {
 }
 int scan_columns() { return g_scan_columns; }
 void set_output_in_scan(bool on) { g_output_in_scan = on; }
-bool scan_output_fusion_supported(int64_t Dk, int64_t Dv) { return Dk == 128 && Dv % 32 == 0 && Dv / 32 <= 8; }
 bool output_in_scan_enabled() { return g_output_in_scan; }
 
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv) {
@@ -1800,17 +1691,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       want(a.M_inv, "M_inv", at::kFloat, {H, N, C / 16, Dv / 8});
     }
     const LowRankScanArgs::Output& o = a.output;
-    if (o.fusion != nullptr) {
-      if (o.o.defined())
-        throw std::invalid_argument("hh::kernels::low_rank_scan: the output goes to o or through the fusion into y, not both");
-      if (!scan_output_fusion_supported(Dk, Dv) || g_scan_columns == 16)
-        throw std::invalid_argument("hh::kernels::low_rank_scan: the output's fusion needs Dk = 128, Dv a multiple of 32 up to 256 "
-                                    "and 32 columns a block");
-      if (o.y.scalar_type() != at::kBFloat16 && o.y.scalar_type() != at::kHalf)
-        throw std::invalid_argument("hh::kernels::low_rank_scan: the output's fusion writes bfloat16 or float16");
-      (void)fused_output_args("low_rank_scan", *o.fusion, o.y, o.B, o.T, H, Dv, o.y.scalar_type());  // its tensors' checks
-    }
-    if (o.o.defined() || o.fusion != nullptr) {
+    if (o.o.defined()) {
       if (a.precision != ScanPrecision::kBlockFloat16 || a.reverse || a.Z.defined())
         throw std::invalid_argument("hh::kernels::low_rank_scan: the output is written by the forward block float16 scan only (no Z)");
       if (Dk != 64 && Dk != 128)
@@ -1818,9 +1699,9 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       want(o.Qd, "output.Qd", at::kHalf, {H, N, C, Dk});
       want(o.Aq, "output.Aq", at::kHalf, {H, N, C, C});
       want(o.aq_inv, "output.aq_inv", at::kFloat, {H, N});
-      if (o.o.defined()) check(o.o, "output.o");
-      if (o.o.defined() && ((o.o.scalar_type() != at::kBFloat16 && o.o.scalar_type() != at::kHalf) ||
-                            o.o.sizes() != at::IntArrayRef({o.B, o.T, H, Dv})))
+      check(o.o, "output.o");
+      if ((o.o.scalar_type() != at::kBFloat16 && o.o.scalar_type() != at::kHalf) ||
+          o.o.sizes() != at::IntArrayRef({o.B, o.T, H, Dv}))
         throw std::invalid_argument("hh::kernels::low_rank_scan: output.o must be bfloat16 or float16 [B, T, H, Dv] = " +
                                     c10::str(at::IntArrayRef({o.B, o.T, H, Dv})) + ", got " +
                                     c10::toString(o.o.scalar_type()) + " " + c10::str(o.o.sizes()));
@@ -1847,7 +1728,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   int64_t longest = 0;
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
   // Two blocks of 16 columns share an SM, except with the output (three slots of Qd and Aq besides).
-  const bool two_a_sm = plan.columns == 16 && !a.output.o.defined() && a.output.fusion == nullptr;
+  const bool two_a_sm = plan.columns == 16 && !a.output.o.defined();
   const int64_t len = a.segment == kAutoSegments ? auto_segment_chunks(blocks_whole, longest, (two_a_sm ? 2 : 1) * sms)
                                                  : a.segment;
   std::vector<int64_t> table(offsets);
