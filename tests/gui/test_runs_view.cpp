@@ -29,6 +29,11 @@ namespace {
 
 fs::path scratchRoot() { return scratch("gui_runs_view"); }
 
+// A failed exit check's message: the job's exit code and the end of its log, which says why.
+QString exitAndLog(const QSignalSpy& finished, const QString& log) {
+  return QStringLiteral("the job exited with %1; its log ends:\n%2").arg(finished.first().first().toInt()).arg(log.right(3000));
+}
+
 
 void setStages(JobDialog& d, const std::vector<std::array<const char*, 4>>& rows) {
   for (int r = 0; r < static_cast<int>(rows.size()); ++r)
@@ -106,7 +111,7 @@ class TestRunsView : public QObject {
     QCOMPARE(v->state(), RunsView::State::Running);
     QVERIFY(!v->launch(file, &error));  // one job at a time
     QVERIFY(finished.wait(300000));
-    QCOMPARE(finished.first().first().toInt(), 0);
+    QVERIFY2(finished.first().first().toInt() == 0, qPrintable(exitAndLog(finished, v->logText())));
     QCOMPARE(v->state(), RunsView::State::Done);
     QCOMPARE(progressed.count(), 9);  // one event a step
     QCOMPARE(progressed.last().at(0).toInt(), 9);
@@ -138,7 +143,7 @@ class TestRunsView : public QObject {
     QVERIFY(progressed.wait(120000));
     v.cancel();
     QVERIFY(finished.wait(120000));
-    QCOMPARE(finished.first().first().toInt(), 130);
+    QVERIFY2(finished.first().first().toInt() == 130, qPrintable(exitAndLog(finished, v.logText())));
     QCOMPARE(v.state(), RunsView::State::Interrupted);
     QVERIFY(fs::exists(scratchRoot() / "cancel" / "checkpoints" / "LATEST"));
     const int stopped_at = v.globalStep();
@@ -147,7 +152,7 @@ class TestRunsView : public QObject {
     finished.clear();
     QVERIFY(v.resume(&error));
     QVERIFY(finished.wait(300000));
-    QCOMPARE(finished.first().first().toInt(), 0);
+    QVERIFY2(finished.first().first().toInt() == 0, qPrintable(exitAndLog(finished, v.logText())));
     QCOMPARE(v.state(), RunsView::State::Done);
     QCOMPARE(v.globalStep(), 44);
     QVERIFY(v.logText().contains(QStringLiteral("resumed")));
