@@ -89,45 +89,48 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // chunk_output_f16 (fused with the norm in the layer) from the scan's history instead of by the scan.
 enum class OtherPath { kLibTorchLocal, kTf32Scan, kConvApart, kFactorsThreeBlocks, kOutputApart };
 
-// fn() with that path's process-wide switch off, restored after; nothing where the switch changes
-// nothing (a build without the CUDA kernels, or a CPU device), so that no run is timed twice.
-template <class Fn>
-auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional<std::invoke_result_t<Fn>> {
+// fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
+// nothing off CUDA or without the CUDA kernels, where the settings change nothing, so that no run is
+// timed twice.
+template <class T, class Fn>
+auto with_setting(void (*set)(T), T (*get)(), T value, const at::Device& dev, Fn&& fn)
+    -> std::optional<std::invoke_result_t<Fn>> {
 #ifdef HH_HAVE_KERNELS
   if (!dev.is_cuda()) return std::nullopt;
   struct Restore {
-    void (*set)(bool);
-    bool was;
+    void (*set)(T);
+    T was;
     ~Restore() { set(was); }
-  } restore = p == OtherPath::kLibTorchLocal ? Restore{kernels::set_chunk_kernels, kernels::chunk_kernels_enabled()}
-              : p == OtherPath::kTf32Scan    ? Restore{kernels::set_block_f16_scan, kernels::block_f16_scan_enabled()}
-              : p == OtherPath::kConvApart   ? Restore{kernels::set_conv_in_factors, kernels::conv_in_factors_enabled()}
-              : p == OtherPath::kOutputApart ? Restore{kernels::set_output_in_scan, kernels::output_in_scan_enabled()}
-                                             : Restore{kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled()};
-  restore.set(false);
+  } restore{set, get()};
+  set(value);
   return fn();
 #else
-  (void)p, (void)dev, (void)fn;
+  (void)set, (void)get, (void)value, (void)dev, (void)fn;
   return std::nullopt;
 #endif
 }
 
-// fn() with the hybrid layer's FA heads' attention gated at `gate`, restored after; nothing off CUDA or
-// without the kernels (the side-by-side path does not run there).
+// fn() with that path's process-wide switch off (with_setting).
+template <class Fn>
+auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional<std::invoke_result_t<Fn>> {
+#ifdef HH_HAVE_KERNELS
+  switch (p) {
+    case OtherPath::kLibTorchLocal: return with_setting(kernels::set_chunk_kernels, kernels::chunk_kernels_enabled, false, dev, fn);
+    case OtherPath::kTf32Scan: return with_setting(kernels::set_block_f16_scan, kernels::block_f16_scan_enabled, false, dev, fn);
+    case OtherPath::kConvApart: return with_setting(kernels::set_conv_in_factors, kernels::conv_in_factors_enabled, false, dev, fn);
+    case OtherPath::kOutputApart: return with_setting(kernels::set_output_in_scan, kernels::output_in_scan_enabled, false, dev, fn);
+    case OtherPath::kFactorsThreeBlocks:
+      return with_setting(kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled, false, dev, fn);
+  }
+#endif
+  (void)p, (void)dev, (void)fn;
+  return std::nullopt;
+}
+
+// fn() with the hybrid layer's FA heads' attention gated at `gate` (with_setting).
 template <class Fn>
 std::optional<double> on_flash_gate(attention::FlashGate gate, const at::Device& dev, Fn&& fn) {
-#ifdef HH_HAVE_KERNELS
-  if (!dev.is_cuda()) return std::nullopt;
-  struct Restore {
-    attention::FlashGate was = attention::flash_gate();
-    ~Restore() { attention::set_flash_gate(was); }
-  } restore;
-  attention::set_flash_gate(gate);
-  return fn();
-#else
-  (void)gate, (void)dev, (void)fn;
-  return std::nullopt;
-#endif
+  return with_setting(attention::set_flash_gate, attention::flash_gate, gate, dev, fn);
 }
 
 // The median of v (the upper one of an even count), or nothing for none.
