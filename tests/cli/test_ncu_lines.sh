@@ -3,11 +3,7 @@
 # and nvdisasm listing whose sums are known: executed instructions by opcode, and executed instructions
 # and stall samples by source line (innermost line outside the toolkit's headers, and the kernel's own),
 # and one line's instructions (--show).
-set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/preamble.sh"
 
 # Kernel k: four instructions. Executed 100, 300, 500, 100 (1000 in all); samples 10, 20, 60, 10 (100).
 cat > "$TMP/source.csv" <<'CSV'

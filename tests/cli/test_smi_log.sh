@@ -2,11 +2,7 @@
 # scripts/gpu/smi_log.py against a stand-in nvidia-smi whose samples are known: the command's output and
 # exit status pass through, idle samples are left out, and the clock, power and slowdown-reason figures
 # are those of the busy samples; without nvidia-smi the command still runs.
-set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/preamble.sh"
 PY="$(python3 -c 'import sys; print(sys.executable)')"  # the interpreter itself, not a wrapper that needs PATH
 
 # Eight samples: two idle (345 MHz), six busy at 1500 .. 1980 MHz, the power cap active in three of those.

@@ -2,11 +2,7 @@
 # scripts/gpu/trace_summary.py on a hand-made Chrome trace whose sums are known: kernel time by name
 # (busy time, span, shares), the host's side (operators, the first and last kernel, runtime calls by
 # total time) and --by-scope (each kernel charged to the innermost hh:: range open at its launch).
-set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/preamble.sh"
 
 # Times in microseconds. Thread 1 opens hh::gdn::forward at 1000 for 5000 and, inside it,
 # hh::gdn::scan at 1250 for 100; it launches kA (correlation 1, at 1100), kB (2, at 1200) and kA
