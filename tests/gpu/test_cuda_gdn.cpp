@@ -513,24 +513,35 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
     const hh::kernels::ChunkGrid grid{N, per, {}};
     const auto fo = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
     const auto s0 = (0.5 * torch::randn({B, H, Dk, Dv}, kF64)).to(f32);
+    // The forward scan's arguments on these factors, in pieces of `segment` chunks (0: whole sequences),
+    // with the output written into a fresh o if `output`.
+    auto args = [&](int64_t segment, bool output) {
+      hh::kernels::LowRankScanArgs a;
+      a.A = fo.kdecay;
+      a.B = fo.W;
+      a.decay = fo.decay;
+      a.U = fo.U;
+      a.y0 = s0;
+      a.bound = fo.bound;
+      a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
+      a.segment = segment;
+      if (output) {
+        a.output.Qd = fo.Qd;
+        a.output.Aq = fo.Aq;
+        a.output.aq_inv = fo.aq_inv;
+        a.output.o = torch::empty({B, T, H, Dv}, kCuda.dtype(dt));
+        a.output.grid = grid;
+        a.output.B = B;
+        a.output.T = T;
+      }
+      return a;
+    };
     for (int columns : {0, 16})
       for (int64_t segment : {int64_t{0}, int64_t{2}}) {
         const std::string how = what + (columns == 0 ? ", 32 columns a block" : ", 16 columns a block") +
                                 (segment == 0 ? ", whole sequences" : ", segments of 2 chunks");
-        auto args = [&] {
-          hh::kernels::LowRankScanArgs a;
-          a.A = fo.kdecay;
-          a.B = fo.W;
-          a.decay = fo.decay;
-          a.U = fo.U;
-          a.y0 = s0;
-          a.bound = fo.bound;
-          a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
-          a.segment = segment;
-          return a;
-        };
         hh::kernels::set_scan_columns(columns);
-        hh::kernels::LowRankScanArgs apart = args();
+        hh::kernels::LowRankScanArgs apart = args(segment, false);
         apart.S16 = torch::empty({H, N, Dk, Dv}, kCuda.dtype(torch::kHalf));
         apart.S_inv = torch::empty({H, N, Dk / 16, Dv / 16}, f32);
         apart.M16 = torch::empty({H, N, C, Dv}, kCuda.dtype(torch::kHalf));
@@ -538,14 +549,7 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
         const auto fin_apart = hh::kernels::low_rank_scan(apart, {0, per, 2 * per});
         const auto want = hh::kernels::chunk_output_f16(fo, apart.S16, apart.S_inv, apart.M16, apart.M_inv, grid, B, T, dt);
         poison_allocator();
-        hh::kernels::LowRankScanArgs in = args();
-        in.output.Qd = fo.Qd;
-        in.output.Aq = fo.Aq;
-        in.output.aq_inv = fo.aq_inv;
-        in.output.o = torch::empty({B, T, H, Dv}, kCuda.dtype(dt));
-        in.output.grid = grid;
-        in.output.B = B;
-        in.output.T = T;
+        hh::kernels::LowRankScanArgs in = args(segment, true);
         const auto fin = hh::kernels::low_rank_scan(in, {0, per, 2 * per});
         hh::kernels::set_scan_columns(0);
         EXPECT_TRUE(torch::equal(in.output.o, want)) << how;
@@ -553,19 +557,7 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
         EXPECT_LT(rel_err(in.output.o, want), 1e-6) << how;  // how far, where the bits differ
       }
     // The output's tensors are checked: o of the wrong shape, and a reverse scan, are refused.
-    hh::kernels::LowRankScanArgs bad;
-    bad.A = fo.kdecay;
-    bad.B = fo.W;
-    bad.decay = fo.decay;
-    bad.U = fo.U;
-    bad.y0 = s0;
-    bad.precision = hh::kernels::ScanPrecision::kBlockFloat16;
-    bad.output.Qd = fo.Qd;
-    bad.output.Aq = fo.Aq;
-    bad.output.aq_inv = fo.aq_inv;
-    bad.output.grid = grid;
-    bad.output.B = B;
-    bad.output.T = T;
+    hh::kernels::LowRankScanArgs bad = args(0, true);
     bad.output.o = torch::empty({B, T - 1, H, Dv}, kCuda.dtype(dt));
     EXPECT_THROW(hh::kernels::low_rank_scan(bad, {0, per, 2 * per}), std::invalid_argument) << what;
     bad.output.o = torch::empty({B, T, H, Dv}, kCuda.dtype(dt));
