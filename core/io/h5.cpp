@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "core/util/error.h"
@@ -626,6 +628,25 @@ Handle live_fapl() {
   return fapl;
 }
 
+// HDF5 locks a file (flock) while a process opens it, and a writer's reopening or its start of SWMR
+// writing fails while another process holds that lock: a reader in the middle of opening the file, say.
+// attempt() (an HDF5 call, negative on failure) is retried while its failure is the lock, with short
+// pauses, for up to 30 s; any other failure returns at once. detail: the last failure's HDF5 message.
+template <class Attempt>
+auto retry_while_locked(Attempt attempt, std::string& detail) {
+  using namespace std::chrono;
+  const auto deadline = steady_clock::now() + seconds(30);
+  auto pause = milliseconds(1);
+  for (;;) {
+    const auto r = attempt();
+    if (r >= 0) return r;
+    detail = hdf5_detail();
+    if (detail.find("unable to lock file") == std::string::npos || steady_clock::now() >= deadline) return r;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, milliseconds(32));
+  }
+}
+
 }  // namespace
 
 H5File H5File::create_live(const fs::path& path) {
@@ -640,15 +661,25 @@ H5File H5File::open_live(const fs::path& path) {
   QuietErrors quiet;
   if (!fs::is_regular_file(path)) throw Error(path.string() + ": no such file");
   Handle fapl = live_fapl();
-  const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl.get());
-  if (id < 0) throw Error(path.string() + ": cannot open HDF5 file for writing" + hdf5_detail());
+  std::string detail;
+  const hid_t id = retry_while_locked([&] { return H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl.get()); }, detail);
+  if (id < 0) throw Error(path.string() + ": cannot open HDF5 file for writing" + detail);
   return H5File(id, Mode::ReadWrite, path, path);
 }
 
 H5File H5File::open_follow(const fs::path& path) {
   QuietErrors quiet;
-  return H5File(open_existing(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, "cannot open as HDF5 (SWMR read)"),
-                Mode::ReadOnly, path, path);
+  if (!fs::is_regular_file(path)) throw Error(path.string() + ": no such file");
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
+#if H5_VERSION_GE(1, 10, 7)
+  // A follower takes no file lock: SWMR reading needs none, and its lock, held while it opens the file,
+  // would make the writer's reopening wait (retry_while_locked).
+  H5Pset_file_locking(fapl.get(), false, true);
+#endif
+  const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl.get());
+  if (id < 0) throw Error(path.string() + ": cannot open as HDF5 (SWMR read)" + hdf5_detail());
+  return H5File(id, Mode::ReadOnly, path, path);
 }
 
 void H5File::create_series(const std::string& dataset_path, at::ScalarType dtype, int64_t chunk) {
@@ -676,7 +707,9 @@ void H5File::start_swmr_write() {
   require_writable("start SWMR writing");
   if (swmr_) return;
   QuietErrors quiet;
-  if (H5Fstart_swmr_write(id_) < 0) throw Error(path_.string() + ": cannot start SWMR writing" + hdf5_detail());
+  std::string detail;
+  if (retry_while_locked([&] { return H5Fstart_swmr_write(id_); }, detail) < 0)
+    throw Error(path_.string() + ": cannot start SWMR writing" + detail);
   swmr_ = true;
 }
 

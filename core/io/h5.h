@@ -87,9 +87,11 @@ class H5File {
   // A new live file at `path`, replacing one that exists.
   static H5File create_live(const std::filesystem::path& path);
   // An existing live file reopened by its writer (e.g. a resumed job), not yet in SWMR mode, so
-  // truncate() and attribute changes are still allowed before start_swmr_write().
+  // truncate() and attribute changes are still allowed before start_swmr_write(). Both wait out HDF5's
+  // file lock held by another process that is opening or reading the file (up to 30 s).
   static H5File open_live(const std::filesystem::path& path);
   // Read-only, following a writer (SWMR read). Call refresh() on a dataset before reading it again.
+  // Takes no file lock (SWMR reading needs none), so a follower never holds up the writer's reopening.
   static H5File open_follow(const std::filesystem::path& path);
 
   // A 1-D dataset with no rows and no size limit (chunks of `chunk` rows) of f64, f32, i64 or i32.

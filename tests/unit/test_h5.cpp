@@ -370,4 +370,75 @@ TEST(H5Live, FollowerSeesRowsWhileTheWriterRuns) {
   EXPECT_GE(sizes_seen.size(), 3u) << "the follower saw the dataset grow while it was written";
 }
 
+// The reader half of ReopeningForWritingWhileReadersPoll, run in a child process (skipped otherwise):
+// opens the file, reads it and closes it, over and over, until the stop file appears. HH_H5_READER
+// "follow" follows it (SWMR read, as the workbench's runs view does every second), "read" opens it
+// read-only, as another program might, holding HDF5's file lock while it has the file open.
+TEST(H5Live, ReaderChild) {
+  const char* path = std::getenv("HH_H5_READER_CHILD");
+  if (path == nullptr) GTEST_SKIP() << "runs only as the child of ReopeningForWritingWhileReadersPoll";
+  const bool follow = std::string(std::getenv("HH_H5_READER") ? std::getenv("HH_H5_READER") : "") == "follow";
+  const fs::path stop = std::string(path) + ".stop";
+  std::ofstream(std::string(path) + ".ready") << "reading\n";  // the parent starts reopening now
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(stop) && std::chrono::steady_clock::now() < deadline) {
+    try {
+      auto f = follow ? hh::io::H5File::open_follow(path) : hh::io::H5File::open_read(path);
+      if (follow) f.refresh("/rows");
+      (void)f.read("/rows");
+    } catch (const std::exception&) {
+      // the writer holds the file between its reopening and SWMR mode: the next round reads it
+    }
+  }
+}
+
+// A resumed job reopens its run.h5 for writing while the workbench may be following it, or another
+// program reading it. HDF5 locks the file while a process opens it, and a writer's reopening (or its
+// start of SWMR writing) used to fail outright when a reader held that lock at that moment. Fifty
+// reopenings, each appending a row, against a child process that reads the file without pause: as a
+// follower (which takes no lock) and as a plain reader (whose lock the writer waits out).
+TEST(H5Live, ReopeningForWritingWhileReadersPoll) {
+  for (const std::string reader : {"follow", "read"}) {
+    const fs::path p = hh::test::scratch_dir("h5_reopen_" + reader) / "live.h5";
+    {
+      auto f = hh::io::H5File::create_live(p);
+      f.create_series("/rows", at::kDouble);
+      f.start_swmr_write();
+      f.commit();
+    }
+    const fs::path stop = p.string() + ".stop", ready = p.string() + ".ready";
+    const std::string filter = "--gtest_filter=H5Live.ReaderChild";
+    const std::string env = "HH_H5_READER_CHILD=" + p.string(), mode = "HH_H5_READER=" + reader;
+    char exe[4096] = {};
+    ASSERT_GT(::readlink("/proc/self/exe", exe, sizeof exe - 1), 0);
+    char* argv[] = {exe, const_cast<char*>(filter.c_str()), nullptr};
+    char* envp[] = {const_cast<char*>(env.c_str()), const_cast<char*>(mode.c_str()), nullptr};
+    pid_t pid = 0;
+    ASSERT_EQ(::posix_spawn(&pid, exe, nullptr, nullptr, argv, envp), 0);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!fs::exists(ready) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(fs::exists(ready)) << reader << ": the reader did not start";
+
+    std::vector<std::string> failures;
+    for (int i = 0; i < 50; ++i) {
+      try {
+        auto f = hh::io::H5File::open_live(p);
+        f.start_swmr_write();
+        f.append("/rows", f64s({static_cast<double>(i)}));
+        f.commit();
+      } catch (const std::exception& e) {
+        failures.push_back(e.what());
+      }
+    }
+    std::ofstream(stop.string()) << "stop\n";
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << reader;
+    EXPECT_TRUE(failures.empty()) << reader << ": " << failures.size() << " of 50 reopenings failed, the first: "
+                                  << (failures.empty() ? std::string() : failures.front());
+    EXPECT_EQ(hh::io::H5File::open_read(p).read("/rows").size(0), static_cast<int64_t>(50 - failures.size())) << reader;
+  }
+}
+
 }  // namespace
