@@ -247,9 +247,10 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const double f_b2b = forward(ours, back_to_back_ms), fb_b2b = forward_backward(ours, back_to_back_ms);
     const std::optional<double> f_lt = on_other_path(OtherPath::kLibTorchLocal, dev, [&] { return forward(ours); });
     const std::optional<double> f_tf32 = on_other_path(OtherPath::kTf32Scan, dev, [&] { return forward(ours); });
-    // The output in the scan against a kernel of its own, back to back, alternating (the device slows as it warms).
+    // The output in the scan against a kernel of its own, back to back, alternating (the device slows as it
+    // warms); with --output-apart both would be the same path.
     std::vector<double> in_scan_rounds, apart_rounds;
-    for (int round = 0; round < 3 && dev.is_cuda(); ++round) {
+    for (int round = 0; round < 3 && dev.is_cuda() && !a.output_apart; ++round) {
       if (const auto t = on_other_path(OtherPath::kOutputApart, dev, [&] { return forward(ours, back_to_back_ms); })) {
         apart_rounds.push_back(*t);
         in_scan_rounds.push_back(forward(ours, back_to_back_ms));
@@ -415,7 +416,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         auto b2b = [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_run); };
         if (const auto t = on_flash_gate(attention::FlashGate::kInputs, dev, b2b)) ungated.push_back(*t);
         if (const auto t = on_flash_gate(attention::FlashGate::kScan, dev, b2b)) after_scan.push_back(*t);
-        if (const auto t = on_other_path(OtherPath::kOutputApart, dev, b2b)) out_apart.push_back(*t);
+        const auto t = a.output_apart ? std::nullopt : on_other_path(OtherPath::kOutputApart, dev, b2b);  // else the default
+        if (t) out_apart.push_back(*t);
       }
       const std::optional<double> cf_four = median_of(four), cf_three = median_of(three), fa_ungated = median_of(ungated),
                                   fa_after_scan = median_of(after_scan), output_apart = median_of(out_apart);
@@ -423,7 +425,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       // The same for the hybrid with its output apart (kernels::set_output_in_scan): under a power limit the
       // energy a call is the figure that decides.
       const std::optional<Sustained> hyb_apart_e =
-          on_other_path(OtherPath::kOutputApart, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
+          a.output_apart ? std::nullopt
+                         : on_other_path(OtherPath::kOutputApart, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
       std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %15s %14s %14s %15s %26s %15s\n", label.c_str(), dense,
                   hyb, speedup, dense_b2b, hyb_b2b, speedup_b2b, figure(hyb_one_b2b, 2).c_str(),

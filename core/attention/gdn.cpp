@@ -501,12 +501,10 @@ ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at
     a.S16 = at::empty({H, N, Dk, Dv}, f16);
     a.S_inv = at::empty({H, N, Dk / 16, Dv / 16}, U.options());
   }
-  if (f16_history && output != nullptr) {
-    // Neither the new values nor (beyond S16 above) the states: the output is written.
-  } else if (f16_history) {
+  if (f16_history && output == nullptr) {
     a.M16 = at::empty({H, N, C, Dv}, f16);
     a.M_inv = at::empty({H, N, C / 16, Dv / 8}, U.options());
-  } else {
+  } else if (!f16_history) {
     a.hist = at::empty({H, N, Dk, Dv}, U.options());
     a.M = at::empty(U.sizes(), U.options());
   }
