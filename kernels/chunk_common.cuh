@@ -35,6 +35,21 @@ constexpr int ld16() {
   return D + 8;
 }
 
+// The input row of slot r of one chunk, or -1 for padding: SlotRows::chunk's answer, for a kernel that
+// places several rows of the chunk (a regular grid's division is done once, not once a row).
+struct ChunkRows {
+  const int64_t* gather;  // the chunk's kC slot rows (>= rows: padding), or null for a regular grid:
+  int64_t first, rows;    // its first slot's row; for gather, the rows there are
+  int valid;              // regular grid: slots 0 .. valid - 1 are rows first .. first + valid - 1
+  __device__ __forceinline__ int64_t operator()(int r) const {
+    if (gather != nullptr) {
+      const int64_t x = gather[r];
+      return x < rows ? x : -1;
+    }
+    return r < valid ? first + r : -1;
+  }
+};
+
 // The input row of slot r of chunk n, or -1 for padding.
 struct SlotRows {
   const int64_t* gather;  // [N * C] input row of each slot (rows = padding), or null for B regular sequences:
@@ -46,6 +61,19 @@ struct SlotRows {
     }
     const int64_t b = n / per, t = (n % per) * kC + r;
     return t < T ? b * T + t : -1;
+  }
+  // Chunk n's slots. A regular grid divides once, in 32 bits where n and per fit (a 64-bit division is
+  // a long sequence of instructions; a 32-bit one a few).
+  __device__ __forceinline__ ChunkRows chunk(int64_t n) const {
+    if (gather != nullptr) return {gather + n * kC, 0, rows, 0};
+    int64_t b, t0;
+    if (n <= INT32_MAX && per <= INT32_MAX) {
+      const int nn = static_cast<int>(n), pp = static_cast<int>(per), bb = nn / pp;
+      b = bb, t0 = static_cast<int64_t>(nn - bb * pp) * kC;
+    } else {
+      b = n / per, t0 = (n % per) * kC;
+    }
+    return {nullptr, b * T + t0, rows, static_cast<int>(t0 < T ? (T - t0 < kC ? T - t0 : kC) : 0)};
   }
 };
 

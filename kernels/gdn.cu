@@ -941,17 +941,7 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
       // for the warp's step (1) tiles, Aq's product over M's row blocks i <= the tile's (Aq is zero above
       // its diagonal), each 16-deep product scaled by its M tile's inverse scale.
       const float a_inv = *ring.aq_inv(buf);
-      const int64_t n = chunk(i);
-      // The output row of the chunk's slot r (SlotRows), the regular grid's division once a chunk in 32 bits
-      // (n < 2^31 chunks: low_rank_scan checks the grid's rows against 32 bits).
-      int64_t first = 0;
-      int valid = 0;
-      if (so.rows.gather == nullptr) {
-        const int nn = static_cast<int>(n), per = static_cast<int>(so.rows.per), b = nn / per, t0 = (nn - b * per) * C;
-        first = static_cast<int64_t>(b) * so.rows.T + t0;
-        valid = static_cast<int>(min(static_cast<int64_t>(C), so.rows.T - t0));
-      }
-      auto row_of = [&](int r) -> int64_t { return so.rows.gather != nullptr ? so.rows(n, r) : r < valid ? first + r : -1; };
+      const ChunkRows row_of = so.rows.chunk(chunk(i));  // the output row of the chunk's slot r
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) {
         const int m = (mfirst + mi) * 16;
@@ -1977,7 +1967,7 @@ void fusion_norm_forward_into(const at::Tensor& o, const at::Tensor& gate, GateA
   if (gate.scalar_type() != o.scalar_type() || gamma.scalar_type() != o.scalar_type() || y.scalar_type() != o.scalar_type())
     fail("o, gate, gamma and y must have one dtype");
   if (!gate.is_cuda() || gate.device() != o.device() || gate.size(0) != B || gate.size(1) != T || gate.size(2) != n * Dh ||
-      gate.stride(2) != 1 || gate.stride(0) != T * gate.stride(1))
+      gate.stride(2) != 1 || (B > 1 && gate.stride(0) != T * gate.stride(1)))
     fail("gate must be [B, T, n Dh] with unit stride on its last axis and evenly spaced rows");
   if (y.size(0) != B || y.size(1) != T || y.size(3) != Dh || gamma.sizes() != at::IntArrayRef({n, Dh}))
     fail("y must be [B, T, Hy, Dh] and gamma [n, Dh]");

@@ -941,7 +941,8 @@ bool chunk_output_fusion_supported(int64_t H, int64_t Dv, at::ScalarType dtype) 
 bool chunk_output_fusion_fits(const OutputFusion& fu, const at::Tensor& y) {
   auto aligned = [](const at::Tensor& x) { return x.defined() && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0; };
   return aligned(fu.gate) && aligned(fu.gamma) && aligned(y) && fu.gate.dim() == 3 && fu.gate.stride(-1) == 1 &&
-         fu.gate.stride(1) % 8 == 0 && fu.gamma.is_contiguous() && y.is_contiguous();
+         fu.gate.stride(1) % 8 == 0 && (fu.gate.size(0) <= 1 || fu.gate.stride(0) == fu.gate.size(1) * fu.gate.stride(1)) &&
+         fu.gamma.is_contiguous() && y.is_contiguous();
 }
 
 void chunk_output_f16_fused(const ChunkFactors& f, const at::Tensor& S16, const at::Tensor& S_inv, const at::Tensor& M16,
@@ -958,7 +959,8 @@ void chunk_output_f16_fused(const ChunkFactors& f, const at::Tensor& S16, const 
   if (!y.is_cuda() || y.dim() != 4 || y.size(0) != B || y.size(1) != T || y.size(3) != Dv || !y.is_contiguous())
     throw std::invalid_argument(name + "y must be a contiguous CUDA tensor [B, T, Hy, Dv]");
   if (!gate.defined() || gate.dim() != 3 || gate.device() != y.device() || gate.size(0) != B || gate.size(1) != T ||
-      gate.size(2) != H * Dv || gate.stride(2) != 1 || gate.stride(0) != T * gate.stride(1) || gate.stride(1) % 8 != 0)
+      gate.size(2) != H * Dv || gate.stride(2) != 1 || (B > 1 && gate.stride(0) != T * gate.stride(1)) ||
+      gate.stride(1) % 8 != 0)
     throw std::invalid_argument(name + "gate must be [B, T, H Dv] with unit stride on its last axis and evenly spaced rows 16 bytes apart");
   if (!fu.gamma.defined() || fu.gamma.device() != y.device() || fu.gamma.sizes() != at::IntArrayRef({H, Dv}) ||
       !fu.gamma.is_contiguous())

@@ -935,10 +935,14 @@ at::Tensor gdn_fused_output(const at::Tensor& q_in, const at::Tensor& k_in, cons
   if (graph)
     throw Error("gated delta rule with a fused output: inference only, but an input requires a gradient "
                 "(run it under a no-grad guard, or take gdn and the fusion norm apart)");
+  // With the output in the scan, the fusion norm runs as a kernel of its own after it, as it does after
+  // the rule's other paths (so any layout that kernel takes will do); with the output apart the output
+  // kernel applies it, under that kernel's layout conditions.
   const bool fused = q.is_cuda() && chunk_kernels_ok(q, k, v, chunk) && kernels::block_f16_scan_enabled() &&
                      kernels::f16_history_enabled() &&
-                     kernels::chunk_output_fusion_supported(q.size(2), v.size(3), q.scalar_type()) &&
-                     kernels::chunk_output_fusion_fits(fusion, y) && y.scalar_type() == q.scalar_type();
+                     (kernels::output_in_scan_enabled() ||
+                      (kernels::chunk_output_fusion_supported(q.size(2), v.size(3), q.scalar_type()) &&
+                       kernels::chunk_output_fusion_fits(fusion, y) && y.scalar_type() == q.scalar_type()));
   // The convolution inside chunk_factors where its tensors fit (contiguous, 16-byte aligned), else first.
   auto fits = [](const at::Tensor& t) {
     return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;

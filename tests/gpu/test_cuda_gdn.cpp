@@ -892,8 +892,9 @@ TEST(CudaGdn, FusedOutputEqualsTheRuleThenTheFusion) {
           const auto af = a.to(torch::kFloat), bf = b.to(torch::kFloat);
           EXPECT_LE(((af - bf).abs() - 3 * ulp * bf.abs()).max().item<double>(), 1e-6) << what << " head " << h;
         }
-        // A gate the fused kernel cannot read (one element off 16-byte alignment): the rule, then the
-        // fusion kernel, the reference's own path, bit for bit.
+        // A gate the output kernel cannot read (one element off 16-byte alignment): bit for bit the rule,
+        // then the fusion kernel (with the output apart, gdn_fused_output takes that path itself; with the
+        // output in the scan, its kernels, whose fusion kernel reads any gate layout).
         hh::kernels::OutputFusion off = fu;
         off.gate = proj.narrow(2, 1, H * Dv);
         ASSERT_FALSE(hh::kernels::chunk_output_fusion_fits(off, got)) << what;
@@ -915,6 +916,49 @@ TEST(CudaGdn, FusedOutputEqualsTheRuleThenTheFusion) {
   fu.heads = {0};
   auto y = torch::zeros({1, 64, 1, 64}, dev);
   EXPECT_THROW(hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, fu, y), std::runtime_error);
+}
+
+// One sequence's gate needs no batch stride: a gate cut from a longer projection's first T rows (its
+// batch stride is not T rows) goes through the output kernel's fusion and the fusion kernel alike, with
+// the same bits as a contiguous copy of it.
+TEST(CudaGdn, FusedOutputTakesAOneSequenceGateOfAnyBatchStride) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  namespace F = torch::nn::functional;
+  const auto nrm = F::NormalizeFuncOptions().dim(-1);
+  const int64_t T = 150, H = 2, D = 128, Hy = 3;
+  const std::vector<int64_t> heads = {0, 2};
+  const auto dev = kCuda.dtype(torch::kBFloat16), f32 = kCuda.dtype(torch::kFloat);
+  const auto q = F::normalize(torch::randn({1, T, H, D}, kF64), nrm).to(dev);
+  const auto k = F::normalize(torch::randn({1, T, H, D}, kF64), nrm).to(dev);
+  const auto v = torch::randn({1, T, H, D}, kF64).to(dev);
+  const auto g = (-0.5 * torch::rand({1, T, H}, kF64)).to(f32), beta = torch::rand({1, T, H}, kF64).to(f32);
+  hh::kernels::OutputFusion fu;
+  fu.gate = torch::randn({1, T + 5, H * D}, dev).narrow(1, 0, T);
+  ASSERT_NE(fu.gate.stride(0), T * fu.gate.stride(1));
+  fu.gamma = 1 + 0.3 * torch::randn({H, D}, dev);
+  fu.act = hh::kernels::GateActivation::kSilu;
+  fu.eps = 1e-6;
+  fu.heads = heads;
+  hh::kernels::OutputFusion copy = fu;
+  copy.gate = fu.gate.contiguous();
+  torch::NoGradGuard no_grad;
+  for (bool in_scan : {true, false}) {
+    hh::kernels::set_output_in_scan(in_scan);
+    const std::string what = in_scan ? "output in the scan" : "fusion in the output kernel";
+    auto got = torch::full({1, T, Hy, D}, 7.0, dev), want = torch::full({1, T, Hy, D}, 7.0, dev);
+    EXPECT_TRUE(hh::kernels::chunk_output_fusion_fits(fu, got)) << what;
+    const auto s1 = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, fu, got);
+    const auto s2 = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, copy, want);
+    EXPECT_TRUE(torch::equal(got, want)) << what;
+    EXPECT_TRUE(torch::equal(s1, s2)) << what;
+    EXPECT_TRUE(got.select(2, 1).eq(7.0).all().item<bool>()) << what << ": the head between is written";
+  }
+  hh::kernels::set_output_in_scan(true);
+  const auto o = torch::randn({1, T, H, D}, dev);
+  auto got = torch::zeros({1, T, Hy, D}, dev), want = torch::zeros({1, T, Hy, D}, dev);
+  hh::kernels::fusion_norm_forward_into(o, fu.gate, fu.act, fu.gamma, fu.eps, got, heads);
+  hh::kernels::fusion_norm_forward_into(o, copy.gate, fu.act, fu.gamma, fu.eps, want, heads);
+  EXPECT_TRUE(torch::equal(got, want)) << "the fusion kernel";
 }
 
 // The LA heads' short convolution, RoPE and L2 norm inside chunk_factors (ShortConvInputs) against the
