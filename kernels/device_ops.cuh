@@ -58,13 +58,18 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
+// Waits for the phase of the given parity to complete. Each try names a suspend time (10 ms, far beyond
+// any phase's wait): the waiting warp sleeps until the phase completes instead of retrying after the
+// device's own short limit. Without it the scan's producer warp spun on its `empty` barrier: 13 % of the
+// kernel's issued instructions (the same cycles either way; fewer instructions, less energy).
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  constexpr unsigned kSuspendNs = 10'000'000;
   unsigned done = 0;
   do {
     asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
+        : "r"(smem_addr(bar)), "r"(parity), "r"(kSuspendNs)
         : "memory");
   } while (!done);
 }
