@@ -153,6 +153,16 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     throw Error("--iters, --heads, --dim and --chunk must be positive and --warmup non-negative");
   if (!(a.peak_tflops > 0) || !(a.peak_gbps > 0)) throw Error("--peak-tflops and --peak-gbps must be positive");
   if (!(a.gate_max >= 0)) throw Error("--gate-max must be non-negative");
+  if (a.ratio < 0) throw Error("--ratio must be non-negative (r LA heads to each FA head; 0: every head full attention)");
+  // Everything the run will read, before the first timing: a bad layer shape or config must not wait
+  // for minutes of the rule's benchmark to be reported.
+  const std::vector<Shape> shapes = parse_shapes(a.shapes, "--shapes");
+  std::optional<model::ModelConfig> layer_cfg;
+  std::vector<Shape> layer_shapes;
+  if (!a.layer_config.empty()) {
+    layer_cfg = model::ModelConfig::load(a.layer_config);
+    layer_shapes = parse_shapes(a.layer_shapes, "--layer-shapes");
+  }
   int64_t segments = -1;  // auto
   if (a.scan_segments != "auto") {
     try {
@@ -209,7 +219,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   std::printf("  %-10s %12s %12s %9s %9s %10s %6s %10s %6s %14s %14s %18s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms",
               "b2b fwd", "b2b f+b", "TFLOP/s", "of", "GB/s", "of", "LT-local fwd", "TF32-scan fwd", "b2b fwd / out-apart",
               "ref fwd ms", "ref fwd+bwd ms");
-  for (const Shape& s : parse_shapes(a.shapes, "--shapes")) {
+  for (const Shape& s : shapes) {
     namespace F = torch::nn::functional;
     const auto nrm = F::NormalizeFuncOptions().dim(-1);
     const auto q = F::normalize(torch::randn({s.B, s.T, a.heads, a.dim}, opts.dtype(torch::kFloat)), nrm).to(dt);
@@ -301,11 +311,11 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     out["rows"].push_back(row);
   }
 
-  if (!a.layer_config.empty()) {
+  if (layer_cfg) {
     // One attention layer of a config's shape (random weights, a tiny vocabulary: the embedding is not
     // used), dense against its hybrid at LA:FA = ratio:1, both up to the per-head outputs (o_proj
     // excluded from both).
-    model::ModelConfig cfg = model::ModelConfig::load(a.layer_config);
+    model::ModelConfig cfg = *layer_cfg;
     cfg.num_hidden_layers = 1;
     cfg.vocab_size = 256;
     model::Weights w = model::random_weights(cfg, a.seed, torch::kFloat, 0.02);
@@ -371,7 +381,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       }
       return r;
     };
-    for (const Shape& s : parse_shapes(a.layer_shapes, "--layer-shapes")) {
+    for (const Shape& s : layer_shapes) {
       torch::NoGradGuard no_grad;
       const auto x = torch::randn({s.B, s.T, cfg.hidden_size}, opts);
       const auto xn = model::rms_norm(x, lw.input_layernorm, eps);
@@ -467,7 +477,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         std::printf("\n");
       }
       out["layer"].push_back(layer);
-      if (!a.profile.empty() && out["layer"].size() == parse_shapes(a.layer_shapes, "--layer-shapes").size()) {
+      if (!a.profile.empty() && out["layer"].size() == layer_shapes.size()) {
         // The hybrid layer at the last (longest) shape, in a trace of its own beside --profile's: on one
         // stream, so that each kernel's time is its own (side by side they share the device).
         std::filesystem::path lp(a.profile);

@@ -82,4 +82,14 @@ python3 -c 'import json,sys; L=json.loads(sys.argv[1])["layer"]; assert [(x["B"]
 grep -q "hybrid 1 FA + 3 LA heads" <<<"$out" && grep -q "in a block of their own" <<<"$out" || fail "bench gdn layer table: $out"
 set +e; msg=$("$HH" bench gdn --device cpu --shapes 1y70 2>&1); rc=$?; set -e
 [[ $rc -eq 1 ]] && grep -q "1y70" <<<"$msg" || fail "bench gdn with a bad shape exited $rc: $msg"
+# What the layer comparison reads is checked before anything is timed: a missing config, a bad layer
+# shape or a negative ratio ends the run with its name and no table row.
+for case_ in "missing.json|--layer-config $TMP/missing.json" "--layer-shapes|--layer-config $TMP/tiny.json --layer-shapes 1x" \
+             "--ratio|--layer-config $TMP/tiny.json --ratio -1"; do
+  what=${case_%%|*} args=${case_#*|}
+  set +e; msg=$("$HH" bench gdn --device cpu --dtype f32 --shapes 1x64 --heads 2 --dim 16 --iters 1 --warmup 0 $args 2>&1)
+  rc=$?; set -e
+  [[ $rc -eq 1 ]] && grep -q -- "$what" <<<"$msg" || fail "bench gdn $args exited $rc: $msg"
+  if grep -q "^  1 x 64" <<<"$msg"; then fail "bench gdn $args timed the rule before refusing: $msg"; fi
+done
 echo "cli contract: ok"
