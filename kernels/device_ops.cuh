@@ -61,7 +61,7 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, u
 // Waits for the phase of the given parity to complete. Each try names a suspend time (10 ms, far beyond
 // any phase's wait): the waiting warp sleeps until the phase completes instead of retrying after the
 // device's own short limit. Without it the scan's producer warp spun on its `empty` barrier: 13 % of the
-// kernel's issued instructions (the same cycles either way; fewer instructions, less energy).
+// kernel's issued instructions (the scan took the same cycles either way).
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
   constexpr unsigned kSuspendNs = 10'000'000;
   unsigned done = 0;
