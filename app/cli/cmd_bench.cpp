@@ -42,23 +42,47 @@ namespace {
 struct BenchArgs {
   std::string model, device = "cpu", dtype = "bf16";
   int64_t seq = 4096, batch = 1, iters = 10, warmup = 3;
+  int64_t decode = 0;  // also time greedy decoding of this many tokens after a --seq prompt
   uint64_t seed = 0;
   bool json = false;
 };
 
 int run_bench_forward(const BenchArgs& a) {
-  if (a.seq < 1 || a.batch < 1 || a.iters < 1 || a.warmup < 0)
-    throw Error("--seq, --batch and --iters must be positive and --warmup non-negative");
-  const auto model = model::Transformer::load(a.model, a.device, a.dtype);
-  const auto dev = model.device();
+  if (a.seq < 1 || a.batch < 1 || a.iters < 1 || a.warmup < 0 || a.decode < 0)
+    throw Error("--seq, --batch and --iters must be positive and --warmup and --decode non-negative");
+  // A dense checkpoint or a HydraHead hybrid: the hybrid's forward and decoding, its teacher's config.
+  std::optional<model::Transformer> dense;
+  std::optional<attention::HybridModel> hybrid;
+  if (attention::is_hybrid_checkpoint(a.model)) hybrid.emplace(attention::HybridModel::load(a.model, a.device, a.dtype));
+  else dense.emplace(model::Transformer::load(a.model, a.device, a.dtype));
+  const model::Transformer& base = hybrid ? hybrid->teacher() : *dense;
+  const auto dev = base.device();
   torch::manual_seed(a.seed);
-  const auto ids = torch::randint(model.config().vocab_size, {a.batch, a.seq},
+  const auto ids = torch::randint(base.config().vocab_size, {a.batch, a.seq},
                                   torch::TensorOptions().dtype(torch::kInt64)).to(dev);  // [B, T]
   torch::NoGradGuard no_grad;
-  const std::vector<double> ms = sample_ms(dev, a.warmup, a.iters, [&] { (void)model.forward(ids); });
+  const std::vector<double> ms = sample_ms(dev, a.warmup, a.iters, [&] {
+    if (hybrid) (void)hybrid->forward(ids);
+    else (void)dense->forward(ids);
+  });
   const double median = ms[ms.size() / 2];
-  // Matmul FLOPs of one forward (2 per multiply-add): projections, MLP, causal attention, lm_head.
-  const auto& c = model.config();
+  // Greedy decoding of --decode tokens after the first sequence as the prompt: the prompt alone (its
+  // forward and the first new token, generate(prompt, 1)) and the whole (generate(prompt, 1 + N)), whose
+  // difference over N is a decoding step's time.
+  std::optional<double> prefill_ms, token_ms;
+  if (a.decode > 0) {
+    const at::Tensor first = ids[0].cpu();
+    const std::vector<int64_t> prompt(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + a.seq);
+    auto generate = [&](int64_t n) {
+      return hybrid ? hybrid->generate(prompt, n) : model::generate_greedy(*dense, prompt, n);
+    };
+    prefill_ms = median_ms(dev, a.warmup, a.iters, [&] { (void)generate(1); });
+    const double whole = median_ms(dev, a.warmup, a.iters, [&] { (void)generate(1 + a.decode); });
+    token_ms = std::max(0.0, whole - *prefill_ms) / static_cast<double>(a.decode);
+  }
+  // Matmul FLOPs of one forward (2 per multiply-add): projections, MLP, causal attention, lm_head (a
+  // hybrid's are counted as its teacher's).
+  const auto& c = base.config();
   const double T = static_cast<double>(a.seq), B = static_cast<double>(a.batch);
   const double proj = 2.0 * c.hidden_size * c.head_dim * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads);
   const double mlp = 2.0 * 3.0 * c.hidden_size * c.intermediate_size;
@@ -66,14 +90,25 @@ int run_bench_forward(const BenchArgs& a) {
   const double flops = B * T * (c.num_hidden_layers * (proj + mlp + attn) + 2.0 * c.hidden_size * c.vocab_size);
   const double tflops = flops / (median * 1e-3) / 1e12;
   if (a.json) {
-    nlohmann::json j = {{"what", "forward"}, {"device", a.device}, {"dtype", a.dtype}, {"batch", a.batch},
-                        {"seq", a.seq}, {"iters", a.iters}, {"median_ms", median}, {"min_ms", ms.front()},
-                        {"max_ms", ms.back()}, {"tflops", tflops}, {"tokens_per_s", B * T / (median * 1e-3)}};
+    nlohmann::json j = {{"what", "forward"}, {"model", hybrid ? "hybrid" : "dense"}, {"device", a.device},
+                        {"dtype", a.dtype}, {"batch", a.batch}, {"seq", a.seq}, {"iters", a.iters}, {"median_ms", median},
+                        {"min_ms", ms.front()}, {"max_ms", ms.back()}, {"tflops", tflops},
+                        {"tokens_per_s", B * T / (median * 1e-3)}};
+    if (token_ms) {
+      j["decode"] = a.decode;
+      j["prefill_ms"] = *prefill_ms;
+      j["decode_token_ms"] = *token_ms;
+      j["decode_tokens_per_s"] = *token_ms > 0 ? 1e3 / *token_ms : 0.0;
+    }
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("forward  B=%lld T=%lld %s on %s: median %.2f ms (min %.2f, max %.2f), %.1f TFLOP/s, %.0f tokens/s\n",
-                static_cast<long long>(a.batch), static_cast<long long>(a.seq), a.dtype.c_str(), a.device.c_str(),
-                median, ms.front(), ms.back(), tflops, B * T / (median * 1e-3));
+    std::printf("forward  %s B=%lld T=%lld %s on %s: median %.2f ms (min %.2f, max %.2f), %.1f TFLOP/s, %.0f tokens/s\n",
+                hybrid ? "hybrid" : "dense", static_cast<long long>(a.batch), static_cast<long long>(a.seq),
+                a.dtype.c_str(), a.device.c_str(), median, ms.front(), ms.back(), tflops, B * T / (median * 1e-3));
+    if (token_ms)
+      std::printf("decode   %lld more tokens after a prompt of %lld: prompt %.2f ms, then %.3f ms a token (%.1f tokens/s)\n",
+                  static_cast<long long>(a.decode), static_cast<long long>(a.seq), *prefill_ms, *token_ms,
+                  *token_ms > 0 ? 1e3 / *token_ms : 0.0);
   }
   return kExitOk;
 }
@@ -443,7 +478,7 @@ Runner add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   app.require_subcommand(1);
   auto* fwd = app.add_subcommand("forward", "Time the model's forward pass (median of --iters after --warmup)");
-  fwd->add_option("--model", args->model, "HF checkpoint directory")->required();
+  fwd->add_option("--model", args->model, "HF checkpoint directory, dense or a HydraHead hybrid")->required();
   fwd->add_option("--device", args->device, "cpu or cuda[:N]")->capture_default_str();
   fwd->add_option("--dtype", args->dtype, "f32, bf16 or f16")->capture_default_str();
   fwd->add_option("--seq", args->seq, "Sequence length T")->capture_default_str();
@@ -451,6 +486,11 @@ Runner add_bench(CLI::App& app) {
   fwd->add_option("--iters", args->iters, "Timed iterations")->capture_default_str();
   fwd->add_option("--warmup", args->warmup, "Untimed iterations first")->capture_default_str();
   fwd->add_option("--seed", args->seed, "Seed of the random token ids")->capture_default_str();
+  fwd->add_option("--decode", args->decode,
+                  "Also time greedy decoding of N more tokens after the first sequence as the prompt (batch 1): "
+                  "the prompt's time (its forward and first new token) and a decoding step's (the whole run's "
+                  "time less the prompt's, over N)")
+      ->capture_default_str();
   fwd->add_flag("--json", args->json, "Print one JSON object");
 
   auto targs = std::make_shared<TokenizeBenchArgs>();

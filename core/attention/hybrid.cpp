@@ -32,11 +32,30 @@ at::Tensor pick(const at::Tensor& x, int64_t dim, const std::vector<int64_t>& id
 
 using nlohmann::json;
 
-// Rows [h * Dh, (h + 1) * Dh) of a [H * Dh, d] projection for the listed heads, stacked.
+// Rows [h * Dh, (h + 1) * Dh) of a [H * Dh, d] projection for the listed heads, stacked (every head in
+// order: the projection itself, no copy).
 at::Tensor head_rows(const at::Tensor& w, const std::vector<int64_t>& heads, int64_t Dh) {
+  bool identity = static_cast<int64_t>(heads.size()) * Dh == w.size(0);
+  for (size_t i = 0; identity && i < heads.size(); ++i) identity = heads[i] == static_cast<int64_t>(i);
+  if (identity) return w;
   std::vector<at::Tensor> rows;
   for (int64_t h : heads) rows.push_back(w.narrow(0, h * Dh, Dh));
   return at::cat(rows, 0);
+}
+
+// x [.., d] times the listed heads' rows of a [H * Dh, d] projection: [.., n * Dh]. Long inputs multiply
+// a copy of those rows (a copy no larger than one read of x). For short ones (decoding a token) the copy
+// would cost more than the product, so where the heads are at least a third of the projection's (its
+// other rows then cost less than the copy's three passes over theirs), the projection is read in place
+// and the heads' columns are taken from its product.
+at::Tensor heads_product(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& heads, int64_t Dh) {
+  const int64_t n = static_cast<int64_t>(heads.size()), H = w.size(0) / Dh, tokens = x.numel() / x.size(-1);
+  if (tokens >= n * Dh || 3 * n < H) return at::linear(x, head_rows(w, heads, Dh));
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  std::vector<int64_t> split = shape, flat = shape;
+  split.insert(split.end(), {H, Dh});
+  flat.push_back(n * Dh);
+  return pick(at::linear(x, w).view(split), static_cast<int64_t>(shape.size()), heads).reshape(flat);
 }
 
 // Depthwise causal conv over time of x [B, T, C] with weight [C, 1, K], then SiLU. `past` [B, C, K-1]
@@ -240,26 +259,26 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     used.erase(std::unique(used.begin(), used.end()), used.end());
     for (int64_t h : split.fa) slot.push_back(std::lower_bound(used.begin(), used.end(), h / G) - used.begin());
     const int64_t nU = static_cast<int64_t>(used.size());
-    const bool all = nU == Hkv;
     // For long inputs, one product for q, k, v and the gate of these heads (each a column slice of its
     // output): xn is read once instead of four times, for a copy of the weight rows no larger than one
-    // read of xn. Short inputs (decoding) read each weight in place. The gate joins only when it trains
-    // as the teacher's rows do: a trained gate must not pull gradients through frozen q, k and v.
-    std::vector<at::Tensor> rows = {head_rows(tw.q_proj, split.fa, Dh), all ? tw.k_proj : head_rows(tw.k_proj, used, Dh),
-                                    all ? tw.v_proj : head_rows(tw.v_proj, used, Dh)};
-    const bool gate_joins = !o.fusion_concat && (!at::GradMode::is_enabled() || w.fa_gate.requires_grad() == rows[0].requires_grad());
-    if (gate_joins) rows.push_back(w.fa_gate);
+    // read of xn. Short inputs (decoding) take each product apart, without copies of weight rows where
+    // those would cost more (heads_product). The gate joins only when it trains as the teacher's rows
+    // do: a trained gate must not pull gradients through frozen q, k and v.
+    const bool gate_joins = !o.fusion_concat && (!at::GradMode::is_enabled() || w.fa_gate.requires_grad() == tw.q_proj.requires_grad());
     at::Tensor q, k, v, fa_gate_pre;
     if (B * T >= (nF + 2 * nU + (gate_joins ? nF : 0)) * Dh) {
+      std::vector<at::Tensor> rows = {head_rows(tw.q_proj, split.fa, Dh), head_rows(tw.k_proj, used, Dh),
+                                      head_rows(tw.v_proj, used, Dh)};
+      if (gate_joins) rows.push_back(w.fa_gate);
       const at::Tensor proj = at::linear(xn, at::cat(rows, 0));  // [B, T, (nF + 2 nU) Dh], then the gate's nF Dh if it joins
       q = proj.narrow(2, 0, nF * Dh);
       k = proj.narrow(2, nF * Dh, nU * Dh);
       v = proj.narrow(2, (nF + nU) * Dh, nU * Dh);
       if (gate_joins) fa_gate_pre = proj.narrow(2, (nF + 2 * nU) * Dh, nF * Dh);
     } else {
-      q = at::linear(xn, rows[0]);
-      k = at::linear(xn, rows[1]);
-      v = at::linear(xn, rows[2]);
+      q = heads_product(xn, tw.q_proj, split.fa, Dh);
+      k = heads_product(xn, tw.k_proj, used, Dh);
+      v = heads_product(xn, tw.v_proj, used, Dh);
     }
     if (!o.fusion_concat && !fa_gate_pre.defined()) fa_gate_pre = at::linear(xn, w.fa_gate);
     q = q.view({B, T, nF, Dh});
@@ -307,7 +326,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
   };
   // on_queued, where given, is called as the rule's stages are queued (the fused output's path).
   auto la_branch = [&](const std::function<void(GdnStage)>& on_queued) {
-    at::Tensor q = at::linear(xn, head_rows(tw.q_proj, split.la, Dh));  // [B, T, nL*Dh]
+    at::Tensor q = heads_product(xn, tw.q_proj, split.la, Dh);  // [B, T, nL*Dh]
     at::Tensor k = at::linear(xn, w.la_k_proj);
     at::Tensor v = at::linear(xn, w.la_v_proj);
     // Where the short convolution, RoPE and the L2 norm run. Without a cache or a graph on CUDA, on
@@ -355,9 +374,19 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     // need; the fused output reads the gate's rows at that stride).
     std::vector<at::Tensor> ab_rows = {w.la_b_proj, w.la_a_proj};
     if (!o.fusion_concat) ab_rows.insert(ab_rows.begin(), w.la_gate);
-    if (const int64_t pad = xn.is_cuda() ? (8 - 2 * nL % 8) % 8 : 0; pad > 0)
-      ab_rows.push_back(at::zeros({pad, w.la_b_proj.size(1)}, w.la_b_proj.options().requires_grad(false)));
-    const at::Tensor prod = at::linear(xn, at::cat(ab_rows, 0));
+    // Short inputs (decoding) multiply each weight in place and join the products' columns instead: the
+    // same layout without a copy of the weights, which would cost more than the product.
+    const int64_t pad = xn.is_cuda() ? (8 - 2 * nL % 8) % 8 : 0;
+    at::Tensor prod;
+    if (B * T >= (o.fusion_concat ? 0 : nL * Dh) + 2 * nL + pad) {
+      if (pad > 0) ab_rows.push_back(at::zeros({pad, w.la_b_proj.size(1)}, w.la_b_proj.options().requires_grad(false)));
+      prod = at::linear(xn, at::cat(ab_rows, 0));
+    } else {
+      std::vector<at::Tensor> cols;
+      for (const at::Tensor& r : ab_rows) cols.push_back(at::linear(xn, r));
+      if (pad > 0) cols.push_back(at::zeros({B, T, pad}, xn.options()));
+      prod = at::cat(cols, 2);
+    }
     const int64_t gate_cols = o.fusion_concat ? 0 : nL * Dh;
     const at::Tensor gate_pre = o.fusion_concat ? at::Tensor() : prod.narrow(2, 0, gate_cols);
     const at::Tensor b_pre = prod.narrow(2, gate_cols, nL), a_pre = prod.narrow(2, gate_cols + nL, nL);  // [B, T, nL]

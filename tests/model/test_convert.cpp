@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <array>
 #include <cstdio>
@@ -205,6 +206,24 @@ TEST(Convert, CliRefusesAManifestThatDoesNotFitAndWritesNothing) {
                           (dir / "no.h5").string());
   EXPECT_EQ(rc, 1);
   EXPECT_MENTIONS(out, "not available on HydraHead hybrid checkpoints");
+
+  // bench forward times the teacher and the hybrid alike, and with --decode their greedy decoding after
+  // the first sequence (the prompt's time and a new token's).
+  for (const char* kind : {"teacher", "hybrid"}) {
+    std::tie(rc, out) = cli("bench forward --model " + (dir / kind).string() +
+                            " --device cpu --dtype f32 --seq 9 --batch 2 --iters 1 --warmup 0 --decode 3 --json");
+    ASSERT_EQ(rc, 0) << out;
+    const auto j = nlohmann::json::parse(out.substr(out.rfind("{\"")));
+    EXPECT_EQ(j["model"], std::string(kind) == "hybrid" ? "hybrid" : "dense") << out;
+    EXPECT_EQ(j["seq"], 9);
+    EXPECT_EQ(j["decode"], 3);
+    EXPECT_GT(j["median_ms"].get<double>(), 0.0);
+    EXPECT_GT(j["prefill_ms"].get<double>(), 0.0);
+    EXPECT_GE(j["decode_token_ms"].get<double>(), 0.0);
+  }
+  std::tie(rc, out) = cli("bench forward --model " + (dir / "hybrid").string() + " --device cpu --seq 4 --decode -1");
+  EXPECT_EQ(rc, 1);
+  EXPECT_MENTIONS(out, "--decode");
 }
 
 }  // namespace
