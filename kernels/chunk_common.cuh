@@ -35,8 +35,8 @@ constexpr int ld16() {
   return D + 8;
 }
 
-// The input row of slot r of one chunk, or -1 for padding: SlotRows::chunk's answer, for a kernel that
-// places several rows of the chunk (a regular grid's division is done once, not once a row).
+// The input row of slot r of one chunk, or -1 for padding: SlotRows::chunk's answer, so that a kernel
+// placing several rows of the chunk divides out a regular grid's sequence once, not once a row.
 struct ChunkRows {
   const int64_t* gather;  // the chunk's kC slot rows (>= rows: padding), or null for a regular grid:
   int64_t first, rows;    // its first slot's row; for gather, the rows there are
@@ -54,14 +54,7 @@ struct ChunkRows {
 struct SlotRows {
   const int64_t* gather;  // [N * C] input row of each slot (rows = padding), or null for B regular sequences:
   int64_t per, T, rows;   // per chunks of T tokens each; rows = B * T
-  __device__ __forceinline__ int64_t operator()(int64_t n, int r) const {
-    if (gather != nullptr) {
-      const int64_t x = gather[n * kC + r];
-      return x < rows ? x : -1;
-    }
-    const int64_t b = n / per, t = (n % per) * kC + r;
-    return t < T ? b * T + t : -1;
-  }
+  __device__ __forceinline__ int64_t operator()(int64_t n, int r) const { return chunk(n)(r); }
   // Chunk n's slots. A regular grid divides once, in 32 bits where n and per fit (a 64-bit division is
   // a long sequence of instructions; a 32-bit one a few).
   __device__ __forceinline__ ChunkRows chunk(int64_t n) const {

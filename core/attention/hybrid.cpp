@@ -35,12 +35,8 @@ using nlohmann::json;
 // Rows [h * Dh, (h + 1) * Dh) of a [H * Dh, d] projection for the listed heads, stacked (every head in
 // order: the projection itself, no copy).
 at::Tensor head_rows(const at::Tensor& w, const std::vector<int64_t>& heads, int64_t Dh) {
-  bool identity = static_cast<int64_t>(heads.size()) * Dh == w.size(0);
-  for (size_t i = 0; identity && i < heads.size(); ++i) identity = heads[i] == static_cast<int64_t>(i);
-  if (identity) return w;
-  std::vector<at::Tensor> rows;
-  for (int64_t h : heads) rows.push_back(w.narrow(0, h * Dh, Dh));
-  return at::cat(rows, 0);
+  const int64_t d = w.size(1);
+  return pick(w.reshape({w.size(0) / Dh, Dh, d}), 0, heads).reshape({-1, d});
 }
 
 // x [.., d] times the listed heads' rows of a [H * Dh, d] projection: [.., n * Dh]. Long inputs multiply
@@ -51,11 +47,12 @@ at::Tensor head_rows(const at::Tensor& w, const std::vector<int64_t>& heads, int
 at::Tensor heads_product(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& heads, int64_t Dh) {
   const int64_t n = static_cast<int64_t>(heads.size()), H = w.size(0) / Dh, tokens = x.numel() / x.size(-1);
   if (tokens >= n * Dh || 3 * n < H) return at::linear(x, head_rows(w, heads, Dh));
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
-  std::vector<int64_t> split = shape, flat = shape;
-  split.insert(split.end(), {H, Dh});
-  flat.push_back(n * Dh);
-  return pick(at::linear(x, w).view(split), static_cast<int64_t>(shape.size()), heads).reshape(flat);
+  const at::Tensor y = at::linear(x, w);                 // [.., H * Dh]
+  std::vector<int64_t> split = y.sizes().vec(), flat = split;
+  split.back() = H;
+  split.push_back(Dh);
+  flat.back() = n * Dh;
+  return pick(y.view(split), y.dim() - 1, heads).reshape(flat);
 }
 
 // Depthwise causal conv over time of x [B, T, C] with weight [C, 1, K], then SiLU. `past` [B, C, K-1]
@@ -376,15 +373,16 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     if (!o.fusion_concat) ab_rows.insert(ab_rows.begin(), w.la_gate);
     // Short inputs (decoding) multiply each weight in place and join the products' columns instead: the
     // same layout without a copy of the weights, which would cost more than the product.
-    const int64_t pad = xn.is_cuda() ? (8 - 2 * nL % 8) % 8 : 0;
+    if (const int64_t pad = xn.is_cuda() ? (8 - 2 * nL % 8) % 8 : 0; pad > 0)
+      ab_rows.push_back(at::zeros({pad, w.la_b_proj.size(1)}, w.la_b_proj.options().requires_grad(false)));
+    int64_t ab_width = 0;
+    for (const at::Tensor& r : ab_rows) ab_width += r.size(0);
     at::Tensor prod;
-    if (B * T >= (o.fusion_concat ? 0 : nL * Dh) + 2 * nL + pad) {
-      if (pad > 0) ab_rows.push_back(at::zeros({pad, w.la_b_proj.size(1)}, w.la_b_proj.options().requires_grad(false)));
+    if (B * T >= ab_width) {
       prod = at::linear(xn, at::cat(ab_rows, 0));
     } else {
       std::vector<at::Tensor> cols;
       for (const at::Tensor& r : ab_rows) cols.push_back(at::linear(xn, r));
-      if (pad > 0) cols.push_back(at::zeros({B, T, pad}, xn.options()));
       prod = at::cat(cols, 2);
     }
     const int64_t gate_cols = o.fusion_concat ? 0 : nL * Dh;
