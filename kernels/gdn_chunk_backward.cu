@@ -224,7 +224,8 @@ __global__ void __launch_bounds__(kDirectThreads)
 // operands of the inputs' kind with float32 accumulation, each fragment one ldmatrix (product16): the
 // Q, K, V and dO tiles as they are, and what the block forms (T, scale A, the slices of S and dS, X, M,
 // dM, dVb, then dT, T^T dT, d(Q K^T) and d(K K^T)) rounded once to that kind where it is stored. The
-// row and column sums that make dbeta and dg, <S, dS> and the output's scale stay in float32.
+// row and column sums that make dbeta and dg, <S, dS> and the output's scale stay in float32. The decay
+// e^{G_t - G_i} of the two masked [C][C] gradients is masked_gram's ex2.approx (an exponent <= 0 there).
 
 // States in block float16 (LowRankScanArgs::S16): [H, N, DK, DV] float16, each 16 x 16 block scaled
 // by a power of two whose inverse is in inv [H, N, DK / 16, DV / 16].
@@ -451,7 +452,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       const float d = scale * x, xa = keep ? d * As[r * kLdT + c] : 0.f;
       (r < m + 8 ? lo : hi) += xa;
       col[(c - nc) / 8][c % 2] += xa;
-      x = keep ? d * expf(Gs[r] - Gs[c]) : 0.f;
+      x = keep ? d * exp_ftz(Gs[r] - Gs[c]) : 0.f;
     });
     add_row_sums(lo, hi, m, xa_row);
     add_col_sums(col, nc, xa_col);
@@ -477,7 +478,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       (r < m + 8 ? dlo : dhi) += dl * lg;
       (r < m + 8 ? lo : hi) += xl;
       col[(c - nc) / 8][c % 2] += xl;
-      x = keep ? bs[r] * dl * expf(Gs[r] - Gs[c]) : 0.f;
+      x = keep ? bs[r] * dl * exp_ftz(Gs[r] - Gs[c]) : 0.f;
     });
     add_row_sums(dlo, dhi, m, db_sum);
     add_row_sums(lo, hi, m, xl_row);
