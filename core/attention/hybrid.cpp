@@ -244,7 +244,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
   // parts: fa_prepare forms the attention's inputs, fa_attend runs it and fuses its output.
   struct FaInputs {
     at::Tensor q, kf, vf, gate_pre;  // [B, T, nF, Dh] x 3, [B, T, nF * Dh]
-    at::Tensor pk, pv;               // the cache's keys and values before these
+    at::Tensor k_all, v_all;         // with a cache: its keys and values, these last ([B, P + T, nF, Dh])
   };
   auto fa_prepare = [&] {
     FaInputs f;
@@ -306,19 +306,17 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     if (log_scale.defined() && !q_scaled) q = q * log_scale.view({1, T, 1, 1});
     // Each FA head reads its own KV group: gather the groups into per-head keys (MHA layout).
     f.kf = pick(k, 2, slot), f.vf = pick(v, 2, slot);  // [B, T, nF, Dh]
-    if (cache != nullptr) {
-      f.pk = cache->fa_k;
-      f.pv = cache->fa_v;
-      // Contiguous copies: kf and vf may be views into the merged projection, which the cache must not keep.
-      cache->fa_k = f.pk.defined() ? at::cat({f.pk, f.kf}, 1) : f.kf.contiguous();
-      cache->fa_v = f.pv.defined() ? at::cat({f.pv, f.vf}, 1) : f.vf.contiguous();
+    if (cache != nullptr) {  // copied in (kf and vf may be views into the merged projection)
+      f.k_all = cache->fa_k.append(f.kf);
+      f.v_all = cache->fa_v.append(f.vf);
     }
     f.q = q;
     f.gate_pre = fa_gate_pre;
     return f;
   };
   auto fa_attend = [&](const FaInputs& f) {
-    const at::Tensor o_fa = model::causal_attention(f.q, f.kf, f.vf, scale, f.pk, f.pv);  // [B, T, nF, Dh]
+    const at::Tensor o_fa = f.k_all.defined() ? model::causal_attention_after(f.q, f.k_all, f.v_all, scale)
+                                              : model::causal_attention(f.q, f.kf, f.vf, scale);  // [B, T, nF, Dh]
     fuse(o_fa, f.gate_pre, /*silu_gate=*/false, split.fa);
   };
   // on_queued, where given, is called as the rule's stages are queued (the fused output's path).

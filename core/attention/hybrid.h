@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/model/config.h"
+#include "core/model/kv_cache.h"
 #include "core/util/compat.h"
 
 namespace hh::model {
@@ -66,7 +67,7 @@ std::vector<HybridWeightEntry> hybrid_weight_table(const model::ModelConfig& cfg
 // What decoding keeps per layer between calls: FA heads' keys and values (per head, after k_norm and,
 // with fa_rope, RoPE), LA heads' recurrent state and the last 3 inputs of their short convolution.
 struct HybridLayerCache {
-  at::Tensor fa_k, fa_v;   // [B, P, nF, Dh]
+  model::GrowingRows fa_k, fa_v;  // [B, P, nF, Dh]
   at::Tensor la_state;     // [B, nL, Dh, Dh] float32 (float64 for float64 models)
   at::Tensor la_conv;      // [B, 3*nL*Dh, kShortConvKernel - 1] (with gdn_short_conv)
   int64_t pos = 0;         // tokens seen

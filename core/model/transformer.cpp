@@ -178,8 +178,10 @@ at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const a
   const int64_t B = q.size(0), Tq = q.size(1), Hkv = k.size(2);
   const int64_t P = k.size(1) - Tq;
   const int64_t block = query_block_rows(B, q.size(2), P + Tq);
-  at::Tensor kh = k.transpose(1, 2).contiguous();  // [B, Hkv, P + Tq, Dh]
-  at::Tensor vh = v.transpose(1, 2).contiguous();  // [B, Hkv, P + Tq, Dh]
+  // [B, Hkv, P + Tq, Dh]; one query row (decoding) reads the keys and values in place, the blocks of
+  // longer inputs from a contiguous copy.
+  at::Tensor kh = Tq == 1 ? k.transpose(1, 2) : k.transpose(1, 2).contiguous();
+  at::Tensor vh = Tq == 1 ? v.transpose(1, 2) : v.transpose(1, 2).contiguous();
   const auto long_opts = at::TensorOptions().dtype(at::kLong).device(q.device());
   std::vector<at::Tensor> blocks;
   for (int64_t r0 = 0; r0 < Tq; r0 += block) {
@@ -256,6 +258,33 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     k_all = at::cat({pk.expand({B, -1, -1, -1}), k}, 1);
     v_all = at::cat({pv.expand({B, -1, -1, -1}), v}, 1);
   }
+#if HH_TORCH_AT_LEAST(2, 0)
+  if (!eager) return sdpa_attention(q, k_all, v_all, scale);
+#endif
+  return blockwise_attention(q, k_all, v_all, scale);
+}
+
+// causal_attention_after (transformer.h).
+at::Tensor attention_after(const at::Tensor& q, const at::Tensor& k_all, const at::Tensor& v_all, double scale, bool eager) {
+  const int64_t B = q.size(0), T = q.size(1), Hq = q.size(2), Dh = q.size(3), Hkv = k_all.size(2), Tk = k_all.size(1);
+  if (k_all.size(0) != B || !v_all.sizes().equals(k_all.sizes()) || Tk < T || k_all.size(3) != Dh || Hkv < 1 || Hq % Hkv != 0)
+    throw Error("causal_attention_after: keys and values " + shape_str(k_all.sizes()) + " / " + shape_str(v_all.sizes()) +
+                " cannot follow queries " + shape_str(q.sizes()));
+  const int64_t P = Tk - T;
+  if (P == 0) return causal_attention(q, k_all, v_all, {}, {}, scale, eager);
+#if HH_TORCH_AT_LEAST(2, 1)
+  if (!eager && T == 1) {
+    // One new token sees every key: no mask, and each KV head's G query heads as G query rows of it,
+    // so the keys and values are read in place rather than repeated for each query head.
+    const at::Tensor qh = q.reshape({B, Hkv, Hq / Hkv, Dh});  // query head h = kv * G + g
+    const at::Tensor out = at::scaled_dot_product_attention(qh, k_all.transpose(1, 2), v_all.transpose(1, 2), {},
+                                                            /*dropout_p=*/0.0, /*is_causal=*/false, scale);
+    return out.reshape({B, 1, Hq, Dh});
+  }
+  if (!eager && flash_eligible(q))
+    return prefix_split_attention(q, k_all.narrow(1, P, T), v_all.narrow(1, P, T), k_all.narrow(1, 0, P),
+                                  v_all.narrow(1, 0, P), scale);
+#endif
 #if HH_TORCH_AT_LEAST(2, 0)
   if (!eager) return sdpa_attention(q, k_all, v_all, scale);
 #endif
@@ -503,6 +532,19 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
   const bool has_prefix = opts.prefix_k != nullptr || opts.prefix_v != nullptr;
   if (has_prefix && (opts.prefix_k == nullptr || opts.prefix_v == nullptr))
     throw Error("forward: prefix_k and prefix_v must be given together");
+  KvCache* const cache = opts.cache;
+  if (cache != nullptr) {
+    if (has_prefix) throw Error("forward: a cache and prefix_k / prefix_v cannot be given together");
+    if (static_cast<int64_t>(cache->k.size()) < stop || static_cast<int64_t>(cache->v.size()) < stop)
+      throw Error("forward: the cache holds " + std::to_string(cache->k.size()) + " layers, the forward runs up to layer " +
+                  std::to_string(stop - 1));
+    for (int64_t l = start; l < stop; ++l)
+      if (cache->k[static_cast<size_t>(l)].size() != cache->k[static_cast<size_t>(start)].size() ||
+          cache->v[static_cast<size_t>(l)].size() != cache->k[static_cast<size_t>(start)].size())
+        throw Error("forward: the cache's layers hold different numbers of tokens (layer " + std::to_string(l) + ": " +
+                    std::to_string(cache->k[static_cast<size_t>(l)].size()) + ", layer " + std::to_string(start) + ": " +
+                    std::to_string(cache->k[static_cast<size_t>(start)].size()) + ")");
+  }
   // The prefix tensors of layer l, checked against the input; {undefined, undefined} without a prefix.
   auto prefix_of = [&](int64_t l) -> std::pair<at::Tensor, at::Tensor> {
     if (!has_prefix) return {};
@@ -521,7 +563,9 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
                   shape_str(pk.sizes()) + " vs " + shape_str(pv.sizes()));
     return {pk, pv};  // batch 1 or B; broadcast where used
   };
-  const int64_t prefix_len = has_prefix && start < stop ? prefix_of(start).first.size(1) : 0;
+  const int64_t prefix_len = has_prefix && start < stop ? prefix_of(start).first.size(1)
+                             : cache != nullptr && start < stop ? cache->k[static_cast<size_t>(start)].size()
+                                                                : 0;
 
   const HookPoints hook(opts.hooks);
   const bool fused = use_fused(opts.fused_kernels, x);
@@ -564,7 +608,15 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
         throw Error("forward: prefix of layer " + std::to_string(l) + " holds " + std::to_string(pk.size(1)) +
                     " tokens, layer " + std::to_string(start) + "'s holds " + std::to_string(prefix_len));
     }
-    at::Tensor z = causal_attention(q, k, v, pk, pv, scale, opts.eager_attention);  // [B, T, Hq, Dh]
+    at::Tensor z;  // [B, T, Hq, Dh]
+    if (cache != nullptr) {
+      GrowingRows& ck = cache->k[static_cast<size_t>(l)];
+      GrowingRows& cv = cache->v[static_cast<size_t>(l)];
+      if (prefix_len > 0) pk = ck.rows().narrow(1, 0, prefix_len), pv = cv.rows().narrow(1, 0, prefix_len);
+      z = attention_after(q, ck.append(k), cv.append(v), scale, opts.eager_attention);
+    } else {
+      z = causal_attention(q, k, v, pk, pv, scale, opts.eager_attention);
+    }
     if (hook.active(l, HookKind::Pattern)) {
       const at::Tensor& rows = rows_for_pattern();                                        // [R]
       const at::Tensor k_all = pk.defined() ? at::cat({pk.expand({B, -1, -1, -1}), k}, 1) : k;  // [B, P + T, Hkv, Dh]
@@ -614,7 +666,10 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
     at::Tensor q = dense(h.index_select(1, rows), lw.q_proj, lw.q_bias).view({B, R, Hq, Dh});   // [B, R, Hq, Dh]
     q = norm_rope_maybe_fused(q, lw.q_norm, rope_rows, eps, fused);
     at::Tensor k_all = k, v_all = v;
-    if (has_prefix) {
+    if (cache != nullptr) {
+      k_all = cache->k[static_cast<size_t>(l)].append(k);
+      v_all = cache->v[static_cast<size_t>(l)].append(v);
+    } else if (has_prefix) {
       auto [pk, pv] = prefix_of(l);
       k_all = at::cat({pk.expand({B, -1, -1, -1}), k}, 1);
       v_all = at::cat({pv.expand({B, -1, -1, -1}), v}, 1);
@@ -714,6 +769,11 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return causal_attention(q, k, v, prefix_k, prefix_v, scale, /*eager=*/false);
 }
 
+at::Tensor causal_attention_after(const at::Tensor& q, const at::Tensor& k_all, const at::Tensor& v_all, double scale,
+                                  bool eager) {
+  return attention_after(q, k_all, v_all, scale, eager);
+}
+
 at::Tensor rope_inv_freq(double theta, int64_t head_dim, const at::Device& device) {
   at::Tensor exponent = at::arange(0, head_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) / head_dim;
   return at::pow(theta, exponent).reciprocal().to(device);
@@ -723,39 +783,20 @@ std::vector<int64_t> generate_greedy(const Transformer& model, const std::vector
   if (prompt.empty()) throw Error("generate: the prompt has no tokens");
   if (n < 0) throw Error("generate: the number of new tokens must be >= 0");
   at::NoGradGuard no_grad;
-  const int64_t L = model.config().num_hidden_layers;
-  std::vector<at::Tensor> keys(static_cast<size_t>(L)), values(static_cast<size_t>(L));
-  // Each forward hands its new keys/values to the hooks, which append them to the cache after the
-  // layer has used the cache as it was (the prefix options read the vectors before the hook runs).
-  std::vector<at::Tensor> new_k(static_cast<size_t>(L)), new_v(static_cast<size_t>(L));
-  Hooks hooks;
-  for (int64_t l = 0; l < L; ++l) {
-    const size_t i = static_cast<size_t>(l);
-    hooks.add(hook_name(l, HookKind::K), [&new_k, i](at::Tensor& k) { new_k[i] = k; });
-    hooks.add(hook_name(l, HookKind::V), [&new_v, i](at::Tensor& v) { new_v[i] = v; });
-  }
-  auto run = [&](const std::vector<int64_t>& ids, bool with_prefix) {
+  KvCache cache(model.config().num_hidden_layers);
+  auto run = [&](const std::vector<int64_t>& ids) {
     ForwardOptions f;
-    f.hooks = &hooks;
+    f.cache = &cache;
     const int64_t T = static_cast<int64_t>(ids.size());
     f.logit_positions = at::full({1}, T - 1, at::TensorOptions().dtype(at::kLong));
-    if (with_prefix) {
-      f.prefix_k = &keys;
-      f.prefix_v = &values;
-    }
     const at::Tensor input = at::tensor(at::ArrayRef<int64_t>(ids), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
     const at::Tensor logits = model.forward(input, f).logits;  // [1, 1, V]
-    for (int64_t l = 0; l < L; ++l) {
-      const size_t i = static_cast<size_t>(l);
-      keys[i] = with_prefix ? at::cat({keys[i], new_k[i]}, 1) : new_k[i];
-      values[i] = with_prefix ? at::cat({values[i], new_v[i]}, 1) : new_v[i];
-    }
     return logits[0][0].argmax().item<int64_t>();
   };
   std::vector<int64_t> out;
   if (n == 0) return out;
-  out.push_back(run(prompt, false));
-  while (static_cast<int64_t>(out.size()) < n) out.push_back(run({out.back()}, true));
+  out.push_back(run(prompt));
+  while (static_cast<int64_t>(out.size()) < n) out.push_back(run({out.back()}));
   return out;
 }
 

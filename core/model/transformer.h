@@ -7,6 +7,7 @@
 
 #include "core/model/config.h"
 #include "core/model/hooks.h"
+#include "core/model/kv_cache.h"
 #include "core/util/compat.h"
 
 namespace hh::io { class Checkpoint; }
@@ -80,6 +81,11 @@ struct ForwardOptions {
   // rows index the new tokens and span all P + T keys.
   const std::vector<at::Tensor>* prefix_k = nullptr;
   const std::vector<at::Tensor>* prefix_v = nullptr;
+  // Decoding: the keys and values of the tokens before the input (one entry a layer, all holding the
+  // same number of tokens P). Each layer appends its new keys and values to it and attends over all of
+  // them, read in place; the input's first token sits at position P + position_offset. Not with
+  // prefix_k / prefix_v.
+  KvCache* cache = nullptr;
   // Attention kernel. false: scaled_dot_product_attention where LibTorch has it (>= 2.0; HF's default
   // "sdpa"), else the blockwise eager math. true: always the blockwise eager math (HF "eager":
   // scores in the model dtype, softmax in float32), e.g. to reproduce HF eager logits.
@@ -171,6 +177,11 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64
 // prefix_k/v [1 or B, P, Hkv, Dh], the T rows sit after P cached tokens and see all of them.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                             const at::Tensor& prefix_k = {}, const at::Tensor& prefix_v = {});
+// The same for the T rows of q after P earlier tokens, where k_all/v_all [B, P + T, Hkv, Dh] hold the
+// P tokens' keys and values followed by the T rows' own (a cache after their append): read where they
+// lie, never concatenated. eager: the blockwise eager math (ForwardOptions::eager_attention).
+at::Tensor causal_attention_after(const at::Tensor& q, const at::Tensor& k_all, const at::Tensor& v_all, double scale,
+                                  bool eager = false);
 // inv_freq = theta^(-2i/Dh) in float32, as HF builds it.
 at::Tensor rope_inv_freq(double theta, int64_t head_dim, const at::Device& device);
 

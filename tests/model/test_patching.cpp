@@ -171,6 +171,81 @@ TEST(Generate, CachedGreedyDecodingEqualsArgmaxOfFullForwards) {
   EXPECT_MENTIONS(hh::test::error_of([&] { hh::model::generate_greedy(model, {}, 3); }), "no tokens");
 }
 
+TEST(GrowingRows, AppendsEqualConcatenationAndEarlierViewsKeepTheirValues) {
+  at::manual_seed(7);
+  hh::model::GrowingRows rows;
+  EXPECT_FALSE(rows.rows().defined());
+  std::vector<at::Tensor> pieces;
+  std::vector<std::pair<at::Tensor, at::Tensor>> seen;  // a view returned by append, and its values then
+  int64_t reallocations = 0;
+  for (int64_t t : {3, 1, 1, 1, 5, 1, 1, 1, 1, 1, 1, 2}) {
+    pieces.push_back(at::randn({2, t, 3, 4}, at::kDouble));
+    const int64_t cap = rows.capacity();
+    const at::Tensor& all = rows.append(pieces.back());
+    reallocations += rows.capacity() != cap;
+    ASSERT_TRUE(at::equal(all, at::cat(pieces, 1)));
+    EXPECT_EQ(rows.size(), all.size(1));
+    EXPECT_GE(rows.capacity(), rows.size());
+    seen.emplace_back(all, all.clone());
+  }
+  // 19 rows in 12 appends: capacity 3, 6, 12, 24, so four allocations, not twelve.
+  EXPECT_EQ(rows.capacity(), 24);
+  EXPECT_EQ(reallocations, 4);
+  for (const auto& [view, values] : seen) EXPECT_TRUE(at::equal(view, values));
+  // The rows never alias what was appended.
+  pieces.front().fill_(0.0);
+  EXPECT_FALSE(at::equal(rows.rows().narrow(1, 0, 3), pieces.front()));
+
+  using hh::test::error_of;
+  EXPECT_MENTIONS(error_of([&] { rows.append(at::zeros({2, 1, 3, 5}, at::kDouble)); }), "[2, 1, 3, 5]");
+  EXPECT_MENTIONS(error_of([&] { rows.append(at::zeros({1, 1, 3, 4}, at::kDouble)); }), "[2, 19, 3, 4]");
+  EXPECT_MENTIONS(error_of([&] { rows.append(at::zeros({2, 1, 3, 4}, at::kFloat)); }), "Float");
+  EXPECT_MENTIONS(error_of([&] { rows.append(at::zeros({2, 0, 3, 4}, at::kDouble)); }), "t >= 1");
+  EXPECT_EQ(rows.size(), 19);
+}
+
+// A forward over a cache (prefill, then several tokens at once, then one at a time) gives the logits
+// of one forward over the whole sequence at those positions, for both attention paths, and leaves
+// every layer's keys and values in the cache.
+TEST(Generate, ForwardsOverACacheEqualTheWholeSequencesForward) {
+  const Transformer model = tiny_model(21);
+  const int64_t L = model.config().num_hidden_layers;
+  const std::vector<int64_t> seq = random_tokens(15, 53, 8);
+  const at::Tensor ids = at::tensor(at::ArrayRef<int64_t>(seq)).unsqueeze(0);
+  for (bool eager : {false, true}) {
+    hh::model::ForwardOptions whole;
+    whole.eager_attention = eager;
+    const at::Tensor expected = model.forward(ids, whole).logits;  // [1, 15, V]
+    hh::model::KvCache cache(L);
+    int64_t at_pos = 0;
+    for (int64_t t : {6, 4, 1, 1, 3}) {
+      hh::model::ForwardOptions f;
+      f.cache = &cache;
+      f.eager_attention = eager;
+      const at::Tensor got = model.forward(ids.narrow(1, at_pos, t), f).logits;
+      EXPECT_TRUE(at::allclose(got, expected.narrow(1, at_pos, t), kTolF64, kTolF64)) << "eager " << eager << " at " << at_pos;
+      at_pos += t;
+      EXPECT_EQ(cache.tokens(), at_pos);
+    }
+    for (int64_t l = 0; l < L; ++l) EXPECT_EQ(cache.v[static_cast<size_t>(l)].size(), 15);
+  }
+  // Refusals: with a prefix as well; layers holding different numbers of tokens; too few layers.
+  hh::model::KvCache cache(L);
+  std::vector<at::Tensor> prefix(static_cast<size_t>(L));
+  hh::model::ForwardOptions both;
+  both.cache = &cache;
+  both.prefix_k = &prefix;
+  both.prefix_v = &prefix;
+  EXPECT_MENTIONS(hh::test::error_of([&] { model.forward(ids, both); }), "cannot be given together");
+  cache.k[1].append(at::zeros({1, 2, model.config().num_key_value_heads, model.config().head_dim}, at::kDouble));
+  hh::model::ForwardOptions uneven;
+  uneven.cache = &cache;
+  EXPECT_MENTIONS(hh::test::error_of([&] { model.forward(ids, uneven); }), "different numbers of tokens");
+  hh::model::KvCache short_cache(L - 1);
+  uneven.cache = &short_cache;
+  EXPECT_MENTIONS(hh::test::error_of([&] { model.forward(ids, uneven); }), "holds 2 layers");
+}
+
 struct Case {
   Metric metric;
   Mode mode;
