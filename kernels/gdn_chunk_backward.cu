@@ -73,12 +73,22 @@ __device__ __forceinline__ void add_col_sums(float (&col)[2][2], int n0, float* 
     }
 }
 
-// sum over the warp's elements of x(r, c) acc(r, c), by row, into sums[] (row dot products).
-template <int NT, class F>
-__device__ __forceinline__ void row_dots(float (&acc)[NT][4], int m, int n0, F x, float* sums) {
-  float lo = 0.f, hi = 0.f;
-  for_each(acc, m, n0, [&](int r, int c, float v) { (r < m + 8 ? lo : hi) += v * x(r, c); });
-  add_row_sums(lo, hi, m, sums);
+// sum over the warp's elements of x(r, c) acc(r, c), by row, into sums[] (row dot products), for x a
+// 16-bit [C][ld] tile read a pair of columns at a time.
+template <int NT, class T>
+__device__ __forceinline__ void row_dots(float (&acc)[NT][4], int m, int n0, const T* x, int ld, float* sums) {
+  using P2 = typename Pair16<T>::type;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  float s[2] = {0.f, 0.f};
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float2 v = Pair16<T>::to_float2(*reinterpret_cast<const P2*>(x + (m + g + 8 * half) * ld + n0 + 8 * j + 2 * t));
+      s[half] += acc[j][2 * half] * v.x;
+      s[half] += acc[j][2 * half + 1] * v.y;
+    }
+  add_row_sums(s[0], s[1], m, sums);
 }
 
 // Writes the warp's tiles (rows from m, 8-column tiles from n0) of a [C][D] gradient to its rows of
@@ -165,23 +175,36 @@ __global__ void __launch_bounds__(kDirectThreads)
 
   masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As);
   __syncthreads();
+  // A's largest magnitude and dO's, then both in block float16: A four floats a step, dO eight 16-bit
+  // values (each pack read and rewritten in place by one thread).
   {
     float a = 0.f, d = 0.f;
-    for (int i = tid; i < kC * kC; i += kDirectThreads) a = fmaxf(a, fabsf(As[(i / kC) * kLdT + i % kC]));
-    for (int i = tid; i < kC * DV; i += kDirectThreads) d = fmaxf(d, fabsf(static_cast<float>(dOs[(i / DV) * LDV + i % DV])));
+    for (int i = tid; i < kC * kC / 4; i += kDirectThreads) {
+      const float4 x = *reinterpret_cast<const float4*>(As + (i / (kC / 4)) * kLdT + 4 * (i % (kC / 4)));
+      a = fmaxf(a, fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))));
+    }
+    for (int i = tid; i < kC * DV / 8; i += kDirectThreads) {
+      const Pack<T, 8> x = load_pack<8>(dOs + (i / (DV / 8)) * LDV + 8 * (i % (DV / 8)));
+#pragma unroll
+      for (int e = 0; e < 8; ++e) d = fmaxf(d, fabsf(pack_float(x, e)));
+    }
     block_max(a, top);
     block_max(d, top + 1);
   }
   __syncthreads();
   const Pow2Scale sa = pow2_scale(__uint_as_float(top[0])), sd = pow2_scale(__uint_as_float(top[1]));
-  for (int i = tid; i < kC * kC / 2; i += kDirectThreads) {
-    const int r = (2 * i) / kC, c = (2 * i) % kC;
-    *reinterpret_cast<unsigned*>(A16 + r * LDA + c) = pack_f16(sa.scale * As[r * kLdT + c], sa.scale * As[r * kLdT + c + 1]);
+  for (int i = tid; i < kC * kC / 4; i += kDirectThreads) {
+    const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
+    const float4 x = *reinterpret_cast<const float4*>(As + r * kLdT + c);
+    *reinterpret_cast<uint2*>(A16 + r * LDA + c) = make_uint2(pack_f16(sa.scale * x.x, sa.scale * x.y), pack_f16(sa.scale * x.z, sa.scale * x.w));
   }
-  for (int i = tid; i < kC * DV / 2; i += kDirectThreads) {  // each pair read and rewritten by one thread
-    const int r = (2 * i) / DV, c = (2 * i) % DV;
-    const float x = static_cast<float>(dOs[r * LDV + c]), y = static_cast<float>(dOs[r * LDV + c + 1]);
-    *reinterpret_cast<unsigned*>(dOh + r * LDV + c) = pack_f16(sd.scale * x, sd.scale * y);
+  for (int i = tid; i < kC * DV / 8; i += kDirectThreads) {
+    const int r = i / (DV / 8), c = 8 * (i % (DV / 8));
+    const Pack<T, 8> x = load_pack<8>(dOs + r * LDV + c);
+    unsigned w[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) w[e] = pack_f16(sd.scale * pack_float(x, 2 * e), sd.scale * pack_float(x, 2 * e + 1));
+    *reinterpret_cast<uint4*>(dOh + r * LDV + c) = make_uint4(w[0], w[1], w[2], w[3]);
   }
   __syncthreads();  // A is read: Qt takes its place
   Pow2Scale sq;     // Qt's
@@ -191,8 +214,9 @@ __global__ void __launch_bounds__(kDirectThreads)
     float qt[NT][4] = {};
     product16<false, true, NT>(qt, m, n0, 0, m + 16, A16, LDA, Ws, LDK);
     float x = 0.f;
+    const float e_lo = expf(Gs[m + (tid % 32) / 4]), e_hi = expf(Gs[m + (tid % 32) / 4 + 8]);  // the lane's two rows
     for_each(qt, m, n0, [&](int r, int c, float& v) {
-      v = expf(Gs[r]) * static_cast<float>(Qs[r * LDK + c]) - sa.inverse * v;
+      v = (r < m + 8 ? e_lo : e_hi) * static_cast<float>(Qs[r * LDK + c]) - sa.inverse * v;
       x = fmaxf(x, fabsf(v));
     });
     block_max(x, top + 2);
@@ -361,18 +385,23 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   if (warp < 8) masked_gram<DK>(Ks, Ks, Gs, nullptr, /*inclusive=*/false, Lg, warp);
   else masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As, warp - 8);
   __syncthreads();
-  for (int i = tid; i < kC * kC; i += kBwdThreads) {
-    const int r = i / kC, c = i % kC;
-    Ts[r * kLdT + c] = bs[r] * Lg[r * kLdT + c];
+  for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
+    const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
+    const float4 x = *reinterpret_cast<const float4*>(Lg + r * kLdT + c);
+    const float b = bs[r];
+    *reinterpret_cast<float4*>(Ts + r * kLdT + c) = make_float4(b * x.x, b * x.y, b * x.z, b * x.w);
   }
   __syncthreads();
   invert_unit_lower<kBwdThreads>(Ts, [] {});
   // T and scale A as 16-bit operands (the output's scale rides on A in dM = diag(kd) K dS + A^T scale dO),
   // and the first step's slices.
-  for (int i = tid; i < kC * kC / 2; i += kBwdThreads) {
-    const int r = (2 * i) / kC, c = (2 * i) % kC;
-    store2(T16 + r * kLd16C + c, Ts[r * kLdT + c], Ts[r * kLdT + c + 1]);
-    store2(A16 + r * kLd16C + c, scale * As[r * kLdT + c], scale * As[r * kLdT + c + 1]);
+  for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
+    const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
+    const float4 t = *reinterpret_cast<const float4*>(Ts + r * kLdT + c), a = *reinterpret_cast<const float4*>(As + r * kLdT + c);
+    store2(T16 + r * kLd16C + c, t.x, t.y);
+    store2(T16 + r * kLd16C + c + 2, t.z, t.w);
+    store2(A16 + r * kLd16C + c, scale * a.x, scale * a.y);
+    store2(A16 + r * kLd16C + c + 2, scale * a.z, scale * a.w);
   }
   put();
   __syncthreads();
@@ -412,7 +441,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       float dvb[2][4] = {};
       product16<true, true, 2>(dvb, m, ns, m, kC, T16, kLd16C, dMj, kLd16BV);
       store16(dvb, m, ns, dVbj, kLd16BV);
-      row_dots(dvb, m, ns, [&](int r, int c) { return static_cast<float>(Vs[r * LDV + c0 + c]); }, db_sum);
+      row_dots(dvb, m, ns, Vs + c0, LDV, db_sum);
       for_each(dvb, m, ns, [&](int r, int, float& x) { x *= bs[r]; });
       store_rows<DV>(dvb, m, c0 + ns, rows, h, H, dv);
     }
@@ -439,11 +468,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 1);
   if (tid % 32 == 0) atomicAdd(sdot, s_dot);
   for_each(acc_dq, m, nk, [&](int, int, float& x) { x *= scale; });
-  auto Q_at = [&](int r, int c) { return static_cast<float>(Qs[r * LDK + c]); };
-  auto K_at = [&](int r, int c) { return static_cast<float>(Ks[r * LDK + c]); };
-  row_dots(acc_dq, m, nk, Q_at, qq_sum);
-  row_dots(acc_kb, m, nk, K_at, kb_sum);
-  row_dots(acc_dk, m, nk, K_at, kk_sum);
+  row_dots(acc_dq, m, nk, Qs, LDK, qq_sum);
+  row_dots(acc_kb, m, nk, Ks, LDK, kb_sum);
+  row_dots(acc_dk, m, nk, Ks, LDK, kk_sum);
   {  // d(Q K^T) = scale dA * e^{G_t - G_i} (i <= t); scale dA * A's row and column sums; dT
     float lo = 0.f, hi = 0.f;
     float col[2][2] = {};
