@@ -170,7 +170,7 @@ at::Tensor HybridModel::hidden(const at::Tensor& ids, bool chunked, bool checkpo
   return x;
 }
 
-at::Tensor HybridModel::step(const at::Tensor& ids, Cache& cache, bool chunked) const {
+at::Tensor HybridModel::step(const at::Tensor& ids, Cache& cache, bool chunked, bool last_only) const {
   const auto& cfg = config();
   const auto& w = teacher_.weights();
   if (ids.dim() != 2) throw Error("hybrid step: token ids must be [B, T], got " + shape_str(ids.sizes()));
@@ -186,19 +186,19 @@ at::Tensor HybridModel::step(const at::Tensor& ids, Cache& cache, bool chunked) 
     x = x + teacher_.mlp_out(l, x);
   }
   cache.pos += ids.size(1);
-  return teacher_.unembed(x);
+  return teacher_.unembed(last_only ? x.narrow(1, x.size(1) - 1, 1) : x);
 }
 
 std::vector<int64_t> HybridModel::generate(const std::vector<int64_t>& prompt, int64_t n) const {
   if (prompt.empty()) throw Error("generate: the prompt has no tokens");
   Cache cache;
   const auto ids = at::tensor(at::ArrayRef<int64_t>(prompt), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
-  at::Tensor logits = step(ids, cache);
+  at::Tensor logits = step(ids, cache, /*chunked=*/true, /*last_only=*/true);  // [1, 1, V]
   std::vector<int64_t> out;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t next = logits[0][logits.size(1) - 1].argmax().item<int64_t>();
+    const int64_t next = logits[0][0].argmax().item<int64_t>();
     out.push_back(next);
-    if (i + 1 < n) logits = step(at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong)), cache);
+    if (i + 1 < n) logits = step(at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong)), cache, true, true);
   }
   return out;
 }

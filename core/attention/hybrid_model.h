@@ -41,12 +41,14 @@ class HybridModel {
   at::Tensor layer_forward(int64_t layer, const at::Tensor& x, bool chunked = true) const;
 
   // Incremental inference: the first call is the prefill, each later one continues the same
-  // sequences (e.g. one token at a time). Returns the logits of the new tokens [B, T, V].
+  // sequences (e.g. one token at a time). Returns the logits of the new tokens [B, T, V], or with
+  // last_only those of the last one [B, 1, V] (all a decoder reads: a long prompt's logits at every
+  // position would be T x V floats, gigabytes at a 150K vocabulary).
   struct Cache {
     std::vector<HybridLayerCache> layers;
     int64_t pos = 0;
   };
-  at::Tensor step(const at::Tensor& ids, Cache& cache, bool chunked = true) const;
+  at::Tensor step(const at::Tensor& ids, Cache& cache, bool chunked = true, bool last_only = false) const;
   // Greedy decoding of `n` tokens after `prompt` (one sequence); returns the new ids.
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t n) const;
 

@@ -131,9 +131,14 @@ TEST(HybridDecode, PrefillThenTokenByTokenEqualsTheFullForwardAtEveryPosition) {
       const auto ids = torch::randint(50, {2, 30}, torch::TensorOptions().dtype(torch::kLong));
       const auto full = h.forward(ids);  // [2, 30, V]
       for (int64_t P : {1, 13, 29}) {
-        HybridModel::Cache cache;
+        HybridModel::Cache cache, last_cache;
         const auto pre = h.step(ids.narrow(1, 0, P), cache);
         EXPECT_LT((pre - full.narrow(1, 0, P)).abs().max().item<double>(), 1e-9) << "prefill P=" << P;
+        // The last position's logits alone, as a decoder reads them, from a cache of the same state.
+        const auto last = h.step(ids.narrow(1, 0, P), last_cache, /*chunked=*/true, /*last_only=*/true);
+        ASSERT_EQ(last.sizes(), (std::vector<int64_t>{2, 1, full.size(2)}));
+        EXPECT_LT((last - full.narrow(1, P - 1, 1)).abs().max().item<double>(), 1e-9) << "last only, P=" << P;
+        EXPECT_EQ(last_cache.pos, P);
         for (int64_t t = P; t < 30; ++t) {
           const auto got = h.step(ids.narrow(1, t, 1), cache);
           EXPECT_LT((got[0][0] - full[0][t]).abs().max().item<double>(), 1e-9) << "conv " << conv << " rope " << rope << " t=" << t;
