@@ -66,19 +66,47 @@ int run_bench_forward(const BenchArgs& a) {
     else (void)dense->forward(ids);
   });
   const double median = ms[ms.size() / 2];
-  // Greedy decoding of --decode tokens after the first sequence as the prompt: the prompt alone (its
-  // forward and the first new token, generate(prompt, 1)) and the whole (generate(prompt, 1 + N)), whose
-  // difference over N is a decoding step's time.
+  // Greedy decoding of --decode tokens after the first sequence as the prompt, as generate_greedy and
+  // HybridModel::generate run it: the prompt's time (its forward into an empty cache and the first new
+  // token), and each single-token step timed on its own. A step's time is the median over every run's
+  // steps, so that it does not inherit the prompt's run-to-run spread.
   std::optional<double> prefill_ms, token_ms;
   if (a.decode > 0) {
     const at::Tensor first = ids[0].cpu();
     const std::vector<int64_t> prompt(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + a.seq);
-    auto generate = [&](int64_t n) {
-      return hybrid ? hybrid->generate(prompt, n) : model::generate_greedy(*dense, prompt, n);
-    };
-    prefill_ms = median_ms(dev, a.warmup, a.iters, [&] { (void)generate(1); });
-    const double whole = median_ms(dev, a.warmup, a.iters, [&] { (void)generate(1 + a.decode); });
-    token_ms = std::max(0.0, whole - *prefill_ms) / static_cast<double>(a.decode);
+    std::vector<double> prompts, steps;
+    for (int64_t run = 0; run < a.warmup + a.iters; ++run) {
+      model::KvCache kv(base.config().num_hidden_layers);
+      attention::HybridModel::Cache hc;
+      auto next_after = [&](const std::vector<int64_t>& t) {  // the cache takes t; the greedy next token
+        const at::Tensor input = torch::tensor(at::ArrayRef<int64_t>(t), torch::TensorOptions().dtype(torch::kInt64)).unsqueeze(0);
+        at::Tensor logits;
+        if (hybrid) {
+          logits = hybrid->step(input, hc, /*chunked=*/true, /*last_only=*/true);
+        } else {
+          model::ForwardOptions f;
+          f.cache = &kv;
+          f.logit_positions = at::full({1}, static_cast<int64_t>(t.size()) - 1, at::TensorOptions().dtype(at::kLong));
+          logits = dense->forward(input, f).logits;
+        }
+        return logits[0][0].argmax().item<int64_t>();
+      };
+      const bool timed = run >= a.warmup;
+      sync_device(dev);
+      auto t0 = std::chrono::steady_clock::now();
+      int64_t next = next_after(prompt);
+      auto since = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
+      if (timed) prompts.push_back(since());
+      for (int64_t n = 0; n < a.decode; ++n) {
+        t0 = std::chrono::steady_clock::now();
+        next = next_after({next});  // the argmax's item() waits for the device
+        if (timed) steps.push_back(since());
+      }
+    }
+    std::sort(prompts.begin(), prompts.end());
+    std::sort(steps.begin(), steps.end());
+    prefill_ms = prompts[prompts.size() / 2];
+    token_ms = steps[steps.size() / 2];
   }
   // Matmul FLOPs of one forward (2 per multiply-add): projections, MLP, causal attention, lm_head (a
   // hybrid's are counted as its teacher's).
@@ -487,9 +515,9 @@ Runner add_bench(CLI::App& app) {
   fwd->add_option("--warmup", args->warmup, "Untimed iterations first")->capture_default_str();
   fwd->add_option("--seed", args->seed, "Seed of the random token ids")->capture_default_str();
   fwd->add_option("--decode", args->decode,
-                  "Also time greedy decoding of N more tokens after the first sequence as the prompt (batch 1): "
-                  "the prompt's time (its forward and first new token) and a decoding step's (the whole run's "
-                  "time less the prompt's, over N)")
+                  "Also time greedy decoding of N more tokens after the first sequence as the prompt (batch 1), "
+                  "with the key/value cache (and a hybrid's recurrent state): the prompt's time (its forward and "
+                  "first new token) and a decoding step's (the median of every run's N steps, each timed alone)")
       ->capture_default_str();
   fwd->add_flag("--json", args->json, "Print one JSON object");
 
