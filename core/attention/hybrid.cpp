@@ -46,8 +46,8 @@ at::Tensor head_rows(const at::Tensor& w, const std::vector<int64_t>& heads, int
 // and the heads' columns are taken from its product.
 at::Tensor heads_product(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& heads, int64_t Dh) {
   const int64_t n = static_cast<int64_t>(heads.size()), H = w.size(0) / Dh, tokens = x.numel() / x.size(-1);
-  if (tokens >= n * Dh || 3 * n < H) return at::linear(x, head_rows(w, heads, Dh));
-  const at::Tensor y = at::linear(x, w);                 // [.., H * Dh]
+  if (tokens >= n * Dh || 3 * n < H) return model::linear(x, head_rows(w, heads, Dh));
+  const at::Tensor y = model::linear(x, w);  // [.., H * Dh]
   std::vector<int64_t> split = y.sizes().vec(), flat = split;
   split.back() = H;
   split.push_back(Dh);
@@ -267,7 +267,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       std::vector<at::Tensor> rows = {head_rows(tw.q_proj, split.fa, Dh), head_rows(tw.k_proj, used, Dh),
                                       head_rows(tw.v_proj, used, Dh)};
       if (gate_joins) rows.push_back(w.fa_gate);
-      const at::Tensor proj = at::linear(xn, at::cat(rows, 0));  // [B, T, (nF + 2 nU) Dh], then the gate's nF Dh if it joins
+      const at::Tensor proj = model::linear(xn, at::cat(rows, 0));  // [B, T, (nF + 2 nU) Dh], then the gate's nF Dh if it joins
       q = proj.narrow(2, 0, nF * Dh);
       k = proj.narrow(2, nF * Dh, nU * Dh);
       v = proj.narrow(2, (nF + nU) * Dh, nU * Dh);
@@ -277,7 +277,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       k = heads_product(xn, tw.k_proj, used, Dh);
       v = heads_product(xn, tw.v_proj, used, Dh);
     }
-    if (!o.fusion_concat && !fa_gate_pre.defined()) fa_gate_pre = at::linear(xn, w.fa_gate);
+    if (!o.fusion_concat && !fa_gate_pre.defined()) fa_gate_pre = model::linear(xn, w.fa_gate);
     q = q.view({B, T, nF, Dh});
     k = k.view({B, T, nU, Dh});
     v = v.view({B, T, nU, Dh});
@@ -322,8 +322,8 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
   // on_queued, where given, is called as the rule's stages are queued (the fused output's path).
   auto la_branch = [&](const std::function<void(GdnStage)>& on_queued) {
     at::Tensor q = heads_product(xn, tw.q_proj, split.la, Dh);  // [B, T, nL*Dh]
-    at::Tensor k = at::linear(xn, w.la_k_proj);
-    at::Tensor v = at::linear(xn, w.la_v_proj);
+    at::Tensor k = model::linear(xn, w.la_k_proj);
+    at::Tensor v = model::linear(xn, w.la_v_proj);
     // Where the short convolution, RoPE and the L2 norm run. Without a cache or a graph on CUDA, on
     // kernels: inside the rule's first kernel where its output goes through the fusion norm inside its
     // last (gdn_fused_output: q, k, v and o are never written), else as kernels of their own
@@ -377,10 +377,10 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     for (const at::Tensor& r : ab_rows) ab_width += r.size(0);
     at::Tensor prod;
     if (B * T >= ab_width) {
-      prod = at::linear(xn, at::cat(ab_rows, 0));
+      prod = model::linear(xn, at::cat(ab_rows, 0));
     } else {
       std::vector<at::Tensor> cols;
-      for (const at::Tensor& r : ab_rows) cols.push_back(at::linear(xn, r));
+      for (const at::Tensor& r : ab_rows) cols.push_back(model::linear(xn, r));
       prod = at::cat(cols, 2);
     }
     const int64_t gate_cols = o.fusion_concat ? 0 : nL * Dh;

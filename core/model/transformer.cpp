@@ -63,9 +63,7 @@ void check_config(const ModelConfig& c) {
 
 // ---- shared blocks (the per-layer recipe below reads as HF's Qwen3DecoderLayer) ----------------
 
-at::Tensor dense(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) {
-  return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
-}
+at::Tensor dense(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) { return model::linear(x, w, b); }
 
 struct RopeTables {
   at::Tensor cos, sin;  // [1, T, 1, Dh] model dtype, broadcast over batch and heads
@@ -772,6 +770,17 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor causal_attention_after(const at::Tensor& q, const at::Tensor& k_all, const at::Tensor& v_all, double scale,
                                   bool eager) {
   return attention_after(q, k_all, v_all, scale, eager);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  const bool one_row = x.dim() >= 1 && x.numel() == x.size(-1) && w.dim() == 2 && x.size(-1) == w.size(1);
+  if (one_row && x.is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble)) {
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = w.size(0);
+    const at::Tensor xv = x.reshape({x.size(-1)});
+    return (b.defined() ? at::addmv(b, w, xv) : at::mv(w, xv)).view(shape);
+  }
+  return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
 }
 
 at::Tensor rope_inv_freq(double theta, int64_t head_dim, const at::Device& device) {

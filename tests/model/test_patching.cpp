@@ -171,6 +171,32 @@ TEST(Generate, CachedGreedyDecodingEqualsArgmaxOfFullForwards) {
   EXPECT_MENTIONS(hh::test::error_of([&] { hh::model::generate_greedy(model, {}, 3); }), "no tokens");
 }
 
+// model::linear takes one row on the CPU as a matrix-vector product: the same values as at::linear
+// (to the dtype's rounding of a differently ordered sum), in the input's shape, with and without bias,
+// and its gradients too; several rows go to at::linear itself.
+TEST(Linear, OneRowAsAMatrixVectorProductEqualsAtLinear) {
+  at::manual_seed(3);
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    const double tol = dtype == at::kFloat ? 1e-5 : 1e-12;
+    const at::Tensor w = at::randn({48, 40}, dtype), b = at::randn({48}, dtype);
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{40}, {1, 40}, {1, 1, 40}, {1, 1, 1, 40}, {3, 40}, {2, 5, 40}}) {
+      const at::Tensor x = at::randn(shape, dtype);
+      for (bool bias : {false, true}) {
+        const at::Tensor got = hh::model::linear(x, w, bias ? b : at::Tensor());
+        const at::Tensor want = bias ? at::linear(x, w, b) : at::linear(x, w);
+        ASSERT_EQ(got.sizes(), want.sizes());
+        EXPECT_TRUE(at::allclose(got, want, tol, tol)) << shape.size() << " dims, bias " << bias;
+      }
+    }
+    const at::Tensor x = at::randn({1, 1, 40}, dtype).requires_grad_(), wg = w.clone().requires_grad_();
+    hh::model::linear(x, wg, b).pow(2).sum().backward();
+    const at::Tensor x2 = x.detach().clone().requires_grad_(), w2 = w.clone().requires_grad_();
+    at::linear(x2, w2, b).pow(2).sum().backward();
+    EXPECT_TRUE(at::allclose(x.grad(), x2.grad(), tol, tol));
+    EXPECT_TRUE(at::allclose(wg.grad(), w2.grad(), tol, tol));
+  }
+}
+
 TEST(GrowingRows, AppendsEqualConcatenationAndEarlierViewsKeepTheirValues) {
   at::manual_seed(7);
   hh::model::GrowingRows rows;
