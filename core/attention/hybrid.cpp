@@ -414,8 +414,10 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     }
 #endif
     if (!fuse_out) {
-      const GdnOutput r = chunked ? gdn(q, k, v, g, beta, s0, scale, o.gdn_chunk)
-                                  : gdn_recurrent(q, k, v, g, beta, s0, scale);
+      // One token (a decoding step) takes the recurrence, which is the chunked rule's one step without
+      // its padding to a whole chunk and the chunk's triangular solve.
+      const GdnOutput r = chunked && T > 1 ? gdn(q, k, v, g, beta, s0, scale, o.gdn_chunk)
+                                           : gdn_recurrent(q, k, v, g, beta, s0, scale);
       if (cache != nullptr) cache->la_state = r.state;
       fuse(r.o, gate_pre, /*silu_gate=*/true, split.la);
     }
