@@ -78,18 +78,8 @@ int run_bench_forward(const BenchArgs& a) {
     for (int64_t run = 0; run < a.warmup + a.iters; ++run) {
       model::KvCache kv(base.config().num_hidden_layers);
       attention::HybridModel::Cache hc;
-      auto next_after = [&](const std::vector<int64_t>& t) {  // the cache takes t; the greedy next token
-        const at::Tensor input = torch::tensor(at::ArrayRef<int64_t>(t), torch::TensorOptions().dtype(torch::kInt64)).unsqueeze(0);
-        at::Tensor logits;
-        if (hybrid) {
-          logits = hybrid->step(input, hc, /*chunked=*/true, /*last_only=*/true);
-        } else {
-          model::ForwardOptions f;
-          f.cache = &kv;
-          f.logit_positions = at::full({1}, static_cast<int64_t>(t.size()) - 1, at::TensorOptions().dtype(at::kLong));
-          logits = dense->forward(input, f).logits;
-        }
-        return logits[0][0].argmax().item<int64_t>();
+      auto next_after = [&](const std::vector<int64_t>& t) {
+        return hybrid ? hybrid->greedy_next(t, hc) : model::greedy_next(*dense, kv, t);
       };
       const bool timed = run >= a.warmup;
       sync_device(dev);

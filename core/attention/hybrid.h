@@ -68,9 +68,9 @@ std::vector<HybridWeightEntry> hybrid_weight_table(const model::ModelConfig& cfg
 // with fa_rope, RoPE), LA heads' recurrent state and the last 3 inputs of their short convolution.
 struct HybridLayerCache {
   model::GrowingRows fa_k, fa_v;  // [B, P, nF, Dh]
-  at::Tensor la_state;     // [B, nL, Dh, Dh] float32 (float64 for float64 models)
-  at::Tensor la_conv;      // [B, 3*nL*Dh, kShortConvKernel - 1] (with gdn_short_conv)
-  int64_t pos = 0;         // tokens seen
+  at::Tensor la_state;            // [B, nL, Dh, Dh] float32 (float64 for float64 models)
+  at::Tensor la_conv;             // [B, 3*nL*Dh, kShortConvKernel - 1] (with gdn_short_conv)
+  int64_t pos = 0;                // tokens seen
 };
 
 // The block's per-head outputs y [B, T, Hq, Dh] (the input of o_proj, heads in their original order)

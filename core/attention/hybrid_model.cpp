@@ -192,15 +192,17 @@ at::Tensor HybridModel::step(const at::Tensor& ids, Cache& cache, bool chunked, 
 std::vector<int64_t> HybridModel::generate(const std::vector<int64_t>& prompt, int64_t n) const {
   if (prompt.empty()) throw Error("generate: the prompt has no tokens");
   Cache cache;
-  const auto ids = at::tensor(at::ArrayRef<int64_t>(prompt), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
-  at::Tensor logits = step(ids, cache, /*chunked=*/true, /*last_only=*/true);  // [1, 1, V]
   std::vector<int64_t> out;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t next = logits[0][0].argmax().item<int64_t>();
-    out.push_back(next);
-    if (i + 1 < n) logits = step(at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong)), cache, true, true);
-  }
+  if (n <= 0) return out;
+  out.push_back(greedy_next(prompt, cache));
+  while (static_cast<int64_t>(out.size()) < n) out.push_back(greedy_next({out.back()}, cache));
   return out;
+}
+
+int64_t HybridModel::greedy_next(const std::vector<int64_t>& ids, Cache& cache) const {
+  if (ids.empty()) throw Error("generate: no tokens to add to the cache");
+  const auto input = at::tensor(at::ArrayRef<int64_t>(ids), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
+  return step(input, cache, /*chunked=*/true, /*last_only=*/true)[0][0].argmax().item<int64_t>();  // of [1, 1, V]
 }
 
 // ---- conversion ----------------------------------------------------------------------------------

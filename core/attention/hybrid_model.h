@@ -51,6 +51,9 @@ class HybridModel {
   at::Tensor step(const at::Tensor& ids, Cache& cache, bool chunked = true, bool last_only = false) const;
   // Greedy decoding of `n` tokens after `prompt` (one sequence); returns the new ids.
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t n) const;
+  // One step of it: `ids` (the prompt, or the last new token) enter the cache; returns the most likely
+  // next token.
+  int64_t greedy_next(const std::vector<int64_t>& ids, Cache& cache) const;
 
   const model::Transformer& teacher() const { return teacher_; }
   const model::ModelConfig& config() const { return teacher_.config(); }

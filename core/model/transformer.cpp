@@ -791,22 +791,23 @@ at::Tensor rope_inv_freq(double theta, int64_t head_dim, const at::Device& devic
 std::vector<int64_t> generate_greedy(const Transformer& model, const std::vector<int64_t>& prompt, int64_t n) {
   if (prompt.empty()) throw Error("generate: the prompt has no tokens");
   if (n < 0) throw Error("generate: the number of new tokens must be >= 0");
-  at::NoGradGuard no_grad;
   KvCache cache(model.config().num_hidden_layers);
-  auto run = [&](const std::vector<int64_t>& ids) {
-    ForwardOptions f;
-    f.cache = &cache;
-    const int64_t T = static_cast<int64_t>(ids.size());
-    f.logit_positions = at::full({1}, T - 1, at::TensorOptions().dtype(at::kLong));
-    const at::Tensor input = at::tensor(at::ArrayRef<int64_t>(ids), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
-    const at::Tensor logits = model.forward(input, f).logits;  // [1, 1, V]
-    return logits[0][0].argmax().item<int64_t>();
-  };
   std::vector<int64_t> out;
   if (n == 0) return out;
-  out.push_back(run(prompt));
-  while (static_cast<int64_t>(out.size()) < n) out.push_back(run({out.back()}));
+  out.push_back(greedy_next(model, cache, prompt));
+  while (static_cast<int64_t>(out.size()) < n) out.push_back(greedy_next(model, cache, {out.back()}));
   return out;
+}
+
+int64_t greedy_next(const Transformer& model, KvCache& cache, const std::vector<int64_t>& ids) {
+  if (ids.empty()) throw Error("generate: no tokens to add to the cache");
+  at::NoGradGuard no_grad;
+  ForwardOptions f;
+  f.cache = &cache;
+  f.logit_positions = at::full({1}, static_cast<int64_t>(ids.size()) - 1, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor input = at::tensor(at::ArrayRef<int64_t>(ids), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
+  const at::Tensor logits = model.forward(input, f).logits;  // [1, 1, V]
+  return logits[0][0].argmax().item<int64_t>();
 }
 
 }  // namespace hh::model

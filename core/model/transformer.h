@@ -195,6 +195,9 @@ at::Device parse_device(const std::string& name);
 // Greedy decoding of `n` tokens after `prompt` (one sequence) with a key/value cache: one prefill, then
 // one single-token forward per new token over the cached keys and values. Returns the new ids.
 std::vector<int64_t> generate_greedy(const Transformer& model, const std::vector<int64_t>& prompt, int64_t n);
+// One step of it: `ids` (the prompt, or the last new token) enter the cache; returns the most likely
+// next token.
+int64_t greedy_next(const Transformer& model, KvCache& cache, const std::vector<int64_t>& ids);
 
 // f32|bf16|f16|f64 (and float32, bfloat16, float16, half, float64, fp32, ...). Throws naming the value.
 at::ScalarType parse_dtype(const std::string& name);
