@@ -236,6 +236,7 @@ ScanKernel g_scan_kernel = ScanKernel::kLowRank;
 int64_t g_scan_segments = kAutoSegments;  // set_scan_segments
 int g_scan_columns = 0;                    // set_scan_columns
 bool g_output_in_scan = true;              // set_output_in_scan
+bool g_direct_in_scan = true;              // set_direct_in_scan
 
 template <int DK>
 void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0, at::Tensor& hist, at::Tensor& fin,
@@ -540,11 +541,15 @@ __global__ void __launch_bounds__(2 * DK)
 // state's columns a block owns (16 or 32; 32 reads each chunk's factors from shared memory once for
 // twice the columns). OUT: the forward writing its output (LowRankScanArgs::output), whose slots hold the
 // chunk's Qd [C][DK] (boxed and swizzled as A and B) and Aq [C][C] (one box of 128-byte rows) where Z
-// would be (the forward has none), and aq_inv beside the decay.
-template <int DK, int STAGES, int BV_, bool OUT_ = false>
+// would be (the forward has none), and aq_inv beside the decay. DIR: the reverse scan forming its direct
+// term (LowRankScanArgs::direct), whose slots hold Qd and Aq as OUT's, dO16's column slice [C][BV]
+// (float16, swizzled at its row width BV * 2) where U would be (the backward has none), and aq_inv and
+// do_inv beside the decay.
+template <int DK, int STAGES, int BV_, bool OUT_ = false, bool DIR_ = false>
 struct F16Ring {
   static constexpr int C = kLowRankChunk, BV = BV_, kStages = STAGES, LDH = BV + 8;
-  static constexpr bool OUT = OUT_;
+  static constexpr bool OUT = OUT_, DIR = DIR_;
+  static_assert(!(OUT && DIR), "the output is the forward's, the direct term the backward's");
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2;  // swizzle width in bytes = one box row
   static constexpr int kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
   static_assert(kBoxes * kBoxCols == DK, "the factors' rows are whole boxes");
@@ -557,7 +562,10 @@ struct F16Ring {
   static_assert(kSliceSwizzle == 64 || kSliceSwizzle == 128, "the slices' swizzle width");
   static_assert(kTile % 1024 == 0 && kU % 1024 == 0, "U and Z 1024-byte aligned in the slot");
   static constexpr size_t kAq = static_cast<size_t>(C) * C * 2;
-  static constexpr size_t kFourth = OUT ? kTile + kAq : kZ;  // Z, or Qd and Aq
+  static constexpr size_t kFourth = OUT || DIR ? kTile + kAq : kZ;  // Z, or Qd and Aq
+  static constexpr size_t kDo = C * BV * 2;                          // dO16's slice (DIR), in U's place
+  static constexpr int kDoSwizzle = BV * 2;
+  static_assert(kDoSwizzle == 32 || kDoSwizzle == 64, "dO16's swizzle width");
   static constexpr size_t kSlot = (2 * kTile + kU + kFourth + 16 + 1023) / 1024 * 1024;
   // Ahead of the slots: the barriers (full, empty), Yh [DK][LDH] and Mh [C][LDH] (float16), the
   // inverse scales of Y's (DK / 16) x (BV / 16) blocks (padded to a multiple of 4) and of M's
@@ -576,6 +584,8 @@ struct F16Ring {
   __device__ __forceinline__ char* Aq(int b) const { return Qd(b) + kTile; }
   __device__ __forceinline__ float* decay(int b) const { return reinterpret_cast<float*>(Qd(b) + kFourth); }
   __device__ __forceinline__ float* aq_inv(int b) const { return decay(b) + 1; }
+  __device__ __forceinline__ float* do_inv(int b) const { return decay(b) + 2; }
+  __device__ __forceinline__ char* dO(int b) const { return reinterpret_cast<char*>(U(b)); }
 };
 
 // K inverse scales from shared memory (16-byte aligned) by the widest loads that divide K.
@@ -598,8 +608,15 @@ __device__ __forceinline__ void load_scales(float (&dst)[K], const float* src) {
 // row width BV * 4); has_u, has_z say which of U and Z there are.
 struct ScanMaps {
   CUtensorMap A, B, U, Z;
-  CUtensorMap Qd, Aq;  // the output's factors (OUT)
+  CUtensorMap Qd, Aq;  // the output's factors (OUT and DIR)
+  CUtensorMap dO;      // dO16 (DIR): [H N C, Dv] float16, boxes of 64 x BV
   bool has_u, has_z;
+};
+
+// The direct term's scales (DIR): aq_inv and do_inv [H, N].
+struct ScanDirect {
+  const float* aq_inv;
+  const float* do_inv;
 };
 
 // Where the forward's output goes (OUT): o [rows, H, Dv] of the inputs' 16-bit type (bfloat16 when
@@ -661,13 +678,16 @@ __device__ int64_t warmup_start(const float* decay, const float* bound, int64_t 
 // chunk_output_f16 forms it from S16 and M16 (the same float16 operands, scales and order of sums): the
 // warp's step (1) tiles of o, Qd's product beside B's on Y's same fragments in step (1), Aq's on M's
 // in step (2).
-template <int DK, int STAGES, int BV, bool OUT>
+// DIR (the reverse scan): the direct term from the slot's Qd, Aq and dO16 slice instead of Z,
+// -aq_inv do_inv Aq^T dO16 in U's place in step (1) (over the 16-row blocks of Aq^T's upper triangle) and
+// do_inv Qd^T dO16 beside Z's place in step (2), each product summed in float32 and scaled once.
+template <int DK, int STAGES, int BV, bool OUT, bool DIR = false>
 __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     low_rank_scan_f16_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay,
                              const float* __restrict__ bound, const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
                              float* __restrict__ fin, const int64_t* __restrict__ offsets,
                              const int64_t* __restrict__ segs, int H, int64_t N, int Dv, bool reverse, F16History h16,
-                             ScanOut so) {
+                             ScanOut so, ScanDirect sd) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the copy engine and its barriers: Hopper on
   // Compute warp w owns state rows 16w..16w+15 (row block w of Y, all BV columns) in step (2). Step (1)
   // splits M's (C / 16) x NTB tiles of 16 rows by 8 columns into runs of T1 consecutive tiles (row
@@ -678,8 +698,8 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   static_assert(T1 >= 1 && (C / 16) * NTB % NW == 0 && T1 % NTW == 0, "step (1) tiles must divide among the warps");
   // Y's and M's 16-bit rows padded by 8 elements (16 bytes) for conflict-free ldmatrix: 8 consecutive
   // rows start in distinct 16-byte bank groups; the factors' tiles are swizzled instead (swizzled<>).
-  using Ring = F16Ring<DK, STAGES, BV, OUT>;
-  constexpr int LDH = Ring::LDH, SW = Ring::SW, SWF = Ring::kSliceSwizzle;
+  using Ring = F16Ring<DK, STAGES, BV, OUT, DIR>;
+  constexpr int LDH = Ring::LDH, SW = Ring::SW, SWF = Ring::kSliceSwizzle, SWD = Ring::kDoSwizzle;
   extern __shared__ float4 smem4[];
   // The swizzled tiles need 1024-byte alignment: from the first such address on.
   char* const base = reinterpret_cast<char*>(smem4) + ((1024 - (smem_addr(smem4) & 1023)) & 1023);
@@ -720,7 +740,7 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     // slot's previous chunk. It stores the decay, announces the bytes and issues the boxes.
     if (lane != 0) return;
     const unsigned bytes = 2 * Ring::kTile + (maps.has_u ? Ring::kU : 0) + (maps.has_z ? Ring::kZ : 0) +
-                           (OUT ? Ring::kTile + Ring::kAq : 0);
+                           (OUT || DIR ? Ring::kTile + Ring::kAq : 0) + (DIR ? Ring::kDo : 0);
     int b = 0;
     unsigned round = 0;
     for (int64_t i = 0; i < count; ++i) {
@@ -728,14 +748,16 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
       const int64_t c = static_cast<int64_t>(h) * N + chunk(i);
       *ring.decay(b) = decay[c];
       if constexpr (OUT) *ring.aq_inv(b) = so.aq_inv[c];
+      if constexpr (DIR) *ring.aq_inv(b) = sd.aq_inv[c], *ring.do_inv(b) = sd.do_inv[c];
       mbar_arrive_expect_tx(&full[b], bytes);
       const int row = static_cast<int>(c * C);
       for (int x = 0; x < Ring::kBoxes; ++x) {
         tma_load_2d(ring.A(b) + x * C * SW, &maps.A, x * Ring::kBoxCols, row, &full[b]);
         tma_load_2d(ring.B(b) + x * C * SW, &maps.B, x * Ring::kBoxCols, row, &full[b]);
-        if constexpr (OUT) tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
+        if constexpr (OUT || DIR) tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
       }
-      if constexpr (OUT) tma_load_2d(ring.Aq(b), &maps.Aq, 0, row, &full[b]);
+      if constexpr (OUT || DIR) tma_load_2d(ring.Aq(b), &maps.Aq, 0, row, &full[b]);
+      if constexpr (DIR) tma_load_2d(ring.dO(b), &maps.dO, col0, row, &full[b]);
       if (maps.has_u) tma_load_2d(ring.U(b), &maps.U, col0, row, &full[b]);
       if (maps.has_z) tma_load_2d(ring.Z(b), &maps.Z, col0, static_cast<int>(c * DK), &full[b]);
       if (++b == STAGES) b = 0, ++round;
@@ -817,6 +839,8 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     const float* Zn = ring.Z(buf);
     float yinv[NW * QB];
     load_scales(yinv, y_inv);
+    // Element (r, c) of the slot's dO16 slice (DIR), c a multiple of 8.
+    auto dO_at = [&](int r, int c) { return ring.dO(buf) + swizzle<SWD>(r * SWD + 2 * c); };
 
     // (1) M = U_n - B_n Y, tile by tile: one product per block of Y, unscaled into the float32 sum;
     // with OUT, Qd S_n on the same fragments of Y into oq.
@@ -851,15 +875,33 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
           }
         }
       }
+      // DIR: Aq^T dO16 for these tiles, over the row blocks i2 >= m / 16 (Aq is zero above its diagonal).
+      float ud[NTW][4] = {};
+      if constexpr (DIR) {
+#pragma unroll
+        for (int i2 = 0; i2 < C / 16; ++i2) {
+          if (i2 < m / 16) continue;
+          unsigned a[4];
+          ldmatrix_x4_trans(a, ring.Aq(buf) + swizzled<128, C>(16 * i2 + at_k, m + at_m));  // Aq^T: [row][k] = Aq[k][row]
+#pragma unroll
+          for (int ni = 0; ni < NTW; ++ni) {
+            unsigned b[2];
+            ldmatrix_x2_trans(b, dO_at(16 * i2 + lane % 16, (ntfirst + ni) * 8));
+            mma_f16(ud[ni], a, b);
+          }
+        }
+      }
+      const float du = DIR ? -(*ring.aq_inv(buf) * *ring.do_inv(buf)) : 0.f;
 #pragma unroll
       for (int ni = 0; ni < NTW; ++ni) {
         const int nt = ntfirst + ni;
         float mv[4];
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
-          const float2 u = maps.has_u ? *reinterpret_cast<const float2*>(reinterpret_cast<const char*>(Un) +
-                                                                         swizzled_f32<SWF>(m + row_in(e), col_of(nt, e)))
-                                      : make_float2(0.f, 0.f);
+          float2 u = maps.has_u ? *reinterpret_cast<const float2*>(reinterpret_cast<const char*>(Un) +
+                                                                   swizzled_f32<SWF>(m + row_in(e), col_of(nt, e)))
+                                : make_float2(0.f, 0.f);
+          if constexpr (DIR) u = make_float2(du * ud[ni][e], du * ud[ni][e + 1]);
           mv[e] = u.x - acc[ni][e], mv[e + 1] = u.y - acc[ni][e + 1];
           if (mout_at != nullptr && write)
             *reinterpret_cast<float2*>(mout_at + (m + row_in(e)) * Dv + col_of(nt, e)) = make_float2(mv[e], mv[e + 1]);
@@ -897,6 +939,30 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
         if (hist_at != nullptr && write)
           *reinterpret_cast<float2*>(hist_at + (m2 + row_in(e)) * Dv + col_of(nt, e)) = make_float2(y[nt][e], y[nt][e + 1]);
       }
+    if constexpr (DIR) {
+      // The direct term's Qd^T dO16 for this warp's 16 rows, in Z's place.
+      float pz[NTB][4] = {};
+#pragma unroll
+      for (int i2 = 0; i2 < C / 16; ++i2) {
+        unsigned a[4];
+        ldmatrix_x4_trans(a, ring.Qd(buf) + swizzled<SW, C>(16 * i2 + at_k, m2 + at_m));  // Qd^T
+#pragma unroll
+        for (int q = 0; q < QB; ++q) {
+          unsigned b[4];
+          ldmatrix_x4_trans(b, dO_at(16 * i2 + bt_k, 16 * q + bt_n));
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const unsigned bn[2] = {b[2 * h2], b[2 * h2 + 1]};
+            mma_f16(pz[2 * q + h2], a, bn);
+          }
+        }
+      }
+      const float di = *ring.do_inv(buf);
+#pragma unroll
+      for (int nt = 0; nt < NTB; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = fmaf(di, pz[nt][e], acc[nt][e]);
+    }
     float part[C / 16][NTB][4] = {};
 #pragma unroll
     for (int i2 = 0; i2 < C / 16; ++i2) {
@@ -913,7 +979,8 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
         }
       }
     }
-    // This warp is done with the slot (step (1) read B and U, step (2) A, Z and the decay); with OUT, once
+    // This warp is done with the slot (step (1) read B and U, step (2) A, Z and the decay; DIR's Qd, Aq
+    // and dO16 both); with OUT, once
     // its output's product has read Aq, below.
     if constexpr (!OUT) {
       __syncwarp();
@@ -1039,6 +1106,12 @@ ScanMaps scan_maps(const LowRankScanArgs& a) {
     m.Qd = tensor_map_2d(a.output.Qd, Ring::C, Ring::kBoxCols, sw, "Qd");
     m.Aq = tensor_map_2d(a.output.Aq, Ring::C, Ring::C, CU_TENSOR_MAP_SWIZZLE_128B, "Aq");
   }
+  if (a.direct.dO16.defined()) {
+    m.Qd = tensor_map_2d(a.direct.Qd, Ring::C, Ring::kBoxCols, sw, "direct.Qd");
+    m.Aq = tensor_map_2d(a.direct.Aq, Ring::C, Ring::C, CU_TENSOR_MAP_SWIZZLE_128B, "direct.Aq");
+    m.dO = tensor_map_2d(a.direct.dO16, Ring::C, Ring::BV, Ring::kDoSwizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B,
+                         "direct.dO16");
+  }
   return m;
 }
 
@@ -1052,16 +1125,18 @@ struct ScanPlan {
   int columns = 16;
 };
 
-template <int DK, int STAGES, int BV, bool OUT>
+template <int DK, int STAGES, int BV, bool OUT, bool DIR = false>
 void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
   const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
-  constexpr size_t smem = F16Ring<DK, STAGES, BV, OUT>::kBytes;
+  constexpr size_t smem = F16Ring<DK, STAGES, BV, OUT, DIR>::kBytes;
   static_assert(smem <= 227 * 1024, "the ring must fit in an SM's shared memory");
-  auto kernel = low_rank_scan_f16_kernel<DK, STAGES, BV, OUT>;
+  auto kernel = low_rank_scan_f16_kernel<DK, STAGES, BV, OUT, DIR>;
   ScanOut so{};
+  ScanDirect sd{};
+  if constexpr (DIR) sd = {a.direct.aq_inv.data_ptr<float>(), a.direct.do_inv.data_ptr<float>()};
   if constexpr (OUT) {
     const LowRankScanArgs::Output& o = a.output;
     so = {o.aq_inv.data_ptr<float>(), o.o.data_ptr(), slot_rows(o.grid, o.B, o.T), o.o.scalar_type() == at::kBFloat16};
@@ -1072,7 +1147,7 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
   const dim3 grid(static_cast<unsigned>(plan.segments * (Dv / BV)), static_cast<unsigned>(H));
   kernel<<<grid, 2 * DK + 32, smem, at::cuda::getCurrentCUDAStream()>>>(
       scan_maps<DK, BV>(a), a.decay.data_ptr<float>(), ptr(a.bound), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M), fin.data_ptr<float>(),
-      table, table + S + 1, H, N, Dv, a.reverse, h16, so);
+      table, table + S + 1, H, N, Dv, a.reverse, h16, so, sd);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1087,11 +1162,17 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
     if (a.precision == ScanPrecision::kBlockFloat16) {
       if (!copy_engine_available())
         throw std::invalid_argument("hh::kernels::low_rank_scan: block float16 products need compute capability 9.0 (Hopper)");
-      // With the output, two blocks no longer fit an SM (their slots hold Qd and Aq): three slots.
+      // With the output or the direct term, two blocks no longer fit an SM (their slots hold Qd and Aq):
+      // three slots.
       if (a.output.o.defined()) {
         if constexpr (DK >= 64) {  // chunk_factors' head sizes (low_rank_scan refuses the output for others)
           if (plan.columns == 32) launch_low_rank_scan_f16<DK, 3, 32, true>(a, plan, fin);
           else launch_low_rank_scan_f16<DK, 3, 16, true>(a, plan, fin);
+        }
+      } else if (a.direct.dO16.defined()) {
+        if constexpr (DK >= 64) {  // likewise
+          if (plan.columns == 32) launch_low_rank_scan_f16<DK, 3, 32, false, true>(a, plan, fin);
+          else launch_low_rank_scan_f16<DK, 3, 16, false, true>(a, plan, fin);
         }
       } else if (plan.columns == 32) launch_low_rank_scan_f16<DK, 3, 32, false>(a, plan, fin);
       else if (plan.two_stages) launch_low_rank_scan_f16<DK, 2, 16, false>(a, plan, fin);
@@ -1597,6 +1678,8 @@ void set_scan_columns(int columns) {
 int scan_columns() { return g_scan_columns; }
 void set_output_in_scan(bool on) { g_output_in_scan = on; }
 bool output_in_scan_enabled() { return g_output_in_scan; }
+void set_direct_in_scan(bool on) { g_direct_in_scan = on; }
+bool direct_in_scan_enabled() { return g_direct_in_scan; }
 
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv) {
   return C == kLowRankChunk && (Dk == 32 || Dk == 64 || Dk == 128) && Dv > 0 && Dv % 16 == 0;
@@ -1705,6 +1788,25 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
         if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
           throw std::invalid_argument("hh::kernels::low_rank_scan: output.Qd and output.Aq must be 16-byte aligned");
     }
+    const LowRankScanArgs::Direct& d = a.direct;
+    const int given = d.Qd.defined() + d.Aq.defined() + d.aq_inv.defined() + d.dO16.defined() + d.do_inv.defined();
+    if (given != 0 && given != 5)
+      throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term needs all of direct.Qd, Aq, aq_inv, dO16 and do_inv");
+    if (given == 5) {
+      if (a.precision != ScanPrecision::kBlockFloat16 || !a.reverse || a.Z.defined() || a.U.defined() || o.o.defined())
+        throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term is formed by the reverse block float16 scan only "
+                                    "(no Z, no U, no output)");
+      if (Dk != 64 && Dk != 128)
+        throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term needs Dk 64 or 128 (chunk_factors' head sizes)");
+      want(d.Qd, "direct.Qd", at::kHalf, {H, N, C, Dk});
+      want(d.Aq, "direct.Aq", at::kHalf, {H, N, C, C});
+      want(d.aq_inv, "direct.aq_inv", at::kFloat, {H, N});
+      want(d.dO16, "direct.dO16", at::kHalf, {H, N, C, Dv});
+      want(d.do_inv, "direct.do_inv", at::kFloat, {H, N});
+      for (const at::Tensor* x : {&d.Qd, &d.Aq, &d.dO16})
+        if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
+          throw std::invalid_argument("hh::kernels::low_rank_scan: direct.Qd, Aq and dO16 must be 16-byte aligned");
+    }
   }
   const c10::cuda::CUDAGuard guard(a.A.device());
   at::Tensor fin = at::empty_like(a.y0);
@@ -1717,8 +1819,9 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   const int64_t blocks_whole = (Dv / plan.columns) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   int64_t longest = 0;
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
-  // Two blocks of 16 columns share an SM, except with the output (three slots of Qd and Aq besides).
-  const bool two_a_sm = plan.columns == 16 && !a.output.o.defined();
+  // Two blocks of 16 columns share an SM, except with the output or the direct term (three slots of Qd
+  // and Aq besides).
+  const bool two_a_sm = plan.columns == 16 && !a.output.o.defined() && !a.direct.dO16.defined();
   const int64_t len = a.segment == kAutoSegments ? auto_segment_chunks(blocks_whole, longest, (two_a_sm ? 2 : 1) * sms)
                                                  : a.segment;
   std::vector<int64_t> table(offsets);

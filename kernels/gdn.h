@@ -94,6 +94,16 @@ struct LowRankScanArgs {
     ChunkGrid grid;
     int64_t B = 0, T = 0;
   } output;
+  // The reverse scan's direct term from the forward's output factors (kBlockFloat16, reverse, no Z and
+  // no U; Dk 64 or 128): instead of reading Z_n = (Qd - aq_inv Aq W)^T dO_n [Dk, Dv] a chunk, the scan
+  // forms it from chunk_factors' Qd, Aq and aq_inv and the output's gradient in block float16 (dO16
+  // [H, N, C, Dv] float16 with one inverse scale a chunk in do_inv [H, N]: grad_to_grid_f16), as
+  //   M_n = -aq_inv Aq^T dO_n - B_n Y   and   Y' = a_n Y + A_n^T M_n + Qd^T dO_n
+  // (A = W, B = kdecay for the backward), each product on float16 operands in float32 sums. Z is never
+  // written: a [Dk, Dv] float32 matrix a chunk against dO's [C, Dv] float16 slice.
+  struct Direct {
+    at::Tensor Qd, Aq, aq_inv, dO16, do_inv;
+  } direct;
 };
 constexpr int64_t kAutoSegments = -1;
 // The minimum segment length kAutoSegments picks, in chunks, so that warm-ups stay a small share.
@@ -117,6 +127,12 @@ int scan_columns();
 // Given the fusion norm (gdn_fused_output), the scan's o then goes through fusion_norm_forward_into.
 void set_output_in_scan(bool on);
 bool output_in_scan_enabled();
+// Whether the rule's backward has its reverse scan form the direct term (LowRankScanArgs::direct) from
+// the forward's output factors, which the forward then keeps for it, instead of chunk_state_direct's Z
+// (process-wide, on by default; off for benchmarks, or to keep less for the backward: the forward's Qd
+// and Aq are 24 KB a chunk and head at Dk = 128).
+void set_direct_in_scan(bool on);
+bool direct_in_scan_enabled();
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
 
@@ -183,6 +199,14 @@ at::Tensor chunk_output_f16(const ChunkFactors& f, const at::Tensor& S16, const 
 // with A = (Q K^T * e^{G_t - G_i}, i <= t) and W chunk_factors' (float16).
 at::Tensor chunk_state_direct(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g, const at::Tensor& W,
                               const at::Tensor& dO, const ChunkGrid& grid, double scale);
+// grad_to_grid_f16: the output's gradient on the chunk grid in block float16 for the reverse scan's
+// direct term (LowRankScanArgs::direct): dO16 [H, N, C, Dv] float16 (padding slots zero) with
+// dO = do_inv[h, n] dO16[h, n] on chunk n's slots, do_inv [H, N] a power of two (float32). One scale a
+// chunk and head keeps every 16-bit input exactly whose magnitude is within 2^-28 of the chunk's largest.
+struct GridF16 {
+  at::Tensor x16, inv;
+};
+GridF16 grad_to_grid_f16(const at::Tensor& dO, const ChunkGrid& grid);
 // chunk_backward: given every chunk's start state S and end-state gradient dS in block float16 (the
 // forward scan's S16 / S_inv and the reverse scan's, LowRankScanArgs), the gradients of
 // sum_n <scale dO_n, O_n> + <dS_n, S_{n+1}> through the chunk-local function with S and dS held fixed:

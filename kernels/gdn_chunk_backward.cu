@@ -244,6 +244,53 @@ __global__ void __launch_bounds__(kDirectThreads)
 }
 
 // ---------------------------------------------------------------------------------------------------
+// grad_to_grid_f16: one block of 4 warps per (chunk, head), each thread holding its packs of eight
+// 16-bit values between the chunk's largest magnitude and the scaled stores.
+constexpr int kGridF16Threads = 128;
+
+template <int DV, class T>
+__global__ void __launch_bounds__(kGridF16Threads)
+    grad_to_grid_f16_kernel(const T* __restrict__ dO, SlotRows slots, int H, int64_t N, __half* __restrict__ out,
+                            float* __restrict__ inv) {
+  constexpr int kPacks = kC * DV / 8 / kGridF16Threads;  // a thread's
+  static_assert(kPacks * kGridF16Threads * 8 == kC * DV, "the chunk's packs divide among the threads");
+  __shared__ unsigned top;
+  const int64_t n = blockIdx.x;
+  const int h = blockIdx.y, tid = threadIdx.x;
+  if (tid == 0) top = 0u;
+  const ChunkRows rows = slots.chunk(n);
+  Pack<T, 8> x[kPacks];
+  float m = 0.f;
+#pragma unroll
+  for (int p = 0; p < kPacks; ++p) {
+    const int i = tid + p * kGridF16Threads, r = i / (DV / 8), c = 8 * (i % (DV / 8));
+    const int64_t row = rows(r);
+    if (row >= 0) {
+      x[p] = load_pack<8>(dO + (row * H + h) * DV + c);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[p].v[e] = T(0.f);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(pack_float(x[p], e)));
+  }
+  __syncthreads();  // top is zero
+  block_max(m, &top);
+  __syncthreads();
+  const Pow2Scale sc = pow2_scale(__uint_as_float(top));
+  __half* dst = out + (static_cast<int64_t>(h) * N + n) * kC * DV;
+#pragma unroll
+  for (int p = 0; p < kPacks; ++p) {
+    const int i = tid + p * kGridF16Threads;
+    unsigned w[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) w[e] = pack_f16(sc.scale * pack_float(x[p], 2 * e), sc.scale * pack_float(x[p], 2 * e + 1));
+    *reinterpret_cast<uint4*>(dst + 8 * i) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  if (tid == 0) inv[static_cast<int64_t>(h) * N + n] = sc.inverse;
+}
+
+// ---------------------------------------------------------------------------------------------------
 // chunk_backward: one block of 16 warps per (chunk, head). Its products are m16n8k16 ones on 16-bit
 // operands of the inputs' kind with float32 accumulation, each fragment one ldmatrix (product16): the
 // Q, K, V and dO tiles as they are, and what the block forms (T, scale A, the slices of S and dS, X, M,
@@ -591,6 +638,26 @@ at::Tensor chunk_state_direct(const at::Tensor& q, const at::Tensor& k, const at
                   static_cast<int>(H), N, static_cast<float>(scale), Z.data_ptr<float>());
   });
   return Z;
+}
+
+GridF16 grad_to_grid_f16(const at::Tensor& dO, const ChunkGrid& grid) {
+  if (dO.dim() != 4) throw std::invalid_argument("hh::kernels::grad_to_grid_f16: dO must be [B, T, H, Dv]");
+  const int64_t B = dO.size(0), T = dO.size(1), H = dO.size(2), Dv = dO.size(3), N = grid.N;
+  need(dO, "grad_to_grid_f16", "dO", dO.sizes(), true);
+  if (Dv != 64 && Dv != 128)
+    throw std::invalid_argument("hh::kernels::grad_to_grid_f16: Dv must be 64 or 128, got " + std::to_string(Dv));
+  const SlotRows slots = slot_rows(grid, B, T);
+  const c10::cuda::CUDAGuard guard(dO.device());
+  GridF16 r{at::empty({H, N, kC, Dv}, dO.options().dtype(at::kHalf)), at::empty({H, N}, dO.options().dtype(at::kFloat))};
+  if (N == 0 || H == 0) return r;
+  dispatch(Dv, Dv, dO.scalar_type(), [&](auto, auto dv, auto x) {
+    using X = decltype(x);
+    constexpr int DV = decltype(dv)::value;
+    launch_kernel(grad_to_grid_f16_kernel<DV, X>, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kGridF16Threads, 0,
+                  static_cast<const X*>(dO.data_ptr()), slots, static_cast<int>(H), N,
+                  reinterpret_cast<__half*>(r.x16.data_ptr<c10::Half>()), r.inv.data_ptr<float>());
+  });
+  return r;
 }
 
 ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,

@@ -44,6 +44,7 @@ struct GdnBenchArgs {
   std::string scan_kernel = "lowrank";
   std::string history = "f16";
   bool output_apart = false;  // the output by a kernel of its own from the scan's history
+  bool direct_apart = false;  // the backward's direct term by chunk_state_direct instead of in the reverse scan
   std::string backward = "kernels";
   std::string scan_segments = "auto";
   std::string scan_columns = "auto";
@@ -86,8 +87,9 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // part in LibTorch (the chunk kernels off), and the scan on TF32 products instead of block float16.
 // kConvApart: the LA heads' short convolution as kernels of its own; kFactorsThreeBlocks: chunk_factors
 // with the convolution inside at three blocks an SM instead of four; kOutputApart: the output formed by
-// chunk_output_f16 (fused with the norm in the layer) from the scan's history instead of by the scan.
-enum class OtherPath { kLibTorchLocal, kTf32Scan, kConvApart, kFactorsThreeBlocks, kOutputApart };
+// chunk_output_f16 (fused with the norm in the layer) from the scan's history instead of by the scan;
+// kDirectApart: the backward's direct term by chunk_state_direct instead of in the reverse scan.
+enum class OtherPath { kLibTorchLocal, kTf32Scan, kConvApart, kFactorsThreeBlocks, kOutputApart, kDirectApart };
 
 // fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
 // nothing off CUDA or without the CUDA kernels, where the settings change nothing, so that no run is
@@ -119,6 +121,7 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
     case OtherPath::kTf32Scan: return with_setting(kernels::set_block_f16_scan, kernels::block_f16_scan_enabled, false, dev, fn);
     case OtherPath::kConvApart: return with_setting(kernels::set_conv_in_factors, kernels::conv_in_factors_enabled, false, dev, fn);
     case OtherPath::kOutputApart: return with_setting(kernels::set_output_in_scan, kernels::output_in_scan_enabled, false, dev, fn);
+    case OtherPath::kDirectApart: return with_setting(kernels::set_direct_in_scan, kernels::direct_in_scan_enabled, false, dev, fn);
     case OtherPath::kFactorsThreeBlocks:
       return with_setting(kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled, false, dev, fn);
   }
@@ -183,6 +186,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                                              : kernels::ScanKernel::kLowRank);
   kernels::set_f16_history(a.history == "f16");
   kernels::set_output_in_scan(!a.output_apart);
+  kernels::set_direct_in_scan(!a.direct_apart);
 #endif
   attention::set_gdn_backward(a.backward == "autograd"   ? attention::GdnBackward::kAutograd
                               : a.backward == "explicit" ? attention::GdnBackward::kExplicit
@@ -195,6 +199,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"dim", a.dim},
                          {"history", a.history},
                          {"output_apart", a.output_apart},
+                         {"direct_apart", a.direct_apart},
                          {"scan_kernel", a.scan_kernel},
                          {"scan_segments", a.scan_segments},
                          {"scan_columns", a.scan_columns},
@@ -213,12 +218,14 @@ int run_bench_gdn(const GdnBenchArgs& a) {
               "   the host keeps ahead of the device; on CUDA, LT-local: the same forward with its chunk-local part\n"
               "   in LibTorch instead of the chunk kernels; TF32 scan: with the scan's products in TF32 instead of\n"
               "   block float16; out-apart b2b: back to back with the output formed by a kernel of its own from the\n"
-              "   scan's history instead of by the scan, medians of three rounds alternating with ours; the\n"
-              "   forward's rates against the ceilings %g TFLOP/s and %g GB/s)\n",
+              "   scan's history instead of by the scan, medians of three rounds alternating with ours; b2b f+b /\n"
+              "   direct-apart: forward + backward back to back with the reverse scan forming its direct term\n"
+              "   against chunk_state_direct forming it, likewise; the forward's rates against the ceilings\n"
+              "   %g TFLOP/s and %g GB/s)\n",
               static_cast<long long>(a.iters), a.peak_tflops, a.peak_gbps);
-  std::printf("  %-10s %12s %12s %9s %9s %10s %6s %10s %6s %14s %14s %18s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms",
+  std::printf("  %-10s %12s %12s %9s %9s %10s %6s %10s %6s %14s %14s %18s %21s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms",
               "b2b fwd", "b2b f+b", "TFLOP/s", "of", "GB/s", "of", "LT-local fwd", "TF32-scan fwd", "b2b fwd / out-apart",
-              "ref fwd ms", "ref fwd+bwd ms");
+              "b2b f+b / direct-apart", "ref fwd ms", "ref fwd+bwd ms");
   for (const Shape& s : shapes) {
     namespace F = torch::nn::functional;
     const auto nrm = F::NormalizeFuncOptions().dim(-1);
@@ -267,6 +274,15 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       }
     }
     const std::optional<double> f_in_scan = median_of(in_scan_rounds), f_apart = median_of(apart_rounds);
+    // The backward's direct term in the reverse scan against chunk_state_direct, likewise.
+    std::vector<double> direct_in_rounds, direct_apart_rounds;
+    for (int round = 0; round < 3 && dev.is_cuda() && !a.direct_apart; ++round) {
+      if (const auto t = on_other_path(OtherPath::kDirectApart, dev, [&] { return forward_backward(ours, back_to_back_ms); })) {
+        direct_apart_rounds.push_back(*t);
+        direct_in_rounds.push_back(forward_backward(ours, back_to_back_ms));
+      }
+    }
+    const std::optional<double> fb_direct_in = median_of(direct_in_rounds), fb_direct_apart = median_of(direct_apart_rounds);
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
@@ -288,10 +304,11 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
     auto ref = [&](double x) { return with_ref ? std::optional<double>(x) : std::nullopt; };
     const double tflops = flops / f * 1e-9, gbps = bytes / f * 1e-6;
-    std::printf("  %-10s %12.3f %12.3f %9.3f %9.3f %10.1f %5.1f%% %10.0f %5.1f%% %14s %14s %18s %14s %14s\n", label.c_str(), f,
-                fb, f_b2b, fb_b2b, tflops, 100 * tflops / a.peak_tflops, gbps, 100 * gbps / a.peak_gbps,
+    std::printf("  %-10s %12.3f %12.3f %9.3f %9.3f %10.1f %5.1f%% %10.0f %5.1f%% %14s %14s %18s %21s %14s %14s\n", label.c_str(),
+                f, fb, f_b2b, fb_b2b, tflops, 100 * tflops / a.peak_tflops, gbps, 100 * gbps / a.peak_gbps,
                 figure(f_lt, 3).c_str(), figure(f_tf32, 3).c_str(),
-                (figure(f_in_scan, 3) + " / " + figure(f_apart, 3)).c_str(), figure(ref(rf), 3).c_str(),
+                (figure(f_in_scan, 3) + " / " + figure(f_apart, 3)).c_str(),
+                (figure(fb_direct_in, 3) + " / " + figure(fb_direct_apart, 3)).c_str(), figure(ref(rf), 3).c_str(),
                 figure(ref(rfb), 3).c_str());
     nlohmann::json row = {{"B", s.B},
                           {"T", s.T},
@@ -307,6 +324,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     if (f_tf32) row["fwd_tf32_scan_ms"] = *f_tf32;
     if (f_in_scan) row["fwd_output_in_scan_b2b_ms"] = *f_in_scan;
     if (f_apart) row["fwd_output_apart_b2b_ms"] = *f_apart;
+    if (fb_direct_in) row["fwd_bwd_direct_in_scan_b2b_ms"] = *fb_direct_in;
+    if (fb_direct_apart) row["fwd_bwd_direct_apart_b2b_ms"] = *fb_direct_apart;
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
     out["rows"].push_back(row);
   }
@@ -540,6 +559,9 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_flag("--output-apart", a->output_apart,
               "On CUDA with 16-bit inputs, form the output (and in the layer its fusion norm) with a kernel of its own "
               "from the scan's block float16 history, instead of in the scan itself");
+  c->add_flag("--direct-apart", a->direct_apart,
+              "On CUDA with 16-bit inputs, form the backward's direct term (the effect of each chunk's start state on "
+              "its output) with chunk_state_direct, instead of in the reverse scan from the forward's output factors");
   c->add_option("--history", a->history,
                  "On CUDA with 16-bit inputs, the chunks' states and new values the forward's scan hands its output "
                  "kernel: f16 (block float16, as its products use them) or f32")

@@ -655,6 +655,7 @@ struct KernelForward {
   at::Tensor o, final_state;
   at::Tensor W16, kdecay16, decay, bound;  // the transition factors, for the backward's reverse scan
   at::Tensor S, S16, S_inv;                // the chunks' start states (S16 and S_inv where the scan wrote them)
+  at::Tensor Qd, Aq, aq_inv;               // the output's factors, for the reverse scan's direct term
 };
 // Given `conv`, q, k and v are the projections before the short convolution, which chunk_factors applies.
 KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
@@ -707,6 +708,9 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
     std::tie(out.W16, out.kdecay16, out.decay, out.bound) = std::make_tuple(f.W, f.kdecay, f.decay, f.bound);
     std::tie(out.S, out.S16, out.S_inv) = r.S16.defined() ? std::make_tuple(at::Tensor(), r.S16, r.S_inv)
                                                           : std::make_tuple(r.S, at::Tensor(), at::Tensor());
+    // The reverse scan forms its direct term from the output's factors (kernels::set_direct_in_scan).
+    if (kernels::direct_in_scan_enabled() && r.S16.defined() && f.Qd.defined())
+      std::tie(out.Qd, out.Aq, out.aq_inv) = std::make_tuple(f.Qd, f.Aq, f.aq_inv);
   }
   return out;
 }
@@ -725,11 +729,13 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     at::Tensor S, o, final_state;  // S: the state at the start of each chunk
     at::Tensor W16, kdecay16, decay, bound;  // the chunk kernels' transition factors, kept for the backward's reverse scan
     at::Tensor S16, S_inv;            // S in block float16 (kernels::LowRankScanArgs), kept for the backward
+    at::Tensor Qd, Aq, aq_inv;        // the output's factors, kept for the reverse scan's direct term
     if (chunk_kernels_ok(q, k, v, chunk)) {
 #ifdef HH_HAVE_KERNELS
       const KernelForward r = kernel_forward(q, k, v, g, beta, s0.to(acc), scale, L, keep_states);
       std::tie(o, final_state, W16, kdecay16, decay, bound, S, S16, S_inv) =
           std::make_tuple(r.o, r.final_state, r.W16, r.kdecay16, r.decay, r.bound, r.S, r.S16, r.S_inv);
+      std::tie(Qd, Aq, aq_inv) = std::make_tuple(r.Qd, r.Aq, r.aq_inv);
 #endif
     } else {
       const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
@@ -753,7 +759,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       }
       o = from_chunks(O, L, B, T, v.scalar_type(), scale);
     }
-    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay, S16, S_inv, bound});
+    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay, S16, S_inv, bound, Qd, Aq, aq_inv});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
@@ -807,7 +813,15 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       a.B = kdecay16;
       a.decay = decay;
       a.bound = bound;  // P_n's norm is P_n^T's
-      a.Z = kernels::chunk_state_direct(qc, kc, gf, W16, dO, grid, scale);
+      // The direct term: formed by the scan from the forward's output factors and dO in block float16
+      // where the forward kept them, else chunk_state_direct's Z.
+      const at::Tensor &Qd = saved[12], &Aq = saved[13], &aq_inv = saved[14];
+      if (Qd.defined()) {
+        const kernels::GridF16 d16 = kernels::grad_to_grid_f16(dO, grid);
+        a.direct = {Qd, Aq, aq_inv, d16.x16, d16.inv};
+      } else {
+        a.Z = kernels::chunk_state_direct(qc, kc, gf, W16, dO, grid, scale);
+      }
       a.y0 = dfin;
       a.S16 = at::empty_like(S16);  // the end-state gradients, in block float16 as S
       a.S_inv = at::empty_like(S_inv);

@@ -617,6 +617,42 @@ TEST(CudaGdn, OutputInTheScanLeavesTheRuleUnchanged) {
   }
 }
 
+// The rule's backward with its reverse scan forming the direct term (the default) against
+// chunk_state_direct forming it (kernels::set_direct_in_scan(false)): the same gradients of q, k, v, g,
+// beta and the initial state to the 16-bit products' rounding (the bound the gradient tests against
+// float64 take), for a regular batch and for packed sequences
+// (an empty one among them), with an initial state and the final state's gradient given.
+TEST(CudaGdn, DirectTermInTheReverseScanKeepsTheGradients) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  ASSERT_TRUE(hh::kernels::direct_in_scan_enabled());
+  struct Case {
+    int64_t B, T;
+    std::vector<int64_t> cu;
+  };
+  for (const Case& c : {Case{2, 777, {}}, Case{1, 1000, {0, 100, 100, 164, 1000}}}) {
+    const int64_t S = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
+    const Inputs d = on_device(make_inputs(c.B, c.T, 3, 128, S), torch::kBFloat16);
+    const auto dO = torch::randn_like(d.v);
+    const auto dfin = torch::randn_like(d.s0);
+    auto run = [&](bool in_scan) {
+      hh::kernels::set_direct_in_scan(in_scan);
+      std::vector<torch::Tensor> x = {d.q, d.k, d.v, d.g, d.beta, d.s0};
+      for (auto& t : x) t = t.detach().requires_grad_(true);
+      poison_allocator();
+      const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], 0.1, 64, c.cu);
+      torch::autograd::backward({r.o, r.state}, {dO, dfin});
+      std::vector<torch::Tensor> out;
+      for (auto& t : x) out.push_back(t.grad());
+      hh::kernels::set_direct_in_scan(true);
+      return out;
+    };
+    const auto in = run(true), apart = run(false);
+    const char* names[] = {"dq", "dk", "dv", "dg", "dbeta", "ds0"};
+    for (size_t i = 0; i < in.size(); ++i)
+      EXPECT_LT(rel_err(in[i], apart[i]), 1e-2) << (c.cu.empty() ? "regular batch: " : "packed sequences: ") << names[i];
+  }
+}
+
 // [H, B * per, 64, ...] -> [B, T, H, ...]: on_grid's inverse (padding slots dropped).
 torch::Tensor off_grid(const torch::Tensor& x, int64_t B, int64_t T) {
   std::vector<int64_t> shape = {x.size(0), B, x.size(1) / B * 64}, perm = {1, 2, 0};
@@ -681,6 +717,136 @@ TEST(CudaGdn, BackwardChunkKernelsEqualAutogradInFloat64) {
       EXPECT_LT(rel_err(got[i], off_grid(grads[i], B, T)), 1e-2) << what << " " << names[i];
     }
   });
+}
+
+// grad_to_grid_f16: the output's gradient on the chunk grid in block float16, one power-of-two scale a
+// chunk and head; bfloat16 and float16 values within 2^-28 of the chunk's largest magnitude are kept
+// exactly. Magnitudes spread over 2^-13 .. 2^13 within each chunk, padding slots zero, outputs from a
+// NaN-poisoned allocator.
+TEST(CudaGdn, GradientOnTheChunkGridInBlockFloat16IsExact) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t B = 2, T = 150, H = 3, per = 3, N = B * per;
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
+    for (int64_t Dv : {64, 128}) {
+      const std::string what = std::string(c10::toString(dt)) + " Dv=" + std::to_string(Dv);
+      const auto sign = torch::randint(0, 2, {B, T, H, Dv}, kF64).mul_(2).sub_(1);
+      const auto x = (sign * (0.5 + torch::rand({B, T, H, Dv}, kF64)) * torch::exp2(torch::randint(-12, 13, {B, T, H, Dv}, kF64)))
+                         .to(kCuda.dtype(dt));
+      poison_allocator();
+      const auto r = hh::kernels::grad_to_grid_f16(x, hh::kernels::ChunkGrid{N, per, {}});
+      ASSERT_EQ(r.x16.sizes(), torch::IntArrayRef({H, N, 64, Dv})) << what;
+      ASSERT_EQ(r.inv.sizes(), torch::IntArrayRef({H, N})) << what;
+      const auto inv = r.inv.to(torch::kCPU, torch::kDouble);
+      EXPECT_TRUE(torch::equal(torch::exp2(torch::log2(inv).round()), inv)) << what << ": scales are powers of two";
+      const auto want = on_grid(x.to(torch::kCPU, torch::kDouble), per);  // padding slots zero
+      const auto got = r.x16.to(torch::kCPU, torch::kDouble) * inv.unsqueeze(-1).unsqueeze(-1);
+      EXPECT_TRUE(torch::equal(got, want)) << what << ": max difference " << (got - want).abs().max().item<double>();
+      // Each chunk's largest magnitude lands in [2^14, 2^15).
+      const auto top = r.x16.to(torch::kCPU, torch::kDouble).abs().amax({-2, -1});
+      EXPECT_TRUE((top >= 16384).all().item<bool>() && (top < 32768).all().item<bool>()) << what;
+    }
+  EXPECT_THROW(hh::kernels::grad_to_grid_f16(torch::zeros({1, 64, 1, 32}, kCuda.dtype(torch::kBFloat16)), {1, 1, {}}),
+               std::invalid_argument);
+}
+
+// The reverse scan forming each chunk's direct term from chunk_factors' output factors and the output's
+// gradient in block float16 (LowRankScanArgs::direct), against the reverse recursion in float64
+//   dS_end_n = Y,  Y <- e^{G_C} Y - W^T (kdecay Y) + scale (diag(e^G) Q - A W)^T dO_n,
+// and against the same scan on chunk_state_direct's Z. Both column widths, whole sequences and
+// pieces, T not a multiple of 64, B = 2, both 16-bit dtypes and all head sizes.
+TEST(CudaGdn, ReverseScanFormsTheDirectTermFromTheOutputFactors) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t B = 2, T = 150, H = 3, per = 3, N = B * per, C = 64;
+  const double scale = 0.1;
+  const std::vector<int64_t> offsets = {0, per, 2 * per};
+  for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& what) {
+    const auto f32 = kCuda.dtype(torch::kFloat);
+    const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
+    const auto dO = torch::randn({B, T, H, Dv}, kF64).to(kCuda.dtype(dt));
+    const auto dfin = torch::randn({B, H, Dk, Dv}, kF64);
+    auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
+
+    // The reverse recursion in float64 on the grid.
+    const auto Q = on_grid(f64(q), per), K = on_grid(f64(k), per), V = on_grid(f64(v), per);
+    const auto G = on_grid(f64(g), per).cumsum(-1), Bt = on_grid(f64(beta), per), dOg = scale * on_grid(f64(dO), per);
+    const auto diff = G.unsqueeze(-1) - G.unsqueeze(-2);
+    const auto strict = torch::ones({C, C}, torch::kBool).tril(-1), incl = torch::ones({C, C}, torch::kBool).tril();
+    const auto Lm = (Bt.unsqueeze(-1) * torch::matmul(K, K.transpose(-1, -2)) * diff.exp()).masked_fill(strict.logical_not(), 0.0);
+    const auto W = torch::matmul(torch::inverse(torch::eye(C, kF64) + Lm), (Bt * G.exp()).unsqueeze(-1) * K);
+    const auto A = (torch::matmul(Q, K.transpose(-1, -2)) * diff.exp()).masked_fill(incl.logical_not(), 0.0);
+    const auto Z = torch::matmul((G.exp().unsqueeze(-1) * Q - torch::matmul(A, W)).transpose(-1, -2), dOg);
+    const auto last = G.select(-1, C - 1);
+    const auto Kd = (last.unsqueeze(-1) - G).exp().unsqueeze(-1) * K;
+    auto hist = torch::empty({H, N, Dk, Dv}, kF64);
+    auto dS0 = torch::empty({B, H, Dk, Dv}, kF64);
+    for (int64_t b = 0; b < B; ++b) {
+      auto Y = dfin[b].clone();  // [H, Dk, Dv]
+      for (int64_t n = offsets[b + 1] - 1; n >= offsets[b]; --n) {
+        hist.select(1, n).copy_(Y);
+        const auto kn = Kd.select(1, n), wn = W.select(1, n);
+        Y = last.select(1, n).exp().view({H, 1, 1}) * Y - torch::matmul(wn.transpose(-1, -2), torch::matmul(kn, Y)) + Z.select(1, n);
+      }
+      dS0[b].copy_(Y);
+    }
+
+    const hh::kernels::ChunkGrid grid{N, per, {}};
+    const auto f = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
+    for (int columns : {0, 16})
+      for (int64_t segment : {int64_t{0}, int64_t{1}}) {
+        hh::kernels::set_scan_columns(columns);
+        auto scan = [&](bool direct) {
+          hh::kernels::LowRankScanArgs a;
+          a.A = f.W;
+          a.B = f.kdecay;
+          a.decay = f.decay;
+          a.bound = f.bound;
+          if (direct) {
+            const auto d16 = hh::kernels::grad_to_grid_f16(dO, grid);
+            a.direct = {f.Qd, f.Aq, f.aq_inv, d16.x16, d16.inv};
+          } else {
+            a.Z = hh::kernels::chunk_state_direct(q, k, g, f.W, dO, grid, scale);
+          }
+          a.y0 = dfin.to(f32);
+          const double nan = std::numeric_limits<double>::quiet_NaN();
+          a.S16 = torch::full({H, N, Dk, Dv}, nan, kCuda.dtype(torch::kHalf));
+          a.S_inv = torch::full({H, N, Dk / 16, Dv / 16}, nan, f32);
+          a.reverse = true;
+          a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
+          a.segment = segment;
+          const auto fin = hh::kernels::low_rank_scan(a, offsets);
+          return std::make_pair(from_block_f16(a.S16, a.S_inv), fin);
+        };
+        const auto [hist_d, fin_d] = scan(true);
+        const auto [hist_z, fin_z] = scan(false);
+        const std::string how = what + " columns " + std::to_string(columns) + " segment " + std::to_string(segment);
+        // Block float16 products over three chunks; a piece's warm-up from zero within 2^-20.
+        EXPECT_LT(rel_err(hist_d, hist), 3e-3) << how << " (history, direct term in the scan)";
+        EXPECT_LT(rel_err(fin_d, dS0), 3e-3) << how << " (dS0, direct term in the scan)";
+        EXPECT_LT(rel_err(hist_z, hist), 3e-3) << how << " (history, chunk_state_direct)";
+        EXPECT_LT(rel_err(hist_d, hist_z), 3e-3) << how << " (the two paths)";
+      }
+    hh::kernels::set_scan_columns(0);
+  });
+  // The direct term is the reverse scan's only: refused with Z, forward, or part of it missing.
+  const hh::kernels::ChunkGrid grid{2, 2, {}};  // one sequence of two chunks
+  const auto [q, k, v, g, beta] = chunk_in(1, 100, 1, 64, 64, torch::kBFloat16);
+  const auto f = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
+  const auto d16 = hh::kernels::grad_to_grid_f16(torch::randn({1, 100, 1, 64}, kCuda.dtype(torch::kBFloat16)), grid);
+  hh::kernels::LowRankScanArgs a;
+  a.A = f.W, a.B = f.kdecay, a.decay = f.decay, a.y0 = torch::zeros({1, 1, 64, 64}, kCuda.dtype(torch::kFloat));
+  a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
+  a.reverse = true;
+  a.direct = {f.Qd, f.Aq, f.aq_inv, d16.x16, d16.inv};
+  EXPECT_NO_THROW(hh::kernels::low_rank_scan(a, {0, 2}));
+  auto refused = [&](auto&& change, const char* what) {
+    hh::kernels::LowRankScanArgs b = a;
+    change(b);
+    EXPECT_THROW(hh::kernels::low_rank_scan(b, {0, 2}), std::invalid_argument) << what;
+  };
+  refused([](auto& b) { b.reverse = false; }, "forward");
+  refused([&](auto& b) { b.Z = torch::zeros({1, 2, 64, 64}, kCuda.dtype(torch::kFloat)); }, "with Z");
+  refused([](auto& b) { b.direct.do_inv = at::Tensor(); }, "without do_inv");
+  refused([](auto& b) { b.direct.dO16 = b.direct.dO16.narrow(-1, 0, 32).contiguous(); }, "dO16 of the wrong width");
 }
 
 // The names of the hh::gdn:: profiler ranges (core/attention/gdn.cpp's stages) entered while fn ran,
