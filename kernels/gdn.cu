@@ -1742,8 +1742,6 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     throw std::invalid_argument("hh::kernels::low_rank_scan: give S16 with S_inv and M16 with M_inv");
   if ((s16 || m16) && a.precision != ScanPrecision::kBlockFloat16)
     throw std::invalid_argument("hh::kernels::low_rank_scan: the float16 history is written by the block float16 scan only");
-  if (m16 && a.reverse)
-    throw std::invalid_argument("hh::kernels::low_rank_scan: M16 is written by the forward scan only");
   if (a.segment < kAutoSegments)
     throw std::invalid_argument("hh::kernels::low_rank_scan: segment must be kAutoSegments, 0 or a number of chunks");
   if (a.segment != 0 && a.precision != ScanPrecision::kBlockFloat16)

@@ -61,8 +61,8 @@ struct LowRankScanArgs {
   bool reverse = false;
   ScanPrecision precision = ScanPrecision::kFloat32;
   // The chunks' start states (hist's values) and new values as the block float16 products use them
-  // (kBlockFloat16 only; S16 with S_inv, M16 with M_inv, M16 in order only), for chunk_output_f16 and
-  // chunk_backward: S16 [H, N, Dk, Dv] and M16 [H, N, C, Dv] float16, each 16 x 16 block of S16 and
+  // (kBlockFloat16 only; S16 with S_inv, M16 with M_inv), for chunk_output_f16 and chunk_backward (for a
+  // reverse scan, each chunk's end-state gradient and its M, which is -dM with the direct term): S16 [H, N, Dk, Dv] and M16 [H, N, C, Dv] float16, each 16 x 16 block of S16 and
   // 16 x 8 tile of M16 scaled by a power of two whose inverse is in S_inv [H, N, Dk / 16, Dv / 16] and
   // M_inv [H, N, C / 16, Dv / 8] (float32). Half the bytes of hist and M, and in the form the 16-bit
   // products read.
@@ -215,10 +215,15 @@ GridF16 grad_to_grid_f16(const at::Tensor& dO, const ChunkGrid& grid);
 struct ChunkInputGrads {
   at::Tensor dq, dk, dv, dg, dbeta;
 };
+// Given also every chunk's new values M (the forward scan's M16 / M_inv) and the reverse scan's, which
+// are -dM when that scan formed the direct term (LowRankScanArgs::direct; dM16 / dM_inv), it reads M and
+// dM instead of forming X = diag(beta) (V - diag(e^G) K S), M = T X and dM = diag(kd) K dS + A^T scale dO
+// itself, and takes dL = -(dVb M^T) in place of -(T^T dT T^T): the same gradient with fewer products.
 ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                                const at::Tensor& beta, const at::Tensor& S16, const at::Tensor& S_inv,
                                const at::Tensor& dS16, const at::Tensor& dS_inv, const at::Tensor& dO,
-                               const ChunkGrid& grid, double scale);
+                               const ChunkGrid& grid, double scale, const at::Tensor& M16 = {}, const at::Tensor& M_inv = {},
+                               const at::Tensor& dM16 = {}, const at::Tensor& dM_inv = {});
 
 // Whether the gated delta rule's forward uses chunk_factors / chunk_output where they apply
 // (process-wide, on by default; off for benchmarks of the LibTorch chunk-local path).

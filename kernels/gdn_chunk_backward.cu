@@ -332,16 +332,22 @@ constexpr size_t backward_smem() {
          (2 * kC * kLd16C + step_elems<DK>() + 2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T);
 }
 
-template <int DK, int DV, class T>
+// HIST: M and dM from the scans' block float16 new values (the forward's M16 and the reverse scan's,
+// which is -dM where it formed the direct term) instead of formed from S and dS: a step reads their
+// slices beside those of S and dS, forms no X, M or dM, and sums dVb M^T, which is T^T dT T^T, in dT's
+// place, so that dL = -(dVb M^T) needs no products after the steps.
+template <int DK, int DV, class T, bool HIST = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     chunk_backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                           const float* __restrict__ g, const float* __restrict__ beta, BlockF16 S, BlockF16 dS,
-                          const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
+                          BlockF16 Mh, BlockF16 dMh, const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
                           float scale, T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
                           float* __restrict__ dg, float* __restrict__ dbeta) {
   constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), NTK = DK / 32;
   constexpr int kUnits = DK * kBV / 8;  // 8-element units of a step's slice of S (and of dS)
   static_assert(kUnits <= kBwdThreads && DV % kBV == 0 && kBV % 16 == 0, "one unit a thread, whole slices");
+  constexpr int kMUnits = kC * kBV / 8;  // of M's slice (and of dM's): threads 0.. carry M's, kMUnits.. dM's
+  static_assert(2 * kMUnits <= kBwdThreads, "one unit of M or dM a thread");
   extern __shared__ float4 smem4[];
   float* const Ts = reinterpret_cast<float*>(smem4);
   float* const As = Ts + kC * kLdT;
@@ -398,7 +404,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int64_t at_inv = (chunk * (DK / 16) + ur / 16) * (DV / 16) + uc / 16;
   uint4 s_in = {}, ds_in = {};
   float s_sc = 0.f, ds_sc = 0.f;
+  // HIST: thread tid carries unit tid % kMUnits of M's (tid < kMUnits) or dM's [C][kBV / 8] grid, in one
+  // 16 x 8 tile (LowRankScanArgs::M16's), and its scale.
+  const bool m_carrier = HIST && tid < 2 * kMUnits, of_dm = tid >= kMUnits;
+  const int mu = tid % kMUnits, mr = mu / (kBV / 8), mc = 8 * (mu % (kBV / 8));
+  const int64_t m_at = (chunk * kC + mr) * DV + mc, m_at_inv = (chunk * (kC / 16) + mr / 16) * (DV / 8) + mc / 8;
+  const BlockF16 mh = of_dm ? dMh : Mh;
+  uint4 m_in = {};
+  float m_sc = 0.f;
   auto fetch = [&](int c0) {
+    if (m_carrier) {
+      m_in = __ldg(reinterpret_cast<const uint4*>(mh.x + m_at + c0));
+      m_sc = __ldg(mh.inv + m_at_inv + c0 / 8);
+    }
     if (!carrier) return;
     s_in = __ldg(reinterpret_cast<const uint4*>(S.x + at + c0));
     ds_in = __ldg(reinterpret_cast<const uint4*>(dS.x + at + c0));
@@ -407,6 +425,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   };
   float s_dot = 0.f;
   auto put = [&] {
+    if (m_carrier) {  // dM = -(the reverse scan's new values)
+      const unsigned a[4] = {m_in.x, m_in.y, m_in.z, m_in.w};
+      const float sc = of_dm ? -m_sc : m_sc;
+      Pack<T, 8> x;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = half2_to_float2(a[j]);
+        x.v[2 * j] = T(sc * f.x), x.v[2 * j + 1] = T(sc * f.y);
+      }
+      store_pack<8>((of_dm ? dMj : Mj) + mr * kLd16BV + mc, x);
+    }
     if (!carrier) return;
     const unsigned a[4] = {s_in.x, s_in.y, s_in.z, s_in.w}, b[4] = {ds_in.x, ds_in.y, ds_in.z, ds_in.w};
     Pack<T, 8> sa, sb;
@@ -466,7 +495,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // This step's columns of X = diag(beta) (V - diag(e^G) K S) (warps 0..7) and of
     // dM = diag(kd) K dS + A^T scale dO (warps 8..15); then of M = T X (0..7) and dVb = T^T dM (8..15),
     // with dV = diag(beta) dVb and sum_c dVb V into db_sum. Each warp takes 16 rows and 16 columns.
-    if (warp < 8) {
+    // HIST: M and dM are in place already; dVb only.
+    if constexpr (HIST) {
+    } else if (warp < 8) {
       float ks[2][4] = {};
       product16<false, true, 2>(ks, m, ns, 0, DK, Ks, LDK, Sj, kLd16BV);
       store16(ks, m, ns, Xj, kLd16BV, [&](int r, int c, float x) {
@@ -479,11 +510,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       product16<true, true, 2>(dm, m, ns, m, kC, A16, kLd16C, dOs + c0, LDV);
       store16(dm, m, ns, dMj, kLd16BV);
     }
-    __syncthreads();
+    if constexpr (!HIST) __syncthreads();
     if (warp < 8) {
-      float mm[2][4] = {};
-      product16<false, true, 2>(mm, m, ns, 0, m + 16, T16, kLd16C, Xj, kLd16BV);
-      store16(mm, m, ns, Mj, kLd16BV);
+      if constexpr (!HIST) {
+        float mm[2][4] = {};
+        product16<false, true, 2>(mm, m, ns, 0, m + 16, T16, kLd16C, Xj, kLd16BV);
+        store16(mm, m, ns, Mj, kLd16BV);
+      }
     } else {
       float dvb[2][4] = {};
       product16<true, true, 2>(dvb, m, ns, m, kC, T16, kLd16C, dMj, kLd16BV);
@@ -494,12 +527,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     __syncthreads();
     // The sums over this step's columns.
-    // dqdecay += dO S^T, ndKb += dVb S^T, dkdecay += M dS^T, dA += dO M^T, dT += dM X^T.
+    // dqdecay += dO S^T, ndKb += dVb S^T, dkdecay += M dS^T, dA += dO M^T, dT += dM X^T (HIST: dVb M^T).
     product16<false, false, NTK>(acc_dq, m, nk, 0, kBV, dOs + c0, LDV, Sj, kLd16BV);
     product16<false, false, NTK>(acc_kb, m, nk, 0, kBV, dVbj, kLd16BV, Sj, kLd16BV);
     product16<false, false, NTK>(acc_dk, m, nk, 0, kBV, Mj, kLd16BV, dSj, kLd16BV);
     product16<false, false, 2>(acc_dA, m, nc, 0, kBV, dOs + c0, LDV, Mj, kLd16BV);
-    product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dMj, kLd16BV, Xj, kLd16BV);
+    if constexpr (HIST) product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dVbj, kLd16BV, Mj, kLd16BV);  // T^T dT T^T
+    else product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dMj, kLd16BV, Xj, kLd16BV);
     __syncthreads();  // before the next step's slices (or the matrices after the steps) overwrite these
     if (more) {
       put();
@@ -531,18 +565,28 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     add_row_sums(lo, hi, m, xa_row);
     add_col_sums(col, nc, xa_col);
     store16(acc_dA, m, nc, dQK, kLd16C);
-    store16(acc_dT, m, nc, dTs, kLd16C);
+    if constexpr (!HIST) store16(acc_dT, m, nc, dTs, kLd16C);
   }
-  __syncthreads();
-  {  // Ys = T^T dT
-    float y[2][4] = {};
-    product16<true, true, 2>(y, m, nc, m, kC, T16, kLd16C, dTs, kLd16C);
-    store16(y, m, nc, Ys, kLd16C);
+  if constexpr (!HIST) {
+    __syncthreads();
+    {  // Ys = T^T dT
+      float y[2][4] = {};
+      product16<true, true, 2>(y, m, nc, m, kC, T16, kLd16C, dTs, kLd16C);
+      store16(y, m, nc, Ys, kLd16C);
+    }
+    __syncthreads();
   }
-  __syncthreads();
-  {  // dL = -(Ys T^T), strictly lower; its sums; d(K K^T) = diag(beta) dL * e^{G_t - G_i}
+  {  // dL = -(Ys T^T) (HIST: -(dVb M^T), summed over the steps), strictly lower; its sums;
+     // d(K K^T) = diag(beta) dL * e^{G_t - G_i}
     float y[2][4] = {};
-    if (nc < m + 16) product16<false, false, 2>(y, m, nc, 0, nc + 16, Ys, kLd16C, T16, kLd16C);
+    if constexpr (HIST) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[j][e] = acc_dT[j][e];
+    } else {
+      if (nc < m + 16) product16<false, false, 2>(y, m, nc, 0, nc + 16, Ys, kLd16C, T16, kLd16C);
+    }
     float dlo = 0.f, dhi = 0.f, lo = 0.f, hi = 0.f;
     float col[2][2] = {};
     for_each(y, m, nc, [&](int r, int c, float& x) {
@@ -663,7 +707,8 @@ GridF16 grad_to_grid_f16(const at::Tensor& dO, const ChunkGrid& grid) {
 ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                                const at::Tensor& beta, const at::Tensor& S16, const at::Tensor& S_inv,
                                const at::Tensor& dS16, const at::Tensor& dS_inv, const at::Tensor& dO,
-                               const ChunkGrid& grid, double scale) {
+                               const ChunkGrid& grid, double scale, const at::Tensor& M16, const at::Tensor& M_inv,
+                               const at::Tensor& dM16, const at::Tensor& dM_inv) {
   if (q.dim() != 4 || v.dim() != 4) throw std::invalid_argument("hh::kernels::chunk_backward: q and v must be [B, T, H, D]");
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3), N = grid.N;
   need(q, "chunk_backward", "q", q.sizes(), true);
@@ -678,6 +723,18 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
   need(dS_inv, "chunk_backward", "dS_inv", {H, N, Dk / 16, Dv / 16}, false);
   if (S16.scalar_type() != at::kHalf || dS16.scalar_type() != at::kHalf)
     throw std::invalid_argument("hh::kernels::chunk_backward: S16 and dS16 must be float16 (block float16 states)");
+  const int given = M16.defined() + M_inv.defined() + dM16.defined() + dM_inv.defined();
+  if (given != 0 && given != 4)
+    throw std::invalid_argument("hh::kernels::chunk_backward: give M16, M_inv, dM16 and dM_inv together, or none");
+  const bool hist = given == 4;
+  if (hist) {
+    need(M16, "chunk_backward", "M16", {H, N, kC, Dv}, true);
+    need(dM16, "chunk_backward", "dM16", {H, N, kC, Dv}, true);
+    need(M_inv, "chunk_backward", "M_inv", {H, N, kC / 16, Dv / 8}, false);
+    need(dM_inv, "chunk_backward", "dM_inv", {H, N, kC / 16, Dv / 8}, false);
+    if (M16.scalar_type() != at::kHalf || dM16.scalar_type() != at::kHalf)
+      throw std::invalid_argument("hh::kernels::chunk_backward: M16 and dM16 must be float16 (block float16 new values)");
+  }
   if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || dO.scalar_type() != q.scalar_type() ||
       !chunk_forward_supported(Dk, Dv, q.scalar_type()))
     throw std::invalid_argument("hh::kernels::chunk_backward: q, k, v and dO of one 16-bit dtype, Dk and Dv in {64, 128} only");
@@ -692,9 +749,11 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
     constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
     auto in = [](const at::Tensor& t) { return static_cast<const X*>(t.data_ptr()); };
     auto out = [](const at::Tensor& t) { return static_cast<X*>(t.data_ptr()); };
-    launch_kernel(chunk_backward_kernel<DK, DV, X>, dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kBwdThreads, backward_smem<DK, DV, X>(), in(q), in(k),
-                  in(v), g.data_ptr<float>(), beta.data_ptr<float>(), block_f16(S16, S_inv), block_f16(dS16, dS_inv), in(dO),
-                  slots, static_cast<int>(H), N, static_cast<float>(scale), out(r.dq), out(r.dk), out(r.dv),
+    const BlockF16 mh = hist ? block_f16(M16, M_inv) : BlockF16{}, dmh = hist ? block_f16(dM16, dM_inv) : BlockF16{};
+    launch_kernel(hist ? chunk_backward_kernel<DK, DV, X, true> : chunk_backward_kernel<DK, DV, X, false>,
+                  dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kBwdThreads, backward_smem<DK, DV, X>(), in(q), in(k),
+                  in(v), g.data_ptr<float>(), beta.data_ptr<float>(), block_f16(S16, S_inv), block_f16(dS16, dS_inv), mh, dmh,
+                  in(dO), slots, static_cast<int>(H), N, static_cast<float>(scale), out(r.dq), out(r.dk), out(r.dv),
                   r.dg.data_ptr<float>(), r.dbeta.data_ptr<float>());
   });
   return r;

@@ -220,8 +220,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
               "   block float16; out-apart b2b: back to back with the output formed by a kernel of its own from the\n"
               "   scan's history instead of by the scan, medians of three rounds alternating with ours; b2b f+b /\n"
               "   direct-apart: forward + backward back to back with the reverse scan forming its direct term\n"
-              "   against chunk_state_direct forming it, likewise; the forward's rates against the ceilings\n"
-              "   %g TFLOP/s and %g GB/s)\n",
+              "   against chunk_state_direct forming it, likewise; the forward's rates against the\n"
+              "   ceilings %g TFLOP/s and %g GB/s)\n",
               static_cast<long long>(a.iters), a.peak_tflops, a.peak_gbps);
   std::printf("  %-10s %12s %12s %9s %9s %10s %6s %10s %6s %14s %14s %18s %21s %14s %14s\n", "B x T", "fwd ms", "fwd+bwd ms",
               "b2b fwd", "b2b f+b", "TFLOP/s", "of", "GB/s", "of", "LT-local fwd", "TF32-scan fwd", "b2b fwd / out-apart",

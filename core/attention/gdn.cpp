@@ -501,7 +501,9 @@ ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at
     a.S16 = at::empty({H, N, Dk, Dv}, f16);
     a.S_inv = at::empty({H, N, Dk / 16, Dv / 16}, U.options());
   }
-  if (f16_history && output == nullptr) {
+  // The backward's chunk kernel reads the new values too where its reverse scan forms the direct term.
+  const bool keep_m = keep_states && f16_history && kernels::direct_in_scan_enabled();
+  if ((f16_history && output == nullptr) || keep_m) {
     a.M16 = at::empty({H, N, C, Dv}, f16);
     a.M_inv = at::empty({H, N, C / 16, Dv / 8}, U.options());
   } else if (!f16_history) {
@@ -656,6 +658,7 @@ struct KernelForward {
   at::Tensor W16, kdecay16, decay, bound;  // the transition factors, for the backward's reverse scan
   at::Tensor S, S16, S_inv;                // the chunks' start states (S16 and S_inv where the scan wrote them)
   at::Tensor Qd, Aq, aq_inv;               // the output's factors, for the reverse scan's direct term
+  at::Tensor M16, M_inv;                   // the new values in block float16, for the backward's chunk kernel
 };
 // Given `conv`, q, k and v are the projections before the short convolution, which chunk_factors applies.
 KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
@@ -709,8 +712,8 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
     std::tie(out.S, out.S16, out.S_inv) = r.S16.defined() ? std::make_tuple(at::Tensor(), r.S16, r.S_inv)
                                                           : std::make_tuple(r.S, at::Tensor(), at::Tensor());
     // The reverse scan forms its direct term from the output's factors (kernels::set_direct_in_scan).
-    if (kernels::direct_in_scan_enabled() && r.S16.defined() && f.Qd.defined())
-      std::tie(out.Qd, out.Aq, out.aq_inv) = std::make_tuple(f.Qd, f.Aq, f.aq_inv);
+    if (kernels::direct_in_scan_enabled() && r.S16.defined() && f.Qd.defined() && r.M16.defined())
+      std::tie(out.Qd, out.Aq, out.aq_inv, out.M16, out.M_inv) = std::make_tuple(f.Qd, f.Aq, f.aq_inv, r.M16, r.M_inv);
   }
   return out;
 }
@@ -730,12 +733,13 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     at::Tensor W16, kdecay16, decay, bound;  // the chunk kernels' transition factors, kept for the backward's reverse scan
     at::Tensor S16, S_inv;            // S in block float16 (kernels::LowRankScanArgs), kept for the backward
     at::Tensor Qd, Aq, aq_inv;        // the output's factors, kept for the reverse scan's direct term
+    at::Tensor M16, M_inv;            // the new values in block float16, kept for the backward's chunk kernel
     if (chunk_kernels_ok(q, k, v, chunk)) {
 #ifdef HH_HAVE_KERNELS
       const KernelForward r = kernel_forward(q, k, v, g, beta, s0.to(acc), scale, L, keep_states);
       std::tie(o, final_state, W16, kdecay16, decay, bound, S, S16, S_inv) =
           std::make_tuple(r.o, r.final_state, r.W16, r.kdecay16, r.decay, r.bound, r.S, r.S16, r.S_inv);
-      std::tie(Qd, Aq, aq_inv) = std::make_tuple(r.Qd, r.Aq, r.aq_inv);
+      std::tie(Qd, Aq, aq_inv, M16, M_inv) = std::make_tuple(r.Qd, r.Aq, r.aq_inv, r.M16, r.M_inv);
 #endif
     } else {
       const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
@@ -759,7 +763,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       }
       o = from_chunks(O, L, B, T, v.scalar_type(), scale);
     }
-    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay, S16, S_inv, bound, Qd, Aq, aq_inv});
+    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay, S16, S_inv, bound, Qd, Aq, aq_inv, M16, M_inv});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
@@ -815,10 +819,14 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       a.bound = bound;  // P_n's norm is P_n^T's
       // The direct term: formed by the scan from the forward's output factors and dO in block float16
       // where the forward kept them, else chunk_state_direct's Z.
-      const at::Tensor &Qd = saved[12], &Aq = saved[13], &aq_inv = saved[14];
+      // With it the reverse scan's new values are -dM, which the chunk kernel then reads beside the
+      // forward's M.
+      const at::Tensor &Qd = saved[12], &Aq = saved[13], &aq_inv = saved[14], &M16 = saved[15], &M_inv = saved[16];
       if (Qd.defined()) {
         const kernels::GridF16 d16 = kernels::grad_to_grid_f16(dO, grid);
         a.direct = {Qd, Aq, aq_inv, d16.x16, d16.inv};
+        a.M16 = at::empty_like(M16);
+        a.M_inv = at::empty_like(M_inv);
       } else {
         a.Z = kernels::chunk_state_direct(qc, kc, gf, W16, dO, grid, scale);
       }
@@ -830,7 +838,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       a.segment = kernels::scan_segments();
       const at::Tensor dS0 = kernels::low_rank_scan(a, L.offsets);
       const kernels::ChunkInputGrads d =
-          kernels::chunk_backward(qc, kc, vc, gf, bf, S16, S_inv, a.S16, a.S_inv, dO, grid, scale);
+          kernels::chunk_backward(qc, kc, vc, gf, bf, S16, S_inv, a.S16, a.S_inv, dO, grid, scale, M16, M_inv, a.M16, a.M_inv);
       return {d.dq, d.dk, d.dv, d.dg.to(g.scalar_type()), d.dbeta.to(beta.scalar_type()), dS0.to(s0_dtype),
               at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }

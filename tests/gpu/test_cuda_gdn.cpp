@@ -43,17 +43,17 @@ double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
 }
 
 // Block float16 as the scans write their states (kernels::LowRankScanArgs::S16): x [.., R, D] with R
-// and D multiples of 16, each 16 x 16 block scaled by the power of two that puts its largest
-// magnitude in [2^14, 2^15); returns the float16 blocks and the inverse scales [.., R / 16, D / 16] on
-// the GPU.
-std::pair<torch::Tensor, torch::Tensor> to_block_f16(const torch::Tensor& x) {
+// and D multiples of the block's r x c (16 x 16; the new values M16: 16 x 8), each block scaled by the
+// power of two that puts its largest magnitude in [2^14, 2^15); returns the float16 blocks and the
+// inverse scales [.., R / r, D / c] on the GPU.
+std::pair<torch::Tensor, torch::Tensor> to_block_f16(const torch::Tensor& x, int64_t r = 16, int64_t c = 16) {
   const auto d = x.to(torch::kCPU, torch::kDouble);
   const int64_t R = d.size(-2), D = d.size(-1);
   std::vector<int64_t> split(d.sizes().begin(), d.sizes().end() - 2);
-  split.insert(split.end(), {R / 16, 16, D / 16, 16});
-  const auto top = d.reshape(split).abs().amax({-3, -1}).clamp_min(1e-30);  // [.., R / 16, D / 16]
+  split.insert(split.end(), {R / r, r, D / c, c});
+  const auto top = d.reshape(split).abs().amax({-3, -1}).clamp_min(1e-30);  // [.., R / r, D / c]
   const auto inv = torch::exp2(torch::floor(torch::log2(top)) - 14);
-  const auto full = inv.repeat_interleave(16, -2).repeat_interleave(16, -1);
+  const auto full = inv.repeat_interleave(r, -2).repeat_interleave(c, -1);
   return {(d / full).to(kCuda.dtype(torch::kHalf)), inv.to(kCuda.dtype(torch::kFloat))};
 }
 // Block float16 values x16 with the inverse scales inv [.., R / r, D / c] of their r x c blocks (the
@@ -708,14 +708,30 @@ TEST(CudaGdn, BackwardChunkKernelsEqualAutogradInFloat64) {
     poison_allocator();
     const auto [S16, S_inv] = to_block_f16(S);  // the states as the scans hand them over
     const auto [dS16, dS_inv] = to_block_f16(dS);
-    const auto d = hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale);
-    const torch::Tensor got[] = {d.dq, d.dk, d.dv, d.dg, d.dbeta};
-    const char* names[] = {"dq", "dk", "dv", "dg", "dbeta"};
-    for (size_t i = 0; i < 5; ++i) {
-      EXPECT_EQ(got[i].scalar_type(), i < 3 ? dt : torch::kFloat) << what << " " << names[i];
-      // Products on 16-bit operands of the inputs' kind (bfloat16: ~3e-3) and, for dq, dk, dv, the 16-bit rounding.
-      EXPECT_LT(rel_err(got[i], off_grid(grads[i], B, T)), 1e-2) << what << " " << names[i];
+    // Given also the new values as the scans hand them over (the reverse scan's negated: -dM with
+    // dM = diag(kd) K dS + A^T scale dO), the kernel reads M and dM instead of forming them.
+    const auto Mv = M.detach();
+    const auto dM = ((last.unsqueeze(-1) - G).exp().unsqueeze(-1) * torch::matmul(K, dS) +
+                     torch::matmul((torch::matmul(Q, K.transpose(-1, -2)) * gamma).transpose(-1, -2), dOg)).detach();
+    const auto [M16, M_inv] = to_block_f16(Mv, 16, 8);
+    const auto [ndM16, ndM_inv] = to_block_f16(-dM, 16, 8);
+    for (bool hist : {false, true}) {
+      poison_allocator();
+      const auto d = hist ? hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale, M16, M_inv,
+                                                        ndM16, ndM_inv)
+                          : hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale);
+      const torch::Tensor got[] = {d.dq, d.dk, d.dv, d.dg, d.dbeta};
+      const char* names[] = {"dq", "dk", "dv", "dg", "dbeta"};
+      for (size_t i = 0; i < 5; ++i) {
+        const std::string how = what + (hist ? " (M and dM given) " : " ") + names[i];
+        EXPECT_EQ(got[i].scalar_type(), i < 3 ? dt : torch::kFloat) << how;
+        // Products on 16-bit operands of the inputs' kind (bfloat16: ~3e-3) and, for dq, dk, dv, the 16-bit rounding.
+        EXPECT_LT(rel_err(got[i], off_grid(grads[i], B, T)), 1e-2) << how;
+      }
     }
+    EXPECT_THROW(hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale, M16, M_inv),
+                 std::invalid_argument)
+        << what << ": M without dM";
   });
 }
 
@@ -810,20 +826,26 @@ TEST(CudaGdn, ReverseScanFormsTheDirectTermFromTheOutputFactors) {
           const double nan = std::numeric_limits<double>::quiet_NaN();
           a.S16 = torch::full({H, N, Dk, Dv}, nan, kCuda.dtype(torch::kHalf));
           a.S_inv = torch::full({H, N, Dk / 16, Dv / 16}, nan, f32);
+          a.M16 = torch::full({H, N, C, Dv}, nan, kCuda.dtype(torch::kHalf));
+          a.M_inv = torch::full({H, N, C / 16, Dv / 8}, nan, f32);
           a.reverse = true;
           a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
           a.segment = segment;
           const auto fin = hh::kernels::low_rank_scan(a, offsets);
-          return std::make_pair(from_block_f16(a.S16, a.S_inv), fin);
+          return std::make_tuple(from_block_f16(a.S16, a.S_inv), fin, from_block_f16(a.M16, a.M_inv, 16, 8));
         };
-        const auto [hist_d, fin_d] = scan(true);
-        const auto [hist_z, fin_z] = scan(false);
+        const auto [hist_d, fin_d, m_d] = scan(true);
+        const auto [hist_z, fin_z, m_z] = scan(false);
         const std::string how = what + " columns " + std::to_string(columns) + " segment " + std::to_string(segment);
         // Block float16 products over three chunks; a piece's warm-up from zero within 2^-20.
         EXPECT_LT(rel_err(hist_d, hist), 3e-3) << how << " (history, direct term in the scan)";
         EXPECT_LT(rel_err(fin_d, dS0), 3e-3) << how << " (dS0, direct term in the scan)";
         EXPECT_LT(rel_err(hist_z, hist), 3e-3) << how << " (history, chunk_state_direct)";
         EXPECT_LT(rel_err(hist_d, hist_z), 3e-3) << how << " (the two paths)";
+        // The scan's new values: -dM = -(kdecay dS_end + scale A^T dO) with the direct term, -kdecay dS_end without.
+        const auto kd_hist = torch::matmul(Kd, hist);
+        EXPECT_LT(rel_err(m_d, -(kd_hist + torch::matmul(A.transpose(-1, -2), dOg))), 3e-3) << how << " (-dM)";
+        EXPECT_LT(rel_err(m_z, -kd_hist), 3e-3) << how << " (-kdecay dS_end)";
       }
     hh::kernels::set_scan_columns(0);
   });
