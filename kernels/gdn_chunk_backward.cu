@@ -1,11 +1,14 @@
 // The chunk-local half of the chunked gated delta rule's backward for 16-bit inputs (DESIGN.md
 // section 9), on either side of the reverse low_rank_scan. Below, dO stands for scale times the output's
 // gradient; both kernels read the gradient as given and apply the scale themselves.
+//   grad_to_grid_f16:   dO on the chunk grid in float16, one power-of-two scale a chunk and head, for the
+//                       reverse scan that forms the direct term itself (LowRankScanArgs::direct; the default).
 //   chunk_state_direct: Z_n = (diag(e^G) Q - A W)^T dO_n, the direct effect of chunk n's start state
-//                       on its output, with A = (Q K^T * e^{G_t - G_i}, i <= t); the reverse scan's Z.
+//                       on its output, with A = (Q K^T * e^{G_t - G_i}, i <= t); the reverse scan's Z where
+//                       it does not form the term (kernels::set_direct_in_scan(false)).
 //   chunk_backward:     with every chunk's start state S_n and end-state gradient dS_n held fixed, the
 //                       gradients of J = sum_n <dO_n, O_n> + <dS_n, S_{n+1}> for q, k, v, g and beta.
-// Both read q, k, v, g, beta and dO where they lie ([B, T, H, ...]) and chunk_backward writes the
+// They read q, k, v, g, beta and dO where they lie ([B, T, H, ...]) and chunk_backward writes the
 // gradients there, so nothing is copied onto a chunk grid. core/attention/gdn.cpp's
 // chunk_local_backward (the same formulas on LibTorch ops) is the reference.
 //
@@ -15,6 +18,9 @@
 //   ndKb = dVb S^T,  dqdecay = dO S^T,  dkdecay = M dS^T,  dA = dO M^T,  dL = -(T^T dT T^T) strictly lower,
 // then dQ, dK, dbeta and dG as chunk_local_backward assembles them. S and dS stream through shared
 // memory 32 columns at a time; the products contracting over those columns accumulate in registers.
+// Given the scans' new values (M from the forward, -dM from the reverse scan that formed the direct
+// term), M and dM stream beside S and dS instead of being formed, and dL = -(dVb M^T) (= -(T^T dT T^T)
+// with M = T X).
 // Both kernels' products are m16n8k16 ones on 16-bit operands with float32 accumulation (see each).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>

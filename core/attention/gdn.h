@@ -51,7 +51,10 @@ GdnOutput gdn_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // then [S, H, Dk, Dv]. Without it, each of the B rows is one sequence.
 // On CUDA with 16-bit q, k, v (Dk, Dv in {64, 128}, chunk 64) the forward's chunk-local halves run as
 // the kernels kernels::chunk_factors / chunk_output around the scan, and the backward's as
-// kernels::chunk_state_direct / chunk_backward around the reverse scan (GdnBackward::kKernels).
+// kernels::chunk_backward after the reverse scan, which forms each chunk's direct term from the
+// forward's output factors (kept for it with the scan's block float16 new values; with
+// kernels::set_direct_in_scan(false), kernels::chunk_state_direct forms that term instead and the
+// forward keeps less) (GdnBackward::kKernels).
 // Their block float16 scans split long sequences into pieces scanned side by side, each from zero a
 // few chunks early (kernels::LowRankScanArgs::segment), where the product of the warm-up's transition
 // norm bounds e^{G_C} prod_t max(1, |1 - beta_t |k_t|^2|) (e^{G_C} under the contract above) is at
@@ -66,7 +69,7 @@ GdnOutput gdn_chunked_scan(const at::Tensor& q, const at::Tensor& k, const at::T
 
 // How gdn_chunked_scan's backward differentiates the chunk-local function (process-wide; for
 // benchmarks and tests): by the CUDA chunk kernels where they apply (16-bit CUDA inputs of the forward
-// kernels' shapes; kernels::chunk_state_direct / chunk_backward around the reverse scan) and by
+// kernels' shapes; the reverse scan and kernels::chunk_backward) and by
 // kExplicit elsewhere (the default); by its gradient formulas written out on LibTorch ops (fewer and
 // larger operations than autograd's); or by autograd through the LibTorch ops of the forward.
 enum class GdnBackward { kKernels, kExplicit, kAutograd };
