@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/model/hooks.h"
+#include "core/model/kv_cache.h"
 #include "core/model/transformer.h"
 
 namespace {
@@ -72,6 +73,35 @@ TEST(CudaForward, HookZPatchAndStartLayerOnCuda) {
   from1.start_layer = 1;
   const auto resumed = gpu.forward(cache.at("blocks.1.hook_resid_pre"), from1).logits;
   EXPECT_LT(rel_to_max(resumed, full.cpu()), 1e-6);
+}
+
+// Decoding on CUDA over the growing key/value cache (a prompt, a block of tokens, then single tokens,
+// which take SDPA with a KV head's query heads as rows of that head): each piece's logits against the
+// whole sequence's forward, on the device, in float32 (different kernels, the same sums) and bfloat16
+// (the same tolerance as against the CPU). B = 2, GQA 8:2, positions past 256 keys.
+TEST(CudaForward, DecodesOverACacheLikeTheFullForward) {
+  ASSERT_TRUE(torch::cuda::is_available()) << "gpu tests need a CUDA device";
+  const auto cfg = small_config();
+  const auto w = hh::model::random_weights(cfg, /*seed=*/11, torch::kFloat32, /*std=*/0.08);
+  torch::manual_seed(1);
+  const auto ids = torch::randint(cfg.vocab_size, {2, 300}, torch::kInt64).cuda();
+  torch::NoGradGuard ng;
+  for (torch::Dtype dt : {torch::kFloat32, torch::kBFloat16}) {
+    const Transformer gpu(cfg, to_device(w, cfg, torch::kCUDA, dt));
+    const auto full = gpu.forward(ids).logits.to(torch::kCPU, torch::kDouble);
+    hh::model::KvCache cache(cfg.num_hidden_layers);
+    int64_t at = 0;
+    for (int64_t t : {200, 37, 1, 1, 1, 60}) {
+      hh::model::ForwardOptions f;
+      f.cache = &cache;
+      const auto got = gpu.forward(ids.narrow(1, at, t), f).logits;
+      const double err = rel_to_max(got, full.narrow(1, at, t));
+      EXPECT_LT(err, dt == torch::kFloat32 ? kFp32RelTol : kBf16RelTol)
+          << c10::toString(dt) << ": tokens " << at << ".." << at + t - 1;
+      at += t;
+      EXPECT_EQ(cache.tokens(), at);
+    }
+  }
 }
 
 }  // namespace
