@@ -264,25 +264,24 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const double f_b2b = forward(ours, back_to_back_ms), fb_b2b = forward_backward(ours, back_to_back_ms);
     const std::optional<double> f_lt = on_other_path(OtherPath::kLibTorchLocal, dev, [&] { return forward(ours); });
     const std::optional<double> f_tf32 = on_other_path(OtherPath::kTf32Scan, dev, [&] { return forward(ours); });
-    // The output in the scan against a kernel of its own, back to back, alternating (the device slows as it
-    // warms); with --output-apart both would be the same path.
-    std::vector<double> in_scan_rounds, apart_rounds;
-    for (int round = 0; round < 3 && dev.is_cuda() && !a.output_apart; ++round) {
-      if (const auto t = on_other_path(OtherPath::kOutputApart, dev, [&] { return forward(ours, back_to_back_ms); })) {
-        apart_rounds.push_back(*t);
-        in_scan_rounds.push_back(forward(ours, back_to_back_ms));
+    // fn() on the default path and on path p, alternating in three rounds (the device slows as it warms): the
+    // medians of each; none off CUDA, or where `same` (a flag made p the path throughout).
+    auto alternating = [&](OtherPath p, bool same, const std::function<double()>& fn) {
+      std::vector<double> default_rounds, other_rounds;
+      for (int round = 0; round < 3 && dev.is_cuda() && !same; ++round) {
+        if (const auto t = on_other_path(p, dev, fn)) {
+          other_rounds.push_back(*t);
+          default_rounds.push_back(fn());
+        }
       }
-    }
-    const std::optional<double> f_in_scan = median_of(in_scan_rounds), f_apart = median_of(apart_rounds);
-    // The backward's direct term in the reverse scan against chunk_state_direct, likewise.
-    std::vector<double> direct_in_rounds, direct_apart_rounds;
-    for (int round = 0; round < 3 && dev.is_cuda() && !a.direct_apart; ++round) {
-      if (const auto t = on_other_path(OtherPath::kDirectApart, dev, [&] { return forward_backward(ours, back_to_back_ms); })) {
-        direct_apart_rounds.push_back(*t);
-        direct_in_rounds.push_back(forward_backward(ours, back_to_back_ms));
-      }
-    }
-    const std::optional<double> fb_direct_in = median_of(direct_in_rounds), fb_direct_apart = median_of(direct_apart_rounds);
+      return std::make_pair(median_of(default_rounds), median_of(other_rounds));
+    };
+    // The output in the scan against a kernel of its own, back to back; the backward's direct term in the
+    // reverse scan against chunk_state_direct, forward + backward back to back.
+    const auto [f_in_scan, f_apart] =
+        alternating(OtherPath::kOutputApart, a.output_apart, [&] { return forward(ours, back_to_back_ms); });
+    const auto [fb_direct_in, fb_direct_apart] =
+        alternating(OtherPath::kDirectApart, a.direct_apart, [&] { return forward_backward(ours, back_to_back_ms); });
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
