@@ -62,7 +62,8 @@ struct LowRankScanArgs {
   ScanPrecision precision = ScanPrecision::kFloat32;
   // The chunks' start states (hist's values) and new values as the block float16 products use them
   // (kBlockFloat16 only; S16 with S_inv, M16 with M_inv), for chunk_output_f16 and chunk_backward (for a
-  // reverse scan, each chunk's end-state gradient and its M, which is -dM with the direct term): S16 [H, N, Dk, Dv] and M16 [H, N, C, Dv] float16, each 16 x 16 block of S16 and
+  // reverse scan, each chunk's end-state gradient and its M, which is -dM with the direct term):
+  // S16 [H, N, Dk, Dv] and M16 [H, N, C, Dv] float16, each 16 x 16 block of S16 and
   // 16 x 8 tile of M16 scaled by a power of two whose inverse is in S_inv [H, N, Dk / 16, Dv / 16] and
   // M_inv [H, N, C / 16, Dv / 8] (float32). Half the bytes of hist and M, and in the form the 16-bit
   // products read.
@@ -129,8 +130,9 @@ void set_output_in_scan(bool on);
 bool output_in_scan_enabled();
 // Whether the rule's backward has its reverse scan form the direct term (LowRankScanArgs::direct) from
 // the forward's output factors, which the forward then keeps for it, instead of chunk_state_direct's Z
-// (process-wide, on by default; off for benchmarks, or to keep less for the backward: the forward's Qd
-// and Aq are 24 KB a chunk and head at Dk = 128).
+// (process-wide, on by default; off for benchmarks, or to keep less for the backward: the forward then
+// also keeps Qd, Aq and its scan's M16 for it, 40 KB a chunk and head at Dk = Dv = 128, and
+// chunk_backward reads M and dM from the two scans).
 void set_direct_in_scan(bool on);
 bool direct_in_scan_enabled();
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);

@@ -818,9 +818,8 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       a.decay = decay;
       a.bound = bound;  // P_n's norm is P_n^T's
       // The direct term: formed by the scan from the forward's output factors and dO in block float16
-      // where the forward kept them, else chunk_state_direct's Z.
-      // With it the reverse scan's new values are -dM, which the chunk kernel then reads beside the
-      // forward's M.
+      // where the forward kept them (and then the scan's new values, -dM, go to the chunk kernel beside
+      // the forward's M), else chunk_state_direct's Z.
       const at::Tensor &Qd = saved[12], &Aq = saved[13], &aq_inv = saved[14], &M16 = saved[15], &M_inv = saved[16];
       if (Qd.defined()) {
         const kernels::GridF16 d16 = kernels::grad_to_grid_f16(dO, grid);

@@ -63,7 +63,6 @@ void check_config(const ModelConfig& c) {
 
 // ---- shared blocks (the per-layer recipe below reads as HF's Qwen3DecoderLayer) ----------------
 
-at::Tensor dense(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) { return model::linear(x, w, b); }
 
 struct RopeTables {
   at::Tensor cos, sin;  // [1, T, 1, Dh] model dtype, broadcast over batch and heads
@@ -590,9 +589,9 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
     // ---- self-attention ----
     hook(l, HookKind::ResidPre, x);
     at::Tensor h = rms_norm_maybe_fused(x, lw.input_layernorm, eps, fused);   // [B, T, d]
-    at::Tensor q = dense(h, lw.q_proj, lw.q_bias).view({B, T, Hq, Dh});       // [B, T, Hq, Dh]
-    at::Tensor k = dense(h, lw.k_proj, lw.k_bias).view({B, T, Hkv, Dh});      // [B, T, Hkv, Dh]
-    at::Tensor v = dense(h, lw.v_proj, lw.v_bias).view({B, T, Hkv, Dh});      // [B, T, Hkv, Dh]
+    at::Tensor q = model::linear(h, lw.q_proj, lw.q_bias).view({B, T, Hq, Dh});       // [B, T, Hq, Dh]
+    at::Tensor k = model::linear(h, lw.k_proj, lw.k_bias).view({B, T, Hkv, Dh});      // [B, T, Hkv, Dh]
+    at::Tensor v = model::linear(h, lw.v_proj, lw.v_bias).view({B, T, Hkv, Dh});      // [B, T, Hkv, Dh]
     q = norm_rope_maybe_fused(q, lw.q_norm, rope, eps, fused);  // per-head norm before RoPE (Qwen3)
     k = norm_rope_maybe_fused(k, lw.k_norm, rope, eps, fused);
     hook(l, HookKind::Q, q);
@@ -657,11 +656,11 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
     const at::Tensor rows = checked_positions(opts.logit_positions, T, dev, "logit_positions");  // [R]
     const int64_t R = rows.size(0);
     at::Tensor h = rms_norm_maybe_fused(x, lw.input_layernorm, eps, fused);                        // [B, T, d]
-    at::Tensor k = dense(h, lw.k_proj, lw.k_bias).view({B, T, Hkv, Dh});
-    at::Tensor v = dense(h, lw.v_proj, lw.v_bias).view({B, T, Hkv, Dh});
+    at::Tensor k = model::linear(h, lw.k_proj, lw.k_bias).view({B, T, Hkv, Dh});
+    at::Tensor v = model::linear(h, lw.v_proj, lw.v_bias).view({B, T, Hkv, Dh});
     k = norm_rope_maybe_fused(k, lw.k_norm, rope, eps, fused);
     const RopeTables rope_rows{rope.cos.index_select(1, rows).contiguous(), rope.sin.index_select(1, rows).contiguous()};
-    at::Tensor q = dense(h.index_select(1, rows), lw.q_proj, lw.q_bias).view({B, R, Hq, Dh});   // [B, R, Hq, Dh]
+    at::Tensor q = model::linear(h.index_select(1, rows), lw.q_proj, lw.q_bias).view({B, R, Hq, Dh});   // [B, R, Hq, Dh]
     q = norm_rope_maybe_fused(q, lw.q_norm, rope_rows, eps, fused);
     at::Tensor k_all = k, v_all = v;
     if (cache != nullptr) {
@@ -695,7 +694,7 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
 
 at::Tensor Transformer::attn_out(int64_t layer, const at::Tensor& z) const {
   const LayerWeights& lw = w_.layers.at(static_cast<size_t>(layer));
-  return dense(z.flatten(-2, -1), lw.o_proj, lw.o_bias);  // [..., Hq * Dh] -> [..., d]
+  return model::linear(z.flatten(-2, -1), lw.o_proj, lw.o_bias);  // [..., Hq * Dh] -> [..., d]
 }
 
 at::Tensor Transformer::mlp_out(int64_t layer, const at::Tensor& resid_mid, bool fused_kernels) const {
@@ -704,15 +703,15 @@ at::Tensor Transformer::mlp_out(int64_t layer, const at::Tensor& resid_mid, bool
   at::Tensor h = rms_norm_maybe_fused(resid_mid, lw.post_attention_layernorm, cfg_.rms_norm_eps, fused);  // [..., d]
   at::Tensor act;                                                                                        // [..., I]
 #ifdef HH_HAVE_KERNELS
-  if (fused) act = fused_silu_mul(dense(h, lw.gate_proj), dense(h, lw.up_proj));
+  if (fused) act = fused_silu_mul(model::linear(h, lw.gate_proj), model::linear(h, lw.up_proj));
 #endif
-  if (!act.defined()) act = at::silu(dense(h, lw.gate_proj)) * dense(h, lw.up_proj);
-  return dense(act, lw.down_proj);  // [..., d]
+  if (!act.defined()) act = at::silu(model::linear(h, lw.gate_proj)) * model::linear(h, lw.up_proj);
+  return model::linear(act, lw.down_proj);  // [..., d]
 }
 
 at::Tensor Transformer::unembed(const at::Tensor& resid) const {
   at::Tensor h = rms_norm(resid, w_.norm, cfg_.rms_norm_eps);
-  return dense(h, w_.lm_head).to(accum_dtype(dtype()));
+  return model::linear(h, w_.lm_head).to(accum_dtype(dtype()));
 }
 
 // ---- shared building blocks ----------------------------------------------------------------------
@@ -804,7 +803,10 @@ int64_t greedy_next(const Transformer& model, KvCache& cache, const std::vector<
   at::NoGradGuard no_grad;
   ForwardOptions f;
   f.cache = &cache;
-  f.logit_positions = at::full({1}, static_cast<int64_t>(ids.size()) - 1, at::TensorOptions().dtype(at::kLong));
+  // A prompt's logits at its last position only (its last layer's queries and MLP at that row alone); a
+  // single token's are that already, and its last layer then reads the cache in place like the others.
+  if (ids.size() > 1)
+    f.logit_positions = at::full({1}, static_cast<int64_t>(ids.size()) - 1, at::TensorOptions().dtype(at::kLong));
   const at::Tensor input = at::tensor(at::ArrayRef<int64_t>(ids), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
   const at::Tensor logits = model.forward(input, f).logits;  // [1, 1, V]
   return logits[0][0].argmax().item<int64_t>();
