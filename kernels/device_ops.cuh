@@ -330,6 +330,22 @@ __device__ __forceinline__ float gate_activation(float x) {
   else return x;
 }
 
+// The LA heads' gates (g, beta) in float32 from their projections b and a, with the values (in the
+// model's dtype T) of core/attention/hybrid.cpp's op sequence, each op's result rounded to T as LibTorch
+// rounds it:
+//   beta = sigmoid(b) (times 2 with two), g = -exp(A_log) * softplus(a + dt_bias)
+// (sigmoid as 1 / (1 + exp(-x)), softplus as x above 20, else log1p(exp(x)), both in float32).
+template <class T>
+__device__ __forceinline__ float2 gdn_gate_values(float b, float a, float A_log, float dt_bias, bool two) {
+  T be = static_cast<T>(1.f / (1.f + expf(-b)));
+  if (two) be = static_cast<T>(static_cast<float>(be) * 2.f);
+  const float x = static_cast<float>(static_cast<T>(a + dt_bias));
+  const T sp = static_cast<T>(x > 20.f ? x : log1pf(expf(x)));
+  const T decay_rate = static_cast<T>(-static_cast<float>(static_cast<T>(expf(A_log))));
+  return make_float2(static_cast<float>(static_cast<T>(static_cast<float>(decay_rate) * static_cast<float>(sp))),
+                     static_cast<float>(be));
+}
+
 // Element e of a pack of 16-bit values as float: for bfloat16 the bits moved into place in one
 // instruction (a shift for the low half of a 32-bit word, a mask for the high half), where converting
 // the element alone takes two for the high half. e must be known when compiled (unrolled loops).

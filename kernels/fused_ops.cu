@@ -366,11 +366,8 @@ __global__ void rope_tables_kernel(const float* __restrict__ inv_freq, int64_t o
   }
 }
 
-// The LA heads' gates from their projections, in float32, with the values (in the model's 16-bit dtype T)
-// of core/attention/hybrid.cpp's op sequence, each op's result rounded to T as LibTorch rounds it:
-//   beta = sigmoid(b) (times 2 with two), g = -exp(A_log) * softplus(a + dt_bias)
-// (sigmoid as 1 / (1 + exp(-x)), softplus as x above 20, else log1p(exp(x)), both in float32). b and a:
-// rows of H values, ld_b and ld_a apart; g and beta [rows, H] contiguous.
+// The LA heads' gates from their projections (device::gdn_gate_values). b and a: rows of H values, ld_b
+// and ld_a apart; g and beta [rows, H] contiguous.
 template <class T>
 __global__ void gdn_gates_kernel(const T* __restrict__ b, int64_t ld_b, const T* __restrict__ a, int64_t ld_a,
                                  const T* __restrict__ A_log, const T* __restrict__ dt_bias, int64_t rows, int H,
@@ -380,13 +377,10 @@ __global__ void gdn_gates_kernel(const T* __restrict__ b, int64_t ld_b, const T*
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / H;
     const int h = static_cast<int>(i - r * H);
-    T be = static_cast<T>(1.f / (1.f + expf(-static_cast<float>(b[r * ld_b + h]))));
-    if (two) be = static_cast<T>(static_cast<float>(be) * 2.f);
-    beta[i] = static_cast<float>(be);
-    const float x = static_cast<float>(static_cast<T>(static_cast<float>(a[r * ld_a + h]) + static_cast<float>(dt_bias[h])));
-    const T sp = static_cast<T>(x > 20.f ? x : log1pf(expf(x)));
-    const T decay_rate = static_cast<T>(-static_cast<float>(static_cast<T>(expf(static_cast<float>(A_log[h])))));
-    g[i] = static_cast<float>(static_cast<T>(static_cast<float>(decay_rate) * static_cast<float>(sp)));
+    const float2 gb = gdn_gate_values<T>(static_cast<float>(b[r * ld_b + h]), static_cast<float>(a[r * ld_a + h]),
+                                         static_cast<float>(A_log[h]), static_cast<float>(dt_bias[h]), two);
+    g[i] = gb.x;
+    beta[i] = gb.y;
   }
 }
 

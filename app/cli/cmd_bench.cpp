@@ -43,6 +43,7 @@ struct BenchArgs {
   std::string model, device = "cpu", dtype = "bf16";
   int64_t seq = 4096, batch = 1, iters = 10, warmup = 3;
   int64_t decode = 0;  // also time greedy decoding of this many tokens after a --seq prompt
+  bool decode_ops = false;  // a hybrid's LA heads decode as the op sequence, not one kernel
   uint64_t seed = 0;
   bool json = false;
 };
@@ -50,6 +51,7 @@ struct BenchArgs {
 int run_bench_forward(const BenchArgs& a) {
   if (a.seq < 1 || a.batch < 1 || a.iters < 1 || a.warmup < 0 || a.decode < 0)
     throw Error("--seq, --batch and --iters must be positive and --warmup and --decode non-negative");
+  attention::set_decode_kernel(!a.decode_ops);
   // A dense checkpoint or a HydraHead hybrid: the hybrid's forward and decoding, its teacher's config.
   std::optional<model::Transformer> dense;
   std::optional<attention::HybridModel> hybrid;
@@ -114,6 +116,7 @@ int run_bench_forward(const BenchArgs& a) {
                         {"tokens_per_s", B * T / (median * 1e-3)}};
     if (token_ms) {
       j["decode"] = a.decode;
+      if (hybrid) j["decode_step"] = a.decode_ops ? "ops" : "kernel";
       j["prefill_ms"] = *prefill_ms;
       j["decode_token_ms"] = *token_ms;
       j["decode_tokens_per_s"] = *token_ms > 0 ? 1e3 / *token_ms : 0.0;
@@ -509,6 +512,9 @@ Runner add_bench(CLI::App& app) {
                   "with the key/value cache (and a hybrid's recurrent state): the prompt's time (its forward and "
                   "first new token) and a decoding step's (the median of every run's N steps, each timed alone)")
       ->capture_default_str();
+  fwd->add_flag("--decode-ops", args->decode_ops,
+                "With --decode on a hybrid on CUDA: its LA heads' decoding step as the op sequence (convolution, "
+                "RoPE and norm, gates, recurrence, fusion one after the other) instead of one kernel, for comparison");
   fwd->add_flag("--json", args->json, "Print one JSON object");
 
   auto targs = std::make_shared<TokenizeBenchArgs>();

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "core/attention/fusion.h"
@@ -12,6 +13,7 @@
 #ifdef HH_HAVE_KERNELS
 #include "kernels/fused_ops.h"
 #include "kernels/gdn.h"
+#include "kernels/gdn_decode.h"
 #include "kernels/streams.h"
 #endif
 
@@ -190,10 +192,15 @@ std::vector<HybridWeightEntry> hybrid_weight_table(const model::ModelConfig& cfg
 
 namespace {
 FlashGate g_flash_gate = FlashGate::kFactors;
+bool g_decode_kernel = true;
+std::atomic<int64_t> g_decode_kernel_steps{0};
 }  // namespace
 
 void set_flash_gate(FlashGate gate) { g_flash_gate = gate; }
 FlashGate flash_gate() { return g_flash_gate; }
+void set_decode_kernel(bool on) { g_decode_kernel = on; }
+bool decode_kernel() { return g_decode_kernel; }
+int64_t decode_kernel_steps() { return g_decode_kernel_steps.load(); }
 
 at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& o, const HeadSplit& split,
                             const model::LayerWeights& tw, const HybridLayerWeights& w, const at::Tensor& xn,
@@ -319,8 +326,67 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
                                               : model::causal_attention(f.q, f.kf, f.vf, scale);  // [B, T, nF, Dh]
     fuse(o_fa, f.gate_pre, /*silu_gate=*/false, split.fa);
   };
+  // A decoding step's LA heads after their projections in one kernel (kernels::gdn_decode_step), where
+  // it takes them: one token with a cache on CUDA, no graph, the chunked rule (not the oracle), the
+  // kernel's head sizes and dtypes. Returns false where it does not, leaving the step to the op sequence
+  // (which reads the zero state and past this may have put in an empty cache as it would read none).
+  auto la_decode_step = [&]() -> bool {
+#ifdef HH_HAVE_KERNELS
+    const at::ScalarType dt = xn.scalar_type();
+    if (cache == nullptr || T != 1 || !chunked || !g_decode_kernel || !xn.is_cuda() || dt == at::kDouble ||
+        at::GradMode::is_enabled() || (Dh != 32 && Dh != 64 && Dh != 128) || nL > kernels::kMaxDecodeHeads ||
+        w.la_k_proj.scalar_type() != dt || w.la_A_log.scalar_type() != dt || w.la_dt_bias.scalar_type() != dt ||
+        (o.gdn_short_conv && (w.la_conv.size(2) != 4 || w.la_conv.scalar_type() != dt)) ||
+        (!o.fusion_concat && w.fusion_gamma.scalar_type() != dt) ||
+        (cache->la_state.defined() && cache->la_state.scalar_type() != at::kFloat))
+      return false;
+    const int64_t C = nL * Dh;
+    kernels::DecodeStep s;
+    // q from the whole projection where heads_product would take it so (the LA heads' columns read in
+    // place), else from the LA heads' rows.
+    if (3 * nL >= Hq) {
+      s.q = model::linear(xn, tw.q_proj).view({B, Hq * Dh});
+      s.q_heads = split.la;
+    } else {
+      s.q = model::linear(xn, head_rows(tw.q_proj, split.la, Dh)).view({B, C});
+      for (int64_t i = 0; i < nL; ++i) s.q_heads.push_back(i);
+    }
+    s.k = model::linear(xn, w.la_k_proj).view({B, C});
+    s.v = model::linear(xn, w.la_v_proj).view({B, C});
+    if (o.gdn_short_conv) {
+      if (!cache->la_conv.defined()) cache->la_conv = at::zeros({B, 3 * C, kShortConvKernel - 1}, xn.options());
+      if (!cache->la_conv.is_contiguous()) cache->la_conv = cache->la_conv.contiguous();
+      s.conv_weight = w.la_conv;
+      s.conv_past = cache->la_conv;
+    }
+    std::tie(s.cos, s.sin) = rope;
+    s.b = model::linear(xn, w.la_b_proj).view({B, nL});
+    s.a = model::linear(xn, w.la_a_proj).view({B, nL});
+    s.A_log = w.la_A_log;
+    s.dt_bias = w.la_dt_bias;
+    s.beta_times_two = o.gdn_allow_neg_eigval;
+    if (!cache->la_state.defined()) cache->la_state = at::zeros({B, nL, Dh, Dh}, xn.options().dtype(at::kFloat));
+    if (!cache->la_state.is_contiguous()) cache->la_state = cache->la_state.contiguous();
+    s.state = cache->la_state;
+    s.scale = scale;
+    if (!o.fusion_concat) {
+      s.gate = model::linear(xn, w.la_gate).view({B, C});
+      s.gamma = w.fusion_gamma;
+      s.norm_eps = eps;
+    }
+    s.heads = split.la;
+    if (!out.defined()) out = at::empty({B, T, Hq, Dh}, xn.options());
+    if (!kernels::gdn_decode_step_supported(s, out)) return false;
+    kernels::gdn_decode_step(s, out);
+    ++g_decode_kernel_steps;
+    return true;
+#else
+    return false;
+#endif
+  };
   // on_queued, where given, is called as the rule's stages are queued (the fused output's path).
   auto la_branch = [&](const std::function<void(GdnStage)>& on_queued) {
+    if (la_decode_step()) return;
     at::Tensor q = heads_product(xn, tw.q_proj, split.la, Dh);  // [B, T, nL*Dh]
     at::Tensor k = model::linear(xn, w.la_k_proj);
     at::Tensor v = model::linear(xn, w.la_v_proj);

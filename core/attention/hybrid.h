@@ -92,4 +92,14 @@ enum class FlashGate { kInputs, kFactors, kScan };
 void set_flash_gate(FlashGate gate);
 FlashGate flash_gate();
 
+// Whether a decoding step (one token, with a cache, on CUDA without a graph) runs the LA heads after
+// their projections as one kernel (kernels::gdn_decode_step, the default) or as the op sequence (the
+// short convolution with its past, rope_l2, the gates, gdn_recurrent, the fusion). Process-wide; for
+// comparisons.
+void set_decode_kernel(bool on);
+bool decode_kernel();
+// How many layers' decoding steps have run on that kernel in this process (tests and benchmarks check
+// which path ran by it).
+int64_t decode_kernel_steps();
+
 }  // namespace hh::attention

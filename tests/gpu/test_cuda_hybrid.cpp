@@ -1,10 +1,12 @@
-// The hybrid on CUDA: the same logits as on the CPU (fp32), and prefill + decode equal to the full
-// forward in bf16 (flash attention over the per-sequence key/value cache).
+// The hybrid on CUDA: the same logits as on the CPU (fp32), prefill + decode equal to the full forward in
+// bf16 (flash attention over the per-sequence key/value cache), the two streams of the layer, and the
+// LA heads' decoding step on one kernel.
 #include <torch/torch.h>
 
 #include <gtest/gtest.h>
 
 #include "core/attention/hybrid_model.h"
+#include "kernels/gdn_decode.h"
 
 #include "support/tiny_config.h"
 
@@ -101,6 +103,147 @@ TEST(CudaHybrid, LayerSideBySideEqualsOneAfterTheOther) {
       EXPECT_TRUE(torch::isfinite(side).all().item<bool>()) << where;
     }
   hh::attention::set_flash_gate(gate_default);
+}
+
+// One layer's attention block over a prompt and then token by token with a cache: the LA heads' step
+// on one kernel (kernels::gdn_decode_step) against the same layer in float64 on the CPU (the op
+// sequence: at::conv1d with the past, RoPE and the L2 norm, the gates, gdn_recurrent, the fusion) and
+// against the op sequence on CUDA in the same dtype (set_decode_kernel(false)). The new tensors are
+// drawn at random (the converter's identity convolution, small gates and unit gamma would hide
+// mistakes there). Every head size the kernel takes, q from the whole projection and from the LA
+// heads' rows, and the options that change its work: no convolution, beta times two, plain
+// concatenation.
+TEST(CudaHybrid, DecodingStepOnOneKernelMatchesTheOpSequence) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  struct Case {
+    int64_t Dh;
+    bool conv, neg, concat;
+    std::vector<std::pair<int64_t, int64_t>> fa;
+  };
+  const std::vector<Case> cases = {{128, true, false, false, {{0, 2}, {0, 5}}},
+                                   {64, false, true, false, {{0, 0}}},
+                                   {32, true, false, true, {{0, 3}, {0, 4}, {0, 7}}},
+                                   {64, true, true, false, {{0, 0}, {0, 1}, {0, 2}, {0, 4}, {0, 5}, {0, 6}}}};
+  const int64_t B = 2, P = 70, steps = 6;
+  for (const Case& k : cases) {
+    const auto c = hh::test::tiny_config(1, 8, 2, k.Dh, 256, 512, 300);
+    auto tw = hh::model::random_weights(c, 7, torch::kDouble, 0.1);
+    const hh::model::Transformer teacher(c, tw);
+    hh::select::Manifest m;
+    m.model = hh::select::shape_of(c);
+    m.fa_heads = k.fa;
+    hh::attention::ConvertOptions co;
+    co.seed = 3;
+    co.hybrid.gdn_short_conv = k.conv;
+    co.hybrid.gdn_allow_neg_eigval = k.neg;
+    co.hybrid.fusion_concat = k.concat;
+    const HybridModel h = hh::attention::convert(teacher, m, co);
+    const auto& split = h.splits()[0];
+    torch::manual_seed(11);
+    hh::attention::HybridLayerWeights hw = h.layers()[0];
+    if (k.conv) hw.la_conv = torch::randn_like(hw.la_conv) * 0.5;
+    hw.la_b_proj = torch::randn_like(hw.la_b_proj) * 0.3;
+    hw.la_a_proj = torch::randn_like(hw.la_a_proj) * 0.3;
+    if (!k.concat) {
+      hw.la_gate = torch::randn_like(hw.la_gate) * 0.3;
+      hw.fusion_gamma = 1 + 0.3 * torch::randn_like(hw.fusion_gamma);
+    }
+    const auto xs = torch::randn({B, P + steps, c.hidden_size}, torch::kDouble);
+    const std::string name = "Dh " + std::to_string(k.Dh) + (k.conv ? "" : ", no convolution") +
+                             (k.neg ? ", beta times two" : "") + (k.concat ? ", concatenation" : "") + ", " +
+                             std::to_string(split.la.size()) + " LA heads";
+
+    // The prompt's and each step's block outputs (float64 on the CPU) and the cache's state and past.
+    struct Run {
+      std::vector<torch::Tensor> outs;
+      torch::Tensor state, past;
+    };
+    auto run = [&](torch::Device dev, torch::Dtype dt, bool kernel) {
+      hh::model::Weights w = tw;
+      for (auto& e : hh::model::weight_table(c, w)) *e.slot = e.slot->to(dev, dt);
+      hh::attention::HybridLayerWeights lw = hw;
+      for (auto& e : hh::attention::hybrid_weight_table(c, h.options(), split, 0, lw)) *e.slot = e.slot->to(dev, dt);
+      hh::attention::set_decode_kernel(kernel);
+      torch::NoGradGuard no_grad;
+      hh::attention::HybridLayerCache cache;
+      Run r;
+      auto layer = [&](const torch::Tensor& x) {
+        return hh::attention::hybrid_attention(c, h.options(), split, w.layers[0], lw, x.to(dev, dt), teacher.inv_freq(), true,
+                                               &cache)
+            .to(torch::kCPU, torch::kDouble);
+      };
+      r.outs.push_back(layer(xs.narrow(1, 0, P)));
+      for (int64_t t = P; t < P + steps; ++t) r.outs.push_back(layer(xs.narrow(1, t, 1)));
+      r.state = cache.la_state.to(torch::kCPU, torch::kDouble);
+      if (k.conv) r.past = cache.la_conv.to(torch::kCPU, torch::kDouble);
+      hh::attention::set_decode_kernel(true);
+      return r;
+    };
+    const Run ref = run(torch::kCPU, torch::kDouble, false);
+    for (torch::Dtype dt : {torch::kFloat, torch::kBFloat16}) {
+      const bool f32 = dt == torch::kFloat;
+      const std::string where = name + (f32 ? ", float32" : ", bfloat16");
+      const int64_t before = hh::attention::decode_kernel_steps();
+      const Run kern = run(torch::kCUDA, dt, true);
+      EXPECT_EQ(hh::attention::decode_kernel_steps() - before, steps) << where << ": every step on the kernel";
+      const Run ops = run(torch::kCUDA, dt, false);
+      EXPECT_EQ(hh::attention::decode_kernel_steps() - before, steps) << where << ": none with the kernel off";
+      auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+        return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>();
+      };
+      for (int64_t s = 1; s <= steps; ++s) {
+        const auto& got = kern.outs[static_cast<size_t>(s)];
+        ASSERT_TRUE(torch::isfinite(got).all().item<bool>()) << where << ", step " << s;
+        EXPECT_LT(rel(got, ref.outs[static_cast<size_t>(s)]), f32 ? 1e-4 : 3e-2) << where << ", step " << s << " against float64";
+        EXPECT_LT(rel(got, ops.outs[static_cast<size_t>(s)]), f32 ? 1e-5 : 2e-2) << where << ", step " << s << " against the ops";
+      }
+      EXPECT_LT(rel(kern.state, ref.state), f32 ? 1e-4 : 3e-2) << where << ": state against float64";
+      EXPECT_LT(rel(kern.state, ops.state), f32 ? 1e-5 : 2e-2) << where << ": state against the ops";
+      if (k.conv) EXPECT_TRUE(torch::equal(kern.past, ops.past)) << where << ": the convolution's past inputs";
+    }
+  }
+}
+
+// The kernel refuses what it does not take, naming the tensor.
+TEST(CudaHybrid, DecodingStepKernelNamesWhatItRefuses) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto f = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  const int64_t B = 1, n = 2, Dh = 64, C = n * Dh;
+  hh::kernels::DecodeStep s;
+  s.q = torch::randn({B, C}, f), s.k = torch::randn({B, C}, f), s.v = torch::randn({B, C}, f);
+  s.q_heads = {0, 1};
+  s.cos = torch::ones({1, Dh}, f), s.sin = torch::zeros({1, Dh}, f);
+  s.b = torch::zeros({B, n}, f), s.a = torch::zeros({B, n}, f), s.A_log = torch::zeros({n}, f), s.dt_bias = torch::zeros({n}, f);
+  s.state = torch::zeros({B, n, Dh, Dh}, f.dtype(torch::kFloat));
+  s.heads = {1, 3};
+  torch::Tensor out = torch::zeros({B, 1, 4, Dh}, f);
+  ASSERT_TRUE(hh::kernels::gdn_decode_step_supported(s, out));
+  hh::kernels::gdn_decode_step(s, out);
+  // With zero state, unit cos and beta = 1/2: o = scale (1/2) <k, q> v for each head, heads 0 and 2 untouched.
+  EXPECT_TRUE(torch::equal(out.select(2, 0), torch::zeros_like(out.select(2, 0))));
+  EXPECT_TRUE(torch::equal(out.select(2, 2), torch::zeros_like(out.select(2, 2))));
+  EXPECT_GT(out.select(2, 1).abs().max().item<float>(), 0.f);
+  auto refused = [&](hh::kernels::DecodeStep bad, const std::string& word) {
+    EXPECT_FALSE(hh::kernels::gdn_decode_step_supported(bad, out)) << word;
+    try {
+      hh::kernels::gdn_decode_step(bad, out);
+      ADD_FAILURE() << "no error for " << word;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  };
+  auto bad = s;
+  bad.state = torch::zeros({B, n, Dh, Dh}, f);
+  refused(bad, "state");
+  bad = s;
+  bad.k = torch::randn({B, C + 1}, f);
+  refused(bad, "k has the wrong shape");
+  bad = s;
+  bad.conv_weight = torch::randn({3 * C, 1, 4}, f);
+  refused(bad, "conv_past");
+  bad = s;
+  bad.heads = {1, 4};
+  refused(bad, "head position 4");
 }
 
 }  // namespace
