@@ -71,11 +71,20 @@ at::Tensor short_conv(const at::Tensor& x, const at::Tensor& weight, at::Tensor*
 
 #ifdef HH_HAVE_KERNELS
 // Whether short_conv may run on the convolution kernels (inside chunk_factors, or short_conv_apart):
-// CUDA, not float64, no decoding cache (whose past inputs the kernels do not take), no gradient to
-// record, the kernels' tap count.
+// CUDA, not float64, no past inputs (no decoding cache, or one that holds none yet: the kernels start
+// from zeros as short_conv does without a past), no gradient to record, the kernels' tap count.
 bool fused_short_conv(const at::Tensor& x, const at::Tensor& weight, const HybridLayerCache* cache) {
-  return cache == nullptr && x.is_cuda() && x.scalar_type() != at::kDouble && !at::GradMode::is_enabled() &&
-         weight.size(2) == 4 && x.is_contiguous();
+  return (cache == nullptr || !cache->la_conv.defined()) && x.is_cuda() && x.scalar_type() != at::kDouble &&
+         !at::GradMode::is_enabled() && weight.size(2) == 4 && x.is_contiguous();
+}
+
+// The short convolution's last kShortConvKernel - 1 inputs from the first ones q, k, v [B, T, C] (T >= 1),
+// as short_conv keeps them in `past`: [B, 3 C, K - 1], the q, k, v channel blocks, zeros before the first.
+at::Tensor last_conv_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t T = q.size(1), keep = kShortConvKernel - 1, n = std::min(T, keep);
+  at::Tensor x = at::cat({q.narrow(1, T - n, n), k.narrow(1, T - n, n), v.narrow(1, T - n, n)}, 2).transpose(1, 2);
+  if (n < keep) x = at::cat({at::zeros({x.size(0), x.size(1), keep - n}, x.options()), x}, 2);
+  return x.contiguous();
 }
 #endif
 
@@ -407,6 +416,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       conv.wv = w.la_conv.narrow(0, 2 * C, C);
       std::tie(conv.cos, conv.sin) = rope;
       conv.eps = 1e-6;
+      if (cache != nullptr) cache->la_conv = last_conv_inputs(q, k, v);  // q, k, v before the convolution
       if (!fuse_out) {
         const kernels::ConvolvedQkv c = kernels::short_conv_apart(q.view({B, T, nL, Dh}), k.view({B, T, nL, Dh}),
                                                                   v.view({B, T, nL, Dh}), conv);
@@ -489,9 +499,14 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     }
   };
 #ifdef HH_HAVE_KERNELS
-  if (side_by_side && nF > 0 && nL > 0 && xn.is_cuda() && cache == nullptr && !at::GradMode::is_enabled()) {
+  // With a cache, side by side only while it is empty (a prompt): what the call keeps in it is then new,
+  // and nothing the current stream holds is freed while the second stream reads it.
+  const bool fresh = cache == nullptr || (cache->pos == 0 && !cache->fa_k.rows().defined() && !cache->la_state.defined() &&
+                                          !cache->la_conv.defined() && flash_gate() != FlashGate::kInputs);
+  if (side_by_side && nF > 0 && nL > 0 && xn.is_cuda() && fresh && !at::GradMode::is_enabled()) {
     // The LA heads on a second stream while the FA heads run on this one: both write their heads into
-    // `out`, allocated here before the two start, and keep nothing else past the call.
+    // `out`, allocated here before the two start, and keep nothing else past the call but the cache's
+    // keys, values, state and past inputs, which later calls read on this stream.
     out = at::empty({B, T, Hq, Dh}, xn.options());
     const FlashGate gate = flash_gate();
     if (gate == FlashGate::kInputs) {
@@ -512,9 +527,13 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
         if (s == after) sb.current_waits_for_side();
       });
     });
-    for (const at::Tensor* t : {&fa.q, &fa.kf, &fa.vf, &fa.gate_pre}) sb.used_on_current(*t);
+    for (const at::Tensor* t : {&fa.q, &fa.kf, &fa.vf, &fa.gate_pre, &fa.k_all, &fa.v_all}) sb.used_on_current(*t);
     fa_attend(fa);
     sb.join();
+    if (cache != nullptr) {
+      for (const at::Tensor* t : {&cache->la_state, &cache->la_conv}) sb.used_on_current(*t);
+      cache->pos += T;
+    }
     return out;
   }
 #endif

@@ -77,9 +77,10 @@ struct HybridLayerCache {
 // for the normed hidden states xn [B, T, d]. cache null: a whole sequence at positions 0..T-1; else the
 // T tokens continue the cached ones (positions cache->pos..) and the cache is advanced.
 // chunked: the chunked gated delta rule (else the per-token recurrence, the oracle).
-// side_by_side: on CUDA, without a graph or a cache, the LA heads run on a second stream while the FA
-// heads run on the current one, so each fills the SMs the other leaves idle; false: one after the
-// other. The result is the same, bit for bit.
+// side_by_side: on CUDA, without a graph, and without a cache or with an empty one (a prompt), the LA
+// heads run on a second stream while the FA heads run on the current one, so each fills the SMs the
+// other leaves idle; false: one after the other. The result and what the cache keeps are the same, bit
+// for bit.
 at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& o, const HeadSplit& split,
                             const model::LayerWeights& teacher, const HybridLayerWeights& w, const at::Tensor& xn,
                             const at::Tensor& inv_freq, bool chunked = true, HybridLayerCache* cache = nullptr,

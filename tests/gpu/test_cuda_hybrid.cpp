@@ -105,6 +105,45 @@ TEST(CudaHybrid, LayerSideBySideEqualsOneAfterTheOther) {
   hh::attention::set_flash_gate(gate_default);
 }
 
+// A prompt into an empty cache runs its LA heads on the second stream too: the same output, the same
+// keys, values, state and past inputs in the cache, bit for bit, as one after the other, and the next
+// steps from either cache the same.
+TEST(CudaHybrid, PromptIntoAnEmptyCacheSideBySideEqualsOneAfterTheOther) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto c = hh::test::tiny_config(1, 8, 2, 128, 256, 512, 300);
+  auto w = hh::model::random_weights(c, 5, torch::kFloat, 0.1);
+  for (auto& e : hh::model::weight_table(c, w)) *e.slot = e.slot->to(torch::kCUDA, torch::kBFloat16);
+  const hh::model::Transformer teacher(c, w);
+  hh::select::Manifest m;
+  m.model = hh::select::shape_of(c);
+  m.fa_heads = {{0, 2}, {0, 5}};
+  hh::attention::ConvertOptions co;
+  co.seed = 2;
+  const HybridModel h = hh::attention::convert(teacher, m, co);
+  torch::NoGradGuard no_grad;
+  const auto opts = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  for (int64_t T : {150, 8192}) {
+    const auto xn = torch::randn({2, T + 3, c.hidden_size}, opts);
+    auto layer = [&](const torch::Tensor& x, hh::attention::HybridLayerCache& cache, bool side_by_side) {
+      return hh::attention::hybrid_attention(c, h.options(), h.splits()[0], teacher.weights().layers[0], h.layers()[0], x,
+                                             teacher.inv_freq(), true, &cache, side_by_side);
+    };
+    hh::attention::HybridLayerCache one, side;
+    const auto one_after = layer(xn.narrow(1, 0, T), one, false);
+    const auto both = layer(xn.narrow(1, 0, T), side, true);
+    const std::string where = "T=" + std::to_string(T);
+    EXPECT_TRUE(torch::equal(both, one_after)) << where;
+    EXPECT_EQ(side.pos, T) << where;
+    EXPECT_TRUE(torch::equal(side.fa_k.rows(), one.fa_k.rows())) << where << ": keys";
+    EXPECT_TRUE(torch::equal(side.fa_v.rows(), one.fa_v.rows())) << where << ": values";
+    EXPECT_TRUE(torch::equal(side.la_state, one.la_state)) << where << ": state";
+    EXPECT_TRUE(torch::equal(side.la_conv, one.la_conv)) << where << ": past inputs";
+    for (int64_t t = T; t < T + 3; ++t)
+      EXPECT_TRUE(torch::equal(layer(xn.narrow(1, t, 1), side, true), layer(xn.narrow(1, t, 1), one, false)))
+          << where << ", step " << t;
+  }
+}
+
 // One layer's attention block over a prompt and then token by token with a cache: the LA heads' step
 // on one kernel (kernels::gdn_decode_step) against the same layer in float64 on the CPU (the op
 // sequence: at::conv1d with the past, RoPE and the L2 norm, the gates, gdn_recurrent, the fusion) and
@@ -119,13 +158,16 @@ TEST(CudaHybrid, DecodingStepOnOneKernelMatchesTheOpSequence) {
     int64_t Dh;
     bool conv, neg, concat;
     std::vector<std::pair<int64_t, int64_t>> fa;
+    int64_t P;  // the prompt's tokens (2: fewer than the convolution keeps)
   };
-  const std::vector<Case> cases = {{128, true, false, false, {{0, 2}, {0, 5}}},
-                                   {64, false, true, false, {{0, 0}}},
-                                   {32, true, false, true, {{0, 3}, {0, 4}, {0, 7}}},
-                                   {64, true, true, false, {{0, 0}, {0, 1}, {0, 2}, {0, 4}, {0, 5}, {0, 6}}}};
-  const int64_t B = 2, P = 70, steps = 6;
+  const std::vector<Case> cases = {{128, true, false, false, {{0, 2}, {0, 5}}, 70},
+                                   {64, false, true, false, {{0, 0}}, 70},
+                                   {32, true, false, true, {{0, 3}, {0, 4}, {0, 7}}, 70},
+                                   {64, true, true, false, {{0, 0}, {0, 1}, {0, 2}, {0, 4}, {0, 5}, {0, 6}}, 70},
+                                   {128, true, false, false, {{0, 1}}, 2}};
+  const int64_t B = 2, steps = 6;
   for (const Case& k : cases) {
+    const int64_t P = k.P;
     const auto c = hh::test::tiny_config(1, 8, 2, k.Dh, 256, 512, 300);
     auto tw = hh::model::random_weights(c, 7, torch::kDouble, 0.1);
     const hh::model::Transformer teacher(c, tw);
@@ -149,7 +191,7 @@ TEST(CudaHybrid, DecodingStepOnOneKernelMatchesTheOpSequence) {
       hw.fusion_gamma = 1 + 0.3 * torch::randn_like(hw.fusion_gamma);
     }
     const auto xs = torch::randn({B, P + steps, c.hidden_size}, torch::kDouble);
-    const std::string name = "Dh " + std::to_string(k.Dh) + (k.conv ? "" : ", no convolution") +
+    const std::string name = "Dh " + std::to_string(k.Dh) + ", prompt " + std::to_string(P) + (k.conv ? "" : ", no convolution") +
                              (k.neg ? ", beta times two" : "") + (k.concat ? ", concatenation" : "") + ", " +
                              std::to_string(split.la.size()) + " LA heads";
 
