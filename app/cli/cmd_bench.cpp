@@ -376,7 +376,15 @@ struct TrainBenchArgs {
   uint64_t seed = 0;
   bool json = false, checkpoint_layers = false;
   DistArgs dist;   // --nproc-per-node: data parallel, --batch sequences per rank
+  std::string profile;  // Chrome trace of one more step of each stage: STEM-STAGE.EXT
 };
+
+// `path` with "-label" before its extension (trace.json -> trace-align.json).
+std::string labelled_path(const std::string& path, const std::string& label) {
+  std::filesystem::path p(path);
+  p.replace_filename(p.stem().string() + "-" + label + p.extension().string());
+  return p.string();
+}
 
 // Peak bytes the caching allocator handed out since the last reset (CUDA only; -1 elsewhere).
 int64_t peak_memory(const at::Device& d, bool reset) {
@@ -473,14 +481,20 @@ int run_bench_train(const TrainBenchArgs& a) {
       }
       peak_memory(dev, true);
       double loss = 0;
-      const double t = median_ms(dev, a.warmup, a.iters, [&] {
+      auto step = [&] {
         loss = train::stage_loss(sm, kind, ids, 1.0, true, a.checkpoint_layers);
         if (grad_sync) grad_sync->finish();
         train::clip_grad_norm(params, 1.0);
         opt.step(1e-5);
         opt.zero_grad();
-      });
+      };
+      const double t = median_ms(dev, a.warmup, a.iters, step);
       const int64_t peak = peak_memory(dev, true);
+      if (!a.profile.empty() && lead)
+        profile_to(labelled_path(a.profile, name), [&] {
+          step();
+          sync_device(dev);
+        });
       int64_t n = 0;
       for (const auto& p : params) n += p.tensor.numel();
       const std::string label = name == "dense" ? "dense train" : name;
@@ -569,6 +583,9 @@ Runner add_bench(CLI::App& app) {
   add_dist_options(*tr, rargs->dist);   // with N ranks: --batch per rank, tokens/s over all of them
   tr->add_flag("--activation-checkpointing", rargs->checkpoint_layers,
                "Recompute each student layer in the backward pass (distil, finetune)");
+  tr->add_option("--profile", rargs->profile,
+                 "Write a Chrome trace of one more step of each stage, FILE with the stage's name before its extension "
+                 "(trace.json -> trace-align.json)");
   tr->add_flag("--json", rargs->json, "Also print one JSON object");
   const BenchSub gdn = add_bench_gdn(app);
   return [args, targs, tk, aargs, an, rargs, tr, gdn] {

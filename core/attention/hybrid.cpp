@@ -57,15 +57,38 @@ at::Tensor heads_product(const at::Tensor& x, const at::Tensor& w, const std::ve
   return pick(y.view(split), y.dim() - 1, heads).reshape(flat);
 }
 
+// The short convolution's last kShortConvKernel - 1 inputs after the rows of `parts` (each [B, T, C_i],
+// T >= 1), their channels joined in order, as short_conv keeps them in `past`: [B, sum C_i, K - 1],
+// zeros before the first row.
+at::Tensor conv_tail(std::initializer_list<at::Tensor> parts) {
+  const int64_t T = parts.begin()->size(1), keep = kShortConvKernel - 1, n = std::min(T, keep);
+  std::vector<at::Tensor> rows;
+  for (const at::Tensor& p : parts) rows.push_back(p.narrow(1, T - n, n));
+  at::Tensor x = (rows.size() == 1 ? rows[0] : at::cat(rows, 2)).transpose(1, 2);
+  if (n < keep) x = at::cat({at::zeros({x.size(0), x.size(1), keep - n}, x.options()), x}, 2);
+  return x.contiguous();
+}
+
 // Depthwise causal conv over time of x [B, T, C] with weight [C, 1, K], then SiLU. `past` [B, C, K-1]
 // holds the K-1 inputs before x (zeros at the start of a sequence) and is replaced by the last K-1.
 at::Tensor short_conv(const at::Tensor& x, const at::Tensor& weight, at::Tensor* past) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), K = weight.size(2);
-  at::Tensor prev = past != nullptr && past->defined() ? *past : at::zeros({B, C, K - 1}, x.options());
-  const at::Tensor full = at::cat({prev, x.transpose(1, 2)}, 2);  // [B, C, K-1+T]
-  if (past != nullptr) *past = full.narrow(2, T, K - 1).contiguous();
-  const std::vector<int64_t> one = {1}, zero = {0};  // stride, padding (the past supplies the left context), dilation
-  const at::Tensor y = at::conv1d(full, weight, at::Tensor(), one, zero, one, C);  // [B, C, T]
+  const int64_t T = x.size(1), C = x.size(2), K = weight.size(2);
+  const std::vector<int64_t> one = {1};  // stride, dilation
+  at::Tensor y;                          // [B, C, T]
+  if (past != nullptr && past->defined()) {
+    const at::Tensor full = at::cat({*past, x.transpose(1, 2)}, 2);  // [B, C, K-1+T]
+    *past = full.narrow(2, T, K - 1).contiguous();
+    const std::vector<int64_t> zero = {0};  // the past supplies the left context
+    y = at::conv1d(full, weight, at::Tensor(), one, zero, one, C);
+  } else {
+    // Zeros before the first input as the convolution's padding (its last K - 1 outputs, past the end,
+    // dropped). The gradient then reaches x in rows of T, which the projections' backward products
+    // read as they are; after a concatenation with the zeros it would come at a row stride of T + K - 1
+    // from an odd offset, which cuBLAS multiplies only on its slow unaligned kernels.
+    if (past != nullptr) *past = conv_tail({x});
+    const std::vector<int64_t> pad = {K - 1};
+    y = at::conv1d(x.transpose(1, 2), weight, at::Tensor(), one, pad, one, C).narrow(2, 0, T);
+  }
   return at::silu(y.transpose(1, 2));  // [B, T, C]
 }
 
@@ -76,15 +99,6 @@ at::Tensor short_conv(const at::Tensor& x, const at::Tensor& weight, at::Tensor*
 bool fused_short_conv(const at::Tensor& x, const at::Tensor& weight, const HybridLayerCache* cache) {
   return (cache == nullptr || !cache->la_conv.defined()) && x.is_cuda() && x.scalar_type() != at::kDouble &&
          !at::GradMode::is_enabled() && weight.size(2) == 4 && x.is_contiguous();
-}
-
-// The short convolution's last kShortConvKernel - 1 inputs from the first ones q, k, v [B, T, C] (T >= 1),
-// as short_conv keeps them in `past`: [B, 3 C, K - 1], the q, k, v channel blocks, zeros before the first.
-at::Tensor last_conv_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  const int64_t T = q.size(1), keep = kShortConvKernel - 1, n = std::min(T, keep);
-  at::Tensor x = at::cat({q.narrow(1, T - n, n), k.narrow(1, T - n, n), v.narrow(1, T - n, n)}, 2).transpose(1, 2);
-  if (n < keep) x = at::cat({at::zeros({x.size(0), x.size(1), keep - n}, x.options()), x}, 2);
-  return x.contiguous();
 }
 #endif
 
@@ -416,7 +430,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
       conv.wv = w.la_conv.narrow(0, 2 * C, C);
       std::tie(conv.cos, conv.sin) = rope;
       conv.eps = 1e-6;
-      if (cache != nullptr) cache->la_conv = last_conv_inputs(q, k, v);  // q, k, v before the convolution
+      if (cache != nullptr) cache->la_conv = conv_tail({q, k, v});  // q, k, v before the convolution
       if (!fuse_out) {
         const kernels::ConvolvedQkv c = kernels::short_conv_apart(q.view({B, T, nL, Dh}), k.view({B, T, nL, Dh}),
                                                                   v.view({B, T, nL, Dh}), conv);
