@@ -1,6 +1,7 @@
 #pragma once
 // CUDA kernels for the HydraHead LA heads (DESIGN.md section 9). core/attention/gdn.cpp builds the
 // chunked gated delta rule around these; its LibTorch forms are the references tests/gpu compares with.
+#include <utility>
 #include <vector>
 
 #include "core/util/compat.h"
@@ -283,6 +284,10 @@ at::Tensor unit_lower_inverse(const at::Tensor& L);
 // x [B, T, C] contiguous (float32, float16, bfloat16), weight [C, 1, 4] of x's dtype contiguous. The
 // reference is at::conv1d (groups = C) then at::silu (core/attention/hybrid.cpp, short_conv).
 at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight);
+// Its backward for training: given dy = dL/dy (contiguous, x's shape and dtype), returns (dx, dweight),
+// dweight [C, 1, 4] summed in float32 over every sequence and step and rounded once to x's dtype; the
+// SiLU's gradient rounded to the dtype as at::silu_backward rounds it, and dx in float32 rounded once.
+std::pair<at::Tensor, at::Tensor> causal_conv_silu_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight);
 
 // The LA heads' q or k without a cache, for inference, in one pass: the short convolution above, then
 // RoPE and each head's L2 norm as rope_l2norm (kernels/fused_ops.h) forms them, the convolution's

@@ -57,6 +57,30 @@ at::Tensor heads_product(const at::Tensor& x, const at::Tensor& w, const std::ve
   return pick(y.view(split), y.dim() - 1, heads).reshape(flat);
 }
 
+#ifdef HH_HAVE_KERNELS
+// short_conv without past inputs on its kernels, with a graph: forward kernels::causal_conv_silu on x
+// [B, T, C] as it lies (no transposed copy, no padding), backward kernels::causal_conv_silu_backward.
+class ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+    ctx->save_for_backward({x, weight});
+    return kernels::causal_conv_silu(x, weight);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list dy) {
+    const auto saved = ctx->get_saved_variables();
+    auto [dx, dw] = kernels::causal_conv_silu_backward(dy[0].contiguous(), saved[0], saved[1]);
+    return {dx, dw};
+  }
+};
+
+// Whether short_conv runs as ShortConvFunction: a graph to record (training), CUDA, not float64, no
+// past inputs, the kernels' tap count, weights of x's dtype.
+bool short_conv_with_graph_on_kernels(const at::Tensor& x, const at::Tensor& weight, const HybridLayerCache* cache) {
+  return at::GradMode::is_enabled() && cache == nullptr && x.is_cuda() && x.scalar_type() != at::kDouble &&
+         weight.size(2) == 4 && weight.scalar_type() == x.scalar_type();
+}
+#endif
+
 // The short convolution's last kShortConvKernel - 1 inputs after the rows of `parts` (each [B, T, C_i],
 // T >= 1), their channels joined in order, as short_conv keeps them in `past`: [B, sum C_i, K - 1],
 // zeros before the first row.
@@ -439,7 +463,18 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     }
 #endif
     if (!on_kernels) {
-      if (o.gdn_short_conv) {
+      bool convolved = false;
+#ifdef HH_HAVE_KERNELS
+      if (o.gdn_short_conv && short_conv_with_graph_on_kernels(q, w.la_conv, cache)) {
+        // Each of q, k, v on the kernels with its block of la_conv.weight.
+        const int64_t C = nL * Dh;
+        q = ShortConvFunction::apply(q.contiguous(), w.la_conv.narrow(0, 0, C));
+        k = ShortConvFunction::apply(k.contiguous(), w.la_conv.narrow(0, C, C));
+        v = ShortConvFunction::apply(v.contiguous(), w.la_conv.narrow(0, 2 * C, C));
+        convolved = true;
+      }
+#endif
+      if (o.gdn_short_conv && !convolved) {
         // One convolution over the q, k, v channel blocks (the layout of la_conv.weight).
         const int64_t C = nL * Dh;
         at::Tensor* past = cache != nullptr ? &cache->la_conv : nullptr;

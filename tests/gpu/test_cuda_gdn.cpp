@@ -1332,6 +1332,34 @@ TEST(CudaGdn, ShortConvKernelEqualsConv1dThenSilu) {
       }
 }
 
+// The convolution's backward kernel (training's) against autograd through conv1d and SiLU in float64 on
+// the same inputs: dx and the taps' gradient, sequences shorter than the taps and not a multiple of the
+// kernel's 32-step runs, channels not a multiple of its 128-thread blocks; what it refuses.
+TEST(CudaGdn, ShortConvBackwardEqualsAutogradInFloat64) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  for (auto dt : {torch::kFloat, torch::kBFloat16})
+    for (int64_t C : {200, 5})
+      for (int64_t T : {1, 3, 37, 100}) {
+        const auto opts = kCuda.dtype(dt);
+        const int64_t B = 2;
+        const auto x = torch::randn({B, T, C}, opts), w = 0.5 * torch::randn({C, 1, 4}, opts), dy = torch::randn({B, T, C}, opts);
+        const auto xd = x.to(torch::kDouble).requires_grad_(), wd = w.to(torch::kDouble).requires_grad_();
+        const auto full = torch::cat({torch::zeros({B, C, 3}, xd.options()), xd.transpose(1, 2)}, 2);
+        const std::vector<int64_t> one = {1}, zero = {0};
+        torch::silu(torch::conv1d(full, wd, torch::Tensor(), one, zero, one, C)).transpose(1, 2).backward(dy.to(torch::kDouble));
+        const auto [dx, dw] = hh::kernels::causal_conv_silu_backward(dy, x, w);
+        const std::string what = "C=" + std::to_string(C) + " T=" + std::to_string(T) + (dt == torch::kFloat ? " f32" : " bf16");
+        ASSERT_EQ(dx.sizes(), x.sizes()) << what;
+        ASSERT_EQ(dw.sizes(), w.sizes()) << what;
+        const double tol = dt == torch::kFloat ? 1e-5 : 2e-2;  // bfloat16: its roundings of z, dz and dx
+        EXPECT_LT(rel_err(dx, xd.grad()), tol) << what << ": dx";
+        EXPECT_LT(rel_err(dw, wd.grad()), tol) << what << ": dweight";
+      }
+  const auto x = torch::randn({1, 4, 8}, kCuda);
+  EXPECT_THROW(hh::kernels::causal_conv_silu_backward(x, x, torch::randn({8, 1, 3}, kCuda)), std::invalid_argument);
+  EXPECT_THROW(hh::kernels::causal_conv_silu_backward(x.narrow(1, 0, 3), x, torch::randn({8, 1, 4}, kCuda)), std::invalid_argument);
+}
+
 // The LA heads' q and k in one pass equal the short convolution's kernel then rope_l2norm's, bit for
 // bit: the same roundings in the same order. Several heads, sequences not a multiple of the kernels' 8 and 4
 // time steps, the head sizes and dtypes it takes; shapes it does not take are refused.
