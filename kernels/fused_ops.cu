@@ -164,6 +164,47 @@ __global__ void rope_l2norm_kernel(const T* __restrict__ x, const T* __restrict_
   for (int64_t i = lane; i < Dh; i += 32) yr[i] = static_cast<T>(rs[warp][i] * inv);
 }
 
+// rope_l2norm's backward, one warp per row as above: r = RoPE(x) and inv = rsqrt(sum(r^2) + eps) formed
+// again, then dr = inv dy - r inv^3 <r, dy> and dx = RoPE^T(dr) (dx_i = dr_i cos_i + dr_{i + Dh/2} sin_{i + Dh/2}
+// in the first half, dr_i cos_i - dr_{i - Dh/2} sin_{i - Dh/2} in the second), in float32, rounded once.
+// The forward's roundings pass the gradient through unchanged.
+template <class T>
+__global__ void rope_l2norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ cos,
+                                            const T* __restrict__ sin, T* __restrict__ dx, int64_t rows, int64_t T_len,
+                                            int64_t H, int64_t Dh, float eps) {
+  __shared__ float xs[kWarpsPerBlock][kMaxHeadDim];  // x, then dr
+  __shared__ float rs[kWarpsPerBlock][kMaxHeadDim];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (row >= rows) return;
+  const int64_t t = (row / H) % T_len;  // rows are (b, t, h) in order
+  const T* xr = x + row * Dh;
+  const T* dyr = dy + row * Dh;
+  for (int64_t i = lane; i < Dh; i += 32) xs[warp][i] = static_cast<float>(xr[i]);
+  __syncwarp();
+  const int64_t half = Dh / 2;
+  const T* c = cos + t * Dh;
+  const T* s = sin + t * Dh;
+  float ss = 0.f, dot = 0.f;
+  for (int64_t i = lane; i < Dh; i += 32) {
+    const float rot = i < half ? -xs[warp][i + half] : xs[warp][i - half];
+    const float r = static_cast<float>(rope_element<T>(xs[warp][i], rot, static_cast<float>(c[i]), static_cast<float>(s[i])));
+    rs[warp][i] = r;
+    ss += r * r;
+    dot += r * static_cast<float>(dyr[i]);
+  }
+  const float inv = rsqrtf(warp_sum(ss) + eps), proj = warp_sum(dot) * inv * inv * inv;
+  __syncwarp();  // every lane's reads of xs are done
+  for (int64_t i = lane; i < Dh; i += 32) xs[warp][i] = inv * static_cast<float>(dyr[i]) - rs[warp][i] * proj;
+  __syncwarp();
+  T* dxr = dx + row * Dh;
+  for (int64_t i = lane; i < Dh; i += 32) {
+    const float other = i < half ? xs[warp][i + half] * static_cast<float>(s[i + half])
+                                 : -xs[warp][i - half] * static_cast<float>(s[i - half]);
+    dxr[i] = static_cast<T>(xs[warp][i] * static_cast<float>(c[i]) + other);
+  }
+}
+
 // The same with P = Dh / V threads a row, each on one 16-byte pack (V elements) and its rotate-half
 // partner pack; P a power of two <= 32, so a row's threads are consecutive lanes of one warp.
 template <class T, int V>
@@ -552,6 +593,31 @@ at::Tensor rope_l2norm(const at::Tensor& x, const at::Tensor& cos, const at::Ten
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
+}
+
+at::Tensor rope_l2norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                double eps) {
+  check(dy, "dy");
+  check(x, "x");
+  check(cos, "cos");
+  check(sin, "sin");
+  if (x.dim() != 4) throw std::invalid_argument("hh::kernels::rope_l2norm_backward: x must be [B, T, H, Dh]");
+  if (dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type())
+    throw std::invalid_argument("hh::kernels::rope_l2norm_backward: dy must match x");
+  const int64_t T = x.size(1), H = x.size(2), Dh = x.size(3), rows = x.numel() / std::max<int64_t>(Dh, 1);
+  if (Dh > kMaxHeadDim || Dh % 2 != 0) throw std::invalid_argument("hh::kernels::rope_l2norm_backward: head_dim must be even and <= 256");
+  if (cos.numel() != T * Dh || sin.numel() != T * Dh || cos.scalar_type() != x.scalar_type() || sin.scalar_type() != x.scalar_type())
+    throw std::invalid_argument("hh::kernels::rope_l2norm_backward: cos/sin must be [T, Dh] of x's dtype");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor dx = at::empty_like(x);
+  if (rows == 0) return dx;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_rope_l2norm_backward", [&] {
+    rope_l2norm_backward_kernel<scalar_t><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, at::cuda::getCurrentCUDAStream()>>>(
+        dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
+        dx.data_ptr<scalar_t>(), rows, T, H, Dh, static_cast<float>(eps));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return dx;
 }
 
 at::Tensor norm_rope(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,

@@ -39,9 +39,12 @@ at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Te
                      double eps);
 
 // The LA heads' q/k: r = RoPE(x) (rounded as above), then y = to_dtype(r * rsqrt(sum(r^2, -1) + eps)) in
-// float32 (core/attention/hybrid.cpp's l2_normalise(model::rotary(x)) is the reference). No backward:
-// for forwards without a graph.
+// float32 (core/attention/hybrid.cpp's l2_normalise(model::rotary(x)) is the reference).
 at::Tensor rope_l2norm(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, double eps);
+// Its backward for training, dx from dy = dL/dy (x's shape and dtype, contiguous) and x: the gradient of
+// the float32 formula, the forward's roundings passed through, rounded once to the dtype.
+at::Tensor rope_l2norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                double eps);
 
 // to_dtype(silu(gate)) * up, elementwise, gate/up contiguous and of one shape.
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);

@@ -132,14 +132,33 @@ at::Tensor l2_normalise(const at::Tensor& x) {
   return (f * at::rsqrt(f.pow(2).sum(-1, true) + 1e-6)).to(x.scalar_type());
 }
 
+#ifdef HH_HAVE_KERNELS
+// kernels::rope_l2norm with a graph: its backward is kernels::rope_l2norm_backward.
+class RopeL2Function : public torch::autograd::Function<RopeL2Function> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+    ctx->save_for_backward({x, cos, sin});
+    return kernels::rope_l2norm(x, cos, sin, 1e-6);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list dy) {
+    const auto saved = ctx->get_saved_variables();
+    return {kernels::rope_l2norm_backward(dy[0].contiguous(), saved[0], saved[1], saved[2], 1e-6), at::Tensor(), at::Tensor()};
+  }
+};
+#endif
+
 // The LA heads' q and k: l2_normalise(rotary(x)) of each on the layer's RoPE tables `rope` ([T, Dh] in
-// q's dtype), as one kernel each on CUDA when no graph needs them.
+// q's dtype), as one kernel each on CUDA (with a graph, RopeL2Function).
 std::pair<at::Tensor, at::Tensor> rope_l2(const at::Tensor& q, const at::Tensor& k, const std::pair<at::Tensor, at::Tensor>& rope) {
   const auto& [cos, sin] = rope;
 #ifdef HH_HAVE_KERNELS
-  auto graph = [](const at::Tensor& x) { return at::GradMode::is_enabled() && x.requires_grad(); };
-  if (q.is_cuda() && q.scalar_type() != at::kDouble && k.scalar_type() == q.scalar_type() && !graph(q) && !graph(k))
-    return {kernels::rope_l2norm(q.contiguous(), cos, sin, 1e-6), kernels::rope_l2norm(k.contiguous(), cos, sin, 1e-6)};
+  if (q.is_cuda() && q.scalar_type() != at::kDouble && k.scalar_type() == q.scalar_type() &&
+      cos.scalar_type() == q.scalar_type() && q.size(-1) <= 256 && q.size(-1) % 2 == 0) {
+    if (!at::GradMode::is_enabled())
+      return {kernels::rope_l2norm(q.contiguous(), cos, sin, 1e-6), kernels::rope_l2norm(k.contiguous(), cos, sin, 1e-6)};
+    return {RopeL2Function::apply(q.contiguous(), cos, sin), RopeL2Function::apply(k.contiguous(), cos, sin)};
+  }
 #endif
   return {l2_normalise(model::rotary(q, cos, sin)), l2_normalise(model::rotary(k, cos, sin))};
 }

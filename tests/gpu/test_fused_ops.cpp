@@ -149,6 +149,18 @@ TEST_P(FusedOps, BackwardsMatchAutogradThroughTheOpSequencesInFloat64) {
                                r, {x64})[0];
     EXPECT_LE(rel_err(got, want), tol) << "norm_rope Dh=" << Dh;
   }
+  for (int64_t Dh : {8, 64, 128, 256}) {  // rope_l2norm's backward (the LA heads' q and k)
+    const int64_t B = 2, T = 45, H = 3;
+    const auto x = torch::randn({B, T, H, Dh}, opts), dy = torch::randn({B, T, H, Dh}, opts);
+    const auto ang = torch::arange(T, torch::kFloat).unsqueeze(1) * torch::rand({1, Dh / 2});
+    const auto emb = torch::cat({ang, ang}, 1);
+    const auto cos = emb.cos().to(opts), sin = emb.sin().to(opts);
+    const auto x64 = leaf(x.to(torch::kDouble));
+    const auto r64 = hf_rope(x64, cos.to(torch::kDouble), sin.to(torch::kDouble));
+    const auto y64 = r64 * torch::rsqrt(r64.pow(2).sum(-1, true) + 1e-6);
+    const auto want = torch::autograd::grad({(y64 * dy.to(torch::kDouble)).sum()}, {x64})[0];
+    EXPECT_LE(rel_err(hh::kernels::rope_l2norm_backward(dy, x, cos, sin, 1e-6), want), tol) << "rope_l2norm Dh=" << Dh;
+  }
   for (int64_t cols : {129, 256}) {  // element by element, and in packs
     const auto g = leaf(torch::randn({7, 33, cols}, opts) * 4), u = leaf(torch::randn({7, 33, cols}, opts));
     const auto r = torch::randn({7, 33, cols}, opts.dtype(torch::kDouble));
