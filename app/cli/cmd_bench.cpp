@@ -377,6 +377,7 @@ struct TrainBenchArgs {
   bool json = false, checkpoint_layers = false;
   DistArgs dist;   // --nproc-per-node: data parallel, --batch sequences per rank
   std::string profile;  // Chrome trace of one more step of each stage: STEM-STAGE.EXT
+  bool graph_ops = false;  // the LA heads' convolution, RoPE and L2 norm as LibTorch ops with a graph
 };
 
 // `path` with "-label" before its extension (trace.json -> trace-align.json).
@@ -414,6 +415,7 @@ std::string gib(int64_t bytes) {
 int run_bench_train(const TrainBenchArgs& a) {
   if (a.seq < 2 || a.batch < 1 || a.iters < 1 || a.warmup < 0 || a.ratio < 1)
     throw Error("--seq must be >= 2, --batch, --iters and --ratio >= 1, --warmup >= 0");
+  attention::set_graph_kernels(!a.graph_ops);
   const auto cfg = model::ModelConfig::load(a.config);
   if (const int status = maybe_launch(a.dist); status >= 0) return status;
   const auto group = join_group(a.dist, a.device);
@@ -446,7 +448,8 @@ int run_bench_train(const TrainBenchArgs& a) {
               static_cast<long long>(a.ratio), static_cast<long long>(a.batch), static_cast<long long>(a.seq),
               a.dtype.c_str(), dev.str().c_str(), world);
   nlohmann::json out = {{"config", a.config}, {"seq", a.seq}, {"batch", a.batch}, {"ranks", world}, {"dtype", a.dtype},
-                        {"fa_heads", manifest.fa_heads.size()}, {"stages", nlohmann::json::object()}};
+                        {"fa_heads", manifest.fa_heads.size()}, {"graph_kernels", !a.graph_ops},
+                        {"stages", nlohmann::json::object()}};
   {
     torch::NoGradGuard ng;
     const auto input = ids.narrow(1, 0, a.seq);
@@ -583,6 +586,9 @@ Runner add_bench(CLI::App& app) {
   add_dist_options(*tr, rargs->dist);   // with N ranks: --batch per rank, tokens/s over all of them
   tr->add_flag("--activation-checkpointing", rargs->checkpoint_layers,
                "Recompute each student layer in the backward pass (distil, finetune)");
+  tr->add_flag("--graph-ops", rargs->graph_ops,
+               "On CUDA: the hybrid's LA heads' short convolution, RoPE and L2 norm as LibTorch ops with autograd "
+               "instead of their kernels with CUDA backwards, for comparison");
   tr->add_option("--profile", rargs->profile,
                  "Write a Chrome trace of one more step of each stage, FILE with the stage's name before its extension "
                  "(trace.json -> trace-align.json)");

@@ -18,6 +18,13 @@
 #endif
 
 namespace hh::attention {
+
+namespace {
+bool g_graph_kernels = true;
+}  // namespace
+void set_graph_kernels(bool on) { g_graph_kernels = on; }
+bool graph_kernels() { return g_graph_kernels; }
+
 namespace {
 
 // x's entries `idx` along dim, stacked in that order: index_select without an index tensor, whose copy
@@ -76,7 +83,7 @@ class ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
 // Whether short_conv runs as ShortConvFunction: a graph to record (training), CUDA, not float64, no
 // past inputs, the kernels' tap count, weights of x's dtype.
 bool short_conv_with_graph_on_kernels(const at::Tensor& x, const at::Tensor& weight, const HybridLayerCache* cache) {
-  return at::GradMode::is_enabled() && cache == nullptr && x.is_cuda() && x.scalar_type() != at::kDouble &&
+  return g_graph_kernels && at::GradMode::is_enabled() && cache == nullptr && x.is_cuda() && x.scalar_type() != at::kDouble &&
          weight.size(2) == 4 && weight.scalar_type() == x.scalar_type();
 }
 #endif
@@ -157,7 +164,8 @@ std::pair<at::Tensor, at::Tensor> rope_l2(const at::Tensor& q, const at::Tensor&
       cos.scalar_type() == q.scalar_type() && q.size(-1) <= 256 && q.size(-1) % 2 == 0) {
     if (!at::GradMode::is_enabled())
       return {kernels::rope_l2norm(q.contiguous(), cos, sin, 1e-6), kernels::rope_l2norm(k.contiguous(), cos, sin, 1e-6)};
-    return {RopeL2Function::apply(q.contiguous(), cos, sin), RopeL2Function::apply(k.contiguous(), cos, sin)};
+    if (g_graph_kernels)
+      return {RopeL2Function::apply(q.contiguous(), cos, sin), RopeL2Function::apply(k.contiguous(), cos, sin)};
   }
 #endif
   return {l2_normalise(model::rotary(q, cos, sin)), l2_normalise(model::rotary(k, cos, sin))};
