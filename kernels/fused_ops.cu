@@ -134,6 +134,23 @@ __global__ void norm_rope_kernel(const T* __restrict__ x, int64_t ld, const T* _
   }
 }
 
+// A warp's row of Dh elements x through RoPE with its token's cos and sin c, s (rounded as HF rounds):
+// x into xs, r into rs (this warp's rows of shared memory); returns this lane's part of sum(r^2).
+template <class T>
+__device__ __forceinline__ float rope_row(const T* __restrict__ x, const T* __restrict__ c, const T* __restrict__ s,
+                                          int64_t Dh, int lane, float* xs, float* rs) {
+  for (int64_t i = lane; i < Dh; i += 32) xs[i] = static_cast<float>(x[i]);
+  __syncwarp();
+  const int64_t half = Dh / 2;
+  float ss = 0.f;
+  for (int64_t i = lane; i < Dh; i += 32) {
+    const float rot = i < half ? -xs[i + half] : xs[i - half];
+    rs[i] = static_cast<float>(rope_element<T>(xs[i], rot, static_cast<float>(c[i]), static_cast<float>(s[i])));
+    ss += rs[i] * rs[i];
+  }
+  return ss;
+}
+
 // One warp per (token, head) row of Dh elements: RoPE with the token's cos/sin (rounded as HF rounds),
 // then the L2 normalisation of the LA heads' q and k in float32: y = r * rsqrt(sum(r^2) + eps).
 template <class T>
@@ -145,19 +162,7 @@ __global__ void rope_l2norm_kernel(const T* __restrict__ x, const T* __restrict_
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (row >= rows) return;
   const int64_t t = (row / H) % T_len;  // rows are (b, t, h) in order
-  const T* xr = x + row * Dh;
-  for (int64_t i = lane; i < Dh; i += 32) xs[warp][i] = static_cast<float>(xr[i]);
-  __syncwarp();
-  const int64_t half = Dh / 2;
-  const T* c = cos + t * Dh;
-  const T* s = sin + t * Dh;
-  float ss = 0.f;
-  for (int64_t i = lane; i < Dh; i += 32) {
-    const float rot = i < half ? -xs[warp][i + half] : xs[warp][i - half];
-    const float r = static_cast<float>(rope_element<T>(xs[warp][i], rot, static_cast<float>(c[i]), static_cast<float>(s[i])));
-    rs[warp][i] = r;
-    ss += r * r;
-  }
+  const float ss = rope_row(x + row * Dh, cos + t * Dh, sin + t * Dh, Dh, lane, xs[warp], rs[warp]);
   const float inv = rsqrtf(warp_sum(ss) + eps);
   __syncwarp();
   T* yr = y + row * Dh;
@@ -178,21 +183,13 @@ __global__ void rope_l2norm_backward_kernel(const T* __restrict__ dy, const T* _
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (row >= rows) return;
   const int64_t t = (row / H) % T_len;  // rows are (b, t, h) in order
-  const T* xr = x + row * Dh;
   const T* dyr = dy + row * Dh;
-  for (int64_t i = lane; i < Dh; i += 32) xs[warp][i] = static_cast<float>(xr[i]);
-  __syncwarp();
-  const int64_t half = Dh / 2;
   const T* c = cos + t * Dh;
   const T* s = sin + t * Dh;
-  float ss = 0.f, dot = 0.f;
-  for (int64_t i = lane; i < Dh; i += 32) {
-    const float rot = i < half ? -xs[warp][i + half] : xs[warp][i - half];
-    const float r = static_cast<float>(rope_element<T>(xs[warp][i], rot, static_cast<float>(c[i]), static_cast<float>(s[i])));
-    rs[warp][i] = r;
-    ss += r * r;
-    dot += r * static_cast<float>(dyr[i]);
-  }
+  const int64_t half = Dh / 2;
+  const float ss = rope_row(x + row * Dh, c, s, Dh, lane, xs[warp], rs[warp]);
+  float dot = 0.f;
+  for (int64_t i = lane; i < Dh; i += 32) dot += rs[warp][i] * static_cast<float>(dyr[i]);  // this lane's own rs
   const float inv = rsqrtf(warp_sum(ss) + eps), proj = warp_sum(dot) * inv * inv * inv;
   __syncwarp();  // every lane's reads of xs are done
   for (int64_t i = lane; i < Dh; i += 32) xs[warp][i] = inv * static_cast<float>(dyr[i]) - rs[warp][i] * proj;

@@ -30,6 +30,20 @@ HybridModel hybrid_on(const hh::model::ModelConfig& c, torch::Device d, torch::D
   return hh::attention::convert(teacher, m, o);
 }
 
+// The layer tests' model: one bfloat16 layer on CUDA, 8 heads of 128 (the fused output kernel's size),
+// FA heads 2 and 5.
+hh::model::ModelConfig one_layer_config() { return hh::test::tiny_config(1, 8, 2, 128, 256, 512, 300); }
+HybridModel one_layer_bf16(const hh::model::ModelConfig& c) {
+  auto w = hh::model::random_weights(c, 5, torch::kFloat, 0.1);
+  for (auto& e : hh::model::weight_table(c, w)) *e.slot = e.slot->to(torch::kCUDA, torch::kBFloat16);
+  hh::select::Manifest m;
+  m.model = hh::select::shape_of(c);
+  m.fa_heads = {{0, 2}, {0, 5}};
+  hh::attention::ConvertOptions co;
+  co.seed = 2;
+  return hh::attention::convert(hh::model::Transformer(c, w), m, co);
+}
+
 TEST(CudaHybrid, MatchesCpuAndDecodesLikeTheFullForward) {
   ASSERT_TRUE(torch::cuda::is_available());
   const auto c = config();
@@ -69,16 +83,9 @@ TEST(CudaHybrid, LayerSideBySideEqualsOneAfterTheOther) {
   // beforehand by a run of other inputs, every element written (a missing join would leave the LA
   // heads' part unfinished when the current stream reads it). Dh = 128 takes the fused output kernel.
   ASSERT_TRUE(torch::cuda::is_available());
-  const auto c = hh::test::tiny_config(1, 8, 2, 128, 256, 512, 300);
-  auto w = hh::model::random_weights(c, 5, torch::kFloat, 0.1);
-  for (auto& e : hh::model::weight_table(c, w)) *e.slot = e.slot->to(torch::kCUDA, torch::kBFloat16);
-  const hh::model::Transformer teacher(c, w);
-  hh::select::Manifest m;
-  m.model = hh::select::shape_of(c);
-  m.fa_heads = {{0, 2}, {0, 5}};
-  hh::attention::ConvertOptions co;
-  co.seed = 2;
-  const HybridModel h = hh::attention::convert(teacher, m, co);
+  const auto c = one_layer_config();
+  const HybridModel h = one_layer_bf16(c);
+  const hh::model::Transformer& teacher = h.teacher();
   // Every gate of the FA heads' attention: after its own inputs alone, after the LA heads'
   // chunk_factors (the default) or their scan (with its inputs formed on the second stream and read on
   // this one).
@@ -110,16 +117,9 @@ TEST(CudaHybrid, LayerSideBySideEqualsOneAfterTheOther) {
 // steps from either cache the same.
 TEST(CudaHybrid, PromptIntoAnEmptyCacheSideBySideEqualsOneAfterTheOther) {
   ASSERT_TRUE(torch::cuda::is_available());
-  const auto c = hh::test::tiny_config(1, 8, 2, 128, 256, 512, 300);
-  auto w = hh::model::random_weights(c, 5, torch::kFloat, 0.1);
-  for (auto& e : hh::model::weight_table(c, w)) *e.slot = e.slot->to(torch::kCUDA, torch::kBFloat16);
-  const hh::model::Transformer teacher(c, w);
-  hh::select::Manifest m;
-  m.model = hh::select::shape_of(c);
-  m.fa_heads = {{0, 2}, {0, 5}};
-  hh::attention::ConvertOptions co;
-  co.seed = 2;
-  const HybridModel h = hh::attention::convert(teacher, m, co);
+  const auto c = one_layer_config();
+  const HybridModel h = one_layer_bf16(c);
+  const hh::model::Transformer& teacher = h.teacher();
   torch::NoGradGuard no_grad;
   const auto opts = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
   for (int64_t T : {150, 8192}) {
