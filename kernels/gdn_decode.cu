@@ -190,14 +190,16 @@ std::string decode_step_problem(const DecodeStep& s, const at::Tensor& out) {
   const int64_t q_cols = s.q.defined() && s.q.dim() == 2 ? s.q.size(1) : C;
   for (int64_t h : s.q_heads)
     if (h < 0 || h * Dh >= q_cols) return "q head " + std::to_string(h) + " outside q's row";
+  // RoPE's tables: any shape of Dh values ([1, Dh] from model::rope_cos_sin).
+  auto table = [&](const at::Tensor& x, const char* what) -> std::string {
+    if (!x.defined() || x.numel() != Dh) return std::string(what) + " must hold Dh values";
+    return bad(x, what, x.sizes().vec(), false, t);
+  };
   for (const std::string& e : {bad(s.q, "q", {B, q_cols}, true, t), bad(s.k, "k", {B, C}, true, t), bad(s.v, "v", {B, C}, true, t),
-                               bad(s.cos, "cos", s.cos.defined() ? s.cos.sizes().vec() : std::vector<int64_t>{Dh}, false, t),
-                               bad(s.sin, "sin", s.sin.defined() ? s.sin.sizes().vec() : std::vector<int64_t>{Dh}, false, t),
-                               bad(s.b, "b", {B, n}, true, t), bad(s.a, "a", {B, n}, true, t),
-                               bad(s.A_log, "A_log", {n}, false, t), bad(s.dt_bias, "dt_bias", {n}, false, t),
-                               bad(s.state, "state", {B, n, Dh, Dh}, false, at::kFloat)})
+                               table(s.cos, "cos"), table(s.sin, "sin"), bad(s.b, "b", {B, n}, true, t),
+                               bad(s.a, "a", {B, n}, true, t), bad(s.A_log, "A_log", {n}, false, t),
+                               bad(s.dt_bias, "dt_bias", {n}, false, t), bad(s.state, "state", {B, n, Dh, Dh}, false, at::kFloat)})
     if (!e.empty()) return e;
-  if (s.cos.numel() != Dh || s.sin.numel() != Dh) return "cos and sin must hold Dh values each";
   if (s.conv_weight.defined() != s.conv_past.defined()) return "conv_weight and conv_past come together";
   if (s.conv_weight.defined())
     for (const std::string& e : {bad(s.conv_weight, "conv_weight", {3 * C, 1, kTaps}, false, t),
@@ -211,13 +213,8 @@ std::string decode_step_problem(const DecodeStep& s, const at::Tensor& out) {
   return "";
 }
 
-}  // namespace
-
-bool gdn_decode_step_supported(const DecodeStep& s, const at::Tensor& out) { return decode_step_problem(s, out).empty(); }
-
-void gdn_decode_step(const DecodeStep& s, at::Tensor& out) {
-  if (const std::string e = decode_step_problem(s, out); !e.empty())
-    throw std::invalid_argument("hh::kernels::gdn_decode_step: " + e);
+// The launch, on inputs decode_step_problem passed.
+void launch_decode_step(const DecodeStep& s, at::Tensor& out) {
   const int64_t B = out.size(0), Hq = out.size(2), Dh = out.size(3), n = static_cast<int64_t>(s.heads.size());
   DecodeParams p{};
   p.q = s.q.data_ptr(), p.k = s.k.data_ptr(), p.v = s.v.data_ptr();
@@ -247,6 +244,20 @@ void gdn_decode_step(const DecodeStep& s, at::Tensor& out) {
     default: launch(c10::BFloat16{}); break;
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool try_gdn_decode_step(const DecodeStep& s, at::Tensor& out) {
+  if (!decode_step_problem(s, out).empty()) return false;
+  launch_decode_step(s, out);
+  return true;
+}
+
+void gdn_decode_step(const DecodeStep& s, at::Tensor& out) {
+  if (const std::string e = decode_step_problem(s, out); !e.empty())
+    throw std::invalid_argument("hh::kernels::gdn_decode_step: " + e);
+  launch_decode_step(s, out);
 }
 
 }  // namespace hh::kernels

@@ -41,12 +41,12 @@ struct DecodeStep {
   std::vector<int64_t> heads;  // where LA head i goes among out's Hq heads
 };
 
-// Whether gdn_decode_step takes these inputs (Dh in {32, 64, 128}, at most kMaxDecodeHeads heads, the
-// dtypes and layouts above); false: the caller takes the op sequence.
-bool gdn_decode_step_supported(const DecodeStep& s, const at::Tensor& out);
-
 // Runs the step: out [B, 1, Hq, Dh] contiguous receives LA head i at heads[i]; state and conv_past
-// advance. Throws std::invalid_argument where gdn_decode_step_supported is false.
+// advance. Takes Dh in {32, 64, 128}, at most kMaxDecodeHeads heads, the dtypes and layouts above;
+// throws std::invalid_argument naming the tensor it refuses.
 void gdn_decode_step(const DecodeStep& s, at::Tensor& out);
+// The same where it takes the inputs, with one check; returns false (having run nothing) where it does
+// not, for a caller that then takes the op sequence.
+bool try_gdn_decode_step(const DecodeStep& s, at::Tensor& out);
 
 }  // namespace hh::kernels

@@ -18,14 +18,13 @@
 #endif
 
 namespace hh::attention {
-
 namespace {
+
+// The process-wide choices of paths (for comparisons) and the decoding kernel's step count.
+FlashGate g_flash_gate = FlashGate::kFactors;
+bool g_decode_kernel = true;
 bool g_graph_kernels = true;
-}  // namespace
-void set_graph_kernels(bool on) { g_graph_kernels = on; }
-bool graph_kernels() { return g_graph_kernels; }
-
-namespace {
+std::atomic<int64_t> g_decode_kernel_steps{0};
 
 // x's entries `idx` along dim, stacked in that order: index_select without an index tensor, whose copy
 // to a GPU would wait for every queued kernel.
@@ -79,13 +78,6 @@ class ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
     return {dx, dw};
   }
 };
-
-// Whether short_conv runs as ShortConvFunction: a graph to record (training), CUDA, not float64, no
-// past inputs, the kernels' tap count, weights of x's dtype.
-bool short_conv_with_graph_on_kernels(const at::Tensor& x, const at::Tensor& weight, const HybridLayerCache* cache) {
-  return g_graph_kernels && at::GradMode::is_enabled() && cache == nullptr && x.is_cuda() && x.scalar_type() != at::kDouble &&
-         weight.size(2) == 4 && weight.scalar_type() == x.scalar_type();
-}
 #endif
 
 // The short convolution's last kShortConvKernel - 1 inputs after the rows of `parts` (each [B, T, C_i],
@@ -124,12 +116,13 @@ at::Tensor short_conv(const at::Tensor& x, const at::Tensor& weight, at::Tensor*
 }
 
 #ifdef HH_HAVE_KERNELS
-// Whether short_conv may run on the convolution kernels (inside chunk_factors, or short_conv_apart):
-// CUDA, not float64, no past inputs (no decoding cache, or one that holds none yet: the kernels start
-// from zeros as short_conv does without a past), no gradient to record, the kernels' tap count.
-bool fused_short_conv(const at::Tensor& x, const at::Tensor& weight, const HybridLayerCache* cache) {
+// Whether the convolution kernels may take short_conv's work on x (without a graph inside chunk_factors
+// or short_conv_apart, with one as ShortConvFunction): CUDA, not float64, the kernels' tap count,
+// weights of x's dtype, and no past inputs (no decoding cache, or one that holds none yet: the kernels
+// start from zeros as short_conv does without a past).
+bool short_conv_on_kernels(const at::Tensor& x, const at::Tensor& weight, const HybridLayerCache* cache) {
   return (cache == nullptr || !cache->la_conv.defined()) && x.is_cuda() && x.scalar_type() != at::kDouble &&
-         !at::GradMode::is_enabled() && weight.size(2) == 4 && x.is_contiguous();
+         weight.size(2) == 4 && weight.scalar_type() == x.scalar_type();
 }
 #endif
 
@@ -264,16 +257,10 @@ std::vector<HybridWeightEntry> hybrid_weight_table(const model::ModelConfig& cfg
   return t;
 }
 
-namespace {
-FlashGate g_flash_gate = FlashGate::kFactors;
-bool g_decode_kernel = true;
-std::atomic<int64_t> g_decode_kernel_steps{0};
-}  // namespace
-
 void set_flash_gate(FlashGate gate) { g_flash_gate = gate; }
 FlashGate flash_gate() { return g_flash_gate; }
 void set_decode_kernel(bool on) { g_decode_kernel = on; }
-bool decode_kernel() { return g_decode_kernel; }
+void set_graph_kernels(bool on) { g_graph_kernels = on; }
 int64_t decode_kernel_steps() { return g_decode_kernel_steps.load(); }
 
 at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& o, const HeadSplit& split,
@@ -450,8 +437,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     }
     s.heads = split.la;
     if (!out.defined()) out = at::empty({B, T, Hq, Dh}, xn.options());
-    if (!kernels::gdn_decode_step_supported(s, out)) return false;
-    kernels::gdn_decode_step(s, out);
+    if (!kernels::try_gdn_decode_step(s, out)) return false;
     ++g_decode_kernel_steps;
     return true;
 #else
@@ -473,7 +459,7 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     fuse_out = chunked && !o.fusion_concat && q.is_cuda() && q.scalar_type() != at::kDouble && Dh <= 256 &&
                           !at::GradMode::is_enabled() && w.fusion_gamma.scalar_type() == q.scalar_type();
     kernels::ShortConvInputs conv;
-    on_kernels = o.gdn_short_conv && fused_short_conv(q, w.la_conv, cache);
+    on_kernels = o.gdn_short_conv && !at::GradMode::is_enabled() && q.is_contiguous() && short_conv_on_kernels(q, w.la_conv, cache);
     if (on_kernels) {
       const int64_t C = nL * Dh;
       conv.wq = w.la_conv.narrow(0, 0, C);
@@ -492,9 +478,10 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     if (!on_kernels) {
       bool convolved = false;
 #ifdef HH_HAVE_KERNELS
-      if (o.gdn_short_conv && short_conv_with_graph_on_kernels(q, w.la_conv, cache)) {
+      if (o.gdn_short_conv && g_graph_kernels && at::GradMode::is_enabled() && short_conv_on_kernels(q, w.la_conv, cache)) {
         // Each of q, k, v on the kernels with its block of la_conv.weight.
         const int64_t C = nL * Dh;
+        if (cache != nullptr) cache->la_conv = conv_tail({q, k, v});
         q = ShortConvFunction::apply(q.contiguous(), w.la_conv.narrow(0, 0, C));
         k = ShortConvFunction::apply(k.contiguous(), w.la_conv.narrow(0, C, C));
         v = ShortConvFunction::apply(v.contiguous(), w.la_conv.narrow(0, 2 * C, C));
@@ -575,10 +562,10 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     }
   };
 #ifdef HH_HAVE_KERNELS
-  // With a cache, side by side only while it is empty (a prompt): what the call keeps in it is then new,
-  // and nothing the current stream holds is freed while the second stream reads it.
-  const bool fresh = cache == nullptr || (cache->pos == 0 && !cache->fa_k.rows().defined() && !cache->la_state.defined() &&
-                                          !cache->la_conv.defined() && flash_gate() != FlashGate::kInputs);
+  // With a cache, side by side only while it is empty (a prompt; pos 0): what the call keeps in it is
+  // then new, and nothing the current stream holds is freed while the second stream reads it. Not with
+  // the kInputs gate, whose run_side_by_side keeps nothing past the call.
+  const bool fresh = cache == nullptr || (cache->pos == 0 && g_flash_gate != FlashGate::kInputs);
   if (side_by_side && nF > 0 && nL > 0 && xn.is_cuda() && fresh && !at::GradMode::is_enabled()) {
     // The LA heads on a second stream while the FA heads run on this one: both write their heads into
     // `out`, allocated here before the two start, and keep nothing else past the call but the cache's

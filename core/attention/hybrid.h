@@ -98,12 +98,10 @@ FlashGate flash_gate();
 // short convolution with its past, rope_l2, the gates, gdn_recurrent, the fusion). Process-wide; for
 // comparisons.
 void set_decode_kernel(bool on);
-bool decode_kernel();
 // Whether a forward that records a graph (training) runs the LA heads' short convolution, RoPE and L2
 // norm on their kernels with CUDA backwards (the default) or as LibTorch ops. Process-wide; for
 // comparisons.
 void set_graph_kernels(bool on);
-bool graph_kernels();
 // How many layers' decoding steps have run on that kernel in this process (tests and benchmarks check
 // which path ran by it).
 int64_t decode_kernel_steps();

@@ -246,27 +246,36 @@ TEST(CudaHybrid, DecodingStepOnOneKernelMatchesTheOpSequence) {
   }
 }
 
-// The kernel refuses what it does not take, naming the tensor.
-TEST(CudaHybrid, DecodingStepKernelNamesWhatItRefuses) {
+// The kernel on a step a hand can follow, and what it refuses, naming the tensor. From a zero state,
+// without the convolution, with cos = 1 and sin = 0 (no rotation), b = a = A_log = dt_bias = 0 (beta =
+// 1/2) and scale 1: S = k (beta v)^T, so each head's o = (q^ . k^) v / 2 with q^, k^ the L2-normalised
+// q and k; heads 1 and 3 of out receive it, heads 0 and 2 stay as they were.
+TEST(CudaHybrid, DecodingStepKernelOnAHandCheckedStepAndWhatItRefuses) {
   ASSERT_TRUE(torch::cuda::is_available());
-  const auto f = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
-  const int64_t B = 1, n = 2, Dh = 64, C = n * Dh;
+  const auto f = torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA);
+  const int64_t B = 2, n = 2, Dh = 64, C = n * Dh;
   hh::kernels::DecodeStep s;
   s.q = torch::randn({B, C}, f), s.k = torch::randn({B, C}, f), s.v = torch::randn({B, C}, f);
   s.q_heads = {0, 1};
   s.cos = torch::ones({1, Dh}, f), s.sin = torch::zeros({1, Dh}, f);
   s.b = torch::zeros({B, n}, f), s.a = torch::zeros({B, n}, f), s.A_log = torch::zeros({n}, f), s.dt_bias = torch::zeros({n}, f);
-  s.state = torch::zeros({B, n, Dh, Dh}, f.dtype(torch::kFloat));
+  s.state = torch::zeros({B, n, Dh, Dh}, f);
   s.heads = {1, 3};
-  torch::Tensor out = torch::zeros({B, 1, 4, Dh}, f);
-  ASSERT_TRUE(hh::kernels::gdn_decode_step_supported(s, out));
+  torch::Tensor out = torch::full({B, 1, 4, Dh}, 7.0, f);
   hh::kernels::gdn_decode_step(s, out);
-  // With zero state, unit cos and beta = 1/2: o = scale (1/2) <k, q> v for each head, heads 0 and 2 untouched.
-  EXPECT_TRUE(torch::equal(out.select(2, 0), torch::zeros_like(out.select(2, 0))));
-  EXPECT_TRUE(torch::equal(out.select(2, 2), torch::zeros_like(out.select(2, 2))));
-  EXPECT_GT(out.select(2, 1).abs().max().item<float>(), 0.f);
+  const auto q = s.q.cpu().to(torch::kDouble).view({B, n, Dh}), k = s.k.cpu().to(torch::kDouble).view({B, n, Dh});
+  const auto v = s.v.cpu().to(torch::kDouble).view({B, n, Dh});
+  auto unit = [](const torch::Tensor& x) { return x * torch::rsqrt(x.pow(2).sum(-1, true) + 1e-6); };
+  const auto want = (unit(q) * unit(k)).sum(-1, true) * v / 2;  // [B, n, Dh]
+  const auto got = out.cpu().to(torch::kDouble).select(1, 0);   // [B, 4, Dh]
+  EXPECT_LT((got.index_select(1, torch::tensor({1, 3})) - want).abs().max().item<double>(), 1e-5);
+  EXPECT_TRUE(torch::equal(got.index_select(1, torch::tensor({0, 2})), torch::full({B, 2, Dh}, 7.0, torch::kDouble)));
+  // The state after the step: k^ (v / 2)^T for each head.
+  const auto state = s.state.cpu().to(torch::kDouble);
+  EXPECT_LT((state - unit(k).unsqueeze(-1) * (v / 2).unsqueeze(-2)).abs().max().item<double>(), 1e-5);
+
   auto refused = [&](hh::kernels::DecodeStep bad, const std::string& word) {
-    EXPECT_FALSE(hh::kernels::gdn_decode_step_supported(bad, out)) << word;
+    EXPECT_FALSE(hh::kernels::try_gdn_decode_step(bad, out)) << word;
     try {
       hh::kernels::gdn_decode_step(bad, out);
       ADD_FAILURE() << "no error for " << word;
@@ -275,7 +284,7 @@ TEST(CudaHybrid, DecodingStepKernelNamesWhatItRefuses) {
     }
   };
   auto bad = s;
-  bad.state = torch::zeros({B, n, Dh, Dh}, f);
+  bad.state = torch::zeros({B, n, Dh, Dh}, f.dtype(torch::kBFloat16));
   refused(bad, "state");
   bad = s;
   bad.k = torch::randn({B, C + 1}, f);
@@ -286,6 +295,9 @@ TEST(CudaHybrid, DecodingStepKernelNamesWhatItRefuses) {
   bad = s;
   bad.heads = {1, 4};
   refused(bad, "head position 4");
+  bad = s;
+  bad.cos = torch::ones({1, Dh + 2}, f);
+  refused(bad, "cos must hold Dh values");
 }
 
 }  // namespace
