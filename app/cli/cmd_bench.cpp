@@ -378,6 +378,7 @@ struct TrainBenchArgs {
   DistArgs dist;   // --nproc-per-node: data parallel, --batch sequences per rank
   std::string profile;  // Chrome trace of one more step of each stage: STEM-STAGE.EXT
   bool graph_ops = false;  // the LA heads' convolution, RoPE and L2 norm as LibTorch ops with a graph
+  bool optimizer_ops = false;  // AdamW, the gradient norm and clipping as LibTorch ops per tensor
 };
 
 // `path` with "-label" before its extension (trace.json -> trace-align.json).
@@ -416,6 +417,7 @@ int run_bench_train(const TrainBenchArgs& a) {
   if (a.seq < 2 || a.batch < 1 || a.iters < 1 || a.warmup < 0 || a.ratio < 1)
     throw Error("--seq must be >= 2, --batch, --iters and --ratio >= 1, --warmup >= 0");
   attention::set_graph_kernels(!a.graph_ops);
+  train::set_fused_optimizer(!a.optimizer_ops);
   const auto cfg = model::ModelConfig::load(a.config);
   if (const int status = maybe_launch(a.dist); status >= 0) return status;
   const auto group = join_group(a.dist, a.device);
@@ -449,6 +451,7 @@ int run_bench_train(const TrainBenchArgs& a) {
               a.dtype.c_str(), dev.str().c_str(), world);
   nlohmann::json out = {{"config", a.config}, {"seq", a.seq}, {"batch", a.batch}, {"ranks", world}, {"dtype", a.dtype},
                         {"fa_heads", manifest.fa_heads.size()}, {"graph_kernels", !a.graph_ops},
+                        {"fused_optimizer", !a.optimizer_ops},
                         {"stages", nlohmann::json::object()}};
   {
     torch::NoGradGuard ng;
@@ -493,6 +496,14 @@ int run_bench_train(const TrainBenchArgs& a) {
       };
       const double t = median_ms(dev, a.warmup, a.iters, step);
       const int64_t peak = peak_memory(dev, true);
+      // The optimiser's part of a step alone (the norm, clipping and AdamW), on one step's gradients.
+      (void)train::stage_loss(sm, kind, ids, 1.0, true, a.checkpoint_layers);
+      if (grad_sync) grad_sync->finish();
+      const double t_opt = median_ms(dev, 1, a.iters, [&] {
+        train::clip_grad_norm(params, 1.0);
+        opt.step(1e-5);
+      });
+      opt.zero_grad();
       if (!a.profile.empty() && lead)
         profile_to(labelled_path(a.profile, name), [&] {
           step();
@@ -502,9 +513,10 @@ int run_bench_train(const TrainBenchArgs& a) {
       for (const auto& p : params) n += p.tensor.numel();
       const std::string label = name == "dense" ? "dense train" : name;
       if (lead)
-      std::printf("  %-16s %9.1f ms  %10.0f tokens/s  peak %s  (%.3fB trainable, loss %.4g)\n", label.c_str(), t,
-                  tokens / t * 1e3, gib(peak).c_str(), static_cast<double>(n) / 1e9, loss);
-      out["stages"][label] = {{"ms", t}, {"tokens_per_s", tokens / t * 1e3}, {"peak_bytes", peak}, {"trainable", n}};
+      std::printf("  %-16s %9.1f ms  %10.0f tokens/s  peak %s  (%.3fB trainable, loss %.4g; optimizer %.2f ms)\n",
+                  label.c_str(), t, tokens / t * 1e3, gib(peak).c_str(), static_cast<double>(n) / 1e9, loss, t_opt);
+      out["stages"][label] = {{"ms", t},         {"tokens_per_s", tokens / t * 1e3}, {"peak_bytes", peak},
+                              {"trainable", n},  {"optimizer_ms", t_opt}};
     }
     for (auto& p : params) p.tensor.requires_grad_(false);
   }
@@ -589,6 +601,9 @@ Runner add_bench(CLI::App& app) {
   tr->add_flag("--graph-ops", rargs->graph_ops,
                "On CUDA: the hybrid's LA heads' short convolution, RoPE and L2 norm as LibTorch ops with autograd "
                "instead of their kernels with CUDA backwards, for comparison");
+  tr->add_flag("--optimizer-ops", rargs->optimizer_ops,
+               "On CUDA: the gradient norm, clipping and AdamW as LibTorch ops on each tensor instead of one launch "
+               "each over every tensor, for comparison");
   tr->add_option("--profile", rargs->profile,
                  "Write a Chrome trace of one more step of each stage, FILE with the stage's name before its extension "
                  "(trace.json -> trace-align.json)");

@@ -6,13 +6,34 @@
 
 #include "core/model/summary.h"
 #include "core/util/error.h"
+#ifdef HH_HAVE_KERNELS
+#include "kernels/optim.h"
+#endif
 
 namespace hh::train {
 
 namespace {
 bool low_precision(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
 at::ScalarType state_dtype(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+bool g_fused = true;
+
+#ifdef HH_HAVE_KERNELS
+// The gradients that exist, when every one is a CUDA tensor (else empty: the op sequences run).
+std::vector<at::Tensor> cuda_grads(const std::vector<Param>& params) {
+  std::vector<at::Tensor> gs;
+  for (const auto& p : params) {
+    const at::Tensor& g = p.tensor.grad();
+    if (!g.defined()) continue;
+    if (!g.is_cuda()) return {};
+    gs.push_back(g);
+  }
+  return gs;
+}
+#endif
 }  // namespace
+
+void set_fused_optimizer(bool on) { g_fused = on; }
 
 AdamW::AdamW(std::vector<Param> params, AdamWOptions options) : params_(std::move(params)), o_(options) {
   at::NoGradGuard no_grad;
@@ -33,6 +54,29 @@ void AdamW::step(double lr) {
   ++steps_;
   const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(steps_));
   const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(steps_));
+#ifdef HH_HAVE_KERNELS
+  if (g_fused && !params_.empty() && params_.front().tensor.is_cuda()) {
+    std::vector<kernels::AdamWTensor> ts;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const at::Tensor& g = params_[i].tensor.grad();
+      if (!g.defined()) continue;
+      ts.push_back({params_[i].tensor, g, slots_[i].exp_avg, slots_[i].exp_avg_sq, slots_[i].master, params_[i].decay});
+    }
+    if (ts.empty()) return;
+    if (kernels::adamw_supported(ts)) {
+      kernels::AdamWScalars sc;
+      sc.lr = lr;
+      sc.beta1 = o_.beta1;
+      sc.beta2 = o_.beta2;
+      sc.eps = o_.eps;
+      sc.weight_decay = o_.weight_decay;
+      sc.bias1 = bc1;
+      sc.bias2 = bc2;
+      kernels::adamw_step(ts, sc);
+      return;
+    }
+  }
+#endif
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];
     const at::Tensor& g0 = p.tensor.grad();
@@ -84,6 +128,12 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state, int64_t s
 
 double grad_norm(const std::vector<Param>& params) {
   at::NoGradGuard no_grad;
+#ifdef HH_HAVE_KERNELS
+  if (g_fused) {
+    const auto gs = cuda_grads(params);
+    if (!gs.empty() && kernels::multi_supported(gs)) return std::sqrt(kernels::sum_squares(gs).item<double>());
+  }
+#endif
   // One device reduction per parameter and a single synchronising read at the end.
   std::vector<at::Tensor> sums;
   for (const auto& p : params)
@@ -100,6 +150,15 @@ double clip_grad_norm(const std::vector<Param>& params, double max_norm) {
   if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
     at::NoGradGuard no_grad;
     const double scale = max_norm / (norm + 1e-6);
+#ifdef HH_HAVE_KERNELS
+    if (g_fused) {
+      const auto gs = cuda_grads(params);
+      if (!gs.empty() && kernels::multi_supported(gs)) {
+        kernels::scale_(gs, scale);
+        return norm;
+      }
+    }
+#endif
     for (const auto& p : params)
       if (p.tensor.grad().defined()) p.tensor.mutable_grad().mul_(scale);
   }

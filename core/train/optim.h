@@ -52,6 +52,11 @@ class AdamW {
   int64_t steps_ = 0;
 };
 
+// On CUDA, AdamW::step, grad_norm and clip_grad_norm's scaling each run in one launch over every tensor
+// (kernels/optim.h) where the tensors allow, else the op sequences below run. false: the op sequences
+// always (a process-wide switch, for comparison).
+void set_fused_optimizer(bool on);
+
 // sqrt of the sum of squared gradient entries over all parameters (float64 accumulation).
 double grad_norm(const std::vector<Param>& params);
 // Scales every gradient by max_norm / norm when norm > max_norm (max_norm <= 0: no clipping).

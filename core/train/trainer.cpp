@@ -322,7 +322,9 @@ double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, d
         m.teacher->forward(input, fo);
       }
       const model::Transformer& s = m.student->teacher();
-      double total = 0;
+      // The layers' losses summed on the device (float64, in layer order) and read once: a read per
+      // layer would wait for each layer's backward before the next layer's launches.
+      at::Tensor total;
       for (int64_t l = 0; l < L; ++l) {
         const auto& lw = s.weights().layers[static_cast<size_t>(l)];
         const at::Tensor xn = model::rms_norm(cache.at(model::hook_name(l, model::HookKind::ResidPre)), lw.input_layernorm,
@@ -332,9 +334,10 @@ double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, d
         const at::Tensor target_l = cache.at(model::hook_name(l, model::HookKind::AttnOut)).to(at::kFloat);
         at::Tensor loss = at::mse_loss(s.attn_out(l, y).to(at::kFloat), target_l);
         if (backward) (loss * (scale / static_cast<double>(L))).backward();
-        total += loss.item<double>();
+        const at::Tensor l64 = loss.detach().to(at::kDouble);
+        total = total.defined() ? total + l64 : l64;
       }
-      return total / static_cast<double>(L);
+      return total.defined() ? total.item<double>() / static_cast<double>(L) : 0.0;
     }
   }
   return 0;
