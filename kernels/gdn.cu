@@ -1422,63 +1422,97 @@ __global__ void __launch_bounds__(32 * kConvWarps, 2)
 }
 
 // The convolution's backward (kernels::causal_conv_silu_backward): one thread per channel and run of
-// kConvBackSteps steps of one sequence, lanes on consecutive channels. Walking t from the run's first step
-// to K - 2 past its last, it forms z_t (the forward's rounded sum) from the window of inputs, the rounded
+// kConvBackSteps steps of one sequence; a warp's lanes take 32 consecutive channels of one run and a
+// block's kConvBackRuns warps consecutive runs of them. Walking t from the run's first step to K - 2 past
+// its last, it forms z_t (the forward's rounded sum) from the window of inputs, the rounded
 // dz_t = dy_t silu'(z_t) as at::silu_backward rounds it, keeps the last K of them, and writes
-// dx_{t - K + 1} = sum_j w_j dz_{t - j} (in float32, rounded once); its run's dz_t x_{t - K + 1 + j} sum
-// into the taps' float32 gradients by one atomic add each at the end.
+// dx_{t - K + 1} = sum_j w_j dz_{t - j} (in float32, rounded once). The steps' inputs are loaded
+// kConvBackAhead at a time before any of them is used, so that a thread has that many loads in flight.
+// Its run's dz_t x_{t - K + 1 + j} sum into the taps' float32 gradients: the block's runs in shared
+// memory, in order, then one atomic add per channel and tap.
 constexpr int kConvBackSteps = 32;
-constexpr int kConvBackThreads = 128;
+constexpr int kConvBackRuns = 4;
+constexpr int kConvBackThreads = 32 * kConvBackRuns;
+constexpr int kConvBackAhead = 8;
 
 template <class T, int K>
 __global__ void __launch_bounds__(kConvBackThreads)
     causal_conv_silu_backward_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ dy,
                                      T* __restrict__ dx, float* __restrict__ dw, int64_t Tn, int64_t C) {
-  const int64_t c = static_cast<int64_t>(blockIdx.y) * kConvBackThreads + threadIdx.x;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kConvBackSteps;
-  if (c >= C || t0 >= Tn) return;
-  const int64_t b = blockIdx.z, t1 = std::min<int64_t>(t0 + kConvBackSteps, Tn);
-  const T* xs = x + b * Tn * C + c;
-  const T* dys = dy + b * Tn * C + c;
-  T* dxs = dx + b * Tn * C + c;
-  float wv[K], win[K], dz[K], dwa[K];
+  const int lane = threadIdx.x % 32, run = threadIdx.x / 32;
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * 32 + lane;
+  const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * kConvBackRuns + run) * kConvBackSteps;
+  float dwa[K];
 #pragma unroll
-  for (int j = 0; j < K; ++j) {
-    wv[j] = static_cast<float>(w[c * K + j]);
-    const int64_t t = t0 - (K - 1) + j;  // win[K - 1] is entered in the loop
-    win[j] = j < K - 1 && t >= 0 ? static_cast<float>(xs[t * C]) : 0.f;
-    dz[j] = 0.f;
-    dwa[j] = 0.f;
-  }
+  for (int j = 0; j < K; ++j) dwa[j] = 0.f;
+  if (c < C && t0 < Tn) {
+    const int64_t b = blockIdx.z, t1 = std::min<int64_t>(t0 + kConvBackSteps, Tn), end = t1 + K - 1;
+    const T* xs = x + b * Tn * C + c;
+    const T* dys = dy + b * Tn * C + c;
+    T* dxs = dx + b * Tn * C + c;
+    float wv[K], win[K], dz[K];
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      wv[j] = static_cast<float>(w[c * K + j]);
+      const int64_t t = t0 - (K - 1) + j;  // win[K - 1] is entered in the loop
+      win[j] = j < K - 1 && t >= 0 ? static_cast<float>(xs[t * C]) : 0.f;
+      dz[j] = 0.f;
+    }
 #pragma unroll 1
-  for (int64_t t = t0; t < t1 + K - 1; ++t) {
-    float d = 0.f;
-    if (t < Tn) {
-      win[K - 1] = static_cast<float>(xs[t * C]);
-      float acc = 0.f;
+    for (int64_t tb = t0; tb < end; tb += kConvBackAhead) {
+      float xa[kConvBackAhead], dya[kConvBackAhead];
 #pragma unroll
-      for (int j = 0; j < K; ++j) acc = fmaf(wv[j], win[j], acc);
-      const float z = static_cast<float>(static_cast<T>(acc));
-      const float sg = 1.f / (1.f + expf(-z));
-      d = static_cast<float>(static_cast<T>(static_cast<float>(dys[t * C]) * sg * (1.f + z * (1.f - sg))));
-      if (t < t1)
+      for (int u = 0; u < kConvBackAhead; ++u) {
+        const int64_t t = tb + u;
+        const bool in = t < end && t < Tn;
+        xa[u] = in ? static_cast<float>(xs[t * C]) : 0.f;
+        dya[u] = in ? static_cast<float>(dys[t * C]) : 0.f;
+      }
 #pragma unroll
-        for (int j = 0; j < K; ++j) dwa[j] = fmaf(d, win[j], dwa[j]);
+      for (int u = 0; u < kConvBackAhead; ++u) {
+        const int64_t t = tb + u;
+        if (t < end) {
+          float d = 0.f;
+          if (t < Tn) {
+            win[K - 1] = xa[u];
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < K; ++j) acc = fmaf(wv[j], win[j], acc);
+            const float z = static_cast<float>(static_cast<T>(acc));
+            const float sg = 1.f / (1.f + expf(-z));
+            d = static_cast<float>(static_cast<T>(dya[u] * sg * (1.f + z * (1.f - sg))));
+            if (t < t1)
+#pragma unroll
+              for (int j = 0; j < K; ++j) dwa[j] = fmaf(d, win[j], dwa[j]);
+          }
+#pragma unroll
+          for (int j = 0; j < K - 1; ++j) dz[j] = dz[j + 1];
+          dz[K - 1] = d;
+          if (const int64_t s = t - (K - 1); s >= t0) {
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < K; ++j) acc = fmaf(wv[j], dz[K - 1 - j], acc);
+            dxs[s * C] = static_cast<T>(acc);
+          }
+#pragma unroll
+          for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
+        }
+      }
     }
-#pragma unroll
-    for (int j = 0; j < K - 1; ++j) dz[j] = dz[j + 1];
-    dz[K - 1] = d;
-    if (const int64_t s = t - (K - 1); s >= t0) {
-      float acc = 0.f;
-#pragma unroll
-      for (int j = 0; j < K; ++j) acc = fmaf(wv[j], dz[K - 1 - j], acc);
-      dxs[s * C] = static_cast<T>(acc);
-    }
-#pragma unroll
-    for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
   }
+  __shared__ float part[kConvBackRuns][K][32];
 #pragma unroll
-  for (int j = 0; j < K; ++j) atomicAdd(dw + c * K + j, dwa[j]);
+  for (int j = 0; j < K; ++j) part[run][j][lane] = dwa[j];
+  __syncthreads();
+  if (run == 0 && c < C) {
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      float sum = part[0][j][lane];
+#pragma unroll
+      for (int r = 1; r < kConvBackRuns; ++r) sum += part[r][j][lane];
+      atomicAdd(dw + c * K + j, sum);
+    }
+  }
 }
 
 // The LA heads' q or k in one pass (kernels::causal_conv_silu_rope_l2norm): the short convolution as
@@ -2027,15 +2061,15 @@ std::pair<at::Tensor, at::Tensor> causal_conv_silu_backward(const at::Tensor& dy
     throw std::invalid_argument(
         "hh::kernels::causal_conv_silu_backward: expected dy and x [B, T, C] of one dtype and weight [C, 1, 4] of it");
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  if (B > 65535 || (C + kConvBackThreads - 1) / kConvBackThreads > 65535)
-    throw std::invalid_argument("hh::kernels::causal_conv_silu_backward: at most 65535 sequences and 65535 x " +
-                                std::to_string(kConvBackThreads) + " channels");
+  if (B > 65535 || (C + 31) / 32 > 65535)
+    throw std::invalid_argument("hh::kernels::causal_conv_silu_backward: at most 65535 sequences and 65535 x 32 channels");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor dx = at::empty_like(x);
   at::Tensor dw = at::zeros({C, 1, kShortConvTaps}, x.options().dtype(at::kFloat));
   if (x.numel() > 0) {
-    const dim3 blocks(static_cast<unsigned>((T + kConvBackSteps - 1) / kConvBackSteps),
-                      static_cast<unsigned>((C + kConvBackThreads - 1) / kConvBackThreads), static_cast<unsigned>(B));
+    constexpr int64_t kBlockSteps = static_cast<int64_t>(kConvBackSteps) * kConvBackRuns;
+    const dim3 blocks(static_cast<unsigned>((T + kBlockSteps - 1) / kBlockSteps), static_cast<unsigned>((C + 31) / 32),
+                      static_cast<unsigned>(B));
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "hh_causal_conv_silu_backward", [&] {
       causal_conv_silu_backward_kernel<scalar_t, kShortConvTaps><<<blocks, kConvBackThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
           x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(),

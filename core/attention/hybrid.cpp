@@ -26,16 +26,21 @@ bool g_decode_kernel = true;
 bool g_graph_kernels = true;
 std::atomic<int64_t> g_decode_kernel_steps{0};
 
-// x's entries `idx` along dim, stacked in that order: index_select without an index tensor, whose copy
-// to a GPU would wait for every queued kernel.
+// x's entries `idx` along dim, in that order, contiguous: index_select without an index tensor, whose
+// copy to a GPU would wait for every queued kernel. Runs of consecutive indices are taken as one slice
+// each, so a backward pass forms x's gradient from one zero-filled tensor a run (a whole run: none)
+// rather than one an index.
 at::Tensor pick(const at::Tensor& x, int64_t dim, const std::vector<int64_t>& idx) {
-  bool identity = static_cast<int64_t>(idx.size()) == x.size(dim);
-  for (size_t i = 0; identity && i < idx.size(); ++i) identity = idx[i] == static_cast<int64_t>(i);
-  if (identity) return x;  // every index in order: x itself, no copy
-  std::vector<at::Tensor> parts;
-  parts.reserve(idx.size());
-  for (int64_t i : idx) parts.push_back(x.select(dim, i));
-  return at::stack(parts, dim);
+  if (idx.empty()) return x.narrow(dim, 0, 0);
+  std::vector<at::Tensor> runs;
+  for (size_t i = 0; i < idx.size();) {
+    size_t j = i + 1;
+    while (j < idx.size() && idx[j] == idx[j - 1] + 1) ++j;
+    runs.push_back(x.narrow(dim, idx[i], static_cast<int64_t>(j - i)));
+    i = j;
+  }
+  if (runs.size() == 1) return runs.front().size(dim) == x.size(dim) ? x : runs.front().contiguous();
+  return at::cat(runs, dim);
 }
 
 using nlohmann::json;

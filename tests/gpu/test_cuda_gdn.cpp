@@ -1339,7 +1339,7 @@ TEST(CudaGdn, ShortConvBackwardEqualsAutogradInFloat64) {
   ASSERT_TRUE(torch::cuda::is_available());
   for (auto dt : {torch::kFloat, torch::kBFloat16})
     for (int64_t C : {200, 5})
-      for (int64_t T : {1, 3, 37, 100}) {
+      for (int64_t T : {1, 3, 37, 100, 300}) {  // 300: several blocks of 4 runs of 32 steps
         const auto opts = kCuda.dtype(dt);
         const int64_t B = 2;
         const auto x = torch::randn({B, T, C}, opts), w = 0.5 * torch::randn({C, 1, 4}, opts), dy = torch::randn({B, T, C}, opts);

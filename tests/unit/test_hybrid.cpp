@@ -194,4 +194,55 @@ TEST(HybridAttention, ConcatFusionPassesEachHeadsRawOutput) {
   EXPECT_MENTIONS(hh::test::error_of([&] { HybridOptions::from_json(j, c, "config.json"); }), "hydrahead.fusion");
 }
 
+// The layer's gradients with respect to the teacher rows it takes by head (q_proj for both head kinds,
+// k_proj and v_proj for the FA heads' groups) and to fusion_gamma, against central differences in
+// float64: LA heads 0, 2 and 3 are two runs of consecutive heads, FA head 1 one of its own.
+TEST(HybridAttention, GradientsOfRowsTakenByHeadMatchFiniteDifferences) {
+  const auto c = one_layer();
+  auto tw = hh::model::random_weights(c, 13, torch::kDouble, 0.3);
+  const hh::model::Transformer teacher(c, tw);
+  const auto ids = torch::randint(40, {1, 19}, torch::TensorOptions().dtype(torch::kLong));
+  const auto xn = teacher_layer0(c, tw, teacher, ids).xn.detach();
+  HybridOptions o;
+  o.fa_heads = {{0, 1}};
+  const auto split = hh::attention::split_heads(o, c)[0];
+  auto w = random_hybrid(c, o, split);
+  auto& lw = tw.layers[0];
+  torch::manual_seed(5);
+  const auto r = torch::randn({1, 19, 4, 8}, torch::kDouble);
+  auto loss = [&] {
+    return (hh::attention::hybrid_attention(c, o, split, lw, w, xn, teacher.inv_freq()) * r).sum();
+  };
+  struct Checked {
+    const char* name;
+    torch::Tensor* t;
+    std::vector<std::pair<int64_t, int64_t>> at;  // (row, column)
+  };
+  // q_proj rows of every head (8 rows a head), k_proj and v_proj rows of group 0 (head 1's) and of
+  // group 1 (unused: gradient zero), gamma of an LA and the FA head.
+  const std::vector<Checked> checked = {{"q_proj", &lw.q_proj, {{0, 3}, {9, 7}, {17, 0}, {31, 20}}},
+                                        {"k_proj", &lw.k_proj, {{2, 5}, {12, 1}}},
+                                        {"v_proj", &lw.v_proj, {{7, 30}, {8, 2}}},
+                                        {"fusion_gamma", &w.fusion_gamma, {{0, 4}, {1, 6}, {3, 0}}}};
+  for (const auto& ch : checked) ch.t->requires_grad_(true);
+  loss().backward();
+  for (const auto& ch : checked) {
+    const torch::Tensor grad = ch.t->grad().clone();
+    ch.t->requires_grad_(false);
+    for (const auto& [i, j] : ch.at) {
+      torch::NoGradGuard ng;
+      const double h = 1e-6, x0 = (*ch.t)[i][j].item<double>();
+      (*ch.t)[i][j] = x0 + h;
+      const double up = loss().item<double>();
+      (*ch.t)[i][j] = x0 - h;
+      const double down = loss().item<double>();
+      (*ch.t)[i][j] = x0;
+      const double fd = (up - down) / (2 * h), g = grad[i][j].item<double>();
+      EXPECT_NEAR(g, fd, 1e-6 * std::max(1.0, std::abs(fd))) << ch.name << "[" << i << "][" << j << "]";
+    }
+  }
+  // Group 1 serves no FA head: the layer takes no k_proj or v_proj row of it.
+  EXPECT_EQ(lw.k_proj.grad().narrow(0, 8, 8).abs().max().item<double>(), 0.0);
+}
+
 }  // namespace
