@@ -62,6 +62,23 @@ __device__ __forceinline__ const Entry& block_entry(const Entry* es, int count) 
   return es[found];
 }
 
+template <class E>
+struct Type {
+  using T = E;
+};
+
+// Calls f(Type<T>{}, e, lo, hi) with this block's entry e, its run of elements [lo, hi) and their type T.
+template <class F>
+__device__ __forceinline__ void on_block_run(const Entry* es, int count, F&& f) {
+  const Entry e = block_entry(es, count);
+  const int64_t lo = (static_cast<int64_t>(blockIdx.x) - e.run0) * kRun, hi = std::min(e.n, lo + kRun);
+  switch (e.dtype) {
+    case kF32: f(Type<float>{}, e, lo, hi); break;
+    case kF16: f(Type<__half>{}, e, lo, hi); break;
+    default: f(Type<__nv_bfloat16>{}, e, lo, hi); break;
+  }
+}
+
 // AdamW over elements [lo, hi) of one tensor, in core/train/optim.cpp's order of operations, each step
 // rounded where LibTorch's CUDA ops round it: a * s (mul_), fma(alpha, b, a) (add_), fma(alpha b, c, a)
 // (addcmul_), a * (1 / s) (division by a scalar), fma(alpha, b / c, a) (addcdiv_), all float32.
@@ -104,13 +121,9 @@ __device__ void adamw_run(const Entry& e, int64_t lo, int64_t hi, const AdamWArg
 }
 
 __global__ void __launch_bounds__(kThreads) adamw_kernel(const Entry* __restrict__ es, int count, AdamWArgs a) {
-  const Entry e = block_entry(es, count);
-  const int64_t lo = (static_cast<int64_t>(blockIdx.x) - e.run0) * kRun, hi = std::min(e.n, lo + kRun);
-  switch (e.dtype) {
-    case kF32: adamw_run<float>(e, lo, hi, a); break;
-    case kF16: adamw_run<__half>(e, lo, hi, a); break;
-    default: adamw_run<__nv_bfloat16>(e, lo, hi, a); break;
-  }
+  on_block_run(es, count, [&](auto type, const Entry& e, int64_t lo, int64_t hi) {
+    adamw_run<typename decltype(type)::T>(e, lo, hi, a);
+  });
 }
 
 template <class T>
@@ -127,14 +140,10 @@ __device__ float squares_run(const Entry& e, int64_t lo, int64_t hi) {
 // partial[run] = the float32 sum of the run's squares (then summed in float64 by the caller).
 __global__ void __launch_bounds__(kThreads) sum_squares_kernel(const Entry* __restrict__ es, int count,
                                                                double* __restrict__ partial) {
-  const Entry e = block_entry(es, count);
-  const int64_t lo = (static_cast<int64_t>(blockIdx.x) - e.run0) * kRun, hi = std::min(e.n, lo + kRun);
-  float acc;
-  switch (e.dtype) {
-    case kF32: acc = squares_run<float>(e, lo, hi); break;
-    case kF16: acc = squares_run<__half>(e, lo, hi); break;
-    default: acc = squares_run<__nv_bfloat16>(e, lo, hi); break;
-  }
+  float acc = 0.f;
+  on_block_run(es, count, [&](auto type, const Entry& e, int64_t lo, int64_t hi) {
+    acc = squares_run<typename decltype(type)::T>(e, lo, hi);
+  });
   __shared__ float warps[kThreads / 32];
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -155,13 +164,9 @@ __device__ void scale_run(const Entry& e, int64_t lo, int64_t hi, float s) {
 }
 
 __global__ void __launch_bounds__(kThreads) scale_kernel(const Entry* __restrict__ es, int count, float s) {
-  const Entry e = block_entry(es, count);
-  const int64_t lo = (static_cast<int64_t>(blockIdx.x) - e.run0) * kRun, hi = std::min(e.n, lo + kRun);
-  switch (e.dtype) {
-    case kF32: scale_run<float>(e, lo, hi, s); break;
-    case kF16: scale_run<__half>(e, lo, hi, s); break;
-    default: scale_run<__nv_bfloat16>(e, lo, hi, s); break;
-  }
+  on_block_run(es, count, [&](auto type, const Entry& e, int64_t lo, int64_t hi) {
+    scale_run<typename decltype(type)::T>(e, lo, hi, s);
+  });
 }
 
 int dtype_code(at::ScalarType t) {
@@ -235,7 +240,10 @@ Table upload(std::vector<Entry>& es, const at::Device& dev) {
   return t;
 }
 
-std::vector<Entry> plain_entries(const std::vector<at::Tensor>& xs) {
+// The table of plain tensors (sum_squares, scale_), checked first; errors name the function fn.
+Table plain_table(const char* fn, const std::vector<at::Tensor>& xs) {
+  const std::string why = multi_refusal(xs);
+  if (!why.empty()) throw std::invalid_argument(std::string("hh::kernels::") + fn + ": " + why);
   std::vector<Entry> es;
   es.reserve(xs.size());
   for (const at::Tensor& x : xs) {
@@ -245,7 +253,7 @@ std::vector<Entry> plain_entries(const std::vector<at::Tensor>& xs) {
     e.dtype = dtype_code(x.scalar_type());
     es.push_back(e);
   }
-  return es;
+  return upload(es, xs.front().device());
 }
 
 }  // namespace
@@ -290,12 +298,9 @@ void adamw_step(const std::vector<AdamWTensor>& ts, const AdamWScalars& s) {
 bool multi_supported(const std::vector<at::Tensor>& xs) { return multi_refusal(xs).empty(); }
 
 at::Tensor sum_squares(const std::vector<at::Tensor>& xs) {
-  const std::string why = multi_refusal(xs);
-  if (!why.empty()) throw std::invalid_argument("hh::kernels::sum_squares: " + why);
+  const Table table = plain_table("sum_squares", xs);
   const at::Device dev = xs.front().device();
   c10::cuda::CUDAGuard guard(dev);
-  std::vector<Entry> es = plain_entries(xs);
-  const Table table = upload(es, dev);
   at::Tensor partial = at::empty({table.runs}, at::TensorOptions().dtype(at::kDouble).device(dev));
   if (table.runs == 0) return partial.sum();
   sum_squares_kernel<<<static_cast<unsigned>(table.runs), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
@@ -305,12 +310,8 @@ at::Tensor sum_squares(const std::vector<at::Tensor>& xs) {
 }
 
 void scale_(const std::vector<at::Tensor>& xs, double s) {
-  const std::string why = multi_refusal(xs);
-  if (!why.empty()) throw std::invalid_argument("hh::kernels::scale_: " + why);
-  const at::Device dev = xs.front().device();
-  c10::cuda::CUDAGuard guard(dev);
-  std::vector<Entry> es = plain_entries(xs);
-  const Table table = upload(es, dev);
+  const Table table = plain_table("scale_", xs);
+  c10::cuda::CUDAGuard guard(xs.front().device());
   if (table.runs == 0) return;
   scale_kernel<<<static_cast<unsigned>(table.runs), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
       table.ptr(), table.count, static_cast<float>(s));
