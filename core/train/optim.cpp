@@ -18,19 +18,43 @@ at::ScalarType state_dtype(const at::Tensor& t) { return t.scalar_type() == at::
 
 bool g_fused = true;
 
-#ifdef HH_HAVE_KERNELS
-// The gradients that exist, when every one is a CUDA tensor (else empty: the op sequences run).
-std::vector<at::Tensor> cuda_grads(const std::vector<Param>& params) {
+// The gradients that exist, where the kernels take them all (CUDA tensors of their dtypes) and the
+// switch is on; else empty, and the op sequences run.
+std::vector<at::Tensor> kernel_grads(const std::vector<Param>& params) {
   std::vector<at::Tensor> gs;
+#ifdef HH_HAVE_KERNELS
+  if (!g_fused) return gs;
   for (const auto& p : params) {
     const at::Tensor& g = p.tensor.grad();
     if (!g.defined()) continue;
     if (!g.is_cuda()) return {};
     gs.push_back(g);
   }
+  if (!gs.empty() && !kernels::multi_supported(gs)) gs.clear();
+#else
+  (void)params;
+#endif
   return gs;
 }
+
+// grad_norm, on the kernels over kgs where kernel_grads gave them.
+double norm_of(const std::vector<Param>& params, const std::vector<at::Tensor>& kgs) {
+  at::NoGradGuard no_grad;
+#ifdef HH_HAVE_KERNELS
+  if (!kgs.empty()) return std::sqrt(kernels::sum_squares(kgs).item<double>());
+#else
+  (void)kgs;
 #endif
+  // One device reduction per parameter and a single synchronising read at the end.
+  std::vector<at::Tensor> sums;
+  for (const auto& p : params)
+    if (p.tensor.grad().defined()) {
+      const at::Tensor& g = p.tensor.grad();
+      sums.push_back(g.to(g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat).pow(2).sum().to(at::kDouble));
+    }
+  if (sums.empty()) return 0;
+  return std::sqrt(at::stack(sums).sum().item<double>());
+}
 }  // namespace
 
 void set_fused_optimizer(bool on) { g_fused = on; }
@@ -126,37 +150,18 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state, int64_t s
   steps_ = steps;
 }
 
-double grad_norm(const std::vector<Param>& params) {
-  at::NoGradGuard no_grad;
-#ifdef HH_HAVE_KERNELS
-  if (g_fused) {
-    const auto gs = cuda_grads(params);
-    if (!gs.empty() && kernels::multi_supported(gs)) return std::sqrt(kernels::sum_squares(gs).item<double>());
-  }
-#endif
-  // One device reduction per parameter and a single synchronising read at the end.
-  std::vector<at::Tensor> sums;
-  for (const auto& p : params)
-    if (p.tensor.grad().defined()) {
-      const at::Tensor& g = p.tensor.grad();
-      sums.push_back(g.to(g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat).pow(2).sum().to(at::kDouble));
-    }
-  if (sums.empty()) return 0;
-  return std::sqrt(at::stack(sums).sum().item<double>());
-}
+double grad_norm(const std::vector<Param>& params) { return norm_of(params, kernel_grads(params)); }
 
 double clip_grad_norm(const std::vector<Param>& params, double max_norm) {
-  const double norm = grad_norm(params);
+  const std::vector<at::Tensor> kgs = kernel_grads(params);
+  const double norm = norm_of(params, kgs);
   if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
     at::NoGradGuard no_grad;
     const double scale = max_norm / (norm + 1e-6);
 #ifdef HH_HAVE_KERNELS
-    if (g_fused) {
-      const auto gs = cuda_grads(params);
-      if (!gs.empty() && kernels::multi_supported(gs)) {
-        kernels::scale_(gs, scale);
-        return norm;
-      }
+    if (!kgs.empty()) {
+      kernels::scale_(kgs, scale);
+      return norm;
     }
 #endif
     for (const auto& p : params)

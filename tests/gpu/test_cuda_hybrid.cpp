@@ -44,6 +44,14 @@ HybridModel one_layer_bf16(const hh::model::ModelConfig& c) {
   return hh::attention::convert(hh::model::Transformer(c, w), m, co);
 }
 
+// Layer 0 of h (of config c) on x, with or without a cache, its LA heads beside its FA heads or not.
+torch::Tensor layer0(const hh::model::ModelConfig& c, const HybridModel& h, const torch::Tensor& x,
+                     hh::attention::HybridLayerCache* cache, bool side_by_side) {
+  const hh::model::Transformer& teacher = h.teacher();
+  return hh::attention::hybrid_attention(c, h.options(), h.splits()[0], teacher.weights().layers[0], h.layers()[0], x,
+                                         teacher.inv_freq(), true, cache, side_by_side);
+}
+
 TEST(CudaHybrid, MatchesCpuAndDecodesLikeTheFullForward) {
   ASSERT_TRUE(torch::cuda::is_available());
   const auto c = config();
@@ -85,7 +93,6 @@ TEST(CudaHybrid, LayerSideBySideEqualsOneAfterTheOther) {
   ASSERT_TRUE(torch::cuda::is_available());
   const auto c = one_layer_config();
   const HybridModel h = one_layer_bf16(c);
-  const hh::model::Transformer& teacher = h.teacher();
   // Every gate of the FA heads' attention: after its own inputs alone, after the LA heads'
   // chunk_factors (the default) or their scan (with its inputs formed on the second stream and read on
   // this one).
@@ -97,10 +104,7 @@ TEST(CudaHybrid, LayerSideBySideEqualsOneAfterTheOther) {
     for (int64_t T : {150, 8192}) {
       hh::attention::set_flash_gate(gate);
       const auto xn = torch::randn({2, T, c.hidden_size}, opts);
-      auto layer = [&](const torch::Tensor& x, bool side_by_side) {
-        return hh::attention::hybrid_attention(c, h.options(), h.splits()[0], teacher.weights().layers[0], h.layers()[0],
-                                               x, teacher.inv_freq(), true, nullptr, side_by_side);
-      };
+      auto layer = [&](const torch::Tensor& x, bool side_by_side) { return layer0(c, h, x, nullptr, side_by_side); };
       const auto one_after = layer(xn, false);
       (void)layer(torch::randn_like(xn) * 10, true);  // leaves other values in the memory the next run takes
       const auto side = layer(xn, true);
@@ -119,14 +123,12 @@ TEST(CudaHybrid, PromptIntoAnEmptyCacheSideBySideEqualsOneAfterTheOther) {
   ASSERT_TRUE(torch::cuda::is_available());
   const auto c = one_layer_config();
   const HybridModel h = one_layer_bf16(c);
-  const hh::model::Transformer& teacher = h.teacher();
   torch::NoGradGuard no_grad;
   const auto opts = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
   for (int64_t T : {150, 8192}) {
     const auto xn = torch::randn({2, T + 3, c.hidden_size}, opts);
     auto layer = [&](const torch::Tensor& x, hh::attention::HybridLayerCache& cache, bool side_by_side) {
-      return hh::attention::hybrid_attention(c, h.options(), h.splits()[0], teacher.weights().layers[0], h.layers()[0], x,
-                                             teacher.inv_freq(), true, &cache, side_by_side);
+      return layer0(c, h, x, &cache, side_by_side);
     };
     hh::attention::HybridLayerCache one, side;
     const auto one_after = layer(xn.narrow(1, 0, T), one, false);
