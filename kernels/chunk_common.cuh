@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAException.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -321,6 +322,47 @@ inline void need(const at::Tensor& x, const char* fn, const char* what, at::IntA
   if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) throw std::invalid_argument(name + " must be 16-byte aligned");
 }
 
+// The fusion norm in an output kernel's epilogue (chunk_output_f16_fused, and the scan writing the
+// output): where head h's output row r would go, it reads the gate, gamma at gamma + h Dv, and writes y
+// as pl places them (elements of the output's 16-bit type).
+struct FusedOutputArgs {
+  const void* gate = nullptr;
+  const void* gamma = nullptr;
+  void* y = nullptr;
+  float eps = 0.f;
+  FusionPlacement pl;
+};
+// The fusion's tensors checked against the rule's B, T, H heads of Dv and its output dtype
+// (kernels::OutputFusion's contract; std::invalid_argument naming `fn`), as FusedOutputArgs.
+inline FusedOutputArgs fused_output_args(const char* fn, const OutputFusion& fu, const at::Tensor& y, int64_t B, int64_t T,
+                                         int64_t H, int64_t Dv, at::ScalarType dtype) {
+  const std::string name = std::string("hh::kernels::") + fn + ": ";
+  const at::Tensor& gate = fu.gate;
+  if (!y.is_cuda() || y.dim() != 4 || y.size(0) != B || y.size(1) != T || y.size(3) != Dv || !y.is_contiguous())
+    throw std::invalid_argument(name + "y must be a contiguous CUDA tensor [B, T, Hy, Dv]");
+  if (!gate.defined() || gate.dim() != 3 || gate.device() != y.device() || gate.size(0) != B || gate.size(1) != T ||
+      gate.size(2) != H * Dv || gate.stride(2) != 1 || (B > 1 && gate.stride(0) != T * gate.stride(1)) ||
+      gate.stride(1) % 8 != 0)
+    throw std::invalid_argument(name + "gate must be [B, T, H Dv] with unit stride on its last axis and evenly spaced rows 16 bytes apart");
+  if (!fu.gamma.defined() || fu.gamma.device() != y.device() || fu.gamma.sizes() != at::IntArrayRef({H, Dv}) ||
+      !fu.gamma.is_contiguous())
+    throw std::invalid_argument(name + "gamma must be a contiguous [H, Dv] tensor on y's device");
+  if (gate.scalar_type() != dtype || fu.gamma.scalar_type() != dtype || y.scalar_type() != dtype)
+    throw std::invalid_argument(name + "gate, gamma and y must have the output's dtype");
+  for (const at::Tensor* x : std::initializer_list<const at::Tensor*>{&gate, &fu.gamma, &y})
+    if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0) throw std::invalid_argument(name + "gate, gamma and y must be 16-byte aligned");
+  if (static_cast<int64_t>(fu.heads.size()) != H) throw std::invalid_argument(name + "heads must name one position per head");
+  FusedOutputArgs fa;
+  fa.gate = gate.data_ptr();
+  fa.gamma = fu.gamma.data_ptr();
+  fa.y = y.data_ptr();
+  fa.eps = static_cast<float>(fu.eps);
+  fa.pl.gate_ld = gate.stride(1);
+  fa.pl.y_ld = y.size(2) * Dv;
+  place_heads(fa.pl, fu.heads, y.size(2), std::string("hh::kernels::") + fn);
+  return fa;
+}
+
 inline SlotRows slot_rows(const ChunkGrid& grid, int64_t B, int64_t T) {
   if (grid.gather.defined()) {
     if (!grid.gather.is_cuda() || grid.gather.scalar_type() != at::kLong || !grid.gather.is_contiguous() ||
@@ -341,9 +383,9 @@ void launch_kernel(void (*kernel)(Params...), dim3 blocks, int threads, size_t s
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// launch_kernel with the blocks in clusters of `cluster_z` along z (the grid's z a multiple of it).
+// launch_kernel with the blocks in clusters of `cluster` blocks (the grid a multiple of it in each dimension).
 template <class... Params, class... Args>
-void launch_cluster_kernel(void (*kernel)(Params...), dim3 blocks, unsigned cluster_z, int threads, size_t smem,
+void launch_cluster_kernel(void (*kernel)(Params...), dim3 blocks, dim3 cluster, int threads, size_t smem,
                            Args... args) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchConfig_t cfg = {};
@@ -353,9 +395,9 @@ void launch_cluster_kernel(void (*kernel)(Params...), dim3 blocks, unsigned clus
   cfg.stream = at::cuda::getCurrentCUDAStream();
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = cluster_z;
+  attr[0].val.clusterDim.x = cluster.x;
+  attr[0].val.clusterDim.y = cluster.y;
+  attr[0].val.clusterDim.z = cluster.z;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));

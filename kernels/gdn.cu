@@ -11,9 +11,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/chunk_common.cuh"
@@ -236,6 +239,7 @@ ScanKernel g_scan_kernel = ScanKernel::kLowRank;
 int64_t g_scan_segments = kAutoSegments;  // set_scan_segments
 int g_scan_columns = 0;                    // set_scan_columns
 bool g_output_in_scan = true;              // set_output_in_scan
+bool g_fusion_in_scan = true;              // set_fusion_in_scan
 bool g_direct_in_scan = true;              // set_direct_in_scan
 
 template <int DK>
@@ -545,7 +549,10 @@ __global__ void __launch_bounds__(2 * DK)
 // term (LowRankScanArgs::direct), whose slots hold Qd and Aq as OUT's, dO16's column slice [C][BV]
 // (float16, swizzled at its row width BV * 2) where U would be (the backward has none), and aq_inv and
 // do_inv beside the decay.
-template <int DK, int STAGES, int BV_, bool OUT_ = false, bool DIR_ = false>
+// FUSE: the output through the fusion norm, whose head's column blocks form a cluster and exchange each
+// row's sums of squares: the head region also holds their barriers (two for the chunks in turn, one for
+// the end) and the sums [2 chunks][2 halves of the block's columns][C].
+template <int DK, int STAGES, int BV_, bool OUT_ = false, bool DIR_ = false, bool FUSE = false>
 struct F16Ring {
   static constexpr int C = kLowRankChunk, BV = BV_, kStages = STAGES, LDH = BV + 8;
   static constexpr bool OUT = OUT_, DIR = DIR_;
@@ -572,8 +579,9 @@ struct F16Ring {
   // (C / 16) x (BV / 8) tiles, and the chunk the scan starts from.
   static constexpr int kYScales = ((DK / 16) * (BV / 16) + 3) / 4 * 4, kMScales = (C / 16) * (BV / 8);
   static constexpr size_t kBarriers = 2 * kStages * sizeof(unsigned long long);
+  static constexpr size_t kExchange = FUSE ? 3 * sizeof(unsigned long long) + 2 * 2 * C * sizeof(float) : 0;
   static constexpr size_t kHead =
-      (kBarriers + (DK + C) * LDH * 2 + (kYScales + kMScales) * 4 + 8 + 1023) / 1024 * 1024;
+      (kBarriers + (DK + C) * LDH * 2 + (kYScales + kMScales) * 4 + 8 + kExchange + 1023) / 1024 * 1024;
   static constexpr size_t kBytes = kHead + kStages * kSlot + 1024;  // + the base's alignment to 1024
   char* slots;
   __device__ __forceinline__ char* A(int b) const { return slots + b * kSlot; }
@@ -677,17 +685,20 @@ __device__ int64_t warmup_start(const float* decay, const float* bound, int64_t 
 // OUT (the forward only): each chunk's output columns of the slice, o = Qd S_n + aq_inv Aq M_n, as
 // chunk_output_f16 forms it from S16 and M16 (the same float16 operands, scales and order of sums): the
 // warp's step (1) tiles of o, Qd's product beside B's on Y's same fragments in step (1), Aq's on M's
-// in step (2).
+// after the state's update. FUSE >= 0 (a GateActivation; O the output's 16-bit type): o, rounded to O,
+// through the fusion norm into fa.y instead, as chunk_output_f16_fused's epilogue forms it; the head's
+// Dv / BV blocks of a segment are one cluster (along x), which adds each row's sums of squares over the
+// head's columns through the blocks' shared memory, each chunk.
 // DIR (the reverse scan): the direct term from the slot's Qd, Aq and dO16 slice instead of Z,
 // -aq_inv do_inv Aq^T dO16 in U's place in step (1) (over the 16-row blocks of Aq^T's upper triangle) and
 // do_inv Qd^T dO16 beside Z's place in step (2), each product summed in float32 and scaled once.
-template <int DK, int STAGES, int BV, bool OUT, bool DIR = false>
+template <int DK, int STAGES, int BV, bool OUT, bool DIR = false, int FUSE = -1, class O = c10::BFloat16>
 __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     low_rank_scan_f16_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay,
                              const float* __restrict__ bound, const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
                              float* __restrict__ fin, const int64_t* __restrict__ offsets,
                              const int64_t* __restrict__ segs, int H, int64_t N, int Dv, bool reverse, F16History h16,
-                             ScanOut so, ScanDirect sd) {
+                             ScanOut so, ScanDirect sd, const __grid_constant__ FusedOutputArgs fa) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the copy engine and its barriers: Hopper on
   // Compute warp w owns state rows 16w..16w+15 (row block w of Y, all BV columns) in step (2). Step (1)
   // splits M's (C / 16) x NTB tiles of 16 rows by 8 columns into runs of T1 consecutive tiles (row
@@ -698,7 +709,9 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   static_assert(T1 >= 1 && (C / 16) * NTB % NW == 0 && T1 % NTW == 0, "step (1) tiles must divide among the warps");
   // Y's and M's 16-bit rows padded by 8 elements (16 bytes) for conflict-free ldmatrix: 8 consecutive
   // rows start in distinct 16-byte bank groups; the factors' tiles are swizzled instead (swizzled<>).
-  using Ring = F16Ring<DK, STAGES, BV, OUT, DIR>;
+  constexpr bool FUSED = FUSE >= 0;
+  static_assert(!FUSED || (OUT && MT == 1 && NTB == 2 * NTW), "the fused output: a warp's tiles are half a row block's");
+  using Ring = F16Ring<DK, STAGES, BV, OUT, DIR, FUSED>;
   constexpr int LDH = Ring::LDH, SW = Ring::SW, SWF = Ring::kSliceSwizzle, SWD = Ring::kDoSwizzle;
   extern __shared__ float4 smem4[];
   // The swizzled tiles need 1024-byte alignment: from the first such address on.
@@ -710,6 +723,9 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   float* const y_inv = reinterpret_cast<float*>(Mh + C * LDH);  // [row block][column block]
   float* const m_inv = y_inv + Ring::kYScales;                   // [row block][8-column tile]; 16-byte aligned
   long long* const plan = reinterpret_cast<long long*>(m_inv + Ring::kMScales);
+  // FUSED: the sums-of-squares exchange (F16Ring's kExchange).
+  unsigned long long* const xbar = reinterpret_cast<unsigned long long*>(plan + 1);  // [2] the chunks in turn, [2] the end
+  float* const xsum = reinterpret_cast<float*>(xbar + 3);                            // [2][2][C]
   const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, slices = Dv / BV;
@@ -723,11 +739,15 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
                                    bound != nullptr ? bound + static_cast<int64_t>(h) * N : nullptr, lo, hi, n0, n1, reverse, lane);
     if (lane == 0) *plan = w;
   }
+  const int CS = Dv / BV;  // FUSED: the cluster's blocks
   if (tid == 0) {
     for (int b = 0; b < STAGES; ++b) mbar_init(&full[b], 1), mbar_init(&empty[b], NW);
+    if constexpr (FUSED)
+      for (int b = 0; b < 3; ++b) mbar_init(&xbar[b], NW * CS);  // every compute warp of every block
     mbar_init_fence();
   }
-  __syncthreads();
+  if constexpr (FUSED) cluster_sync_all();  // the barriers initialised in every block before any arrives
+  else __syncthreads();
   // The block scans chunks w .. hi - 1 (reverse: w - 1 down to lo), the first `skip` of them a warm-up
   // that writes nothing: its state starts from y0 at the sequence's start, else from zero.
   const int64_t w = *plan;
@@ -828,7 +848,7 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   const int at_k = (lane % 8) + 8 * (lane / 16), at_m = 8 * ((lane / 8) % 2);
   const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
   int buf = 0;
-  unsigned round = 0;
+  unsigned round = 0, written = 0;  // written: chunks whose output went through the fusion (FUSED)
   for (int64_t i = 0; i < count; ++i) {
     mbar_wait(&full[buf], round & 1);  // chunk i has landed in its slot
     compute_sync();                    // Yh holds the state; every warp is past step (2) of chunk i - 1
@@ -1012,6 +1032,21 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) {
         const int m = (mfirst + mi) * 16;
+        const int64_t r0 = row_of(m + g), r1 = row_of(m + g + 8);
+        // FUSED: the gate's pairs at this thread's output positions, loaded while the product runs.
+        using P2 = typename Pair16<O>::type;
+        [[maybe_unused]] P2 gv[NTW][2];
+        if constexpr (FUSED) {
+#pragma unroll
+          for (int ni = 0; ni < NTW; ++ni)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int64_t row = r == 0 ? r0 : r1;
+              gv[ni][r] = write && row >= 0 ? *reinterpret_cast<const P2*>(static_cast<const O*>(fa.gate) + row * fa.pl.gate_ld +
+                                                                            static_cast<int64_t>(h) * Dv + col0 + col_of(ntfirst + ni, 0))
+                                            : Pair16<O>::round(0.f, 0.f);
+            }
+        }
         float am[NTW][4] = {};
 #pragma unroll 4
         for (int i2 = 0; i2 <= m / 16; ++i2) {
@@ -1029,8 +1064,56 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
             for (int e = 0; e < 4; ++e) am[ni][e] = fmaf(pa[e], x, am[ni][e]);
           }
         }
-        if (write) {
-          const int64_t r0 = row_of(m + g), r1 = row_of(m + g + 8);
+        if (FUSED && write) {
+          // o rounded to O, each row's sum of squares over the head's columns from the cluster's blocks
+          // (the quad's 16 columns here, the block's two halves and the other blocks' through shared
+          // memory, in column order), then the fusion as chunk_output_f16_fused's epilogue forms it.
+          float v[NTW][4], ss[2] = {0.f, 0.f};
+#pragma unroll
+          for (int ni = 0; ni < NTW; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              v[ni][e] = static_cast<float>(O(fmaf(a_inv, am[ni][e], oq[mi][ni][e])));
+              ss[e / 2] += v[ni][e] * v[ni][e];
+            }
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
+            ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
+          }
+          const int px = written & 1;  // the exchange's slot: chunks written in turn
+          if (t == 0) {
+            float* xs = xsum + (px * 2 + ntfirst / NTW) * C;
+            xs[m + g] = ss[0], xs[m + g + 8] = ss[1];
+          }
+          __syncwarp();
+          if (lane < CS) mbar_arrive_cluster(cluster_addr(&xbar[px], static_cast<unsigned>(lane)));
+          mbar_wait_cluster(&xbar[px], (written >> 1) & 1);
+          ++written;
+          const O* gamma = static_cast<const O*>(fa.gamma) + static_cast<int64_t>(h) * Dv + col0;
+          O* const ydst = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * Dv + col0;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int rr = m + g + 8 * r;
+            float total = 0.f;
+            for (int c = 0; c < CS; ++c)
+#pragma unroll
+              for (int half = 0; half < 2; ++half)
+                total += ld_cluster_f32(cluster_addr(xsum + (px * 2 + half) * C + rr, static_cast<unsigned>(c)));
+            const int64_t row = r == 0 ? r0 : r1;
+            if (row < 0) continue;
+            const float rstd = rsqrtf(total / static_cast<float>(Dv) + fa.eps);
+#pragma unroll
+            for (int ni = 0; ni < NTW; ++ni) {
+              const int c = col_of(ntfirst + ni, 0);
+              const float2 gf = Pair16<O>::to_float2(gv[ni][r]);
+              const P2 normed = Pair16<O>::round(v[ni][2 * r] * rstd, v[ni][2 * r + 1] * rstd);
+              const P2 act = Pair16<O>::round(gate_activation<FUSE, O>(gf.x), gate_activation<FUSE, O>(gf.y));
+              const P2 gm = *reinterpret_cast<const P2*>(gamma + c);
+              *reinterpret_cast<P2*>(ydst + row * fa.pl.y_ld + c) = __hmul2_rn(act, __hmul2_rn(gm, normed));
+            }
+          }
+        } else if (write) {
 #pragma unroll
           for (int ni = 0; ni < NTW; ++ni)
 #pragma unroll
@@ -1048,6 +1131,11 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
       if (lane == 0) mbar_arrive(&empty[buf]);  // the slot's Qd and Aq read
     }
     if (++buf == STAGES) buf = 0, ++round;
+  }
+  if constexpr (FUSED) {  // no block leaves while another may still read its sums
+    __syncwarp();
+    if (lane < CS) mbar_arrive_cluster(cluster_addr(&xbar[2], static_cast<unsigned>(lane)));
+    mbar_wait_cluster(&xbar[2], 0);
   }
   if (last) store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
 #else
@@ -1102,7 +1190,7 @@ ScanMaps scan_maps(const LowRankScanArgs& a) {
   m.has_z = a.Z.defined();
   if (m.has_u) m.U = tensor_map_2d(a.U, Ring::C, Ring::BV, slice_sw, "U");
   if (m.has_z) m.Z = tensor_map_2d(a.Z, DK, Ring::BV, slice_sw, "Z");
-  if (a.output.o.defined()) {
+  if (a.output.o.defined() || a.output.fusion != nullptr) {  // the output written, or through the fusion
     m.Qd = tensor_map_2d(a.output.Qd, Ring::C, Ring::kBoxCols, sw, "Qd");
     m.Aq = tensor_map_2d(a.output.Aq, Ring::C, Ring::C, CU_TENSOR_MAP_SWIZZLE_128B, "Aq");
   }
@@ -1125,30 +1213,69 @@ struct ScanPlan {
   int columns = 16;
 };
 
-template <int DK, int STAGES, int BV, bool OUT, bool DIR = false>
+template <int DK, int STAGES, int BV, bool OUT, bool DIR = false, int FUSE = -1, class O = c10::BFloat16>
 void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
   const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
-  constexpr size_t smem = F16Ring<DK, STAGES, BV, OUT, DIR>::kBytes;
+  constexpr size_t smem = F16Ring<DK, STAGES, BV, OUT, DIR, (FUSE >= 0)>::kBytes;
   static_assert(smem <= 227 * 1024, "the ring must fit in an SM's shared memory");
-  auto kernel = low_rank_scan_f16_kernel<DK, STAGES, BV, OUT, DIR>;
+  auto kernel = low_rank_scan_f16_kernel<DK, STAGES, BV, OUT, DIR, FUSE, O>;
   ScanOut so{};
   ScanDirect sd{};
+  FusedOutputArgs fa{};
   if constexpr (DIR) sd = {a.direct.aq_inv.data_ptr<float>(), a.direct.do_inv.data_ptr<float>()};
   if constexpr (OUT) {
     const LowRankScanArgs::Output& o = a.output;
-    so = {o.aq_inv.data_ptr<float>(), o.o.data_ptr(), slot_rows(o.grid, o.B, o.T), o.o.scalar_type() == at::kBFloat16};
+    const int64_t H = a.A.size(0), Dv = a.y0.size(3);
+    if constexpr (FUSE >= 0) fa = fused_output_args("low_rank_scan", *o.fusion, o.y, o.B, o.T, H, Dv, o.y.scalar_type());
+    so = {o.aq_inv.data_ptr<float>(), FUSE >= 0 ? nullptr : o.o.data_ptr(), slot_rows(o.grid, o.B, o.T),
+          o.o.defined() && o.o.scalar_type() == at::kBFloat16};
   }
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
   const int64_t* table = plan.table.data_ptr<int64_t>();
   const dim3 grid(static_cast<unsigned>(plan.segments * (Dv / BV)), static_cast<unsigned>(H));
+  if constexpr (FUSE >= 0) {  // a segment's Dv / BV blocks of a head in one cluster
+    launch_cluster_kernel(kernel, grid, dim3(static_cast<unsigned>(Dv / BV), 1, 1), 2 * DK + 32, smem, scan_maps<DK, BV>(a),
+                          a.decay.data_ptr<float>(), ptr(a.bound), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M),
+                          fin.data_ptr<float>(), table, table + S + 1, H, N, Dv, a.reverse, h16, so, sd, fa);
+    return;
+  }
   kernel<<<grid, 2 * DK + 32, smem, at::cuda::getCurrentCUDAStream()>>>(
       scan_maps<DK, BV>(a), a.decay.data_ptr<float>(), ptr(a.bound), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M), fin.data_ptr<float>(),
-      table, table + S + 1, H, N, Dv, a.reverse, h16, so, sd);
+      table, table + S + 1, H, N, Dv, a.reverse, h16, so, sd, fa);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The blocks the scan that applies the fusion norm runs at once on the current device: whole clusters of
+// `cs` blocks (a head's column blocks of a segment), as many as cudaOccupancyMaxActiveClusters places
+// (some SMs of a GPC stay idle when its SMs are not a multiple of cs). Every instance has the same
+// shared memory and threads (one block an SM); the bfloat16 SiLU one stands for them.
+int64_t fused_scan_slots(int cs) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, int64_t> known;  // (device, cs)
+  const int device = at::cuda::current_device();
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = known.find({device, cs}); it != known.end()) return it->second;
+  auto kernel = low_rank_scan_f16_kernel<128, 3, 32, true, false, static_cast<int>(GateActivation::kSilu), c10::BFloat16>;
+  constexpr size_t smem = F16Ring<128, 3, 32, true, false, true>::kBytes;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(cs), 1, 1);
+  cfg.blockDim = dim3(2 * 128 + 32, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cs);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+  return known[{device, cs}] = static_cast<int64_t>(clusters) * cs;
 }
 
 template <int DK, class F>
@@ -1164,7 +1291,21 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
         throw std::invalid_argument("hh::kernels::low_rank_scan: block float16 products need compute capability 9.0 (Hopper)");
       // With the output or the direct term, two blocks no longer fit an SM (their slots hold Qd and Aq):
       // three slots.
-      if (a.output.o.defined()) {
+      if (a.output.fusion != nullptr) {
+        if constexpr (DK == 128) {  // scan_output_fusion_supported
+          const bool bf16 = a.output.y.scalar_type() == at::kBFloat16;
+          auto launch = [&](auto act) {
+            constexpr int A = decltype(act)::value;
+            if (bf16) launch_low_rank_scan_f16<DK, 3, 32, true, false, A, c10::BFloat16>(a, plan, fin);
+            else launch_low_rank_scan_f16<DK, 3, 32, true, false, A, c10::Half>(a, plan, fin);
+          };
+          switch (a.output.fusion->act) {
+            case GateActivation::kSigmoid: launch(std::integral_constant<int, 1>{}); break;
+            case GateActivation::kSilu: launch(std::integral_constant<int, 2>{}); break;
+            default: launch(std::integral_constant<int, 0>{}); break;
+          }
+        }
+      } else if (a.output.o.defined()) {
         if constexpr (DK >= 64) {  // chunk_factors' head sizes (low_rank_scan refuses the output for others)
           if (plan.columns == 32) launch_low_rank_scan_f16<DK, 3, 32, true>(a, plan, fin);
           else launch_low_rank_scan_f16<DK, 3, 16, true>(a, plan, fin);
@@ -1771,6 +1912,9 @@ void set_scan_columns(int columns) {
 }
 int scan_columns() { return g_scan_columns; }
 void set_output_in_scan(bool on) { g_output_in_scan = on; }
+bool scan_output_fusion_supported(int64_t Dk, int64_t Dv) { return Dk == 128 && Dv % 32 == 0 && Dv / 32 <= 8; }
+void set_fusion_in_scan(bool on) { g_fusion_in_scan = on; }
+bool fusion_in_scan_enabled() { return g_fusion_in_scan; }
 bool output_in_scan_enabled() { return g_output_in_scan; }
 void set_direct_in_scan(bool on) { g_direct_in_scan = on; }
 bool direct_in_scan_enabled() { return g_direct_in_scan; }
@@ -1856,7 +2000,17 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       want(a.M_inv, "M_inv", at::kFloat, {H, N, C / 16, Dv / 8});
     }
     const LowRankScanArgs::Output& o = a.output;
-    if (o.o.defined()) {
+    if (o.fusion != nullptr) {
+      if (o.o.defined())
+        throw std::invalid_argument("hh::kernels::low_rank_scan: the output goes to o or through the fusion into y, not both");
+      if (!scan_output_fusion_supported(Dk, Dv) || g_scan_columns == 16)
+        throw std::invalid_argument("hh::kernels::low_rank_scan: the output's fusion needs Dk = 128, Dv a multiple of 32 up to 256 "
+                                    "and 32 columns a block");
+      if (o.y.scalar_type() != at::kBFloat16 && o.y.scalar_type() != at::kHalf)
+        throw std::invalid_argument("hh::kernels::low_rank_scan: the output's fusion writes bfloat16 or float16");
+      (void)fused_output_args("low_rank_scan", *o.fusion, o.y, o.B, o.T, H, Dv, o.y.scalar_type());  // its tensors' checks
+    }
+    if (o.o.defined() || o.fusion != nullptr) {
       if (a.precision != ScanPrecision::kBlockFloat16 || a.reverse || a.Z.defined())
         throw std::invalid_argument("hh::kernels::low_rank_scan: the output is written by the forward block float16 scan only (no Z)");
       if (Dk != 64 && Dk != 128)
@@ -1864,9 +2018,9 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       want(o.Qd, "output.Qd", at::kHalf, {H, N, C, Dk});
       want(o.Aq, "output.Aq", at::kHalf, {H, N, C, C});
       want(o.aq_inv, "output.aq_inv", at::kFloat, {H, N});
-      check(o.o, "output.o");
-      if ((o.o.scalar_type() != at::kBFloat16 && o.o.scalar_type() != at::kHalf) ||
-          o.o.sizes() != at::IntArrayRef({o.B, o.T, H, Dv}))
+      if (o.o.defined()) check(o.o, "output.o");
+      if (o.o.defined() && ((o.o.scalar_type() != at::kBFloat16 && o.o.scalar_type() != at::kHalf) ||
+                            o.o.sizes() != at::IntArrayRef({o.B, o.T, H, Dv})))
         throw std::invalid_argument("hh::kernels::low_rank_scan: output.o must be bfloat16 or float16 [B, T, H, Dv] = " +
                                     c10::str(at::IntArrayRef({o.B, o.T, H, Dv})) + ", got " +
                                     c10::toString(o.o.scalar_type()) + " " + c10::str(o.o.sizes()));
@@ -1913,9 +2067,14 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
   // Two blocks of 16 columns share an SM, except with the output or the direct term (three slots of Qd
   // and Aq besides).
-  const bool two_a_sm = plan.columns == 16 && !a.output.o.defined() && !a.direct.dO16.defined();
-  const int64_t len = a.segment == kAutoSegments ? auto_segment_chunks(blocks_whole, longest, (two_a_sm ? 2 : 1) * sms)
-                                                 : a.segment;
+  const bool two_a_sm = plan.columns == 16 && !a.output.o.defined() && a.output.fusion == nullptr && !a.direct.dO16.defined();
+  // With the fusion, whole clusters of a head's Dv / 32 column blocks: those the device places at once.
+  const int64_t slots = a.output.fusion != nullptr && a.segment == kAutoSegments ? fused_scan_slots(static_cast<int>(Dv / 32))
+                                                                                  : (two_a_sm ? 2 : 1) * sms;
+  if (a.output.fusion != nullptr && slots < Dv / 32)
+    throw std::invalid_argument("hh::kernels::low_rank_scan: this device cannot run a cluster of " + std::to_string(Dv / 32) +
+                                " blocks of the scan with the fusion (set_fusion_in_scan(false) takes the fusion kernel after it)");
+  const int64_t len = a.segment == kAutoSegments ? auto_segment_chunks(blocks_whole, longest, slots) : a.segment;
   std::vector<int64_t> table(offsets);
   for (int64_t s = 0; s < S; ++s) {
     const int64_t n0 = offsets[s], n1 = offsets[s + 1];

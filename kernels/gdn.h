@@ -56,6 +56,7 @@ struct ChunkGrid {
 //     each 16-row block by a power of two (11 significant bits per element as TF32, without float16's
 //     range limit); fewer instructions a step than TF32, whose operands need converting one by one.
 enum class ScanPrecision { kFloat32, kTf32, kBlockFloat16 };
+struct OutputFusion;  // below
 struct LowRankScanArgs {
   at::Tensor A, B, decay, U, Z, y0;
   at::Tensor hist, M;  // outputs; undefined: not written (M optional; hist optional for kBlockFloat16 only)
@@ -91,10 +92,17 @@ struct LowRankScanArgs {
   // H, Dv] bfloat16 or float16, contiguous, written at the rows `grid` gives the chunks' slots (B
   // sequences of T tokens; padding slots are not written). One read of Qd and Aq a column slice, instead
   // of the history written, read back and a kernel of its own.
+  // Given `fusion` instead of o (scan_output_fusion_supported): o, rounded to y's 16-bit dtype, through
+  // the fusion norm into y as chunk_output_f16_fused writes it (fusion_norm_forward_into's formulas and
+  // roundings; each row's sum of squares added in another order, so a rounded output may differ by a few
+  // ulp, rarely). A segment's column blocks of a head then run as one cluster, which adds each row's sums
+  // of squares through their shared memory.
   struct Output {
     at::Tensor Qd, Aq, aq_inv, o;
     ChunkGrid grid;
     int64_t B = 0, T = 0;
+    const OutputFusion* fusion = nullptr;
+    at::Tensor y;
   } output;
   // The reverse scan's direct term from the forward's output factors (kBlockFloat16, reverse, no Z and
   // no U; Dk 64 or 128): instead of reading Z_n = (Qd - aq_inv Aq W)^T dO_n [Dk, Dv] a chunk, the scan
@@ -136,6 +144,14 @@ bool output_in_scan_enabled();
 // chunk_backward reads M and dM from the two scans).
 void set_direct_in_scan(bool on);
 bool direct_in_scan_enabled();
+// Whether the scan can also apply the fusion norm to the output it writes (LowRankScanArgs::output's
+// fusion): Dk = 128 and Dv a multiple of 32 up to 256 (a cluster of Dv / 32 blocks), with 32 of the
+// state's columns a block (not set_scan_columns(16)).
+bool scan_output_fusion_supported(int64_t Dk, int64_t Dv);
+// Whether the forward takes that path where it can (process-wide, on by default; off for benchmarks,
+// which then run the fusion kernel after the scan).
+void set_fusion_in_scan(bool on);
+bool fusion_in_scan_enabled();
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
 

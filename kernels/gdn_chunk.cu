@@ -565,15 +565,6 @@ constexpr size_t output_f16_smem() {
          (DK / 16 * 4 + 4 * 8) * sizeof(float) + kC * sizeof(int64_t);
 }
 
-// chunk_output_f16_fused's epilogue: where head h's output row r would go, the fusion norm reads the
-// gate, gamma at gamma + h Dv, and writes y as pl places them (elements of the output's 16-bit type).
-struct FusedOutputArgs {
-  const void* gate = nullptr;
-  const void* gamma = nullptr;
-  void* y = nullptr;
-  float eps = 0.f;
-  FusionPlacement pl;
-};
 // The fused epilogue's shared memory after the kernel's own: each row's two 32-column sums of squares,
 // then the block's gate tile [kC][kLdH] (fetched while the products run).
 constexpr size_t kFusedPartials = 2 * kC * sizeof(float);
@@ -955,29 +946,7 @@ void chunk_output_f16_fused(const ChunkFactors& f, const at::Tensor& S16, const 
   check_output_f16(fn, f, S16, S_inv, M16, M_inv, grid, dtype, H, N, Dk, Dv);
   if (!chunk_output_fusion_supported(H, Dv, dtype))
     throw std::invalid_argument(name + "at most 256 heads, Dv 64 or 128, a 16-bit dtype, and a device of compute capability 9.0 or later");
-  const at::Tensor& gate = fu.gate;
-  if (!y.is_cuda() || y.dim() != 4 || y.size(0) != B || y.size(1) != T || y.size(3) != Dv || !y.is_contiguous())
-    throw std::invalid_argument(name + "y must be a contiguous CUDA tensor [B, T, Hy, Dv]");
-  if (!gate.defined() || gate.dim() != 3 || gate.device() != y.device() || gate.size(0) != B || gate.size(1) != T ||
-      gate.size(2) != H * Dv || gate.stride(2) != 1 || (B > 1 && gate.stride(0) != T * gate.stride(1)) ||
-      gate.stride(1) % 8 != 0)
-    throw std::invalid_argument(name + "gate must be [B, T, H Dv] with unit stride on its last axis and evenly spaced rows 16 bytes apart");
-  if (!fu.gamma.defined() || fu.gamma.device() != y.device() || fu.gamma.sizes() != at::IntArrayRef({H, Dv}) ||
-      !fu.gamma.is_contiguous())
-    throw std::invalid_argument(name + "gamma must be a contiguous [H, Dv] tensor on y's device");
-  if (gate.scalar_type() != dtype || fu.gamma.scalar_type() != dtype)
-    throw std::invalid_argument(name + "gate, gamma and y must have one dtype");
-  for (const at::Tensor* x : std::initializer_list<const at::Tensor*>{&gate, &fu.gamma, &y})
-    if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0) throw std::invalid_argument(name + "gate, gamma and y must be 16-byte aligned");
-  if (static_cast<int64_t>(fu.heads.size()) != H) throw std::invalid_argument(name + "heads must name one position per head");
-  FusedOutputArgs fa;
-  fa.gate = gate.data_ptr();
-  fa.gamma = fu.gamma.data_ptr();
-  fa.y = y.data_ptr();
-  fa.eps = static_cast<float>(fu.eps);
-  fa.pl.gate_ld = gate.stride(1);
-  fa.pl.y_ld = y.size(2) * Dv;
-  place_heads(fa.pl, fu.heads, y.size(2), std::string("hh::kernels::") + fn);
+  const FusedOutputArgs fa = fused_output_args(fn, fu, y, B, T, H, Dv, dtype);
   const SlotRows slots = slot_rows(grid, B, T);
   const c10::cuda::CUDAGuard guard(S16.device());
   if (N == 0) return;
@@ -987,7 +956,7 @@ void chunk_output_f16_fused(const ChunkFactors& f, const at::Tensor& S16, const 
     auto launch = [&](auto act) {
       constexpr int A = decltype(act)::value;
       const dim3 blocks(static_cast<unsigned>(N), static_cast<unsigned>(H), DV / kOutCols);
-      launch_cluster_kernel(chunk_output_f16_kernel<DK, DV, X, A>, blocks, DV / kOutCols, kThreads,
+      launch_cluster_kernel(chunk_output_f16_kernel<DK, DV, X, A>, blocks, dim3(1, 1, DV / kOutCols), kThreads,
                             output_f16_smem<DK>() + kFusedExtra, half_ptr(f.Qd), half_ptr(f.Aq), f.aq_inv.data_ptr<float>(),
                             half_ptr(S16), S_inv.data_ptr<float>(), half_ptr(M16), M_inv.data_ptr<float>(), slots,
                             static_cast<int>(H), N, static_cast<X*>(nullptr), fa);

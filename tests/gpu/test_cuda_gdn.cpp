@@ -1042,7 +1042,8 @@ TEST(CudaGdn, FusedOutputEqualsTheRuleThenTheFusion) {
     for (auto [Dk, Dv] : {std::pair<int64_t, int64_t>{128, 128}, {64, 64}, {128, 64}})
       for (GateActivation act : {GateActivation::kSilu, GateActivation::kSigmoid})
       for (bool in_scan : {true, false}) {
-        // The output from the scan then the fusion kernel (the default), or the fusion inside chunk_output_f16.
+        // The output and its fusion from the scan (the default; the scan's output then the fusion kernel where
+        // the scan cannot fuse), or the fusion inside chunk_output_f16.
         hh::kernels::set_output_in_scan(in_scan);
         const std::string what = std::string(c10::toString(dt)) + " Dk=" + std::to_string(Dk) + " Dv=" +
                                  std::to_string(Dv) + " activation " + std::to_string(static_cast<int>(act)) +
@@ -1090,7 +1091,10 @@ TEST(CudaGdn, FusedOutputEqualsTheRuleThenTheFusion) {
         hh::kernels::fusion_norm_forward_into(r.o, off.gate, act, off.gamma, off.eps, want_off, heads);
         (void)hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, off, got_off);
         EXPECT_TRUE(torch::equal(got_off, want_off)) << what << " (gate off alignment)";
-        if (in_scan) EXPECT_TRUE(torch::equal(got, want)) << what << " (the rule's own output through the fusion kernel)";
+        // Where the scan cannot apply the fusion itself (Dk 64), its output goes through the fusion kernel:
+        // the reference's own path, bit for bit.
+        if (in_scan && !hh::kernels::scan_output_fusion_supported(Dk, Dv))
+          EXPECT_TRUE(torch::equal(got, want)) << what << " (the rule's own output through the fusion kernel)";
         hh::kernels::set_output_in_scan(true);
       }
   // Inference only: a graph through it is refused.
@@ -1147,6 +1151,59 @@ TEST(CudaGdn, FusedOutputTakesAOneSequenceGateOfAnyBatchStride) {
   hh::kernels::fusion_norm_forward_into(o, fu.gate, fu.act, fu.gamma, fu.eps, got, heads);
   hh::kernels::fusion_norm_forward_into(o, copy.gate, fu.act, fu.gamma, fu.eps, want, heads);
   EXPECT_TRUE(torch::equal(got, want)) << "the fusion kernel";
+}
+
+// The fusion inside the scan (a cluster of a head's column blocks exchanging each row's sums of squares
+// every chunk) against the fusion inside chunk_output_f16 from the scan's history, over segments of two
+// chunks (whose warm-ups write nothing, in every block of a cluster alike) and whole sequences, T not a
+// multiple of 64, Dv 128 (four blocks a cluster) and 64 (two): the same final state, the fused heads
+// within the fusion's roundings, the other heads untouched.
+TEST(CudaGdn, FusionInTheScanEqualsTheFusedOutputKernel) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  namespace F = torch::nn::functional;
+  const auto nrm = F::NormalizeFuncOptions().dim(-1);
+  const int64_t B = 2, T = 777, H = 3, Hy = 5, Dk = 128;
+  const std::vector<int64_t> heads = {4, 0, 2};
+  for (int64_t Dv : {int64_t{128}, int64_t{64}})
+    for (int64_t segments : {int64_t{2}, int64_t{0}}) {
+      const std::string what = "Dv=" + std::to_string(Dv) + (segments == 0 ? ", whole sequences" : ", segments of 2 chunks");
+      ASSERT_TRUE(hh::kernels::scan_output_fusion_supported(Dk, Dv)) << what;
+      const auto dev = kCuda.dtype(torch::kBFloat16), f32 = kCuda.dtype(torch::kFloat);
+      const auto q = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
+      const auto k = F::normalize(torch::randn({B, T, H, Dk}, kF64), nrm).to(dev);
+      const auto v = torch::randn({B, T, H, Dv}, kF64).to(dev);
+      const auto g = (-0.5 * torch::rand({B, T, H}, kF64)).to(f32), beta = torch::rand({B, T, H}, kF64).to(f32);
+      const auto s0 = (0.5 * torch::randn({B, H, Dk, Dv}, kF64)).to(f32);
+      const auto proj = torch::randn({B, T, 2 * H * Dv}, dev);
+      hh::kernels::OutputFusion fu;
+      fu.gate = proj.narrow(2, H * Dv, H * Dv);
+      fu.gamma = 1 + 0.3 * torch::randn({H, Dv}, dev);
+      fu.act = hh::kernels::GateActivation::kSilu;
+      fu.heads = heads;
+      torch::NoGradGuard no_grad;
+      hh::kernels::set_scan_segments(segments);
+      auto run = [&](bool in_scan, torch::Tensor& y) {
+        hh::kernels::set_output_in_scan(in_scan);
+        poison_allocator();
+        const auto state = hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, fu, y);
+        hh::kernels::set_output_in_scan(true);
+        return state;
+      };
+      auto got = torch::full({B, T, Hy, Dv}, 7.0, dev), want = torch::full({B, T, Hy, Dv}, 7.0, dev);
+      const auto state = run(true, got), want_state = run(false, want);
+      hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+      EXPECT_TRUE(torch::equal(state, want_state)) << what << " (final state)";
+      for (int64_t h = 0; h < Hy; ++h) {
+        const auto a = got.select(2, h), b = want.select(2, h);
+        if (std::find(heads.begin(), heads.end(), h) == heads.end()) {
+          EXPECT_TRUE(a.eq(7.0).all().item<bool>()) << what << " head " << h << " written";
+          continue;
+        }
+        EXPECT_GE(a.eq(b).to(torch::kDouble).mean().item<double>(), 0.99) << what << " head " << h;
+        const auto af = a.to(torch::kFloat), bf = b.to(torch::kFloat);
+        EXPECT_LE(((af - bf).abs() - 3.0 / 128 * bf.abs()).max().item<double>(), 1e-6) << what << " head " << h;  // 3 ulp
+      }
+    }
 }
 
 // The LA heads' short convolution, RoPE and L2 norm inside chunk_factors (ShortConvInputs) against the
