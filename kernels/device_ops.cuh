@@ -340,11 +340,9 @@ __device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsig
         : "memory");
   } while (!done);
 }
-// A float at a cluster address (another block's shared memory).
-__device__ __forceinline__ float ld_cluster_f32(unsigned addr) {
-  float x;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
-  return x;
+// A float to a cluster address (another block's shared memory).
+__device__ __forceinline__ void st_cluster_f32(unsigned addr, float x) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
 }
 
 // 1 / sqrt(x) as rsqrtf gives it for normal x (the same MUFU.RSQ), without rsqrtf's rescaling of

@@ -239,7 +239,7 @@ ScanKernel g_scan_kernel = ScanKernel::kLowRank;
 int64_t g_scan_segments = kAutoSegments;  // set_scan_segments
 int g_scan_columns = 0;                    // set_scan_columns
 bool g_output_in_scan = true;              // set_output_in_scan
-bool g_fusion_in_scan = true;              // set_fusion_in_scan
+bool g_fusion_in_scan = false;             // set_fusion_in_scan
 bool g_direct_in_scan = true;              // set_direct_in_scan
 
 template <int DK>
@@ -550,8 +550,9 @@ __global__ void __launch_bounds__(2 * DK)
 // (float16, swizzled at its row width BV * 2) where U would be (the backward has none), and aq_inv and
 // do_inv beside the decay.
 // FUSE: the output through the fusion norm, whose head's column blocks form a cluster and exchange each
-// row's sums of squares: the head region also holds their barriers (two for the chunks in turn, one for
-// the end) and the sums [2 chunks][2 halves of the block's columns][C].
+// row's sums of squares: the head region also holds their barriers (two, for the chunks in turn) and
+// the sums every block of the cluster sends it, [2 chunks][kMaxFusedBlocks blocks][2 halves of a
+// block's columns][C].
 template <int DK, int STAGES, int BV_, bool OUT_ = false, bool DIR_ = false, bool FUSE = false>
 struct F16Ring {
   static constexpr int C = kLowRankChunk, BV = BV_, kStages = STAGES, LDH = BV + 8;
@@ -579,7 +580,8 @@ struct F16Ring {
   // (C / 16) x (BV / 8) tiles, and the chunk the scan starts from.
   static constexpr int kYScales = ((DK / 16) * (BV / 16) + 3) / 4 * 4, kMScales = (C / 16) * (BV / 8);
   static constexpr size_t kBarriers = 2 * kStages * sizeof(unsigned long long);
-  static constexpr size_t kExchange = FUSE ? 3 * sizeof(unsigned long long) + 2 * 2 * C * sizeof(float) : 0;
+  static constexpr int kMaxFusedBlocks = 8;  // Dv <= 256 (scan_output_fusion_supported)
+  static constexpr size_t kExchange = FUSE ? 2 * sizeof(unsigned long long) + 2 * kMaxFusedBlocks * 2 * C * sizeof(float) : 0;
   static constexpr size_t kHead =
       (kBarriers + (DK + C) * LDH * 2 + (kYScales + kMScales) * 4 + 8 + kExchange + 1023) / 1024 * 1024;
   static constexpr size_t kBytes = kHead + kStages * kSlot + 1024;  // + the base's alignment to 1024
@@ -724,8 +726,8 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   float* const m_inv = y_inv + Ring::kYScales;                   // [row block][8-column tile]; 16-byte aligned
   long long* const plan = reinterpret_cast<long long*>(m_inv + Ring::kMScales);
   // FUSED: the sums-of-squares exchange (F16Ring's kExchange).
-  unsigned long long* const xbar = reinterpret_cast<unsigned long long*>(plan + 1);  // [2] the chunks in turn, [2] the end
-  float* const xsum = reinterpret_cast<float*>(xbar + 3);                            // [2][2][C]
+  unsigned long long* const xbar = reinterpret_cast<unsigned long long*>(plan + 1);  // [2] the chunks in turn
+  float* const xsum = reinterpret_cast<float*>(xbar + 2);                            // [2][kMaxFusedBlocks][2][C]
   const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, slices = Dv / BV;
@@ -743,7 +745,7 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   if (tid == 0) {
     for (int b = 0; b < STAGES; ++b) mbar_init(&full[b], 1), mbar_init(&empty[b], NW);
     if constexpr (FUSED)
-      for (int b = 0; b < 3; ++b) mbar_init(&xbar[b], NW * CS);  // every compute warp of every block
+      for (int b = 0; b < 2; ++b) mbar_init(&xbar[b], NW * CS);  // every compute warp of every block
     mbar_init_fence();
   }
   if constexpr (FUSED) cluster_sync_all();  // the barriers initialised in every block before any arrives
@@ -848,7 +850,47 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   const int at_k = (lane % 8) + 8 * (lane / 16), at_m = 8 * ((lane / 8) % 2);
   const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
   int buf = 0;
-  unsigned round = 0, written = 0;  // written: chunks whose output went through the fusion (FUSED)
+  unsigned round = 0;
+  // FUSED: chunks whose sums were sent; the last of them is `pending`, its output finished one chunk
+  // later (by then its sums from the other blocks have had a chunk's time to land): its o values
+  // rounded to O, its gate pairs and its output rows. Two slots of sums suffice: a block finishes chunk
+  // k - 1 (reads its slot) before it sends chunk k, so a block that has received everyone's chunk k + 1
+  // knows each has read its slot of chunk k before it writes chunk k + 2 there. Likewise no barrier
+  // phase runs ahead of its waiters.
+  unsigned sent = 0;
+  bool pending = false;
+  using P2 = typename Pair16<O>::type;
+  [[maybe_unused]] float pv[NTW][4];
+  [[maybe_unused]] P2 pg[NTW][2];
+  [[maybe_unused]] int64_t prow[2];
+  // The pending chunk's output: wait for the cluster's sums of its rows, add them in column order (block
+  // by block, each block's two halves), then the fusion as chunk_output_f16_fused's epilogue forms it.
+  [[maybe_unused]] auto finish_pending = [&] {
+    const int pp = (sent - 1) & 1, m = mfirst * 16;
+    mbar_wait_cluster(&xbar[pp], ((sent - 1) >> 1) & 1);
+    const O* gamma = static_cast<const O*>(fa.gamma) + static_cast<int64_t>(h) * Dv + col0;
+    O* const ydst = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * Dv + col0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float* xs = xsum + pp * Ring::kMaxFusedBlocks * 2 * C + m + g + 8 * r;
+      float total = 0.f;
+      for (int c = 0; c < CS; ++c)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) total += xs[(c * 2 + half) * C];
+      const int64_t row = prow[r];
+      if (row < 0) continue;
+      const float rstd = rsqrtf(total / static_cast<float>(Dv) + fa.eps);
+#pragma unroll
+      for (int ni = 0; ni < NTW; ++ni) {
+        const int c = col_of(ntfirst + ni, 0);
+        const float2 gf = Pair16<O>::to_float2(pg[ni][r]);
+        const P2 normed = Pair16<O>::round(pv[ni][2 * r] * rstd, pv[ni][2 * r + 1] * rstd);
+        const P2 act = Pair16<O>::round(gate_activation<FUSE, O>(gf.x), gate_activation<FUSE, O>(gf.y));
+        const P2 gm = *reinterpret_cast<const P2*>(gamma + c);
+        *reinterpret_cast<P2*>(ydst + row * fa.pl.y_ld + c) = __hmul2_rn(act, __hmul2_rn(gm, normed));
+      }
+    }
+  };
   for (int64_t i = 0; i < count; ++i) {
     mbar_wait(&full[buf], round & 1);  // chunk i has landed in its slot
     compute_sync();                    // Yh holds the state; every warp is past step (2) of chunk i - 1
@@ -1033,20 +1075,6 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
       for (int mi = 0; mi < MT; ++mi) {
         const int m = (mfirst + mi) * 16;
         const int64_t r0 = row_of(m + g), r1 = row_of(m + g + 8);
-        // FUSED: the gate's pairs at this thread's output positions, loaded while the product runs.
-        using P2 = typename Pair16<O>::type;
-        [[maybe_unused]] P2 gv[NTW][2];
-        if constexpr (FUSED) {
-#pragma unroll
-          for (int ni = 0; ni < NTW; ++ni)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const int64_t row = r == 0 ? r0 : r1;
-              gv[ni][r] = write && row >= 0 ? *reinterpret_cast<const P2*>(static_cast<const O*>(fa.gate) + row * fa.pl.gate_ld +
-                                                                            static_cast<int64_t>(h) * Dv + col0 + col_of(ntfirst + ni, 0))
-                                            : Pair16<O>::round(0.f, 0.f);
-            }
-        }
         float am[NTW][4] = {};
 #pragma unroll 4
         for (int i2 = 0; i2 <= m / 16; ++i2) {
@@ -1065,9 +1093,7 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
           }
         }
         if (FUSED && write) {
-          // o rounded to O, each row's sum of squares over the head's columns from the cluster's blocks
-          // (the quad's 16 columns here, the block's two halves and the other blocks' through shared
-          // memory, in column order), then the fusion as chunk_output_f16_fused's epilogue forms it.
+          // o rounded to O and each row's sum of squares over the warp's 16 columns (the quad's).
           float v[NTW][4], ss[2] = {0.f, 0.f};
 #pragma unroll
           for (int ni = 0; ni < NTW; ++ni)
@@ -1081,37 +1107,35 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
             ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
             ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
           }
-          const int px = written & 1;  // the exchange's slot: chunks written in turn
+          // The pending chunk first (its sums have had this chunk's time to land; the order keeps two
+          // slots enough, see `sent`), then this chunk's sums into every block's slot sent & 1, at this
+          // block's rank.
+          if (pending) finish_pending();
+          const int px = sent & 1;
           if (t == 0) {
-            float* xs = xsum + (px * 2 + ntfirst / NTW) * C;
-            xs[m + g] = ss[0], xs[m + g + 8] = ss[1];
+            const int at = ((px * Ring::kMaxFusedBlocks + static_cast<int>(blockIdx.x % slices)) * 2 + ntfirst / NTW) * C + m + g;
+            for (int c = 0; c < CS; ++c) {
+              st_cluster_f32(cluster_addr(xsum + at, static_cast<unsigned>(c)), ss[0]);
+              st_cluster_f32(cluster_addr(xsum + at + 8, static_cast<unsigned>(c)), ss[1]);
+            }
           }
           __syncwarp();
           if (lane < CS) mbar_arrive_cluster(cluster_addr(&xbar[px], static_cast<unsigned>(lane)));
-          mbar_wait_cluster(&xbar[px], (written >> 1) & 1);
-          ++written;
-          const O* gamma = static_cast<const O*>(fa.gamma) + static_cast<int64_t>(h) * Dv + col0;
-          O* const ydst = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * Dv + col0;
+          ++sent;
+          pending = true;
+          // The gate's pairs at this thread's output positions, loaded straight into the pending
+          // registers, which nothing reads before the next chunk (a copy from other registers here would
+          // wait for the loads on the scan's chain).
+          prow[0] = r0, prow[1] = r1;
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int rr = m + g + 8 * r;
-            float total = 0.f;
-            for (int c = 0; c < CS; ++c)
+          for (int ni = 0; ni < NTW; ++ni) {
 #pragma unroll
-              for (int half = 0; half < 2; ++half)
-                total += ld_cluster_f32(cluster_addr(xsum + (px * 2 + half) * C + rr, static_cast<unsigned>(c)));
-            const int64_t row = r == 0 ? r0 : r1;
-            if (row < 0) continue;
-            const float rstd = rsqrtf(total / static_cast<float>(Dv) + fa.eps);
+            for (int e = 0; e < 4; ++e) pv[ni][e] = v[ni][e];
 #pragma unroll
-            for (int ni = 0; ni < NTW; ++ni) {
-              const int c = col_of(ntfirst + ni, 0);
-              const float2 gf = Pair16<O>::to_float2(gv[ni][r]);
-              const P2 normed = Pair16<O>::round(v[ni][2 * r] * rstd, v[ni][2 * r + 1] * rstd);
-              const P2 act = Pair16<O>::round(gate_activation<FUSE, O>(gf.x), gate_activation<FUSE, O>(gf.y));
-              const P2 gm = *reinterpret_cast<const P2*>(gamma + c);
-              *reinterpret_cast<P2*>(ydst + row * fa.pl.y_ld + c) = __hmul2_rn(act, __hmul2_rn(gm, normed));
-            }
+            for (int r = 0; r < 2; ++r)
+              pg[ni][r] = prow[r] >= 0 ? *reinterpret_cast<const P2*>(static_cast<const O*>(fa.gate) + prow[r] * fa.pl.gate_ld +
+                                                                      static_cast<int64_t>(h) * Dv + col0 + col_of(ntfirst + ni, 0))
+                                       : Pair16<O>::round(0.f, 0.f);
           }
         } else if (write) {
 #pragma unroll
@@ -1132,11 +1156,10 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     }
     if (++buf == STAGES) buf = 0, ++round;
   }
-  if constexpr (FUSED) {  // no block leaves while another may still read its sums
-    __syncwarp();
-    if (lane < CS) mbar_arrive_cluster(cluster_addr(&xbar[2], static_cast<unsigned>(lane)));
-    mbar_wait_cluster(&xbar[2], 0);
-  }
+  // The last chunk's output. No block leaves before every other has sent it all its sums (it waits for
+  // them), and none sends after its last chunk, so none writes to a block that has left.
+  if constexpr (FUSED)
+    if (pending) finish_pending();
   if (last) store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
 #else
   __trap();  // launch_low_rank_scan refuses below compute capability 9.0
@@ -1249,11 +1272,12 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// The blocks the scan that applies the fusion norm runs at once on the current device: whole clusters of
-// `cs` blocks (a head's column blocks of a segment), as many as cudaOccupancyMaxActiveClusters places
-// (some SMs of a GPC stay idle when its SMs are not a multiple of cs). Every instance has the same
-// shared memory and threads (one block an SM); the bfloat16 SiLU one stands for them.
+}  // namespace
+
+// Every instance of the scan with the fusion has the same shared memory and threads (one block an SM);
+// the bfloat16 SiLU one stands for them.
 int64_t fused_scan_slots(int cs) {
+  if (cs < 1 || cs > 8) throw std::invalid_argument("hh::kernels::fused_scan_slots: 1 to 8 blocks a cluster");
   static std::mutex mutex;
   static std::map<std::pair<int, int>, int64_t> known;  // (device, cs)
   const int device = at::cuda::current_device();
@@ -1277,6 +1301,8 @@ int64_t fused_scan_slots(int cs) {
   C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
   return known[{device, cs}] = static_cast<int64_t>(clusters) * cs;
 }
+
+namespace {
 
 template <int DK, class F>
 void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {

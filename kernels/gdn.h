@@ -148,10 +148,15 @@ bool direct_in_scan_enabled();
 // fusion): Dk = 128 and Dv a multiple of 32 up to 256 (a cluster of Dv / 32 blocks), with 32 of the
 // state's columns a block (not set_scan_columns(16)).
 bool scan_output_fusion_supported(int64_t Dk, int64_t Dv);
-// Whether the forward takes that path where it can (process-wide, on by default; off for benchmarks,
-// which then run the fusion kernel after the scan).
+// Whether the forward takes that path where it can (process-wide; off by default: on an H200 the
+// cluster's exchange made the LA heads' forward slower than the scan then the fusion kernel, in the
+// layer at 32K and 128K, BENCHMARKS.md v46; the fusion kernel after the scan otherwise).
 void set_fusion_in_scan(bool on);
 bool fusion_in_scan_enabled();
+// The blocks of that scan the current device runs at once for Dv = 32 cs: whole clusters of cs blocks,
+// as many as it places together (cudaOccupancyMaxActiveClusters; a GPC whose SMs are not a multiple of
+// cs leaves some idle). The scan's automatic segments fill these.
+int64_t fused_scan_slots(int cs);
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
 

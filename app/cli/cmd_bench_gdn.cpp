@@ -89,9 +89,9 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // with the convolution inside at three blocks an SM instead of four; kOutputApart: the output formed by
 // chunk_output_f16 (fused with the norm in the layer) from the scan's history instead of by the scan;
 // kDirectApart: the backward's direct term by chunk_state_direct instead of in the reverse scan;
-// kFusionApart: the layer's fusion norm by a kernel of its own after the scan that writes the output,
-// instead of inside that scan.
-enum class OtherPath { kLibTorchLocal, kTf32Scan, kConvApart, kFactorsThreeBlocks, kOutputApart, kDirectApart, kFusionApart };
+// kFusionInScan: the layer's fusion norm inside the scan that writes the output (a cluster of a head's
+// column blocks) instead of by a kernel of its own after it.
+enum class OtherPath { kLibTorchLocal, kTf32Scan, kConvApart, kFactorsThreeBlocks, kOutputApart, kDirectApart, kFusionInScan };
 
 // fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
 // nothing off CUDA or without the CUDA kernels, where the settings change nothing, so that no run is
@@ -124,7 +124,7 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
     case OtherPath::kConvApart: return with_setting(kernels::set_conv_in_factors, kernels::conv_in_factors_enabled, false, dev, fn);
     case OtherPath::kOutputApart: return with_setting(kernels::set_output_in_scan, kernels::output_in_scan_enabled, false, dev, fn);
     case OtherPath::kDirectApart: return with_setting(kernels::set_direct_in_scan, kernels::direct_in_scan_enabled, false, dev, fn);
-    case OtherPath::kFusionApart: return with_setting(kernels::set_fusion_in_scan, kernels::fusion_in_scan_enabled, false, dev, fn);
+    case OtherPath::kFusionInScan: return with_setting(kernels::set_fusion_in_scan, kernels::fusion_in_scan_enabled, true, dev, fn);
     case OtherPath::kFactorsThreeBlocks:
       return with_setting(kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled, false, dev, fn);
   }
@@ -438,7 +438,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       // chunk_factors at four blocks an SM against three, and the FA heads' attention gated on
       // chunk_factors against on its inputs alone, alternating with the default: the device slows as it
       // warms up.
-      std::vector<double> four, three, ungated, after_scan, out_apart, fusion_in, fusion_apart;
+      std::vector<double> four, three, ungated, after_scan, out_apart, fusion_apart, fusion_in, one_apart, one_in;
       for (int round = 0; round < 3 && dev.is_cuda(); ++round) {
         four.push_back(back_to_back_ms(dev, a.warmup, a.iters, hybrid_run));
         if (const auto t = on_other_path(OtherPath::kFactorsThreeBlocks, dev,
@@ -449,21 +449,26 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         if (const auto t = on_flash_gate(attention::FlashGate::kScan, dev, b2b)) after_scan.push_back(*t);
         const auto t = a.output_apart ? std::nullopt : on_other_path(OtherPath::kOutputApart, dev, b2b);  // else the default
         if (t) out_apart.push_back(*t);
-        fusion_in.push_back(b2b());
-        if (const auto f = on_other_path(OtherPath::kFusionApart, dev, b2b)) fusion_apart.push_back(*f);
+        fusion_apart.push_back(b2b());
+        if (const auto f = on_other_path(OtherPath::kFusionInScan, dev, b2b)) fusion_in.push_back(*f);
+        // The same on one stream, where the scan's clusters need not wait for SMs flash attention holds.
+        auto one = [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_one_stream); };
+        one_apart.push_back(one());
+        if (const auto f = on_other_path(OtherPath::kFusionInScan, dev, one)) one_in.push_back(*f);
       }
       const std::optional<double> cf_four = median_of(four), cf_three = median_of(three), fa_ungated = median_of(ungated),
                                   fa_after_scan = median_of(after_scan), output_apart = median_of(out_apart),
-                                  fused_in = median_of(fusion_in), fused_apart = median_of(fusion_apart);
+                                  fused_in = median_of(fusion_in), fused_apart = median_of(fusion_apart),
+                                  one_fused_in = median_of(one_in), one_fused_apart = median_of(one_apart);
       const std::optional<Sustained> dense_e = sustained(dense_run, dense_b2b), hyb_e = sustained(hybrid_run, hyb_b2b);
       // The same for the hybrid with its output apart (kernels::set_output_in_scan): under a power limit the
       // energy a call is the figure that decides.
       const std::optional<Sustained> hyb_apart_e =
           a.output_apart ? std::nullopt
                          : on_other_path(OtherPath::kOutputApart, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
-      // And with the fusion norm by a kernel of its own after the scan (kernels::set_fusion_in_scan).
-      const std::optional<Sustained> hyb_fusion_apart_e =
-          on_other_path(OtherPath::kFusionApart, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
+      // And with the fusion norm inside the scan (kernels::set_fusion_in_scan).
+      const std::optional<Sustained> hyb_fusion_in_e =
+          on_other_path(OtherPath::kFusionInScan, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
       std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %15s %14s %14s %15s %26s %15s\n", label.c_str(), dense,
                   hyb, speedup, dense_b2b, hyb_b2b, speedup_b2b, figure(hyb_one_b2b, 2).c_str(),
@@ -484,8 +489,22 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       if (output_apart) layer["hybrid_output_apart_b2b_ms"] = *output_apart;
       if (fused_in && fused_apart) {
         layer["hybrid_fusion_in_scan_b2b_ms"] = *fused_in, layer["hybrid_fusion_apart_b2b_ms"] = *fused_apart;
-        std::printf("  %-10s fusion norm in the scan / apart, back to back (medians of three alternating rounds): %.2f / %.2f ms\n",
-                    "", *fused_in, *fused_apart);
+        std::printf("  %-10s fusion norm apart (default) / in the scan, back to back (medians of three alternating rounds): %.2f / "
+                    "%.2f ms",
+                    "", *fused_apart, *fused_in);
+        if (one_fused_in && one_fused_apart) {
+          layer["hybrid_one_stream_fusion_apart_b2b_ms"] = *one_fused_apart, layer["hybrid_one_stream_fusion_in_scan_b2b_ms"] = *one_fused_in;
+          std::printf("; on one stream %.2f / %.2f ms", *one_fused_apart, *one_fused_in);
+        }
+#ifdef HH_HAVE_KERNELS
+        const int64_t cs = Dh / 32;
+        if (Dh % 32 == 0 && cs >= 1 && cs <= 8) {
+          layer["fusion_in_scan_blocks_at_once"] = kernels::fused_scan_slots(static_cast<int>(cs));
+          std::printf("; the scan's clusters of %lld place %lld blocks at once", static_cast<long long>(cs),
+                      static_cast<long long>(kernels::fused_scan_slots(static_cast<int>(cs))));
+        }
+#endif
+        std::printf("\n");
       }
       if (dense_e && hyb_e) {
         layer["dense_sustained_ms"] = dense_e->ms, layer["hybrid_sustained_ms"] = hyb_e->ms;
@@ -498,12 +517,12 @@ int run_bench_gdn(const GdnBenchArgs& a) {
           std::printf("; energy a call: dense %.3f J at %.0f W, hybrid %.3f J at %.0f W, ratio %.2f", *dense_e->joules,
                       *dense_e->watts, *hyb_e->joules, *hyb_e->watts, *dense_e->joules / *hyb_e->joules);
         }
-        if (hyb_fusion_apart_e) {
-          layer["hybrid_fusion_apart_sustained_ms"] = hyb_fusion_apart_e->ms;
-          std::printf("; fusion apart: %.2f ms", hyb_fusion_apart_e->ms);
-          if (hyb_fusion_apart_e->joules) {
-            layer["hybrid_fusion_apart_j"] = *hyb_fusion_apart_e->joules;
-            std::printf(", %.3f J", *hyb_fusion_apart_e->joules);
+        if (hyb_fusion_in_e) {
+          layer["hybrid_fusion_in_scan_sustained_ms"] = hyb_fusion_in_e->ms;
+          std::printf("; fusion in the scan: %.2f ms", hyb_fusion_in_e->ms);
+          if (hyb_fusion_in_e->joules) {
+            layer["hybrid_fusion_in_scan_j"] = *hyb_fusion_in_e->joules;
+            std::printf(", %.3f J", *hyb_fusion_in_e->joules);
           }
         }
         if (hyb_apart_e) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/record_function.h>
 
 #include <algorithm>
@@ -1134,9 +1135,11 @@ TEST(CudaGdn, FusedOutputTakesAOneSequenceGateOfAnyBatchStride) {
   hh::kernels::OutputFusion copy = fu;
   copy.gate = fu.gate.contiguous();
   torch::NoGradGuard no_grad;
-  for (bool in_scan : {true, false}) {
+  for (int mode : {0, 1, 2}) {  // the scan's output then the fusion kernel; the fusion in the scan; in the output kernel
+    const bool in_scan = mode < 2;
     hh::kernels::set_output_in_scan(in_scan);
-    const std::string what = in_scan ? "output in the scan" : "fusion in the output kernel";
+    hh::kernels::set_fusion_in_scan(mode == 1);
+    const std::string what = mode == 0 ? "output in the scan" : mode == 1 ? "fusion in the scan" : "fusion in the output kernel";
     auto got = torch::full({1, T, Hy, D}, 7.0, dev), want = torch::full({1, T, Hy, D}, 7.0, dev);
     EXPECT_TRUE(hh::kernels::chunk_output_fusion_fits(fu, got)) << what;
     const auto s1 = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, fu, got);
@@ -1146,6 +1149,7 @@ TEST(CudaGdn, FusedOutputTakesAOneSequenceGateOfAnyBatchStride) {
     EXPECT_TRUE(got.select(2, 1).eq(7.0).all().item<bool>()) << what << ": the head between is written";
   }
   hh::kernels::set_output_in_scan(true);
+  hh::kernels::set_fusion_in_scan(false);
   const auto o = torch::randn({1, T, H, D}, dev);
   auto got = torch::zeros({1, T, Hy, D}, dev), want = torch::zeros({1, T, Hy, D}, dev);
   hh::kernels::fusion_norm_forward_into(o, fu.gate, fu.act, fu.gamma, fu.eps, got, heads);
@@ -1164,6 +1168,16 @@ TEST(CudaGdn, FusionInTheScanEqualsTheFusedOutputKernel) {
   const auto nrm = F::NormalizeFuncOptions().dim(-1);
   const int64_t B = 2, T = 777, H = 3, Hy = 5, Dk = 128;
   const std::vector<int64_t> heads = {4, 0, 2};
+  // The blocks the device runs at once: whole clusters, no more than one an SM (the ring's shared memory).
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  for (int cs : {2, 4, 8}) {
+    const int64_t n = hh::kernels::fused_scan_slots(cs);
+    EXPECT_GT(n, 0) << cs;
+    EXPECT_EQ(n % cs, 0) << cs;
+    EXPECT_LE(n, sms) << cs;
+  }
+  EXPECT_THROW(hh::kernels::fused_scan_slots(0), std::invalid_argument);
+  EXPECT_THROW(hh::kernels::fused_scan_slots(9), std::invalid_argument);
   for (int64_t Dv : {int64_t{128}, int64_t{64}})
     for (int64_t segments : {int64_t{2}, int64_t{0}}) {
       const std::string what = "Dv=" + std::to_string(Dv) + (segments == 0 ? ", whole sequences" : ", segments of 2 chunks");
@@ -1184,9 +1198,11 @@ TEST(CudaGdn, FusionInTheScanEqualsTheFusedOutputKernel) {
       hh::kernels::set_scan_segments(segments);
       auto run = [&](bool in_scan, torch::Tensor& y) {
         hh::kernels::set_output_in_scan(in_scan);
+        hh::kernels::set_fusion_in_scan(in_scan);
         poison_allocator();
         const auto state = hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, fu, y);
         hh::kernels::set_output_in_scan(true);
+        hh::kernels::set_fusion_in_scan(false);
         return state;
       };
       auto got = torch::full({B, T, Hy, Dv}, 7.0, dev), want = torch::full({B, T, Hy, Dv}, 7.0, dev);
