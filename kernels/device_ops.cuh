@@ -329,14 +329,14 @@ __device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned rank) {
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-// mbar_wait, acquiring what the cluster's arrivals released.
+// mbar_wait (with its suspend time), acquiring what the cluster's arrivals released.
 __device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsigned parity) {
   unsigned done = 0;
   do {
     asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
+        : "r"(smem_addr(bar)), "r"(parity), "r"(10'000'000u)
         : "memory");
   } while (!done);
 }

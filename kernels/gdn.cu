@@ -863,12 +863,18 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   [[maybe_unused]] float pv[NTW][4];
   [[maybe_unused]] P2 pg[NTW][2];
   [[maybe_unused]] int64_t prow[2];
+  // gamma's pairs at this thread's columns (the same every chunk), loaded once.
+  [[maybe_unused]] P2 pgamma[NTW];
+  if constexpr (FUSED)
+#pragma unroll
+    for (int ni = 0; ni < NTW; ++ni)
+      pgamma[ni] = *reinterpret_cast<const P2*>(static_cast<const O*>(fa.gamma) + static_cast<int64_t>(h) * Dv + col0 +
+                                                col_of(ntfirst + ni, 0));
   // The pending chunk's output: wait for the cluster's sums of its rows, add them in column order (block
   // by block, each block's two halves), then the fusion as chunk_output_f16_fused's epilogue forms it.
   [[maybe_unused]] auto finish_pending = [&] {
     const int pp = (sent - 1) & 1, m = mfirst * 16;
     mbar_wait_cluster(&xbar[pp], ((sent - 1) >> 1) & 1);
-    const O* gamma = static_cast<const O*>(fa.gamma) + static_cast<int64_t>(h) * Dv + col0;
     O* const ydst = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * Dv + col0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -886,8 +892,7 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
         const float2 gf = Pair16<O>::to_float2(pg[ni][r]);
         const P2 normed = Pair16<O>::round(pv[ni][2 * r] * rstd, pv[ni][2 * r + 1] * rstd);
         const P2 act = Pair16<O>::round(gate_activation<FUSE, O>(gf.x), gate_activation<FUSE, O>(gf.y));
-        const P2 gm = *reinterpret_cast<const P2*>(gamma + c);
-        *reinterpret_cast<P2*>(ydst + row * fa.pl.y_ld + c) = __hmul2_rn(act, __hmul2_rn(gm, normed));
+        *reinterpret_cast<P2*>(ydst + row * fa.pl.y_ld + c) = __hmul2_rn(act, __hmul2_rn(pgamma[ni], normed));
       }
     }
   };
