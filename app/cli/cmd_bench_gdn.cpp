@@ -517,22 +517,18 @@ int run_bench_gdn(const GdnBenchArgs& a) {
           std::printf("; energy a call: dense %.3f J at %.0f W, hybrid %.3f J at %.0f W, ratio %.2f", *dense_e->joules,
                       *dense_e->watts, *hyb_e->joules, *hyb_e->watts, *dense_e->joules / *hyb_e->joules);
         }
-        if (hyb_fusion_in_e) {
-          layer["hybrid_fusion_in_scan_sustained_ms"] = hyb_fusion_in_e->ms;
-          std::printf("; fusion in the scan: %.2f ms", hyb_fusion_in_e->ms);
-          if (hyb_fusion_in_e->joules) {
-            layer["hybrid_fusion_in_scan_j"] = *hyb_fusion_in_e->joules;
-            std::printf(", %.3f J", *hyb_fusion_in_e->joules);
+        // The hybrid on another path: its time a call and energy, as JSON hybrid_<key>_sustained_ms and _j.
+        auto other = [&](const std::optional<Sustained>& e, const std::string& key, const char* label) {
+          if (!e) return;
+          layer["hybrid_" + key + "_sustained_ms"] = e->ms;
+          std::printf("; %s: %.2f ms", label, e->ms);
+          if (e->joules) {
+            layer["hybrid_" + key + "_j"] = *e->joules;
+            std::printf(", %.3f J", *e->joules);
           }
-        }
-        if (hyb_apart_e) {
-          layer["hybrid_output_apart_sustained_ms"] = hyb_apart_e->ms;
-          std::printf("; output apart: %.2f ms", hyb_apart_e->ms);
-          if (hyb_apart_e->joules) {
-            layer["hybrid_output_apart_j"] = *hyb_apart_e->joules;
-            std::printf(", %.3f J", *hyb_apart_e->joules);
-          }
-        }
+        };
+        other(hyb_fusion_in_e, "fusion_in_scan", "fusion in the scan");
+        other(hyb_apart_e, "output_apart", "output apart");
         std::printf("\n");
       }
       out["layer"].push_back(layer);

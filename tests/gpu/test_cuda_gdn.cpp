@@ -361,6 +361,24 @@ torch::Tensor on_grid(const torch::Tensor& x, int64_t per) {
 // allocates next start as NaN (an element it fails to write then shows in rel_err).
 void poison_allocator() { (void)torch::full({64 << 20}, std::numeric_limits<float>::quiet_NaN(), kCuda.dtype(torch::kFloat)); }
 
+// A fused output y [B, T, Hy, Dv] against another path's: the heads not in `heads` untouched (7 where
+// both were filled), the others the same bits but for a few elements, each within 3 ulp of the inputs'
+// 16-bit type (a last-place change of the norm can move each of the three roundings after it).
+void expect_fused_heads_close(const torch::Tensor& got, const torch::Tensor& want, const std::vector<int64_t>& heads,
+                              const std::string& what) {
+  const double ulp = got.scalar_type() == torch::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;  // one unit in the last place, relative
+  for (int64_t h = 0; h < got.size(2); ++h) {
+    const auto a = got.select(2, h), b = want.select(2, h);
+    if (std::find(heads.begin(), heads.end(), h) == heads.end()) {
+      EXPECT_TRUE(a.eq(7.0).all().item<bool>()) << what << " head " << h << " written";
+      continue;
+    }
+    EXPECT_GE(a.eq(b).to(torch::kDouble).mean().item<double>(), 0.99) << what << " head " << h;
+    const auto af = a.to(torch::kFloat), bf = b.to(torch::kFloat);
+    EXPECT_LE(((af - bf).abs() - 3 * ulp * bf.abs()).max().item<double>(), 1e-6) << what << " head " << h;
+  }
+}
+
 // Fresh inputs for the chunk kernels on the GPU: L2-normalised q, k and Gaussian v of dtype dt;
 // g = -0.5 U(0, 1) and beta = U(0, 1) in float32.
 struct ChunkIn {
@@ -1070,18 +1088,7 @@ TEST(CudaGdn, FusedOutputEqualsTheRuleThenTheFusion) {
         auto got = torch::full({B, T, Hy, Dv}, 7.0, dev);
         const auto state = hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, fu, got);
         EXPECT_TRUE(torch::equal(state, r.state)) << what << " (final state)";
-        for (int64_t h = 0; h < Hy; ++h) {
-          const auto a = got.select(2, h), b = want.select(2, h);
-          if (std::find(heads.begin(), heads.end(), h) == heads.end()) {
-            EXPECT_TRUE(a.eq(7.0).all().item<bool>()) << what << " head " << h << " written";
-            continue;
-          }
-          EXPECT_GE(a.eq(b).to(torch::kDouble).mean().item<double>(), 0.99) << what << " head " << h;
-          // A last-place change of the norm can move each of the three roundings after it: at most 3 ulp.
-          const double ulp = dt == torch::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;  // one unit in the last place, relative
-          const auto af = a.to(torch::kFloat), bf = b.to(torch::kFloat);
-          EXPECT_LE(((af - bf).abs() - 3 * ulp * bf.abs()).max().item<double>(), 1e-6) << what << " head " << h;
-        }
+        expect_fused_heads_close(got, want, heads, what);
         // A gate the output kernel cannot read (one element off 16-byte alignment): bit for bit the rule,
         // then the fusion kernel (with the output apart, gdn_fused_output takes that path itself; with the
         // output in the scan, its kernels, whose fusion kernel reads any gate layout).
@@ -1209,16 +1216,7 @@ TEST(CudaGdn, FusionInTheScanEqualsTheFusedOutputKernel) {
       const auto state = run(true, got), want_state = run(false, want);
       hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
       EXPECT_TRUE(torch::equal(state, want_state)) << what << " (final state)";
-      for (int64_t h = 0; h < Hy; ++h) {
-        const auto a = got.select(2, h), b = want.select(2, h);
-        if (std::find(heads.begin(), heads.end(), h) == heads.end()) {
-          EXPECT_TRUE(a.eq(7.0).all().item<bool>()) << what << " head " << h << " written";
-          continue;
-        }
-        EXPECT_GE(a.eq(b).to(torch::kDouble).mean().item<double>(), 0.99) << what << " head " << h;
-        const auto af = a.to(torch::kFloat), bf = b.to(torch::kFloat);
-        EXPECT_LE(((af - bf).abs() - 3.0 / 128 * bf.abs()).max().item<double>(), 1e-6) << what << " head " << h;  // 3 ulp
-      }
+      expect_fused_heads_close(got, want, heads, what);
     }
 }
 
