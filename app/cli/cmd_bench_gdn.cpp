@@ -45,6 +45,7 @@ struct GdnBenchArgs {
   std::string history = "f16";
   bool output_apart = false;  // the output by a kernel of its own from the scan's history
   bool direct_apart = false;  // the backward's direct term by chunk_state_direct instead of in the reverse scan
+  bool fusion_in_scan = false;  // the layer's fusion norm inside the scan that writes the output
   std::string backward = "kernels";
   std::string scan_segments = "auto";
   std::string scan_columns = "auto";
@@ -190,6 +191,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   kernels::set_f16_history(a.history == "f16");
   kernels::set_output_in_scan(!a.output_apart);
   kernels::set_direct_in_scan(!a.direct_apart);
+  kernels::set_fusion_in_scan(a.fusion_in_scan);
 #endif
   attention::set_gdn_backward(a.backward == "autograd"   ? attention::GdnBackward::kAutograd
                               : a.backward == "explicit" ? attention::GdnBackward::kExplicit
@@ -203,6 +205,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"history", a.history},
                          {"output_apart", a.output_apart},
                          {"direct_apart", a.direct_apart},
+                         {"fusion_in_scan", a.fusion_in_scan},
                          {"scan_kernel", a.scan_kernel},
                          {"scan_segments", a.scan_segments},
                          {"scan_columns", a.scan_columns},
@@ -449,12 +452,14 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         if (const auto t = on_flash_gate(attention::FlashGate::kScan, dev, b2b)) after_scan.push_back(*t);
         const auto t = a.output_apart ? std::nullopt : on_other_path(OtherPath::kOutputApart, dev, b2b);  // else the default
         if (t) out_apart.push_back(*t);
-        fusion_apart.push_back(b2b());
-        if (const auto f = on_other_path(OtherPath::kFusionInScan, dev, b2b)) fusion_in.push_back(*f);
-        // The same on one stream, where the scan's clusters need not wait for SMs flash attention holds.
-        auto one = [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_one_stream); };
-        one_apart.push_back(one());
-        if (const auto f = on_other_path(OtherPath::kFusionInScan, dev, one)) one_in.push_back(*f);
+        if (!a.fusion_in_scan) {  // else that is the default
+          fusion_apart.push_back(b2b());
+          if (const auto f = on_other_path(OtherPath::kFusionInScan, dev, b2b)) fusion_in.push_back(*f);
+          // The same on one stream, where the scan's clusters need not wait for SMs flash attention holds.
+          auto one = [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_one_stream); };
+          one_apart.push_back(one());
+          if (const auto f = on_other_path(OtherPath::kFusionInScan, dev, one)) one_in.push_back(*f);
+        }
       }
       const std::optional<double> cf_four = median_of(four), cf_three = median_of(three), fa_ungated = median_of(ungated),
                                   fa_after_scan = median_of(after_scan), output_apart = median_of(out_apart),
@@ -468,7 +473,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          : on_other_path(OtherPath::kOutputApart, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
       // And with the fusion norm inside the scan (kernels::set_fusion_in_scan).
       const std::optional<Sustained> hyb_fusion_in_e =
-          on_other_path(OtherPath::kFusionInScan, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
+          a.fusion_in_scan ? std::nullopt
+                           : on_other_path(OtherPath::kFusionInScan, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
       std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %15s %14s %14s %15s %26s %15s\n", label.c_str(), dense,
                   hyb, speedup, dense_b2b, hyb_b2b, speedup_b2b, figure(hyb_one_b2b, 2).c_str(),
@@ -598,6 +604,10 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_flag("--direct-apart", a->direct_apart,
               "On CUDA with 16-bit inputs, form the backward's direct term (the effect of each chunk's start state on "
               "its output) with chunk_state_direct, instead of in the reverse scan from the forward's output factors");
+  c->add_flag("--fusion-in-scan", a->fusion_in_scan,
+              "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
+              "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "
+              "of by a kernel of its own after it, and leave that comparison out");
   c->add_option("--history", a->history,
                  "On CUDA with 16-bit inputs, the chunks' states and new values the forward's scan hands its output "
                  "kernel: f16 (block float16, as its products use them) or f32")
