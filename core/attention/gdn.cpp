@@ -688,11 +688,14 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
     in_scan.emplace();
     in_scan->Qd = f.Qd, in_scan->Aq = f.Aq, in_scan->aq_inv = f.aq_inv;
     in_scan->grid = grid, in_scan->B = B, in_scan->T = T;
-    // With the fusion, the scan applies it itself where it can (a cluster of a head's column blocks).
-    // (Its layout conditions are the output kernel's fusion's; y of q's dtype.)
-    if (fusion != nullptr && kernels::fusion_in_scan_enabled() && kernels::scan_output_fusion_supported(f.W.size(3), f.U.size(3)) && kernels::scan_columns() != 16 &&
-        kernels::chunk_output_fusion_fits(*fusion, *y) && y->scalar_type() == q.scalar_type() &&
-        fusion->gate.scalar_type() == q.scalar_type() && fusion->gamma.scalar_type() == q.scalar_type())
+    // With the fusion and kernels::set_fusion_in_scan, the scan applies it itself where it can (a cluster
+    // of a head's column blocks; the output kernel's fusion's layout conditions, y of q's dtype).
+    const bool fuse_in_scan = fusion != nullptr && kernels::fusion_in_scan_enabled() &&
+                              kernels::scan_output_fusion_supported(f.W.size(3), f.U.size(3)) &&
+                              kernels::scan_columns() != 16 && kernels::chunk_output_fusion_fits(*fusion, *y) &&
+                              y->scalar_type() == q.scalar_type() && fusion->gate.scalar_type() == q.scalar_type() &&
+                              fusion->gamma.scalar_type() == q.scalar_type();
+    if (fuse_in_scan)
       in_scan->fusion = fusion, in_scan->y = *y;
     else
       in_scan->o = at::empty({B, T, f.U.size(0), f.U.size(3)}, q.options());
@@ -704,12 +707,11 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   if (on_queued) on_queued(GdnStage::kScan);
   KernelForward out;
   out.final_state = r.final_state;
-  if (in_scan && in_scan->fusion != nullptr) {
-    // y written by the scan
-  } else if (in_scan && fusion != nullptr)
-    kernels::fusion_norm_forward_into(in_scan->o, fusion->gate, fusion->act, fusion->gamma.contiguous(), fusion->eps, *y,
-                                      fusion->heads);
-  else if (in_scan) out.o = in_scan->o;
+  if (in_scan && fusion != nullptr) {
+    if (in_scan->fusion == nullptr)  // else the scan has written y itself
+      kernels::fusion_norm_forward_into(in_scan->o, fusion->gate, fusion->act, fusion->gamma.contiguous(), fusion->eps, *y,
+                                        fusion->heads);
+  } else if (in_scan) out.o = in_scan->o;
   else if (fusion != nullptr) kernels::chunk_output_f16_fused(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, *fusion, *y);
   else
     out.o = f16_history ? kernels::chunk_output_f16(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, q.scalar_type())
