@@ -383,24 +383,35 @@ void launch_kernel(void (*kernel)(Params...), dim3 blocks, int threads, size_t s
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// launch_kernel with the blocks in clusters of `cluster` blocks (the grid a multiple of it in each dimension).
+// The launch configuration of `blocks` in clusters of `cluster` blocks (the grid a multiple of it in each
+// dimension) on the current stream: for cudaLaunchKernelEx and cudaOccupancyMaxActiveClusters. Not
+// copyable: cfg points at attr.
+struct ClusterLaunch {
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t cfg = {};
+  ClusterLaunch(dim3 blocks, dim3 cluster, int threads, size_t smem) {
+    cfg.gridDim = blocks;
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = at::cuda::getCurrentCUDAStream();
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster.x;
+    attr[0].val.clusterDim.y = cluster.y;
+    attr[0].val.clusterDim.z = cluster.z;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// launch_kernel with the blocks in clusters of `cluster` blocks (ClusterLaunch).
 template <class... Params, class... Args>
 void launch_cluster_kernel(void (*kernel)(Params...), dim3 blocks, dim3 cluster, int threads, size_t smem,
                            Args... args) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = blocks;
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = at::cuda::getCurrentCUDAStream();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster.x;
-  attr[0].val.clusterDim.y = cluster.y;
-  attr[0].val.clusterDim.z = cluster.z;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
+  const ClusterLaunch launch(blocks, cluster, threads, smem);
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.cfg, kernel, static_cast<Params>(args)...));
 }
 
 // f(Dim<DK>, Dim<DV>, X) for the runtime head sizes and 16-bit dtype (chunk_forward_supported has

@@ -58,12 +58,13 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
-// Waits for the phase of the given parity to complete. Each try names a suspend time (10 ms, far beyond
-// any phase's wait): the waiting warp sleeps until the phase completes instead of retrying after the
-// device's own short limit. Without it the scan's producer warp spun on its `empty` barrier: 13 % of the
-// kernel's issued instructions (the scan took the same cycles either way).
+// The suspend time of the barrier waits here (10 ms, far beyond any phase's wait).
+constexpr unsigned kSuspendNs = 10'000'000;
+// Waits for the phase of the given parity to complete. Each try names the suspend time: the waiting warp
+// sleeps until the phase completes instead of retrying after the device's own short limit. Without it the
+// scan's producer warp spun on its `empty` barrier: 13 % of the kernel's issued instructions (the scan
+// took the same cycles either way).
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-  constexpr unsigned kSuspendNs = 10'000'000;
   unsigned done = 0;
   do {
     asm volatile(
@@ -313,12 +314,6 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-// This block's rank in its cluster.
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
 // The address of `p` (in this block's shared memory) at the same offset in block `rank` of the cluster.
 __device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned rank) {
   unsigned r;
@@ -336,7 +331,7 @@ __device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsig
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity), "r"(10'000'000u)
+        : "r"(smem_addr(bar)), "r"(parity), "r"(kSuspendNs)
         : "memory");
   } while (!done);
 }

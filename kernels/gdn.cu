@@ -9,6 +9,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -240,6 +241,7 @@ int64_t g_scan_segments = kAutoSegments;  // set_scan_segments
 int g_scan_columns = 0;                    // set_scan_columns
 bool g_output_in_scan = true;              // set_output_in_scan
 bool g_fusion_in_scan = false;             // set_fusion_in_scan
+std::atomic<int64_t> g_fused_scan_launches{0};  // fused_scan_launches
 bool g_direct_in_scan = true;              // set_direct_in_scan
 
 template <int DK>
@@ -1239,6 +1241,7 @@ struct ScanPlan {
   int64_t segments = 0;
   bool two_stages = false;
   int columns = 16;
+  FusedOutputArgs fused;  // LowRankScanArgs::Output::fusion's tensors, as low_rank_scan checked them
 };
 
 template <int DK, int STAGES, int BV, bool OUT, bool DIR = false, int FUSE = -1, class O = c10::BFloat16>
@@ -1256,8 +1259,7 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
   if constexpr (DIR) sd = {a.direct.aq_inv.data_ptr<float>(), a.direct.do_inv.data_ptr<float>()};
   if constexpr (OUT) {
     const LowRankScanArgs::Output& o = a.output;
-    const int64_t H = a.A.size(0), Dv = a.y0.size(3);
-    if constexpr (FUSE >= 0) fa = fused_output_args("low_rank_scan", *o.fusion, o.y, o.B, o.T, H, Dv, o.y.scalar_type());
+    if constexpr (FUSE >= 0) fa = plan.fused;
     so = {o.aq_inv.data_ptr<float>(), FUSE >= 0 ? nullptr : o.o.data_ptr(), slot_rows(o.grid, o.B, o.T),
           o.o.defined() && o.o.scalar_type() == at::kBFloat16};
   }
@@ -1266,6 +1268,7 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
   const int64_t* table = plan.table.data_ptr<int64_t>();
   const dim3 grid(static_cast<unsigned>(plan.segments * (Dv / BV)), static_cast<unsigned>(H));
   if constexpr (FUSE >= 0) {  // a segment's Dv / BV blocks of a head in one cluster
+    g_fused_scan_launches.fetch_add(1, std::memory_order_relaxed);
     launch_cluster_kernel(kernel, grid, dim3(static_cast<unsigned>(Dv / BV), 1, 1), 2 * DK + 32, smem, scan_maps<DK, BV>(a),
                           a.decay.data_ptr<float>(), ptr(a.bound), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M),
                           fin.data_ptr<float>(), table, table + S + 1, H, N, Dv, a.reverse, h16, so, sd, fa);
@@ -1291,19 +1294,9 @@ int64_t fused_scan_slots(int cs) {
   auto kernel = low_rank_scan_f16_kernel<128, 3, 32, true, false, static_cast<int>(GateActivation::kSilu), c10::BFloat16>;
   constexpr size_t smem = F16Ring<128, 3, 32, true, false, true>::kBytes;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(cs), 1, 1);
-  cfg.blockDim = dim3(2 * 128 + 32, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cs);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const ClusterLaunch one(dim3(static_cast<unsigned>(cs)), dim3(static_cast<unsigned>(cs)), 2 * 128 + 32, smem);
   int clusters = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &one.cfg));
   return known[{device, cs}] = static_cast<int64_t>(clusters) * cs;
 }
 
@@ -1946,6 +1939,7 @@ void set_output_in_scan(bool on) { g_output_in_scan = on; }
 bool scan_output_fusion_supported(int64_t Dk, int64_t Dv) { return Dk == 128 && Dv % 32 == 0 && Dv / 32 <= 8; }
 void set_fusion_in_scan(bool on) { g_fusion_in_scan = on; }
 bool fusion_in_scan_enabled() { return g_fusion_in_scan; }
+int64_t fused_scan_launches() { return g_fused_scan_launches.load(std::memory_order_relaxed); }
 bool output_in_scan_enabled() { return g_output_in_scan; }
 void set_direct_in_scan(bool on) { g_direct_in_scan = on; }
 bool direct_in_scan_enabled() { return g_direct_in_scan; }
@@ -2015,6 +2009,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     throw std::invalid_argument("hh::kernels::low_rank_scan: segment must be kAutoSegments, 0 or a number of chunks");
   if (a.segment != 0 && a.precision != ScanPrecision::kBlockFloat16)
     throw std::invalid_argument("hh::kernels::low_rank_scan: segmented scans run on the block float16 kernel only");
+  FusedOutputArgs fused;  // the output's fusion, checked
   {
     auto want = [&](const at::Tensor& x, const char* what, at::ScalarType dt, at::IntArrayRef sizes) {
       check(x, what);
@@ -2039,7 +2034,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
                                     "and 32 columns a block");
       if (o.y.scalar_type() != at::kBFloat16 && o.y.scalar_type() != at::kHalf)
         throw std::invalid_argument("hh::kernels::low_rank_scan: the output's fusion writes bfloat16 or float16");
-      (void)fused_output_args("low_rank_scan", *o.fusion, o.y, o.B, o.T, H, Dv, o.y.scalar_type());  // its tensors' checks
+      fused = fused_output_args("low_rank_scan", *o.fusion, o.y, o.B, o.T, H, Dv, o.y.scalar_type());
     }
     if (o.o.defined() || o.fusion != nullptr) {
       if (a.precision != ScanPrecision::kBlockFloat16 || a.reverse || a.Z.defined())
@@ -2092,6 +2087,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   // shared memory once for twice the columns; one block an SM), else 16 (two blocks an SM when
   // segmented). The segments: whole sequences, or pieces of `len` chunks (a sequence's last shorter).
   ScanPlan plan;
+  plan.fused = fused;
   plan.columns = a.precision == ScanPrecision::kBlockFloat16 && Dv % 32 == 0 && g_scan_columns != 16 ? 32 : 16;
   const int64_t blocks_whole = (Dv / plan.columns) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   int64_t longest = 0;

@@ -157,6 +157,9 @@ bool fusion_in_scan_enabled();
 // as many as it places together (cudaOccupancyMaxActiveClusters; a GPC whose SMs are not a multiple of
 // cs leaves some idle). The scan's automatic segments fill these.
 int64_t fused_scan_slots(int cs);
+// How many times that scan has been launched in this process (every launch, on any device): which path
+// a forward took, for tests.
+int64_t fused_scan_launches();
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
 

@@ -452,7 +452,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         if (const auto t = on_flash_gate(attention::FlashGate::kScan, dev, b2b)) after_scan.push_back(*t);
         const auto t = a.output_apart ? std::nullopt : on_other_path(OtherPath::kOutputApart, dev, b2b);  // else the default
         if (t) out_apart.push_back(*t);
-        if (!a.fusion_in_scan) {  // else that is the default
+        if (!a.fusion_in_scan && !a.output_apart) {  // else that is the default, or (the output apart) no path
           fusion_apart.push_back(b2b());
           if (const auto f = on_other_path(OtherPath::kFusionInScan, dev, b2b)) fusion_in.push_back(*f);
           // The same on one stream, where the scan's clusters need not wait for SMs flash attention holds.
@@ -473,8 +473,9 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          : on_other_path(OtherPath::kOutputApart, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
       // And with the fusion norm inside the scan (kernels::set_fusion_in_scan).
       const std::optional<Sustained> hyb_fusion_in_e =
-          a.fusion_in_scan ? std::nullopt
-                           : on_other_path(OtherPath::kFusionInScan, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
+          a.fusion_in_scan || a.output_apart
+              ? std::nullopt
+              : on_other_path(OtherPath::kFusionInScan, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
       const std::string label = std::to_string(s.B) + " x " + std::to_string(s.T);
       std::printf("  %-10s %14.2f %14.2f %9.2fx %11.2f %11.2f %7.2fx %14s %15s %14s %14s %15s %26s %15s\n", label.c_str(), dense,
                   hyb, speedup, dense_b2b, hyb_b2b, speedup_b2b, figure(hyb_one_b2b, 2).c_str(),
@@ -503,11 +504,11 @@ int run_bench_gdn(const GdnBenchArgs& a) {
           std::printf("; on one stream %.2f / %.2f ms", *one_fused_apart, *one_fused_in);
         }
 #ifdef HH_HAVE_KERNELS
-        const int64_t cs = Dh / 32;
-        if (Dh % 32 == 0 && cs >= 1 && cs <= 8) {
-          layer["fusion_in_scan_blocks_at_once"] = kernels::fused_scan_slots(static_cast<int>(cs));
-          std::printf("; the scan's clusters of %lld place %lld blocks at once", static_cast<long long>(cs),
-                      static_cast<long long>(kernels::fused_scan_slots(static_cast<int>(cs))));
+        if (kernels::scan_output_fusion_supported(Dh, Dh)) {
+          const int cs = static_cast<int>(Dh / 32);
+          const int64_t at_once = kernels::fused_scan_slots(cs);
+          layer["fusion_in_scan_blocks_at_once"] = at_once;
+          std::printf("; the scan's clusters of %d place %lld blocks at once", cs, static_cast<long long>(at_once));
         }
 #endif
         std::printf("\n");
@@ -607,7 +608,7 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_flag("--fusion-in-scan", a->fusion_in_scan,
               "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
               "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "
-              "of by a kernel of its own after it, and leave that comparison out");
+              "of by a kernel of its own after it, and leave that comparison out (no effect with --output-apart)");
   c->add_option("--history", a->history,
                  "On CUDA with 16-bit inputs, the chunks' states and new values the forward's scan hands its output "
                  "kernel: f16 (block float16, as its products use them) or f32")

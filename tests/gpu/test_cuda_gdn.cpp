@@ -1149,8 +1149,10 @@ TEST(CudaGdn, FusedOutputTakesAOneSequenceGateOfAnyBatchStride) {
     const std::string what = mode == 0 ? "output in the scan" : mode == 1 ? "fusion in the scan" : "fusion in the output kernel";
     auto got = torch::full({1, T, Hy, D}, 7.0, dev), want = torch::full({1, T, Hy, D}, 7.0, dev);
     EXPECT_TRUE(hh::kernels::chunk_output_fusion_fits(fu, got)) << what;
+    const int64_t launches = hh::kernels::fused_scan_launches();
     const auto s1 = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, fu, got);
     const auto s2 = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, copy, want);
+    EXPECT_EQ(hh::kernels::fused_scan_launches() - launches, mode == 1 ? 2 : 0) << what << ": the path taken";
     EXPECT_TRUE(torch::equal(got, want)) << what;
     EXPECT_TRUE(torch::equal(s1, s2)) << what;
     EXPECT_TRUE(got.select(2, 1).eq(7.0).all().item<bool>()) << what << ": the head between is written";
@@ -1207,7 +1209,9 @@ TEST(CudaGdn, FusionInTheScanEqualsTheFusedOutputKernel) {
         hh::kernels::set_output_in_scan(in_scan);
         hh::kernels::set_fusion_in_scan(in_scan);
         poison_allocator();
+        const int64_t launches = hh::kernels::fused_scan_launches();
         const auto state = hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, fu, y);
+        EXPECT_EQ(hh::kernels::fused_scan_launches() - launches, in_scan ? 1 : 0) << what << ": the path taken";
         hh::kernels::set_output_in_scan(true);
         hh::kernels::set_fusion_in_scan(false);
         return state;
