@@ -63,15 +63,24 @@ constexpr unsigned kSuspendNs = 10'000'000;
 // Waits for the phase of the given parity to complete. Each try names the suspend time: the waiting warp
 // sleeps until the phase completes instead of retrying after the device's own short limit. Without it the
 // scan's producer warp spun on its `empty` barrier: 13 % of the kernel's issued instructions (the scan
-// took the same cycles either way).
+// took the same cycles either way). CLUSTER: acquiring at cluster scope what other blocks' arrivals
+// released (mbar_wait_cluster).
+template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
   unsigned done = 0;
   do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity), "r"(kSuspendNs)
-        : "memory");
+    if constexpr (CLUSTER)
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_addr(bar)), "r"(parity), "r"(kSuspendNs)
+          : "memory");
+    else
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_addr(bar)), "r"(parity), "r"(kSuspendNs)
+          : "memory");
   } while (!done);
 }
 // The box at (x, y) (x the inner coordinate) of a 2-D tensor map from global to shared memory by the
@@ -324,17 +333,8 @@ __device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned rank) {
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-// mbar_wait (with its suspend time), acquiring what the cluster's arrivals released.
-__device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsigned parity) {
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity), "r"(kSuspendNs)
-        : "memory");
-  } while (!done);
-}
+// mbar_wait, acquiring what the cluster's arrivals released.
+__device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsigned parity) { mbar_wait<true>(bar, parity); }
 // A float to a cluster address (another block's shared memory).
 __device__ __forceinline__ void st_cluster_f32(unsigned addr, float x) {
   asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
