@@ -63,8 +63,8 @@ constexpr unsigned kSuspendNs = 10'000'000;
 // Waits for the phase of the given parity to complete. Each try names the suspend time: the waiting warp
 // sleeps until the phase completes instead of retrying after the device's own short limit. Without it the
 // scan's producer warp spun on its `empty` barrier: 13 % of the kernel's issued instructions (the scan
-// took the same cycles either way). CLUSTER: acquiring at cluster scope what other blocks' arrivals
-// released (mbar_wait_cluster).
+// took the same cycles either way). CLUSTER: acquiring at cluster scope what other blocks' stores
+// completed on the barrier (mbar_wait_cluster).
 template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
   unsigned done = 0;
@@ -329,15 +329,14 @@ __device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
   return r;
 }
-// One arrival, releasing this thread's prior writes to the cluster, on the barrier at a cluster address.
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
 // mbar_wait, acquiring what the cluster's arrivals released.
 __device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsigned parity) { mbar_wait<true>(bar, parity); }
-// A float to a cluster address (another block's shared memory).
-__device__ __forceinline__ void st_cluster_f32(unsigned addr, float x) {
-  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
+// A float to a cluster address (another block's shared memory) whose landing the barrier at the cluster
+// address `bar` (in the same block) counts as 4 bytes of its current phase: nothing waits for this
+// thread's other memory operations, as a releasing arrival after a plain store would.
+__device__ __forceinline__ void st_async_f32(unsigned addr, float x, unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];\n" ::"r"(addr), "f"(x), "r"(bar)
+               : "memory");
 }
 
 // 1 / sqrt(x) as rsqrtf gives it for normal x (the same MUFU.RSQ), without rsqrtf's rescaling of

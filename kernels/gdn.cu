@@ -552,9 +552,10 @@ __global__ void __launch_bounds__(2 * DK)
 // (float16, swizzled at its row width BV * 2) where U would be (the backward has none), and aq_inv and
 // do_inv beside the decay.
 // FUSE: the output through the fusion norm, whose head's column blocks form a cluster and exchange each
-// row's sums of squares: the head region also holds their barriers (two, for the chunks in turn) and
-// the sums every block of the cluster sends it, [2 chunks][kMaxFusedBlocks blocks][2 halves of a
-// block's columns][C].
+// row's sums of squares. The head region also holds, for two chunks in turn: the barriers xbar (the
+// cluster's sums landed), ofull (the compute warps' o staged) and ofree (the epilogue warps done with
+// it); the sums every block of the cluster sends [2][kMaxFusedBlocks][C]; this block's row sums over
+// each half of its columns [2][2][C]; and o rounded to the output's 16-bit type [2][C][BV].
 template <int DK, int STAGES, int BV_, bool OUT_ = false, bool DIR_ = false, bool FUSE = false>
 struct F16Ring {
   static constexpr int C = kLowRankChunk, BV = BV_, kStages = STAGES, LDH = BV + 8;
@@ -583,7 +584,8 @@ struct F16Ring {
   static constexpr int kYScales = ((DK / 16) * (BV / 16) + 3) / 4 * 4, kMScales = (C / 16) * (BV / 8);
   static constexpr size_t kBarriers = 2 * kStages * sizeof(unsigned long long);
   static constexpr int kMaxFusedBlocks = 8;  // Dv <= 256 (scan_output_fusion_supported)
-  static constexpr size_t kExchange = FUSE ? 2 * sizeof(unsigned long long) + 2 * kMaxFusedBlocks * 2 * C * sizeof(float) : 0;
+  static constexpr size_t kExchange =
+      FUSE ? 7 * sizeof(unsigned long long) + (2 * kMaxFusedBlocks + 4) * C * sizeof(float) + 2 * C * BV * 2 : 0;
   static constexpr size_t kHead =
       (kBarriers + (DK + C) * LDH * 2 + (kYScales + kMScales) * 4 + 8 + kExchange + 1023) / 1024 * 1024;
   static constexpr size_t kBytes = kHead + kStages * kSlot + 1024;  // + the base's alignment to 1024
@@ -684,6 +686,15 @@ __device__ int64_t warmup_start(const float* decay, const float* bound, int64_t 
   return end;
 }
 
+// The fused scan's epilogue warps (each half the chunk's rows).
+constexpr int kEpilogueWarps = 2;
+// A block's threads: DK / 16 compute warps and the producer warp; with the fusion (FUSED), also the
+// epilogue warps.
+template <int DK, bool FUSED>
+constexpr int scan_threads() {
+  return 2 * DK + 32 + (FUSED ? 32 * kEpilogueWarps : 0);
+}
+
 // One block per (segment, BV-column slice of the state) and head: blockIdx.x = segment * (Dv / BV) +
 // slice. segs holds (sequence, lo, hi) per segment; offsets the sequences' chunk ranges.
 // OUT (the forward only): each chunk's output columns of the slice, o = Qd S_n + aq_inv Aq M_n, as
@@ -692,12 +703,13 @@ __device__ int64_t warmup_start(const float* decay, const float* bound, int64_t 
 // after the state's update. FUSE >= 0 (a GateActivation; O the output's 16-bit type): o, rounded to O,
 // through the fusion norm into fa.y instead, as chunk_output_f16_fused's epilogue forms it; the head's
 // Dv / BV blocks of a segment are one cluster (along x), which adds each row's sums of squares over the
-// head's columns through the blocks' shared memory, each chunk.
+// head's columns through the blocks' shared memory, each chunk; two epilogue warps of each block do that
+// and the norm from o staged in shared memory, so that neither is on the chain of the state's products.
 // DIR (the reverse scan): the direct term from the slot's Qd, Aq and dO16 slice instead of Z,
 // -aq_inv do_inv Aq^T dO16 in U's place in step (1) (over the 16-row blocks of Aq^T's upper triangle) and
 // do_inv Qd^T dO16 beside Z's place in step (2), each product summed in float32 and scaled once.
 template <int DK, int STAGES, int BV, bool OUT, bool DIR = false, int FUSE = -1, class O = c10::BFloat16>
-__global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
+__global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ? 2 : 1)
     low_rank_scan_f16_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay,
                              const float* __restrict__ bound, const float* __restrict__ y0, float* __restrict__ hist, float* __restrict__ Mout,
                              float* __restrict__ fin, const int64_t* __restrict__ offsets,
@@ -727,9 +739,14 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   float* const y_inv = reinterpret_cast<float*>(Mh + C * LDH);  // [row block][column block]
   float* const m_inv = y_inv + Ring::kYScales;                   // [row block][8-column tile]; 16-byte aligned
   long long* const plan = reinterpret_cast<long long*>(m_inv + Ring::kMScales);
-  // FUSED: the sums-of-squares exchange (F16Ring's kExchange).
+  // FUSED: the epilogue's region (F16Ring's kExchange).
   unsigned long long* const xbar = reinterpret_cast<unsigned long long*>(plan + 1);  // [2] the chunks in turn
-  float* const xsum = reinterpret_cast<float*>(xbar + 2);                            // [2][kMaxFusedBlocks][2][C]
+  unsigned long long* const ofull = xbar + 2;                                        // [2]
+  unsigned long long* const ofree = ofull + 2;                                       // [2]
+  float* const xsum = reinterpret_cast<float*>(plan + 8);                            // [2][kMaxFusedBlocks][C], 16-byte aligned
+  float* const psum = xsum + 2 * Ring::kMaxFusedBlocks * C;                          // [2][2][C]
+  using P2 = typename Pair16<O>::type;
+  P2* const stage = reinterpret_cast<P2*>(psum + 4 * C);                             // [2][C][BV / 2] pairs
   const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, slices = Dv / BV;
@@ -746,8 +763,13 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   const int CS = Dv / BV;  // FUSED: the cluster's blocks
   if (tid == 0) {
     for (int b = 0; b < STAGES; ++b) mbar_init(&full[b], 1), mbar_init(&empty[b], NW);
+    // FUSED: xbar's phases complete on one arrival, which announces the bytes the cluster's blocks send
+    // (C floats each), and those bytes landing; each slot's first phase is announced here.
     if constexpr (FUSED)
-      for (int b = 0; b < 2; ++b) mbar_init(&xbar[b], NW * CS);  // every compute warp of every block
+      for (int b = 0; b < 2; ++b) {
+        mbar_init(&ofull[b], NW), mbar_init(&ofree[b], kEpilogueWarps);
+        mbar_init(&xbar[b], 1), mbar_arrive_expect_tx(&xbar[b], static_cast<unsigned>(CS * C * 4));
+      }
     mbar_init_fence();
   }
   if constexpr (FUSED) cluster_sync_all();  // the barriers initialised in every block before any arrives
@@ -787,6 +809,86 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
       if (++b == STAGES) b = 0, ++round;
     }
     return;
+  }
+  // FUSED: where o's pair p (columns 2p, 2p + 1) of row r lies in staging slot `slot`: each row's 16-byte
+  // units XOR-ed with bits 1.. of the row, so that the compute warps' stores (eight rows, one unit) fall
+  // in distinct banks.
+  [[maybe_unused]] auto stage_at = [&](int slot, int r, int p) {
+    constexpr int PR = BV / 2, UNITS = BV / 8;
+    return stage + (slot * C + r) * PR + (((p / 4) ^ ((r >> 1) & (UNITS - 1))) * 4) + p % 4;
+  };
+  if constexpr (FUSED) {
+    if (warp > NW) {
+      // The epilogue warps: each written chunk's output through the fusion norm, off the scan's chain,
+      // warp e for rows 32 e .. 32 e + 31. The compute warps stage the chunk's o (rounded to O) and each
+      // row's sums of squares over their halves of the block's columns; an epilogue warp sends its rows'
+      // sums (the halves added) to every block of the cluster (st.async, completing on the receiver's
+      // xbar), waits for the cluster's, and forms
+      //   y = act(gate) * (gamma * (o * rsqrt(sum / Dv + eps)))
+      // as chunk_output_f16_fused's epilogue does (each rounding to O where it rounds), eight columns a
+      // lane. Two slots suffice for the sums: a block reads its slot of chunk j before it sends chunk
+      // j + 1, so a block that has everyone's chunk j + 1 knows each has read chunk j's slot before it
+      // sends chunk j + 2 there. A slot's next phase is announced (by epilogue warp 0) right after its
+      // wait and before this block sends chunk j + 1, without which no block can send chunk j + 2; the
+      // other warp cannot miss the phase it waits for, which stays complete until chunk j + 2's sums land.
+      static_assert(C == 64 && BV % 8 == 0 && 32 % (BV / 8) == 0, "eight columns a lane, 32 rows a warp");
+      constexpr int UR = BV / 8, RPI = 32 / UR, ITS = 32 / RPI;  // 16-byte units a row, rows an iteration, iterations
+      const int ew = warp - NW - 1, row0 = 32 * ew, rank = static_cast<int>(blockIdx.x % slices);
+      const int ur = lane / UR, u = lane % UR;  // the lane's row in an iteration and its unit of the row
+      const unsigned xbytes = static_cast<unsigned>(CS * C * 4);
+      const uint4 gamma = *reinterpret_cast<const uint4*>(static_cast<const O*>(fa.gamma) + static_cast<int64_t>(h) * Dv + col0 + 8 * u);
+      const O* const gate = static_cast<const O*>(fa.gate) + static_cast<int64_t>(h) * Dv + col0 + 8 * u;
+      O* const ydst = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * Dv + col0 + 8 * u;
+      auto pairs = [](uint4& x) { return reinterpret_cast<P2*>(&x); };
+      for (int64_t i = skip; i < count; ++i) {
+        const int64_t j = i - skip;
+        const int slot = static_cast<int>(j & 1);
+        const unsigned parity = static_cast<unsigned>(j >> 1) & 1;
+        // The gate's units first: they land while the compute warps finish the chunk.
+        const ChunkRows row_of = so.rows.chunk(chunk(i));
+        uint4 gv[ITS];
+#pragma unroll
+        for (int it = 0; it < ITS; ++it) {
+          const int64_t row = row_of(row0 + it * RPI + ur);
+          gv[it] = row >= 0 ? *reinterpret_cast<const uint4*>(gate + row * fa.pl.gate_ld) : make_uint4(0, 0, 0, 0);
+        }
+        mbar_wait(&ofull[slot], parity);
+        // Row row0 + lane: the block's sum (its two halves added), to every block at this rank.
+        const int rl = row0 + lane;
+        const float* ps = psum + slot * 2 * C;
+        const float sum = ps[rl] + ps[C + rl];
+        float* const xs = xsum + slot * Ring::kMaxFusedBlocks * C;
+        for (int c = 0; c < CS; ++c)
+          st_async_f32(cluster_addr(xs + rank * C + rl, static_cast<unsigned>(c)), sum,
+                       cluster_addr(&xbar[slot], static_cast<unsigned>(c)));
+        mbar_wait_cluster(&xbar[slot], parity);
+        if (ew == 0 && lane == 0) mbar_arrive_expect_tx(&xbar[slot], xbytes);
+        __syncwarp();
+        float total = 0.f;
+        for (int c = 0; c < CS; ++c) total += xs[c * C + rl];
+        const float rs = rsqrtf(total / static_cast<float>(Dv) + fa.eps);
+#pragma unroll
+        for (int it = 0; it < ITS; ++it) {
+          const int r = row0 + it * RPI + ur;
+          const float rstd = __shfl_sync(0xffffffffu, rs, it * RPI + ur);
+          uint4 v = *reinterpret_cast<const uint4*>(stage_at(slot, r, 4 * u)), out;
+          uint4 gm = gamma;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const float2 vf = Pair16<O>::to_float2(pairs(v)[q]);
+            const float2 gf = Pair16<O>::to_float2(pairs(gv[it])[q]);
+            const P2 normed = Pair16<O>::round(vf.x * rstd, vf.y * rstd);
+            const P2 act = Pair16<O>::round(gate_activation<FUSE, O>(gf.x), gate_activation<FUSE, O>(gf.y));
+            pairs(out)[q] = __hmul2_rn(act, __hmul2_rn(pairs(gm)[q], normed));
+          }
+          const int64_t row = row_of(r);
+          if (row >= 0) *reinterpret_cast<uint4*>(ydst + row * fa.pl.y_ld) = out;
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&ofree[slot]);  // the slot's o and sums read
+      }
+      return;
+    }
   }
 
   auto row_in = [&](int e) { return g + (e >= 2 ? 8 : 0); };
@@ -853,51 +955,6 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
   const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
   int buf = 0;
   unsigned round = 0;
-  // FUSED: chunks whose sums were sent; the last of them is `pending`, its output finished one chunk
-  // later (by then its sums from the other blocks have had a chunk's time to land): its o values
-  // rounded to O, its gate pairs and its output rows. Two slots of sums suffice: a block finishes chunk
-  // k - 1 (reads its slot) before it sends chunk k, so a block that has received everyone's chunk k + 1
-  // knows each has read its slot of chunk k before it writes chunk k + 2 there. Likewise no barrier
-  // phase runs ahead of its waiters.
-  unsigned sent = 0;
-  bool pending = false;
-  using P2 = typename Pair16<O>::type;
-  [[maybe_unused]] float pv[NTW][4];
-  [[maybe_unused]] P2 pg[NTW][2];
-  [[maybe_unused]] int64_t prow[2];
-  // gamma's pairs at this thread's columns (the same every chunk), loaded once.
-  [[maybe_unused]] P2 pgamma[NTW];
-  if constexpr (FUSED)
-#pragma unroll
-    for (int ni = 0; ni < NTW; ++ni)
-      pgamma[ni] = *reinterpret_cast<const P2*>(static_cast<const O*>(fa.gamma) + static_cast<int64_t>(h) * Dv + col0 +
-                                                col_of(ntfirst + ni, 0));
-  // The pending chunk's output: wait for the cluster's sums of its rows, add them in column order (block
-  // by block, each block's two halves), then the fusion as chunk_output_f16_fused's epilogue forms it.
-  [[maybe_unused]] auto finish_pending = [&] {
-    const int pp = (sent - 1) & 1, m = mfirst * 16;
-    mbar_wait_cluster(&xbar[pp], ((sent - 1) >> 1) & 1);
-    O* const ydst = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * Dv + col0;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float* xs = xsum + pp * Ring::kMaxFusedBlocks * 2 * C + m + g + 8 * r;
-      float total = 0.f;
-      for (int c = 0; c < CS; ++c)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) total += xs[(c * 2 + half) * C];
-      const int64_t row = prow[r];
-      if (row < 0) continue;
-      const float rstd = rsqrtf(total / static_cast<float>(Dv) + fa.eps);
-#pragma unroll
-      for (int ni = 0; ni < NTW; ++ni) {
-        const int c = col_of(ntfirst + ni, 0);
-        const float2 gf = Pair16<O>::to_float2(pg[ni][r]);
-        const P2 normed = Pair16<O>::round(pv[ni][2 * r] * rstd, pv[ni][2 * r + 1] * rstd);
-        const P2 act = Pair16<O>::round(gate_activation<FUSE, O>(gf.x), gate_activation<FUSE, O>(gf.y));
-        *reinterpret_cast<P2*>(ydst + row * fa.pl.y_ld + c) = __hmul2_rn(act, __hmul2_rn(pgamma[ni], normed));
-      }
-    }
-  };
   for (int64_t i = 0; i < count; ++i) {
     mbar_wait(&full[buf], round & 1);  // chunk i has landed in its slot
     compute_sync();                    // Yh holds the state; every warp is past step (2) of chunk i - 1
@@ -1114,36 +1171,21 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
             ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
             ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
           }
-          // The pending chunk first (its sums have had this chunk's time to land; the order keeps two
-          // slots enough, see `sent`), then this chunk's sums into every block's slot sent & 1, at this
-          // block's rank.
-          if (pending) finish_pending();
-          const int px = sent & 1;
+          // Into this chunk's staging slot, once the epilogue warps are done with the chunk two before.
+          const int64_t jw = i - skip;
+          const int slot = static_cast<int>(jw & 1);
+          if (jw >= 2) mbar_wait(&ofree[slot], static_cast<unsigned>((jw >> 1) - 1) & 1);
+#pragma unroll
+          for (int ni = 0; ni < NTW; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; e += 2)
+              *stage_at(slot, m + row_in(e), (ntfirst + ni) * 4 + t) = Pair16<O>::round(v[ni][e], v[ni][e + 1]);
           if (t == 0) {
-            const int at = ((px * Ring::kMaxFusedBlocks + static_cast<int>(blockIdx.x % slices)) * 2 + ntfirst / NTW) * C + m + g;
-            for (int c = 0; c < CS; ++c) {
-              st_cluster_f32(cluster_addr(xsum + at, static_cast<unsigned>(c)), ss[0]);
-              st_cluster_f32(cluster_addr(xsum + at + 8, static_cast<unsigned>(c)), ss[1]);
-            }
+            float* const ps = psum + (slot * 2 + ntfirst / NTW) * C + m + g;
+            ps[0] = ss[0], ps[8] = ss[1];
           }
           __syncwarp();
-          if (lane < CS) mbar_arrive_cluster(cluster_addr(&xbar[px], static_cast<unsigned>(lane)));
-          ++sent;
-          pending = true;
-          // The gate's pairs at this thread's output positions, loaded straight into the pending
-          // registers, which nothing reads before the next chunk (a copy from other registers here would
-          // wait for the loads on the scan's chain).
-          prow[0] = r0, prow[1] = r1;
-#pragma unroll
-          for (int ni = 0; ni < NTW; ++ni) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) pv[ni][e] = v[ni][e];
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-              pg[ni][r] = prow[r] >= 0 ? *reinterpret_cast<const P2*>(static_cast<const O*>(fa.gate) + prow[r] * fa.pl.gate_ld +
-                                                                      static_cast<int64_t>(h) * Dv + col0 + col_of(ntfirst + ni, 0))
-                                       : Pair16<O>::round(0.f, 0.f);
-          }
+          if (lane == 0) mbar_arrive(&ofull[slot]);
         } else if (write) {
 #pragma unroll
           for (int ni = 0; ni < NTW; ++ni)
@@ -1163,10 +1205,6 @@ __global__ void __launch_bounds__(2 * DK + 32, STAGES == 2 ? 2 : 1)
     }
     if (++buf == STAGES) buf = 0, ++round;
   }
-  // The last chunk's output. No block leaves before every other has sent it all its sums (it waits for
-  // them), and none sends after its last chunk, so none writes to a block that has left.
-  if constexpr (FUSED)
-    if (pending) finish_pending();
   if (last) store_state_rows(y, fin + (static_cast<int64_t>(s) * H + h) * state, m2, Dv, col0);
 #else
   __trap();  // launch_low_rank_scan refuses below compute capability 9.0
@@ -1269,12 +1307,12 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
   const dim3 grid(static_cast<unsigned>(plan.segments * (Dv / BV)), static_cast<unsigned>(H));
   if constexpr (FUSE >= 0) {  // a segment's Dv / BV blocks of a head in one cluster
     g_fused_scan_launches.fetch_add(1, std::memory_order_relaxed);
-    launch_cluster_kernel(kernel, grid, dim3(static_cast<unsigned>(Dv / BV), 1, 1), 2 * DK + 32, smem, scan_maps<DK, BV>(a),
+    launch_cluster_kernel(kernel, grid, dim3(static_cast<unsigned>(Dv / BV), 1, 1), scan_threads<DK, true>(), smem, scan_maps<DK, BV>(a),
                           a.decay.data_ptr<float>(), ptr(a.bound), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M),
                           fin.data_ptr<float>(), table, table + S + 1, H, N, Dv, a.reverse, h16, so, sd, fa);
     return;
   }
-  kernel<<<grid, 2 * DK + 32, smem, at::cuda::getCurrentCUDAStream()>>>(
+  kernel<<<grid, scan_threads<DK, false>(), smem, at::cuda::getCurrentCUDAStream()>>>(
       scan_maps<DK, BV>(a), a.decay.data_ptr<float>(), ptr(a.bound), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M), fin.data_ptr<float>(),
       table, table + S + 1, H, N, Dv, a.reverse, h16, so, sd, fa);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -1294,7 +1332,7 @@ int64_t fused_scan_slots(int cs) {
   auto kernel = low_rank_scan_f16_kernel<128, 3, 32, true, false, static_cast<int>(GateActivation::kSilu), c10::BFloat16>;
   constexpr size_t smem = F16Ring<128, 3, 32, true, false, true>::kBytes;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const ClusterLaunch one(dim3(static_cast<unsigned>(cs)), dim3(static_cast<unsigned>(cs)), 2 * 128 + 32, smem);
+  const ClusterLaunch one(dim3(static_cast<unsigned>(cs)), dim3(static_cast<unsigned>(cs)), scan_threads<128, true>(), smem);
   int clusters = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &one.cfg));
   return known[{device, cs}] = static_cast<int64_t>(clusters) * cs;

@@ -148,9 +148,10 @@ bool direct_in_scan_enabled();
 // fusion): Dk = 128 and Dv a multiple of 32 up to 256 (a cluster of Dv / 32 blocks), with 32 of the
 // state's columns a block (not set_scan_columns(16)).
 bool scan_output_fusion_supported(int64_t Dk, int64_t Dv);
-// Whether the forward takes that path where it can (process-wide; off by default: on an H200 the
-// cluster's exchange made the LA heads' forward slower than the scan then the fusion kernel, in the
-// layer at 32K and 128K, BENCHMARKS.md v46; the fusion kernel after the scan otherwise).
+// Whether the forward takes that path where it can (process-wide; off by default: on an H200 the layer
+// with it takes the same time and energy sustained as the scan then the fusion kernel at 128K, and a
+// little longer at 32K, where whole clusters place fewer blocks, BENCHMARKS.md v47; the fusion kernel
+// after the scan otherwise).
 void set_fusion_in_scan(bool on);
 bool fusion_in_scan_enabled();
 // The blocks of that scan the current device runs at once for Dv = 32 cs: whole clusters of cs blocks,
