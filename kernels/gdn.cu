@@ -584,6 +584,8 @@ struct F16Ring {
   static constexpr int kYScales = ((DK / 16) * (BV / 16) + 3) / 4 * 4, kMScales = (C / 16) * (BV / 8);
   static constexpr size_t kBarriers = 2 * kStages * sizeof(unsigned long long);
   static constexpr int kMaxFusedBlocks = 8;  // Dv <= 256 (scan_output_fusion_supported)
+  // The fused region after the scan's start chunk: six barriers and 8 bytes that put the sums at a 16-byte
+  // boundary, the sums received and this block's halves' sums, the staged o.
   static constexpr size_t kExchange =
       FUSE ? 7 * sizeof(unsigned long long) + (2 * kMaxFusedBlocks + 4) * C * sizeof(float) + 2 * C * BV * 2 : 0;
   static constexpr size_t kHead =
