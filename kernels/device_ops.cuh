@@ -329,7 +329,7 @@ __device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
   return r;
 }
-// mbar_wait, acquiring what the cluster's arrivals released.
+// mbar_wait, acquiring at cluster scope (what other blocks' st.async stores completed on the barrier).
 __device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsigned parity) { mbar_wait<true>(bar, parity); }
 // A float to a cluster address (another block's shared memory) whose landing the barrier at the cluster
 // address `bar` (in the same block) counts as 4 bytes of its current phase: nothing waits for this
@@ -357,6 +357,18 @@ __device__ __forceinline__ float gate_activation(float x) {
   if constexpr (ACT == 1) return fast ? __fdividef(1.f, 1.f + exp_ftz(-x)) : 1.f / (1.f + expf(-x));
   else if constexpr (ACT == 2) return fast ? __fdividef(x, 1.f + exp_ftz(-x)) : x / (1.f + expf(-x));
   else return x;
+}
+
+// The scale-normalised fusion of one pair of a 16-bit output row, act(gate) * (gamma * (o * rstd)), each
+// factor rounded to T where the LibTorch reference rounds it: o a pair of values (16-bit or held in
+// float32), g the gate's pair in float32. gamma times the rounded norm and the rounded gate times that
+// are products of two 16-bit values, exact in float32, so one rounded pair multiply gives the float32
+// product's rounding bit for bit (the _rn form: no contraction into a fused multiply-add).
+template <int ACT, class T>
+__device__ __forceinline__ typename Pair16<T>::type fusion_pair(float2 o, float rstd, float2 g, typename Pair16<T>::type gamma) {
+  const auto normed = Pair16<T>::round(o.x * rstd, o.y * rstd);
+  const auto act = Pair16<T>::round(gate_activation<ACT, T>(g.x), gate_activation<ACT, T>(g.y));
+  return __hmul2_rn(act, __hmul2_rn(gamma, normed));
 }
 
 // The LA heads' gates (g, beta) in float32 from their projections b and a, with the values (in the

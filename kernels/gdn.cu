@@ -584,10 +584,11 @@ struct F16Ring {
   static constexpr int kYScales = ((DK / 16) * (BV / 16) + 3) / 4 * 4, kMScales = (C / 16) * (BV / 8);
   static constexpr size_t kBarriers = 2 * kStages * sizeof(unsigned long long);
   static constexpr int kMaxFusedBlocks = 8;  // Dv <= 256 (scan_output_fusion_supported)
-  // The fused region after the scan's start chunk: six barriers and 8 bytes that put the sums at a 16-byte
-  // boundary, the sums received and this block's halves' sums, the staged o.
-  static constexpr size_t kExchange =
-      FUSE ? 7 * sizeof(unsigned long long) + (2 * kMaxFusedBlocks + 4) * C * sizeof(float) + 2 * C * BV * 2 : 0;
+  // The fused region, in bytes from the scan's start chunk (`plan`, 8 bytes, 16-byte aligned): six
+  // barriers, then at a 16-byte boundary the sums received, this block's halves' sums and the staged o.
+  static constexpr size_t kXsumAt = 64, kPsumAt = kXsumAt + 2 * kMaxFusedBlocks * C * sizeof(float),
+                          kStageAt = kPsumAt + 4 * C * sizeof(float), kFusedEnd = kStageAt + 2 * C * BV * 2;
+  static constexpr size_t kExchange = FUSE ? kFusedEnd - 8 : 0;
   static constexpr size_t kHead =
       (kBarriers + (DK + C) * LDH * 2 + (kYScales + kMScales) * 4 + 8 + kExchange + 1023) / 1024 * 1024;
   static constexpr size_t kBytes = kHead + kStages * kSlot + 1024;  // + the base's alignment to 1024
@@ -745,10 +746,11 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
   unsigned long long* const xbar = reinterpret_cast<unsigned long long*>(plan + 1);  // [2] the chunks in turn
   unsigned long long* const ofull = xbar + 2;                                        // [2]
   unsigned long long* const ofree = ofull + 2;                                       // [2]
-  float* const xsum = reinterpret_cast<float*>(plan + 8);                            // [2][kMaxFusedBlocks][C], 16-byte aligned
-  float* const psum = xsum + 2 * Ring::kMaxFusedBlocks * C;                          // [2][2][C]
+  char* const fused = reinterpret_cast<char*>(plan);
+  float* const xsum = reinterpret_cast<float*>(fused + Ring::kXsumAt);  // [2][kMaxFusedBlocks][C]
+  float* const psum = reinterpret_cast<float*>(fused + Ring::kPsumAt);  // [2][2][C]
   using P2 = typename Pair16<O>::type;
-  P2* const stage = reinterpret_cast<P2*>(psum + 4 * C);                             // [2][C][BV / 2] pairs
+  P2* const stage = reinterpret_cast<P2*>(fused + Ring::kStageAt);      // [2][C][BV / 2] pairs
   const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, slices = Dv / BV;
@@ -763,6 +765,7 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
     if (lane == 0) *plan = w;
   }
   const int CS = Dv / BV;  // FUSED: the cluster's blocks
+  const unsigned xbytes = static_cast<unsigned>(CS * C * 4);  // FUSED: the sums a block receives a chunk
   if (tid == 0) {
     for (int b = 0; b < STAGES; ++b) mbar_init(&full[b], 1), mbar_init(&empty[b], NW);
     // FUSED: xbar's phases complete on one arrival, which announces the bytes the cluster's blocks send
@@ -770,7 +773,7 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
     if constexpr (FUSED)
       for (int b = 0; b < 2; ++b) {
         mbar_init(&ofull[b], NW), mbar_init(&ofree[b], kEpilogueWarps);
-        mbar_init(&xbar[b], 1), mbar_arrive_expect_tx(&xbar[b], static_cast<unsigned>(CS * C * 4));
+        mbar_init(&xbar[b], 1), mbar_arrive_expect_tx(&xbar[b], xbytes);
       }
     mbar_init_fence();
   }
@@ -837,7 +840,6 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
       constexpr int UR = BV / 8, RPI = 32 / UR, ITS = 32 / RPI;  // 16-byte units a row, rows an iteration, iterations
       const int ew = warp - NW - 1, row0 = 32 * ew, rank = static_cast<int>(blockIdx.x % slices);
       const int ur = lane / UR, u = lane % UR;  // the lane's row in an iteration and its unit of the row
-      const unsigned xbytes = static_cast<unsigned>(CS * C * 4);
       const uint4 gamma = *reinterpret_cast<const uint4*>(static_cast<const O*>(fa.gamma) + static_cast<int64_t>(h) * Dv + col0 + 8 * u);
       const O* const gate = static_cast<const O*>(fa.gate) + static_cast<int64_t>(h) * Dv + col0 + 8 * u;
       O* const ydst = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * Dv + col0 + 8 * u;
@@ -876,13 +878,9 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
           uint4 v = *reinterpret_cast<const uint4*>(stage_at(slot, r, 4 * u)), out;
           uint4 gm = gamma;
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const float2 vf = Pair16<O>::to_float2(pairs(v)[q]);
-            const float2 gf = Pair16<O>::to_float2(pairs(gv[it])[q]);
-            const P2 normed = Pair16<O>::round(vf.x * rstd, vf.y * rstd);
-            const P2 act = Pair16<O>::round(gate_activation<FUSE, O>(gf.x), gate_activation<FUSE, O>(gf.y));
-            pairs(out)[q] = __hmul2_rn(act, __hmul2_rn(pairs(gm)[q], normed));
-          }
+          for (int q = 0; q < 4; ++q)
+            pairs(out)[q] = fusion_pair<FUSE, O>(Pair16<O>::to_float2(pairs(v)[q]), rstd, Pair16<O>::to_float2(pairs(gv[it])[q]),
+                                                 pairs(gm)[q]);
           const int64_t row = row_of(r);
           if (row >= 0) *reinterpret_cast<uint4*>(ydst + row * fa.pl.y_ld) = out;
         }
@@ -1822,17 +1820,12 @@ __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restri
   const float rstd = rsqrtf(ss / static_cast<float>(Dh) + eps);
   Pack<T, PER> out;
   if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
-    // On 16-bit pairs: gamma times the rounded norm and the rounded gate times that are products of two
-    // 16-bit values, exact in float32, so one rounded pair multiply gives the float32 product's
-    // rounding, bit for bit (the _rn form: no contraction into a fused multiply-add).
+    // On 16-bit pairs (fusion_pair: bit for bit the float32 products' roundings).
     using P2 = typename Pair16<T>::type;
 #pragma unroll
-    for (int k = 0; k < PER; k += 2) {
-      const P2 normed = Pair16<T>::round(x[k] * rstd, x[k + 1] * rstd);
-      const P2 act = Pair16<T>::round(gate_activation<ACT, T>(gv[k]), gate_activation<ACT, T>(gv[k + 1]));
-      const P2 gm = *reinterpret_cast<const P2*>(&gm_pack.v[k]);
-      *reinterpret_cast<P2*>(&out.v[k]) = __hmul2_rn(act, __hmul2_rn(gm, normed));
-    }
+    for (int k = 0; k < PER; k += 2)
+      *reinterpret_cast<P2*>(&out.v[k]) = fusion_pair<ACT, T>(make_float2(x[k], x[k + 1]), rstd, make_float2(gv[k], gv[k + 1]),
+                                                              *reinterpret_cast<const P2*>(&gm_pack.v[k]));
   } else {
 #pragma unroll
     for (int k = 0; k < PER; ++k) {

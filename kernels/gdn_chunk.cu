@@ -644,11 +644,10 @@ __device__ __forceinline__ void fused_output_epilogue(const float (&qs)[4][4], c
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int c = n0 + 8 * j + 2 * t;
-      const float2 gf = Pair16<O>::to_float2(*reinterpret_cast<const P2*>(Gs + r * kLdH + c));
-      const P2 normed = Pair16<O>::round(v[j][2 * i] * rstd, v[j][2 * i + 1] * rstd);
-      const P2 act = Pair16<O>::round(gate_activation<ACT, O>(gf.x), gate_activation<ACT, O>(gf.y));
-      const P2 gm = *reinterpret_cast<const P2*>(gamma + 8 * j);
-      *reinterpret_cast<P2*>(Ys + r * kLdH + c) = __hmul2_rn(act, __hmul2_rn(gm, normed));
+      *reinterpret_cast<P2*>(Ys + r * kLdH + c) =
+          fusion_pair<ACT, O>(make_float2(v[j][2 * i], v[j][2 * i + 1]), rstd,
+                              Pair16<O>::to_float2(*reinterpret_cast<const P2*>(Gs + r * kLdH + c)),
+                              *reinterpret_cast<const P2*>(gamma + 8 * j));
     }
   }
   O* const y = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * DV + col0;
