@@ -240,6 +240,8 @@ ScanKernel g_scan_kernel = ScanKernel::kLowRank;
 int64_t g_scan_segments = kAutoSegments;  // set_scan_segments
 int g_scan_columns = 0;                    // set_scan_columns
 bool g_output_in_scan = true;              // set_output_in_scan
+bool g_scan_warp_columns = false;          // set_scan_warp_columns
+std::atomic<int64_t> g_column_scan_launches{0};  // column_scan_launches
 bool g_fusion_in_scan = false;             // set_fusion_in_scan
 std::atomic<int64_t> g_fused_scan_launches{0};  // fused_scan_launches
 bool g_direct_in_scan = true;              // set_direct_in_scan
@@ -1211,6 +1213,277 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 #endif
 }
 
+// The forward scan with its output, a whole head a block and 16 of the state's columns a warp
+// (column_scan_kernel, set_scan_warp_columns): the same rule as low_rank_scan_f16_kernel with OUT, in the
+// transposed form
+//   M^T = U_n^T - S_n^T B_n^T,   S_{n+1}^T = a_n S_n^T + M^T A_n,   o^T = S_n^T Qd^T + aq_inv M^T Aq^T,
+// where warp w owns rows 16 w .. 16 w + 15 of S^T (the state's columns) over all of Dk. A 16 x 16 block of
+// two adjacent 8-column accumulator tiles is the 16-bit A fragment of a 16-deep product, so M^T's
+// accumulators feed step (2) and S^T's the next step (1) in registers: no shared memory and no barrier
+// between the warps of a step. Block float16: one power-of-two scale a row of S^T and of M^T (each row's
+// largest magnitude into [2^14, 2^15)), undone once on each output element. The factors are the B
+// operands, read from the ring: B_n, Qd and Aq by ldmatrix of their rows, A_n by ldmatrix.trans. The
+// block's warps share a two-slot ring of the chunk's tiles (B_n, A_n, Qd, Aq and U's DV columns in boxes
+// of 32); lane 0 of warp 0 refills a slot once every warp has released it. o goes through a per-warp
+// staging tile, for 16-byte stores.
+constexpr int kColumnStages = 2;
+template <int DK, int DV>
+struct ColumnRing {
+  static constexpr int C = kLowRankChunk, kWarps = DV / 16;
+  static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2, kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
+  static constexpr size_t kTile = static_cast<size_t>(C) * DK * 2, kAq = static_cast<size_t>(C) * C * 2;
+  static constexpr size_t kUBox = static_cast<size_t>(C) * 128, kU = kUBox * (DV / 32);
+  static constexpr size_t kSlot = (3 * kTile + kAq + kU + 16 + 1023) / 1024 * 1024;
+  static constexpr size_t kStage = static_cast<size_t>(C) * 16 * 2;  // a warp's o tile [C][16], 16-bit
+  static constexpr size_t kHead = 1024;                                // the barriers
+  static constexpr size_t kBytes = kHead + kColumnStages * kSlot + kWarps * kStage + 1024;
+  char* slots;
+  __device__ __forceinline__ char* A(int b) const { return slots + b * kSlot; }
+  __device__ __forceinline__ char* B(int b) const { return A(b) + kTile; }
+  __device__ __forceinline__ char* Qd(int b) const { return B(b) + kTile; }
+  __device__ __forceinline__ char* Aq(int b) const { return Qd(b) + kTile; }
+  __device__ __forceinline__ char* U(int b) const { return Aq(b) + kAq; }
+  __device__ __forceinline__ float* decay(int b) const { return reinterpret_cast<float*>(U(b) + kU); }
+  __device__ __forceinline__ float* aq_inv(int b) const { return decay(b) + 1; }
+  __device__ __forceinline__ char* stage(int w) const { return slots + kColumnStages * kSlot + w * kStage; }
+};
+static_assert(ColumnRing<128, 128>::kBytes <= 227 * 1024, "the column scan's ring fits an SM");
+
+// A row pair's power-of-two scales from this thread's values of rows g and g + 8 (the quad shares them).
+__device__ __forceinline__ void row_scales(float mx0, float mx1, Pow2Scale& s0, Pow2Scale& s1) {
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+  }
+  s0 = pow2_scale(mx0), s1 = pow2_scale(mx1);
+}
+// NT accumulator tiles (rows g, g + 8) as NT / 2 16-bit A fragments, each row scaled by its own scale.
+template <int NT>
+__device__ __forceinline__ void to_a_fragments(const float (&x)[NT][4], float s0, float s1, unsigned (&a)[NT / 2][4]) {
+#pragma unroll
+  for (int k = 0; k < NT / 2; ++k) {
+    a[k][0] = pack_f16(x[2 * k][0] * s0, x[2 * k][1] * s0);
+    a[k][1] = pack_f16(x[2 * k][2] * s1, x[2 * k][3] * s1);
+    a[k][2] = pack_f16(x[2 * k + 1][0] * s0, x[2 * k + 1][1] * s0);
+    a[k][3] = pack_f16(x[2 * k + 1][2] * s1, x[2 * k + 1][3] * s1);
+  }
+}
+template <int NT>
+__device__ __forceinline__ void row_max_abs(const float (&x)[NT][4], float& mx0, float& mx1) {
+  mx0 = 0.f, mx1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    mx0 = fmaxf(mx0, fmaxf(fabsf(x[j][0]), fabsf(x[j][1])));
+    mx1 = fmaxf(mx1, fmaxf(fabsf(x[j][2]), fabsf(x[j][3])));
+  }
+}
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(32 * (DV / 16), 1)
+    column_scan_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay, const float* __restrict__ bound,
+                       const float* __restrict__ y0, float* __restrict__ fin, const int64_t* __restrict__ offsets,
+                       const int64_t* __restrict__ segs, int H, int64_t N, ScanOut so) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  using Ring = ColumnRing<DK, DV>;
+  constexpr int C = kLowRankChunk, NW = Ring::kWarps, SW = Ring::SW, NK = DK / 8, NC = C / 8;
+  static_assert(C == 64 && DK % 16 == 0 && DV % 32 == 0, "the column scan's shapes");
+  extern __shared__ float4 smem4[];
+  char* const base = reinterpret_cast<char*>(smem4) + ((1024 - (smem_addr(smem4) & 1023)) & 1023);
+  unsigned long long* const full = reinterpret_cast<unsigned long long*>(base);
+  unsigned long long* const empty = full + kColumnStages;
+  long long* const plan = reinterpret_cast<long long*>(empty + kColumnStages);
+  const Ring ring{base + Ring::kHead};
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int h = blockIdx.y;
+  const int64_t* const seg = segs + 3 * blockIdx.x;
+  const int s = static_cast<int>(seg[0]);
+  const int64_t n0 = offsets[s], n1 = offsets[s + 1], lo = seg[1], hi = seg[2];
+  if (warp == 0) {
+    const int64_t w = warmup_start(decay + static_cast<int64_t>(h) * N,
+                                   bound != nullptr ? bound + static_cast<int64_t>(h) * N : nullptr, lo, hi, n0, n1, false, lane);
+    if (lane == 0) *plan = w;
+  }
+  if (tid == 0) {
+    for (int b = 0; b < kColumnStages; ++b) mbar_init(&full[b], 1), mbar_init(&empty[b], NW);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  const int64_t w0 = *plan, count = hi - w0, skip = lo - w0;
+  const bool from_y0 = w0 == n0, last = hi == n1;
+  const unsigned bytes = static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU);
+  auto issue = [&](int64_t i, int b) {  // chunk w0 + i into slot b (one thread)
+    const int64_t c = static_cast<int64_t>(h) * N + w0 + i;
+    *ring.decay(b) = decay[c];
+    *ring.aq_inv(b) = so.aq_inv[c];
+    mbar_arrive_expect_tx(&full[b], bytes);
+    const int row = static_cast<int>(c * C);
+    for (int x = 0; x < Ring::kBoxes; ++x) {
+      tma_load_2d(ring.A(b) + x * C * SW, &maps.A, x * Ring::kBoxCols, row, &full[b]);
+      tma_load_2d(ring.B(b) + x * C * SW, &maps.B, x * Ring::kBoxCols, row, &full[b]);
+      tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
+    }
+    tma_load_2d(ring.Aq(b), &maps.Aq, 0, row, &full[b]);
+    for (int x = 0; x < DV / 32; ++x) tma_load_2d(ring.U(b) + x * Ring::kUBox, &maps.U, 32 * x, row, &full[b]);
+  };
+  if (tid == 0)
+    for (int64_t i = 0; i < count && i < kColumnStages; ++i) issue(i, static_cast<int>(i));
+
+  // This warp's rows of S^T (state columns r0 + g and r0 + g + 8) over Dk, float32: tile j holds Dk
+  // columns 8 j + 2 t, 8 j + 2 t + 1.
+  const int r0 = 16 * warp;
+  const int64_t state = static_cast<int64_t>(DK) * DV;
+  float sx[NK][4];
+  {
+    const float* src = y0 + (static_cast<int64_t>(s) * H + h) * state;
+#pragma unroll
+    for (int j = 0; j < NK; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        sx[j][e] = from_y0 ? src[static_cast<int64_t>(8 * j + 2 * t + (e & 1)) * DV + r0 + g + (e >= 2 ? 8 : 0)] : 0.f;
+  }
+  float sinv0, sinv1;  // the inverse scales of S^T's rows in sa
+  unsigned sa[NK / 2][4];
+  auto publish = [&] {
+    float m0, m1;
+    row_max_abs(sx, m0, m1);
+    Pow2Scale p0, p1;
+    row_scales(m0, m1, p0, p1);
+    to_a_fragments(sx, p0.scale, p1.scale, sa);
+    sinv0 = p0.inverse, sinv1 = p1.inverse;
+  };
+  publish();
+  const int a_row = lane % 16, a_col = (lane / 16) * 8;
+  const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
+  int buf = 0;
+  unsigned round = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    mbar_wait(&full[buf], round & 1);
+    const bool write = i >= skip;
+    // (1) M^T = U^T - S^T B^T and, for a written chunk, S^T Qd^T: two 8-column tiles of tokens a B load.
+    float mt[NC][4] = {}, oq[NC][4] = {};
+#pragma unroll
+    for (int k = 0; k < NK / 2; ++k)
+#pragma unroll
+      for (int p = 0; p < NC / 2; ++p) {
+        unsigned b4[4];
+        ldmatrix_x4(b4, ring.B(buf) + swizzled<SW, C>(16 * p + a_row, 16 * k + a_col));
+        const unsigned bl[2] = {b4[0], b4[2]}, bh[2] = {b4[1], b4[3]};
+        mma_f16(mt[2 * p], sa[k], bl);
+        mma_f16(mt[2 * p + 1], sa[k], bh);
+        if (write) {
+          ldmatrix_x4(b4, ring.Qd(buf) + swizzled<SW, C>(16 * p + a_row, 16 * k + a_col));
+          const unsigned ql[2] = {b4[0], b4[2]}, qh[2] = {b4[1], b4[3]};
+          mma_f16(oq[2 * p], sa[k], ql);
+          mma_f16(oq[2 * p + 1], sa[k], qh);
+        }
+      }
+    // U^T's elements: U[c][r] in the slot's boxes of 32 columns (128-byte rows, swizzled).
+    const char* ub = ring.U(buf) + ((r0 + g) / 32) * Ring::kUBox;
+#pragma unroll
+    for (int j = 0; j < NC; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * j + 2 * t + (e & 1), r = (r0 + g + (e >= 2 ? 8 : 0)) % 32;
+        const float u = *reinterpret_cast<const float*>(ub + swizzled_f32<128>(c, r));
+        mt[j][e] = u - (e < 2 ? sinv0 : sinv1) * mt[j][e];
+      }
+    float m0, m1;
+    row_max_abs(mt, m0, m1);
+    Pow2Scale q0, q1;
+    row_scales(m0, m1, q0, q1);
+    unsigned ma[NC / 2][4];
+    to_a_fragments(mt, q0.scale, q1.scale, ma);
+    // (2) S^T <- a S^T + M^T A_n, in two halves of Dk (the products' partial sums beside the state).
+    const float an = *ring.decay(buf);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float part[NK / 2][4] = {};
+#pragma unroll
+      for (int k = 0; k < NC / 2; ++k)
+#pragma unroll
+        for (int p = 0; p < NK / 4; ++p) {
+          unsigned b4[4];
+          ldmatrix_x4_trans(b4, ring.A(buf) + swizzled<SW, C>(16 * k + bt_k, half * (DK / 2) + 16 * p + bt_n));
+          const unsigned bl[2] = {b4[0], b4[1]}, bh[2] = {b4[2], b4[3]};
+          mma_f16(part[2 * p], ma[k], bl);
+          mma_f16(part[2 * p + 1], ma[k], bh);
+        }
+#pragma unroll
+      for (int j = 0; j < NK / 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float& x = sx[half * (NK / 2) + j][e];
+          x = fmaf(part[j][e], e < 2 ? q0.inverse : q1.inverse, an * x);
+        }
+    }
+    if (write) {
+      // o^T += aq_inv M^T Aq^T (Aq is zero above its diagonal: token tiles p take M's blocks k <= p).
+      float oa[NC][4] = {};
+#pragma unroll
+      for (int p = 0; p < NC / 2; ++p)
+#pragma unroll
+        for (int k = 0; k <= p; ++k) {
+          unsigned b4[4];
+          ldmatrix_x4(b4, ring.Aq(buf) + swizzled<128, C>(16 * p + a_row, 16 * k + a_col));
+          const unsigned bl[2] = {b4[0], b4[2]}, bh[2] = {b4[1], b4[3]};
+          mma_f16(oa[2 * p], ma[k], bl);
+          mma_f16(oa[2 * p + 1], ma[k], bh);
+        }
+      const float ai = *ring.aq_inv(buf);
+      // o^T's rows (this warp's 16 columns) into the warp's staging tile [C][16] as o's rows, then 16 bytes a lane.
+      __half* const st16 = reinterpret_cast<__half*>(ring.stage(warp));
+      __nv_bfloat16* const stb = reinterpret_cast<__nv_bfloat16*>(ring.stage(warp));
+#pragma unroll
+      for (int j = 0; j < NC; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float sc = e < 2 ? sinv0 : sinv1, mi = ai * (e < 2 ? q0.inverse : q1.inverse);
+          const float x = fmaf(mi, oa[j][e], sc * oq[j][e]);
+          const int c = 8 * j + 2 * t + (e & 1), r = g + (e >= 2 ? 8 : 0);
+          if (so.bf16) stb[c * 16 + r] = __float2bfloat16_rn(x);
+          else st16[c * 16 + r] = __float2half_rn(x);
+        }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[buf]);  // this warp is done with the slot
+    if (write) {
+      const ChunkRows row_of = so.rows.chunk(w0 + i);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // C rows of two 16-byte units
+        const int u = lane + 32 * q, c = u / 2, part = u % 2;
+        const int64_t row = row_of(c);
+        const uint4 v = *reinterpret_cast<const uint4*>(ring.stage(warp) + c * 32 + part * 16);
+        if (row >= 0) {
+          char* const dst = static_cast<char*>(so.o) + ((row * H + h) * DV + r0 + 8 * part) * 2;
+          *reinterpret_cast<uint4*>(dst) = v;
+        }
+      }
+    }
+    // The state's 16-bit fragments for the next chunk (its start state).
+    publish();
+    if (warp == 0) {  // refill this slot with chunk i + 2 once every warp has released it
+      if (lane == 0 && i + kColumnStages < count) {
+        mbar_wait(&empty[buf], round & 1);
+        issue(i + kColumnStages, buf);
+      }
+      __syncwarp();
+    }
+    __syncwarp();  // the staging tile is read before the next chunk writes it
+    if (++buf == kColumnStages) buf = 0, ++round;
+  }
+  if (last) {
+    float* dst = fin + (static_cast<int64_t>(s) * H + h) * state;
+#pragma unroll
+    for (int j = 0; j < NK; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dst[static_cast<int64_t>(8 * j + 2 * t + (e & 1)) * DV + r0 + g + (e >= 2 ? 8 : 0)] = sx[j][e];
+  }
+#else
+  __trap();
+#endif
+}
+
 // cuTensorMapEncodeTiled, from the driver through the runtime (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -1318,6 +1591,25 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// The column scan (column_scan_kernel): one block a (segment, head), Dv / 16 warps.
+template <int DK, int DV>
+void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
+  const int H = static_cast<int>(a.A.size(0));
+  const int64_t N = a.A.size(1), S = a.y0.size(0);
+  constexpr size_t smem = ColumnRing<DK, DV>::kBytes;
+  auto kernel = column_scan_kernel<DK, DV>;
+  const LowRankScanArgs::Output& o = a.output;
+  const ScanOut so{o.aq_inv.data_ptr<float>(), o.o.data_ptr(), slot_rows(o.grid, o.B, o.T), o.o.scalar_type() == at::kBFloat16};
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const int64_t* table = plan.table.data_ptr<int64_t>();
+  const dim3 grid(static_cast<unsigned>(plan.segments), static_cast<unsigned>(H));
+  g_column_scan_launches.fetch_add(1, std::memory_order_relaxed);
+  kernel<<<grid, 32 * (DV / 16), smem, at::cuda::getCurrentCUDAStream()>>>(
+      scan_maps<DK, 32>(a), a.decay.data_ptr<float>(), a.bound.defined() ? a.bound.data_ptr<float>() : nullptr,
+      a.y0.data_ptr<float>(), fin.data_ptr<float>(), table, table + S + 1, H, N, so);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 // Every instance of the scan with the fusion has the same shared memory and threads (one block an SM);
@@ -1366,6 +1658,11 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
             case GateActivation::kSilu: launch(std::integral_constant<int, 2>{}); break;
             default: launch(std::integral_constant<int, 0>{}); break;
           }
+        }
+      } else if (a.output.o.defined() && plan.columns >= 64) {  // the column scan (column_scan_fits)
+        if constexpr (DK == 128) {
+          if (plan.columns == 128) launch_column_scan<128, 128>(a, plan, fin);
+          else launch_column_scan<128, 64>(a, plan, fin);
         }
       } else if (a.output.o.defined()) {
         if constexpr (DK >= 64) {  // chunk_factors' head sizes (low_rank_scan refuses the output for others)
@@ -1969,6 +2266,9 @@ void set_scan_columns(int columns) {
 }
 int scan_columns() { return g_scan_columns; }
 void set_output_in_scan(bool on) { g_output_in_scan = on; }
+void set_scan_warp_columns(bool on) { g_scan_warp_columns = on; }
+bool scan_warp_columns_enabled() { return g_scan_warp_columns; }
+int64_t column_scan_launches() { return g_column_scan_launches.load(std::memory_order_relaxed); }
 bool scan_output_fusion_supported(int64_t Dk, int64_t Dv) { return Dk == 128 && Dv % 32 == 0 && Dv / 32 <= 8; }
 void set_fusion_in_scan(bool on) { g_fusion_in_scan = on; }
 bool fusion_in_scan_enabled() { return g_fusion_in_scan; }
@@ -2122,6 +2422,12 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   ScanPlan plan;
   plan.fused = fused;
   plan.columns = a.precision == ScanPrecision::kBlockFloat16 && Dv % 32 == 0 && g_scan_columns != 16 ? 32 : 16;
+  // The column scan (set_scan_warp_columns) takes the inference forward with its output at Dk = 128, Dv 64
+  // or 128 (a block a head, Dv / 16 warps), 16-byte aligned rows of o, no history and no fusion.
+  if (g_scan_warp_columns && a.output.o.defined() && a.output.fusion == nullptr && !a.reverse && Dk == 128 &&
+      (Dv == 64 || Dv == 128) && a.A.scalar_type() == at::kHalf && !a.hist.defined() && !a.M.defined() && !s16 && !m16 &&
+      !a.Z.defined() && a.U.defined() && reinterpret_cast<uintptr_t>(a.output.o.data_ptr()) % 16 == 0)
+    plan.columns = static_cast<int>(Dv);
   const int64_t blocks_whole = (Dv / plan.columns) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   int64_t longest = 0;
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);

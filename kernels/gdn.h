@@ -137,6 +137,13 @@ int scan_columns();
 // Given the fusion norm (gdn_fused_output), the scan's o then goes through fusion_norm_forward_into.
 void set_output_in_scan(bool on);
 bool output_in_scan_enabled();
+// Whether that scan, where it can (Dk = 128, Dv 64 or 128, no history), runs a whole head a block with 16 of
+// the state's columns a warp and the state in registers (column_scan_kernel; process-wide, off by default:
+// not yet measured). Its output is the rule's to block float16's rounding, not the same bits.
+void set_scan_warp_columns(bool on);
+bool scan_warp_columns_enabled();
+// How many times the column scan has been launched in this process: which path a forward took, for tests.
+int64_t column_scan_launches();
 // Whether the rule's backward has its reverse scan form the direct term (LowRankScanArgs::direct) from
 // the forward's output factors, which the forward then keeps for it, instead of chunk_state_direct's Z
 // (process-wide, on by default; off for benchmarks, or to keep less for the backward: the forward then

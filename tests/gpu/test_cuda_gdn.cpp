@@ -574,6 +574,19 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
         EXPECT_TRUE(torch::equal(in.output.o, want)) << how;
         EXPECT_TRUE(torch::equal(fin, fin_apart)) << how;
         EXPECT_LT(rel_err(in.output.o, want), 1e-6) << how;  // how far, where the bits differ
+        // The column scan (set_scan_warp_columns; Dk = 128): its own block float16 (a scale a row of S^T and
+        // of M^T), so the output agrees to the 16-bit output's rounding and the state to the products'.
+        if (Dk == 128 && columns == 0) {
+          hh::kernels::set_scan_warp_columns(true);
+          poison_allocator();
+          hh::kernels::LowRankScanArgs col = args(segment, true);
+          const int64_t launches = hh::kernels::column_scan_launches();
+          const auto fin_col = hh::kernels::low_rank_scan(col, {0, per, 2 * per});
+          hh::kernels::set_scan_warp_columns(false);
+          EXPECT_EQ(hh::kernels::column_scan_launches() - launches, 1) << how << ": the column scan";
+          EXPECT_LT(rel_err(col.output.o, want), 1e-2) << how << " (column scan)";
+          EXPECT_LT(rel_err(fin_col, fin_apart), 3e-3) << how << " (column scan)";
+        }
       }
     // The output's tensors are checked: o of the wrong shape, and a reverse scan, are refused.
     hh::kernels::LowRankScanArgs bad = args(0, true);
@@ -1024,16 +1037,23 @@ TEST(CudaGdn, ForwardWithTheChunkKernelsEqualsTheRecurrence) {
     // The output from the scan's block float16 history (chunk_output_f16, the default) and from its
     // float32 one (chunk_output); the scan on whole sequences, and in segments of 2 chunks.
     ASSERT_EQ(hh::kernels::scan_segments(), hh::kernels::kAutoSegments);
+    // With the float16 history also the column scan (set_scan_warp_columns), where it fits (Dk = 128).
     for (int64_t segments : {int64_t{0}, int64_t{2}})
-    for (bool f16_history : {true, false}) {
+    for (int mode : {0, 1, 2}) {
+      const bool f16_history = mode != 1, columns = mode == 2;
+      if (columns && c.Dk != 128) continue;
       hh::kernels::set_f16_history(f16_history);
       hh::kernels::set_scan_segments(segments);
+      hh::kernels::set_scan_warp_columns(columns);
       poison_allocator();
+      const int64_t launches = hh::kernels::column_scan_launches();
       const auto got = gdn_chunked_scan(q, k, v, g, beta, s0, 0.1);
       hh::kernels::set_f16_history(true);
       hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
-      const std::string how = what + (f16_history ? " (float16 history" : " (float32 history") +
+      hh::kernels::set_scan_warp_columns(false);
+      const std::string how = what + (columns ? " (column scan" : f16_history ? " (float16 history" : " (float32 history") +
                               (segments == 0 ? ", whole sequences)" : ", segments of 2 chunks)");
+      EXPECT_EQ(hh::kernels::column_scan_launches() - launches, columns ? 1 : 0) << how << ": the path taken";
       EXPECT_EQ(got.o.scalar_type(), c.dt) << how;
       EXPECT_LT(rel_err(got.o, ref.o), 1e-2) << how;
       EXPECT_LT(rel_err(got.state, ref.state), 2e-3) << how;  // float32 states from 11-bit products
