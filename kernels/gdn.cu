@@ -1360,8 +1360,9 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   for (int64_t i = 0; i < count; ++i) {
     mbar_wait(&full[buf], round & 1);
     const bool write = i >= skip;
-    // (1) M^T = U^T - S^T B^T and, for a written chunk, S^T Qd^T: two 8-column tiles of tokens a B load.
-    float mt[NC][4] = {}, oq[NC][4] = {};
+    // (1) M^T = U^T - S^T B^T: two 8-column tiles of tokens a B load. (S^T Qd^T comes after M^T's
+    // fragments, so that M^T's and o's accumulators are not live together.)
+    float mt[NC][4] = {};
 #pragma unroll
     for (int k = 0; k < NK / 2; ++k)
 #pragma unroll
@@ -1371,12 +1372,6 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         const unsigned bl[2] = {b4[0], b4[2]}, bh[2] = {b4[1], b4[3]};
         mma_f16(mt[2 * p], sa[k], bl);
         mma_f16(mt[2 * p + 1], sa[k], bh);
-        if (write) {
-          ldmatrix_x4(b4, ring.Qd(buf) + swizzled<SW, C>(16 * p + a_row, 16 * k + a_col));
-          const unsigned ql[2] = {b4[0], b4[2]}, qh[2] = {b4[1], b4[3]};
-          mma_f16(oq[2 * p], sa[k], ql);
-          mma_f16(oq[2 * p + 1], sa[k], qh);
-        }
       }
     // U^T's elements: U[c][r] in the slot's boxes of 32 columns (128-byte rows, swizzled).
     const char* ub = ring.U(buf) + ((r0 + g) / 32) * Ring::kUBox;
@@ -1394,6 +1389,19 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     row_scales(m0, m1, q0, q1);
     unsigned ma[NC / 2][4];
     to_a_fragments(mt, q0.scale, q1.scale, ma);
+    // S^T Qd^T for a written chunk, on the same fragments of the state.
+    float oq[NC][4] = {};
+    if (write)
+#pragma unroll
+      for (int k = 0; k < NK / 2; ++k)
+#pragma unroll
+        for (int p = 0; p < NC / 2; ++p) {
+          unsigned b4[4];
+          ldmatrix_x4(b4, ring.Qd(buf) + swizzled<SW, C>(16 * p + a_row, 16 * k + a_col));
+          const unsigned ql[2] = {b4[0], b4[2]}, qh[2] = {b4[1], b4[3]};
+          mma_f16(oq[2 * p], sa[k], ql);
+          mma_f16(oq[2 * p + 1], sa[k], qh);
+        }
     // (2) S^T <- a S^T + M^T A_n, in two halves of Dk (the products' partial sums beside the state).
     const float an = *ring.decay(buf);
 #pragma unroll
