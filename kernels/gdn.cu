@@ -240,7 +240,7 @@ ScanKernel g_scan_kernel = ScanKernel::kLowRank;
 int64_t g_scan_segments = kAutoSegments;  // set_scan_segments
 int g_scan_columns = 0;                    // set_scan_columns
 bool g_output_in_scan = true;              // set_output_in_scan
-bool g_scan_warp_columns = false;          // set_scan_warp_columns
+bool g_scan_warp_columns = true;           // set_scan_warp_columns
 std::atomic<int64_t> g_column_scan_launches{0};  // column_scan_launches
 bool g_fusion_in_scan = false;             // set_fusion_in_scan
 std::atomic<int64_t> g_fused_scan_launches{0};  // fused_scan_launches
@@ -2431,8 +2431,9 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   plan.fused = fused;
   plan.columns = a.precision == ScanPrecision::kBlockFloat16 && Dv % 32 == 0 && g_scan_columns != 16 ? 32 : 16;
   // The column scan (set_scan_warp_columns) takes the inference forward with its output at Dk = 128, Dv 64
-  // or 128 (a block a head, Dv / 16 warps), 16-byte aligned rows of o, no history and no fusion.
-  if (g_scan_warp_columns && a.output.o.defined() && a.output.fusion == nullptr && !a.reverse && Dk == 128 &&
+  // or 128 (a block a head, Dv / 16 warps), 16-byte aligned rows of o, no history and no fusion, unless
+  // set_scan_columns asks for blocks of 16 or 32 columns.
+  if (g_scan_warp_columns && g_scan_columns == 0 && a.output.o.defined() && a.output.fusion == nullptr && !a.reverse && Dk == 128 &&
       (Dv == 64 || Dv == 128) && a.A.scalar_type() == at::kHalf && !a.hist.defined() && !a.M.defined() && !s16 && !m16 &&
       !a.Z.defined() && a.U.defined() && reinterpret_cast<uintptr_t>(a.output.o.data_ptr()) % 16 == 0)
     plan.columns = static_cast<int>(Dv);

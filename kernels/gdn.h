@@ -127,9 +127,11 @@ int64_t auto_segment_chunks(int64_t blocks, int64_t longest, int64_t slots);
 // default; 0 for whole sequences, as a benchmark's comparison or a test's reference).
 void set_scan_segments(int64_t chunks);
 int64_t scan_segments();
-// The state's columns a block of the block float16 scan owns (process-wide): 0 picks (32 where they
-// divide Dv, else 16); 16 always 16, as a benchmark's comparison. 32 reads each chunk's factors from
-// shared memory once for twice the columns, the scan's limit when its blocks share an SM.
+// The state's columns a block of the block float16 scan owns (process-wide): 0 picks (the whole head for
+// the column scan where set_scan_warp_columns takes it, else 32 where they divide Dv, else 16); 32 the
+// same but never the column scan; 16 always 16; these two as a benchmark's comparison or a test's. 32
+// reads each chunk's factors from shared memory once for twice the columns, the scan's limit when its
+// blocks share an SM.
 void set_scan_columns(int columns);
 int scan_columns();
 // Whether the rule's forward has its block float16 scan write the output (LowRankScanArgs::output)
@@ -137,9 +139,10 @@ int scan_columns();
 // Given the fusion norm (gdn_fused_output), the scan's o then goes through fusion_norm_forward_into.
 void set_output_in_scan(bool on);
 bool output_in_scan_enabled();
-// Whether that scan, where it can (Dk = 128, Dv 64 or 128, no history), runs a whole head a block with 16 of
-// the state's columns a warp and the state in registers (column_scan_kernel; process-wide, off by default:
-// not yet measured). Its output is the rule's to block float16's rounding, not the same bits.
+// Whether that scan, where it can (Dk = 128, Dv 64 or 128, no history, set_scan_columns automatic), runs a
+// whole head a block with 16 of the state's columns a warp and the state in registers (column_scan_kernel;
+// process-wide, on by default; off, blocks of 32 columns). Its block float16 scales rows of the transposed
+// state, so its output is the rule's to that rounding, not chunk_output_f16's bits.
 void set_scan_warp_columns(bool on);
 bool scan_warp_columns_enabled();
 // How many times the column scan has been launched in this process: which path a forward took, for tests.

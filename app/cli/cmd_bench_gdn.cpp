@@ -91,8 +91,8 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // chunk_output_f16 (fused with the norm in the layer) from the scan's history instead of by the scan;
 // kDirectApart: the backward's direct term by chunk_state_direct instead of in the reverse scan;
 // kFusionInScan: the layer's fusion norm inside the scan that writes the output (a cluster of a head's
-// column blocks) instead of by a kernel of its own after it; kScanWarpColumns: the forward's scan a whole
-// head a block with 16 of the state's columns a warp (kernels::set_scan_warp_columns).
+// column blocks) instead of by a kernel of its own after it; kScanColumnBlocks: the forward's scan in blocks of
+// 32 state columns instead of a whole head a block with 16 columns a warp (kernels::set_scan_warp_columns).
 enum class OtherPath {
   kLibTorchLocal,
   kTf32Scan,
@@ -101,7 +101,7 @@ enum class OtherPath {
   kOutputApart,
   kDirectApart,
   kFusionInScan,
-  kScanWarpColumns
+  kScanColumnBlocks
 };
 
 // fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
@@ -136,8 +136,8 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
     case OtherPath::kOutputApart: return with_setting(kernels::set_output_in_scan, kernels::output_in_scan_enabled, false, dev, fn);
     case OtherPath::kDirectApart: return with_setting(kernels::set_direct_in_scan, kernels::direct_in_scan_enabled, false, dev, fn);
     case OtherPath::kFusionInScan: return with_setting(kernels::set_fusion_in_scan, kernels::fusion_in_scan_enabled, true, dev, fn);
-    case OtherPath::kScanWarpColumns:
-      return with_setting(kernels::set_scan_warp_columns, kernels::scan_warp_columns_enabled, true, dev, fn);
+    case OtherPath::kScanColumnBlocks:
+      return with_setting(kernels::set_scan_warp_columns, kernels::scan_warp_columns_enabled, false, dev, fn);
     case OtherPath::kFactorsThreeBlocks:
       return with_setting(kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled, false, dev, fn);
   }
@@ -196,7 +196,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   const auto dt = model::parse_dtype(a.dtype);
 #ifdef HH_HAVE_KERNELS
   kernels::set_scan_segments(segments < 0 ? kernels::kAutoSegments : segments);
-  kernels::set_scan_columns(a.scan_columns == "16" ? 16 : 0);
+  kernels::set_scan_columns(a.scan_columns == "16" ? 16 : a.scan_columns == "32" ? 32 : 0);
   kernels::set_state_scan_kernel(a.scan_kernel == "fma"      ? kernels::ScanKernel::kFma
                                  : a.scan_kernel == "tensor" ? kernels::ScanKernel::kTensorCores
                                                              : kernels::ScanKernel::kLowRank);
@@ -300,9 +300,9 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         alternating(OtherPath::kOutputApart, a.output_apart, [&] { return forward(ours, back_to_back_ms); });
     const auto [fb_direct_in, fb_direct_apart] =
         alternating(OtherPath::kDirectApart, a.direct_apart, [&] { return forward_backward(ours, back_to_back_ms); });
-    // The forward's scan as it is against a whole head a block with 16 state columns a warp.
-    const auto [f_rows, f_cols] =
-        alternating(OtherPath::kScanWarpColumns, a.output_apart, [&] { return forward(ours, back_to_back_ms); });
+    // The forward's scan a whole head a block (the default) against blocks of 32 state columns.
+    const auto [f_head, f_blocks] = alternating(OtherPath::kScanColumnBlocks, a.output_apart || a.scan_columns != "auto",
+                                                [&] { return forward(ours, back_to_back_ms); });
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
@@ -346,11 +346,11 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     if (f_apart) row["fwd_output_apart_b2b_ms"] = *f_apart;
     if (fb_direct_in) row["fwd_bwd_direct_in_scan_b2b_ms"] = *fb_direct_in;
     if (fb_direct_apart) row["fwd_bwd_direct_apart_b2b_ms"] = *fb_direct_apart;
-    if (f_rows && f_cols) {
-      row["fwd_scan_default_b2b_ms"] = *f_rows, row["fwd_scan_warp_columns_b2b_ms"] = *f_cols;
-      std::printf("  %-10s forward back to back, the scan as it is (default) / a head a block, 16 state columns a warp "
+    if (f_head && f_blocks) {
+      row["fwd_scan_head_b2b_ms"] = *f_head, row["fwd_scan_column_blocks_b2b_ms"] = *f_blocks;
+      std::printf("  %-10s forward back to back, the scan a head a block (default) / in blocks of 32 state columns "
                   "(medians of three alternating rounds): %.3f / %.3f ms\n",
-                  "", *f_rows, *f_cols);
+                  "", *f_head, *f_blocks);
     }
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
     out["rows"].push_back(row);
@@ -462,7 +462,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       // chunk_factors at four blocks an SM against three, and the FA heads' attention gated on
       // chunk_factors against on its inputs alone, alternating with the default: the device slows as it
       // warms up.
-      std::vector<double> four, three, ungated, after_scan, out_apart, fusion_apart, fusion_in, one_apart, one_in, wc_off, wc_on;
+      std::vector<double> four, three, ungated, after_scan, out_apart, fusion_apart, fusion_in, one_apart, one_in, head_scan, block_scan;
       for (int round = 0; round < 3 && dev.is_cuda(); ++round) {
         four.push_back(back_to_back_ms(dev, a.warmup, a.iters, hybrid_run));
         if (const auto t = on_other_path(OtherPath::kFactorsThreeBlocks, dev,
@@ -473,9 +473,9 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         if (const auto t = on_flash_gate(attention::FlashGate::kScan, dev, b2b)) after_scan.push_back(*t);
         const auto t = a.output_apart ? std::nullopt : on_other_path(OtherPath::kOutputApart, dev, b2b);  // else the default
         if (t) out_apart.push_back(*t);
-        if (!a.output_apart) {  // the scan as it is against a head a block, 16 state columns a warp
-          wc_off.push_back(b2b());
-          if (const auto f = on_other_path(OtherPath::kScanWarpColumns, dev, b2b)) wc_on.push_back(*f);
+        if (!a.output_apart && a.scan_columns == "auto") {  // the scan a head a block against blocks of 32 columns
+          head_scan.push_back(b2b());
+          if (const auto f = on_other_path(OtherPath::kScanColumnBlocks, dev, b2b)) block_scan.push_back(*f);
         }
         if (!a.fusion_in_scan && !a.output_apart) {  // else that is the default, or (the output apart) no path
           fusion_apart.push_back(b2b());
@@ -490,17 +490,18 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                   fa_after_scan = median_of(after_scan), output_apart = median_of(out_apart),
                                   fused_in = median_of(fusion_in), fused_apart = median_of(fusion_apart),
                                   one_fused_in = median_of(one_in), one_fused_apart = median_of(one_apart),
-                                  cols_off = median_of(wc_off), cols_on = median_of(wc_on);
+                                  scan_head = median_of(head_scan), scan_blocks = median_of(block_scan);
       const std::optional<Sustained> dense_e = sustained(dense_run, dense_b2b), hyb_e = sustained(hybrid_run, hyb_b2b);
       // The same for the hybrid with its output apart (kernels::set_output_in_scan): under a power limit the
       // energy a call is the figure that decides.
       const std::optional<Sustained> hyb_apart_e =
           a.output_apart ? std::nullopt
                          : on_other_path(OtherPath::kOutputApart, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
-      // And with the scan a head a block (kernels::set_scan_warp_columns).
-      const std::optional<Sustained> hyb_cols_e =
-          a.output_apart ? std::nullopt
-                         : on_other_path(OtherPath::kScanWarpColumns, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
+      // And with the scan in blocks of 32 columns (kernels::set_scan_warp_columns off).
+      const std::optional<Sustained> hyb_blocks_e =
+          a.output_apart || a.scan_columns != "auto"
+              ? std::nullopt
+              : on_other_path(OtherPath::kScanColumnBlocks, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
       // And with the fusion norm inside the scan (kernels::set_fusion_in_scan).
       const std::optional<Sustained> hyb_fusion_in_e =
           a.fusion_in_scan || a.output_apart
@@ -524,11 +525,11 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       if (fa_ungated) layer["hybrid_flash_ungated_b2b_ms"] = *fa_ungated;
       if (fa_after_scan) layer["hybrid_flash_after_scan_b2b_ms"] = *fa_after_scan;
       if (output_apart) layer["hybrid_output_apart_b2b_ms"] = *output_apart;
-      if (cols_off && cols_on) {
-        layer["hybrid_scan_default_b2b_ms"] = *cols_off, layer["hybrid_scan_warp_columns_b2b_ms"] = *cols_on;
-        std::printf("  %-10s the scan as it is (default) / a head a block, 16 state columns a warp, back to back (medians of "
+      if (scan_head && scan_blocks) {
+        layer["hybrid_scan_head_b2b_ms"] = *scan_head, layer["hybrid_scan_column_blocks_b2b_ms"] = *scan_blocks;
+        std::printf("  %-10s the scan a head a block (default) / in blocks of 32 state columns, back to back (medians of "
                     "three alternating rounds): %.2f / %.2f ms\n",
-                    "", *cols_off, *cols_on);
+                    "", *scan_head, *scan_blocks);
       }
       if (fused_in && fused_apart) {
         layer["hybrid_fusion_in_scan_b2b_ms"] = *fused_in, layer["hybrid_fusion_apart_b2b_ms"] = *fused_apart;
@@ -571,7 +572,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
           }
         };
         other(hyb_fusion_in_e, "fusion_in_scan", "fusion in the scan");
-        other(hyb_cols_e, "scan_warp_columns", "scan a head a block");
+        other(hyb_blocks_e, "scan_column_blocks", "scan in blocks of 32 columns");
         other(hyb_apart_e, "output_apart", "output apart");
         std::printf("\n");
       }
@@ -663,9 +664,11 @@ BenchSub add_bench_gdn(CLI::App& bench) {
                  "the state below 2^-20 of its size), 0 (whole sequences) or a number of chunks a piece")
       ->capture_default_str();
   c->add_option("--scan-columns", a->scan_columns,
-                 "On CUDA with 16-bit inputs, the state's columns a block of the block float16 scans owns: auto "
-                 "(32 where they divide Dv, else 16) or 16")
-      ->check(CLI::IsMember({"auto", "16"}))
+                 "On CUDA with 16-bit inputs, the state's columns a block of the block float16 scans owns: auto (the "
+                 "inference forward's scan a whole head a block with 16 columns a warp where Dk is 128 and Dv 64 or 128; "
+                 "else 32 where they divide Dv, else 16), 32 or 16 (and the bench's comparisons of the scan a head a "
+                 "block left out)")
+      ->check(CLI::IsMember({"auto", "32", "16"}))
       ->capture_default_str();
   c->add_option("--gate-max", a->gate_max,
                  "Draw the per-token log decays g from -U(0, X): smaller X, slower decay, longer warm-ups for "

@@ -555,9 +555,10 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
       }
       return a;
     };
-    for (int columns : {0, 16})
+    // set_scan_columns(32 or 16): the scan in blocks of columns, never the whole-head column scan.
+    for (int columns : {32, 16})
       for (int64_t segment : {int64_t{0}, int64_t{2}}) {
-        const std::string how = what + (columns == 0 ? ", 32 columns a block" : ", 16 columns a block") +
+        const std::string how = what + (columns == 32 ? ", 32 columns a block" : ", 16 columns a block") +
                                 (segment == 0 ? ", whole sequences" : ", segments of 2 chunks");
         hh::kernels::set_scan_columns(columns);
         hh::kernels::LowRankScanArgs apart = args(segment, false);
@@ -574,15 +575,15 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
         EXPECT_TRUE(torch::equal(in.output.o, want)) << how;
         EXPECT_TRUE(torch::equal(fin, fin_apart)) << how;
         EXPECT_LT(rel_err(in.output.o, want), 1e-6) << how;  // how far, where the bits differ
-        // The column scan (set_scan_warp_columns; Dk = 128): its own block float16 (a scale a row of S^T and
-        // of M^T), so the output agrees to the 16-bit output's rounding and the state to the products'.
-        if (Dk == 128 && columns == 0) {
-          hh::kernels::set_scan_warp_columns(true);
+        // The column scan (the default where it fits: Dk = 128, the columns automatic): its own block float16
+        // (a scale a row of S^T and of M^T), so the output agrees to the 16-bit output's rounding and the
+        // state to the products'.
+        if (Dk == 128 && columns == 32) {
+          ASSERT_TRUE(hh::kernels::scan_warp_columns_enabled());
           poison_allocator();
           hh::kernels::LowRankScanArgs col = args(segment, true);
           const int64_t launches = hh::kernels::column_scan_launches();
           const auto fin_col = hh::kernels::low_rank_scan(col, {0, per, 2 * per});
-          hh::kernels::set_scan_warp_columns(false);
           EXPECT_EQ(hh::kernels::column_scan_launches() - launches, 1) << how << ": the column scan";
           EXPECT_LT(rel_err(col.output.o, want), 1e-2) << how << " (column scan)";
           EXPECT_LT(rel_err(fin_col, fin_apart), 3e-3) << how << " (column scan)";
@@ -607,6 +608,10 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
 TEST(CudaGdn, OutputInTheScanLeavesTheRuleUnchanged) {
   ASSERT_TRUE(torch::cuda::is_available());
   ASSERT_TRUE(hh::kernels::output_in_scan_enabled());
+  // The scan in blocks of 32 columns, whose products are chunk_output_f16's (the whole-head column scan
+  // scales the state by rows: OutputInTheScanEqualsChunkOutputF16BitForBit and
+  // ForwardWithTheChunkKernelsEqualsTheRecurrence check it).
+  hh::kernels::set_scan_columns(32);
   struct Case {
     int64_t B, T;
     std::vector<int64_t> cu;
@@ -647,6 +652,7 @@ TEST(CudaGdn, OutputInTheScanLeavesTheRuleUnchanged) {
       }
     }
   }
+  hh::kernels::set_scan_columns(0);
 }
 
 // The rule's backward with its reverse scan forming the direct term (the default) against
@@ -1037,11 +1043,13 @@ TEST(CudaGdn, ForwardWithTheChunkKernelsEqualsTheRecurrence) {
     // The output from the scan's block float16 history (chunk_output_f16, the default) and from its
     // float32 one (chunk_output); the scan on whole sequences, and in segments of 2 chunks.
     ASSERT_EQ(hh::kernels::scan_segments(), hh::kernels::kAutoSegments);
-    // With the float16 history also the column scan (set_scan_warp_columns), where it fits (Dk = 128).
+    // With the float16 history both forms of the scan: the whole-head column scan (set_scan_warp_columns,
+    // the default where it fits: Dk = 128) and blocks of 32 columns.
+    ASSERT_TRUE(hh::kernels::scan_warp_columns_enabled());
     for (int64_t segments : {int64_t{0}, int64_t{2}})
     for (int mode : {0, 1, 2}) {
+      if (mode == 2 && c.Dk != 128) continue;
       const bool f16_history = mode != 1, columns = mode == 2;
-      if (columns && c.Dk != 128) continue;
       hh::kernels::set_f16_history(f16_history);
       hh::kernels::set_scan_segments(segments);
       hh::kernels::set_scan_warp_columns(columns);
@@ -1050,8 +1058,8 @@ TEST(CudaGdn, ForwardWithTheChunkKernelsEqualsTheRecurrence) {
       const auto got = gdn_chunked_scan(q, k, v, g, beta, s0, 0.1);
       hh::kernels::set_f16_history(true);
       hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
-      hh::kernels::set_scan_warp_columns(false);
-      const std::string how = what + (columns ? " (column scan" : f16_history ? " (float16 history" : " (float32 history") +
+      hh::kernels::set_scan_warp_columns(true);
+      const std::string how = what + (columns ? " (column scan" : f16_history ? " (float16 history, 32 columns a block" : " (float32 history") +
                               (segments == 0 ? ", whole sequences)" : ", segments of 2 chunks)");
       EXPECT_EQ(hh::kernels::column_scan_launches() - launches, columns ? 1 : 0) << how << ": the path taken";
       EXPECT_EQ(got.o.scalar_type(), c.dt) << how;
