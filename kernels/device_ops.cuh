@@ -92,10 +92,6 @@ __device__ __forceinline__ void tma_load_2d(void* smem, const void* map, int x, 
       "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar))
       : "memory");
 }
-// The same box into L2 only (no shared memory, no barrier): a later tma_load_2d of it then reads L2.
-__device__ __forceinline__ void tma_prefetch_2d(const void* map, int x, int y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(map), "r"(x), "r"(y) : "memory");
-}
 // Where the copy engine's SW-byte swizzle (SW = 32, 64 or 128; the tile 1024-byte aligned) puts the
 // byte at `linear` of an unswizzled tile of SW-byte rows: the row's 16-byte unit XOR-ed with bits 7..
 // of the offset, so that the same unit of eight consecutive rows falls in distinct banks.

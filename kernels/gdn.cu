@@ -1224,10 +1224,8 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // largest magnitude into [2^14, 2^15)), undone once on each output element. The factors are the B
 // operands, read from the ring: B_n, Qd and Aq by ldmatrix of their rows, A_n by ldmatrix.trans. The
 // block's warps share a two-slot ring of the chunk's tiles (B_n, A_n, Qd, Aq and U's DV columns in boxes
-// of 32). Whichever warp releases a slot last (a count a slot in shared memory) refills it, so no warp
-// waits for another's release; each refill also prefetches the chunk two beyond it into L2, so that the
-// ring's copies read L2 while DRAM streams ahead of them. The chunk's decay and aq_inv come from global
-// memory where they are used. o goes through a per-warp staging tile, for 16-byte stores.
+// of 32); lane 0 of warp 0 refills a slot once every warp has released it. o goes through a per-warp
+// staging tile, for 16-byte stores.
 constexpr int kColumnStages = 2;
 template <int DK, int DV>
 struct ColumnRing {
@@ -1235,7 +1233,7 @@ struct ColumnRing {
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2, kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
   static constexpr size_t kTile = static_cast<size_t>(C) * DK * 2, kAq = static_cast<size_t>(C) * C * 2;
   static constexpr size_t kUBox = static_cast<size_t>(C) * 128, kU = kUBox * (DV / 32);
-  static constexpr size_t kSlot = (3 * kTile + kAq + kU + 1023) / 1024 * 1024;
+  static constexpr size_t kSlot = (3 * kTile + kAq + kU + 16 + 1023) / 1024 * 1024;
   static constexpr size_t kStage = static_cast<size_t>(C) * 16 * 2;  // a warp's o tile [C][16], 16-bit
   static constexpr size_t kHead = 1024;                                // the barriers
   static constexpr size_t kBytes = kHead + kColumnStages * kSlot + kWarps * kStage + 1024;
@@ -1245,6 +1243,8 @@ struct ColumnRing {
   __device__ __forceinline__ char* Qd(int b) const { return B(b) + kTile; }
   __device__ __forceinline__ char* Aq(int b) const { return Qd(b) + kTile; }
   __device__ __forceinline__ char* U(int b) const { return Aq(b) + kAq; }
+  __device__ __forceinline__ float* decay(int b) const { return reinterpret_cast<float*>(U(b) + kU); }
+  __device__ __forceinline__ float* aq_inv(int b) const { return decay(b) + 1; }
   __device__ __forceinline__ char* stage(int w) const { return slots + kColumnStages * kSlot + w * kStage; }
 };
 static_assert(ColumnRing<128, 128>::kBytes <= 227 * 1024, "the column scan's ring fits an SM");
@@ -1291,8 +1291,8 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   extern __shared__ float4 smem4[];
   char* const base = reinterpret_cast<char*>(smem4) + ((1024 - (smem_addr(smem4) & 1023)) & 1023);
   unsigned long long* const full = reinterpret_cast<unsigned long long*>(base);
-  long long* const plan = reinterpret_cast<long long*>(full + kColumnStages);
-  unsigned* const released = reinterpret_cast<unsigned*>(plan + 1);  // a slot's releases so far, by the warps
+  unsigned long long* const empty = full + kColumnStages;
+  long long* const plan = reinterpret_cast<long long*>(empty + kColumnStages);
   const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y;
@@ -1305,27 +1305,19 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     if (lane == 0) *plan = w;
   }
   if (tid == 0) {
-    for (int b = 0; b < kColumnStages; ++b) mbar_init(&full[b], 1), released[b] = 0;
+    for (int b = 0; b < kColumnStages; ++b) mbar_init(&full[b], 1), mbar_init(&empty[b], NW);
     mbar_init_fence();
   }
   __syncthreads();
   const int64_t w0 = *plan, count = hi - w0, skip = lo - w0;
   const bool from_y0 = w0 == n0, last = hi == n1;
   const unsigned bytes = static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU);
-  const int64_t head_chunk = static_cast<int64_t>(h) * N + w0;  // chunk i: head_chunk + i of the [H, N] arrays
-  auto prefetch = [&](int64_t i) {  // chunk i's tiles into L2 (one thread)
-    const int row = static_cast<int>((head_chunk + i) * C);
-    for (int x = 0; x < Ring::kBoxes; ++x) {
-      tma_prefetch_2d(&maps.A, x * Ring::kBoxCols, row);
-      tma_prefetch_2d(&maps.B, x * Ring::kBoxCols, row);
-      tma_prefetch_2d(&maps.Qd, x * Ring::kBoxCols, row);
-    }
-    tma_prefetch_2d(&maps.Aq, 0, row);
-    for (int x = 0; x < DV / 32; ++x) tma_prefetch_2d(&maps.U, 32 * x, row);
-  };
-  auto issue = [&](int64_t i, int b) {  // chunk i into slot b, and chunk i + 2 into L2 (one thread)
+  auto issue = [&](int64_t i, int b) {  // chunk w0 + i into slot b (one thread)
+    const int64_t c = static_cast<int64_t>(h) * N + w0 + i;
+    *ring.decay(b) = decay[c];
+    *ring.aq_inv(b) = so.aq_inv[c];
     mbar_arrive_expect_tx(&full[b], bytes);
-    const int row = static_cast<int>((head_chunk + i) * C);
+    const int row = static_cast<int>(c * C);
     for (int x = 0; x < Ring::kBoxes; ++x) {
       tma_load_2d(ring.A(b) + x * C * SW, &maps.A, x * Ring::kBoxCols, row, &full[b]);
       tma_load_2d(ring.B(b) + x * C * SW, &maps.B, x * Ring::kBoxCols, row, &full[b]);
@@ -1333,7 +1325,6 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     }
     tma_load_2d(ring.Aq(b), &maps.Aq, 0, row, &full[b]);
     for (int x = 0; x < DV / 32; ++x) tma_load_2d(ring.U(b) + x * Ring::kUBox, &maps.U, 32 * x, row, &full[b]);
-    if (i + kColumnStages < count) prefetch(i + kColumnStages);
   };
   if (tid == 0)
     for (int64_t i = 0; i < count && i < kColumnStages; ++i) issue(i, static_cast<int>(i));
@@ -1412,7 +1403,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
           mma_f16(oq[2 * p + 1], sa[k], qh);
         }
     // (2) S^T <- a S^T + M^T A_n, in two halves of Dk (the products' partial sums beside the state).
-    const float an = decay[head_chunk + i];  // eight chunks a 32-byte sector: mostly from L1
+    const float an = *ring.decay(buf);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float part[NK / 2][4] = {};
@@ -1447,7 +1438,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
           mma_f16(oa[2 * p], ma[k], bl);
           mma_f16(oa[2 * p + 1], ma[k], bh);
         }
-      const float ai = so.aq_inv[head_chunk + i];
+      const float ai = *ring.aq_inv(buf);
       // o^T's rows (this warp's 16 columns) into the warp's staging tile [C][16] as o's rows, then 16 bytes a lane.
       __half* const st16 = reinterpret_cast<__half*>(ring.stage(warp));
       __nv_bfloat16* const stb = reinterpret_cast<__nv_bfloat16*>(ring.stage(warp));
@@ -1462,15 +1453,8 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
           else st16[c * 16 + r] = __float2half_rn(x);
         }
     }
-    // This warp is done with the slot: the last of the block's warps to say so refills it with chunk i + 2.
     __syncwarp();
-    if (lane == 0) {
-      __threadfence_block();  // the warp's reads of the slot before its release
-      if (atomicAdd(&released[buf], 1u) == NW * (round + 1) - 1 && i + kColumnStages < count) {
-        __threadfence_block();  // every warp's release before the copies
-        issue(i + kColumnStages, buf);
-      }
-    }
+    if (lane == 0) mbar_arrive(&empty[buf]);  // this warp is done with the slot
     if (write) {
       const ChunkRows row_of = so.rows.chunk(w0 + i);
 #pragma unroll
@@ -1486,6 +1470,13 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     }
     // The state's 16-bit fragments for the next chunk (its start state).
     publish();
+    if (warp == 0) {  // refill this slot with chunk i + 2 once every warp has released it
+      if (lane == 0 && i + kColumnStages < count) {
+        mbar_wait(&empty[buf], round & 1);
+        issue(i + kColumnStages, buf);
+      }
+      __syncwarp();
+    }
     __syncwarp();  // the staging tile is read before the next chunk writes it
     if (++buf == kColumnStages) buf = 0, ++round;
   }
