@@ -241,6 +241,7 @@ int64_t g_scan_segments = kAutoSegments;  // set_scan_segments
 int g_scan_columns = 0;                    // set_scan_columns
 bool g_output_in_scan = true;              // set_output_in_scan
 bool g_scan_warp_columns = true;           // set_scan_warp_columns
+bool g_fusion_in_column_scan = true;       // set_fusion_in_column_scan
 std::atomic<int64_t> g_column_scan_launches{0};  // column_scan_launches
 bool g_fusion_in_scan = false;             // set_fusion_in_scan
 std::atomic<int64_t> g_fused_scan_launches{0};  // fused_scan_launches
@@ -1226,8 +1227,14 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // block's warps share a two-slot ring of the chunk's tiles (B_n, A_n, Qd, Aq and U's DV columns in boxes
 // of 32); lane 0 of warp 0 refills a slot once every warp has released it. o goes through a per-warp
 // staging tile, for 16-byte stores.
+// FUSE >= 0 (the activation, as in low_rank_scan_f16_kernel): o goes through the fusion norm into fa.y
+// instead, y = act(gate) * (gamma * (o * rsqrt(sum / Dv + eps))) with o rounded to O and each row's sum
+// of its rounded squares, as chunk_output_f16_fused's epilogue forms it. A row's sum spans the block's
+// warps: each warp adds its 16 columns' squares into a two-chunk table of partial sums, and one barrier
+// of the block's warps a chunk makes the table whole. The gate's rows come into a per-warp tile by
+// cp.async at the step's start, behind its products.
 constexpr int kColumnStages = 2;
-template <int DK, int DV>
+template <int DK, int DV, bool FUSED = false>
 struct ColumnRing {
   static constexpr int C = kLowRankChunk, kWarps = DV / 16;
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2, kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
@@ -1236,7 +1243,9 @@ struct ColumnRing {
   static constexpr size_t kSlot = (3 * kTile + kAq + kU + 16 + 1023) / 1024 * 1024;
   static constexpr size_t kStage = static_cast<size_t>(C) * 16 * 2;  // a warp's o tile [C][16], 16-bit
   static constexpr size_t kHead = 1024;                                // the barriers
-  static constexpr size_t kBytes = kHead + kColumnStages * kSlot + kWarps * kStage + 1024;
+  static constexpr size_t kPsum = FUSED ? 2 * static_cast<size_t>(C) * kWarps * 4 : 0;  // [2][C][kWarps] float
+  static constexpr size_t kGate = FUSED ? kWarps * kStage : 0;                            // a warp's gate tile [C][16]
+  static constexpr size_t kBytes = kHead + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + 1024;
   char* slots;
   __device__ __forceinline__ char* A(int b) const { return slots + b * kSlot; }
   __device__ __forceinline__ char* B(int b) const { return A(b) + kTile; }
@@ -1246,8 +1255,12 @@ struct ColumnRing {
   __device__ __forceinline__ float* decay(int b) const { return reinterpret_cast<float*>(U(b) + kU); }
   __device__ __forceinline__ float* aq_inv(int b) const { return decay(b) + 1; }
   __device__ __forceinline__ char* stage(int w) const { return slots + kColumnStages * kSlot + w * kStage; }
+  __device__ __forceinline__ float* psum(int p) const {
+    return reinterpret_cast<float*>(slots + kColumnStages * kSlot + kWarps * kStage) + p * C * kWarps;
+  }
+  __device__ __forceinline__ char* gate(int w) const { return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + w * kStage; }
 };
-static_assert(ColumnRing<128, 128>::kBytes <= 227 * 1024, "the column scan's ring fits an SM");
+static_assert(ColumnRing<128, 128, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM");
 
 // A row pair's power-of-two scales from this thread's values of rows g and g + 8 (the quad shares them).
 __device__ __forceinline__ void row_scales(float mx0, float mx1, Pow2Scale& s0, Pow2Scale& s1) {
@@ -1279,13 +1292,15 @@ __device__ __forceinline__ void row_max_abs(const float (&x)[NT][4], float& mx0,
   }
 }
 
-template <int DK, int DV>
+template <int DK, int DV, int FUSE, class O>
 __global__ void __launch_bounds__(32 * (DV / 16), 1)
     column_scan_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay, const float* __restrict__ bound,
                        const float* __restrict__ y0, float* __restrict__ fin, const int64_t* __restrict__ offsets,
-                       const int64_t* __restrict__ segs, int H, int64_t N, ScanOut so) {
+                       const int64_t* __restrict__ segs, int H, int64_t N, ScanOut so, const __grid_constant__ FusedOutputArgs fa) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  using Ring = ColumnRing<DK, DV>;
+  constexpr bool FUSED = FUSE >= 0;
+  using Ring = ColumnRing<DK, DV, FUSED>;
+  using P2 = typename Pair16<O>::type;
   constexpr int C = kLowRankChunk, NW = Ring::kWarps, SW = Ring::SW, NK = DK / 8, NC = C / 8;
   static_assert(C == 64 && DK % 16 == 0 && DV % 32 == 0, "the column scan's shapes");
   extern __shared__ float4 smem4[];
@@ -1358,8 +1373,19 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   int buf = 0;
   unsigned round = 0;
   for (int64_t i = 0; i < count; ++i) {
-    mbar_wait(&full[buf], round & 1);
     const bool write = i >= skip;
+    if (FUSED && write) {  // this warp's columns of the chunk's gate rows, into its gate tile (padding rows: none)
+      const ChunkRows row_of = so.rows.chunk(w0 + i);
+      const O* const gate = static_cast<const O*>(fa.gate) + static_cast<int64_t>(h) * DV + r0;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int u = lane + 32 * q, c = u / 2, part = u % 2;
+        const int64_t row = row_of(c);
+        if (row >= 0) cp_async16(ring.gate(warp) + c * 32 + part * 16, gate + row * fa.pl.gate_ld + 8 * part);
+      }
+      cp_async_commit();
+    }
+    mbar_wait(&full[buf], round & 1);
     // (1) M^T = U^T - S^T B^T: two 8-column tiles of tokens a B load. (S^T Qd^T comes after M^T's
     // fragments, so that M^T's and o's accumulators are not live together.)
     float mt[NC][4] = {};
@@ -1443,19 +1469,67 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       __half* const st16 = reinterpret_cast<__half*>(ring.stage(warp));
       __nv_bfloat16* const stb = reinterpret_cast<__nv_bfloat16*>(ring.stage(warp));
 #pragma unroll
-      for (int j = 0; j < NC; ++j)
+      for (int j = 0; j < NC; ++j) {
+        float ss[2] = {0.f, 0.f};  // FUSED: the squares of rows 8 j + 2 t and 8 j + 2 t + 1 over the lane's two columns
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float sc = e < 2 ? sinv0 : sinv1, mi = ai * (e < 2 ? q0.inverse : q1.inverse);
           const float x = fmaf(mi, oa[j][e], sc * oq[j][e]);
           const int c = 8 * j + 2 * t + (e & 1), r = g + (e >= 2 ? 8 : 0);
-          if (so.bf16) stb[c * 16 + r] = __float2bfloat16_rn(x);
+          if constexpr (FUSED) {
+            const O xr = O(x);
+            reinterpret_cast<O*>(ring.stage(warp))[c * 16 + r] = xr;
+            const float v = static_cast<float>(xr);
+            ss[e & 1] += v * v;
+          } else if (so.bf16) stb[c * 16 + r] = __float2bfloat16_rn(x);
           else st16[c * 16 + r] = __float2half_rn(x);
         }
+        if constexpr (FUSED) {  // over the warp's 16 columns (the lanes of one t), into the table
+#pragma unroll
+          for (int o = 4; o < 32; o <<= 1) {
+            ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], o);
+            ss[1] += __shfl_xor_sync(0xffffffffu, ss[1], o);
+          }
+          if (g == 0) {
+            float* const ps = ring.psum(static_cast<int>(i & 1));
+            ps[(8 * j + 2 * t) * NW + warp] = ss[0];
+            ps[(8 * j + 2 * t + 1) * NW + warp] = ss[1];
+          }
+        }
+      }
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[buf]);  // this warp is done with the slot
-    if (write) {
+    if (FUSED && write) {
+      // Every warp's sums of the chunk in the table (the barrier also keeps a warp from writing the table's
+      // other half for chunk i + 1 before all have read it for chunk i - 1).
+      asm volatile("bar.sync 1, %0;\n" ::"n"(32 * NW) : "memory");
+      cp_async_wait<0>();  // this lane's gate units (each lane reads only those it copied)
+      const ChunkRows row_of = so.rows.chunk(w0 + i);
+      const float* const ps = ring.psum(static_cast<int>(i & 1));
+      const uint4 gamma = *reinterpret_cast<const uint4*>(static_cast<const O*>(fa.gamma) + static_cast<int64_t>(h) * DV + r0 +
+                                                          8 * (lane % 2));
+      O* const ydst = static_cast<O*>(fa.y) + static_cast<int64_t>(fa.pl.pos[h]) * DV + r0;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int u = lane + 32 * q, c = u / 2, part = u % 2;
+        float total = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) total += ps[c * NW + w];
+        const float rstd = rsqrtf(total / static_cast<float>(DV) + fa.eps);
+        uint4 v = *reinterpret_cast<const uint4*>(ring.stage(warp) + c * 32 + part * 16);
+        uint4 gv = *reinterpret_cast<const uint4*>(ring.gate(warp) + c * 32 + part * 16), gm = gamma, out;
+        const P2* const vp = reinterpret_cast<const P2*>(&v);
+        const P2* const gp = reinterpret_cast<const P2*>(&gv);
+        const P2* const mp = reinterpret_cast<const P2*>(&gm);
+        P2* const op = reinterpret_cast<P2*>(&out);
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          op[k] = fusion_pair<FUSE, O>(Pair16<O>::to_float2(vp[k]), rstd, Pair16<O>::to_float2(gp[k]), mp[k]);
+        const int64_t row = row_of(c);
+        if (row >= 0) *reinterpret_cast<uint4*>(ydst + row * fa.pl.y_ld + 8 * part) = out;
+      }
+    } else if (write) {
       const ChunkRows row_of = so.rows.chunk(w0 + i);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {  // C rows of two 16-byte units
@@ -1599,22 +1673,26 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// The column scan (column_scan_kernel): one block a (segment, head), Dv / 16 warps.
-template <int DK, int DV>
+// The column scan (column_scan_kernel): one block a (segment, head), Dv / 16 warps; FUSE >= 0 with the
+// fusion norm into y of O.
+template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16>
 void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
   const int H = static_cast<int>(a.A.size(0));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
-  constexpr size_t smem = ColumnRing<DK, DV>::kBytes;
-  auto kernel = column_scan_kernel<DK, DV>;
+  constexpr size_t smem = ColumnRing<DK, DV, (FUSE >= 0)>::kBytes;
+  auto kernel = column_scan_kernel<DK, DV, FUSE, O>;
   const LowRankScanArgs::Output& o = a.output;
-  const ScanOut so{o.aq_inv.data_ptr<float>(), o.o.data_ptr(), slot_rows(o.grid, o.B, o.T), o.o.scalar_type() == at::kBFloat16};
+  const ScanOut so{o.aq_inv.data_ptr<float>(), FUSE >= 0 ? nullptr : o.o.data_ptr(), slot_rows(o.grid, o.B, o.T),
+                   FUSE < 0 && o.o.scalar_type() == at::kBFloat16};
+  FusedOutputArgs fa{};
+  if constexpr (FUSE >= 0) fa = plan.fused;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int64_t* table = plan.table.data_ptr<int64_t>();
   const dim3 grid(static_cast<unsigned>(plan.segments), static_cast<unsigned>(H));
   g_column_scan_launches.fetch_add(1, std::memory_order_relaxed);
   kernel<<<grid, 32 * (DV / 16), smem, at::cuda::getCurrentCUDAStream()>>>(
       scan_maps<DK, 32>(a), a.decay.data_ptr<float>(), a.bound.defined() ? a.bound.data_ptr<float>() : nullptr,
-      a.y0.data_ptr<float>(), fin.data_ptr<float>(), table, table + S + 1, H, N, so);
+      a.y0.data_ptr<float>(), fin.data_ptr<float>(), table, table + S + 1, H, N, so, fa);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1656,9 +1734,13 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
       if (a.output.fusion != nullptr) {
         if constexpr (DK == 128) {  // scan_output_fusion_supported
           const bool bf16 = a.output.y.scalar_type() == at::kBFloat16;
-          auto launch = [&](auto act) {
+          auto launch = [&](auto act) {  // the column scan where it takes the fusion, else a cluster of column blocks
             constexpr int A = decltype(act)::value;
-            if (bf16) launch_low_rank_scan_f16<DK, 3, 32, true, false, A, c10::BFloat16>(a, plan, fin);
+            if (plan.columns == 128 && bf16) launch_column_scan<128, 128, A, c10::BFloat16>(a, plan, fin);
+            else if (plan.columns == 128) launch_column_scan<128, 128, A, c10::Half>(a, plan, fin);
+            else if (plan.columns == 64 && bf16) launch_column_scan<128, 64, A, c10::BFloat16>(a, plan, fin);
+            else if (plan.columns == 64) launch_column_scan<128, 64, A, c10::Half>(a, plan, fin);
+            else if (bf16) launch_low_rank_scan_f16<DK, 3, 32, true, false, A, c10::BFloat16>(a, plan, fin);
             else launch_low_rank_scan_f16<DK, 3, 32, true, false, A, c10::Half>(a, plan, fin);
           };
           switch (a.output.fusion->act) {
@@ -2277,6 +2359,12 @@ void set_output_in_scan(bool on) { g_output_in_scan = on; }
 void set_scan_warp_columns(bool on) { g_scan_warp_columns = on; }
 bool scan_warp_columns_enabled() { return g_scan_warp_columns; }
 int64_t column_scan_launches() { return g_column_scan_launches.load(std::memory_order_relaxed); }
+void set_fusion_in_column_scan(bool on) { g_fusion_in_column_scan = on; }
+bool fusion_in_column_scan_enabled() { return g_fusion_in_column_scan; }
+bool column_scan_fuses(int64_t Dk, int64_t Dv) {
+  return g_scan_warp_columns && g_fusion_in_column_scan && !g_fusion_in_scan && g_scan_columns == 0 && Dk == 128 &&
+         (Dv == 64 || Dv == 128);
+}
 bool scan_output_fusion_supported(int64_t Dk, int64_t Dv) { return Dk == 128 && Dv % 32 == 0 && Dv / 32 <= 8; }
 void set_fusion_in_scan(bool on) { g_fusion_in_scan = on; }
 bool fusion_in_scan_enabled() { return g_fusion_in_scan; }
@@ -2431,12 +2519,14 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   plan.fused = fused;
   plan.columns = a.precision == ScanPrecision::kBlockFloat16 && Dv % 32 == 0 && g_scan_columns != 16 ? 32 : 16;
   // The column scan (set_scan_warp_columns) takes the inference forward with its output at Dk = 128, Dv 64
-  // or 128 (a block a head, Dv / 16 warps), 16-byte aligned rows of o, no history and no fusion, unless
-  // set_scan_columns asks for blocks of 16 or 32 columns.
-  if (g_scan_warp_columns && g_scan_columns == 0 && a.output.o.defined() && a.output.fusion == nullptr && !a.reverse && Dk == 128 &&
-      (Dv == 64 || Dv == 128) && a.A.scalar_type() == at::kHalf && !a.hist.defined() && !a.M.defined() && !s16 && !m16 &&
-      !a.Z.defined() && a.U.defined() && reinterpret_cast<uintptr_t>(a.output.o.data_ptr()) % 16 == 0)
-    plan.columns = static_cast<int>(Dv);
+  // or 128 (a block a head, Dv / 16 warps), 16-byte aligned rows of o, no history, unless set_scan_columns
+  // asks for blocks of 16 or 32 columns; with the fusion (checked above), unless set_fusion_in_scan asks for
+  // the cluster of column blocks or set_fusion_in_column_scan is off.
+  const bool fusion = a.output.fusion != nullptr;
+  if (column_scan_fuses(Dk, Dv) || (!fusion && g_scan_warp_columns && g_scan_columns == 0 && Dk == 128 && (Dv == 64 || Dv == 128)))
+    if ((fusion || (a.output.o.defined() && reinterpret_cast<uintptr_t>(a.output.o.data_ptr()) % 16 == 0)) && !a.reverse &&
+        a.A.scalar_type() == at::kHalf && !a.hist.defined() && !a.M.defined() && !s16 && !m16 && !a.Z.defined() && a.U.defined())
+      plan.columns = static_cast<int>(Dv);
   const int64_t blocks_whole = (Dv / plan.columns) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   int64_t longest = 0;
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
@@ -2444,9 +2534,9 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   // and Aq besides).
   const bool two_a_sm = plan.columns == 16 && !a.output.o.defined() && a.output.fusion == nullptr && !a.direct.dO16.defined();
   // With the fusion, whole clusters of a head's Dv / 32 column blocks: those the device places at once.
-  const int64_t slots = a.output.fusion != nullptr && a.segment == kAutoSegments ? fused_scan_slots(static_cast<int>(Dv / 32))
-                                                                                  : (two_a_sm ? 2 : 1) * sms;
-  if (a.output.fusion != nullptr && slots < Dv / 32)
+  const bool cluster = fusion && plan.columns == 32;
+  const int64_t slots = cluster && a.segment == kAutoSegments ? fused_scan_slots(static_cast<int>(Dv / 32)) : (two_a_sm ? 2 : 1) * sms;
+  if (cluster && slots < Dv / 32)
     throw std::invalid_argument("hh::kernels::low_rank_scan: this device cannot run a cluster of " + std::to_string(Dv / 32) +
                                 " blocks of the scan with the fusion (set_fusion_in_scan(false) takes the fusion kernel after it)");
   const int64_t len = a.segment == kAutoSegments ? auto_segment_chunks(blocks_whole, longest, slots) : a.segment;

@@ -147,6 +147,14 @@ void set_scan_warp_columns(bool on);
 bool scan_warp_columns_enabled();
 // How many times the column scan has been launched in this process: which path a forward took, for tests.
 int64_t column_scan_launches();
+// Whether the column scan applies the fusion norm itself where it takes a fused output (process-wide, on
+// by default; off, the fusion kernel after it): a row's sum of squares spans one block, so no cluster.
+// set_fusion_in_scan(true) takes the cluster of column blocks instead.
+void set_fusion_in_column_scan(bool on);
+bool fusion_in_column_scan_enabled();
+// Whether a fused output at these head sizes goes through the column scan (the switches above, Dk = 128,
+// Dv 64 or 128): gdn's forward then hands the scan its fusion (LowRankScanArgs::Output::fusion).
+bool column_scan_fuses(int64_t Dk, int64_t Dv);
 // Whether the rule's backward has its reverse scan form the direct term (LowRankScanArgs::direct) from
 // the forward's output factors, which the forward then keeps for it, instead of chunk_state_direct's Z
 // (process-wide, on by default; off for benchmarks, or to keep less for the backward: the forward then

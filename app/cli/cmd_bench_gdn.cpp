@@ -92,7 +92,8 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // kDirectApart: the backward's direct term by chunk_state_direct instead of in the reverse scan;
 // kFusionInScan: the layer's fusion norm inside the scan that writes the output (a cluster of a head's
 // column blocks) instead of by a kernel of its own after it; kScanColumnBlocks: the forward's scan in blocks of
-// 32 state columns instead of a whole head a block with 16 columns a warp (kernels::set_scan_warp_columns).
+// 32 state columns instead of a whole head a block with 16 columns a warp (kernels::set_scan_warp_columns);
+// kFusionAfterColumnScan: the layer's fusion norm by the fusion kernel after the column scan instead of in it.
 enum class OtherPath {
   kLibTorchLocal,
   kTf32Scan,
@@ -101,7 +102,8 @@ enum class OtherPath {
   kOutputApart,
   kDirectApart,
   kFusionInScan,
-  kScanColumnBlocks
+  kScanColumnBlocks,
+  kFusionAfterColumnScan
 };
 
 // fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
@@ -136,6 +138,8 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
     case OtherPath::kOutputApart: return with_setting(kernels::set_output_in_scan, kernels::output_in_scan_enabled, false, dev, fn);
     case OtherPath::kDirectApart: return with_setting(kernels::set_direct_in_scan, kernels::direct_in_scan_enabled, false, dev, fn);
     case OtherPath::kFusionInScan: return with_setting(kernels::set_fusion_in_scan, kernels::fusion_in_scan_enabled, true, dev, fn);
+    case OtherPath::kFusionAfterColumnScan:
+      return with_setting(kernels::set_fusion_in_column_scan, kernels::fusion_in_column_scan_enabled, false, dev, fn);
     case OtherPath::kScanColumnBlocks:
       return with_setting(kernels::set_scan_warp_columns, kernels::scan_warp_columns_enabled, false, dev, fn);
     case OtherPath::kFactorsThreeBlocks:
@@ -462,7 +466,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       // chunk_factors at four blocks an SM against three, and the FA heads' attention gated on
       // chunk_factors against on its inputs alone, alternating with the default: the device slows as it
       // warms up.
-      std::vector<double> four, three, ungated, after_scan, out_apart, fusion_apart, fusion_in, one_apart, one_in, head_scan, block_scan;
+      std::vector<double> four, three, ungated, after_scan, out_apart, fusion_default, fusion_in, fusion_after, one_default, one_in,
+          head_scan, block_scan;
       for (int round = 0; round < 3 && dev.is_cuda(); ++round) {
         four.push_back(back_to_back_ms(dev, a.warmup, a.iters, hybrid_run));
         if (const auto t = on_other_path(OtherPath::kFactorsThreeBlocks, dev,
@@ -478,18 +483,21 @@ int run_bench_gdn(const GdnBenchArgs& a) {
           if (const auto f = on_other_path(OtherPath::kScanColumnBlocks, dev, b2b)) block_scan.push_back(*f);
         }
         if (!a.fusion_in_scan && !a.output_apart) {  // else that is the default, or (the output apart) no path
-          fusion_apart.push_back(b2b());
+          fusion_default.push_back(b2b());
           if (const auto f = on_other_path(OtherPath::kFusionInScan, dev, b2b)) fusion_in.push_back(*f);
+          if (a.scan_columns == "auto")  // the fusion kernel after the column scan
+            if (const auto f = on_other_path(OtherPath::kFusionAfterColumnScan, dev, b2b)) fusion_after.push_back(*f);
           // The same on one stream, where the scan's clusters need not wait for SMs flash attention holds.
           auto one = [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_one_stream); };
-          one_apart.push_back(one());
+          one_default.push_back(one());
           if (const auto f = on_other_path(OtherPath::kFusionInScan, dev, one)) one_in.push_back(*f);
         }
       }
       const std::optional<double> cf_four = median_of(four), cf_three = median_of(three), fa_ungated = median_of(ungated),
                                   fa_after_scan = median_of(after_scan), output_apart = median_of(out_apart),
-                                  fused_in = median_of(fusion_in), fused_apart = median_of(fusion_apart),
-                                  one_fused_in = median_of(one_in), one_fused_apart = median_of(one_apart),
+                                  fused_in = median_of(fusion_in), fused_default = median_of(fusion_default),
+                                  fused_after = median_of(fusion_after), one_fused_in = median_of(one_in),
+                                  one_fused_default = median_of(one_default),
                                   scan_head = median_of(head_scan), scan_blocks = median_of(block_scan);
       const std::optional<Sustained> dense_e = sustained(dense_run, dense_b2b), hyb_e = sustained(hybrid_run, hyb_b2b);
       // The same for the hybrid with its output apart (kernels::set_output_in_scan): under a power limit the
@@ -502,7 +510,12 @@ int run_bench_gdn(const GdnBenchArgs& a) {
           a.output_apart || a.scan_columns != "auto"
               ? std::nullopt
               : on_other_path(OtherPath::kScanColumnBlocks, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
-      // And with the fusion norm inside the scan (kernels::set_fusion_in_scan).
+      // And with the fusion norm by its kernel after the column scan (kernels::set_fusion_in_column_scan off).
+      const std::optional<Sustained> hyb_fusion_after_e =
+          a.fusion_in_scan || a.output_apart || a.scan_columns != "auto"
+              ? std::nullopt
+              : on_other_path(OtherPath::kFusionAfterColumnScan, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
+      // And with the fusion norm inside the cluster scan (kernels::set_fusion_in_scan).
       const std::optional<Sustained> hyb_fusion_in_e =
           a.fusion_in_scan || a.output_apart
               ? std::nullopt
@@ -531,14 +544,18 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                     "three alternating rounds): %.2f / %.2f ms\n",
                     "", *scan_head, *scan_blocks);
       }
-      if (fused_in && fused_apart) {
-        layer["hybrid_fusion_in_scan_b2b_ms"] = *fused_in, layer["hybrid_fusion_apart_b2b_ms"] = *fused_apart;
-        std::printf("  %-10s fusion norm apart (default) / in the scan, back to back (medians of three alternating rounds): %.2f / "
-                    "%.2f ms",
-                    "", *fused_apart, *fused_in);
-        if (one_fused_in && one_fused_apart) {
-          layer["hybrid_one_stream_fusion_apart_b2b_ms"] = *one_fused_apart, layer["hybrid_one_stream_fusion_in_scan_b2b_ms"] = *one_fused_in;
-          std::printf("; on one stream %.2f / %.2f ms", *one_fused_apart, *one_fused_in);
+      if (fused_in && fused_default) {
+        // The default: in the column scan where it takes the layer's heads, else the fusion kernel after the scan.
+        layer["hybrid_fusion_default_b2b_ms"] = *fused_default, layer["hybrid_fusion_in_cluster_scan_b2b_ms"] = *fused_in;
+        std::printf("  %-10s fusion norm as by default / in the cluster scan", "");
+        if (fused_after) std::printf(" / after the column scan");
+        std::printf(", back to back (medians of three alternating rounds): %.2f / %.2f", *fused_default, *fused_in);
+        if (fused_after) layer["hybrid_fusion_after_column_scan_b2b_ms"] = *fused_after, std::printf(" / %.2f", *fused_after);
+        std::printf(" ms");
+        if (one_fused_in && one_fused_default) {
+          layer["hybrid_one_stream_fusion_default_b2b_ms"] = *one_fused_default;
+          layer["hybrid_one_stream_fusion_in_cluster_scan_b2b_ms"] = *one_fused_in;
+          std::printf("; on one stream %.2f / %.2f ms", *one_fused_default, *one_fused_in);
         }
 #ifdef HH_HAVE_KERNELS
         if (kernels::scan_output_fusion_supported(Dh, Dh)) {
@@ -571,7 +588,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
             std::printf(", %.3f J", *e->joules);
           }
         };
-        other(hyb_fusion_in_e, "fusion_in_scan", "fusion in the scan");
+        other(hyb_fusion_after_e, "fusion_after_column_scan", "fusion after the column scan");
+        other(hyb_fusion_in_e, "fusion_in_scan", "fusion in the cluster scan");
         other(hyb_blocks_e, "scan_column_blocks", "scan in blocks of 32 columns");
         other(hyb_apart_e, "output_apart", "output apart");
         std::printf("\n");
@@ -646,7 +664,8 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_flag("--fusion-in-scan", a->fusion_in_scan,
               "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
               "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "
-              "of by a kernel of its own after it, and leave that comparison out (no effect with --output-apart)");
+              "of by a kernel of its own after it, and leave that comparison out (no effect with --output-apart); by "
+              "default the whole-head column scan applies it where it takes the layer's heads");
   c->add_option("--history", a->history,
                  "On CUDA with 16-bit inputs, the chunks' states and new values the forward's scan hands its output "
                  "kernel: f16 (block float16, as its products use them) or f32")

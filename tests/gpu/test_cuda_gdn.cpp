@@ -1170,11 +1170,11 @@ TEST(CudaGdn, FusedOutputTakesAOneSequenceGateOfAnyBatchStride) {
   hh::kernels::OutputFusion copy = fu;
   copy.gate = fu.gate.contiguous();
   torch::NoGradGuard no_grad;
-  for (int mode : {0, 1, 2}) {  // the scan's output then the fusion kernel; the fusion in the scan; in the output kernel
+  for (int mode : {0, 1, 2}) {  // the fusion in the column scan; in the cluster scan; in the output kernel
     const bool in_scan = mode < 2;
     hh::kernels::set_output_in_scan(in_scan);
     hh::kernels::set_fusion_in_scan(mode == 1);
-    const std::string what = mode == 0 ? "output in the scan" : mode == 1 ? "fusion in the scan" : "fusion in the output kernel";
+    const std::string what = mode == 0 ? "fusion in the column scan" : mode == 1 ? "fusion in the cluster scan" : "fusion in the output kernel";
     auto got = torch::full({1, T, Hy, D}, 7.0, dev), want = torch::full({1, T, Hy, D}, 7.0, dev);
     EXPECT_TRUE(hh::kernels::chunk_output_fusion_fits(fu, got)) << what;
     const int64_t launches = hh::kernels::fused_scan_launches();
@@ -1194,11 +1194,13 @@ TEST(CudaGdn, FusedOutputTakesAOneSequenceGateOfAnyBatchStride) {
   EXPECT_TRUE(torch::equal(got, want)) << "the fusion kernel";
 }
 
-// The fusion inside the scan (a cluster of a head's column blocks exchanging each row's sums of squares
-// every chunk) against the fusion inside chunk_output_f16 from the scan's history, over segments of two
-// chunks (whose warm-ups write nothing, in every block of a cluster alike) and whole sequences, T not a
-// multiple of 64, Dv 128 (four blocks a cluster) and 64 (two): the same final state, the fused heads
-// within the fusion's roundings, the other heads untouched.
+// The fusion inside the scan (set_fusion_in_scan: a cluster of a head's column blocks exchanging each
+// row's sums of squares every chunk) against the fusion inside chunk_output_f16 from the scan's history,
+// over segments of two chunks (whose warm-ups write nothing, in every block of a cluster alike) and whole
+// sequences, T not a multiple of 64, Dv 128 (four blocks a cluster) and 64 (two): the same final state,
+// the fused heads within the fusion's roundings, the other heads untouched. And the default, the fusion
+// inside the column scan (a head a block): the fused heads within the fusion's roundings of the column
+// scan's own output through the fusion kernel, and the final state its bits.
 TEST(CudaGdn, FusionInTheScanEqualsTheFusedOutputKernel) {
   ASSERT_TRUE(torch::cuda::is_available());
   namespace F = torch::nn::functional;
@@ -1246,9 +1248,25 @@ TEST(CudaGdn, FusionInTheScanEqualsTheFusedOutputKernel) {
       };
       auto got = torch::full({B, T, Hy, Dv}, 7.0, dev), want = torch::full({B, T, Hy, Dv}, 7.0, dev);
       const auto state = run(true, got), want_state = run(false, want);
-      hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
       EXPECT_TRUE(torch::equal(state, want_state)) << what << " (final state)";
       expect_fused_heads_close(got, want, heads, what);
+      // The column scan with the fusion (the default) against its output through the fusion kernel.
+      ASSERT_TRUE(hh::kernels::column_scan_fuses(Dk, Dv)) << what;
+      poison_allocator();
+      auto col = torch::full({B, T, Hy, Dv}, 7.0, dev);
+      const int64_t launches = hh::kernels::column_scan_launches(), cluster = hh::kernels::fused_scan_launches();
+      const auto col_state = hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, fu, col);
+      EXPECT_EQ(hh::kernels::column_scan_launches() - launches, 1) << what << ": the column scan";
+      EXPECT_EQ(hh::kernels::fused_scan_launches() - cluster, 0) << what << ": not the cluster";
+      hh::kernels::set_fusion_in_column_scan(false);
+      auto col_apart = torch::full({B, T, Hy, Dv}, 7.0, dev);
+      const auto col_apart_state = hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, fu, col_apart);
+      hh::kernels::set_fusion_in_column_scan(true);
+      EXPECT_EQ(hh::kernels::column_scan_launches() - launches, 2) << what << ": the column scan, its output apart";
+      hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+      EXPECT_TRUE(torch::equal(col_state, col_apart_state)) << what << " (column scan, final state)";
+      expect_fused_heads_close(col, col_apart, heads, what + " (column scan)");
+      EXPECT_LT(rel_err(col_state, state), 3e-3) << what << " (column scan against the cluster's final state)";
     }
 }
 
