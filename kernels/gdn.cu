@@ -241,7 +241,7 @@ int64_t g_scan_segments = kAutoSegments;  // set_scan_segments
 int g_scan_columns = 0;                    // set_scan_columns
 bool g_output_in_scan = true;              // set_output_in_scan
 bool g_scan_warp_columns = true;           // set_scan_warp_columns
-bool g_fusion_in_column_scan = true;       // set_fusion_in_column_scan
+bool g_fusion_in_column_scan = false;      // set_fusion_in_column_scan
 std::atomic<int64_t> g_column_scan_launches{0};  // column_scan_launches
 bool g_fusion_in_scan = false;             // set_fusion_in_scan
 std::atomic<int64_t> g_fused_scan_launches{0};  // fused_scan_launches

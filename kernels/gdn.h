@@ -147,9 +147,10 @@ void set_scan_warp_columns(bool on);
 bool scan_warp_columns_enabled();
 // How many times the column scan has been launched in this process: which path a forward took, for tests.
 int64_t column_scan_launches();
-// Whether the column scan applies the fusion norm itself where it takes a fused output (process-wide, on
-// by default; off, the fusion kernel after it): a row's sum of squares spans one block, so no cluster.
-// set_fusion_in_scan(true) takes the cluster of column blocks instead.
+// Whether the column scan applies the fusion norm itself where it takes a fused output (process-wide, off
+// by default: the fusion kernel after it ran faster in the layer): a row's sum of squares spans one block,
+// so no cluster, but the norm's work and a barrier a chunk sit on the scan's warps. set_fusion_in_scan(true)
+// takes the cluster of column blocks instead.
 void set_fusion_in_column_scan(bool on);
 bool fusion_in_column_scan_enabled();
 // Whether a fused output at these head sizes goes through the column scan (the switches above, Dk = 128,

@@ -93,7 +93,7 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // kFusionInScan: the layer's fusion norm inside the scan that writes the output (a cluster of a head's
 // column blocks) instead of by a kernel of its own after it; kScanColumnBlocks: the forward's scan in blocks of
 // 32 state columns instead of a whole head a block with 16 columns a warp (kernels::set_scan_warp_columns);
-// kFusionAfterColumnScan: the layer's fusion norm by the fusion kernel after the column scan instead of in it.
+// kFusionInColumnScan: the layer's fusion norm inside the column scan instead of by the fusion kernel after it.
 enum class OtherPath {
   kLibTorchLocal,
   kTf32Scan,
@@ -103,7 +103,7 @@ enum class OtherPath {
   kDirectApart,
   kFusionInScan,
   kScanColumnBlocks,
-  kFusionAfterColumnScan
+  kFusionInColumnScan
 };
 
 // fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
@@ -138,8 +138,8 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
     case OtherPath::kOutputApart: return with_setting(kernels::set_output_in_scan, kernels::output_in_scan_enabled, false, dev, fn);
     case OtherPath::kDirectApart: return with_setting(kernels::set_direct_in_scan, kernels::direct_in_scan_enabled, false, dev, fn);
     case OtherPath::kFusionInScan: return with_setting(kernels::set_fusion_in_scan, kernels::fusion_in_scan_enabled, true, dev, fn);
-    case OtherPath::kFusionAfterColumnScan:
-      return with_setting(kernels::set_fusion_in_column_scan, kernels::fusion_in_column_scan_enabled, false, dev, fn);
+    case OtherPath::kFusionInColumnScan:
+      return with_setting(kernels::set_fusion_in_column_scan, kernels::fusion_in_column_scan_enabled, true, dev, fn);
     case OtherPath::kScanColumnBlocks:
       return with_setting(kernels::set_scan_warp_columns, kernels::scan_warp_columns_enabled, false, dev, fn);
     case OtherPath::kFactorsThreeBlocks:
@@ -466,7 +466,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       // chunk_factors at four blocks an SM against three, and the FA heads' attention gated on
       // chunk_factors against on its inputs alone, alternating with the default: the device slows as it
       // warms up.
-      std::vector<double> four, three, ungated, after_scan, out_apart, fusion_default, fusion_in, fusion_after, one_default, one_in,
+      std::vector<double> four, three, ungated, after_scan, out_apart, fusion_default, fusion_in, fusion_col, one_default, one_in,
           head_scan, block_scan;
       for (int round = 0; round < 3 && dev.is_cuda(); ++round) {
         four.push_back(back_to_back_ms(dev, a.warmup, a.iters, hybrid_run));
@@ -485,8 +485,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         if (!a.fusion_in_scan && !a.output_apart) {  // else that is the default, or (the output apart) no path
           fusion_default.push_back(b2b());
           if (const auto f = on_other_path(OtherPath::kFusionInScan, dev, b2b)) fusion_in.push_back(*f);
-          if (a.scan_columns == "auto")  // the fusion kernel after the column scan
-            if (const auto f = on_other_path(OtherPath::kFusionAfterColumnScan, dev, b2b)) fusion_after.push_back(*f);
+          if (a.scan_columns == "auto")  // the fusion inside the column scan
+            if (const auto f = on_other_path(OtherPath::kFusionInColumnScan, dev, b2b)) fusion_col.push_back(*f);
           // The same on one stream, where the scan's clusters need not wait for SMs flash attention holds.
           auto one = [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_one_stream); };
           one_default.push_back(one());
@@ -496,7 +496,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       const std::optional<double> cf_four = median_of(four), cf_three = median_of(three), fa_ungated = median_of(ungated),
                                   fa_after_scan = median_of(after_scan), output_apart = median_of(out_apart),
                                   fused_in = median_of(fusion_in), fused_default = median_of(fusion_default),
-                                  fused_after = median_of(fusion_after), one_fused_in = median_of(one_in),
+                                  fused_col = median_of(fusion_col), one_fused_in = median_of(one_in),
                                   one_fused_default = median_of(one_default),
                                   scan_head = median_of(head_scan), scan_blocks = median_of(block_scan);
       const std::optional<Sustained> dense_e = sustained(dense_run, dense_b2b), hyb_e = sustained(hybrid_run, hyb_b2b);
@@ -510,11 +510,11 @@ int run_bench_gdn(const GdnBenchArgs& a) {
           a.output_apart || a.scan_columns != "auto"
               ? std::nullopt
               : on_other_path(OtherPath::kScanColumnBlocks, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
-      // And with the fusion norm by its kernel after the column scan (kernels::set_fusion_in_column_scan off).
-      const std::optional<Sustained> hyb_fusion_after_e =
+      // And with the fusion norm inside the column scan (kernels::set_fusion_in_column_scan).
+      const std::optional<Sustained> hyb_fusion_col_e =
           a.fusion_in_scan || a.output_apart || a.scan_columns != "auto"
               ? std::nullopt
-              : on_other_path(OtherPath::kFusionAfterColumnScan, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
+              : on_other_path(OtherPath::kFusionInColumnScan, dev, [&] { return *sustained(hybrid_run, hyb_b2b); });
       // And with the fusion norm inside the cluster scan (kernels::set_fusion_in_scan).
       const std::optional<Sustained> hyb_fusion_in_e =
           a.fusion_in_scan || a.output_apart
@@ -545,15 +545,14 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                     "", *scan_head, *scan_blocks);
       }
       if (fused_in && fused_default) {
-        // The default: in the column scan where it takes the layer's heads, else the fusion kernel after the scan.
-        layer["hybrid_fusion_default_b2b_ms"] = *fused_default, layer["hybrid_fusion_in_cluster_scan_b2b_ms"] = *fused_in;
-        std::printf("  %-10s fusion norm as by default / in the cluster scan", "");
-        if (fused_after) std::printf(" / after the column scan");
+        layer["hybrid_fusion_apart_b2b_ms"] = *fused_default, layer["hybrid_fusion_in_cluster_scan_b2b_ms"] = *fused_in;
+        std::printf("  %-10s fusion norm apart (default) / in the cluster scan", "");
+        if (fused_col) std::printf(" / in the column scan");
         std::printf(", back to back (medians of three alternating rounds): %.2f / %.2f", *fused_default, *fused_in);
-        if (fused_after) layer["hybrid_fusion_after_column_scan_b2b_ms"] = *fused_after, std::printf(" / %.2f", *fused_after);
+        if (fused_col) layer["hybrid_fusion_in_column_scan_b2b_ms"] = *fused_col, std::printf(" / %.2f", *fused_col);
         std::printf(" ms");
         if (one_fused_in && one_fused_default) {
-          layer["hybrid_one_stream_fusion_default_b2b_ms"] = *one_fused_default;
+          layer["hybrid_one_stream_fusion_apart_b2b_ms"] = *one_fused_default;
           layer["hybrid_one_stream_fusion_in_cluster_scan_b2b_ms"] = *one_fused_in;
           std::printf("; on one stream %.2f / %.2f ms", *one_fused_default, *one_fused_in);
         }
@@ -588,7 +587,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
             std::printf(", %.3f J", *e->joules);
           }
         };
-        other(hyb_fusion_after_e, "fusion_after_column_scan", "fusion after the column scan");
+        other(hyb_fusion_col_e, "fusion_in_column_scan", "fusion in the column scan");
         other(hyb_fusion_in_e, "fusion_in_scan", "fusion in the cluster scan");
         other(hyb_blocks_e, "scan_column_blocks", "scan in blocks of 32 columns");
         other(hyb_apart_e, "output_apart", "output apart");
@@ -664,8 +663,7 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_flag("--fusion-in-scan", a->fusion_in_scan,
               "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
               "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "
-              "of by a kernel of its own after it, and leave that comparison out (no effect with --output-apart); by "
-              "default the whole-head column scan applies it where it takes the layer's heads");
+              "of by a kernel of its own after it, and leave that comparison out (no effect with --output-apart)");
   c->add_option("--history", a->history,
                  "On CUDA with 16-bit inputs, the chunks' states and new values the forward's scan hands its output "
                  "kernel: f16 (block float16, as its products use them) or f32")

@@ -688,9 +688,9 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
     in_scan.emplace();
     in_scan->Qd = f.Qd, in_scan->Aq = f.Aq, in_scan->aq_inv = f.aq_inv;
     in_scan->grid = grid, in_scan->B = B, in_scan->T = T;
-    // With the fusion, the scan applies it itself where it can: by default the column scan (a head a block),
-    // with kernels::set_fusion_in_scan a cluster of a head's column blocks; the output kernel's fusion's
-    // layout conditions, y of q's dtype.
+    // With the fusion, the scan applies it itself where asked and where it can: the column scan (a head a
+    // block) with kernels::set_fusion_in_column_scan, a cluster of a head's column blocks with
+    // kernels::set_fusion_in_scan; the output kernel's fusion's layout conditions, y of q's dtype.
     const bool fuse_in_scan = fusion != nullptr &&
                               (kernels::fusion_in_scan_enabled() || kernels::column_scan_fuses(f.W.size(3), f.U.size(3))) &&
                               kernels::scan_output_fusion_supported(f.W.size(3), f.U.size(3)) &&

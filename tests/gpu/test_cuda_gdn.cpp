@@ -1170,23 +1170,30 @@ TEST(CudaGdn, FusedOutputTakesAOneSequenceGateOfAnyBatchStride) {
   hh::kernels::OutputFusion copy = fu;
   copy.gate = fu.gate.contiguous();
   torch::NoGradGuard no_grad;
-  for (int mode : {0, 1, 2}) {  // the fusion in the column scan; in the cluster scan; in the output kernel
-    const bool in_scan = mode < 2;
+  for (int mode : {0, 1, 2, 3}) {  // the column scan's output then the fusion kernel; the fusion in the cluster scan; in
+                                   // the output kernel; in the column scan
+    const bool in_scan = mode != 2;
     hh::kernels::set_output_in_scan(in_scan);
     hh::kernels::set_fusion_in_scan(mode == 1);
-    const std::string what = mode == 0 ? "fusion in the column scan" : mode == 1 ? "fusion in the cluster scan" : "fusion in the output kernel";
+    hh::kernels::set_fusion_in_column_scan(mode == 3);
+    const std::string what = mode == 0   ? "output in the scan"
+                             : mode == 1 ? "fusion in the cluster scan"
+                             : mode == 2 ? "fusion in the output kernel"
+                                         : "fusion in the column scan";
     auto got = torch::full({1, T, Hy, D}, 7.0, dev), want = torch::full({1, T, Hy, D}, 7.0, dev);
     EXPECT_TRUE(hh::kernels::chunk_output_fusion_fits(fu, got)) << what;
-    const int64_t launches = hh::kernels::fused_scan_launches();
+    const int64_t launches = hh::kernels::fused_scan_launches(), columns = hh::kernels::column_scan_launches();
     const auto s1 = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, fu, got);
     const auto s2 = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, copy, want);
     EXPECT_EQ(hh::kernels::fused_scan_launches() - launches, mode == 1 ? 2 : 0) << what << ": the path taken";
+    EXPECT_EQ(hh::kernels::column_scan_launches() - columns, mode == 0 || mode == 3 ? 2 : 0) << what << ": the column scan";
     EXPECT_TRUE(torch::equal(got, want)) << what;
     EXPECT_TRUE(torch::equal(s1, s2)) << what;
     EXPECT_TRUE(got.select(2, 1).eq(7.0).all().item<bool>()) << what << ": the head between is written";
   }
   hh::kernels::set_output_in_scan(true);
   hh::kernels::set_fusion_in_scan(false);
+  hh::kernels::set_fusion_in_column_scan(false);
   const auto o = torch::randn({1, T, H, D}, dev);
   auto got = torch::zeros({1, T, Hy, D}, dev), want = torch::zeros({1, T, Hy, D}, dev);
   hh::kernels::fusion_norm_forward_into(o, fu.gate, fu.act, fu.gamma, fu.eps, got, heads);
@@ -1198,9 +1205,9 @@ TEST(CudaGdn, FusedOutputTakesAOneSequenceGateOfAnyBatchStride) {
 // row's sums of squares every chunk) against the fusion inside chunk_output_f16 from the scan's history,
 // over segments of two chunks (whose warm-ups write nothing, in every block of a cluster alike) and whole
 // sequences, T not a multiple of 64, Dv 128 (four blocks a cluster) and 64 (two): the same final state,
-// the fused heads within the fusion's roundings, the other heads untouched. And the default, the fusion
-// inside the column scan (a head a block): the fused heads within the fusion's roundings of the column
-// scan's own output through the fusion kernel, and the final state its bits.
+// the fused heads within the fusion's roundings, the other heads untouched. And the fusion inside the
+// column scan (set_fusion_in_column_scan; a head a block): the fused heads within the fusion's roundings of
+// the column scan's own output through the fusion kernel (the default), and the final state its bits.
 TEST(CudaGdn, FusionInTheScanEqualsTheFusedOutputKernel) {
   ASSERT_TRUE(torch::cuda::is_available());
   namespace F = torch::nn::functional;
@@ -1250,18 +1257,19 @@ TEST(CudaGdn, FusionInTheScanEqualsTheFusedOutputKernel) {
       const auto state = run(true, got), want_state = run(false, want);
       EXPECT_TRUE(torch::equal(state, want_state)) << what << " (final state)";
       expect_fused_heads_close(got, want, heads, what);
-      // The column scan with the fusion (the default) against its output through the fusion kernel.
+      // The column scan with the fusion against its output through the fusion kernel (the default).
+      ASSERT_FALSE(hh::kernels::fusion_in_column_scan_enabled());
+      hh::kernels::set_fusion_in_column_scan(true);
       ASSERT_TRUE(hh::kernels::column_scan_fuses(Dk, Dv)) << what;
       poison_allocator();
       auto col = torch::full({B, T, Hy, Dv}, 7.0, dev);
       const int64_t launches = hh::kernels::column_scan_launches(), cluster = hh::kernels::fused_scan_launches();
       const auto col_state = hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, fu, col);
+      hh::kernels::set_fusion_in_column_scan(false);
       EXPECT_EQ(hh::kernels::column_scan_launches() - launches, 1) << what << ": the column scan";
       EXPECT_EQ(hh::kernels::fused_scan_launches() - cluster, 0) << what << ": not the cluster";
-      hh::kernels::set_fusion_in_column_scan(false);
       auto col_apart = torch::full({B, T, Hy, Dv}, 7.0, dev);
       const auto col_apart_state = hh::attention::gdn_fused_output(q, k, v, g, beta, s0, 0.1, 64, fu, col_apart);
-      hh::kernels::set_fusion_in_column_scan(true);
       EXPECT_EQ(hh::kernels::column_scan_launches() - launches, 2) << what << ": the column scan, its output apart";
       hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
       EXPECT_TRUE(torch::equal(col_state, col_apart_state)) << what << " (column scan, final state)";
