@@ -1749,7 +1749,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
             default: launch(std::integral_constant<int, 0>{}); break;
           }
         }
-      } else if (a.output.o.defined() && plan.columns >= 64) {  // the column scan (column_scan_fits)
+      } else if (a.output.o.defined() && plan.columns >= 64) {  // the column scan (low_rank_scan's plan)
         if constexpr (DK == 128) {
           if (plan.columns == 128) launch_column_scan<128, 128>(a, plan, fin);
           else launch_column_scan<128, 64>(a, plan, fin);
@@ -2361,10 +2361,13 @@ bool scan_warp_columns_enabled() { return g_scan_warp_columns; }
 int64_t column_scan_launches() { return g_column_scan_launches.load(std::memory_order_relaxed); }
 void set_fusion_in_column_scan(bool on) { g_fusion_in_column_scan = on; }
 bool fusion_in_column_scan_enabled() { return g_fusion_in_column_scan; }
-bool column_scan_fuses(int64_t Dk, int64_t Dv) {
-  return g_scan_warp_columns && g_fusion_in_column_scan && !g_fusion_in_scan && g_scan_columns == 0 && Dk == 128 &&
-         (Dv == 64 || Dv == 128);
+namespace {
+// Whether the column scan may take a scan at these head sizes (its switch on, set_scan_columns automatic).
+bool column_scan_fits(int64_t Dk, int64_t Dv) {
+  return g_scan_warp_columns && g_scan_columns == 0 && Dk == 128 && (Dv == 64 || Dv == 128);
 }
+}  // namespace
+bool column_scan_fuses(int64_t Dk, int64_t Dv) { return column_scan_fits(Dk, Dv) && g_fusion_in_column_scan && !g_fusion_in_scan; }
 bool scan_output_fusion_supported(int64_t Dk, int64_t Dv) { return Dk == 128 && Dv % 32 == 0 && Dv / 32 <= 8; }
 void set_fusion_in_scan(bool on) { g_fusion_in_scan = on; }
 bool fusion_in_scan_enabled() { return g_fusion_in_scan; }
@@ -2523,10 +2526,11 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   // asks for blocks of 16 or 32 columns; with the fusion (checked above), unless set_fusion_in_scan asks for
   // the cluster of column blocks or set_fusion_in_column_scan is off.
   const bool fusion = a.output.fusion != nullptr;
-  if (column_scan_fuses(Dk, Dv) || (!fusion && g_scan_warp_columns && g_scan_columns == 0 && Dk == 128 && (Dv == 64 || Dv == 128)))
-    if ((fusion || (a.output.o.defined() && reinterpret_cast<uintptr_t>(a.output.o.data_ptr()) % 16 == 0)) && !a.reverse &&
-        a.A.scalar_type() == at::kHalf && !a.hist.defined() && !a.M.defined() && !s16 && !m16 && !a.Z.defined() && a.U.defined())
-      plan.columns = static_cast<int>(Dv);
+  const bool column_output = fusion ? column_scan_fuses(Dk, Dv)
+                                    : a.output.o.defined() && reinterpret_cast<uintptr_t>(a.output.o.data_ptr()) % 16 == 0;
+  if (column_scan_fits(Dk, Dv) && column_output && !a.reverse && a.A.scalar_type() == at::kHalf && !a.hist.defined() &&
+      !a.M.defined() && !s16 && !m16 && !a.Z.defined() && a.U.defined())
+    plan.columns = static_cast<int>(Dv);
   const int64_t blocks_whole = (Dv / plan.columns) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   int64_t longest = 0;
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
