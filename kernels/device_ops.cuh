@@ -412,6 +412,8 @@ __device__ __forceinline__ Pow2Scale pow2_scale(float max_abs) {
   const int e = min(max(static_cast<int>((__float_as_uint(max_abs) >> 23) & 0xff) - 127, -100), 127);
   return {__uint_as_float(static_cast<unsigned>(127 + 14 - e) << 23), __uint_as_float(static_cast<unsigned>(127 + e - 14) << 23)};
 }
+// 1 / x for x a normal power of two (Pow2Scale's values), exactly, by its exponent's bits alone.
+__device__ __forceinline__ float pow2_reciprocal(float x) { return __uint_as_float(0x7f000000u - __float_as_uint(x)); }
 // The largest |x| over the warp, in one redux.sync on the bits (non-negative floats order as their
 // bit patterns do). A NaN may be left out of the maximum; it stays NaN through any scale.
 template <int V>

@@ -630,6 +630,7 @@ struct ScanMaps {
   CUtensorMap A, B, U, Z;
   CUtensorMap Qd, Aq;  // the output's factors (OUT and DIR)
   CUtensorMap dO;      // dO16 (DIR): [H N C, Dv] float16, boxes of 64 x BV
+  CUtensorMap U_inv;   // the column scan's U in float16: its column scales [H N, Dv], a row a chunk
   bool has_u, has_z;
 };
 
@@ -1223,10 +1224,13 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // accumulators feed step (2) and S^T's the next step (1) in registers: no shared memory and no barrier
 // between the warps of a step. Block float16: one power-of-two scale a row of S^T and of M^T (each row's
 // largest magnitude into [2^14, 2^15)), undone once on each output element. The factors are the B
-// operands, read from the ring: B_n, Qd and Aq by ldmatrix of their rows, A_n by ldmatrix.trans. The
-// block's warps share a two-slot ring of the chunk's tiles (B_n, A_n, Qd, Aq and U's DV columns in boxes
-// of 32); lane 0 of warp 0 refills a slot once every warp has released it. o goes through a per-warp
-// staging tile, for 16-byte stores.
+// operands, read from the ring: B_n, Qd and Aq by ldmatrix of their rows, A_n by ldmatrix.trans. U comes
+// in float16 with a power-of-two scale a column (chunk_factors' UForm::kFloat16Columns); ldmatrix.trans of
+// its rows gives U^T in the accumulators' layout, and since a column of U is a row of M^T, its scale folds
+// into that row's: the scan forms M^T / u_inv (one fused multiply-add an element, as with float32 U) and
+// multiplies u_inv into the row's inverse scale. The block's warps share a two-slot ring of the chunk's
+// tiles (B_n, A_n, Qd, Aq, U and its scales); lane 0 of warp 0 refills a slot once every warp has released
+// it. o goes through a per-warp staging tile, for 16-byte stores.
 // FUSE >= 0 (the activation, as in low_rank_scan_f16_kernel): o goes through the fusion norm into fa.y
 // instead, y = act(gate) * (gamma * (o * rsqrt(sum / Dv + eps))) with o rounded to O and each row's sum
 // of its rounded squares, as chunk_output_f16_fused's epilogue forms it. A row's sum spans the block's
@@ -1239,8 +1243,8 @@ struct ColumnRing {
   static constexpr int C = kLowRankChunk, kWarps = DV / 16;
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2, kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
   static constexpr size_t kTile = static_cast<size_t>(C) * DK * 2, kAq = static_cast<size_t>(C) * C * 2;
-  static constexpr size_t kUBox = static_cast<size_t>(C) * 128, kU = kUBox * (DV / 32);
-  static constexpr size_t kSlot = (3 * kTile + kAq + kU + 16 + 1023) / 1024 * 1024;
+  static constexpr size_t kU = static_cast<size_t>(C) * DV * 2, kUInv = static_cast<size_t>(DV) * 4;  // U float16, its column scales
+  static constexpr size_t kSlot = (3 * kTile + kAq + kU + kUInv + 16 + 1023) / 1024 * 1024;
   static constexpr size_t kStage = static_cast<size_t>(C) * 16 * 2;  // a warp's o tile [C][16], 16-bit
   static constexpr size_t kHead = 1024;                                // the barriers
   static constexpr size_t kPsum = FUSED ? 2 * static_cast<size_t>(C) * kWarps * 4 : 0;  // [2][C][kWarps] float
@@ -1252,7 +1256,8 @@ struct ColumnRing {
   __device__ __forceinline__ char* Qd(int b) const { return B(b) + kTile; }
   __device__ __forceinline__ char* Aq(int b) const { return Qd(b) + kTile; }
   __device__ __forceinline__ char* U(int b) const { return Aq(b) + kAq; }
-  __device__ __forceinline__ float* decay(int b) const { return reinterpret_cast<float*>(U(b) + kU); }
+  __device__ __forceinline__ float* u_inv(int b) const { return reinterpret_cast<float*>(U(b) + kU); }
+  __device__ __forceinline__ float* decay(int b) const { return u_inv(b) + DV; }
   __device__ __forceinline__ float* aq_inv(int b) const { return decay(b) + 1; }
   __device__ __forceinline__ char* stage(int w) const { return slots + kColumnStages * kSlot + w * kStage; }
   __device__ __forceinline__ float* psum(int p) const {
@@ -1326,7 +1331,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   __syncthreads();
   const int64_t w0 = *plan, count = hi - w0, skip = lo - w0;
   const bool from_y0 = w0 == n0, last = hi == n1;
-  const unsigned bytes = static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU);
+  const unsigned bytes = static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU + Ring::kUInv);
   auto issue = [&](int64_t i, int b) {  // chunk w0 + i into slot b (one thread)
     const int64_t c = static_cast<int64_t>(h) * N + w0 + i;
     *ring.decay(b) = decay[c];
@@ -1339,7 +1344,9 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
     }
     tma_load_2d(ring.Aq(b), &maps.Aq, 0, row, &full[b]);
-    for (int x = 0; x < DV / 32; ++x) tma_load_2d(ring.U(b) + x * Ring::kUBox, &maps.U, 32 * x, row, &full[b]);
+    for (int x = 0; x < (DV + Ring::kBoxCols - 1) / Ring::kBoxCols; ++x)
+      tma_load_2d(ring.U(b) + x * C * SW, &maps.U, x * Ring::kBoxCols, row, &full[b]);
+    tma_load_2d(ring.u_inv(b), &maps.U_inv, 0, static_cast<int>(c), &full[b]);
   };
   if (tid == 0)
     for (int64_t i = 0; i < count && i < kColumnStages; ++i) issue(i, static_cast<int>(i));
@@ -1399,22 +1406,30 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         mma_f16(mt[2 * p], sa[k], bl);
         mma_f16(mt[2 * p + 1], sa[k], bh);
       }
-    // U^T's elements: U[c][r] in the slot's boxes of 32 columns (128-byte rows, swizzled).
-    const char* ub = ring.U(buf) + ((r0 + g) / 32) * Ring::kUBox;
+    // M^T / u_inv = U16^T - (S^T B^T) / u_inv, row by row of M^T (U's columns r0 + g and r0 + g + 8, whose
+    // scales are powers of two, so the quotients are exact): U16^T's tiles 2 p and 2 p + 1 by one
+    // ldmatrix.trans of U's rows 16 p .. 16 p + 15 (matrices: rows + 0 / + 8 by columns r0 / r0 + 8).
+    const float k0 = sinv0 * pow2_reciprocal(ring.u_inv(buf)[r0 + g]), k1 = sinv1 * pow2_reciprocal(ring.u_inv(buf)[r0 + g + 8]);
 #pragma unroll
-    for (int j = 0; j < NC; ++j)
+    for (int p = 0; p < NC / 2; ++p) {
+      unsigned u4[4];
+      ldmatrix_x4_trans(u4, ring.U(buf) + swizzled<SW, C>(16 * p + 8 * (lane / 16) + lane % 8, r0 + 8 * ((lane / 8) % 2)));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = 8 * j + 2 * t + (e & 1), r = (r0 + g + (e >= 2 ? 8 : 0)) % 32;
-        const float u = *reinterpret_cast<const float*>(ub + swizzled_f32<128>(c, r));
-        mt[j][e] = u - (e < 2 ? sinv0 : sinv1) * mt[j][e];
+      for (int x = 0; x < 4; ++x) {
+        const float2 u = __half22float2(*reinterpret_cast<const __half2*>(&u4[x]));
+        float* const m = mt[2 * p + x / 2] + 2 * (x % 2);
+        const float kx = x % 2 == 0 ? k0 : k1;
+        m[0] = fmaf(-kx, m[0], u.x);
+        m[1] = fmaf(-kx, m[1], u.y);
       }
+    }
     float m0, m1;
     row_max_abs(mt, m0, m1);
     Pow2Scale q0, q1;
     row_scales(m0, m1, q0, q1);
     unsigned ma[NC / 2][4];
     to_a_fragments(mt, q0.scale, q1.scale, ma);
+    q0.inverse *= ring.u_inv(buf)[r0 + g], q1.inverse *= ring.u_inv(buf)[r0 + g + 8];  // M^T's own inverse scales
     // S^T Qd^T for a written chunk, on the same fragments of the state.
     float oq[NC][4] = {};
     if (write)
@@ -1611,7 +1626,12 @@ ScanMaps scan_maps(const LowRankScanArgs& a) {
   m.B = tensor_map_2d(a.B, Ring::C, Ring::kBoxCols, sw, "B");
   m.has_u = a.U.defined();
   m.has_z = a.Z.defined();
-  if (m.has_u) m.U = tensor_map_2d(a.U, Ring::C, Ring::BV, slice_sw, "U");
+  if (m.has_u && a.U.scalar_type() == at::kHalf) {  // the column scan's: A's boxes, and a chunk's scales a row
+    m.U = tensor_map_2d(a.U, Ring::C, Ring::kBoxCols, sw, "U");
+    m.U_inv = tensor_map_2d(a.U_inv, 1, a.U_inv.size(-1), CU_TENSOR_MAP_SWIZZLE_NONE, "U_inv");
+  } else if (m.has_u) {
+    m.U = tensor_map_2d(a.U, Ring::C, Ring::BV, slice_sw, "U");
+  }
   if (m.has_z) m.Z = tensor_map_2d(a.Z, DK, Ring::BV, slice_sw, "Z");
   if (a.output.o.defined() || a.output.fusion != nullptr) {  // the output written, or through the fusion
     m.Qd = tensor_map_2d(a.output.Qd, Ring::C, Ring::kBoxCols, sw, "Qd");
@@ -2368,6 +2388,7 @@ bool column_scan_fits(int64_t Dk, int64_t Dv) {
 }
 }  // namespace
 bool column_scan_fuses(int64_t Dk, int64_t Dv) { return column_scan_fits(Dk, Dv) && g_fusion_in_column_scan && !g_fusion_in_scan; }
+bool column_scan_takes(int64_t Dk, int64_t Dv, bool fused) { return fused ? column_scan_fuses(Dk, Dv) : column_scan_fits(Dk, Dv); }
 bool scan_output_fusion_supported(int64_t Dk, int64_t Dv) { return Dk == 128 && Dv % 32 == 0 && Dv / 32 <= 8; }
 void set_fusion_in_scan(bool on) { g_fusion_in_scan = on; }
 bool fusion_in_scan_enabled() { return g_fusion_in_scan; }
@@ -2388,7 +2409,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       if (!optional) throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " is required");
       return;
     }
-    const bool factor = what == std::string("A") || what == std::string("B");
+    const bool factor = what == std::string("A") || what == std::string("B") || what == std::string("U");
     if (x.scalar_type() != at::kFloat && !(factor && x.scalar_type() == at::kHalf))
       throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what +
                                   (factor ? " must be float32 or float16" : " must be float32"));
@@ -2405,6 +2426,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   need(a.decay, "decay", false);
   need(a.bound, "bound", true);
   need(a.U, "U", true, true);
+  need(a.U_inv, "U_inv", true);
   need(a.Z, "Z", true);
   need(a.y0, "y0", false);
   need(a.hist, "hist", true);
@@ -2420,10 +2442,14 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       (a.bound.defined() && a.bound.sizes() != at::IntArrayRef({H, N})) ||
       (a.hist.defined() && a.hist.sizes() != at::IntArrayRef({H, N, Dk, Dv})) ||
       (a.U.defined() && a.U.sizes() != at::IntArrayRef({H, N, C, Dv})) ||
+      (a.U_inv.defined() && a.U_inv.sizes() != at::IntArrayRef({H, N, Dv})) ||
       (a.M.defined() && a.M.sizes() != at::IntArrayRef({H, N, C, Dv})) ||
       (a.Z.defined() && a.Z.sizes() != at::IntArrayRef({H, N, Dk, Dv})))
-    throw std::invalid_argument("hh::kernels::low_rank_scan: decay and bound [H, N], U and M [H, N, C, Dv], Z and hist [H, N, Dk, Dv] "
-                                "must agree with A and y0");
+    throw std::invalid_argument("hh::kernels::low_rank_scan: decay and bound [H, N], U and M [H, N, C, Dv], U_inv [H, N, Dv], Z and "
+                                "hist [H, N, Dk, Dv] must agree with A and y0");
+  const bool u16 = a.U.defined() && a.U.scalar_type() == at::kHalf;
+  if (u16 != a.U_inv.defined())
+    throw std::invalid_argument("hh::kernels::low_rank_scan: U in float16 comes with its column scales U_inv, and only then");
   if (!low_rank_scan_supported(C, Dk, Dv))
     throw std::invalid_argument("hh::kernels::low_rank_scan: chunk 64, Dk in {32, 64, 128} and Dv a multiple of 16 only");
   if (static_cast<int64_t>(offsets.size()) != S + 1 || offsets.front() != 0 || offsets.back() != N)
@@ -2529,8 +2555,11 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   const bool column_output = fusion ? column_scan_fuses(Dk, Dv)
                                     : a.output.o.defined() && reinterpret_cast<uintptr_t>(a.output.o.data_ptr()) % 16 == 0;
   if (column_scan_fits(Dk, Dv) && column_output && !a.reverse && a.A.scalar_type() == at::kHalf && !a.hist.defined() &&
-      !a.M.defined() && !s16 && !m16 && !a.Z.defined() && a.U.defined())
+      !a.M.defined() && !s16 && !m16 && !a.Z.defined() && u16)
     plan.columns = static_cast<int>(Dv);
+  else if (u16)
+    throw std::invalid_argument("hh::kernels::low_rank_scan: U in float16 is read by the column scan only (the inference forward "
+                                "with its output at Dk = 128, Dv 64 or 128, no history, the column scan on: column_scan_takes)");
   const int64_t blocks_whole = (Dv / plan.columns) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   int64_t longest = 0;
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);

@@ -47,6 +47,8 @@ struct ChunkGrid {
 // preallocated, or undefined (not written; kBlockFloat16 only). All float32 CUDA contiguous, except that A and B may both
 // be float16 (values exact in TF32, half the bytes streamed per chunk), and A, B and U may be column
 // slices of wider packed rows; chunk C = 64, Dk in {32, 64, 128}, Dv a multiple of 16.
+// U may instead be float16 with a power-of-two scale a column (U_inv below, chunk_factors' kFloat16Columns
+// form): the column scan (set_scan_warp_columns) reads only that form, and the other scans refuse it.
 // The gated delta rule's forward is A = e^{G_C - G} K, B = W, U = U (M = the chunk's new values
 // U - W S); its backward runs the reverse scan with A = W, B = e^{G_C - G} K, Z = the direct terms.
 // Products on the tensor cores, by precision:
@@ -59,6 +61,8 @@ enum class ScanPrecision { kFloat32, kTf32, kBlockFloat16 };
 struct OutputFusion;  // below
 struct LowRankScanArgs {
   at::Tensor A, B, decay, U, Z, y0;
+  // With U float16: the inverse of each column's scale, U's values being U16 * U_inv [H, N, Dv] float32.
+  at::Tensor U_inv;
   at::Tensor hist, M;  // outputs; undefined: not written (M optional; hist optional for kBlockFloat16 only)
   bool reverse = false;
   ScanPrecision precision = ScanPrecision::kFloat32;
@@ -156,6 +160,11 @@ bool fusion_in_column_scan_enabled();
 // Whether a fused output at these head sizes goes through the column scan (the switches above, Dk = 128,
 // Dv 64 or 128): gdn's forward then hands the scan its fusion (LowRankScanArgs::Output::fusion).
 bool column_scan_fuses(int64_t Dk, int64_t Dv);
+// Whether the inference forward's scan with its output (no history), at these head sizes, is the column
+// scan under the switches above: `fused` where the scan takes the fusion norm (column_scan_fuses), else
+// with o written. gdn's forward then asks chunk_factors for U in float16 (UForm::kFloat16Columns), the
+// form the column scan reads.
+bool column_scan_takes(int64_t Dk, int64_t Dv, bool fused);
 // Whether the rule's backward has its reverse scan form the direct term (LowRankScanArgs::direct) from
 // the forward's output factors, which the forward then keeps for it, instead of chunk_state_direct's Z
 // (process-wide, on by default; off for benchmarks, or to keep less for the backward: the forward then
@@ -206,8 +215,14 @@ bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 // with s the power of two that puts the chunk's largest |entry| in [2^14, 2^15) (float16's 11
 // significant bits for every entry, as TF32 keeps, and no overflow). Qd's entries are bounded by |q|
 // as W's are by |k|.
+// U's form: kFloat32, or kFloat16Columns, U [H, N, 64, Dv] float16 with one power of two a column of each
+// chunk, U = U16 * U_inv (U_inv [H, N, Dv] float32): each column's largest |entry| scaled into [2^14, 2^15)
+// (floored at 2^-10, so that no scale passes 2^24). Half U's bytes, written here and read by the column
+// scan, at float16's 11 significant bits a column (the scan's products round S and M to as many).
+enum class UForm { kFloat32, kFloat16Columns };
 struct ChunkFactors {
   at::Tensor W, U, kdecay, decay, bound;
+  at::Tensor U_inv;           // kFloat16Columns only
   at::Tensor Qd, Aq, aq_inv;  // only given q
 };
 // Given `conv` (with q, Dk = Dv, on a grid of regular sequences: short_conv_fusion_supported), k, v and
@@ -224,7 +239,7 @@ struct ShortConvInputs {
 bool short_conv_fusion_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
                            const ChunkGrid& grid, const at::Tensor& q = {}, double scale = 1.0,
-                           const ShortConvInputs* conv = nullptr);
+                           const ShortConvInputs* conv = nullptr, UForm u_form = UForm::kFloat32);
 
 // Every chunk's output from its start state S [H, N, Dk, Dv] and new values M [H, N, 64, Dv] (low_rank_scan's
 // hist and M_out): o_t = scale (e^{G_t} q_t S + sum_{i <= t} e^{G_t - G_i} (q_t.k_i) M_i), as [B, T, H, Dv] of q's dtype.

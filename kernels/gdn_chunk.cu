@@ -63,50 +63,105 @@ __device__ __forceinline__ void split16(float2 x, float2 s, unsigned& hi, unsign
   }
 }
 
-// out = Ts diag(scale) X for lower triangular Ts [C][kLdT] (float32) and a 16-bit [C][D] tile X of T's
-// kind, on m16n8k16 products: Ts diag(scale) split into two 16-bit parts (split16) as the A operand,
-// built in registers from float pairs, X exact as the B operand (ldmatrix.trans). Warp w computes the
-// 16-row tiles w % 2 and 3 - w % 2 (equal work under the triangle: 1 + 4 or 2 + 3 16-deep steps) in
-// columns (D / 4)(w / 2) .. + D / 4 - 1; written to out (row stride D).
-template <int D, class T, class O>
-__device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const float* scale, O* __restrict__ out) {
+// Ts diag(scale) X for lower triangular Ts [C][kLdT] (float32) and a 16-bit [C][D] tile X of T's kind, on
+// m16n8k16 products: Ts diag(scale) split into two 16-bit parts (split16) as the A operand, built in
+// registers from float pairs, X exact as the B operand (ldmatrix.trans). Warp w computes the 16-row tiles
+// w % 2 and 3 - w % 2 (equal work under the triangle: 1 + 4 or 2 + 3 16-deep steps) in columns
+// (D / 4)(w / 2) .. + D / 4 - 1. lower_tile forms one of them: rows m .. m + 15 into acc (accumulator
+// layout: tile j holds rows m + g, m + g + 8 of columns n0 + 8 j + 2 t, + 1).
+template <int D>
+__device__ __forceinline__ int lower_tile_row(int pass) {
+  const int warp = threadIdx.x / 32;
+  return 16 * (pass == 0 ? warp % 2 : 3 - warp % 2);
+}
+template <int D, class T>
+__device__ __forceinline__ void lower_tile(const float* Ts, const T* Xs, const float* scale, int m, float (&acc)[D / 32][4]) {
   constexpr int LD = ld16<D>(), NT = D / 32;  // 8-column tiles a warp
   static_assert(NT % 2 == 0, "two 8-column tiles a B load");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n0 = (warp / 2) * (D / 4);
   const T* b_at = Xs + (lane % 8 + 8 * ((lane / 8) % 2)) * LD + n0 + 8 * (lane / 16);
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  for (int k = 0; k < m + 16; k += 16) {  // Ts[r][k] = 0 for k > r
+    const float* a0 = Ts + (m + g) * kLdT + k + 2 * t;
+    const float* a1 = a0 + 8 * kLdT;
+    const float2 s0 = *reinterpret_cast<const float2*>(scale + k + 2 * t);
+    const float2 s8 = *reinterpret_cast<const float2*>(scale + k + 2 * t + 8);
+    unsigned hi[4], lo[4];
+    split16<T>(*reinterpret_cast<const float2*>(a0), s0, hi[0], lo[0]);
+    split16<T>(*reinterpret_cast<const float2*>(a1), s0, hi[1], lo[1]);
+    split16<T>(*reinterpret_cast<const float2*>(a0 + 8), s8, hi[2], lo[2]);
+    split16<T>(*reinterpret_cast<const float2*>(a1 + 8), s8, hi[3], lo[3]);
+#pragma unroll
+    for (int j = 0; j < NT; j += 2) {
+      unsigned bf[4];
+      ldmatrix_x4_trans(bf, b_at + k * LD + 8 * j);
+      const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+      mma16<T>(acc[j], hi, b0);
+      mma16<T>(acc[j], lo, b0);
+      mma16<T>(acc[j + 1], hi, b1);
+      mma16<T>(acc[j + 1], lo, b1);
+    }
+  }
+}
+// out = Ts diag(scale) X (row stride D), float32 or 16-bit.
+template <int D, class T, class O>
+__device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const float* scale, O* __restrict__ out) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int n0 = (warp / 2) * (D / 4);
 #pragma unroll 1
   for (int pass = 0; pass < 2; ++pass) {
-    const int m = 16 * (pass == 0 ? warp % 2 : 3 - warp % 2);
-    float acc[NT][4] = {};
-    for (int k = 0; k < m + 16; k += 16) {  // Ts[r][k] = 0 for k > r
-      const float* a0 = Ts + (m + g) * kLdT + k + 2 * t;
-      const float* a1 = a0 + 8 * kLdT;
-      const float2 s0 = *reinterpret_cast<const float2*>(scale + k + 2 * t);
-      const float2 s8 = *reinterpret_cast<const float2*>(scale + k + 2 * t + 8);
-      unsigned hi[4], lo[4];
-      split16<T>(*reinterpret_cast<const float2*>(a0), s0, hi[0], lo[0]);
-      split16<T>(*reinterpret_cast<const float2*>(a1), s0, hi[1], lo[1]);
-      split16<T>(*reinterpret_cast<const float2*>(a0 + 8), s8, hi[2], lo[2]);
-      split16<T>(*reinterpret_cast<const float2*>(a1 + 8), s8, hi[3], lo[3]);
+    const int m = lower_tile_row<D>(pass);
+    float acc[D / 32][4];
+    lower_tile<D>(Ts, Xs, scale, m, acc);
 #pragma unroll
-      for (int j = 0; j < NT; j += 2) {
-        unsigned bf[4];
-        ldmatrix_x4_trans(bf, b_at + k * LD + 8 * j);
-        const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-        mma16<T>(acc[j], hi, b0);
-        mma16<T>(acc[j], lo, b0);
-        mma16<T>(acc[j + 1], hi, b1);
-        mma16<T>(acc[j + 1], lo, b1);
-      }
+    for (int j = 0; j < D / 32; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) store2(out + (m + g + (e >= 2 ? 8 : 0)) * D + n0 + 8 * j + 2 * t, acc[j][e], acc[j][e + 1]);
+  }
+}
+// The same product into float16 with one power-of-two scale a column (UForm::kFloat16Columns): each
+// column's largest |entry| over the C rows into [2^14, 2^15), floored at 2^-10 (scales up to 2^24), out16 =
+// the scaled values (row stride D), inv [D] the scales' inverses. The two warps that share a column slice
+// exchange their halves' maxima through xch (kWarps x D / 4 floats of shared memory no other warp uses
+// meanwhile) behind a barrier of the pair alone (named barriers 1 .. kWarps / 2).
+template <int D, class T>
+__device__ __forceinline__ void lower_times_f16_columns(const float* Ts, const T* Xs, const float* scale,
+                                                        c10::Half* __restrict__ out16, float* __restrict__ inv, float* xch) {
+  constexpr int NT = D / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int n0 = (warp / 2) * (D / 4);
+  float acc[2][NT][4];
+  lower_tile<D>(Ts, Xs, scale, lower_tile_row<D>(0), acc[0]);
+  lower_tile<D>(Ts, Xs, scale, lower_tile_row<D>(1), acc[1]);
+  float mx[NT][2];  // columns n0 + 8 j + 2 t, + 1
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      mx[j][c] = fmaxf(fmaxf(fabsf(acc[0][j][c]), fabsf(acc[0][j][c + 2])), fmaxf(fabsf(acc[1][j][c]), fabsf(acc[1][j][c + 2])));
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) mx[j][c] = fmaxf(mx[j][c], __shfl_xor_sync(0xffffffffu, mx[j][c], o));
     }
+  float* const mine = xch + warp * (D / 4);
+  if (g == 0)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int j = 0; j < NT; ++j) store2(mine + 8 * j + 2 * t, mx[j][0], mx[j][1]);
+  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + warp / 2) : "memory");
+  const float* const other = xch + (warp ^ 1) * (D / 4);
 #pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
-        store2(out + r * D + c, acc[j][e], acc[j][e + 1]);
-      }
+  for (int j = 0; j < NT; ++j) {
+    const float2 o = *reinterpret_cast<const float2*>(other + 8 * j + 2 * t);
+    const Pow2Scale s0 = pow2_scale(fmaxf(fmaxf(mx[j][0], o.x), 0x1p-10f)), s1 = pow2_scale(fmaxf(fmaxf(mx[j][1], o.y), 0x1p-10f));
+    const int c = n0 + 8 * j + 2 * t;
+    if (g == 0 && warp % 2 == 0) store2(inv + c, s0.inverse, s1.inverse);
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        *reinterpret_cast<unsigned*>(out16 + (lower_tile_row<D>(pass) + g + (e >= 2 ? 8 : 0)) * D + c) =
+            pack_f16(acc[pass][j][e] * s0.scale, acc[pass][j][e + 1] * s1.scale);
   }
 }
 
@@ -342,8 +397,8 @@ template <int DK, int DV, class T, bool OUT, bool PRE, int MINB = (PRE ? 3 : 4)>
 __global__ void __launch_bounds__(kThreads, MINB)
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
                          const float* __restrict__ beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
-                         float* __restrict__ U, c10::Half* __restrict__ kdecay, float* __restrict__ decay,
-                         float* __restrict__ bound, OutFactors of, PreConv<T> pc, int64_t n0) {
+                         void* __restrict__ U, float* __restrict__ U_inv, c10::Half* __restrict__ kdecay,
+                         float* __restrict__ decay, float* __restrict__ bound, OutFactors of, PreConv<T> pc, int64_t n0) {
   static_assert(OUT || !PRE, "the short convolution inside chunk_factors comes with the output's factors");
   static_assert(!PRE || DK == DV, "V formed into K's region");
   extern __shared__ float4 smem4[];
@@ -453,7 +508,14 @@ __global__ void __launch_bounds__(kThreads, MINB)
       __syncthreads();
     }
   }
-  lower_times<DV>(Ls, PRE ? Ks : Vs, bs, U + chunk * kC * DV);
+  if constexpr (OUT) {
+    if (U_inv != nullptr) {  // UForm::kFloat16Columns; the pairs meet in the tile V's product does not read
+      lower_times_f16_columns<DV>(Ls, PRE ? Ks : Vs, bs, static_cast<c10::Half*>(U) + chunk * kC * DV, U_inv + chunk * DV,
+                                  reinterpret_cast<float*>(PRE ? Vs : Ks));
+      return;
+    }
+  }
+  lower_times<DV>(Ls, PRE ? Ks : Vs, bs, static_cast<float*>(U) + chunk * kC * DV);
 }
 
 template <int DK, class T>
@@ -776,7 +838,8 @@ bool short_conv_fusion_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
 }
 
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
-                           const ChunkGrid& grid, const at::Tensor& q, double scale, const ShortConvInputs* conv) {
+                           const ChunkGrid& grid, const at::Tensor& q, double scale, const ShortConvInputs* conv,
+                           UForm u_form) {
   if (k.dim() != 4 || v.dim() != 4) throw std::invalid_argument("hh::kernels::chunk_factors: k and v must be [B, T, H, D]");
   const int64_t B = k.size(0), T = k.size(1), H = k.size(2), Dk = k.size(3), Dv = v.size(3), N = grid.N;
   need(k, "chunk_factors", "k", k.sizes(), true);
@@ -812,8 +875,12 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   const c10::cuda::CUDAGuard guard(k.device());
   const auto f32 = k.options().dtype(at::kFloat);
   const auto f16 = k.options().dtype(at::kHalf);
-  ChunkFactors r{at::empty({H, N, kC, Dk}, f16), at::empty({H, N, kC, Dv}, f32), at::empty({H, N, kC, Dk}, f16),
+  const bool u16 = u_form == UForm::kFloat16Columns;
+  if (u16 && !q.defined())
+    throw std::invalid_argument("hh::kernels::chunk_factors: U in float16 by columns comes with the output's factors (q is needed)");
+  ChunkFactors r{at::empty({H, N, kC, Dk}, f16), at::empty({H, N, kC, Dv}, u16 ? f16 : f32), at::empty({H, N, kC, Dk}, f16),
                  at::empty({H, N}, f32), at::empty({H, N}, f32)};
+  if (u16) r.U_inv = at::empty({H, N, Dv}, f32);
   OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr};
   if (q.defined()) {
     r.Qd = at::empty({H, N, kC, Dk}, f16);
@@ -833,8 +900,8 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
         launch_kernel(kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(std::min<int64_t>(N - n0, 65535))),
                       kThreads, smem, static_cast<const X*>(k.data_ptr()),
                       static_cast<const X*>(v.data_ptr()), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
-                      static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr<float>(),
-                      r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc, n0);
+                      static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr(),
+                      u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc, n0);
       }
     };
     if (conv != nullptr) {

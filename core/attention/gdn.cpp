@@ -481,13 +481,14 @@ struct ForwardScan {
 ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at::Tensor& U, const at::Tensor& decay,
                          const at::Tensor& bound, const at::Tensor& s0, const std::vector<int64_t>& offsets,
                          kernels::ScanPrecision precision, bool f16_history = false, bool keep_states = false,
-                         const kernels::LowRankScanArgs::Output* output = nullptr) {
+                         const kernels::LowRankScanArgs::Output* output = nullptr, const at::Tensor& U_inv = {}) {
   const int64_t H = W.size(0), N = W.size(1), C = W.size(2), Dk = W.size(3), Dv = U.size(3);
   kernels::LowRankScanArgs a;
   a.A = kdecay;
   a.B = W;
   a.decay = decay.contiguous();
   a.U = U;
+  a.U_inv = U_inv;  // U in float16 by columns (the column scan's form)
   a.y0 = s0.contiguous();
   a.precision = precision;
   // The segmented scan starts its pieces where the transitions' norm bounds allow.
@@ -495,20 +496,20 @@ ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at
     a.segment = kernels::scan_segments();
     a.bound = bound;
   }
-  const auto f16 = U.options().dtype(at::kHalf);
+  const auto f16 = U.options().dtype(at::kHalf), f32 = U.options().dtype(at::kFloat);
   if (output != nullptr) a.output = *output;
   if ((f16_history && output == nullptr) || (keep_states && precision == kernels::ScanPrecision::kBlockFloat16)) {
     a.S16 = at::empty({H, N, Dk, Dv}, f16);
-    a.S_inv = at::empty({H, N, Dk / 16, Dv / 16}, U.options());
+    a.S_inv = at::empty({H, N, Dk / 16, Dv / 16}, f32);
   }
   // The backward's chunk kernel reads the new values too where its reverse scan forms the direct term.
   const bool keep_m = keep_states && f16_history && kernels::direct_in_scan_enabled();
   if ((f16_history && output == nullptr) || keep_m) {
     a.M16 = at::empty({H, N, C, Dv}, f16);
-    a.M_inv = at::empty({H, N, C / 16, Dv / 8}, U.options());
+    a.M_inv = at::empty({H, N, C / 16, Dv / 8}, f32);
   } else if (!f16_history) {
-    a.hist = at::empty({H, N, Dk, Dv}, U.options());
-    a.M = at::empty(U.sizes(), U.options());
+    a.hist = at::empty({H, N, Dk, Dv}, f32);
+    a.M = at::empty(U.sizes(), f32);
   }
   const at::Tensor fin = kernels::low_rank_scan(a, offsets);
   return {a.hist, a.M, fin, a.S16, a.S_inv, a.M16, a.M_inv};
@@ -679,33 +680,39 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
     throw std::logic_error("hh::attention::kernel_forward: the fused output needs the block float16 history");
   if (conv != nullptr && !f16_history)
     throw std::logic_error("hh::attention::kernel_forward: the short convolution inside chunk_factors needs the block float16 history");
-  const kernels::ChunkFactors f =
-      kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale, conv);
-  if (on_queued) on_queued(GdnStage::kFactors);
   // The scan writes the output itself (kernels::set_output_in_scan), or hands its history to the output kernel.
+  const bool output_in_scan = f16_history && kernels::output_in_scan_enabled();
+  // With the fusion, the scan applies it itself where asked and where it can: the column scan (a head a
+  // block) with kernels::set_fusion_in_column_scan, a cluster of a head's column blocks with
+  // kernels::set_fusion_in_scan; the output kernel's fusion's layout conditions, y of q's dtype.
+  const int64_t Dk = k.size(3), Dv = v.size(3);
+  const bool fuse_in_scan = output_in_scan && fusion != nullptr &&
+                            (kernels::fusion_in_scan_enabled() || kernels::column_scan_fuses(Dk, Dv)) &&
+                            kernels::scan_output_fusion_supported(Dk, Dv) && kernels::scan_columns() != 16 &&
+                            kernels::chunk_output_fusion_fits(*fusion, *y) && y->scalar_type() == q.scalar_type() &&
+                            fusion->gate.scalar_type() == q.scalar_type() && fusion->gamma.scalar_type() == q.scalar_type();
+  // The column scan (the inference forward's, no states kept) reads U in float16 by columns: half U's bytes
+  // written by chunk_factors and read by the scan.
+  const bool u16 = output_in_scan && !keep_states && kernels::block_f16_scan_enabled() &&
+                   kernels::column_scan_takes(Dk, Dv, fuse_in_scan);
+  const kernels::ChunkFactors f =
+      kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale, conv,
+                             u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32);
+  if (on_queued) on_queued(GdnStage::kFactors);
   std::optional<kernels::LowRankScanArgs::Output> in_scan;
-  if (f16_history && kernels::output_in_scan_enabled()) {
+  if (output_in_scan) {
     in_scan.emplace();
     in_scan->Qd = f.Qd, in_scan->Aq = f.Aq, in_scan->aq_inv = f.aq_inv;
     in_scan->grid = grid, in_scan->B = B, in_scan->T = T;
-    // With the fusion, the scan applies it itself where asked and where it can: the column scan (a head a
-    // block) with kernels::set_fusion_in_column_scan, a cluster of a head's column blocks with
-    // kernels::set_fusion_in_scan; the output kernel's fusion's layout conditions, y of q's dtype.
-    const bool fuse_in_scan = fusion != nullptr &&
-                              (kernels::fusion_in_scan_enabled() || kernels::column_scan_fuses(f.W.size(3), f.U.size(3))) &&
-                              kernels::scan_output_fusion_supported(f.W.size(3), f.U.size(3)) &&
-                              kernels::scan_columns() != 16 && kernels::chunk_output_fusion_fits(*fusion, *y) &&
-                              y->scalar_type() == q.scalar_type() && fusion->gate.scalar_type() == q.scalar_type() &&
-                              fusion->gamma.scalar_type() == q.scalar_type();
     if (fuse_in_scan)
       in_scan->fusion = fusion, in_scan->y = *y;
     else
-      in_scan->o = at::empty({B, T, f.U.size(0), f.U.size(3)}, q.options());
+      in_scan->o = at::empty({B, T, f.U.size(0), Dv}, q.options());
   }
   const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, f.bound, s0, L.offsets,
                                      kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
                                                                        : kernels::ScanPrecision::kTf32,
-                                     f16_history, keep_states, in_scan ? &*in_scan : nullptr);
+                                     f16_history, keep_states, in_scan ? &*in_scan : nullptr, f.U_inv);
   if (on_queued) on_queued(GdnStage::kScan);
   KernelForward out;
   out.final_state = r.final_state;

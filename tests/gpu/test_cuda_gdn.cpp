@@ -472,6 +472,31 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
     const auto top = std::get<0>(fo.Aq.cpu().to(torch::kDouble).abs().flatten(2).max(-1));
     EXPECT_GE(top.min().item<double>(), 16384.0) << what;
     EXPECT_LE(top.max().item<double>(), 32768.0) << what;
+    EXPECT_FALSE(fo.U_inv.defined()) << what;
+
+    // U in float16 with a power of two a column (UForm::kFloat16Columns, the column scan's form): the other
+    // factors the same bits; each column's scale puts its largest |entry| in [2^14, 2^15] (the rounding may
+    // carry one to 2^15), so every element is within half a float16 ulp there, 8 u_inv, of U (the float32
+    // form's own error, 2e-6 of U, is far below that).
+    poison_allocator();
+    const auto fu = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kFloat16Columns);
+    EXPECT_EQ(fu.U.scalar_type(), torch::kHalf) << what;
+    EXPECT_TRUE(torch::equal(fu.W, fo.W) && torch::equal(fu.kdecay, fo.kdecay) && torch::equal(fu.Qd, fo.Qd) &&
+                torch::equal(fu.Aq, fo.Aq) && torch::equal(fu.decay, fo.decay) && torch::equal(fu.bound, fo.bound))
+        << what << ": the other factors";
+    const auto u_inv = fu.U_inv.cpu().to(torch::kDouble).unsqueeze(2);  // [H, N, 1, Dv]
+    EXPECT_TRUE(torch::equal(torch::exp2(torch::round(torch::log2(u_inv))), u_inv)) << what;
+    const auto u16 = fu.U.cpu().to(torch::kDouble);
+    const auto col_top = std::get<0>(u16.abs().max(2));  // [H, N, Dv]
+    EXPECT_GE(col_top.min().item<double>(), 16384.0) << what;
+    EXPECT_LE(col_top.max().item<double>(), 32768.0) << what;
+    const double ulps = ((u16 * u_inv - U).abs() / u_inv).max().item<double>();
+    EXPECT_LE(ulps, 8.5) << what;
+    std::printf("[ measured ] %s: U in float16 by columns, %.3g of a column's scale (rel %.3g)\n", what.c_str(), ulps,
+                rel_err(fu.U.to(torch::kDouble) * fu.U_inv.to(torch::kDouble).unsqueeze(2), U));
+    EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, {}, scale, nullptr, hh::kernels::UForm::kFloat16Columns),
+                 std::invalid_argument)
+        << what << ": without q";
 
     const auto s0 = 0.5 * torch::randn({B, H, Dk, Dv}, kF64);
     auto Sn = torch::empty({H, N, Dk, Dv}, kF64), Mn = torch::empty({H, N, C, Dv}, kF64);
@@ -531,6 +556,8 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
     const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
     const hh::kernels::ChunkGrid grid{N, per, {}};
     const auto fo = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
+    // U in float16 by columns, the form the column scan reads.
+    const auto fu = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kFloat16Columns);
     const auto s0 = (0.5 * torch::randn({B, H, Dk, Dv}, kF64)).to(f32);
     // The forward scan's arguments on these factors, in pieces of `segment` chunks (0: whole sequences),
     // with the output written into a fresh o if `output`.
@@ -578,15 +605,31 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
         // The column scan (the default where it fits: Dk = 128, the columns automatic): its own block float16
         // (a scale a row of S^T and of M^T), so the output agrees to the 16-bit output's rounding and the
         // state to the products'.
+        // It reads U in float16 by columns; U in float32 keeps the blocks of 32 columns, and U in float16 is
+        // refused where the column scan does not run.
         if (Dk == 128 && columns == 32) {
-          ASSERT_TRUE(hh::kernels::scan_warp_columns_enabled());
+          EXPECT_TRUE(hh::kernels::scan_warp_columns_enabled());
           poison_allocator();
           hh::kernels::LowRankScanArgs col = args(segment, true);
+          col.U = fu.U, col.U_inv = fu.U_inv;
           const int64_t launches = hh::kernels::column_scan_launches();
           const auto fin_col = hh::kernels::low_rank_scan(col, {0, per, 2 * per});
           EXPECT_EQ(hh::kernels::column_scan_launches() - launches, 1) << how << ": the column scan";
           EXPECT_LT(rel_err(col.output.o, want), 1e-2) << how << " (column scan)";
           EXPECT_LT(rel_err(fin_col, fin_apart), 3e-3) << how << " (column scan)";
+          std::printf("[ measured ] %s, column scan against the 32-column blocks: o %.3g, state %.3g\n", how.c_str(),
+                      rel_err(col.output.o, want), rel_err(fin_col, fin_apart));
+          hh::kernels::LowRankScanArgs f32_u = args(segment, true);
+          hh::kernels::low_rank_scan(f32_u, {0, per, 2 * per});
+          EXPECT_EQ(hh::kernels::column_scan_launches() - launches, 1) << how << ": U in float32 takes the blocks";
+          EXPECT_TRUE(torch::equal(f32_u.output.o, want)) << how << ": U in float32";
+          hh::kernels::set_scan_columns(32);
+          hh::kernels::LowRankScanArgs refused = args(segment, true);
+          refused.U = fu.U, refused.U_inv = fu.U_inv;
+          EXPECT_THROW(hh::kernels::low_rank_scan(refused, {0, per, 2 * per}), std::invalid_argument) << how;
+          refused.U_inv = torch::Tensor();
+          hh::kernels::set_scan_columns(0);
+          EXPECT_THROW(hh::kernels::low_rank_scan(refused, {0, per, 2 * per}), std::invalid_argument) << how << ": no U_inv";
         }
       }
     // The output's tensors are checked: o of the wrong shape, and a reverse scan, are refused.
