@@ -476,8 +476,9 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
 
     // U in float16 with a power of two a column (UForm::kFloat16Columns, the column scan's form): the other
     // factors the same bits; each column's scale puts its largest |entry| in [2^14, 2^15] (the rounding may
-    // carry one to 2^15), so every element is within half a float16 ulp there, 8 u_inv, of U (the float32
-    // form's own error, 2e-6 of U, is far below that).
+    // carry one to 2^15), so every element is within half a float16 ulp there, 8 u_inv, of the kernel's
+    // float32 U, which is itself within about 2e-6 of U (0.03 u_inv for a column whose largest entry is
+    // U's largest; measured 8.00 to 8.09 u_inv in all, so the bound leaves a whole u_inv for the rest).
     poison_allocator();
     const auto fu = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kFloat16Columns);
     EXPECT_EQ(fu.U.scalar_type(), torch::kHalf) << what;
@@ -491,7 +492,7 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
     EXPECT_GE(col_top.min().item<double>(), 16384.0) << what;
     EXPECT_LE(col_top.max().item<double>(), 32768.0) << what;
     const double ulps = ((u16 * u_inv - U).abs() / u_inv).max().item<double>();
-    EXPECT_LE(ulps, 8.5) << what;
+    EXPECT_LE(ulps, 9.0) << what;
     std::printf("[ measured ] %s: U in float16 by columns, %.3g of a column's scale (rel %.3g)\n", what.c_str(), ulps,
                 rel_err(fu.U.to(torch::kDouble) * fu.U_inv.to(torch::kDouble).unsqueeze(2), U));
     EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, {}, scale, nullptr, hh::kernels::UForm::kFloat16Columns),
