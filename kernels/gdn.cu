@@ -238,6 +238,7 @@ __global__ void __launch_bounds__(DK)
 
 ScanKernel g_scan_kernel = ScanKernel::kLowRank;
 int64_t g_scan_segments = kAutoSegments;  // set_scan_segments
+thread_local int g_scan_beside = 0;        // ScanBeside objects alive on this thread
 int g_scan_columns = 0;                    // set_scan_columns
 bool g_output_in_scan = true;              // set_output_in_scan
 bool g_scan_warp_columns = true;           // set_scan_warp_columns
@@ -2361,8 +2362,13 @@ at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor
 int64_t auto_segment_chunks(int64_t blocks, int64_t longest, int64_t slots) {
   if (blocks < 1 || longest < 1) return 0;
   const int64_t pieces = std::max<int64_t>(1, slots / blocks);
-  return std::max<int64_t>(kMinAutoSegment, (longest + pieces - 1) / pieces);
+  const int64_t len = std::max<int64_t>(kMinAutoSegment, (longest + pieces - 1) / pieces);
+  return scan_beside() ? std::min(len, kBesideSegment) : len;
 }
+
+ScanBeside::ScanBeside() { ++g_scan_beside; }
+ScanBeside::~ScanBeside() { --g_scan_beside; }
+bool scan_beside() { return g_scan_beside > 0; }
 
 void set_scan_segments(int64_t chunks) {
   if (chunks < kAutoSegments) throw std::invalid_argument("hh::kernels::set_scan_segments: kAutoSegments, 0 or a number of chunks");

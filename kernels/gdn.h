@@ -125,8 +125,24 @@ constexpr int64_t kMinAutoSegment = 16;
 // kAutoSegments' length for `blocks` whole-sequence blocks ((Dv / columns) x H x sequences), the
 // longest sequence's chunks and the blocks the device runs at once (`slots`: SMs times blocks an SM):
 // floor(slots / blocks) pieces of the longest sequence (at least kMinAutoSegment chunks each), so that
-// the blocks fill the device once; 0 for no chunks.
+// the blocks fill the device once, at most kBesideSegment chunks while a ScanBeside lives on this thread
+// (below); 0 for no chunks.
 int64_t auto_segment_chunks(int64_t blocks, int64_t longest, int64_t slots);
+// kAutoSegments' longest piece, in chunks, for a scan that runs beside another stream's kernels (ScanBeside).
+constexpr int64_t kBesideSegment = 32;
+// While one lives on this thread, kAutoSegments pieces are at most kBesideSegment chunks long. A scan
+// beside another stream's kernels (the hybrid layer's LA heads beside its FA heads' attention) gets SMs
+// as that kernel's blocks end: many short pieces fill them as they free, where one wave of long pieces
+// (the device's width, right for a scan alone) runs on after the other kernel has ended. The pieces'
+// warm-ups grow with their number (v50 in docs/BENCHMARKS.md measures both).
+class ScanBeside {
+ public:
+  ScanBeside();
+  ~ScanBeside();
+  ScanBeside(const ScanBeside&) = delete;
+  ScanBeside& operator=(const ScanBeside&) = delete;
+};
+bool scan_beside();  // whether one lives on this thread
 // The segment length the gated delta rule's block float16 scans use (process-wide; kAutoSegments by
 // default; 0 for whole sequences, as a benchmark's comparison or a test's reference).
 void set_scan_segments(int64_t chunks);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <optional>
 
 #include "core/attention/fusion.h"
 #include "core/attention/gdn.h"
@@ -578,7 +579,13 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     out = at::empty({B, T, Hq, Dh}, xn.options());
     const FlashGate gate = flash_gate();
     if (gate == FlashGate::kInputs) {
-      kernels::run_side_by_side(xn.device(), [&] { la_branch({}); }, [&] { fa_attend(fa_prepare()); });
+      kernels::run_side_by_side(
+          xn.device(),
+          [&] {
+            const kernels::ScanBeside beside;
+            la_branch({});
+          },
+          [&] { fa_attend(fa_prepare()); });
       return out;
     }
     // The FA heads' inputs first, at the second stream's priority; their attention waits for a chosen
@@ -591,6 +598,10 @@ at::Tensor hybrid_attention(const model::ModelConfig& cfg, const HybridOptions& 
     sb.on_side([&] {
       fa = fa_prepare();
       sb.current_waits_for_side();
+      // The LA heads' scan in short pieces that fill the SMs flash frees as it ends (not with the kScan
+      // gate, where flash waits for the scan, which then runs alone).
+      std::optional<kernels::ScanBeside> beside;
+      if (after != GdnStage::kScan) beside.emplace();
       la_branch([&](GdnStage s) {
         if (s == after) sb.current_waits_for_side();
       });

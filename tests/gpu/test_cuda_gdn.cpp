@@ -344,6 +344,20 @@ TEST(CudaGdn, AutoSegmentsFillTheDeviceOnce) {
   EXPECT_EQ(auto_segment_chunks(16, 100, 264), 16);  // 16 pieces of 7 would be below the minimum
   EXPECT_EQ(auto_segment_chunks(0, 128, 132), 0);
   EXPECT_EQ(auto_segment_chunks(128, 0, 132), 0);
+  // Beside another stream's kernels (the hybrid layer's LA heads beside flash): pieces of at most 32 chunks.
+  // The column scan's 14 heads at 128K: 126 blocks of 228 chunks alone, 896 of 32 beside; 14 heads at 8K
+  // already within it; the scope ends with its object.
+  EXPECT_FALSE(hh::kernels::scan_beside());
+  EXPECT_EQ(auto_segment_chunks(14, 2048, 132), 228);
+  {
+    const hh::kernels::ScanBeside beside;
+    EXPECT_TRUE(hh::kernels::scan_beside());
+    EXPECT_EQ(auto_segment_chunks(14, 2048, 132), 32);
+    EXPECT_EQ(auto_segment_chunks(14, 128, 132), 16);
+    EXPECT_EQ(auto_segment_chunks(0, 128, 132), 0);
+  }
+  EXPECT_FALSE(hh::kernels::scan_beside());
+  EXPECT_EQ(auto_segment_chunks(14, 2048, 132), 228);
 }
 
 // [B, T, H, ...] -> [H, B * per, 64, ...]: the chunk grid of B regular sequences, zero-padded.
