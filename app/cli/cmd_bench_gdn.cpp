@@ -678,7 +678,8 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_option("--scan-segments", a->scan_segments,
                  "On CUDA with 16-bit inputs, how the block float16 scans split long sequences: auto (pieces that "
                  "fill the device, each started from zero where the chunks' transition norm bounds have shrunk "
-                 "the state below 2^-20 of its size), 0 (whole sequences) or a number of chunks a piece")
+                 "the state below 2^-20 of its size; in the hybrid layer, beside the FA heads' attention, pieces of "
+                 "at most 32 chunks), 0 (whole sequences) or a number of chunks a piece")
       ->capture_default_str();
   c->add_option("--scan-columns", a->scan_columns,
                  "On CUDA with 16-bit inputs, the state's columns a block of the block float16 scans owns: auto (the "
