@@ -2554,13 +2554,13 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   plan.fused = fused;
   plan.columns = a.precision == ScanPrecision::kBlockFloat16 && Dv % 32 == 0 && g_scan_columns != 16 ? 32 : 16;
   // The column scan (set_scan_warp_columns) takes the inference forward with its output at Dk = 128, Dv 64
-  // or 128 (a block a head, Dv / 16 warps), 16-byte aligned rows of o, no history, unless set_scan_columns
-  // asks for blocks of 16 or 32 columns; with the fusion (checked above), unless set_fusion_in_scan asks for
-  // the cluster of column blocks or set_fusion_in_column_scan is off.
+  // or 128 (a block a head, Dv / 16 warps), 16-byte aligned rows of o, no history, U in float16 by columns,
+  // unless set_scan_columns asks for blocks of 16 or 32 columns; with the fusion (checked above), unless
+  // set_fusion_in_scan asks for the cluster of column blocks or set_fusion_in_column_scan is off: the
+  // switches column_scan_takes reads, which gdn's forward asks before it picks U's form.
   const bool fusion = a.output.fusion != nullptr;
-  const bool column_output = fusion ? column_scan_fuses(Dk, Dv)
-                                    : a.output.o.defined() && reinterpret_cast<uintptr_t>(a.output.o.data_ptr()) % 16 == 0;
-  if (column_scan_fits(Dk, Dv) && column_output && !a.reverse && a.A.scalar_type() == at::kHalf && !a.hist.defined() &&
+  const bool o_fits = fusion || (a.output.o.defined() && reinterpret_cast<uintptr_t>(a.output.o.data_ptr()) % 16 == 0);
+  if (column_scan_takes(Dk, Dv, fusion) && o_fits && !a.reverse && a.A.scalar_type() == at::kHalf && !a.hist.defined() &&
       !a.M.defined() && !s16 && !m16 && !a.Z.defined() && u16)
     plan.columns = static_cast<int>(Dv);
   else if (u16)

@@ -69,7 +69,6 @@ __device__ __forceinline__ void split16(float2 x, float2 s, unsigned& hi, unsign
 // w % 2 and 3 - w % 2 (equal work under the triangle: 1 + 4 or 2 + 3 16-deep steps) in columns
 // (D / 4)(w / 2) .. + D / 4 - 1. lower_tile forms one of them: rows m .. m + 15 into acc (accumulator
 // layout: tile j holds rows m + g, m + g + 8 of columns n0 + 8 j + 2 t, + 1).
-template <int D>
 __device__ __forceinline__ int lower_tile_row(int pass) {
   const int warp = threadIdx.x / 32;
   return 16 * (pass == 0 ? warp % 2 : 3 - warp % 2);
@@ -112,7 +111,7 @@ __device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const 
   const int n0 = (warp / 2) * (D / 4);
 #pragma unroll 1
   for (int pass = 0; pass < 2; ++pass) {
-    const int m = lower_tile_row<D>(pass);
+    const int m = lower_tile_row(pass);
     float acc[D / 32][4];
     lower_tile<D>(Ts, Xs, scale, m, acc);
 #pragma unroll
@@ -133,8 +132,8 @@ __device__ __forceinline__ void lower_times_f16_columns(const float* Ts, const T
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n0 = (warp / 2) * (D / 4);
   float acc[2][NT][4];
-  lower_tile<D>(Ts, Xs, scale, lower_tile_row<D>(0), acc[0]);
-  lower_tile<D>(Ts, Xs, scale, lower_tile_row<D>(1), acc[1]);
+  lower_tile<D>(Ts, Xs, scale, lower_tile_row(0), acc[0]);
+  lower_tile<D>(Ts, Xs, scale, lower_tile_row(1), acc[1]);
   float mx[NT][2];  // columns n0 + 8 j + 2 t, + 1
 #pragma unroll
   for (int j = 0; j < NT; ++j)
@@ -160,7 +159,7 @@ __device__ __forceinline__ void lower_times_f16_columns(const float* Ts, const T
     for (int pass = 0; pass < 2; ++pass)
 #pragma unroll
       for (int e = 0; e < 4; e += 2)
-        *reinterpret_cast<unsigned*>(out16 + (lower_tile_row<D>(pass) + g + (e >= 2 ? 8 : 0)) * D + c) =
+        *reinterpret_cast<unsigned*>(out16 + (lower_tile_row(pass) + g + (e >= 2 ? 8 : 0)) * D + c) =
             pack_f16(acc[pass][j][e] * s0.scale, acc[pass][j][e + 1] * s1.scale);
   }
 }

@@ -693,8 +693,7 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
                             fusion->gate.scalar_type() == q.scalar_type() && fusion->gamma.scalar_type() == q.scalar_type();
   // The column scan (the inference forward's, no states kept) reads U in float16 by columns: half U's bytes
   // written by chunk_factors and read by the scan.
-  const bool u16 = output_in_scan && !keep_states && kernels::block_f16_scan_enabled() &&
-                   kernels::column_scan_takes(Dk, Dv, fuse_in_scan);
+  const bool u16 = output_in_scan && !keep_states && kernels::column_scan_takes(Dk, Dv, fuse_in_scan);
   const kernels::ChunkFactors f =
       kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale, conv,
                              u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32);
