@@ -3,10 +3,12 @@
 // kernels/gdn_chunk_backward.cu, the backward): the chunk grid's slots, tiles of 16-bit rows in shared
 // memory, paired stores and a block's maximum, the chunk's gates, a warp's 16-bit product on ldmatrix
 // fragments (product16), the decay-masked Gram products, the unit lower inverse, and the host's
-// argument checks and dtype dispatch. Everything is in an unnamed namespace: each kernel file has its own copy.
+// argument checks, dtype dispatch and tensor maps' encoder. Everything is in an unnamed namespace: each kernel file has its own copy.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include <cstdint>
 #include <initializer_list>
@@ -313,6 +315,18 @@ __device__ __forceinline__ void invert_unit_lower(float* Ls, Other&& other) {
   __syncthreads();
 }
 
+// cuTensorMapEncodeTiled, from the driver through the runtime (no link against libcuda).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || f == nullptr)
+      throw std::runtime_error("hh::kernels: the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
 inline void need(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef sizes, bool sixteen_bit) {
   const std::string name = std::string("hh::kernels::") + fn + ": " + what;
   if (!x.defined() || !x.is_cuda() || !x.is_contiguous()) throw std::invalid_argument(name + " must be a contiguous CUDA tensor");
