@@ -92,6 +92,19 @@ __device__ __forceinline__ void tma_load_2d(void* smem, const void* map, int x, 
       "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar))
       : "memory");
 }
+// The box at (x, y, z) of a 3-D tensor map, as tma_load_2d. The copy engine fills the box's elements that
+// lie outside the tensor (at negative coordinates too) with zeros, and counts them among its bytes.
+__device__ __forceinline__ void tma_load_3d(void* smem, const void* map, int x, int y, int z, unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          smem_addr(smem)),
+      "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar))
+      : "memory");
+}
+// Orders this thread's earlier accesses to shared memory (the generic proxy) before later bulk copies
+// into it (the async proxy): each thread that touched a region calls it before the block-wide barrier
+// after which a copy overwrites the region.
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Where the copy engine's SW-byte swizzle (SW = 32, 64 or 128; the tile 1024-byte aligned) puts the
 // byte at `linear` of an unswizzled tile of SW-byte rows: the row's 16-byte unit XOR-ed with bits 7..
 // of the offset, so that the same unit of eight consecutive rows falls in distinct banks.

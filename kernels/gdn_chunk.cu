@@ -173,7 +173,7 @@ constexpr int factors_second_tile() {
 template <int DK, int DV, class T, bool OUT>
 constexpr size_t factors_smem() {
   return (kC * ld16<DK>() + factors_second_tile<DK, DV, OUT>()) * sizeof(T) +
-         (kC * kLdT + 4 * kC + 4) * sizeof(float) + kC * sizeof(int64_t);
+         (kC * kLdT + 4 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) + 2 * sizeof(unsigned long long);
 }
 
 // Eight consecutive 16-bit values of T's kind at x (16-byte aligned) times s, rounded to float16 as
@@ -211,33 +211,57 @@ struct PreConv {
 };
 constexpr int kConvTaps = 4;
 
-// Chunk n's rows -3 .. C - 1 of head h of x [rows, H, D] into dst [C + 3][D] (unpadded), by cp.async;
-// rows before the sequence's start or past its end zero.
-template <int D, class T>
-__device__ __forceinline__ void stage_conv_rows(T* dst, const T* __restrict__ x, const SlotRows& slots, int64_t n, int h,
-                                                int H) {
-  constexpr int V = 16 / sizeof(T), P = D / V, R = kC + kConvTaps - 1, STEP = kThreads / P;
-  static_assert(R * D <= kC * ld16<D>(), "the staged rows fit the tile's region");
-  static_assert(kThreads % P == 0, "each thread keeps one 16-byte column of the rows");
-  // Thread i moves column (i % P) of rows i / P, i / P + STEP, ...: the source advances by STEP rows
-  // of x a step, so the loop adds to one offset instead of forming each element's 64-bit address.
-  const int c = (threadIdx.x % P) * V;
-  int r = threadIdx.x / P;
-  const int64_t b = n / slots.per;
-  const int t0 = static_cast<int>((n % slots.per) * kC) - (kConvTaps - 1), len = static_cast<int>(slots.T);
-  int t = t0 + r;
-  const T* src = x + ((b * slots.T + t) * H + h) * D + c;  // row t's column (formed, not read, for t < 0)
-  const int stride = STEP * H * D;
-  for (; r < R; r += STEP, t += STEP, src += stride) {
-    T* d = dst + r * D + c;
-    if (t >= 0 && t < len)
-      cp_async16(d, src);
-    else
-      *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
-  }
+// The rows the convolution of a chunk reads: its C rows and the K - 1 before them.
+constexpr int kConvRows = kC + kConvTaps - 1;
+// The projections before the convolution as the copy engine reads them (conv_rows_map): x [B, T, H, D] as
+// a 3-D tensor (H D channels, T tokens, B sequences), in boxes of one head's D channels of kConvRows
+// tokens. A chunk's box starts K - 1 tokens before it; the rows before its sequence's start or past its
+// end land as zeros (the copy engine's fill outside the tensor), as the convolution's padding.
+struct ConvMaps {
+  CUtensorMap q, k, v;
+};
+// The copy engine's steps of the PRE path, on Hopper on (chunk_factors refuses the path without the copy
+// engine; elsewhere these trap): the two barriers' set-up, a barrier's expected bytes, a box's copy, the
+// wait for a barrier's first phase, and the proxy fence before a copy overwrites what threads touched.
+__device__ __forceinline__ void conv_barriers_init(unsigned long long* landed) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  mbar_init(&landed[0], 1);
+  mbar_init(&landed[1], 1);
+  mbar_init_fence();
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void conv_rows_expect(unsigned long long* bar, unsigned bytes) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  mbar_arrive_expect_tx(bar, bytes);
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void conv_rows_load(void* dst, const CUtensorMap* map, int x, int t, int b, unsigned long long* bar) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  tma_load_3d(dst, map, x, t, b, bar);
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void conv_rows_wait(unsigned long long* bar) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  mbar_wait(bar, 0);
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void conv_proxy_fence() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  fence_proxy_async_shared();
+#else
+  __trap();
+#endif
 }
 
-// The staged rows (stage_conv_rows, landed) through the convolution with taps w of head h, its SiLU
+// The staged rows (the ConvMaps boxes, landed) through the convolution with taps w of head h, its SiLU
 // and, with ROPE, RoPE at the rows' positions and each row's L2 norm, into tile [C][ld16<D>] (another
 // region; padding rows zero). Thread i takes pack i % P (P = D / 8 packs a row) of R consecutive rows,
 // its window sliding in registers; the P threads of a row are consecutive lanes, which swap
@@ -384,7 +408,7 @@ __device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, con
 }
 
 // PRE: k, v and of.q are the projections before the short convolution, which the block applies
-// (PreConv above); needs OUT, DK = DV and regular sequences. The raw rows are staged where the tile
+// (PreConv above), read through `maps` by the copy engine; needs OUT, DK = DV and regular sequences. The raw rows are staged where the tile
 // they become is not: K's in Ls's region and Q's in K's, then Q formed into Q's region and K into
 // K's; V's in V's region (as V's rows land in the other forms), formed into K's region once W is done,
 // where U's product reads it.
@@ -397,7 +421,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
                          const float* __restrict__ beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
                          void* __restrict__ U, float* __restrict__ U_inv, c10::Half* __restrict__ kdecay,
-                         float* __restrict__ decay, float* __restrict__ bound, OutFactors of, PreConv<T> pc, int64_t n0) {
+                         float* __restrict__ decay, float* __restrict__ bound, OutFactors of, PreConv<T> pc,
+                         const __grid_constant__ ConvMaps maps, int64_t n0) {
   static_assert(OUT || !PRE, "the short convolution inside chunk_factors comes with the output's factors");
   static_assert(!PRE || DK == DV, "V formed into K's region");
   extern __shared__ float4 smem4[];
@@ -409,8 +434,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
   float* const bs = Gs + kC;  // beta
   float* const ws = bs + kC;  // beta e^G: W's scale
   float* const kk = ws + kC;  // beta_t k_t.k_t
-  unsigned* const amax = reinterpret_cast<unsigned*>(kk + kC);  // Aq's largest |entry|, as bits
+  unsigned* const amax = reinterpret_cast<unsigned*>(kk + kC);  // Aq's largest |entry|, as bits (then 3 spare words)
   int64_t* const rows = reinterpret_cast<int64_t*>(amax + 4);
+  unsigned long long* const landed = reinterpret_cast<unsigned long long*>(rows + kC);  // PRE: q and k's raw rows; v's
   // The grid is (H, chunks n0 ..; a launch takes at most 2^16 - 1 chunks): heads vary fastest, so the H
   // blocks of a chunk run together and its rows of q, k and v (one span of H D values a row) and of
   // RoPE's tables are read from memory once and then from L2, where the other order read the tables
@@ -420,17 +446,40 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
   if (tid < kC) rows[tid] = slots(n, tid);
   if (tid == 0) *amax = 0u;
+  if constexpr (PRE) {
+    if (tid == 0) conv_barriers_init(landed);
+  }
   __syncthreads();
   if constexpr (PRE) {
-    static_assert((kC + kConvTaps - 1) * DK * sizeof(T) <= kC * kLdT * sizeof(float), "K's raw rows fit Ls's region");
-    stage_conv_rows<DK>(reinterpret_cast<T*>(Ls), k, slots, n, h, H);
-    stage_conv_rows<DK>(Ks, static_cast<const T*>(of.q), slots, n, h, H);
+    static_assert(kConvRows * DK * sizeof(T) <= kC * kLdT * sizeof(float), "K's raw rows fit Ls's region");
+    static_assert(kConvRows * DK <= kC * ld16<DK>() && kConvRows * DV <= factors_second_tile<DK, DV, OUT>(),
+                  "Q's and V's raw rows fit K's and V's regions");
+    // K's raw rows into Ls's region, Q's into K's, by the copy engine: one thread's two copies where each
+    // thread issued its share of 16-byte copies and formed their addresses.
+    // The chunk's boxes start K - 1 rows before it in its sequence, at head h's channels. The issuing
+    // thread keeps the box's row and sequence in the spare words after amax for V's copy, rather than in
+    // registers live until then (8 bytes of spill in the four-block form).
+    if (tid == 0) {
+      const int t = static_cast<int>((n % slots.per) * kC) - (kConvTaps - 1), b = static_cast<int>(n / slots.per);
+      reinterpret_cast<int*>(amax)[2] = t;
+      reinterpret_cast<int*>(amax)[3] = b;
+      conv_rows_expect(&landed[0], 2 * kConvRows * DK * sizeof(T));
+      conv_rows_load(Ls, &maps.k, h * DK, t, b, &landed[0]);
+      conv_rows_load(Ks, &maps.q, h * DK, t, b, &landed[0]);
+    }
   } else {
     load_rows<DK>(Ks, k, rows, h, H);
     if constexpr (OUT) load_rows<DK>(Qs, static_cast<const T*>(of.q), rows, h, H);
     else load_rows<DV>(Vs, v, rows, h, H);
   }
-  gates_while_tiles_land(g, beta, rows, h, H, Gs, bs);
+  if constexpr (PRE) {
+    // The gates while the rows land; one thread waits for them, and the barrier after passes them on.
+    chunk_gates(g, beta, rows, h, H, Gs, bs);
+    if (tid == 0) conv_rows_wait(&landed[0]);
+    __syncthreads();
+  } else {
+    gates_while_tiles_land(g, beta, rows, h, H, Gs, bs);
+  }
   if constexpr (PRE) {
     short_conv_tile<DK, true>(Ks, Qs, pc.wq, pc, slots, n, h);
     __syncthreads();  // Q's raw rows read: K's region takes K
@@ -466,9 +515,17 @@ __global__ void __launch_bounds__(kThreads, MINB)
       *reinterpret_cast<uint4*>(of.Qd + chunk * kC * DK + r * DK + c) =
           scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r]));
     }
+    if constexpr (PRE) conv_proxy_fence();  // Q's region, written and read, takes V's raw rows next
     __syncthreads();  // every thread is done with Q and Aq
-    if constexpr (PRE) stage_conv_rows<DV>(Vs, v, slots, n, h, H);  // lands while L, its inverse and W are formed
-    else load_rows<DV>(Vs, v, rows, h, H);
+    if constexpr (PRE) {  // V's raw rows land while L, its inverse and W are formed
+      if (tid == 0) {
+        conv_rows_expect(&landed[1], kConvRows * DV * sizeof(T));
+        conv_rows_load(Vs, &maps.v, h * DV, reinterpret_cast<const int*>(amax)[2], reinterpret_cast<const int*>(amax)[3],
+                       &landed[1]);
+      }
+    } else {
+      load_rows<DV>(Vs, v, rows, h, H);
+    }
     cp_async_commit();
   }
 
@@ -501,6 +558,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
   lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
   if constexpr (OUT) {
     cp_async_wait<0>();  // V's rows
+    if constexpr (PRE) {
+      if (tid == 0) conv_rows_wait(&landed[1]);
+    }
     __syncthreads();
     if constexpr (PRE) {
       short_conv_tile<DV, false>(Vs, Ks, pc.wv, pc, slots, n, h);  // K's region: free once W is done
@@ -808,6 +868,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ConvMaps' map of x [B, T, H, D] (16-bit, unit stride over D, heads D apart, tokens a multiple of 16
+// bytes apart, sequences T tokens apart; chunk_factors has checked it), in boxes of D x kConvRows.
+CUtensorMap conv_rows_map(const at::Tensor& x, const char* what) {
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3), elem = x.element_size();
+  const int64_t ld = x.stride(1);
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(H * D), static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld * elem), static_cast<cuuint64_t>(T * ld * elem)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(D), static_cast<cuuint32_t>(kConvRows), 1};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  CUtensorMap map{};
+  const CUresult r = tensor_map_encoder()(
+      &map, x.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      x.data_ptr(), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error(std::string("hh::kernels::chunk_factors: cuTensorMapEncodeTiled failed for ") + what +
+                             " (CUresult " + std::to_string(static_cast<int>(r)) + ")");
+  return map;
+}
+
 bool g_chunk_kernels = true;
 bool g_block_f16_scan = true;
 bool g_f16_history = true;
@@ -853,13 +933,15 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   }
   const SlotRows slots = slot_rows(grid, B, T);
   PreConv<void> pre{nullptr, nullptr, nullptr, nullptr, nullptr, 1e-6f};  // type-erased until dispatch
+  ConvMaps maps{};
   if (conv != nullptr) {
     const std::string fn = "hh::kernels::chunk_factors: with the short convolution, ";
     if (!q.defined()) throw std::invalid_argument(fn + "q is needed");
     if (grid.gather.defined()) throw std::invalid_argument(fn + "the grid must hold regular sequences");
-    // stage_conv_rows and short_conv_rows128 keep positions and a row stride of H kThreads 8 elements in int.
-    if (T > std::numeric_limits<int>::max() - kC || H * kThreads * 8 > std::numeric_limits<int>::max())
-      throw std::invalid_argument(fn + "T must be below 2^31 - 64 tokens and H below 2^20");
+    // short_conv_rows128 keeps positions in int, and the copy engine's box coordinates are 32-bit.
+    if (T > std::numeric_limits<int>::max() - kC || B > std::numeric_limits<int>::max())
+      throw std::invalid_argument(fn + "T must be below 2^31 - 64 tokens");
+    if (!copy_engine_available()) throw std::invalid_argument(fn + "the copy engine (sm_90 on) is needed");
     if (!short_conv_fusion_supported(Dk, Dv, k.scalar_type())) throw std::invalid_argument(fn + "Dk = Dv in {64, 128} only");
     need(conv->wq, "chunk_factors", "the short convolution's q taps", {H * Dk, 1, kConvTaps}, true);
     need(conv->wk, "chunk_factors", "the short convolution's k taps", {H * Dk, 1, kConvTaps}, true);
@@ -870,6 +952,7 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
       if (t->scalar_type() != k.scalar_type()) throw std::invalid_argument(fn + "the taps and tables must have k's dtype");
     pre = {conv->wq.data_ptr(), conv->wk.data_ptr(), conv->wv.data_ptr(), conv->cos.data_ptr(), conv->sin.data_ptr(),
            static_cast<float>(conv->eps)};
+    maps = {conv_rows_map(q, "q"), conv_rows_map(k, "k"), conv_rows_map(v, "v")};
   }
   const c10::cuda::CUDAGuard guard(k.device());
   const auto f32 = k.options().dtype(at::kFloat);
@@ -900,7 +983,8 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
                       kThreads, smem, static_cast<const X*>(k.data_ptr()),
                       static_cast<const X*>(v.data_ptr()), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
                       static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr(),
-                      u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc, n0);
+                      u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc,
+                      maps, n0);
       }
     };
     if (conv != nullptr) {
