@@ -45,78 +45,58 @@ int pack_width(int64_t n, std::initializer_list<const void*> ptrs) {
 // elements at a time (V = 1 where rows or pointers are not aligned to V elements). A lane's first
 // kHeldPacks packs of x and of the weight are loaded together up front and held for the second pass
 // (a row of a head, or of up to 32 kHeldPacks V elements, waits on one round of loads instead of
-// two); longer rows read the rest again. A warp takes R consecutive rows, all their held packs loaded
-// before the first row's sums: rows of one pack a lane (a head's q or k) take R = kRowsPerWarp, so
-// that each warp keeps R rows of loads in flight where one row of 256 bytes left it waiting on memory
-// (the hybrid layer's FA heads' q norm at 128K read 64 MB and wrote 64 MB in 0.097 ms, 1.3 TB/s).
+// two); longer rows read the rest again.
 // Given token_scale, each output element is then multiplied by its token's scale and rounded again, as
 // to_dtype(y * s) does (row r's token is r / per_token % tokens).
 constexpr int kHeldPacks = 2;
-constexpr int kRowsPerWarp = 4;
 struct TokenScale {
   const void* s = nullptr;  // [tokens] of the kernel's T, or null: none
   int64_t per_token = 1, tokens = 1;
 };
-template <class T, int V, int R, int HP>
+template <class T, int V>
 __global__ void rms_norm_kernel(const T* __restrict__ x, int64_t group, int64_t ld, const T* __restrict__ w,
                                 T* __restrict__ y, int64_t rows, int64_t n, float eps, TokenScale ts) {
   const int lane = threadIdx.x & 31;
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
-  if (first >= rows) return;
-  auto row_in = [&](int64_t row) {
-    const int64_t outer = row / group;
-    return x + outer * ld + (row - outer * group) * n;
-  };
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int64_t outer = row / group;
+  const T* xr = x + outer * ld + (row - outer * group) * n;
+  T* yr = y + row * n;
   auto pack_at = [&](int k) { return (static_cast<int64_t>(lane) + 32 * k) * V; };  // the lane's k-th pack
-  Pack<T, V> held[R][HP], held_w[HP];
+  Pack<T, V> held[kHeldPacks], held_w[kHeldPacks];
 #pragma unroll
-  for (int k = 0; k < HP; ++k)
-    if (pack_at(k) < n) held_w[k] = load_pack<V>(w + pack_at(k));
+  for (int k = 0; k < kHeldPacks; ++k)
+    if (pack_at(k) < n) held[k] = load_pack<V>(xr + pack_at(k)), held_w[k] = load_pack<V>(w + pack_at(k));
+  float ss = 0.f;
+  auto add_squares = [&](const Pack<T, V>& p) {
 #pragma unroll
-  for (int r = 0; r < R; ++r)
-    if (first + r < rows) {
-      const T* xr = row_in(first + r);
-#pragma unroll
-      for (int k = 0; k < HP; ++k)
-        if (pack_at(k) < n) held[r][k] = load_pack<V>(xr + pack_at(k));
+    for (int e = 0; e < V; ++e) {
+      const float v = static_cast<float>(p.v[e]);
+      ss += v * v;
     }
+  };
+#pragma unroll
+  for (int k = 0; k < kHeldPacks; ++k)
+    if (pack_at(k) < n) add_squares(held[k]);
+  for (int64_t i = pack_at(kHeldPacks); i < n; i += 32 * V) add_squares(load_pack<V>(xr + i));
+  const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(n) + eps);
   const bool scaled = ts.s != nullptr;
+  const float s = scaled ? static_cast<float>(static_cast<const T*>(ts.s)[row / ts.per_token % ts.tokens]) : 1.f;
+  auto normed = [&](const Pack<T, V>& p, const Pack<T, V>& wp) {
+    Pack<T, V> o;
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = first + r;
-    if (row >= rows) break;  // the same for the whole warp
-    const T* xr = row_in(row);
-    T* yr = y + row * n;
-    float ss = 0.f;
-    auto add_squares = [&](const Pack<T, V>& p) {
+    for (int e = 0; e < V; ++e) {
+      const T nv = static_cast<T>(static_cast<float>(p.v[e]) * inv);  // HF: to(input dtype)
+      o.v[e] = static_cast<T>(static_cast<float>(wp.v[e]) * static_cast<float>(nv));
+      if (scaled) o.v[e] = static_cast<T>(static_cast<float>(o.v[e]) * s);
+    }
+    return o;
+  };
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float v = static_cast<float>(p.v[e]);
-        ss += v * v;
-      }
-    };
-#pragma unroll
-    for (int k = 0; k < HP; ++k)
-      if (pack_at(k) < n) add_squares(held[r][k]);
-    for (int64_t i = pack_at(HP); i < n; i += 32 * V) add_squares(load_pack<V>(xr + i));
-    const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(n) + eps);
-    const float s = scaled ? static_cast<float>(static_cast<const T*>(ts.s)[row / ts.per_token % ts.tokens]) : 1.f;
-    auto normed = [&](const Pack<T, V>& p, const Pack<T, V>& wp) {
-      Pack<T, V> o;
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const T nv = static_cast<T>(static_cast<float>(p.v[e]) * inv);  // HF: to(input dtype)
-        o.v[e] = static_cast<T>(static_cast<float>(wp.v[e]) * static_cast<float>(nv));
-        if (scaled) o.v[e] = static_cast<T>(static_cast<float>(o.v[e]) * s);
-      }
-      return o;
-    };
-#pragma unroll
-    for (int k = 0; k < HP; ++k)
-      if (pack_at(k) < n) store_pack<V>(yr + pack_at(k), normed(held[r][k], held_w[k]));
-    for (int64_t i = pack_at(HP); i < n; i += 32 * V)
-      store_pack<V>(yr + i, normed(load_pack<V>(xr + i), load_pack<V>(w + i)));
-  }
+  for (int k = 0; k < kHeldPacks; ++k)
+    if (pack_at(k) < n) store_pack<V>(yr + pack_at(k), normed(held[k], held_w[k]));
+  for (int64_t i = pack_at(kHeldPacks); i < n; i += 32 * V)
+    store_pack<V>(yr + i, normed(load_pack<V>(xr + i), load_pack<V>(w + i)));
 }
 
 // One warp per (token, head) row of Dh elements: RMSNorm, then RoPE with the token's cos/sin. x's
@@ -400,9 +380,8 @@ unsigned elementwise_blocks(int64_t items) {
   return static_cast<unsigned>(std::min<int64_t>((items + kThreads - 1) / kThreads, 65535 * 8));
 }
 
-unsigned blocks_for_rows(int64_t rows, int64_t rows_per_warp = 1) {
-  const int64_t per_block = kWarpsPerBlock * rows_per_warp;
-  return static_cast<unsigned>((rows + per_block - 1) / per_block);
+unsigned blocks_for_rows(int64_t rows) {
+  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
 // RoPE's tables for positions offset .. offset + T - 1 in one pass: element (t, j) of cos and sin
@@ -510,14 +489,9 @@ at::Tensor rms_norm_token_scaled(const at::Tensor& x_in, const at::Tensor& weigh
         if (V > 1 && (n < 32 * V || n % V != 0 || pg.ld % V != 0 || !aligned(x.data_ptr()) ||
                       !aligned(weight.data_ptr()) || !aligned(y.data_ptr())))
           return false;
-        if (n <= 32 * V)
-          rms_norm_kernel<scalar_t, V, kRowsPerWarp, 1><<<blocks_for_rows(rows, kRowsPerWarp), kWarpsPerBlock * 32, 0, stream>>>(
-              x.data_ptr<scalar_t>(), pg.group, pg.ld, weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n,
-              static_cast<float>(eps), ts);
-        else
-          rms_norm_kernel<scalar_t, V, 1, kHeldPacks><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
-              x.data_ptr<scalar_t>(), pg.group, pg.ld, weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n,
-              static_cast<float>(eps), ts);
+        rms_norm_kernel<scalar_t, V><<<blocks_for_rows(rows), kWarpsPerBlock * 32, 0, stream>>>(
+            x.data_ptr<scalar_t>(), pg.group, pg.ld, weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n,
+            static_cast<float>(eps), ts);
         return true;
       }
     };
