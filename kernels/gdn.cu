@@ -2160,7 +2160,6 @@ dim3 conv_grid(int64_t B, int64_t Tn, int64_t packs) {
 // ---- scale-normalised fusion: one warp per row of Dh <= 256 elements (8 a lane) ----
 constexpr int kFusionWarps = 8;
 constexpr int kMaxPerLane = 8;
-constexpr int kFusionRows = 4;  // rows a warp in the vector forms
 
 // The gate's activation rounded to T (device_ops.cuh's gate_activation, GateActivation's numbering).
 template <int ACT, class T>
@@ -2170,86 +2169,73 @@ __device__ __forceinline__ float activate(float x) {
 
 // One warp a row. VEC = 1: lane l takes elements l, l + 32, ... (any Dh <= 256); VEC > 1 (Dh = 32 VEC,
 // rows aligned to VEC elements): lane l takes elements VEC l .. VEC l + VEC - 1, in one vector access.
-// A warp takes R consecutive rows and loads all of them before the first row's sums: R = kFusionRows for
-// the vector forms, so that each warp keeps several rows' loads in flight (one row of 256 bytes each of o,
-// the gate and y left the hybrid layer's LA heads' fusion at 3.4 TB/s at 128K).
-template <class T, int ACT, int VEC, int R>
+template <class T, int ACT, int VEC>
 __global__ void fusion_forward_kernel(const T* __restrict__ o, const T* __restrict__ gate, const T* __restrict__ gamma,
                                       T* __restrict__ y, int64_t rows, int n, int Dh, float eps, FusionPlacement pl) {
   constexpr int PER = VEC == 1 ? kMaxPerLane : VEC;
   const int lane = threadIdx.x & 31;
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kFusionWarps + (threadIdx.x >> 5)) * R;
-  if (first >= rows) return;
-  Pack<T, PER> xo[R], xg[R], gm_pack[R];  // o, the gate and gamma as stored
-  T* yrow[R];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kFusionWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  // Row = r n + i: in 32 bits where the rows fit (a 64-bit division is most of a row's index arithmetic).
+  int64_t r;
+  int i;
+  if (rows <= std::numeric_limits<uint32_t>::max()) {
+    const uint32_t q = static_cast<uint32_t>(row) / static_cast<uint32_t>(n);
+    r = q;
+    i = static_cast<int>(static_cast<uint32_t>(row) - q * static_cast<uint32_t>(n));
+  } else {
+    r = row / n;
+    i = static_cast<int>(row % n);
+  }
+  const T* orow = o + row * Dh;
+  const T* grow = gate + r * pl.gate_ld + static_cast<int64_t>(i) * Dh;
+  T* yrow = y + r * pl.y_ld + static_cast<int64_t>(pl.pos[i]) * Dh;
+  const T* gm = gamma + static_cast<int64_t>(i) * Dh;
+  float x[PER], gv[PER], gmv[PER];
+  Pack<T, PER> gm_pack;  // gamma as stored (VEC > 1)
+  if constexpr (VEC == 1) {
 #pragma unroll
-  for (int k = 0; k < R; ++k) {
-    const int64_t row = first + k;
-    if (row >= rows) break;  // the same for the whole warp
-    // Row = r n + i: in 32 bits where the rows fit (a 64-bit division is most of a row's index arithmetic).
-    int64_t r;
-    int i;
-    if (rows <= std::numeric_limits<uint32_t>::max()) {
-      const uint32_t q = static_cast<uint32_t>(row) / static_cast<uint32_t>(n);
-      r = q;
-      i = static_cast<int>(static_cast<uint32_t>(row) - q * static_cast<uint32_t>(n));
-    } else {
-      r = row / n;
-      i = static_cast<int>(row % n);
+    for (int k = 0; k < PER; ++k) {
+      const int d = lane + 32 * k;
+      x[k] = d < Dh ? static_cast<float>(orow[d]) : 0.f;
+      gv[k] = d < Dh ? static_cast<float>(grow[d]) : 0.f;
+      gmv[k] = d < Dh ? static_cast<float>(gm[d]) : 0.f;
     }
-    const T* orow = o + row * Dh;
-    const T* grow = gate + r * pl.gate_ld + static_cast<int64_t>(i) * Dh;
-    const T* gm = gamma + static_cast<int64_t>(i) * Dh;
-    yrow[k] = y + r * pl.y_ld + static_cast<int64_t>(pl.pos[i]) * Dh;
-    if constexpr (VEC == 1) {
+  } else {
+    const Pack<T, VEC> xo = reinterpret_cast<const Pack<T, VEC>*>(orow)[lane];
+    const Pack<T, VEC> xg = reinterpret_cast<const Pack<T, VEC>*>(grow)[lane];
+    gm_pack = reinterpret_cast<const Pack<T, VEC>*>(gm)[lane];
 #pragma unroll
-      for (int e = 0; e < PER; ++e) {
-        const int d = lane + 32 * e;
-        xo[k].v[e] = d < Dh ? orow[d] : static_cast<T>(0.f);
-        xg[k].v[e] = d < Dh ? grow[d] : static_cast<T>(0.f);
-        gm_pack[k].v[e] = d < Dh ? gm[d] : static_cast<T>(0.f);
-      }
-    } else {
-      xo[k] = reinterpret_cast<const Pack<T, VEC>*>(orow)[lane];
-      xg[k] = reinterpret_cast<const Pack<T, VEC>*>(grow)[lane];
-      gm_pack[k] = reinterpret_cast<const Pack<T, VEC>*>(gm)[lane];
+    for (int k = 0; k < PER; ++k)
+      x[k] = static_cast<float>(xo.v[k]), gv[k] = static_cast<float>(xg.v[k]), gmv[k] = static_cast<float>(gm_pack.v[k]);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < PER; ++k) ss += x[k] * x[k];
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float rstd = rsqrtf(ss / static_cast<float>(Dh) + eps);
+  Pack<T, PER> out;
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+    // On 16-bit pairs (fusion_pair: bit for bit the float32 products' roundings).
+    using P2 = typename Pair16<T>::type;
+#pragma unroll
+    for (int k = 0; k < PER; k += 2)
+      *reinterpret_cast<P2*>(&out.v[k]) = fusion_pair<ACT, T>(make_float2(x[k], x[k + 1]), rstd, make_float2(gv[k], gv[k + 1]),
+                                                              *reinterpret_cast<const P2*>(&gm_pack.v[k]));
+  } else {
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const T normed = static_cast<T>(x[k] * rstd);
+      const T scaled = static_cast<T>(gmv[k] * static_cast<float>(normed));
+      out.v[k] = static_cast<T>(activate<ACT, T>(gv[k]) * static_cast<float>(scaled));
     }
   }
+  if constexpr (VEC == 1) {
 #pragma unroll
-  for (int k = 0; k < R; ++k) {
-    if (first + k >= rows) break;
-    float x[PER], gv[PER], gmv[PER];
-#pragma unroll
-    for (int e = 0; e < PER; ++e)
-      x[e] = static_cast<float>(xo[k].v[e]), gv[e] = static_cast<float>(xg[k].v[e]), gmv[e] = static_cast<float>(gm_pack[k].v[e]);
-    float ss = 0.f;
-#pragma unroll
-    for (int e = 0; e < PER; ++e) ss += x[e] * x[e];
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    const float rstd = rsqrtf(ss / static_cast<float>(Dh) + eps);
-    Pack<T, PER> out;
-    if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
-      // On 16-bit pairs (fusion_pair: bit for bit the float32 products' roundings).
-      using P2 = typename Pair16<T>::type;
-#pragma unroll
-      for (int e = 0; e < PER; e += 2)
-        *reinterpret_cast<P2*>(&out.v[e]) = fusion_pair<ACT, T>(make_float2(x[e], x[e + 1]), rstd, make_float2(gv[e], gv[e + 1]),
-                                                                *reinterpret_cast<const P2*>(&gm_pack[k].v[e]));
-    } else {
-#pragma unroll
-      for (int e = 0; e < PER; ++e) {
-        const T normed = static_cast<T>(x[e] * rstd);
-        const T scaled = static_cast<T>(gmv[e] * static_cast<float>(normed));
-        out.v[e] = static_cast<T>(activate<ACT, T>(gv[e]) * static_cast<float>(scaled));
-      }
-    }
-    if constexpr (VEC == 1) {
-#pragma unroll
-      for (int e = 0; e < PER; ++e)
-        if (lane + 32 * e < Dh) yrow[k][lane + 32 * e] = out.v[e];
-    } else {
-      reinterpret_cast<Pack<T, VEC>*>(yrow[k])[lane] = out;
-    }
+    for (int k = 0; k < PER; ++k)
+      if (lane + 32 * k < Dh) yrow[lane + 32 * k] = out.v[k];
+  } else {
+    reinterpret_cast<Pack<T, VEC>*>(yrow)[lane] = out;
   }
 }
 
@@ -2806,6 +2792,7 @@ void launch_fusion_forward(const at::Tensor& o, const at::Tensor& gate, GateActi
                            double eps, at::Tensor& y, const FusionPlacement& pl) {
   const int64_t n = o.size(-2), rows = o.numel() / o.size(-1);
   if (rows == 0) return;
+  const unsigned blocks = static_cast<unsigned>((rows + kFusionWarps - 1) / kFusionWarps);
   const int64_t Dh = o.size(-1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, o.scalar_type(), "hh_fusion_forward", [&] {
     // Vector accesses when every row of o, gate, gamma and y starts on a multiple of Dh / 32 elements.
@@ -2815,13 +2802,11 @@ void launch_fusion_forward(const at::Tensor& o, const at::Tensor& gate, GateActi
                         aligned(gate) && aligned(gamma) && aligned(y);
     auto pick = [&](auto act_c) {
       constexpr int A = decltype(act_c)::value;
-      if (!vector) return fusion_forward_kernel<scalar_t, A, 1, 1>;
-      return vec == 2 ? fusion_forward_kernel<scalar_t, A, 2, kFusionRows>
-             : vec == 4 ? fusion_forward_kernel<scalar_t, A, 4, kFusionRows>
-                        : fusion_forward_kernel<scalar_t, A, 8, kFusionRows>;
+      if (!vector) return fusion_forward_kernel<scalar_t, A, 1>;
+      return vec == 2 ? fusion_forward_kernel<scalar_t, A, 2>
+             : vec == 4 ? fusion_forward_kernel<scalar_t, A, 4>
+                        : fusion_forward_kernel<scalar_t, A, 8>;
     };
-    const int64_t per_block = kFusionWarps * (vector ? kFusionRows : 1);
-    const unsigned blocks = static_cast<unsigned>((rows + per_block - 1) / per_block);
     using None = std::integral_constant<int, static_cast<int>(GateActivation::kNone)>;
     using Sigmoid = std::integral_constant<int, static_cast<int>(GateActivation::kSigmoid)>;
     using Silu = std::integral_constant<int, static_cast<int>(GateActivation::kSilu)>;
