@@ -101,8 +101,6 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const void* map, int x, 
       "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar))
       : "memory");
 }
-// Asks L2 for the 128-byte line at p ahead of its loads (no value, no effect on memory's contents).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 // Orders this thread's earlier accesses to shared memory (the generic proxy) before later bulk copies
 // into it (the async proxy): each thread that touched a region calls it before the block-wide barrier
 // after which a copy overwrites the region.

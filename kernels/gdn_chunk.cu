@@ -467,19 +467,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
       conv_rows_load(Ls, &maps.k, h * DK, t, b, &landed[0]);
       conv_rows_load(Ks, &maps.q, h * DK, t, b, &landed[0]);
     }
-    // RoPE's table rows at the chunk's positions into L2 while the raw rows land, one 128-byte line a
-    // thread (64 rows of 256 bytes in two tables for D = 128): the q convolution read them a row at a
-    // time from memory, the first of the chunk's H blocks to touch each, and waited on each row's.
-    {
-      constexpr int kLines = static_cast<int>(DK * sizeof(T) / 128), kPerRow = 128 / static_cast<int>(sizeof(T));
-      static_assert(DK * sizeof(T) % 128 == 0, "whole lines a table row");
-      const int len = static_cast<int>(slots.T), t0 = static_cast<int>((n % slots.per) * kC);
-      for (int i = tid; i < 2 * kC * kLines; i += kThreads) {
-        const int r = i / (2 * kLines), table = (i / kLines) % 2, line = i % kLines;
-        const int t = min(t0 + r, len - 1);
-        prefetch_l2((table == 0 ? pc.cos : pc.sin) + static_cast<int64_t>(t) * DK + line * kPerRow);
-      }
-    }
   } else {
     load_rows<DK>(Ks, k, rows, h, H);
     if constexpr (OUT) load_rows<DK>(Qs, static_cast<const T*>(of.q), rows, h, H);
