@@ -1339,65 +1339,70 @@ TEST(CudaGdn, FusionInTheScanEqualsTheFusedOutputKernel) {
 
 // The LA heads' short convolution, RoPE and L2 norm inside chunk_factors (ShortConvInputs) against the
 // same steps as kernels of their own before it: every factor bit for bit, over two sequences (the
-// convolution's window must not reach across them) with a partial last chunk; then through
+// convolution's window must not reach across them) with a partial last chunk, and over two sequences
+// shorter than the convolution's window; then through
 // gdn_fused_output, whose output and final state must be the same bits as with q, k, v convolved first.
 TEST(CudaGdn, ShortConvInsideChunkFactorsEqualsItsOwnKernels) {
   ASSERT_TRUE(torch::cuda::is_available());
-  const int64_t B = 2, T = 150, H = 3, per = (T + 63) / 64;
-  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
-    for (int64_t D : {128, 64}) {
-      const std::string what = std::string(c10::toString(dt)) + " D=" + std::to_string(D);
-      const auto dev = kCuda.dtype(dt), f32 = kCuda.dtype(torch::kFloat);
-      const auto q = torch::randn({B, T, H, D}, dev), k = torch::randn({B, T, H, D}, dev), v = torch::randn({B, T, H, D}, dev);
-      hh::kernels::ShortConvInputs conv;
-      conv.wq = 0.5 * torch::randn({H * D, 1, 4}, dev);
-      conv.wk = 0.5 * torch::randn({H * D, 1, 4}, dev);
-      conv.wv = 0.5 * torch::randn({H * D, 1, 4}, dev);
-      std::tie(conv.cos, conv.sin) =
-          hh::model::rope_cos_sin(hh::model::rope_inv_freq(10000.0, D, torch::kCUDA), 0, T, dt);
-      conv.eps = 1e-6;
-      const auto g = (-0.5 * torch::rand({B, T, H}, kF64)).to(f32), beta = torch::rand({B, T, H}, kF64).to(f32);
-      auto flat = [&](const torch::Tensor& x) { return x.reshape({B, T, H * D}); };
-      const auto qc = hh::kernels::causal_conv_silu_rope_l2norm(flat(q), conv.wq, conv.cos, conv.sin, D, 1e-6).view({B, T, H, D});
-      const auto kc = hh::kernels::causal_conv_silu_rope_l2norm(flat(k), conv.wk, conv.cos, conv.sin, D, 1e-6).view({B, T, H, D});
-      const auto vc = hh::kernels::causal_conv_silu(flat(v), conv.wv).view({B, T, H, D});
-      const hh::kernels::ChunkGrid grid{B * per, per, {}};
-      const auto want = hh::kernels::chunk_factors(kc, vc, g, beta, grid, qc, 0.1);
-      poison_allocator();
-      const auto got = hh::kernels::chunk_factors(k, v, g, beta, grid, q, 0.1, &conv);
-      const std::vector<std::pair<const char*, std::pair<torch::Tensor, torch::Tensor>>> pairs = {
-          {"W", {got.W, want.W}},       {"U", {got.U, want.U}},          {"kdecay", {got.kdecay, want.kdecay}},
-          {"decay", {got.decay, want.decay}}, {"bound", {got.bound, want.bound}}, {"Qd", {got.Qd, want.Qd}},
-          {"Aq", {got.Aq, want.Aq}},    {"aq_inv", {got.aq_inv, want.aq_inv}}};
-      for (const auto& [name, t] : pairs) EXPECT_TRUE(torch::equal(t.first, t.second)) << what << ": " << name;
-      // Three blocks an SM instead of four (bfloat16, D = 128; elsewhere the same kernel): the same bits.
-      hh::kernels::set_factors_four_blocks(false);
-      poison_allocator();
-      const auto three = hh::kernels::chunk_factors(k, v, g, beta, grid, q, 0.1, &conv);
-      hh::kernels::set_factors_four_blocks(true);
-      EXPECT_TRUE(torch::equal(three.W, got.W) && torch::equal(three.U, got.U) && torch::equal(three.kdecay, got.kdecay) &&
-                  torch::equal(three.Qd, got.Qd) && torch::equal(three.Aq, got.Aq) && torch::equal(three.bound, got.bound))
-          << what << ": three blocks an SM";
+  const int64_t B = 2, H = 3;
+  // 150 tokens: three chunks a sequence, the last partial; 2 tokens: one chunk whose 67 rows (from three
+  // before the sequence on) lie all but two outside it, read as zeros.
+  for (int64_t T : {150, 2})
+    for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
+      for (int64_t D : {128, 64}) {
+        const int64_t per = (T + 63) / 64;
+        const std::string what = std::string(c10::toString(dt)) + " D=" + std::to_string(D) + " T=" + std::to_string(T);
+        const auto dev = kCuda.dtype(dt), f32 = kCuda.dtype(torch::kFloat);
+        const auto q = torch::randn({B, T, H, D}, dev), k = torch::randn({B, T, H, D}, dev), v = torch::randn({B, T, H, D}, dev);
+        hh::kernels::ShortConvInputs conv;
+        conv.wq = 0.5 * torch::randn({H * D, 1, 4}, dev);
+        conv.wk = 0.5 * torch::randn({H * D, 1, 4}, dev);
+        conv.wv = 0.5 * torch::randn({H * D, 1, 4}, dev);
+        std::tie(conv.cos, conv.sin) =
+            hh::model::rope_cos_sin(hh::model::rope_inv_freq(10000.0, D, torch::kCUDA), 0, T, dt);
+        conv.eps = 1e-6;
+        const auto g = (-0.5 * torch::rand({B, T, H}, kF64)).to(f32), beta = torch::rand({B, T, H}, kF64).to(f32);
+        auto flat = [&](const torch::Tensor& x) { return x.reshape({B, T, H * D}); };
+        const auto qc = hh::kernels::causal_conv_silu_rope_l2norm(flat(q), conv.wq, conv.cos, conv.sin, D, 1e-6).view({B, T, H, D});
+        const auto kc = hh::kernels::causal_conv_silu_rope_l2norm(flat(k), conv.wk, conv.cos, conv.sin, D, 1e-6).view({B, T, H, D});
+        const auto vc = hh::kernels::causal_conv_silu(flat(v), conv.wv).view({B, T, H, D});
+        const hh::kernels::ChunkGrid grid{B * per, per, {}};
+        const auto want = hh::kernels::chunk_factors(kc, vc, g, beta, grid, qc, 0.1);
+        poison_allocator();
+        const auto got = hh::kernels::chunk_factors(k, v, g, beta, grid, q, 0.1, &conv);
+        const std::vector<std::pair<const char*, std::pair<torch::Tensor, torch::Tensor>>> pairs = {
+            {"W", {got.W, want.W}},       {"U", {got.U, want.U}},          {"kdecay", {got.kdecay, want.kdecay}},
+            {"decay", {got.decay, want.decay}}, {"bound", {got.bound, want.bound}}, {"Qd", {got.Qd, want.Qd}},
+            {"Aq", {got.Aq, want.Aq}},    {"aq_inv", {got.aq_inv, want.aq_inv}}};
+        for (const auto& [name, t] : pairs) EXPECT_TRUE(torch::equal(t.first, t.second)) << what << ": " << name;
+        // Three blocks an SM instead of four (bfloat16, D = 128; elsewhere the same kernel): the same bits.
+        hh::kernels::set_factors_four_blocks(false);
+        poison_allocator();
+        const auto three = hh::kernels::chunk_factors(k, v, g, beta, grid, q, 0.1, &conv);
+        hh::kernels::set_factors_four_blocks(true);
+        EXPECT_TRUE(torch::equal(three.W, got.W) && torch::equal(three.U, got.U) && torch::equal(three.kdecay, got.kdecay) &&
+                    torch::equal(three.Qd, got.Qd) && torch::equal(three.Aq, got.Aq) && torch::equal(three.bound, got.bound))
+            << what << ": three blocks an SM";
 
-      hh::kernels::OutputFusion fu;
-      fu.gate = torch::randn({B, T, H * D}, dev);
-      fu.gamma = 1 + 0.3 * torch::randn({H, D}, dev);
-      fu.act = hh::kernels::GateActivation::kSilu;
-      fu.heads = {0, 1, 2};
-      torch::NoGradGuard no_grad;
-      auto y_want = torch::full({B, T, H, D}, 7.0, dev), y_got = torch::full({B, T, H, D}, 7.0, dev);
-      const auto s_want = hh::attention::gdn_fused_output(qc, kc, vc, g, beta, torch::Tensor(), 0.1, 64, fu, y_want);
-      const auto s_got = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, fu, y_got, &conv);
-      EXPECT_TRUE(torch::equal(y_got, y_want)) << what << " (fused output)";
-      EXPECT_TRUE(torch::equal(s_got, s_want)) << what << " (final state)";
-      // With the convolution kept out of chunk_factors, gdn_fused_output runs its kernels first: the same bits.
-      hh::kernels::set_conv_in_factors(false);
-      auto y_apart = torch::full({B, T, H, D}, 7.0, dev);
-      const auto s_apart = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, fu, y_apart, &conv);
-      hh::kernels::set_conv_in_factors(true);
-      EXPECT_TRUE(torch::equal(y_apart, y_want)) << what << " (convolution apart)";
-      EXPECT_TRUE(torch::equal(s_apart, s_want)) << what << " (convolution apart, final state)";
-    }
+        hh::kernels::OutputFusion fu;
+        fu.gate = torch::randn({B, T, H * D}, dev);
+        fu.gamma = 1 + 0.3 * torch::randn({H, D}, dev);
+        fu.act = hh::kernels::GateActivation::kSilu;
+        fu.heads = {0, 1, 2};
+        torch::NoGradGuard no_grad;
+        auto y_want = torch::full({B, T, H, D}, 7.0, dev), y_got = torch::full({B, T, H, D}, 7.0, dev);
+        const auto s_want = hh::attention::gdn_fused_output(qc, kc, vc, g, beta, torch::Tensor(), 0.1, 64, fu, y_want);
+        const auto s_got = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, fu, y_got, &conv);
+        EXPECT_TRUE(torch::equal(y_got, y_want)) << what << " (fused output)";
+        EXPECT_TRUE(torch::equal(s_got, s_want)) << what << " (final state)";
+        // With the convolution kept out of chunk_factors, gdn_fused_output runs its kernels first: the same bits.
+        hh::kernels::set_conv_in_factors(false);
+        auto y_apart = torch::full({B, T, H, D}, 7.0, dev);
+        const auto s_apart = hh::attention::gdn_fused_output(q, k, v, g, beta, torch::Tensor(), 0.1, 64, fu, y_apart, &conv);
+        hh::kernels::set_conv_in_factors(true);
+        EXPECT_TRUE(torch::equal(y_apart, y_want)) << what << " (convolution apart)";
+        EXPECT_TRUE(torch::equal(s_apart, s_want)) << what << " (convolution apart, final state)";
+      }
   // chunk_factors refuses the convolution without q, and on a gathered grid.
   const auto dev = kCuda.dtype(torch::kBFloat16), f32 = kCuda.dtype(torch::kFloat);
   const auto x = torch::randn({1, 64, 1, 64}, dev);
