@@ -3,7 +3,8 @@
 // kernels/gdn_chunk_backward.cu, the backward): the chunk grid's slots, tiles of 16-bit rows in shared
 // memory, paired stores and a block's maximum, the chunk's gates, a warp's 16-bit product on ldmatrix
 // fragments (product16), the decay-masked Gram products, the unit lower inverse, and the host's
-// argument checks, dtype dispatch and tensor maps' encoder. Everything is in an unnamed namespace: each kernel file has its own copy.
+// argument checks, dtype dispatch and tensor maps' encoder. Everything is in an unnamed namespace: each
+// kernel file has its own copy.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>

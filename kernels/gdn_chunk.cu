@@ -408,10 +408,10 @@ __device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, con
 }
 
 // PRE: k, v and of.q are the projections before the short convolution, which the block applies
-// (PreConv above), read through `maps` by the copy engine; needs OUT, DK = DV and regular sequences. The raw rows are staged where the tile
-// they become is not: K's in Ls's region and Q's in K's, then Q formed into Q's region and K into
-// K's; V's in V's region (as V's rows land in the other forms), formed into K's region once W is done,
-// where U's product reads it.
+// (PreConv above), read through `maps` by the copy engine; needs OUT, DK = DV and regular sequences. The
+// raw rows are staged where the tile they become is not: K's in Ls's region and Q's in K's, then Q formed
+// into Q's region and K into K's; V's in V's region (as V's rows land in the other forms), formed into K's
+// region once W is done, where U's product reads it.
 // MINB blocks an SM: four (at most 64 registers a thread), three with PRE by default. The 8-channel
 // convolution (D = 64) spills about 120 bytes a thread at 64 registers; the by-rows one (D = 128) none for
 // bfloat16 and 12 bytes for float16, so the bfloat16 Dh = 128 form also comes in four
@@ -454,11 +454,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
     static_assert(kConvRows * DK * sizeof(T) <= kC * kLdT * sizeof(float), "K's raw rows fit Ls's region");
     static_assert(kConvRows * DK <= kC * ld16<DK>() && kConvRows * DV <= factors_second_tile<DK, DV, OUT>(),
                   "Q's and V's raw rows fit K's and V's regions");
-    // K's raw rows into Ls's region, Q's into K's, by the copy engine: one thread's two copies where each
-    // thread issued its share of 16-byte copies and formed their addresses.
-    // The chunk's boxes start K - 1 rows before it in its sequence, at head h's channels. The issuing
-    // thread keeps the box's row and sequence in the spare words after amax for V's copy, rather than in
-    // registers live until then (8 bytes of spill in the four-block form).
+    // K's raw rows into Ls's region, Q's into K's, by the copy engine: one thread's two box copies, where
+    // each thread used to issue its share of 16-byte copies and form their addresses. The boxes start K - 1
+    // rows before the chunk in its sequence, at head h's channels. The issuing thread keeps the box's row
+    // and sequence in the spare words after amax for V's copy, rather than in registers live until then
+    // (8 bytes of spill in the four-block form).
     if (tid == 0) {
       const int t = static_cast<int>((n % slots.per) * kC) - (kConvTaps - 1), b = static_cast<int>(n / slots.per);
       reinterpret_cast<int*>(amax)[2] = t;
