@@ -45,18 +45,36 @@ __device__ __forceinline__ void cp_async_wait() {
 // Hopper's bulk copies and the shared-memory barriers they complete on (sm_90). A barrier's phase
 // completes when its expected arrivals have arrived and the bytes announced by arrive_expect_tx have
 // landed; waiters poll the phase's parity.
+// The helpers below that issue sm_90 instructions trap when compiled for an older device (no kernel
+// reaches them there: the host asks copy_engine_available() before taking a path that uses them), so that
+// a kernel with such a path still compiles for every architecture the build targets.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define HH_COPY_ENGINE 1
+#else
+#define HH_COPY_ENGINE 0
+#endif
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
 }
 // Makes the barriers' initialisation visible to the copy engine (then a block-wide barrier).
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_init_fence() {
+#if HH_COPY_ENGINE
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 // One arrival that also announces `bytes` more to land in this phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+#if HH_COPY_ENGINE
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+#else
+  __trap();
+#endif
 }
 // The suspend time of the barrier waits here (10 ms, far beyond any phase's wait).
 constexpr unsigned kSuspendNs = 10'000'000;
@@ -67,6 +85,7 @@ constexpr unsigned kSuspendNs = 10'000'000;
 // completed on the barrier (mbar_wait_cluster).
 template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+#if HH_COPY_ENGINE
   unsigned done = 0;
   do {
     if constexpr (CLUSTER)
@@ -82,29 +101,46 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
           : "r"(smem_addr(bar)), "r"(parity), "r"(kSuspendNs)
           : "memory");
   } while (!done);
+#else
+  __trap();
+#endif
 }
 // The box at (x, y) (x the inner coordinate) of a 2-D tensor map from global to shared memory by the
 // copy engine, completing on `bar`. `map` is a __grid_constant__ kernel parameter.
 __device__ __forceinline__ void tma_load_2d(void* smem, const void* map, int x, int y, unsigned long long* bar) {
+#if HH_COPY_ENGINE
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
           smem_addr(smem)),
       "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar))
       : "memory");
+#else
+  __trap();
+#endif
 }
 // The box at (x, y, z) of a 3-D tensor map, as tma_load_2d. The copy engine fills the box's elements that
 // lie outside the tensor (at negative coordinates too) with zeros, and counts them among its bytes.
 __device__ __forceinline__ void tma_load_3d(void* smem, const void* map, int x, int y, int z, unsigned long long* bar) {
+#if HH_COPY_ENGINE
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
           smem_addr(smem)),
       "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar))
       : "memory");
+#else
+  __trap();
+#endif
 }
 // Orders this thread's earlier accesses to shared memory (the generic proxy) before later bulk copies
 // into it (the async proxy): each thread that touched a region calls it before the block-wide barrier
 // after which a copy overwrites the region.
-__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if HH_COPY_ENGINE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
 // Where the copy engine's SW-byte swizzle (SW = 32, 64 or 128; the tile 1024-byte aligned) puts the
 // byte at `linear` of an unswizzled tile of SW-byte rows: the row's 16-byte unit XOR-ed with bits 7..
 // of the offset, so that the same unit of eight consecutive rows falls in distinct banks.

@@ -220,47 +220,6 @@ constexpr int kConvRows = kC + kConvTaps - 1;
 struct ConvMaps {
   CUtensorMap q, k, v;
 };
-// The copy engine's steps of the PRE path, on Hopper on (chunk_factors refuses the path without the copy
-// engine; elsewhere these trap): the two barriers' set-up, a barrier's expected bytes, a box's copy, the
-// wait for a barrier's first phase, and the proxy fence before a copy overwrites what threads touched.
-__device__ __forceinline__ void conv_barriers_init(unsigned long long* landed) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  mbar_init(&landed[0], 1);
-  mbar_init(&landed[1], 1);
-  mbar_init_fence();
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void conv_rows_expect(unsigned long long* bar, unsigned bytes) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  mbar_arrive_expect_tx(bar, bytes);
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void conv_rows_load(void* dst, const CUtensorMap* map, int x, int t, int b, unsigned long long* bar) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  tma_load_3d(dst, map, x, t, b, bar);
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void conv_rows_wait(unsigned long long* bar) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  mbar_wait(bar, 0);
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void conv_proxy_fence() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  fence_proxy_async_shared();
-#else
-  __trap();
-#endif
-}
-
 // The staged rows (the ConvMaps boxes, landed) through the convolution with taps w of head h, its SiLU
 // and, with ROPE, RoPE at the rows' positions and each row's L2 norm, into tile [C][ld16<D>] (another
 // region; padding rows zero). Thread i takes pack i % P (P = D / 8 packs a row) of R consecutive rows,
@@ -447,7 +406,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if (tid < kC) rows[tid] = slots(n, tid);
   if (tid == 0) *amax = 0u;
   if constexpr (PRE) {
-    if (tid == 0) conv_barriers_init(landed);
+    if (tid == 0) {  // device_ops.cuh's copy-engine helpers trap below sm_90, where chunk_factors refuses PRE
+      mbar_init(&landed[0], 1);
+      mbar_init(&landed[1], 1);
+      mbar_init_fence();
+    }
   }
   __syncthreads();
   if constexpr (PRE) {
@@ -463,9 +426,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
       const int t = static_cast<int>((n % slots.per) * kC) - (kConvTaps - 1), b = static_cast<int>(n / slots.per);
       reinterpret_cast<int*>(amax)[2] = t;
       reinterpret_cast<int*>(amax)[3] = b;
-      conv_rows_expect(&landed[0], 2 * kConvRows * DK * sizeof(T));
-      conv_rows_load(Ls, &maps.k, h * DK, t, b, &landed[0]);
-      conv_rows_load(Ks, &maps.q, h * DK, t, b, &landed[0]);
+      mbar_arrive_expect_tx(&landed[0], 2 * kConvRows * DK * sizeof(T));
+      tma_load_3d(Ls, &maps.k, h * DK, t, b, &landed[0]);
+      tma_load_3d(Ks, &maps.q, h * DK, t, b, &landed[0]);
     }
   } else {
     load_rows<DK>(Ks, k, rows, h, H);
@@ -475,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if constexpr (PRE) {
     // The gates while the rows land; one thread waits for them, and the barrier after passes them on.
     chunk_gates(g, beta, rows, h, H, Gs, bs);
-    if (tid == 0) conv_rows_wait(&landed[0]);
+    if (tid == 0) mbar_wait(&landed[0], 0);
     __syncthreads();
   } else {
     gates_while_tiles_land(g, beta, rows, h, H, Gs, bs);
@@ -515,13 +478,13 @@ __global__ void __launch_bounds__(kThreads, MINB)
       *reinterpret_cast<uint4*>(of.Qd + chunk * kC * DK + r * DK + c) =
           scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r]));
     }
-    if constexpr (PRE) conv_proxy_fence();  // Q's region, written and read, takes V's raw rows next
+    if constexpr (PRE) fence_proxy_async_shared();  // Q's region, written and read, takes V's raw rows next
     __syncthreads();  // every thread is done with Q and Aq
     if constexpr (PRE) {  // V's raw rows land while L, its inverse and W are formed
       if (tid == 0) {
-        conv_rows_expect(&landed[1], kConvRows * DV * sizeof(T));
-        conv_rows_load(Vs, &maps.v, h * DV, reinterpret_cast<const int*>(amax)[2], reinterpret_cast<const int*>(amax)[3],
-                       &landed[1]);
+        mbar_arrive_expect_tx(&landed[1], kConvRows * DV * sizeof(T));
+        tma_load_3d(Vs, &maps.v, h * DV, reinterpret_cast<const int*>(amax)[2], reinterpret_cast<const int*>(amax)[3],
+                    &landed[1]);
       }
     } else {
       load_rows<DV>(Vs, v, rows, h, H);
@@ -559,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if constexpr (OUT) {
     cp_async_wait<0>();  // V's rows
     if constexpr (PRE) {
-      if (tid == 0) conv_rows_wait(&landed[1]);
+      if (tid == 0) mbar_wait(&landed[1], 0);
     }
     __syncthreads();
     if constexpr (PRE) {
@@ -940,7 +903,7 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
     if (grid.gather.defined()) throw std::invalid_argument(fn + "the grid must hold regular sequences");
     // short_conv_rows128 keeps positions in int, and the copy engine's box coordinates are 32-bit.
     if (T > std::numeric_limits<int>::max() - kC || B > std::numeric_limits<int>::max())
-      throw std::invalid_argument(fn + "T must be below 2^31 - 64 tokens");
+      throw std::invalid_argument(fn + "T must be below 2^31 - 64 tokens and B below 2^31 sequences");
     if (!copy_engine_available()) throw std::invalid_argument(fn + "the copy engine (sm_90 on) is needed");
     if (!short_conv_fusion_supported(Dk, Dv, k.scalar_type())) throw std::invalid_argument(fn + "Dk = Dv in {64, 128} only");
     need(conv->wq, "chunk_factors", "the short convolution's q taps", {H * Dk, 1, kConvTaps}, true);
