@@ -1,7 +1,7 @@
 #pragma once
 // Device helpers the kernels share: asynchronous 16-byte copies into shared memory; bulk copies
 // completing on shared-memory barriers; the mma.sync products (m16n8k8 TF32 with its operand
-// conversions, m16n8k16 float16 / bfloat16) and ldmatrix; vector packs of elements; and rotate-half
+// conversions, m16n8k16 float16 / bfloat16), ldmatrix and stmatrix; vector packs of elements; and rotate-half
 // RoPE with HF's roundings.
 //
 // Fragment layout of mma.sync.m16n8k8 (lane = 4 g + t, g in 0..7, t in 0..3):
@@ -220,6 +220,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
 __device__ __forceinline__ void ldmatrix_x2_trans(unsigned (&r)[2], const void* smem) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+// ldmatrix's inverse with .trans (sm_90): the fragments in r (lane 4g + t holding row g, elements 2t and
+// 2t + 1 of block i in r[i]) stored as four 8 x 8 blocks each transposed, lanes 8i..8i+7 giving the
+// addresses of the stored rows of block i (row j of the stored block is column j of the fragment's).
+__device__ __forceinline__ void stmatrix_x4_trans(void* smem, const unsigned (&r)[4]) {
+#if HH_COPY_ENGINE
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(smem_addr(smem)), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+#else
+  __trap();
+#endif
 }
 // Two floats as a float16 pair in one register (x in the low half), rounded to nearest.
 __device__ __forceinline__ unsigned pack_f16(float x, float y) {

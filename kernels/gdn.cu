@@ -1238,8 +1238,14 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // warps: each warp adds its 16 columns' squares into a two-chunk table of partial sums, and one barrier
 // of the block's warps a chunk makes the table whole. The gate's rows come into a per-warp tile by
 // cp.async at the step's start, behind its products.
+// HIST (training's forward; not with FUSE): the history the backward reads (LowRankScanArgs::S16 and
+// M16, whichever is given), in the blocks' form (16 x 16 blocks of S, 16 x 8 tiles of M, each with a
+// power-of-two scale): each written chunk's start state at the step's start, from S^T's float32
+// accumulators, and its new values from M^T's before their row scales. A warp transposes its part (16 of
+// the state's columns over Dk; 16 of M's columns over the chunk) by stmatrix.trans into a staging tile of
+// its own, then writes it 16 bytes a lane.
 constexpr int kColumnStages = 2;
-template <int DK, int DV, bool FUSED = false>
+template <int DK, int DV, bool FUSED = false, bool HIST = false>
 struct ColumnRing {
   static constexpr int C = kLowRankChunk, kWarps = DV / 16;
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2, kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
@@ -1250,7 +1256,9 @@ struct ColumnRing {
   static constexpr size_t kHead = 1024;                                // the barriers
   static constexpr size_t kPsum = FUSED ? 2 * static_cast<size_t>(C) * kWarps * 4 : 0;  // [2][C][kWarps] float
   static constexpr size_t kGate = FUSED ? kWarps * kStage : 0;                            // a warp's gate tile [C][16]
-  static constexpr size_t kBytes = kHead + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + 1024;
+  static constexpr size_t kHistTile = static_cast<size_t>(DK > C ? DK : C) * 16 * 2;       // HIST: [DK][16] of S, [C][16] of M
+  static constexpr size_t kHist = HIST ? kWarps * kHistTile : 0;
+  static constexpr size_t kBytes = kHead + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + kHist + 1024;
   char* slots;
   __device__ __forceinline__ char* A(int b) const { return slots + b * kSlot; }
   __device__ __forceinline__ char* B(int b) const { return A(b) + kTile; }
@@ -1265,8 +1273,16 @@ struct ColumnRing {
     return reinterpret_cast<float*>(slots + kColumnStages * kSlot + kWarps * kStage) + p * C * kWarps;
   }
   __device__ __forceinline__ char* gate(int w) const { return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + w * kStage; }
+  __device__ __forceinline__ char* hist(int w) const {
+    return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + w * kHistTile;
+  }
 };
 static_assert(ColumnRing<128, 128, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM");
+static_assert(ColumnRing<128, 128, false, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM with the history");
+
+// A 16-bit staging tile of 32-byte rows (two 16-byte units a row; HIST): unit `part` of row `row`, the
+// units of rows 4..7 of each eight swapped, so that stmatrix's eight rows of a block take distinct banks.
+__device__ __forceinline__ int hist_unit(int row, int part) { return row * 32 + 16 * (part ^ ((row >> 2) & 1)); }
 
 // A row pair's power-of-two scales from this thread's values of rows g and g + 8 (the quad shares them).
 __device__ __forceinline__ void row_scales(float mx0, float mx1, Pow2Scale& s0, Pow2Scale& s1) {
@@ -1298,14 +1314,16 @@ __device__ __forceinline__ void row_max_abs(const float (&x)[NT][4], float& mx0,
   }
 }
 
-template <int DK, int DV, int FUSE, class O>
+template <int DK, int DV, int FUSE, class O, bool HIST = false>
 __global__ void __launch_bounds__(32 * (DV / 16), 1)
     column_scan_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay, const float* __restrict__ bound,
                        const float* __restrict__ y0, float* __restrict__ fin, const int64_t* __restrict__ offsets,
-                       const int64_t* __restrict__ segs, int H, int64_t N, ScanOut so, const __grid_constant__ FusedOutputArgs fa) {
+                       const int64_t* __restrict__ segs, int H, int64_t N, ScanOut so, const __grid_constant__ FusedOutputArgs fa,
+                       F16History h16) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   constexpr bool FUSED = FUSE >= 0;
-  using Ring = ColumnRing<DK, DV, FUSED>;
+  static_assert(!(FUSED && HIST), "the history is written with o, not through the fusion");
+  using Ring = ColumnRing<DK, DV, FUSED, HIST>;
   using P2 = typename Pair16<O>::type;
   constexpr int C = kLowRankChunk, NW = Ring::kWarps, SW = Ring::SW, NK = DK / 8, NC = C / 8;
   static_assert(C == 64 && DK % 16 == 0 && DV % 32 == 0, "the column scan's shapes");
@@ -1378,10 +1396,40 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   publish();
   const int a_row = lane % 16, a_col = (lane / 16) * 8;
   const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
+  // HIST: this lane's stored row and unit in a 16-row block of the staging tile (stmatrix_x4_trans's
+  // address for fragment registers ordered (rows g, first 8 columns), (rows g + 8, first 8), (rows g,
+  // last 8), (rows g + 8, last 8)).
+  const int h_row = lane % 8 + 8 * (lane / 16), h_part = (lane / 8) % 2;
+  // HIST: the staging tile's first `rows` rows to dst (row stride ld elements), 16 bytes a lane.
+  auto write_tile = [&](int rows, __half* dst, int64_t ld) {
+    __syncwarp();
+    const char* const st = ring.hist(warp);
+    for (int u = lane; u < 2 * rows; u += 32)
+      *reinterpret_cast<uint4*>(dst + (u / 2) * ld + 8 * (u % 2)) = *reinterpret_cast<const uint4*>(st + hist_unit(u / 2, u % 2));
+  };
   int buf = 0;
   unsigned round = 0;
   for (int64_t i = 0; i < count; ++i) {
     const bool write = i >= skip;
+    const int64_t chunk_at = static_cast<int64_t>(h) * N + w0 + i;
+    if constexpr (HIST) {
+      if (write && h16.S != nullptr) {
+        // The chunk's start state into S16: block (16 k .. of Dk, this warp's 16 columns) is S^T's tiles
+        // 2 k and 2 k + 1, scaled as one.
+#pragma unroll
+        for (int k = 0; k < NK / 2; ++k) {
+          float flat[8];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) flat[e] = sx[2 * k][e], flat[4 + e] = sx[2 * k + 1][e];
+          const Pow2Scale sc = pow2_scale(warp_max_abs(flat));
+          const unsigned f[4] = {pack_f16(flat[0] * sc.scale, flat[1] * sc.scale), pack_f16(flat[2] * sc.scale, flat[3] * sc.scale),
+                                 pack_f16(flat[4] * sc.scale, flat[5] * sc.scale), pack_f16(flat[6] * sc.scale, flat[7] * sc.scale)};
+          stmatrix_x4_trans(ring.hist(warp) + hist_unit(16 * k + h_row, h_part), f);
+          if (lane == 0) h16.S_inv[(chunk_at * (DK / 16) + k) * (DV / 16) + warp] = sc.inverse;
+        }
+        write_tile(DK, h16.S + chunk_at * DK * DV + r0, DV);
+      }
+    }
     if (FUSED && write) {  // this warp's columns of the chunk's gate rows, into its gate tile (padding rows: none)
       const ChunkRows row_of = so.rows.chunk(w0 + i);
       const O* const gate = static_cast<const O*>(fa.gate) + static_cast<int64_t>(h) * DV + r0;
@@ -1422,6 +1470,28 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         const float kx = x % 2 == 0 ? k0 : k1;
         m[0] = fmaf(-kx, m[0], u.x);
         m[1] = fmaf(-kx, m[1], u.y);
+      }
+    }
+    if constexpr (HIST) {
+      if (write && h16.M != nullptr) {
+        // The new values into M16: tile (16 p .. of the chunk, 8 of this warp's columns) is M^T's rows g
+        // (f0) or g + 8 (f1) of tiles 2 p and 2 p + 1, times the rows' u_inv (powers of two: exact).
+        const float ui0 = ring.u_inv(buf)[r0 + g], ui1 = ring.u_inv(buf)[r0 + g + 8];
+        __syncwarp();  // S's rows are out of the staging tile
+#pragma unroll
+        for (int p = 0; p < NC / 2; ++p) {
+          const float f0[4] = {mt[2 * p][0] * ui0, mt[2 * p][1] * ui0, mt[2 * p + 1][0] * ui0, mt[2 * p + 1][1] * ui0};
+          const float f1[4] = {mt[2 * p][2] * ui1, mt[2 * p][3] * ui1, mt[2 * p + 1][2] * ui1, mt[2 * p + 1][3] * ui1};
+          const Pow2Scale s0 = pow2_scale(warp_max_abs(f0)), s1 = pow2_scale(warp_max_abs(f1));
+          const unsigned f[4] = {pack_f16(f0[0] * s0.scale, f0[1] * s0.scale), pack_f16(f1[0] * s1.scale, f1[1] * s1.scale),
+                                 pack_f16(f0[2] * s0.scale, f0[3] * s0.scale), pack_f16(f1[2] * s1.scale, f1[3] * s1.scale)};
+          stmatrix_x4_trans(ring.hist(warp) + hist_unit(16 * p + h_row, h_part), f);
+          if (lane == 0) {
+            float* const inv = h16.M_inv + (chunk_at * (C / 16) + p) * (DV / 8) + 2 * warp;
+            inv[0] = s0.inverse, inv[1] = s1.inverse;
+          }
+        }
+        write_tile(C, h16.M + chunk_at * C * DV + r0, DV);
       }
     }
     float m0, m1;
@@ -1683,13 +1753,16 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
 }
 
 // The column scan (column_scan_kernel): one block a (segment, head), Dv / 16 warps; FUSE >= 0 with the
-// fusion norm into y of O.
-template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16>
+// fusion norm into y of O; HIST writing S16 and M16, whichever is given.
+template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16, bool HIST = false>
 void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
   const int H = static_cast<int>(a.A.size(0));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
-  constexpr size_t smem = ColumnRing<DK, DV, (FUSE >= 0)>::kBytes;
-  auto kernel = column_scan_kernel<DK, DV, FUSE, O>;
+  constexpr size_t smem = ColumnRing<DK, DV, (FUSE >= 0), HIST>::kBytes;
+  auto kernel = column_scan_kernel<DK, DV, FUSE, O, HIST>;
+  auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
+  auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
+  const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
   const LowRankScanArgs::Output& o = a.output;
   const ScanOut so{o.aq_inv.data_ptr<float>(), FUSE >= 0 ? nullptr : o.o.data_ptr(), slot_rows(o.grid, o.B, o.T),
                    FUSE < 0 && o.o.scalar_type() == at::kBFloat16};
@@ -1701,7 +1774,7 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
   g_column_scan_launches.fetch_add(1, std::memory_order_relaxed);
   kernel<<<grid, 32 * (DV / 16), smem, at::cuda::getCurrentCUDAStream()>>>(
       scan_maps<DK, 32>(a), a.decay.data_ptr<float>(), a.bound.defined() ? a.bound.data_ptr<float>() : nullptr,
-      a.y0.data_ptr<float>(), fin.data_ptr<float>(), table, table + S + 1, H, N, so, fa);
+      a.y0.data_ptr<float>(), fin.data_ptr<float>(), table, table + S + 1, H, N, so, fa, h16);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1760,7 +1833,10 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
         }
       } else if (a.output.o.defined() && plan.columns >= 64) {  // the column scan (low_rank_scan's plan)
         if constexpr (DK == 128) {
-          if (plan.columns == 128) launch_column_scan<128, 128>(a, plan, fin);
+          const bool hist = a.S16.defined() || a.M16.defined();
+          if (plan.columns == 128 && hist) launch_column_scan<128, 128, -1, c10::BFloat16, true>(a, plan, fin);
+          else if (plan.columns == 128) launch_column_scan<128, 128>(a, plan, fin);
+          else if (hist) launch_column_scan<128, 64, -1, c10::BFloat16, true>(a, plan, fin);
           else launch_column_scan<128, 64>(a, plan, fin);
         }
       } else if (a.output.o.defined()) {
@@ -2541,19 +2617,21 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   ScanPlan plan;
   plan.fused = fused;
   plan.columns = a.precision == ScanPrecision::kBlockFloat16 && Dv % 32 == 0 && g_scan_columns != 16 ? 32 : 16;
-  // The column scan (set_scan_warp_columns) takes the inference forward with its output at Dk = 128, Dv 64
-  // or 128 (a block a head, Dv / 16 warps), 16-byte aligned rows of o, no history, U in float16 by columns,
+  // The column scan (set_scan_warp_columns) takes the forward with its output at Dk = 128, Dv 64 or 128 (a
+  // block a head, Dv / 16 warps), 16-byte aligned rows of o, U in float16 by columns, no float32 history,
   // unless set_scan_columns asks for blocks of 16 or 32 columns; with the fusion (checked above), unless
   // set_fusion_in_scan asks for the cluster of column blocks or set_fusion_in_column_scan is off: the
-  // switches column_scan_takes reads, which gdn's forward asks before it picks U's form.
+  // switches column_scan_takes reads, which gdn's forward asks before it picks U's form. It writes the
+  // float16 history (S16, M16) with o, not with the fusion.
   const bool fusion = a.output.fusion != nullptr;
   const bool o_fits = fusion || (a.output.o.defined() && reinterpret_cast<uintptr_t>(a.output.o.data_ptr()) % 16 == 0);
   if (column_scan_takes(Dk, Dv, fusion) && o_fits && !a.reverse && a.A.scalar_type() == at::kHalf && !a.hist.defined() &&
-      !a.M.defined() && !s16 && !m16 && !a.Z.defined() && u16)
+      !a.M.defined() && !(fusion && (s16 || m16)) && !a.Z.defined() && u16)
     plan.columns = static_cast<int>(Dv);
   else if (u16)
-    throw std::invalid_argument("hh::kernels::low_rank_scan: U in float16 is read by the column scan only (the inference forward "
-                                "with its output at Dk = 128, Dv 64 or 128, no history, the column scan on: column_scan_takes)");
+    throw std::invalid_argument("hh::kernels::low_rank_scan: U in float16 is read by the column scan only (the forward with its "
+                                "output at Dk = 128, Dv 64 or 128, no float32 history, the float16 history only with o, the "
+                                "column scan on: column_scan_takes)");
   const int64_t blocks_whole = (Dv / plan.columns) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   int64_t longest = 0;
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);

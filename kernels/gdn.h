@@ -72,7 +72,8 @@ struct LowRankScanArgs {
   // S16 [H, N, Dk, Dv] and M16 [H, N, C, Dv] float16, each 16 x 16 block of S16 and
   // 16 x 8 tile of M16 scaled by a power of two whose inverse is in S_inv [H, N, Dk / 16, Dv / 16] and
   // M_inv [H, N, C / 16, Dv / 8] (float32). Half the bytes of hist and M, and in the form the 16-bit
-  // products read.
+  // products read. The column scan (set_scan_warp_columns) scales rows of the transposed state and new
+  // values in its own products, and writes its float32 state and new values in these blocks.
   at::Tensor S16, S_inv, M16, M_inv;
   // Segments (kBlockFloat16 only): 0 scans each sequence whole, one block per column slice of its
   // state (below). A number of chunks splits each longer sequence into pieces of that many, scanned side by
@@ -159,8 +160,8 @@ int scan_columns();
 // Given the fusion norm (gdn_fused_output), the scan's o then goes through fusion_norm_forward_into.
 void set_output_in_scan(bool on);
 bool output_in_scan_enabled();
-// Whether that scan, where it can (Dk = 128, Dv 64 or 128, no history, set_scan_columns automatic), runs a
-// whole head a block with 16 of the state's columns a warp and the state in registers (column_scan_kernel;
+// Whether that scan, where it can (Dk = 128, Dv 64 or 128, no float32 history, set_scan_columns automatic),
+// runs a whole head a block with 16 of the state's columns a warp and the state in registers (column_scan_kernel;
 // process-wide, on by default; off, blocks of 32 columns). Its block float16 scales rows of the transposed
 // state, so its output is the rule's to that rounding, not chunk_output_f16's bits.
 void set_scan_warp_columns(bool on);
@@ -176,10 +177,10 @@ bool fusion_in_column_scan_enabled();
 // Whether a fused output at these head sizes goes through the column scan (the switches above, Dk = 128,
 // Dv 64 or 128): gdn's forward then hands the scan its fusion (LowRankScanArgs::Output::fusion).
 bool column_scan_fuses(int64_t Dk, int64_t Dv);
-// Whether the inference forward's scan with its output (no history), at these head sizes, is the column
-// scan under the switches above: `fused` where the scan takes the fusion norm (column_scan_fuses), else
-// with o written. gdn's forward then asks chunk_factors for U in float16 (UForm::kFloat16Columns), the
-// form the column scan reads.
+// Whether the forward's scan with its output, at these head sizes, is the column scan under the switches
+// above: `fused` where the scan takes the fusion norm (column_scan_fuses), else with o written (and, for a
+// backward, the float16 history S16 and M16). gdn's forward then asks chunk_factors for U in float16
+// (UForm::kFloat16Columns), the form the column scan reads.
 bool column_scan_takes(int64_t Dk, int64_t Dv, bool fused);
 // Whether the rule's backward has its reverse scan form the direct term (LowRankScanArgs::direct) from
 // the forward's output factors, which the forward then keeps for it, instead of chunk_state_direct's Z

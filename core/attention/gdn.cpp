@@ -691,9 +691,9 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
                             kernels::scan_output_fusion_supported(Dk, Dv) && kernels::scan_columns() != 16 &&
                             kernels::chunk_output_fusion_fits(*fusion, *y) && y->scalar_type() == q.scalar_type() &&
                             fusion->gate.scalar_type() == q.scalar_type() && fusion->gamma.scalar_type() == q.scalar_type();
-  // The column scan (the inference forward's, no states kept) reads U in float16 by columns: half U's bytes
-  // written by chunk_factors and read by the scan.
-  const bool u16 = output_in_scan && !keep_states && kernels::column_scan_takes(Dk, Dv, fuse_in_scan);
+  // The column scan reads U in float16 by columns: half U's bytes written by chunk_factors and read by the
+  // scan. It keeps the states for a backward (the float16 history) with o written, not through the fusion.
+  const bool u16 = output_in_scan && !(keep_states && fuse_in_scan) && kernels::column_scan_takes(Dk, Dv, fuse_in_scan);
   const kernels::ChunkFactors f =
       kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale, conv,
                              u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32);

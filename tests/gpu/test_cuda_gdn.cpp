@@ -657,6 +657,76 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
   });
 }
 
+// The column scan's float16 history (S16 and M16, for the backward's chunk kernel) against the history of
+// the scan in blocks of 32 columns (whose own products read it), both decoded by their scales: the same
+// start states and new values to the products' rounding. Every block's scale is a power of two that puts
+// its largest magnitude in [2^14, 2^15) (or the block is zero), every element is written (a NaN-poisoned
+// allocator), and the output and final state are the same bits as the column scan's without the history.
+// Whole sequences and segments of 2 chunks (a warm-up that writes nothing), both dtypes, Dv 128 and 64.
+TEST(CudaGdn, ColumnScanWritesTheHistoryTheBackwardReads) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  ASSERT_TRUE(hh::kernels::scan_warp_columns_enabled());
+  const int64_t B = 2, T = 777, H = 3, per = (T + 63) / 64, N = B * per, C = 64, Dk = 128;
+  const double scale = 0.1;
+  const auto f16 = kCuda.dtype(torch::kHalf), f32 = kCuda.dtype(torch::kFloat);
+  // Each r x c block's largest magnitude of x16 [H, N, R, D] in [2^14, 2^15), or zero; its inverse scale a power of two.
+  auto well_scaled = [](const torch::Tensor& x16, const torch::Tensor& inv, int64_t r, int64_t c) {
+    const auto x = x16.to(torch::kCPU, torch::kDouble);
+    const auto top = x.reshape({x.size(0), x.size(1), x.size(2) / r, r, x.size(3) / c, c}).abs().amax({3, 5});
+    const auto in = top.eq(0).logical_or(top.ge(16384).logical_and(top.lt(32768))).all().item<bool>();
+    const auto l = torch::log2(inv.to(torch::kCPU, torch::kDouble));
+    return in && l.eq(l.round()).all().item<bool>();
+  };
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
+    for (int64_t Dv : {int64_t{128}, int64_t{64}}) {
+      const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
+      const hh::kernels::ChunkGrid grid{N, per, {}};
+      const auto fo = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
+      const auto fu = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kFloat16Columns);
+      const auto s0 = (0.5 * torch::randn({B, H, Dk, Dv}, kF64)).to(f32);
+      auto args = [&](int64_t segment, bool u16, bool history) {
+        hh::kernels::LowRankScanArgs a;
+        a.A = fo.kdecay, a.B = fo.W, a.decay = fo.decay, a.bound = fo.bound, a.y0 = s0;
+        a.U = u16 ? fu.U : fo.U;
+        if (u16) a.U_inv = fu.U_inv;
+        a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
+        a.segment = segment;
+        a.output.Qd = fo.Qd, a.output.Aq = fo.Aq, a.output.aq_inv = fo.aq_inv;
+        a.output.o = torch::empty({B, T, H, Dv}, kCuda.dtype(dt));
+        a.output.grid = grid, a.output.B = B, a.output.T = T;
+        if (history) {
+          a.S16 = torch::empty({H, N, Dk, Dv}, f16), a.S_inv = torch::empty({H, N, Dk / 16, Dv / 16}, f32);
+          a.M16 = torch::empty({H, N, C, Dv}, f16), a.M_inv = torch::empty({H, N, C / 16, Dv / 8}, f32);
+        }
+        return a;
+      };
+      for (int64_t segment : {int64_t{0}, int64_t{2}}) {
+        const std::string how = std::string(c10::toString(dt)) + " Dv=" + std::to_string(Dv) +
+                                (segment == 0 ? ", whole sequences" : ", segments of 2 chunks");
+        hh::kernels::set_scan_columns(32);
+        hh::kernels::LowRankScanArgs blocks = args(segment, false, true);
+        hh::kernels::low_rank_scan(blocks, {0, per, 2 * per});
+        hh::kernels::set_scan_columns(0);
+        poison_allocator();
+        hh::kernels::LowRankScanArgs col = args(segment, true, true);
+        const int64_t launches = hh::kernels::column_scan_launches();
+        const auto fin = hh::kernels::low_rank_scan(col, {0, per, 2 * per});
+        EXPECT_EQ(hh::kernels::column_scan_launches() - launches, 1) << how << ": the column scan";
+        hh::kernels::LowRankScanArgs plain = args(segment, true, false);
+        const auto fin_plain = hh::kernels::low_rank_scan(plain, {0, per, 2 * per});
+        EXPECT_TRUE(torch::equal(col.output.o, plain.output.o)) << how << ": o";
+        EXPECT_TRUE(torch::equal(fin, fin_plain)) << how << ": the final state";
+        const double es = rel_err(from_block_f16(col.S16, col.S_inv), from_block_f16(blocks.S16, blocks.S_inv)),
+                     em = rel_err(from_block_f16(col.M16, col.M_inv, 16, 8), from_block_f16(blocks.M16, blocks.M_inv, 16, 8));
+        EXPECT_LT(es, 3e-3) << how << ": S16";
+        EXPECT_LT(em, 1e-2) << how << ": M16";
+        std::printf("[ measured ] %s, the column scan's history against the blocks': S %.3g, M %.3g\n", how.c_str(), es, em);
+        EXPECT_TRUE(well_scaled(col.S16, col.S_inv, 16, 16)) << how << ": S16's scales";
+        EXPECT_TRUE(well_scaled(col.M16, col.M_inv, 16, 8)) << how << ": M16's scales";
+      }
+    }
+}
+
 // The rule with its output written by the scan (the default) against the output kernel on the scan's
 // history (kernels::set_output_in_scan(false)): the same output, final state and gradients of q, k and
 // v bit for bit, for a regular batch and for packed sequences (the chunks' slots by gather, an empty
@@ -1041,9 +1111,16 @@ TEST(CudaGdn, GradientsWithTheBackwardChunkKernelsEqualTheReference) {
       EXPECT_EQ(ranges.count("hh::gdn::chunk_local_backward"), kernels ? 0u : 1u) << what;
       return grads;
     };
-    // The scans (forward and reverse) on whole sequences, and in segments of 2 chunks.
-    const auto got = run(GdnBackward::kKernels, 0), split = run(GdnBackward::kKernels, 2),
-               expl = run(GdnBackward::kExplicit, 0);
+    // The scans (forward and reverse) on whole sequences, and in segments of 2 chunks. At Dk = 128 the
+    // forward's scan is the column scan (a head a block), which writes the history the backward reads;
+    // the blocks of 32 columns beside it.
+    const int64_t launches = hh::kernels::column_scan_launches();
+    const auto got = run(GdnBackward::kKernels, 0);
+    EXPECT_EQ(hh::kernels::column_scan_launches() - launches, c.Dk == 128 ? 1 : 0) << what << ": the forward's scan";
+    const auto split = run(GdnBackward::kKernels, 2), expl = run(GdnBackward::kExplicit, 0);
+    hh::kernels::set_scan_warp_columns(false);
+    const auto blocks = run(GdnBackward::kKernels, 0);
+    hh::kernels::set_scan_warp_columns(true);
     std::vector<torch::Tensor> r;
     for (const auto& t : in) r.push_back(t.to(torch::kCPU, torch::kDouble).requires_grad_(true));
     // The reference loss: of the batch, or of each packed sequence alone (an empty one keeps its state).
@@ -1067,6 +1144,10 @@ TEST(CudaGdn, GradientsWithTheBackwardChunkKernelsEqualTheReference) {
       EXPECT_LT(rel_err(got[i], want[i]), 1e-2) << what << " " << names[i];
       EXPECT_LT(rel_err(got[i], expl[i]), 1e-2) << what << " " << names[i] << " (against the explicit backward)";
       EXPECT_LT(rel_err(split[i], want[i]), 1e-2) << what << " " << names[i] << " (scans in segments of 2 chunks)";
+      EXPECT_LT(rel_err(blocks[i], want[i]), 1e-2) << what << " " << names[i] << " (the forward's scan in blocks of 32 columns)";
+      if (c.Dk == 128)
+        std::printf("[ measured ] %s %s: the column scan %.3g, blocks of 32 columns %.3g against float64\n", what.c_str(), names[i],
+                    rel_err(got[i], want[i]), rel_err(blocks[i], want[i]));
     }
   }
 }
