@@ -304,9 +304,13 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         alternating(OtherPath::kOutputApart, a.output_apart, [&] { return forward(ours, back_to_back_ms); });
     const auto [fb_direct_in, fb_direct_apart] =
         alternating(OtherPath::kDirectApart, a.direct_apart, [&] { return forward_backward(ours, back_to_back_ms); });
-    // The forward's scan a whole head a block (the default) against blocks of 32 state columns.
-    const auto [f_head, f_blocks] = alternating(OtherPath::kScanColumnBlocks, a.output_apart || a.scan_columns != "auto",
-                                                [&] { return forward(ours, back_to_back_ms); });
+    // The forward's scan a whole head a block (the default) against blocks of 32 state columns: the forward,
+    // and forward + backward (whose forward scan also writes the history the backward reads).
+    const bool same_scan = a.output_apart || a.scan_columns != "auto";
+    const auto [f_head, f_blocks] =
+        alternating(OtherPath::kScanColumnBlocks, same_scan, [&] { return forward(ours, back_to_back_ms); });
+    const auto [fb_head, fb_blocks] =
+        alternating(OtherPath::kScanColumnBlocks, same_scan, [&] { return forward_backward(ours, back_to_back_ms); });
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
@@ -350,11 +354,12 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     if (f_apart) row["fwd_output_apart_b2b_ms"] = *f_apart;
     if (fb_direct_in) row["fwd_bwd_direct_in_scan_b2b_ms"] = *fb_direct_in;
     if (fb_direct_apart) row["fwd_bwd_direct_apart_b2b_ms"] = *fb_direct_apart;
-    if (f_head && f_blocks) {
+    if (f_head && f_blocks && fb_head && fb_blocks) {
       row["fwd_scan_head_b2b_ms"] = *f_head, row["fwd_scan_column_blocks_b2b_ms"] = *f_blocks;
-      std::printf("  %-10s forward back to back, the scan a head a block (default) / in blocks of 32 state columns "
-                  "(medians of three alternating rounds): %.3f / %.3f ms\n",
-                  "", *f_head, *f_blocks);
+      row["fwd_bwd_scan_head_b2b_ms"] = *fb_head, row["fwd_bwd_scan_column_blocks_b2b_ms"] = *fb_blocks;
+      std::printf("  %-10s back to back, the forward's scan a head a block (default) / in blocks of 32 state columns "
+                  "(medians of three alternating rounds): forward %.3f / %.3f ms, forward + backward %.3f / %.3f ms\n",
+                  "", *f_head, *f_blocks, *fb_head, *fb_blocks);
     }
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
     out["rows"].push_back(row);
@@ -683,9 +688,9 @@ BenchSub add_bench_gdn(CLI::App& bench) {
       ->capture_default_str();
   c->add_option("--scan-columns", a->scan_columns,
                  "On CUDA with 16-bit inputs, the state's columns a block of the block float16 scans owns: auto (the "
-                 "inference forward's scan a whole head a block with 16 columns a warp where Dk is 128 and Dv 64 or 128; "
-                 "else 32 where they divide Dv, else 16), 32 or 16 (and the bench's comparisons of the scan a head a "
-                 "block left out)")
+                 "forward's scan, with or without the states a backward keeps, a whole head a block with 16 columns "
+                 "a warp where Dk is 128 and Dv 64 or 128; else 32 where they divide Dv, else 16), 32 or 16 (and the "
+                 "bench's comparisons of the scan a head a block left out)")
       ->check(CLI::IsMember({"auto", "32", "16"}))
       ->capture_default_str();
   c->add_option("--gate-max", a->gate_max,
