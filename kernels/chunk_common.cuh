@@ -328,6 +328,22 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   }();
   return fn;
 }
+// A tiled tensor map of `rank` dimensions over base (dims innermost first, the byte strides of the outer
+// rank - 1, the box), one element a step, with L2 promotion of 256 bytes and the copy engine's zero fill
+// outside the tensor; a failure throws, naming fn and the tensor.
+inline CUtensorMap encode_tensor_map(CUtensorMapDataType type, int rank, void* base, const cuuint64_t* dims,
+                                     const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle, const char* fn,
+                                     const char* what) {
+  const cuuint32_t unit[5] = {1, 1, 1, 1, 1};
+  CUtensorMap map{};
+  const CUresult r = tensor_map_encoder()(&map, type, static_cast<cuuint32_t>(rank), base, dims, strides, box, unit,
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error(std::string("hh::kernels::") + fn + ": cuTensorMapEncodeTiled failed for " + what + " (CUresult " +
+                             std::to_string(static_cast<int>(r)) + ")");
+  return map;
+}
 inline void need(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef sizes, bool sixteen_bit) {
   const std::string name = std::string("hh::kernels::") + fn + ": " + what;
   if (!x.defined() || !x.is_cuda() || !x.is_contiguous()) throw std::invalid_argument(name + " must be a contiguous CUDA tensor");

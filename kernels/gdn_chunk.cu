@@ -488,8 +488,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
       }
     } else {
       load_rows<DV>(Vs, v, rows, h, H);
+      cp_async_commit();
     }
-    cp_async_commit();
   }
 
   masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls, tid / 32, kk);
@@ -520,9 +520,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
   lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
   if constexpr (OUT) {
-    cp_async_wait<0>();  // V's rows
-    if constexpr (PRE) {
+    if constexpr (PRE) {  // V's rows
       if (tid == 0) mbar_wait(&landed[1], 0);
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
     if constexpr (PRE) {
@@ -839,16 +840,8 @@ CUtensorMap conv_rows_map(const at::Tensor& x, const char* what) {
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(H * D), static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld * elem), static_cast<cuuint64_t>(T * ld * elem)};
   const cuuint32_t box[3] = {static_cast<cuuint32_t>(D), static_cast<cuuint32_t>(kConvRows), 1};
-  const cuuint32_t unit[3] = {1, 1, 1};
-  CUtensorMap map{};
-  const CUresult r = tensor_map_encoder()(
-      &map, x.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-      x.data_ptr(), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw std::runtime_error(std::string("hh::kernels::chunk_factors: cuTensorMapEncodeTiled failed for ") + what +
-                             " (CUresult " + std::to_string(static_cast<int>(r)) + ")");
-  return map;
+  return encode_tensor_map(x.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+                           x.data_ptr(), dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE, "chunk_factors", what);
 }
 
 bool g_chunk_kernels = true;
