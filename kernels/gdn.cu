@@ -1232,6 +1232,12 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // multiplies u_inv into the row's inverse scale. The block's warps share a two-slot ring of the chunk's
 // tiles (B_n, A_n, Qd, Aq, U and its scales); lane 0 of warp 0 refills a slot once every warp has released
 // it. o goes through a per-warp staging tile, for 16-byte stores.
+// DIR (with HIST: the backward's reverse scan that forms the direct term, LowRankScanArgs::direct): the
+// chunks from last to first, A = W and B = kdecay as the scan in blocks takes them, U^T's place taken by
+// -aq_inv do_inv dO16^T Aq (the slot's dO16 tile where U's lies, Aq zero above its diagonal: token tiles
+// p take dO's row blocks k >= p) and the state's update adding do_inv dO16^T Qd, both on the same 16-bit
+// fragments of dO16^T (a warp's 16 columns over the chunk's rows); no output. The history is each chunk's
+// end-state gradient (S16) and its new values -dM (M16).
 // FUSE >= 0 (the activation, as in low_rank_scan_f16_kernel): o goes through the fusion norm into fa.y
 // instead, y = act(gate) * (gamma * (o * rsqrt(sum / Dv + eps))) with o rounded to O and each row's sum
 // of its rounded squares, as chunk_output_f16_fused's epilogue forms it. A row's sum spans the block's
@@ -1268,6 +1274,7 @@ struct ColumnRing {
   __device__ __forceinline__ float* u_inv(int b) const { return reinterpret_cast<float*>(U(b) + kU); }
   __device__ __forceinline__ float* decay(int b) const { return u_inv(b) + DV; }
   __device__ __forceinline__ float* aq_inv(int b) const { return decay(b) + 1; }
+  __device__ __forceinline__ float* do_inv(int b) const { return aq_inv(b) + 1; }  // DIR
   __device__ __forceinline__ char* stage(int w) const { return slots + kColumnStages * kSlot + w * kStage; }
   __device__ __forceinline__ float* psum(int p) const {
     return reinterpret_cast<float*>(slots + kColumnStages * kSlot + kWarps * kStage) + p * C * kWarps;
@@ -1314,15 +1321,16 @@ __device__ __forceinline__ void row_max_abs(const float (&x)[NT][4], float& mx0,
   }
 }
 
-template <int DK, int DV, int FUSE, class O, bool HIST = false>
+template <int DK, int DV, int FUSE, class O, bool HIST = false, bool DIR = false>
 __global__ void __launch_bounds__(32 * (DV / 16), 1)
     column_scan_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay, const float* __restrict__ bound,
                        const float* __restrict__ y0, float* __restrict__ fin, const int64_t* __restrict__ offsets,
                        const int64_t* __restrict__ segs, int H, int64_t N, ScanOut so, const __grid_constant__ FusedOutputArgs fa,
-                       F16History h16) {
+                       F16History h16, ScanDirect sd) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   constexpr bool FUSED = FUSE >= 0;
   static_assert(!(FUSED && HIST), "the history is written with o, not through the fusion");
+  static_assert(!DIR || HIST, "the reverse scan writes the backward's history");
   using Ring = ColumnRing<DK, DV, FUSED, HIST>;
   using P2 = typename Pair16<O>::type;
   constexpr int C = kLowRankChunk, NW = Ring::kWarps, SW = Ring::SW, NK = DK / 8, NC = C / 8;
@@ -1340,7 +1348,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   const int64_t n0 = offsets[s], n1 = offsets[s + 1], lo = seg[1], hi = seg[2];
   if (warp == 0) {
     const int64_t w = warmup_start(decay + static_cast<int64_t>(h) * N,
-                                   bound != nullptr ? bound + static_cast<int64_t>(h) * N : nullptr, lo, hi, n0, n1, false, lane);
+                                   bound != nullptr ? bound + static_cast<int64_t>(h) * N : nullptr, lo, hi, n0, n1, DIR, lane);
     if (lane == 0) *plan = w;
   }
   if (tid == 0) {
@@ -1348,13 +1356,17 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     mbar_init_fence();
   }
   __syncthreads();
-  const int64_t w0 = *plan, count = hi - w0, skip = lo - w0;
-  const bool from_y0 = w0 == n0, last = hi == n1;
-  const unsigned bytes = static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU + Ring::kUInv);
-  auto issue = [&](int64_t i, int b) {  // chunk w0 + i into slot b (one thread)
-    const int64_t c = static_cast<int64_t>(h) * N + w0 + i;
+  // The block scans chunks w0 .. hi - 1 (DIR: w0 - 1 down to lo), the first `skip` of them a warm-up that
+  // writes nothing, from y0 at the sequence's start (DIR: its end), else from zero.
+  const int64_t w0 = *plan, count = DIR ? w0 - lo : hi - w0, skip = DIR ? w0 - hi : lo - w0;
+  const bool from_y0 = w0 == (DIR ? n1 : n0), last = DIR ? lo == n0 : hi == n1;
+  auto chunk = [&](int64_t i) { return DIR ? w0 - 1 - i : w0 + i; };
+  const unsigned bytes = static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU + (DIR ? 0 : Ring::kUInv));
+  auto issue = [&](int64_t i, int b) {  // chunk(i) into slot b (one thread)
+    const int64_t c = static_cast<int64_t>(h) * N + chunk(i);
     *ring.decay(b) = decay[c];
-    *ring.aq_inv(b) = so.aq_inv[c];
+    *ring.aq_inv(b) = DIR ? sd.aq_inv[c] : so.aq_inv[c];
+    if constexpr (DIR) *ring.do_inv(b) = sd.do_inv[c];
     mbar_arrive_expect_tx(&full[b], bytes);
     const int row = static_cast<int>(c * C);
     for (int x = 0; x < Ring::kBoxes; ++x) {
@@ -1363,9 +1375,9 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
     }
     tma_load_2d(ring.Aq(b), &maps.Aq, 0, row, &full[b]);
-    for (int x = 0; x < (DV + Ring::kBoxCols - 1) / Ring::kBoxCols; ++x)
-      tma_load_2d(ring.U(b) + x * C * SW, &maps.U, x * Ring::kBoxCols, row, &full[b]);
-    tma_load_2d(ring.u_inv(b), &maps.U_inv, 0, static_cast<int>(c), &full[b]);
+    for (int x = 0; x < (DV + Ring::kBoxCols - 1) / Ring::kBoxCols; ++x)  // DIR: dO16's tile in U's place
+      tma_load_2d(ring.U(b) + x * C * SW, DIR ? &maps.dO : &maps.U, x * Ring::kBoxCols, row, &full[b]);
+    if constexpr (!DIR) tma_load_2d(ring.u_inv(b), &maps.U_inv, 0, static_cast<int>(c), &full[b]);
   };
   if (tid == 0)
     for (int64_t i = 0; i < count && i < kColumnStages; ++i) issue(i, static_cast<int>(i));
@@ -1396,6 +1408,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   publish();
   const int a_row = lane % 16, a_col = (lane / 16) * 8;
   const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
+  [[maybe_unused]] const int at_k = (lane % 8) + 8 * (lane / 16), at_m = 8 * ((lane / 8) % 2);  // DIR: A fragments stored transposed
   // HIST: this lane's stored row and unit in a 16-row block of the staging tile (stmatrix_x4_trans's
   // address for fragment registers ordered (rows g, first 8 columns), (rows g + 8, first 8), (rows g,
   // last 8), (rows g + 8, last 8)).
@@ -1411,7 +1424,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   unsigned round = 0;
   for (int64_t i = 0; i < count; ++i) {
     const bool write = i >= skip;
-    const int64_t chunk_at = static_cast<int64_t>(h) * N + w0 + i;
+    const int64_t chunk_at = static_cast<int64_t>(h) * N + chunk(i);
     if constexpr (HIST) {
       if (write && h16.S != nullptr) {
         // The chunk's start state into S16: block (16 k .. of Dk, this warp's 16 columns) is S^T's tiles
@@ -1455,12 +1468,36 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         mma_f16(mt[2 * p], sa[k], bl);
         mma_f16(mt[2 * p + 1], sa[k], bh);
       }
+    // DIR: dO16^T's A fragments (row block k: the chunk's rows 16 k .. 16 k + 15), for both of its products;
+    // M^T = -aq_inv do_inv dO16^T Aq - S^T B^T.
+    [[maybe_unused]] unsigned da[NC / 2][4];
+    if constexpr (DIR) {
+#pragma unroll
+      for (int k = 0; k < NC / 2; ++k) ldmatrix_x4_trans(da[k], ring.U(buf) + swizzled<SW, C>(16 * k + at_k, r0 + at_m));
+      float ud[NC][4] = {};
+#pragma unroll
+      for (int p = 0; p < NC / 2; ++p)
+#pragma unroll
+        for (int k = p; k < NC / 2; ++k) {
+          unsigned b4[4];
+          ldmatrix_x4_trans(b4, ring.Aq(buf) + swizzled<128, C>(16 * k + bt_k, 16 * p + bt_n));
+          const unsigned bl[2] = {b4[0], b4[1]}, bh[2] = {b4[2], b4[3]};
+          mma_f16(ud[2 * p], da[k], bl);
+          mma_f16(ud[2 * p + 1], da[k], bh);
+        }
+      const float du = -(*ring.aq_inv(buf) * *ring.do_inv(buf));
+#pragma unroll
+      for (int j = 0; j < NC; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mt[j][e] = fmaf(du, ud[j][e], -(e < 2 ? sinv0 : sinv1) * mt[j][e]);
+    }
     // M^T / u_inv = U16^T - (S^T B^T) / u_inv, row by row of M^T (U's columns r0 + g and r0 + g + 8, whose
     // scales are powers of two, so the quotients are exact): U16^T's tiles 2 p and 2 p + 1 by one
     // ldmatrix.trans of U's rows 16 p .. 16 p + 15 (matrices: rows + 0 / + 8 by columns r0 / r0 + 8).
-    const float k0 = sinv0 * pow2_reciprocal(ring.u_inv(buf)[r0 + g]), k1 = sinv1 * pow2_reciprocal(ring.u_inv(buf)[r0 + g + 8]);
+    const float k0 = DIR ? 0.f : sinv0 * pow2_reciprocal(ring.u_inv(buf)[r0 + g]),
+                k1 = DIR ? 0.f : sinv1 * pow2_reciprocal(ring.u_inv(buf)[r0 + g + 8]);
 #pragma unroll
-    for (int p = 0; p < NC / 2; ++p) {
+    for (int p = 0; p < NC / 2 && !DIR; ++p) {
       unsigned u4[4];
       ldmatrix_x4_trans(u4, ring.U(buf) + swizzled<SW, C>(16 * p + 8 * (lane / 16) + lane % 8, r0 + 8 * ((lane / 8) % 2)));
 #pragma unroll
@@ -1476,7 +1513,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       if (write && h16.M != nullptr) {
         // The new values into M16: tile (16 p .. of the chunk, 8 of this warp's columns) is M^T's rows g
         // (f0) or g + 8 (f1) of tiles 2 p and 2 p + 1, times the rows' u_inv (powers of two: exact).
-        const float ui0 = ring.u_inv(buf)[r0 + g], ui1 = ring.u_inv(buf)[r0 + g + 8];
+        const float ui0 = DIR ? 1.f : ring.u_inv(buf)[r0 + g], ui1 = DIR ? 1.f : ring.u_inv(buf)[r0 + g + 8];
         __syncwarp();  // S's rows are out of the staging tile
 #pragma unroll
         for (int p = 0; p < NC / 2; ++p) {
@@ -1500,10 +1537,10 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     row_scales(m0, m1, q0, q1);
     unsigned ma[NC / 2][4];
     to_a_fragments(mt, q0.scale, q1.scale, ma);
-    q0.inverse *= ring.u_inv(buf)[r0 + g], q1.inverse *= ring.u_inv(buf)[r0 + g + 8];  // M^T's own inverse scales
+    if constexpr (!DIR) q0.inverse *= ring.u_inv(buf)[r0 + g], q1.inverse *= ring.u_inv(buf)[r0 + g + 8];  // M^T's own inverse scales
     // S^T Qd^T for a written chunk, on the same fragments of the state.
     float oq[NC][4] = {};
-    if (write)
+    if (write && !DIR)
 #pragma unroll
       for (int k = 0; k < NK / 2; ++k)
 #pragma unroll
@@ -1514,11 +1551,13 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
           mma_f16(oq[2 * p], sa[k], ql);
           mma_f16(oq[2 * p + 1], sa[k], qh);
         }
-    // (2) S^T <- a S^T + M^T A_n, in two halves of Dk (the products' partial sums beside the state).
-    const float an = *ring.decay(buf);
+    // (2) S^T <- a S^T + M^T A_n, in two halves of Dk (the products' partial sums beside the state); DIR:
+    // + do_inv dO16^T Qd.
+    const float an = *ring.decay(buf), di = DIR ? *ring.do_inv(buf) : 0.f;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float part[NK / 2][4] = {};
+      [[maybe_unused]] float pz[NK / 2][4] = {};
 #pragma unroll
       for (int k = 0; k < NC / 2; ++k)
 #pragma unroll
@@ -1528,16 +1567,23 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
           const unsigned bl[2] = {b4[0], b4[1]}, bh[2] = {b4[2], b4[3]};
           mma_f16(part[2 * p], ma[k], bl);
           mma_f16(part[2 * p + 1], ma[k], bh);
+          if constexpr (DIR) {
+            unsigned z4[4];
+            ldmatrix_x4_trans(z4, ring.Qd(buf) + swizzled<SW, C>(16 * k + bt_k, half * (DK / 2) + 16 * p + bt_n));
+            const unsigned zl[2] = {z4[0], z4[1]}, zh[2] = {z4[2], z4[3]};
+            mma_f16(pz[2 * p], da[k], zl);
+            mma_f16(pz[2 * p + 1], da[k], zh);
+          }
         }
 #pragma unroll
       for (int j = 0; j < NK / 2; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float& x = sx[half * (NK / 2) + j][e];
-          x = fmaf(part[j][e], e < 2 ? q0.inverse : q1.inverse, an * x);
+          x = fmaf(part[j][e], e < 2 ? q0.inverse : q1.inverse, DIR ? fmaf(di, pz[j][e], an * x) : an * x);
         }
     }
-    if (write) {
+    if (write && !DIR) {
       // o^T += aq_inv M^T Aq^T (Aq is zero above its diagonal: token tiles p take M's blocks k <= p).
       float oa[NC][4] = {};
 #pragma unroll
@@ -1615,7 +1661,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         const int64_t row = row_of(c);
         if (row >= 0) *reinterpret_cast<uint4*>(ydst + row * fa.pl.y_ld + 8 * part) = out;
       }
-    } else if (write) {
+    } else if (write && !DIR) {
       const ChunkRows row_of = so.rows.chunk(w0 + i);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {  // C rows of two 16-byte units
@@ -1746,19 +1792,30 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
 }
 
 // The column scan (column_scan_kernel): one block a (segment, head), Dv / 16 warps; FUSE >= 0 with the
-// fusion norm into y of O; HIST writing S16 and M16, whichever is given.
-template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16, bool HIST = false>
+// fusion norm into y of O; HIST writing S16 and M16, whichever is given; DIR the reverse scan forming the
+// direct term (with HIST).
+template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16, bool HIST = false, bool DIR = false>
 void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
+  using Ring = ColumnRing<DK, DV, (FUSE >= 0), HIST>;
   const int H = static_cast<int>(a.A.size(0));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
-  constexpr size_t smem = ColumnRing<DK, DV, (FUSE >= 0), HIST>::kBytes;
-  auto kernel = column_scan_kernel<DK, DV, FUSE, O, HIST>;
+  constexpr size_t smem = Ring::kBytes;
+  auto kernel = column_scan_kernel<DK, DV, FUSE, O, HIST, DIR>;
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
   const LowRankScanArgs::Output& o = a.output;
-  const ScanOut so{o.aq_inv.data_ptr<float>(), FUSE >= 0 ? nullptr : o.o.data_ptr(), slot_rows(o.grid, o.B, o.T),
-                   FUSE < 0 && o.o.scalar_type() == at::kBFloat16};
+  ScanOut so{};
+  ScanDirect sd{};
+  ScanMaps maps = scan_maps<DK, 32>(a);
+  if constexpr (DIR) {
+    sd = {a.direct.aq_inv.data_ptr<float>(), a.direct.do_inv.data_ptr<float>()};
+    // dO16's tile in U's place: the factors' boxes and swizzle.
+    maps.dO = tensor_map_2d(a.direct.dO16, Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, "direct.dO16");
+  } else {
+    so = {o.aq_inv.data_ptr<float>(), FUSE >= 0 ? nullptr : o.o.data_ptr(), slot_rows(o.grid, o.B, o.T),
+          FUSE < 0 && o.o.scalar_type() == at::kBFloat16};
+  }
   FusedOutputArgs fa{};
   if constexpr (FUSE >= 0) fa = plan.fused;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -1766,8 +1823,8 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
   const dim3 grid(static_cast<unsigned>(plan.segments), static_cast<unsigned>(H));
   g_column_scan_launches.fetch_add(1, std::memory_order_relaxed);
   kernel<<<grid, 32 * (DV / 16), smem, at::cuda::getCurrentCUDAStream()>>>(
-      scan_maps<DK, 32>(a), a.decay.data_ptr<float>(), a.bound.defined() ? a.bound.data_ptr<float>() : nullptr,
-      a.y0.data_ptr<float>(), fin.data_ptr<float>(), table, table + S + 1, H, N, so, fa, h16);
+      maps, a.decay.data_ptr<float>(), a.bound.defined() ? a.bound.data_ptr<float>() : nullptr, a.y0.data_ptr<float>(),
+      fin.data_ptr<float>(), table, table + S + 1, H, N, so, fa, h16, sd);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1836,6 +1893,11 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
         if constexpr (DK >= 64) {  // chunk_factors' head sizes (low_rank_scan refuses the output for others)
           if (plan.columns == 32) launch_low_rank_scan_f16<DK, 3, 32, true>(a, plan, fin);
           else launch_low_rank_scan_f16<DK, 3, 16, true>(a, plan, fin);
+        }
+      } else if (a.direct.dO16.defined() && plan.columns >= 64) {  // the column scan, reverse (low_rank_scan's plan)
+        if constexpr (DK == 128) {
+          if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, true, true>(a, plan, fin);
+          else launch_column_scan<128, 64, -1, c10::BFloat16, true, true>(a, plan, fin);
         }
       } else if (a.direct.dO16.defined()) {
         if constexpr (DK >= 64) {  // likewise
@@ -2618,8 +2680,13 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   // float16 history (S16, M16) with o, not with the fusion.
   const bool fusion = a.output.fusion != nullptr;
   const bool o_fits = fusion || (a.output.o.defined() && reinterpret_cast<uintptr_t>(a.output.o.data_ptr()) % 16 == 0);
+  // The backward's reverse scan forming the direct term takes it too, with its history (S16 and M16) and
+  // no float32 one.
+  const bool direct = a.direct.dO16.defined();
   if (column_scan_takes(Dk, Dv, fusion) && o_fits && !a.reverse && a.A.scalar_type() == at::kHalf && !a.hist.defined() &&
       !a.M.defined() && !(fusion && (s16 || m16)) && !a.Z.defined() && u16)
+    plan.columns = static_cast<int>(Dv);
+  else if (column_scan_fits(Dk, Dv) && direct && s16 && m16 && !a.hist.defined() && !a.M.defined())
     plan.columns = static_cast<int>(Dv);
   else if (u16)
     throw std::invalid_argument("hh::kernels::low_rank_scan: U in float16 is read by the column scan only (the forward with its "

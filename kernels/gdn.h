@@ -162,7 +162,8 @@ void set_output_in_scan(bool on);
 bool output_in_scan_enabled();
 // Whether that scan, where it can (Dk = 128, Dv 64 or 128, no float32 history, set_scan_columns automatic),
 // runs a whole head a block with 16 of the state's columns a warp and the state in registers (column_scan_kernel;
-// process-wide, on by default; off, blocks of 32 columns). Its block float16 scales rows of the transposed
+// process-wide, on by default; off, blocks of 32 columns); so does the backward's reverse scan that forms the
+// direct term (LowRankScanArgs::direct, with S16 and M16). Its block float16 scales rows of the transposed
 // state, so its output is the rule's to that rounding, not chunk_output_f16's bits.
 void set_scan_warp_columns(bool on);
 bool scan_warp_columns_enabled();

@@ -934,8 +934,9 @@ TEST(CudaGdn, GradientOnTheChunkGridInBlockFloat16IsExact) {
 // The reverse scan forming each chunk's direct term from chunk_factors' output factors and the output's
 // gradient in block float16 (LowRankScanArgs::direct), against the reverse recursion in float64
 //   dS_end_n = Y,  Y <- e^{G_C} Y - W^T (kdecay Y) + scale (diag(e^G) Q - A W)^T dO_n,
-// and against the same scan on chunk_state_direct's Z. Both column widths, whole sequences and
-// pieces, T not a multiple of 64, B = 2, both 16-bit dtypes and all head sizes.
+// and against the same scan on chunk_state_direct's Z. Both column widths (and at Dk = 128 the column
+// scan, a head a block), whole sequences and pieces, T not a multiple of 64, B = 2, both 16-bit dtypes
+// and all head sizes.
 TEST(CudaGdn, ReverseScanFormsTheDirectTermFromTheOutputFactors) {
   ASSERT_TRUE(torch::cuda::is_available());
   const int64_t B = 2, T = 150, H = 3, per = 3, N = B * per, C = 64;
@@ -997,7 +998,11 @@ TEST(CudaGdn, ReverseScanFormsTheDirectTermFromTheOutputFactors) {
           a.reverse = true;
           a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
           a.segment = segment;
+          const int64_t launches = hh::kernels::column_scan_launches();
           const auto fin = hh::kernels::low_rank_scan(a, offsets);
+          // The column scan (a head a block) takes the direct term at Dk = 128 with the columns automatic.
+          EXPECT_EQ(hh::kernels::column_scan_launches() - launches, direct && columns == 0 && Dk == 128 ? 1 : 0)
+              << what << " columns " << columns << ": the path taken";
           return std::make_tuple(from_block_f16(a.S16, a.S_inv), fin, from_block_f16(a.M16, a.M_inv, 16, 8));
         };
         const auto [hist_d, fin_d, m_d] = scan(true);
