@@ -167,7 +167,8 @@ bool output_in_scan_enabled();
 // state, so its output is the rule's to that rounding, not chunk_output_f16's bits.
 void set_scan_warp_columns(bool on);
 bool scan_warp_columns_enabled();
-// How many times the column scan has been launched in this process: which path a forward took, for tests.
+// How many times the column scan has been launched in this process: which path a forward or a backward's
+// reverse scan took, for tests.
 int64_t column_scan_launches();
 // Whether the column scan applies the fusion norm itself where it takes a fused output (process-wide, off
 // by default: the fusion kernel after it ran faster in the layer): a row's sum of squares spans one block,

@@ -688,9 +688,9 @@ BenchSub add_bench_gdn(CLI::App& bench) {
       ->capture_default_str();
   c->add_option("--scan-columns", a->scan_columns,
                  "On CUDA with 16-bit inputs, the state's columns a block of the block float16 scans owns: auto (the "
-                 "forward's scan, with or without the states a backward keeps, a whole head a block with 16 columns "
-                 "a warp where Dk is 128 and Dv 64 or 128; else 32 where they divide Dv, else 16), 32 or 16 (and the "
-                 "bench's comparisons of the scan a head a block left out)")
+                 "forward's scan, with or without the states a backward keeps, and the backward's reverse scan, a "
+                 "whole head a block with 16 columns a warp where Dk is 128 and Dv 64 or 128; else 32 where they "
+                 "divide Dv, else 16), 32 or 16 (and the bench's comparisons of the scan a head a block left out)")
       ->check(CLI::IsMember({"auto", "32", "16"}))
       ->capture_default_str();
   c->add_option("--gate-max", a->gate_max,
