@@ -1244,10 +1244,11 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // warps: each warp adds its 16 columns' squares into a two-chunk table of partial sums, and one barrier
 // of the block's warps a chunk makes the table whole. The gate's rows come into a per-warp tile by
 // cp.async at the step's start, behind its products.
-// HIST (training's forward; not with FUSE): the history the backward reads (LowRankScanArgs::S16 and
-// M16, whichever is given), in the blocks' form (16 x 16 blocks of S, 16 x 8 tiles of M, each with a
-// power-of-two scale): each written chunk's start state at the step's start, from S^T's float32
-// accumulators, and its new values from M^T's before their row scales. A warp transposes its part (16 of
+// HIST (a forward that keeps its states for the backward, and DIR; not with FUSE): the history the
+// backward reads (LowRankScanArgs::S16 and M16, whichever is given), in the blocks' form (16 x 16 blocks of
+// S, 16 x 8 tiles of M, each with a power-of-two scale): each written chunk's start state (DIR: its
+// end-state gradient) at the step's start, from S^T's float32 accumulators, and its new values from M^T's
+// before their row scales. A warp transposes its part (16 of
 // the state's columns over Dk; 16 of M's columns over the chunk) by stmatrix.trans into a staging tile of
 // its own, then writes it 16 bytes a lane.
 constexpr int kColumnStages = 2;
