@@ -1491,23 +1491,23 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       for (int j = 0; j < NC; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) mt[j][e] = fmaf(du, ud[j][e], -(e < 2 ? sinv0 : sinv1) * mt[j][e]);
-    }
-    // M^T / u_inv = U16^T - (S^T B^T) / u_inv, row by row of M^T (U's columns r0 + g and r0 + g + 8, whose
-    // scales are powers of two, so the quotients are exact): U16^T's tiles 2 p and 2 p + 1 by one
-    // ldmatrix.trans of U's rows 16 p .. 16 p + 15 (matrices: rows + 0 / + 8 by columns r0 / r0 + 8).
-    const float k0 = DIR ? 0.f : sinv0 * pow2_reciprocal(ring.u_inv(buf)[r0 + g]),
-                k1 = DIR ? 0.f : sinv1 * pow2_reciprocal(ring.u_inv(buf)[r0 + g + 8]);
+    } else {
+      // M^T / u_inv = U16^T - (S^T B^T) / u_inv, row by row of M^T (U's columns r0 + g and r0 + g + 8, whose
+      // scales are powers of two, so the quotients are exact): U16^T's tiles 2 p and 2 p + 1 by one
+      // ldmatrix.trans of U's rows 16 p .. 16 p + 15 (matrices: rows + 0 / + 8 by columns r0 / r0 + 8).
+      const float k0 = sinv0 * pow2_reciprocal(ring.u_inv(buf)[r0 + g]), k1 = sinv1 * pow2_reciprocal(ring.u_inv(buf)[r0 + g + 8]);
 #pragma unroll
-    for (int p = 0; p < NC / 2 && !DIR; ++p) {
-      unsigned u4[4];
-      ldmatrix_x4_trans(u4, ring.U(buf) + swizzled<SW, C>(16 * p + 8 * (lane / 16) + lane % 8, r0 + 8 * ((lane / 8) % 2)));
+      for (int p = 0; p < NC / 2; ++p) {
+        unsigned u4[4];
+        ldmatrix_x4_trans(u4, ring.U(buf) + swizzled<SW, C>(16 * p + 8 * (lane / 16) + lane % 8, r0 + 8 * ((lane / 8) % 2)));
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const float2 u = __half22float2(*reinterpret_cast<const __half2*>(&u4[x]));
-        float* const m = mt[2 * p + x / 2] + 2 * (x % 2);
-        const float kx = x % 2 == 0 ? k0 : k1;
-        m[0] = fmaf(-kx, m[0], u.x);
-        m[1] = fmaf(-kx, m[1], u.y);
+        for (int x = 0; x < 4; ++x) {
+          const float2 u = __half22float2(*reinterpret_cast<const __half2*>(&u4[x]));
+          float* const m = mt[2 * p + x / 2] + 2 * (x % 2);
+          const float kx = x % 2 == 0 ? k0 : k1;
+          m[0] = fmaf(-kx, m[0], u.x);
+          m[1] = fmaf(-kx, m[1], u.y);
+        }
       }
     }
     if constexpr (HIST) {
