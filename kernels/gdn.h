@@ -243,6 +243,7 @@ struct ChunkFactors {
   at::Tensor W, U, kdecay, decay, bound;
   at::Tensor U_inv;           // kFloat16Columns only
   at::Tensor Qd, Aq, aq_inv;  // only given q
+  at::Tensor T16;             // only given q and keep_t (below)
 };
 // Given `conv` (with q, Dk = Dv, on a grid of regular sequences: short_conv_fusion_supported), k, v and
 // q are the LA heads' projections before their short convolution, and each block forms its chunk's
@@ -256,9 +257,11 @@ struct ShortConvInputs {
   double eps = 1e-6;      // the L2 norm's
 };
 bool short_conv_fusion_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
+// With keep_t (and q, without conv), T16 [H, N, 64, 64] of k's dtype: every chunk's T = (I + L)^{-1},
+// rounded, for chunk_backward, which then reads it instead of forming it again.
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
                            const ChunkGrid& grid, const at::Tensor& q = {}, double scale = 1.0,
-                           const ShortConvInputs* conv = nullptr, UForm u_form = UForm::kFloat32);
+                           const ShortConvInputs* conv = nullptr, UForm u_form = UForm::kFloat32, bool keep_t = false);
 
 // Every chunk's output from its start state S [H, N, Dk, Dv] and new values M [H, N, 64, Dv] (low_rank_scan's
 // hist and M_out): o_t = scale (e^{G_t} q_t S + sum_{i <= t} e^{G_t - G_i} (q_t.k_i) M_i), as [B, T, H, Dv] of q's dtype.
@@ -300,11 +303,13 @@ struct ChunkInputGrads {
 // are -dM when that scan formed the direct term (LowRankScanArgs::direct; dM16 / dM_inv), it reads M and
 // dM instead of forming X = diag(beta) (V - diag(e^G) K S), M = T X and dM = diag(kd) K dS + A^T scale dO
 // itself, and takes dL = -(dVb M^T) in place of -(T^T dT T^T): the same gradient with fewer products.
+// Given also T16 (chunk_factors' with keep_t; with M and dM only), it reads every chunk's T instead of
+// inverting I + L again.
 ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                                const at::Tensor& beta, const at::Tensor& S16, const at::Tensor& S_inv,
                                const at::Tensor& dS16, const at::Tensor& dS_inv, const at::Tensor& dO,
                                const ChunkGrid& grid, double scale, const at::Tensor& M16 = {}, const at::Tensor& M_inv = {},
-                               const at::Tensor& dM16 = {}, const at::Tensor& dM_inv = {});
+                               const at::Tensor& dM16 = {}, const at::Tensor& dM_inv = {}, const at::Tensor& T16 = {});
 
 // Whether the gated delta rule's forward uses chunk_factors / chunk_output where they apply
 // (process-wide, on by default; off for benchmarks of the LibTorch chunk-local path).

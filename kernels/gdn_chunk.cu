@@ -193,6 +193,7 @@ struct OutFactors {
   c10::Half* Qd;
   c10::Half* Aq;
   float* aq_inv;
+  void* t16;  // T [H, N, C, C] of k's dtype for the backward's chunk kernel (ChunkFactors::T16), or null: none
 };
 
 // The LA heads' short convolution inside chunk_factors (given ShortConvInputs): the block reads the
@@ -518,6 +519,20 @@ __global__ void __launch_bounds__(kThreads, MINB)
     }
   });
 
+  if constexpr (OUT && !PRE) {  // (not with the convolution: the layer's inference, whose registers it would cost)
+    if (of.t16 != nullptr) {  // T rounded to k's kind, as chunk_backward rounds its own (then reads this instead)
+      T* dst = static_cast<T*>(of.t16) + chunk * kC * kC;
+      for (int i = tid; i < kC * kC / 8; i += kThreads) {
+        const int r = (8 * i) / kC, c = (8 * i) % kC;
+        const float4 x0 = *reinterpret_cast<const float4*>(Ls + r * kLdT + c);
+        const float4 x1 = *reinterpret_cast<const float4*>(Ls + r * kLdT + c + 4);
+        Pack<T, 8> x;
+        x.v[0] = T(x0.x), x.v[1] = T(x0.y), x.v[2] = T(x0.z), x.v[3] = T(x0.w);
+        x.v[4] = T(x1.x), x.v[5] = T(x1.y), x.v[6] = T(x1.z), x.v[7] = T(x1.w);
+        store_pack<8>(dst + r * kC + c, x);
+      }
+    }
+  }
   lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
   if constexpr (OUT) {
     if constexpr (PRE) {  // V's rows
@@ -874,7 +889,7 @@ bool short_conv_fusion_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
 
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
                            const ChunkGrid& grid, const at::Tensor& q, double scale, const ShortConvInputs* conv,
-                           UForm u_form) {
+                           UForm u_form, bool keep_t) {
   if (k.dim() != 4 || v.dim() != 4) throw std::invalid_argument("hh::kernels::chunk_factors: k and v must be [B, T, H, D]");
   const int64_t B = k.size(0), T = k.size(1), H = k.size(2), Dk = k.size(3), Dv = v.size(3), N = grid.N;
   need(k, "chunk_factors", "k", k.sizes(), true);
@@ -916,16 +931,20 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   const bool u16 = u_form == UForm::kFloat16Columns;
   if (u16 && !q.defined())
     throw std::invalid_argument("hh::kernels::chunk_factors: U in float16 by columns comes with the output's factors (q is needed)");
+  if (keep_t && (!q.defined() || conv != nullptr))
+    throw std::invalid_argument(
+        "hh::kernels::chunk_factors: T for the backward comes with the output's factors (q is needed), without the short convolution");
   ChunkFactors r{at::empty({H, N, kC, Dk}, f16), at::empty({H, N, kC, Dv}, u16 ? f16 : f32), at::empty({H, N, kC, Dk}, f16),
                  at::empty({H, N}, f32), at::empty({H, N}, f32)};
   if (u16) r.U_inv = at::empty({H, N, Dv}, f32);
-  OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr};
+  OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr, nullptr};
   if (q.defined()) {
     r.Qd = at::empty({H, N, kC, Dk}, f16);
     r.Aq = at::empty({H, N, kC, kC}, f16);
     r.aq_inv = at::empty({H, N}, f32);
+    if (keep_t) r.T16 = at::empty({H, N, kC, kC}, k.options());
     of = {q.data_ptr(), static_cast<float>(scale), r.Qd.data_ptr<c10::Half>(), r.Aq.data_ptr<c10::Half>(),
-          r.aq_inv.data_ptr<float>()};
+          r.aq_inv.data_ptr<float>(), keep_t ? r.T16.data_ptr() : nullptr};
   }
   if (N == 0 || H == 0) return r;
   dispatch(Dk, Dv, k.scalar_type(), [&](auto dk, auto dv, auto x) {

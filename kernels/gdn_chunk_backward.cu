@@ -341,14 +341,17 @@ constexpr size_t backward_smem() {
 // HIST: M and dM from the scans' block float16 new values (the forward's M16 and the reverse scan's,
 // which is -dM where it formed the direct term) instead of formed from S and dS: a step reads their
 // slices beside those of S and dS, forms no X, M or dM, and sums dVb M^T, which is T^T dT T^T, in dT's
-// place, so that dL = -(dVb M^T) needs no products after the steps.
-template <int DK, int DV, class T, bool HIST = false>
+// place, so that dL = -(dVb M^T) needs no products after the steps. TK (with HIST): T from the forward's
+// chunk_factors (t16 [H, N, C, C], the inputs' kind), copied with the tiles, instead of the inverse of
+// I + diag(beta) Lg; scale A's 16-bit copy, which only the steps without HIST read, is not formed.
+template <int DK, int DV, class T, bool HIST = false, bool TK = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     chunk_backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                           const float* __restrict__ g, const float* __restrict__ beta, BlockF16 S, BlockF16 dS,
                           BlockF16 Mh, BlockF16 dMh, const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
                           float scale, T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
-                          float* __restrict__ dg, float* __restrict__ dbeta) {
+                          float* __restrict__ dg, float* __restrict__ dbeta, const T* __restrict__ t16) {
+  static_assert(HIST || !TK, "T from the forward with M and dM from the scans");
   constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), NTK = DK / 32;
   constexpr int kUnits = DK * kBV / 8;  // 8-element units of a step's slice of S (and of dS)
   static_assert(kUnits <= kBwdThreads && DV % kBV == 0 && kBV % 16 == 0, "one unit a thread, whole slices");
@@ -400,6 +403,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   load_rows<DK>(Ks, k, rows, h, H);
   load_rows<DV>(Vs, v, rows, h, H);
   load_rows<DV>(dOs, dO, rows, h, H);
+  if constexpr (TK)  // T's 64 rows of 128 bytes, 16 bytes a thread
+    for (int i = tid; i < kC * kC / 8; i += kBwdThreads)
+      cp_async16(T16 + (i / 8) * kLd16C + 8 * (i % 8), t16 + chunk * kC * kC + 8 * i);
   cp_async_commit();
   // A step's columns c0.. of S and dS (block float16) pass through registers (fetch) into the step's
   // 16-bit slices of the inputs' kind (put), which also sums <S, dS> in float32. Thread tid < kUnits
@@ -466,6 +472,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // Lg (warps 0..7) and A (warps 8..15), then L = diag(beta) Lg into Ts and its inverse there.
   if (warp < 8) masked_gram<DK>(Ks, Ks, Gs, nullptr, /*inclusive=*/false, Lg, warp);
   else masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As, warp - 8);
+  if constexpr (TK) {  // T is in place: the first step's slices
+    put();
+    __syncthreads();
+  } else {
   __syncthreads();
   for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
     const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
@@ -479,14 +489,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // and the first step's slices.
   for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
     const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
-    const float4 t = *reinterpret_cast<const float4*>(Ts + r * kLdT + c), a = *reinterpret_cast<const float4*>(As + r * kLdT + c);
+    const float4 t = *reinterpret_cast<const float4*>(Ts + r * kLdT + c);
     store2(T16 + r * kLd16C + c, t.x, t.y);
     store2(T16 + r * kLd16C + c + 2, t.z, t.w);
-    store2(A16 + r * kLd16C + c, scale * a.x, scale * a.y);
-    store2(A16 + r * kLd16C + c + 2, scale * a.z, scale * a.w);
+    if constexpr (!HIST) {
+      const float4 a = *reinterpret_cast<const float4*>(As + r * kLdT + c);
+      store2(A16 + r * kLd16C + c, scale * a.x, scale * a.y);
+      store2(A16 + r * kLd16C + c + 2, scale * a.z, scale * a.w);
+    }
   }
   put();
   __syncthreads();
+  }
 
   const int m = (warp % 4) * 16;           // every warp's 16 rows
   const int ns = ((warp / 4) % 2) * 16;    // its 16 columns of a step's [C][kBV] products
@@ -714,7 +728,7 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
                                const at::Tensor& beta, const at::Tensor& S16, const at::Tensor& S_inv,
                                const at::Tensor& dS16, const at::Tensor& dS_inv, const at::Tensor& dO,
                                const ChunkGrid& grid, double scale, const at::Tensor& M16, const at::Tensor& M_inv,
-                               const at::Tensor& dM16, const at::Tensor& dM_inv) {
+                               const at::Tensor& dM16, const at::Tensor& dM_inv, const at::Tensor& T16) {
   if (q.dim() != 4 || v.dim() != 4) throw std::invalid_argument("hh::kernels::chunk_backward: q and v must be [B, T, H, D]");
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3), N = grid.N;
   need(q, "chunk_backward", "q", q.sizes(), true);
@@ -741,6 +755,12 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
     if (M16.scalar_type() != at::kHalf || dM16.scalar_type() != at::kHalf)
       throw std::invalid_argument("hh::kernels::chunk_backward: M16 and dM16 must be float16 (block float16 new values)");
   }
+  const bool tk = T16.defined();
+  if (tk) {
+    if (!hist) throw std::invalid_argument("hh::kernels::chunk_backward: T16 comes with M16, M_inv, dM16 and dM_inv");
+    need(T16, "chunk_backward", "T16", {H, N, kC, kC}, true);
+    if (T16.scalar_type() != q.scalar_type()) throw std::invalid_argument("hh::kernels::chunk_backward: T16 must have q's dtype");
+  }
   if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || dO.scalar_type() != q.scalar_type() ||
       !chunk_forward_supported(Dk, Dv, q.scalar_type()))
     throw std::invalid_argument("hh::kernels::chunk_backward: q, k, v and dO of one 16-bit dtype, Dk and Dv in {64, 128} only");
@@ -756,11 +776,12 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
     auto in = [](const at::Tensor& t) { return static_cast<const X*>(t.data_ptr()); };
     auto out = [](const at::Tensor& t) { return static_cast<X*>(t.data_ptr()); };
     const BlockF16 mh = hist ? block_f16(M16, M_inv) : BlockF16{}, dmh = hist ? block_f16(dM16, dM_inv) : BlockF16{};
-    launch_kernel(hist ? chunk_backward_kernel<DK, DV, X, true> : chunk_backward_kernel<DK, DV, X, false>,
+    launch_kernel(tk ? chunk_backward_kernel<DK, DV, X, true, true>
+                     : hist ? chunk_backward_kernel<DK, DV, X, true> : chunk_backward_kernel<DK, DV, X, false>,
                   dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kBwdThreads, backward_smem<DK, DV, X>(), in(q), in(k),
                   in(v), g.data_ptr<float>(), beta.data_ptr<float>(), block_f16(S16, S_inv), block_f16(dS16, dS_inv), mh, dmh,
                   in(dO), slots, static_cast<int>(H), N, static_cast<float>(scale), out(r.dq), out(r.dk), out(r.dv),
-                  r.dg.data_ptr<float>(), r.dbeta.data_ptr<float>());
+                  r.dg.data_ptr<float>(), r.dbeta.data_ptr<float>(), tk ? in(T16) : nullptr);
   });
   return r;
 }

@@ -660,6 +660,7 @@ struct KernelForward {
   at::Tensor S, S16, S_inv;                // the chunks' start states (S16 and S_inv where the scan wrote them)
   at::Tensor Qd, Aq, aq_inv;               // the output's factors, for the reverse scan's direct term
   at::Tensor M16, M_inv;                   // the new values in block float16, for the backward's chunk kernel
+  at::Tensor T16;                          // every chunk's T, for the backward's chunk kernel (with M16)
 };
 // Given `conv`, q, k and v are the projections before the short convolution, which chunk_factors applies.
 KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
@@ -694,9 +695,11 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   // The column scan reads U in float16 by columns: half U's bytes written by chunk_factors and read by the
   // scan. It keeps the states for a backward (the float16 history) with o written, not through the fusion.
   const bool u16 = output_in_scan && !(keep_states && fuse_in_scan) && kernels::column_scan_takes(Dk, Dv, fuse_in_scan);
+  // A forward kept for the backward's chunk kernel keeps T too, where that kernel will read M (below).
+  const bool keep_t = keep_states && f16_history && conv == nullptr && kernels::direct_in_scan_enabled();
   const kernels::ChunkFactors f =
       kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale, conv,
-                             u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32);
+                             u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32, keep_t);
   if (on_queued) on_queued(GdnStage::kFactors);
   std::optional<kernels::LowRankScanArgs::Output> in_scan;
   if (output_in_scan) {
@@ -732,7 +735,8 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
                                                           : std::make_tuple(r.S, at::Tensor(), at::Tensor());
     // The reverse scan forms its direct term from the output's factors (kernels::set_direct_in_scan).
     if (kernels::direct_in_scan_enabled() && r.S16.defined() && f.Qd.defined() && r.M16.defined())
-      std::tie(out.Qd, out.Aq, out.aq_inv, out.M16, out.M_inv) = std::make_tuple(f.Qd, f.Aq, f.aq_inv, r.M16, r.M_inv);
+      std::tie(out.Qd, out.Aq, out.aq_inv, out.M16, out.M_inv, out.T16) =
+          std::make_tuple(f.Qd, f.Aq, f.aq_inv, r.M16, r.M_inv, f.T16);
   }
   return out;
 }
@@ -753,12 +757,13 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     at::Tensor S16, S_inv;            // S in block float16 (kernels::LowRankScanArgs), kept for the backward
     at::Tensor Qd, Aq, aq_inv;        // the output's factors, kept for the reverse scan's direct term
     at::Tensor M16, M_inv;            // the new values in block float16, kept for the backward's chunk kernel
+    at::Tensor T16;                   // every chunk's T, kept for the backward's chunk kernel
     if (chunk_kernels_ok(q, k, v, chunk)) {
 #ifdef HH_HAVE_KERNELS
       const KernelForward r = kernel_forward(q, k, v, g, beta, s0.to(acc), scale, L, keep_states);
       std::tie(o, final_state, W16, kdecay16, decay, bound, S, S16, S_inv) =
           std::make_tuple(r.o, r.final_state, r.W16, r.kdecay16, r.decay, r.bound, r.S, r.S16, r.S_inv);
-      std::tie(Qd, Aq, aq_inv, M16, M_inv) = std::make_tuple(r.Qd, r.Aq, r.aq_inv, r.M16, r.M_inv);
+      std::tie(Qd, Aq, aq_inv, M16, M_inv, T16) = std::make_tuple(r.Qd, r.Aq, r.aq_inv, r.M16, r.M_inv, r.T16);
 #endif
     } else {
       const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
@@ -782,7 +787,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       }
       o = from_chunks(O, L, B, T, v.scalar_type(), scale);
     }
-    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay, S16, S_inv, bound, Qd, Aq, aq_inv, M16, M_inv});
+    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay, S16, S_inv, bound, Qd, Aq, aq_inv, M16, M_inv, T16});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
@@ -839,7 +844,8 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       // The direct term: formed by the scan from the forward's output factors and dO in block float16
       // where the forward kept them (and then the scan's new values, -dM, go to the chunk kernel beside
       // the forward's M), else chunk_state_direct's Z.
-      const at::Tensor &Qd = saved[12], &Aq = saved[13], &aq_inv = saved[14], &M16 = saved[15], &M_inv = saved[16];
+      const at::Tensor &Qd = saved[12], &Aq = saved[13], &aq_inv = saved[14], &M16 = saved[15], &M_inv = saved[16],
+                       &T16 = saved[17];
       if (Qd.defined()) {
         const kernels::GridF16 d16 = kernels::grad_to_grid_f16(dO, grid);
         a.direct = {Qd, Aq, aq_inv, d16.x16, d16.inv};
@@ -856,7 +862,8 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       a.segment = kernels::scan_segments();
       const at::Tensor dS0 = kernels::low_rank_scan(a, L.offsets);
       const kernels::ChunkInputGrads d =
-          kernels::chunk_backward(qc, kc, vc, gf, bf, S16, S_inv, a.S16, a.S_inv, dO, grid, scale, M16, M_inv, a.M16, a.M_inv);
+          kernels::chunk_backward(qc, kc, vc, gf, bf, S16, S_inv, a.S16, a.S_inv, dO, grid, scale, M16, M_inv, a.M16, a.M_inv,
+                                  Qd.defined() ? T16 : at::Tensor());
       return {d.dq, d.dk, d.dv, d.dg.to(g.scalar_type()), d.dbeta.to(beta.scalar_type()), dS0.to(s0_dtype),
               at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }

@@ -513,6 +513,30 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
                  std::invalid_argument)
         << what << ": without q";
 
+    // T for the backward (keep_t): the other factors the same bits; T in the inputs' kind, unit lower
+    // triangular exactly (ones on the diagonal, zeros above it) and within one rounding to that kind of
+    // the inverse in float64 (under 2^-8 of an entry for bfloat16, 2^-11 for float16) plus the float32
+    // inverse's own error: measured 0.00387 and 0.000483 at most, so the bounds leave a quarter of a
+    // rounding for that error.
+    poison_allocator();
+    const auto ft = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kFloat32, true);
+    EXPECT_TRUE(torch::equal(ft.W, fo.W) && torch::equal(ft.U, fo.U) && torch::equal(ft.kdecay, fo.kdecay) &&
+                torch::equal(ft.Qd, fo.Qd) && torch::equal(ft.Aq, fo.Aq) && torch::equal(ft.bound, fo.bound))
+        << what << ": the other factors with T";
+    EXPECT_FALSE(fo.T16.defined()) << what;
+    ASSERT_TRUE(ft.T16.defined()) << what;
+    EXPECT_EQ(ft.T16.scalar_type(), dt) << what;
+    const auto t16 = ft.T16.cpu().to(torch::kDouble);
+    EXPECT_TRUE(torch::equal(t16.triu(1), torch::zeros_like(t16))) << what << ": T above its diagonal";
+    EXPECT_TRUE(torch::equal(t16.diagonal(0, -2, -1), torch::ones({H, N, C}, kF64))) << what << ": T's diagonal";
+    const double t_err = ((t16 - Tinv).abs() / Tinv.abs().clamp_min(1e-3)).max().item<double>();
+    EXPECT_LT(t_err, dt == torch::kBFloat16 ? 1.25 / 256 : 1.25 / 2048) << what;
+    std::printf("[ measured ] %s: T for the backward, %.3g of an entry at most (rel %.3g)\n", what.c_str(), t_err,
+                rel_err(ft.T16, Tinv));
+    EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, {}, scale, nullptr, hh::kernels::UForm::kFloat32, true),
+                 std::invalid_argument)
+        << what << ": T without q";
+
     const auto s0 = 0.5 * torch::randn({B, H, Dk, Dv}, kF64);
     auto Sn = torch::empty({H, N, Dk, Dv}, kF64), Mn = torch::empty({H, N, C, Dv}, kF64);
     auto fin = torch::empty({B, H, Dk, Dv}, kF64);
@@ -886,15 +910,20 @@ TEST(CudaGdn, BackwardChunkKernelsEqualAutogradInFloat64) {
                      torch::matmul((torch::matmul(Q, K.transpose(-1, -2)) * gamma).transpose(-1, -2), dOg)).detach();
     const auto [M16, M_inv] = to_block_f16(Mv, 16, 8);
     const auto [ndM16, ndM_inv] = to_block_f16(-dM, 16, 8);
-    for (bool hist : {false, true}) {
+    // Given also T from the forward's chunk_factors (keep_t), the kernel reads it instead of inverting.
+    const auto T16 = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kFloat32, true).T16;
+    for (int form : {0, 1, 2}) {
+      const bool hist = form > 0;
       poison_allocator();
-      const auto d = hist ? hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale, M16, M_inv,
-                                                        ndM16, ndM_inv)
-                          : hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale);
+      const auto d = form == 2 ? hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale, M16,
+                                                             M_inv, ndM16, ndM_inv, T16)
+                     : hist    ? hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale, M16,
+                                                             M_inv, ndM16, ndM_inv)
+                               : hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale);
       const torch::Tensor got[] = {d.dq, d.dk, d.dv, d.dg, d.dbeta};
       const char* names[] = {"dq", "dk", "dv", "dg", "dbeta"};
       for (size_t i = 0; i < 5; ++i) {
-        const std::string how = what + (hist ? " (M and dM given) " : " ") + names[i];
+        const std::string how = what + (form == 2 ? " (M, dM and T given) " : hist ? " (M and dM given) " : " ") + names[i];
         EXPECT_EQ(got[i].scalar_type(), i < 3 ? dt : torch::kFloat) << how;
         // Products on 16-bit operands of the inputs' kind (bfloat16: ~3e-3) and, for dq, dk, dv, the 16-bit rounding.
         EXPECT_LT(rel_err(got[i], off_grid(grads[i], B, T)), 1e-2) << how;
@@ -903,6 +932,9 @@ TEST(CudaGdn, BackwardChunkKernelsEqualAutogradInFloat64) {
     EXPECT_THROW(hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale, M16, M_inv),
                  std::invalid_argument)
         << what << ": M without dM";
+    EXPECT_THROW(hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale, {}, {}, {}, {}, T16),
+                 std::invalid_argument)
+        << what << ": T without M and dM";
   });
 }
 
@@ -1494,7 +1526,7 @@ TEST(CudaGdn, ShortConvInsideChunkFactorsEqualsItsOwnKernels) {
         EXPECT_TRUE(torch::equal(y_apart, y_want)) << what << " (convolution apart)";
         EXPECT_TRUE(torch::equal(s_apart, s_want)) << what << " (convolution apart, final state)";
       }
-  // chunk_factors refuses the convolution without q, and on a gathered grid.
+  // chunk_factors refuses the convolution without q, on a gathered grid, and with T for the backward.
   const auto dev = kCuda.dtype(torch::kBFloat16), f32 = kCuda.dtype(torch::kFloat);
   const auto x = torch::randn({1, 64, 1, 64}, dev);
   hh::kernels::ShortConvInputs conv;
@@ -1503,6 +1535,8 @@ TEST(CudaGdn, ShortConvInsideChunkFactorsEqualsItsOwnKernels) {
   const auto g = -torch::rand({1, 64, 1}, f32), beta = torch::rand({1, 64, 1}, f32);
   const hh::kernels::ChunkGrid grid{1, 1, {}};
   EXPECT_THROW(hh::kernels::chunk_factors(x, x, g, beta, grid, torch::Tensor(), 0.1, &conv), std::invalid_argument);
+  EXPECT_THROW(hh::kernels::chunk_factors(x, x, g, beta, grid, x, 0.1, &conv, hh::kernels::UForm::kFloat32, true),
+               std::invalid_argument);
   const hh::kernels::ChunkGrid gathered{1, 0, torch::arange(64, kCuda.dtype(torch::kLong))};
   EXPECT_THROW(hh::kernels::chunk_factors(x, x, g, beta, gathered, x, 0.1, &conv), std::invalid_argument);
 }
