@@ -469,37 +469,38 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     eG[tid] = expf(Gs[tid]);
     kd[tid] = expf(Gs[kC - 1] - Gs[tid]);
   }
-  // Lg (warps 0..7) and A (warps 8..15), then L = diag(beta) Lg into Ts and its inverse there.
+  // Lg (warps 0..7) and A (warps 8..15); then, unless T came with the tiles (TK), L = diag(beta) Lg into Ts
+  // and its inverse there.
   if (warp < 8) masked_gram<DK>(Ks, Ks, Gs, nullptr, /*inclusive=*/false, Lg, warp);
   else masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As, warp - 8);
   if constexpr (TK) {  // T is in place: the first step's slices
     put();
     __syncthreads();
   } else {
-  __syncthreads();
-  for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
-    const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
-    const float4 x = *reinterpret_cast<const float4*>(Lg + r * kLdT + c);
-    const float b = bs[r];
-    *reinterpret_cast<float4*>(Ts + r * kLdT + c) = make_float4(b * x.x, b * x.y, b * x.z, b * x.w);
-  }
-  __syncthreads();
-  invert_unit_lower<kBwdThreads>(Ts, [] {});
-  // T and scale A as 16-bit operands (the output's scale rides on A in dM = diag(kd) K dS + A^T scale dO),
-  // and the first step's slices.
-  for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
-    const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
-    const float4 t = *reinterpret_cast<const float4*>(Ts + r * kLdT + c);
-    store2(T16 + r * kLd16C + c, t.x, t.y);
-    store2(T16 + r * kLd16C + c + 2, t.z, t.w);
-    if constexpr (!HIST) {
-      const float4 a = *reinterpret_cast<const float4*>(As + r * kLdT + c);
-      store2(A16 + r * kLd16C + c, scale * a.x, scale * a.y);
-      store2(A16 + r * kLd16C + c + 2, scale * a.z, scale * a.w);
+    __syncthreads();
+    for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
+      const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
+      const float4 x = *reinterpret_cast<const float4*>(Lg + r * kLdT + c);
+      const float b = bs[r];
+      *reinterpret_cast<float4*>(Ts + r * kLdT + c) = make_float4(b * x.x, b * x.y, b * x.z, b * x.w);
     }
-  }
-  put();
-  __syncthreads();
+    __syncthreads();
+    invert_unit_lower<kBwdThreads>(Ts, [] {});
+    // T and scale A as 16-bit operands (the output's scale rides on A in dM = diag(kd) K dS + A^T scale dO),
+    // and the first step's slices.
+    for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
+      const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
+      const float4 t = *reinterpret_cast<const float4*>(Ts + r * kLdT + c);
+      store2(T16 + r * kLd16C + c, t.x, t.y);
+      store2(T16 + r * kLd16C + c + 2, t.z, t.w);
+      if constexpr (!HIST) {
+        const float4 a = *reinterpret_cast<const float4*>(As + r * kLdT + c);
+        store2(A16 + r * kLd16C + c, scale * a.x, scale * a.y);
+        store2(A16 + r * kLd16C + c + 2, scale * a.z, scale * a.w);
+      }
+    }
+    put();
+    __syncthreads();
   }
 
   const int m = (warp % 4) * 16;           // every warp's 16 rows

@@ -863,7 +863,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       const at::Tensor dS0 = kernels::low_rank_scan(a, L.offsets);
       const kernels::ChunkInputGrads d =
           kernels::chunk_backward(qc, kc, vc, gf, bf, S16, S_inv, a.S16, a.S_inv, dO, grid, scale, M16, M_inv, a.M16, a.M_inv,
-                                  Qd.defined() ? T16 : at::Tensor());
+                                  T16);
       return {d.dq, d.dk, d.dv, d.dg.to(g.scalar_type()), d.dbeta.to(beta.scalar_type()), dS0.to(s0_dtype),
               at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
