@@ -122,6 +122,9 @@ __device__ __forceinline__ void chunk_gates(const float* __restrict__ g, const f
   const int l = threadIdx.x;
   const int64_t r0 = rows[2 * l], r1 = rows[2 * l + 1];
   const float g0 = r0 >= 0 ? g[r0 * H + h] : 0.f, g1 = r1 >= 0 ? g[r1 * H + h] : 0.f;
+  // beta's loads issued with g's, before the sum waits for g (after it, the two waits were in series).
+  float b0 = 0.f, b1 = 0.f;
+  if (bs != nullptr) b0 = r0 >= 0 ? beta[r0 * H + h] : 0.f, b1 = r1 >= 0 ? beta[r1 * H + h] : 0.f;
   float s = g0 + g1;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -131,8 +134,8 @@ __device__ __forceinline__ void chunk_gates(const float* __restrict__ g, const f
   Gs[2 * l] = s - g1;
   Gs[2 * l + 1] = s;
   if (bs != nullptr) {
-    bs[2 * l] = r0 >= 0 ? beta[r0 * H + h] : 0.f;
-    bs[2 * l + 1] = r1 >= 0 ? beta[r1 * H + h] : 0.f;
+    bs[2 * l] = b0;
+    bs[2 * l + 1] = b1;
   }
 }
 
