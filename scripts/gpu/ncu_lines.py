@@ -12,7 +12,10 @@ by row; the opcodes are compared as they are joined, and a mismatch stops the sc
 source line: its executed warp instructions, its share of them, its share of the stall samples and
 the line's text (as the file reads now). --show FILE:LINE (a file's base name and a line, innermost
 or outermost) lists that line's instructions in address order: index, executed, samples, the stall
-reason with the most samples, and the instruction.
+reason with the most samples, and the instruction. --metric NAME sums one more of the table's columns
+by line (the first whose name contains NAME, ignoring case; for instance "L2 Theoretical Sectors Global
+Excessive", the 32-byte sectors a line's global accesses touch beyond the fewest its bytes need), adds
+its share and count to each row, and orders the rows by it.
 """
 import argparse
 import csv
@@ -64,6 +67,7 @@ def main():
     ap.add_argument("--function", required=True, help="a substring of the kernel's mangled name")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--show", metavar="FILE:LINE", help="list the instructions of one source line")
+    ap.add_argument("--metric", metavar="NAME", help="also sum the first column whose name contains NAME, and sort by it")
     args = ap.parse_args()
     with open(args.csv, errors="replace") as f:
         found = tables(f.read())
@@ -76,6 +80,11 @@ def main():
     allc = next((c for c in cols if "Warp Stall Sampling (All" in c), None)
     if execc is None or allc is None:
         sys.exit(f"{args.csv}: no 'Instructions Executed' or warp-stall column")
+    metc = None
+    if args.metric:
+        metc = next((c for c in cols if args.metric.lower() in c.lower()), None)
+        if metc is None:
+            sys.exit(f"{args.csv}: no column named like {args.metric!r}; it has: " + ", ".join(c.strip() for c in cols))
     funcs = disasm_functions(args.sass)
     names = [n for n in funcs if args.function in n]
     if not names:
@@ -104,11 +113,13 @@ def main():
     inner, outer, sources = {}, {}, {}
     for r, (_, at, call) in zip(rows, funcs[name]):
         for table, key in ((inner, at), (outer, call)):
-            e, s = table.get(key, (0.0, 0.0))
-            table[key] = (e + number(r[execc]), s + number(r[allc]))
-    executed = sum(e for e, _ in inner.values())
-    samples = sum(s for _, s in inner.values())
-    print(f"{name[:120]}: {len(rows)} instructions, {executed:.0f} warp instructions executed, {samples:.0f} samples")
+            e, s, m = table.get(key, (0.0, 0.0, 0.0))
+            table[key] = (e + number(r[execc]), s + number(r[allc]), m + (number(r[metc]) if metc else 0.0))
+    executed = sum(v[0] for v in inner.values())
+    samples = sum(v[1] for v in inner.values())
+    measured = sum(v[2] for v in inner.values())
+    print(f"{name[:120]}: {len(rows)} instructions, {executed:.0f} warp instructions executed, {samples:.0f} samples"
+          + (f", {measured:.0f} {metc.strip()}" if metc else ""))
 
     def text(file, line):
         if file not in sources:
@@ -122,10 +133,13 @@ def main():
 
     for title, table in (("by the line itself", inner), ("by the outermost call (the kernel's own line)", outer)):
         print(f"== {title}")
-        print(f"{'exec %':>7} {'stall %':>7}  source line")
-        for (file, line), (e, s) in sorted(table.items(), key=lambda x: -x[1][0])[: args.top]:
+        extra = f" {'metric %':>8} {'count':>11}" if metc else ""
+        print(f"{'exec %':>7} {'stall %':>7}{extra}  source line")
+        order = 2 if metc else 0
+        for (file, line), (e, s, m) in sorted(table.items(), key=lambda x: -x[1][order])[: args.top]:
             where = f"{os.path.basename(file)}:{line}" if file else "?"
-            print(f"{100 * e / max(executed, 1):6.1f}% {100 * s / max(samples, 1):6.1f}%  {where:22} {text(file, line)[:90]}")
+            extra = f" {100 * m / max(measured, 1):7.1f}% {m:11.0f}" if metc else ""
+            print(f"{100 * e / max(executed, 1):6.1f}% {100 * s / max(samples, 1):6.1f}%{extra}  {where:22} {text(file, line)[:90]}")
 
 
 if __name__ == "__main__":

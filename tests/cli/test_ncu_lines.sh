@@ -8,11 +8,11 @@ source "$(dirname "$0")/preamble.sh"
 # Kernel k: four instructions. Executed 100, 300, 500, 100 (1000 in all); samples 10, 20, 60, 10 (100).
 cat > "$TMP/source.csv" <<'CSV'
 "Kernel Name","void k(int)",
-"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed","stall_barrier"
-"0x7f0000000000","      LDC R1, c[0x0][0x28]","10","5","100","1"
-"0x7f0000000010","      FFMA R2, R3, R4, R2","20","5","300","2"
-"0x7f0000000020","@P0   FFMA.FTZ R5, R3, R4, R5","60","30","500","50"
-"0x7f0000000030","      EXIT","10","0","100","0"
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed","stall_barrier","L2 Theoretical Sectors Global Excessive"
+"0x7f0000000000","      LDC R1, c[0x0][0x28]","10","5","100","1","0"
+"0x7f0000000010","      FFMA R2, R3, R4, R2","20","5","300","2","30"
+"0x7f0000000020","@P0   FFMA.FTZ R5, R3, R4, R5","60","30","500","50","10"
+"0x7f0000000030","      EXIT","10","0","100","0","60"
 CSV
 # The listing: a second function first (not the kernel), then k. The LDC comes from the kernel's line 5;
 # the first FFMA from helper.cuh line 12 inlined at k.cu line 7; the predicated FFMA from a toolkit
@@ -53,6 +53,20 @@ grep -qE "^ +10\.0% +10\.0%  k\.cu:5 " <<<"$inner" || fail "k.cu:5: $inner"
 # Outermost: both FFMAs on k.cu:7.
 grep -qE "^ +80\.0% +80\.0%  k\.cu:7 " <<<"$outer" || fail "k.cu:7: $outer"
 [[ "$(grep -cE '^ +[0-9.]+%' <<<"$outer")" == 3 ]] || fail "three kernel lines: $outer"
+
+# --metric sums another column by line and orders by it: k.cu:9 (60 of 100), then k.cu:7 (40); by the
+# innermost line helper.cuh:12 (30) comes before helper.cuh:13 (10).
+out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --metric "sectors global excessive")
+grep -q "100 samples, 100 L2 Theoretical Sectors Global Excessive$" <<<"$out" || fail "metric total: $out"
+outer=$(sed -n '/by the outermost/,$p' <<<"$out")
+inner=$(sed -n '/by the line itself/,/by the outermost/p' <<<"$out")
+[[ "$(grep -E '^ +[0-9.]+%' <<<"$outer" | head -1)" =~ ^\ +10\.0%\ +10\.0%\ +60\.0%\ +60\ +k\.cu:9 ]] || fail "k.cu:9 first by the metric: $outer"
+grep -qE "^ +80\.0% +80\.0% +40\.0% +40  k\.cu:7 " <<<"$outer" || fail "k.cu:7 by the metric: $outer"
+[[ "$(grep -E 'helper' <<<"$inner" | head -1)" == *helper.cuh:12* ]] || fail "helper.cuh:12 before :13 by the metric: $inner"
+if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --metric "no such" > "$TMP/nometric.txt" 2>&1; then
+  fail "an unknown metric column was accepted"
+fi
+grep -q "no column named like 'no such'" "$TMP/nometric.txt" || fail "unknown metric message: $(cat "$TMP/nometric.txt")"
 
 # --show lists one line's instructions: k.cu:7 (outermost) holds instructions 1 and 2; helper.cuh:13
 # (innermost) only 2, with its executed count, samples and top stall reason.
