@@ -12,6 +12,7 @@
 #include <cudaTypedefs.h>
 
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -93,6 +94,59 @@ __device__ __forceinline__ void store2(T* p, float a, float b) {
   static_assert(sizeof(T) == 2, "a 16-bit pair");
   const T pair[2] = {T(a), T(b)};
   *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(pair);
+}
+
+// Two floats rounded to 16-bit values of T's kind (as store2 rounds them), a in the low half.
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  static_assert(sizeof(T) == 2, "a 16-bit pair");
+  const T pair[2] = {T(a), T(b)};
+  uint32_t bits;
+  memcpy(&bits, pair, sizeof(bits));
+  return bits;
+}
+
+// One row's pairs of four 8-column tiles, held by the four lanes of a quad as the m16n8 accumulator
+// layout holds them (lane t: columns 2t, 2t + 1 of tile j in p[j]), become each lane's eight columns
+// of one tile (lane t: tile t's columns 2j, 2j + 1 in p[j]): a 4 x 4 transpose of 32-bit values by two
+// rounds of shuffles, in which each lane trades the values whose lane bit and position bit differ.
+// Every lane of the warp must call it.
+__device__ __forceinline__ void quad_transpose(uint32_t (&p)[4]) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int bit = 1; bit < 4; bit <<= 1) {
+    const bool upper = (t & bit) != 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if ((j & bit) != 0) continue;
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, upper ? p[j] : p[j | bit], bit);
+      if (upper) p[j] = got;
+      else p[j | bit] = got;
+    }
+  }
+}
+
+// The warp's NT 8-column tiles (NT a multiple of 4; the accumulator layout, rows g and g + 8) rounded
+// to T's kind, stored a row's 16 bytes a lane: dst(half) is row g + 8 half's first column (the tiles'
+// first), or null to skip the row. After quad_transpose lane t holds tile 4q + t's eight columns. Where
+// each lane stored its 4-byte pair of every tile, each store wrote half of a 32-byte sector (two writes
+// of each sector in L2, the backward's and chunk_factors' largest excess). Every lane must call it.
+template <class T, int NT, class Dst>
+__device__ __forceinline__ void store_tiles16(const float (&acc)[NT][4], Dst dst) {
+  static_assert(NT % 4 == 0, "whole quads of tiles");
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    T* const row = dst(half);
+#pragma unroll
+    for (int q = 0; q < NT / 4; ++q) {
+      uint32_t p[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) p[j] = pack2<T>(acc[4 * q + j][2 * half], acc[4 * q + j][2 * half + 1]);
+      quad_transpose(p);
+      if (row != nullptr) store_global16(row + 8 * (4 * q + t), make_uint4(p[0], p[1], p[2], p[3]));
+    }
+  }
 }
 
 // The largest x over the block into *top (zero before; non-negative floats order as their bits do).

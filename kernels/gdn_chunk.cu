@@ -114,10 +114,14 @@ __device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const 
     const int m = lower_tile_row(pass);
     float acc[D / 32][4];
     lower_tile<D>(Ts, Xs, scale, m, acc);
+    if constexpr (sizeof(O) == 2 && (D / 32) % 4 == 0) {  // a row's 16 bytes a lane
+      store_tiles16<O>(acc, [&](int half) { return out + (m + g + 8 * half) * D + n0; });
+    } else {
 #pragma unroll
-    for (int j = 0; j < D / 32; ++j)
+      for (int j = 0; j < D / 32; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; e += 2) store2(out + (m + g + (e >= 2 ? 8 : 0)) * D + n0 + 8 * j + 2 * t, acc[j][e], acc[j][e + 1]);
+        for (int e = 0; e < 4; e += 2) store2(out + (m + g + (e >= 2 ? 8 : 0)) * D + n0 + 8 * j + 2 * t, acc[j][e], acc[j][e + 1]);
+    }
   }
 }
 // The same product into float16 with one power-of-two scale a column (UForm::kFloat16Columns): each
@@ -149,19 +153,35 @@ __device__ __forceinline__ void lower_times_f16_columns(const float* Ts, const T
     for (int j = 0; j < NT; ++j) store2(mine + 8 * j + 2 * t, mx[j][0], mx[j][1]);
   asm volatile("bar.sync %0, 64;\n" ::"r"(1 + warp / 2) : "memory");
   const float* const other = xch + (warp ^ 1) * (D / 4);
+  uint32_t h16[2][2][NT];  // pass, row half, tile: the scaled pairs in float16
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const float2 o = *reinterpret_cast<const float2*>(other + 8 * j + 2 * t);
     const Pow2Scale s0 = pow2_scale(fmaxf(fmaxf(mx[j][0], o.x), 0x1p-10f)), s1 = pow2_scale(fmaxf(fmaxf(mx[j][1], o.y), 0x1p-10f));
-    const int c = n0 + 8 * j + 2 * t;
-    if (g == 0 && warp % 2 == 0) store2(inv + c, s0.inverse, s1.inverse);
+    if (g == 0 && warp % 2 == 0) store2(inv + n0 + 8 * j + 2 * t, s0.inverse, s1.inverse);
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass)
 #pragma unroll
-      for (int e = 0; e < 4; e += 2)
-        *reinterpret_cast<unsigned*>(out16 + (lower_tile_row(pass) + g + (e >= 2 ? 8 : 0)) * D + c) =
-            pack_f16(acc[pass][j][e] * s0.scale, acc[pass][j][e + 1] * s1.scale);
+      for (int half = 0; half < 2; ++half)
+        h16[pass][half][j] = pack_f16(acc[pass][j][2 * half] * s0.scale, acc[pass][j][2 * half + 1] * s1.scale);
   }
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      c10::Half* const row = out16 + (lower_tile_row(pass) + g + 8 * half) * D + n0;
+      if constexpr (NT % 4 == 0) {  // a row's 16 bytes a lane (store_tiles16)
+#pragma unroll
+        for (int q = 0; q < NT / 4; ++q) {
+          uint32_t p[4] = {h16[pass][half][4 * q], h16[pass][half][4 * q + 1], h16[pass][half][4 * q + 2], h16[pass][half][4 * q + 3]};
+          quad_transpose(p);
+          store_global16(row + 8 * (4 * q + t), make_uint4(p[0], p[1], p[2], p[3]));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * t) = h16[pass][half][j];
+      }
+    }
 }
 
 // K's rows, then one region for V's, which with OUT holds Q's first (the output's factors are formed
@@ -469,15 +489,14 @@ __global__ void __launch_bounds__(kThreads, MINB)
       const int r = (8 * i) / kC, c = (8 * i) % kC;
       const float4 x0 = *reinterpret_cast<const float4*>(Ls + r * kLdT + c);
       const float4 x1 = *reinterpret_cast<const float4*>(Ls + r * kLdT + c + 4);
-      *reinterpret_cast<uint4*>(of.Aq + chunk * kC * kC + r * kC + c) =
-          make_uint4(pack_f16(s * x0.x, s * x0.y), pack_f16(s * x0.z, s * x0.w), pack_f16(s * x1.x, s * x1.y),
-                     pack_f16(s * x1.z, s * x1.w));
+      store_global16(of.Aq + chunk * kC * kC + r * kC + c,
+                     make_uint4(pack_f16(s * x0.x, s * x0.y), pack_f16(s * x0.z, s * x0.w), pack_f16(s * x1.x, s * x1.y),
+                                pack_f16(s * x1.z, s * x1.w)));
     }
     if (tid == 0) of.aq_inv[chunk] = sc.inverse;
     for (int i = tid; i < kC * DK / 8; i += kThreads) {
       const int r = (8 * i) / DK, c = (8 * i) % DK;
-      *reinterpret_cast<uint4*>(of.Qd + chunk * kC * DK + r * DK + c) =
-          scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r]));
+      store_global16(of.Qd + chunk * kC * DK + r * DK + c, scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r])));
     }
     if constexpr (PRE) fence_proxy_async_shared();  // Q's region, written and read, takes V's raw rows next
     __syncthreads();  // every thread is done with Q and Aq
@@ -502,7 +521,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     c10::Half* dst = kdecay + chunk * kC * DK;
     for (int i = tid - kC; i < kC * DK / 8; i += kThreads - kC) {
       const int r = (8 * i) / DK, c = (8 * i) % DK;
-      *reinterpret_cast<uint4*>(dst + r * DK + c) = scaled_half8(Ks + r * ld16<DK>() + c, expf(last - Gs[r]));
+      store_global16(dst + r * DK + c, scaled_half8(Ks + r * ld16<DK>() + c, expf(last - Gs[r])));
     }
     if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
     if (tid == kC) decay[chunk] = expf(last);
@@ -529,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
         Pack<T, 8> x;
         x.v[0] = T(x0.x), x.v[1] = T(x0.y), x.v[2] = T(x0.z), x.v[3] = T(x0.w);
         x.v[4] = T(x1.x), x.v[5] = T(x1.y), x.v[6] = T(x1.z), x.v[7] = T(x1.w);
-        store_pack<8>(dst + r * kC + c, x);
+        store_global16(dst + r * kC + c, x);
       }
     }
   }

@@ -98,11 +98,20 @@ __device__ __forceinline__ void row_dots(float (&acc)[NT][4], int m, int n0, con
 }
 
 // Writes the warp's tiles (rows from m, 8-column tiles from n0) of a [C][D] gradient to its rows of
-// head h in out [rows, H, D]; padding slots are skipped.
-template <int D, int NT, class T>
+// head h in out [rows, H, D]; padding slots are skipped. WIDE (NT a multiple of 4): a row's 16 bytes a
+// lane (store_tiles16), where each lane's 4-byte pairs wrote half sectors; not in chunk_backward's
+// form with HIST alone, where the shuffles' registers took its spill from 4 to 20-24 bytes.
+template <int D, bool WIDE, int NT, class T>
 __device__ __forceinline__ void store_rows(float (&acc)[NT][4], int m, int n0, const int64_t* rows, int h, int H,
                                            T* __restrict__ out) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  if constexpr (WIDE && NT % 4 == 0) {
+    store_tiles16<T>(acc, [&](int half) -> T* {
+      const int64_t row = rows[m + g + 8 * half];
+      return row < 0 ? nullptr : out + (row * H + h) * D + n0;
+    });
+    return;
+  }
 #pragma unroll
   for (int e = 0; e < 4; e += 2) {
     const int r = m + g + (e >= 2 ? 8 : 0);
@@ -352,6 +361,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                           float scale, T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
                           float* __restrict__ dg, float* __restrict__ dbeta, const T* __restrict__ t16) {
   static_assert(HIST || !TK, "T from the forward with M and dM from the scans");
+  constexpr bool kWideRows = TK || !HIST;  // store_rows
   constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), NTK = DK / 32;
   constexpr int kUnits = DK * kBV / 8;  // 8-element units of a step's slice of S (and of dS)
   static_assert(kUnits <= kBwdThreads && DV % kBV == 0 && kBV % 16 == 0, "one unit a thread, whole slices");
@@ -544,7 +554,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       store16(dvb, m, ns, dVbj, kLd16BV);
       row_dots(dvb, m, ns, Vs + c0, LDV, db_sum);
       for_each(dvb, m, ns, [&](int r, int, float& x) { x *= bs[r]; });
-      store_rows<DV>(dvb, m, c0 + ns, rows, h, H, dv);
+      store_rows<DV, kWideRows>(dvb, m, c0 + ns, rows, h, H, dv);
     }
     __syncthreads();
     // The sums over this step's columns.
@@ -628,7 +638,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // dQ = diag(e^G) dqdecay + d(Q K^T) K
   for_each(acc_dq, m, nk, [&](int r, int, float& x) { x *= eG[r]; });
   product16<false, true, NTK>(acc_dq, m, nk, 0, m + 16, dQK, kLd16C, Ks, LDK);
-  store_rows<DK>(acc_dq, m, nk, rows, h, H, dq);
+  store_rows<DK, kWideRows>(acc_dq, m, nk, rows, h, H, dq);
   // dK = -diag(beta e^G) ndKb + diag(kd) dkdecay + d(Q K^T)^T Q + (d(K K^T) + d(K K^T)^T) K
   {
     const int lane = tid % 32;
@@ -643,7 +653,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   product16<true, true, NTK>(acc_kb, m, nk, m, kC, dQK, kLd16C, Qs, LDK);
   product16<false, true, NTK>(acc_kb, m, nk, 0, m + 16, dKK, kLd16C, Ks, LDK);
   product16<true, true, NTK>(acc_kb, m, nk, m, kC, dKK, kLd16C, Ks, LDK);
-  store_rows<DK>(acc_kb, m, nk, rows, h, H, dk);
+  store_rows<DK, kWideRows>(acc_kb, m, nk, rows, h, H, dk);
   __syncthreads();  // every sum is in
   if (tid < kC) {  // dbeta, and dG with its reverse cumulative sum dg (warps 0 and 1, one row a thread)
     const int r = tid;
