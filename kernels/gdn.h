@@ -1,6 +1,8 @@
 #pragma once
 // CUDA kernels for the HydraHead LA heads (DESIGN.md section 9). core/attention/gdn.cpp builds the
 // chunked gated delta rule around these; its LibTorch forms are the references tests/gpu compares with.
+#include <array>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -310,6 +312,9 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
                                const at::Tensor& dS16, const at::Tensor& dS_inv, const at::Tensor& dO,
                                const ChunkGrid& grid, double scale, const at::Tensor& M16 = {}, const at::Tensor& M_inv = {},
                                const at::Tensor& dM16 = {}, const at::Tensor& dM_inv = {}, const at::Tensor& T16 = {});
+// How many times chunk_backward has run each of its forms in this process (index 0: M and dM formed in
+// the kernel; 1: read from the scans; 2: T read from the forward too): which path a backward took, for tests.
+std::array<int64_t, 3> chunk_backward_launches();
 
 // Whether the gated delta rule's forward uses chunk_factors / chunk_output where they apply
 // (process-wide, on by default; off for benchmarks of the LibTorch chunk-local path).

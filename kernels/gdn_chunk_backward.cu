@@ -27,6 +27,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <atomic>
+
 #include "kernels/chunk_common.cuh"
 
 namespace hh::kernels {
@@ -37,6 +39,7 @@ constexpr int kBwdThreads = 32 * kBwdWarps;
 constexpr int kBV = 32;          // columns of S and dS a step of chunk_backward takes
 constexpr int kDirectThreads = 256;
 constexpr int kLd16C = ld16<kC>();  // row stride of a 16-bit [C][C] matrix
+std::atomic<int64_t> g_backward_launches[3];  // chunk_backward_launches
 
 // f(r, c, acc[j][e]) for every element of the warp's tiles (rows from m, 8-column tiles from n0).
 template <int NT, class F>
@@ -787,6 +790,7 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
     auto in = [](const at::Tensor& t) { return static_cast<const X*>(t.data_ptr()); };
     auto out = [](const at::Tensor& t) { return static_cast<X*>(t.data_ptr()); };
     const BlockF16 mh = hist ? block_f16(M16, M_inv) : BlockF16{}, dmh = hist ? block_f16(dM16, dM_inv) : BlockF16{};
+    g_backward_launches[tk ? 2 : hist ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
     launch_kernel(tk ? chunk_backward_kernel<DK, DV, X, true, true>
                      : hist ? chunk_backward_kernel<DK, DV, X, true> : chunk_backward_kernel<DK, DV, X, false>,
                   dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kBwdThreads, backward_smem<DK, DV, X>(), in(q), in(k),
@@ -794,6 +798,12 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
                   in(dO), slots, static_cast<int>(H), N, static_cast<float>(scale), out(r.dq), out(r.dk), out(r.dv),
                   r.dg.data_ptr<float>(), r.dbeta.data_ptr<float>(), tk ? in(T16) : nullptr);
   });
+  return r;
+}
+
+std::array<int64_t, 3> chunk_backward_launches() {
+  std::array<int64_t, 3> r{};
+  for (size_t i = 0; i < r.size(); ++i) r[i] = g_backward_launches[i].load(std::memory_order_relaxed);
   return r;
 }
 

@@ -834,8 +834,15 @@ TEST(CudaGdn, DirectTermInTheReverseScanKeepsTheGradients) {
       std::vector<torch::Tensor> x = {d.q, d.k, d.v, d.g, d.beta, d.s0};
       for (auto& t : x) t = t.detach().requires_grad_(true);
       poison_allocator();
+      const auto forms = hh::kernels::chunk_backward_launches();
       const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], 0.1, 64, c.cu);
       torch::autograd::backward({r.o, r.state}, {dO, dfin});
+      const auto after = hh::kernels::chunk_backward_launches();
+      // With the direct term in the reverse scan, chunk_backward reads M, dM and T (form 2); apart, the
+      // forward keeps neither M nor T, and it forms M and dM itself (form 0).
+      for (size_t form = 0; form < forms.size(); ++form)
+        EXPECT_EQ(after[form] - forms[form], form == (in_scan ? 2u : 0u) ? 1 : 0) << "direct term in the scan " << in_scan
+                                                                               << ": chunk_backward's form " << form;
       std::vector<torch::Tensor> out;
       for (auto& t : x) out.push_back(t.grad());
       hh::kernels::set_direct_in_scan(true);
@@ -1141,16 +1148,22 @@ TEST(CudaGdn, GradientsWithTheBackwardChunkKernelsEqualTheReference) {
       for (const auto& t : in) x.push_back(t.detach().requires_grad_(true));
       poison_allocator();
       std::vector<torch::Tensor> grads;
+      const auto forms = hh::kernels::chunk_backward_launches();
       const std::set<std::string> ranges = gdn_ranges_during([&] {
         const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], 0.1, 64, c.cu);
         grads = torch::autograd::grad({(r.o.to(torch::kFloat) * w_o.to(f32)).sum() + (r.state * w_s.to(f32)).sum()}, x);
       });
+      const auto after = hh::kernels::chunk_backward_launches();
       hh::attention::set_gdn_backward(GdnBackward::kKernels);
       hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
       // The backward took the path asked for: the kernels, or the LibTorch formulas.
       const bool kernels = mode == GdnBackward::kKernels;
       EXPECT_EQ(ranges.count("hh::gdn::chunk_kernels_backward"), kernels ? 1u : 0u) << what;
       EXPECT_EQ(ranges.count("hh::gdn::chunk_local_backward"), kernels ? 0u : 1u) << what;
+      // The kernels' backward ran chunk_backward once, in the form that reads M and dM from the scans and T
+      // from the forward (the forward keeps T, the direct term is in the reverse scan: the defaults).
+      for (size_t form = 0; form < forms.size(); ++form)
+        EXPECT_EQ(after[form] - forms[form], kernels && form == 2 ? 1 : 0) << what << ": chunk_backward's form " << form;
       return grads;
     };
     // The scans (forward and reverse) on whole sequences, and in segments of 2 chunks. At Dk = 128 both are
