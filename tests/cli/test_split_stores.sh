@@ -59,19 +59,22 @@ cat > "$TMP/k.ptx" <<'PTX'
 	.file	1 "/src/kernels/k.cu"
 PTX
 
+# has REGEX: a line of the last output matches the extended regular expression.
+has() { grep -qE "$1" <<<"$out"; }
+
 out=$(python3 "$ROOT/scripts/gpu/split_stores.py" "$TMP/k.ptx")
-grep -qE "^k\.ptx: a(\(\))?: 3 continued pieces$" <<<"$out" || fail "kernel a's global stores: $out"
-grep -qE "^ +3  st\.global +k\.cu:10$" <<<"$out" || fail "kernel a's line: $out"
-grep -qE "^k\.ptx: b(\(\))?: 6 continued pieces$" <<<"$out" || fail "kernel b (its anonymous namespace dropped): $out"
-grep -qE "^ +6  st\.global +k\.cu:20$" <<<"$out" || fail "kernel b's line: $out"
-grep -q ": c" <<<"$out" && fail "kernel c has nothing split: $out"
-grep -q "shared" <<<"$out" && fail "shared stores listed without --space: $out"
+has "^k\.ptx: a(\(\))?: 3 continued pieces$" || fail "kernel a's global stores: $out"
+has "^ +3  st\.global +k\.cu:10$" || fail "kernel a's line: $out"
+has "^k\.ptx: b(\(\))?: 6 continued pieces$" || fail "kernel b (its anonymous namespace dropped): $out"
+has "^ +6  st\.global +k\.cu:20$" || fail "kernel b's line: $out"
+has ": c" && fail "kernel c has nothing split: $out"
+has "shared" && fail "shared stores listed without --space: $out"
 
 out=$(python3 "$ROOT/scripts/gpu/split_stores.py" "$TMP/k.ptx" --space all --loads --kernel _Z1a)
-grep -qE "^k\.ptx: a(\(\))?: 5 continued pieces$" <<<"$out" || fail "kernel a, all spaces and loads: $out"
-grep -qE "^ +1  st\.shared +k\.cu:11$" <<<"$out" || fail "the shared store: $out"
-grep -qE "^ +1  ld\.global +k\.cu:12$" <<<"$out" || fail "the split load: $out"
-grep -q ": b" <<<"$out" && fail "--kernel _Z1a listed b: $out"
+has "^k\.ptx: a(\(\))?: 5 continued pieces$" || fail "kernel a, all spaces and loads: $out"
+has "^ +1  st\.shared +k\.cu:11$" || fail "the shared store: $out"
+has "^ +1  ld\.global +k\.cu:12$" || fail "the split load: $out"
+has ": b" && fail "--kernel _Z1a listed b: $out"
 
 # --fail: status 1 when anything is listed, 0 when nothing is.
 if python3 "$ROOT/scripts/gpu/split_stores.py" "$TMP/k.ptx" --fail > /dev/null; then fail "--fail with split stores"; fi
