@@ -87,16 +87,7 @@ __device__ __forceinline__ unsigned bits(T x) {  // a 16-bit value as a TF32 ope
   return __float_as_uint(static_cast<float>(x));
 }
 
-// Two consecutive outputs: floats (8-byte aligned), or 16-bit values of T's kind (4-byte aligned).
-__device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
-template <class T>
-__device__ __forceinline__ void store2(T* p, float a, float b) {
-  static_assert(sizeof(T) == 2, "a 16-bit pair");
-  const T pair[2] = {T(a), T(b)};
-  *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(pair);
-}
-
-// Two floats rounded to 16-bit values of T's kind (as store2 rounds them), a in the low half.
+// Two floats rounded to 16-bit values of T's kind, a in the low half.
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
   static_assert(sizeof(T) == 2, "a 16-bit pair");
@@ -104,6 +95,13 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   uint32_t bits;
   memcpy(&bits, pair, sizeof(bits));
   return bits;
+}
+
+// Two consecutive outputs: floats (8-byte aligned), or 16-bit values of T's kind (4-byte aligned).
+__device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+template <class T>
+__device__ __forceinline__ void store2(T* p, float a, float b) {
+  *reinterpret_cast<uint32_t*>(p) = pack2<T>(a, b);
 }
 
 // One row's pairs of four 8-column tiles, held by the four lanes of a quad as the m16n8 accumulator

@@ -113,15 +113,15 @@ __device__ __forceinline__ void store_rows(float (&acc)[NT][4], int m, int n0, c
       const int64_t row = rows[m + g + 8 * half];
       return row < 0 ? nullptr : out + (row * H + h) * D + n0;
     });
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int e = 0; e < 4; e += 2) {
-    const int r = m + g + (e >= 2 ? 8 : 0);
-    if (rows[r] < 0) continue;
-    T* dst = out + (rows[r] * H + h) * D;
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m + g + (e >= 2 ? 8 : 0);
+      if (rows[r] < 0) continue;
+      T* dst = out + (rows[r] * H + h) * D;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) store2(dst + n0 + 8 * j + 2 * t, acc[j][e], acc[j][e + 1]);
+      for (int j = 0; j < NT; ++j) store2(dst + n0 + 8 * j + 2 * t, acc[j][e], acc[j][e + 1]);
+    }
   }
 }
 
