@@ -93,7 +93,9 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // kFusionInScan: the layer's fusion norm inside the scan that writes the output (a cluster of a head's
 // column blocks) instead of by a kernel of its own after it; kScanColumnBlocks: the forward's scan in blocks of
 // 32 state columns instead of a whole head a block with 16 columns a warp (kernels::set_scan_warp_columns);
-// kFusionInColumnScan: the layer's fusion norm inside the column scan instead of by the fusion kernel after it.
+// kFusionInColumnScan: the layer's fusion norm inside the column scan instead of by the fusion kernel after it;
+// kScanReadsFactors: the forward's column scan reading Qd and kdecay from chunk_factors instead of forming
+// them from q and k (kernels::set_scan_forms_factors).
 enum class OtherPath {
   kLibTorchLocal,
   kTf32Scan,
@@ -103,7 +105,8 @@ enum class OtherPath {
   kDirectApart,
   kFusionInScan,
   kScanColumnBlocks,
-  kFusionInColumnScan
+  kFusionInColumnScan,
+  kScanReadsFactors
 };
 
 // fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
@@ -144,6 +147,8 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
       return with_setting(kernels::set_scan_warp_columns, kernels::scan_warp_columns_enabled, false, dev, fn);
     case OtherPath::kFactorsThreeBlocks:
       return with_setting(kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled, false, dev, fn);
+    case OtherPath::kScanReadsFactors:
+      return with_setting(kernels::set_scan_forms_factors, kernels::scan_forms_factors_enabled, false, dev, fn);
   }
 #endif
   (void)p, (void)dev, (void)fn;
@@ -311,6 +316,9 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         alternating(OtherPath::kScanColumnBlocks, same_scan, [&] { return forward(ours, back_to_back_ms); });
     const auto [fb_head, fb_blocks] =
         alternating(OtherPath::kScanColumnBlocks, same_scan, [&] { return forward_backward(ours, back_to_back_ms); });
+    // The column scan forming Qd and kdecay from q and k (the default) against reading them from chunk_factors.
+    const auto [f_forms, f_reads] =
+        alternating(OtherPath::kScanReadsFactors, same_scan, [&] { return forward(ours, back_to_back_ms); });
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
@@ -360,6 +368,12 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       std::printf("  %-10s back to back, the forward's scan a head a block (default) / in blocks of 32 state columns "
                   "(medians of three alternating rounds): forward %.3f / %.3f ms, forward + backward %.3f / %.3f ms\n",
                   "", *f_head, *f_blocks, *fb_head, *fb_blocks);
+    }
+    if (f_forms && f_reads) {
+      row["fwd_scan_forms_factors_b2b_ms"] = *f_forms, row["fwd_scan_reads_factors_b2b_ms"] = *f_reads;
+      std::printf("  %-10s back to back, the forward's column scan forming Qd and kdecay from q and k (default) / reading "
+                  "them from chunk_factors (medians of three alternating rounds): forward %.3f / %.3f ms\n",
+                  "", *f_forms, *f_reads);
     }
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
     out["rows"].push_back(row);

@@ -681,6 +681,112 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
   });
 }
 
+// The column scan forming Qd and kdecay from q and k (LowRankScanArgs::Output's q, k and row_scale, from
+// chunk_factors' row_scales) against the same scan reading chunk_factors' Qd and kdecay: o and the final
+// state the same bits (the same roundings of the same values into the same products). A regular batch of a
+// length that is no multiple of 64 (the last chunk's rows past each sequence's end: zeros from the copy
+// engine, where the next sequence's rows lie in memory), whole sequences and segments of 2 chunks (warm-ups,
+// which form no Qd), both dtypes, Dv 128 and 64, NaN-poisoned outputs. chunk_factors' row scales equal
+// scale e^{G_t} and e^{G_C - G_t} in float64, Qd and kdecay are q and k times them rounded to float16, and
+// its other factors keep their bits. The scan refuses q and k beside A, on a grid of packed rows, and where
+// the column scan does not run.
+TEST(CudaGdn, ColumnScanFormsQdAndKdecayFromQAndKBitForBit) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t B = 2, T = 777, H = 3, per = (T + 63) / 64, N = B * per, C = 64;
+  const double scale = 0.1;
+  for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& what) {
+    if (Dk != 128) return;  // the column scan's head size
+    const auto f32 = kCuda.dtype(torch::kFloat);
+    const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
+    const hh::kernels::ChunkGrid grid{N, per, {}};
+    const auto u16 = hh::kernels::UForm::kFloat16Columns;
+    const auto fo = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, u16);
+    poison_allocator();
+    const auto fr = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, u16, false, /*row_scales=*/true);
+    EXPECT_FALSE(fr.Qd.defined()) << what;
+    EXPECT_FALSE(fr.kdecay.defined()) << what;
+    ASSERT_TRUE(fr.row_scale.defined()) << what;
+    ASSERT_EQ(fr.row_scale.sizes(), torch::IntArrayRef({H, N, 2, C})) << what;
+    const std::pair<const torch::Tensor*, const torch::Tensor*> same[] = {
+        {&fr.W, &fo.W}, {&fr.U, &fo.U}, {&fr.U_inv, &fo.U_inv}, {&fr.decay, &fo.decay},
+        {&fr.bound, &fo.bound}, {&fr.Aq, &fo.Aq}, {&fr.aq_inv, &fo.aq_inv}};
+    for (const auto& [x, y] : same) EXPECT_TRUE(torch::equal(*x, *y)) << what << ": a factor besides Qd and kdecay changed";
+
+    // The row scales against scale e^{G_t} and e^{G_C - G_t} in float64 (the chunk's cumulative sum in float32
+    // and expf: a few float32 roundings), on the rows that hold tokens.
+    auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
+    const auto G = on_grid(f64(g), per).cumsum(-1);  // [H, N, C]
+    const auto valid = on_grid(torch::ones({B, T, H}, kF64), per) != 0;
+    const auto rs = f64(fr.row_scale);
+    const auto want_q = scale * G.exp(), want_k = (G.select(-1, C - 1).unsqueeze(-1) - G).exp();
+    auto worst = [&](const torch::Tensor& got, const torch::Tensor& want) {
+      return ((got - want).abs() / want).masked_select(valid).max().item<double>();
+    };
+    EXPECT_LT(worst(rs.select(2, 0), want_q), 1e-5) << what;
+    EXPECT_LT(worst(rs.select(2, 1), want_k), 1e-5) << what;
+    // chunk_factors' Qd and kdecay are q and k times these, rounded to float16 (a float32 product, then float16).
+    const auto Q = on_grid(f64(q), per).to(f32), K = on_grid(f64(k), per).to(f32);
+    EXPECT_TRUE(torch::equal(fo.Qd, (fr.row_scale.select(2, 0).unsqueeze(-1) * Q).to(torch::kHalf))) << what << ": Qd";
+    EXPECT_TRUE(torch::equal(fo.kdecay, (fr.row_scale.select(2, 1).unsqueeze(-1) * K).to(torch::kHalf))) << what << ": kdecay";
+
+    auto args = [&](bool formed, int64_t segment) {
+      const hh::kernels::ChunkFactors& f = formed ? fr : fo;
+      hh::kernels::LowRankScanArgs a;
+      a.A = f.kdecay;  // undefined where the scan forms it
+      a.B = f.W;
+      a.decay = f.decay;
+      a.U = f.U;
+      a.U_inv = f.U_inv;
+      a.y0 = (0.5 * torch::randn({B, H, Dk, Dv}, kF64)).to(f32);
+      a.bound = f.bound;
+      a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
+      a.segment = segment;
+      a.output.Qd = f.Qd;
+      a.output.Aq = f.Aq;
+      a.output.aq_inv = f.aq_inv;
+      if (formed) a.output.q = q, a.output.k = k, a.output.row_scale = fr.row_scale;
+      a.output.o = torch::empty({B, T, H, Dv}, kCuda.dtype(dt));
+      a.output.grid = grid;
+      a.output.B = B;
+      a.output.T = T;
+      return a;
+    };
+    for (int64_t segment : {int64_t{0}, int64_t{2}}) {
+      const std::string how = what + (segment == 0 ? ", whole sequences" : ", segments of 2 chunks");
+      hh::kernels::LowRankScanArgs read = args(false, segment);
+      poison_allocator();
+      const auto fin_read = hh::kernels::low_rank_scan(read, {0, per, 2 * per});
+      hh::kernels::LowRankScanArgs formed = args(true, segment);
+      formed.y0 = read.y0;
+      poison_allocator();
+      const int64_t launches = hh::kernels::scan_formed_factors_launches();
+      const auto fin_formed = hh::kernels::low_rank_scan(formed, {0, per, 2 * per});
+      EXPECT_EQ(hh::kernels::scan_formed_factors_launches() - launches, 1) << how;
+      EXPECT_TRUE(torch::equal(formed.output.o, read.output.o)) << how << ": o";
+      EXPECT_TRUE(torch::equal(fin_formed, fin_read)) << how << ": the final state";
+      EXPECT_FALSE(formed.output.o.isnan().any().item<bool>()) << how << ": every row of o written";
+    }
+    // Refused: A given beside q and k; a grid of packed rows; k not of unit stride over Dk; the column scan
+    // not running (blocks of 32 columns); chunk_factors' row scales on packed rows.
+    hh::kernels::LowRankScanArgs bad = args(true, 0);
+    bad.A = fo.kdecay;
+    EXPECT_THROW(hh::kernels::low_rank_scan(bad, {0, per, 2 * per}), std::invalid_argument) << what << ": A beside q and k";
+    bad = args(true, 0);
+    bad.output.grid.gather = torch::arange(N * C, kCuda.dtype(torch::kLong)).clamp_max(B * T);
+    EXPECT_THROW(hh::kernels::low_rank_scan(bad, {0, per, 2 * per}), std::invalid_argument) << what << ": packed rows";
+    bad = args(true, 0);
+    bad.output.k = k.transpose(2, 3).contiguous().transpose(2, 3);
+    EXPECT_THROW(hh::kernels::low_rank_scan(bad, {0, per, 2 * per}), std::invalid_argument) << what << ": k not unit stride over Dk";
+    hh::kernels::set_scan_columns(32);
+    bad = args(true, 0);
+    EXPECT_THROW(hh::kernels::low_rank_scan(bad, {0, per, 2 * per}), std::invalid_argument) << what << ": no column scan";
+    hh::kernels::set_scan_columns(0);
+    const hh::kernels::ChunkGrid packed{N, 0, torch::arange(N * C, kCuda.dtype(torch::kLong)).clamp_max(B * T)};
+    EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, packed, q, scale, nullptr, u16, false, true), std::invalid_argument)
+        << what;
+  });
+}
+
 // The column scan's float16 history (S16 and M16, for the backward's chunk kernel) against the history of
 // the scan in blocks of 32 columns (whose own products read it), both decoded by their scales: the same
 // start states and new values to the products' rounding. Every block's scale is a power of two that puts
@@ -810,6 +916,49 @@ TEST(CudaGdn, OutputInTheScanLeavesTheRuleUnchanged) {
     }
   }
   hh::kernels::set_scan_columns(0);
+}
+
+// The rule's forward with the column scan forming Qd and kdecay from q and k (the default without a graph)
+// against chunk_factors writing them (kernels::set_scan_forms_factors(false)): the same bits of o and the
+// final state, through gdn_chunked_scan, for a regular batch (which takes the formed path: its launch
+// count) and packed sequences (which do not, nor does a forward with a graph), both dtypes.
+TEST(CudaGdn, ScanFormingQdAndKdecayLeavesTheRuleUnchanged) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  ASSERT_TRUE(hh::kernels::scan_forms_factors_enabled());
+  struct Case {
+    int64_t B, T;
+    std::vector<int64_t> cu;
+  };
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
+    for (const Case& c : {Case{2, 777, {}}, Case{1, 1000, {0, 100, 100, 164, 1000}}}) {
+      const bool regular = c.cu.empty();
+      const int64_t S = regular ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
+      const Inputs d = on_device(make_inputs(c.B, c.T, 3, 128, S), dt);
+      auto run = [&](bool forms) {
+        hh::kernels::set_scan_forms_factors(forms);
+        poison_allocator();
+        torch::NoGradGuard no_grad;
+        const int64_t launches = hh::kernels::scan_formed_factors_launches();
+        const auto r = gdn_chunked_scan(d.q, d.k, d.v, d.g, d.beta, d.s0, 0.1, 64, c.cu);
+        const int64_t formed = hh::kernels::scan_formed_factors_launches() - launches;
+        hh::kernels::set_scan_forms_factors(true);
+        return std::make_tuple(r.o, r.state, formed);
+      };
+      const std::string how = std::string(c10::toString(dt)) + (regular ? ", regular batch" : ", packed sequences");
+      const auto [o_formed, s_formed, n_formed] = run(true);
+      const auto [o_read, s_read, n_read] = run(false);
+      EXPECT_EQ(n_formed, regular ? 1 : 0) << how;
+      EXPECT_EQ(n_read, 0) << how;
+      EXPECT_TRUE(torch::equal(o_formed, o_read)) << how << ": o";
+      EXPECT_TRUE(torch::equal(s_formed, s_read)) << how << ": the final state";
+      if (regular) {  // with a graph, the forward keeps kdecay and Qd for the backward: chunk_factors writes them
+        const auto q = d.q.detach().requires_grad_(true);
+        const int64_t launches = hh::kernels::scan_formed_factors_launches();
+        const auto r = gdn_chunked_scan(q, d.k, d.v, d.g, d.beta, d.s0, 0.1, 64, c.cu);
+        EXPECT_EQ(hh::kernels::scan_formed_factors_launches() - launches, 0) << how << ", with a graph";
+        EXPECT_LT(rel_err(r.o.detach(), o_read), 1e-6) << how << ", with a graph";  // the history's scan: the same products
+      }
+    }
 }
 
 // The rule's backward with its reverse scan forming the direct term (the default) against
