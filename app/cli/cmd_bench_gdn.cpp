@@ -45,6 +45,7 @@ struct GdnBenchArgs {
   std::string history = "f16";
   bool output_apart = false;  // the output by a kernel of its own from the scan's history
   bool direct_apart = false;  // the backward's direct term by chunk_state_direct instead of in the reverse scan
+  bool scan_reads_factors = false;  // the forward's column scan reading Qd and kdecay instead of forming them
   bool fusion_in_scan = false;  // the layer's fusion norm inside the scan that writes the output
   std::string backward = "kernels";
   std::string scan_segments = "auto";
@@ -213,6 +214,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   kernels::set_output_in_scan(!a.output_apart);
   kernels::set_direct_in_scan(!a.direct_apart);
   kernels::set_fusion_in_scan(a.fusion_in_scan);
+  kernels::set_scan_forms_factors(!a.scan_reads_factors);
 #endif
   attention::set_gdn_backward(a.backward == "autograd"   ? attention::GdnBackward::kAutograd
                               : a.backward == "explicit" ? attention::GdnBackward::kExplicit
@@ -226,6 +228,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"history", a.history},
                          {"output_apart", a.output_apart},
                          {"direct_apart", a.direct_apart},
+                         {"scan_reads_factors", a.scan_reads_factors},
                          {"fusion_in_scan", a.fusion_in_scan},
                          {"scan_kernel", a.scan_kernel},
                          {"scan_segments", a.scan_segments},
@@ -318,7 +321,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         alternating(OtherPath::kScanColumnBlocks, same_scan, [&] { return forward_backward(ours, back_to_back_ms); });
     // The column scan forming Qd and kdecay from q and k (the default) against reading them from chunk_factors.
     const auto [f_forms, f_reads] =
-        alternating(OtherPath::kScanReadsFactors, same_scan, [&] { return forward(ours, back_to_back_ms); });
+        alternating(OtherPath::kScanReadsFactors, same_scan || a.scan_reads_factors, [&] { return forward(ours, back_to_back_ms); });
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
@@ -679,6 +682,9 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_flag("--direct-apart", a->direct_apart,
               "On CUDA with 16-bit inputs, form the backward's direct term (the effect of each chunk's start state on "
               "its output) with chunk_state_direct, instead of in the reverse scan from the forward's output factors");
+  c->add_flag("--scan-reads-factors", a->scan_reads_factors,
+              "On CUDA with 16-bit inputs, Dk 128: have chunk_factors write Qd and kdecay and the forward's column scan "
+              "read them, instead of the scan forming them from q and k with their row scales");
   c->add_flag("--fusion-in-scan", a->fusion_in_scan,
               "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
               "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "
