@@ -477,15 +477,6 @@ __device__ __forceinline__ float pack_float(const Pack<T, V>& p, int e) {
   }
 }
 
-// Eight 16-bit values of T's kind times s, rounded to float16 as c10::Half rounds (to nearest even), in one
-// 16-byte vector: chunk_factors' Qd and kdecay rows, and the column scan's when it forms them from q and k
-// (the same operations, so the same bits).
-template <class T>
-__device__ __forceinline__ uint4 half8_scaled(const Pack<T, 8>& in, float s) {
-  return make_uint4(pack_f16(s * pack_float(in, 0), s * pack_float(in, 1)), pack_f16(s * pack_float(in, 2), s * pack_float(in, 3)),
-                    pack_f16(s * pack_float(in, 4), s * pack_float(in, 5)), pack_f16(s * pack_float(in, 6), s * pack_float(in, 7)));
-}
-
 // Block float16 (the low-rank scan, the output factors of chunk_factors): a power-of-two scale per
 // block of values brings its largest magnitude into [2^14, 2^15), where float16 keeps 11 significant
 // bits and cannot overflow.

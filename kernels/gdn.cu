@@ -244,8 +244,6 @@ bool g_output_in_scan = true;              // set_output_in_scan
 bool g_scan_warp_columns = true;           // set_scan_warp_columns
 bool g_fusion_in_column_scan = false;      // set_fusion_in_column_scan
 std::atomic<int64_t> g_column_scan_launches{0};  // column_scan_launches
-bool g_scan_forms_factors = true;          // set_scan_forms_factors
-std::atomic<int64_t> g_scan_formed_launches{0};  // scan_formed_factors_launches
 bool g_fusion_in_scan = false;             // set_fusion_in_scan
 std::atomic<int64_t> g_fused_scan_launches{0};  // fused_scan_launches
 bool g_direct_in_scan = true;              // set_direct_in_scan
@@ -634,8 +632,6 @@ struct ScanMaps {
   CUtensorMap Qd, Aq;  // the output's factors (OUT and DIR)
   CUtensorMap dO;      // dO16 (DIR): [H N C, Dv] float16, boxes of 64 x BV
   CUtensorMap U_inv;   // the column scan's U in float16: its column scales [H N, Dv], a row a chunk
-  CUtensorMap RS;      // the column scan forming Qd and A (RAW): the row scales [H N, 2 C], a row a chunk; A and Qd
-                       // then map k and q [B, T, H, Dk] (input_rows_map)
   bool has_u, has_z;
 };
 
@@ -1255,20 +1251,14 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // before their row scales. A warp transposes its part (16 of
 // the state's columns over Dk; 16 of M's columns over the chunk) by stmatrix.trans into a staging tile of
 // its own, then writes it 16 bytes a lane.
-// RAW (o written, no history): each chunk's A and Qd tiles land as the rows of k and q themselves, with
-// their row scales (LowRankScanArgs::Output's row_scale) beside U's, and every thread of the block turns
-// its share of them into kdecay's and Qd's float16 rows in place (half8_scaled, as chunk_factors forms
-// them: the same bits) before any warp's products read them, behind a barrier of the slot's own.
 constexpr int kColumnStages = 2;
-template <int DK, int DV, bool FUSED = false, bool HIST = false, bool RAW = false>
+template <int DK, int DV, bool FUSED = false, bool HIST = false>
 struct ColumnRing {
   static constexpr int C = kLowRankChunk, kWarps = DV / 16;
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2, kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
   static constexpr size_t kTile = static_cast<size_t>(C) * DK * 2, kAq = static_cast<size_t>(C) * C * 2;
   static constexpr size_t kU = static_cast<size_t>(C) * DV * 2, kUInv = static_cast<size_t>(DV) * 4;  // U float16, its column scales
-  // RAW: the row scales [2][C] 128 bytes past U's column scales (where the copy engine may write them).
-  static constexpr size_t kRowScale = RAW ? 2 * static_cast<size_t>(C) * 4 : 0;
-  static constexpr size_t kSlot = (3 * kTile + kAq + kU + kUInv + (RAW ? 128 + kRowScale : 16) + 1023) / 1024 * 1024;
+  static constexpr size_t kSlot = (3 * kTile + kAq + kU + kUInv + 16 + 1023) / 1024 * 1024;
   static constexpr size_t kStage = static_cast<size_t>(C) * 16 * 2;  // a warp's o tile [C][16], 16-bit
   static constexpr size_t kHead = 1024;                                // the barriers
   static constexpr size_t kPsum = FUSED ? 2 * static_cast<size_t>(C) * kWarps * 4 : 0;  // [2][C][kWarps] float
@@ -1286,7 +1276,6 @@ struct ColumnRing {
   __device__ __forceinline__ float* decay(int b) const { return u_inv(b) + DV; }
   __device__ __forceinline__ float* aq_inv(int b) const { return decay(b) + 1; }
   __device__ __forceinline__ float* do_inv(int b) const { return aq_inv(b) + 1; }  // DIR
-  __device__ __forceinline__ float* row_scale(int b) const { return reinterpret_cast<float*>(U(b) + kU + kUInv + 128); }  // RAW
   __device__ __forceinline__ char* stage(int w) const { return slots + kColumnStages * kSlot + w * kStage; }
   __device__ __forceinline__ float* psum(int p) const {
     return reinterpret_cast<float*>(slots + kColumnStages * kSlot + kWarps * kStage) + p * C * kWarps;
@@ -1333,7 +1322,7 @@ __device__ __forceinline__ void row_max_abs(const float (&x)[NT][4], float& mx0,
   }
 }
 
-template <int DK, int DV, int FUSE, class O, bool HIST = false, bool DIR = false, bool RAW = false>
+template <int DK, int DV, int FUSE, class O, bool HIST = false, bool DIR = false>
 __global__ void __launch_bounds__(32 * (DV / 16), 1)
     column_scan_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay, const float* __restrict__ bound,
                        const float* __restrict__ y0, float* __restrict__ fin, const int64_t* __restrict__ offsets,
@@ -1343,8 +1332,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   constexpr bool FUSED = FUSE >= 0;
   static_assert(!(FUSED && HIST), "the history is written with o, not through the fusion");
   static_assert(!DIR || HIST, "the reverse scan writes the backward's history");
-  static_assert(!RAW || (!FUSED && !HIST && !DIR), "the scan forms Qd and kdecay itself with o written and no history");
-  using Ring = ColumnRing<DK, DV, FUSED, HIST, RAW>;
+  using Ring = ColumnRing<DK, DV, FUSED, HIST>;
   using P2 = typename Pair16<O>::type;
   constexpr int C = kLowRankChunk, NW = Ring::kWarps, SW = Ring::SW, NK = DK / 8, NC = C / 8;
   static_assert(C == 64 && DK % 16 == 0 && DV % 32 == 0, "the column scan's shapes");
@@ -1353,7 +1341,6 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   unsigned long long* const full = reinterpret_cast<unsigned long long*>(base);
   unsigned long long* const empty = full + kColumnStages;
   long long* const plan = reinterpret_cast<long long*>(empty + kColumnStages);
-  unsigned long long* const formed = reinterpret_cast<unsigned long long*>(plan + 1);  // RAW: a slot's Qd and A formed
   const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y;
@@ -1367,8 +1354,6 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   }
   if (tid == 0) {
     for (int b = 0; b < kColumnStages; ++b) mbar_init(&full[b], 1), mbar_init(&empty[b], NW);
-    if constexpr (RAW)
-      for (int b = 0; b < kColumnStages; ++b) mbar_init(&formed[b], 32 * NW);
     mbar_init_fence();
   }
   __syncthreads();
@@ -1377,7 +1362,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   const int64_t w0 = *plan, count = DIR ? w0 - lo : hi - w0, skip = DIR ? w0 - hi : lo - w0;
   const bool from_y0 = w0 == (DIR ? n1 : n0), last = DIR ? lo == n0 : hi == n1;
   auto chunk = [&](int64_t i) { return DIR ? w0 - 1 - i : w0 + i; };
-  const unsigned bytes = static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU + (DIR ? 0 : Ring::kUInv) + Ring::kRowScale);
+  const unsigned bytes = static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU + (DIR ? 0 : Ring::kUInv));
   auto issue = [&](int64_t i, int b) {  // chunk(i) into slot b (one thread)
     const int64_t c = static_cast<int64_t>(h) * N + chunk(i);
     *ring.decay(b) = decay[c];
@@ -1385,20 +1370,10 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     if constexpr (DIR) *ring.do_inv(b) = sd.do_inv[c];
     mbar_arrive_expect_tx(&full[b], bytes);
     const int row = static_cast<int>(c * C);
-    // RAW: k's and q's rows of the chunk, at head h's channels (regular sequences: chunk n is sequence n / per
-    // from token 64 (n % per)), and its row scales.
-    [[maybe_unused]] int sq = 0, t0 = 0;
-    if constexpr (RAW) {
-      const int n = static_cast<int>(chunk(i)), per = static_cast<int>(so.rows.per);
-      sq = n / per, t0 = (n - sq * per) * C;
-      tma_load_2d(ring.row_scale(b), &maps.RS, 0, static_cast<int>(c), &full[b]);
-    }
     for (int x = 0; x < Ring::kBoxes; ++x) {
-      if constexpr (RAW) tma_load_3d(ring.A(b) + x * C * SW, &maps.A, h * DK + x * Ring::kBoxCols, t0, sq, &full[b]);
-      else tma_load_2d(ring.A(b) + x * C * SW, &maps.A, x * Ring::kBoxCols, row, &full[b]);
+      tma_load_2d(ring.A(b) + x * C * SW, &maps.A, x * Ring::kBoxCols, row, &full[b]);
       tma_load_2d(ring.B(b) + x * C * SW, &maps.B, x * Ring::kBoxCols, row, &full[b]);
-      if constexpr (RAW) tma_load_3d(ring.Qd(b) + x * C * SW, &maps.Qd, h * DK + x * Ring::kBoxCols, t0, sq, &full[b]);
-      else tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
+      tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
     }
     tma_load_2d(ring.Aq(b), &maps.Aq, 0, row, &full[b]);
     for (int x = 0; x < (DV + Ring::kBoxCols - 1) / Ring::kBoxCols; ++x)  // DIR: dO16's tile in U's place
@@ -1481,26 +1456,6 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       cp_async_commit();
     }
     mbar_wait(&full[buf], round & 1);
-    if constexpr (RAW) {
-      // This thread's share of the slot's q and k rows into Qd's and kdecay's float16 rows, in place (Qd only
-      // for a written chunk); a row's 16-byte units stay its own under the swizzle. The copy engine writes
-      // the slot again after the empty barrier, so the writes are ordered before its copies first.
-      constexpr int kUnits = static_cast<int>(Ring::kTile / 16);
-      const float* const rs = ring.row_scale(buf);
-#pragma unroll
-      for (int j = 0; j < 2 * kUnits / (32 * NW); ++j) {
-        const int u = tid + 32 * NW * j;
-        const bool is_q = u < kUnits;
-        if (is_q && !write) continue;
-        const int uu = is_q ? u : u - kUnits;
-        char* const p = (is_q ? ring.Qd(buf) : ring.A(buf)) + 16 * uu;
-        const float sc = rs[(is_q ? 0 : C) + (16 * uu % (C * SW)) / SW];
-        *reinterpret_cast<uint4*>(p) = so.bf16 ? half8_scaled(*reinterpret_cast<const Pack<c10::BFloat16, 8>*>(p), sc)
-                                               : half8_scaled(*reinterpret_cast<const Pack<c10::Half, 8>*>(p), sc);
-      }
-      fence_proxy_async_shared();
-      mbar_arrive(&formed[buf]);
-    }
     // (1) M^T = U^T - S^T B^T: two 8-column tiles of tokens a B load. (S^T Qd^T comes after M^T's
     // fragments, so that M^T's and o's accumulators are not live together.)
     float mt[NC][4] = {};
@@ -1584,7 +1539,6 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     unsigned ma[NC / 2][4];
     to_a_fragments(mt, q0.scale, q1.scale, ma);
     if constexpr (!DIR) q0.inverse *= ring.u_inv(buf)[r0 + g], q1.inverse *= ring.u_inv(buf)[r0 + g + 8];  // M^T's own inverse scales
-    if constexpr (RAW) mbar_wait(&formed[buf], round & 1);  // every thread's share of Qd and kdecay formed
     // S^T Qd^T for a written chunk, on the same fragments of the state.
     float oq[NC][4] = {};
     if (write && !DIR)
@@ -1745,20 +1699,6 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
 #endif
 }
 
-// The column scan's map of q or k [B, T, H, Dk] (RAW; low_rank_scan has checked the layout: unit stride over
-// Dk, heads Dk apart, tokens and sequences multiples of 16 bytes apart, a 16-byte aligned start): H Dk
-// channels by T tokens by B sequences, in boxes of 64 channels (128 bytes, swizzled as the factors' tiles) by
-// a chunk's 64 tokens. Tokens past a sequence's end land as zeros (the copy engine's fill outside the
-// tensor), as chunk_factors' padding rows.
-CUtensorMap input_rows_map(const at::Tensor& x, const char* what) {
-  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3), elem = x.element_size();
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(H * D), static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(x.stride(1) * elem), static_cast<cuuint64_t>(x.stride(0) * elem)};
-  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kLowRankChunk), 1};
-  return encode_tensor_map(x.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-                           x.data_ptr(), dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, "low_rank_scan", what);
-}
-
 // A 2-D tensor map over x's leading dimensions flattened into rows, with boxes of box_rows x box_cols.
 // low_rank_scan has checked the layout the map assumes: unit column stride, rows packed one after
 // another at a stride of a multiple of 16 bytes, a 16-byte aligned start.
@@ -1781,7 +1721,7 @@ ScanMaps scan_maps(const LowRankScanArgs& a) {
                                                  : CU_TENSOR_MAP_SWIZZLE_32B;
   const CUtensorMapSwizzle slice_sw = Ring::kSliceSwizzle == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   ScanMaps m{};
-  if (a.A.defined()) m.A = tensor_map_2d(a.A, Ring::C, Ring::kBoxCols, sw, "A");  // else the column scan forms it (RAW)
+  m.A = tensor_map_2d(a.A, Ring::C, Ring::kBoxCols, sw, "A");
   m.B = tensor_map_2d(a.B, Ring::C, Ring::kBoxCols, sw, "B");
   m.has_u = a.U.defined();
   m.has_z = a.Z.defined();
@@ -1793,7 +1733,7 @@ ScanMaps scan_maps(const LowRankScanArgs& a) {
   }
   if (m.has_z) m.Z = tensor_map_2d(a.Z, DK, Ring::BV, slice_sw, "Z");
   if (a.output.o.defined() || a.output.fusion != nullptr) {  // the output written, or through the fusion
-    if (a.output.Qd.defined()) m.Qd = tensor_map_2d(a.output.Qd, Ring::C, Ring::kBoxCols, sw, "Qd");
+    m.Qd = tensor_map_2d(a.output.Qd, Ring::C, Ring::kBoxCols, sw, "Qd");
     m.Aq = tensor_map_2d(a.output.Aq, Ring::C, Ring::C, CU_TENSOR_MAP_SWIZZLE_128B, "Aq");
   }
   if (a.direct.dO16.defined()) {
@@ -1818,8 +1758,8 @@ struct ScanPlan {
 
 template <int DK, int STAGES, int BV, bool OUT, bool DIR = false, int FUSE = -1, class O = c10::BFloat16>
 void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
-  const int H = static_cast<int>(a.B.size(0)), Dv = static_cast<int>(a.y0.size(3));
-  const int64_t N = a.B.size(1), S = a.y0.size(0);
+  const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
+  const int64_t N = a.A.size(1), S = a.y0.size(0);
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
   constexpr size_t smem = F16Ring<DK, STAGES, BV, OUT, DIR, (FUSE >= 0)>::kBytes;
@@ -1854,14 +1794,14 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
 
 // The column scan (column_scan_kernel): one block a (segment, head), Dv / 16 warps; FUSE >= 0 with the
 // fusion norm into y of O; HIST writing S16 and M16, whichever is given; DIR the reverse scan forming the
-// direct term (with HIST); RAW forming Qd and A from q and k (LowRankScanArgs::Output's q, k and row_scale).
-template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16, bool HIST = false, bool DIR = false, bool RAW = false>
+// direct term (with HIST).
+template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16, bool HIST = false, bool DIR = false>
 void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
-  using Ring = ColumnRing<DK, DV, (FUSE >= 0), HIST, RAW>;
-  const int H = static_cast<int>(a.B.size(0));
-  const int64_t N = a.B.size(1), S = a.y0.size(0);
+  using Ring = ColumnRing<DK, DV, (FUSE >= 0), HIST>;
+  const int H = static_cast<int>(a.A.size(0));
+  const int64_t N = a.A.size(1), S = a.y0.size(0);
   constexpr size_t smem = Ring::kBytes;
-  auto kernel = column_scan_kernel<DK, DV, FUSE, O, HIST, DIR, RAW>;
+  auto kernel = column_scan_kernel<DK, DV, FUSE, O, HIST, DIR>;
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
@@ -1869,12 +1809,6 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
   ScanOut so{};
   ScanDirect sd{};
   ScanMaps maps = scan_maps<DK, 32>(a);
-  if constexpr (RAW) {
-    maps.A = input_rows_map(o.k, "output.k");
-    maps.Qd = input_rows_map(o.q, "output.q");
-    maps.RS = tensor_map_2d(o.row_scale.view({-1, 2 * Ring::C}), 1, 2 * Ring::C, CU_TENSOR_MAP_SWIZZLE_NONE, "output.row_scale");
-    g_scan_formed_launches.fetch_add(1, std::memory_order_relaxed);
-  }
   if constexpr (DIR) {
     sd = {a.direct.aq_inv.data_ptr<float>(), a.direct.do_inv.data_ptr<float>()};
     // dO16's tile in U's place: the factors' boxes and swizzle.
@@ -1919,8 +1853,8 @@ namespace {
 
 template <int DK, class F>
 void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
-  const int H = static_cast<int>(a.B.size(0)), Dv = static_cast<int>(a.y0.size(3));
-  const int64_t N = a.B.size(1), S = a.y0.size(0);
+  const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
+  const int64_t N = a.A.size(1), S = a.y0.size(0);
   const dim3 grid(static_cast<unsigned>(Dv / 16), static_cast<unsigned>(H), static_cast<unsigned>(S));
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   const at::Tensor& offsets = plan.table;
@@ -1951,10 +1885,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
       } else if (a.output.o.defined() && plan.columns >= 64) {  // the column scan (low_rank_scan's plan)
         if constexpr (DK == 128) {
           const bool hist = a.S16.defined() || a.M16.defined();
-          if (a.output.k.defined()) {  // forming Qd and A from q and k (low_rank_scan has checked: no history)
-            if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, false, false, true>(a, plan, fin);
-            else launch_column_scan<128, 64, -1, c10::BFloat16, false, false, true>(a, plan, fin);
-          } else if (plan.columns == 128 && hist) launch_column_scan<128, 128, -1, c10::BFloat16, true>(a, plan, fin);
+          if (plan.columns == 128 && hist) launch_column_scan<128, 128, -1, c10::BFloat16, true>(a, plan, fin);
           else if (plan.columns == 128) launch_column_scan<128, 128>(a, plan, fin);
           else if (hist) launch_column_scan<128, 64, -1, c10::BFloat16, true>(a, plan, fin);
           else launch_column_scan<128, 64>(a, plan, fin);
@@ -2574,9 +2505,6 @@ void set_output_in_scan(bool on) { g_output_in_scan = on; }
 void set_scan_warp_columns(bool on) { g_scan_warp_columns = on; }
 bool scan_warp_columns_enabled() { return g_scan_warp_columns; }
 int64_t column_scan_launches() { return g_column_scan_launches.load(std::memory_order_relaxed); }
-void set_scan_forms_factors(bool on) { g_scan_forms_factors = on; }
-bool scan_forms_factors_enabled() { return g_scan_forms_factors; }
-int64_t scan_formed_factors_launches() { return g_scan_formed_launches.load(std::memory_order_relaxed); }
 void set_fusion_in_column_scan(bool on) { g_fusion_in_column_scan = on; }
 bool fusion_in_column_scan_enabled() { return g_fusion_in_column_scan; }
 namespace {
@@ -2619,10 +2547,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what +
                                   " must be [H, N, C, D] with packed rows (a row stride of a multiple of 16 bytes)");
   };
-  // The column scan forms A from k itself where given q, k and row_scale (LowRankScanArgs::Output).
-  const LowRankScanArgs::Output& out = a.output;
-  const bool raw = out.q.defined() || out.k.defined() || out.row_scale.defined();
-  need(a.A, "A", raw, true);
+  need(a.A, "A", false, true);
   need(a.B, "B", false, true);
   need(a.decay, "decay", false);
   need(a.bound, "bound", true);
@@ -2632,16 +2557,13 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   need(a.y0, "y0", false);
   need(a.hist, "hist", true);
   need(a.M, "M", true);
-  if (raw && (a.A.defined() || out.Qd.defined()))
-    throw std::invalid_argument("hh::kernels::low_rank_scan: given output.q, k and row_scale, the scan forms A and output.Qd "
-                                "itself: give neither");
-  if (a.A.defined() && a.B.scalar_type() != a.A.scalar_type())
+  if (a.B.scalar_type() != a.A.scalar_type())
     throw std::invalid_argument("hh::kernels::low_rank_scan: A and B must have one dtype");
-  if (a.precision == ScanPrecision::kBlockFloat16 && a.B.scalar_type() != at::kHalf)
+  if (a.precision == ScanPrecision::kBlockFloat16 && a.A.scalar_type() != at::kHalf)
     throw std::invalid_argument("hh::kernels::low_rank_scan: block float16 products need float16 A and B");
-  if ((a.A.defined() && a.B.sizes() != a.A.sizes()) || a.B.dim() != 4 || a.y0.dim() != 4)
+  if (a.B.sizes() != a.A.sizes() || a.y0.dim() != 4)
     throw std::invalid_argument("hh::kernels::low_rank_scan: expected A, B [H, N, C, Dk] and y0 [S, H, Dk, Dv]");
-  const int64_t H = a.B.size(0), N = a.B.size(1), C = a.B.size(2), Dk = a.B.size(3), S = a.y0.size(0), Dv = a.y0.size(3);
+  const int64_t H = a.A.size(0), N = a.A.size(1), C = a.A.size(2), Dk = a.A.size(3), S = a.y0.size(0), Dv = a.y0.size(3);
   if (a.y0.size(1) != H || a.y0.size(2) != Dk || a.decay.sizes() != at::IntArrayRef({H, N}) ||
       (a.bound.defined() && a.bound.sizes() != at::IntArrayRef({H, N})) ||
       (a.hist.defined() && a.hist.sizes() != at::IntArrayRef({H, N, Dk, Dv})) ||
@@ -2703,7 +2625,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
         throw std::invalid_argument("hh::kernels::low_rank_scan: the output is written by the forward block float16 scan only (no Z)");
       if (Dk != 64 && Dk != 128)
         throw std::invalid_argument("hh::kernels::low_rank_scan: the output needs Dk 64 or 128 (chunk_factors' head sizes)");
-      if (!raw) want(o.Qd, "output.Qd", at::kHalf, {H, N, C, Dk});
+      want(o.Qd, "output.Qd", at::kHalf, {H, N, C, Dk});
       want(o.Aq, "output.Aq", at::kHalf, {H, N, C, C});
       want(o.aq_inv, "output.aq_inv", at::kFloat, {H, N});
       if (o.o.defined()) check(o.o, "output.o");
@@ -2719,30 +2641,8 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       if (N > std::numeric_limits<int32_t>::max() || o.grid.per > std::numeric_limits<int32_t>::max())
         throw std::invalid_argument("hh::kernels::low_rank_scan: the output's grid has more than 2^31 - 1 chunks");
       for (const at::Tensor* x : {&o.Qd, &o.Aq})
-        if (x->defined() && reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
+        if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
           throw std::invalid_argument("hh::kernels::low_rank_scan: output.Qd and output.Aq must be 16-byte aligned");
-    }
-    if (raw) {  // q, k and row_scale
-      const std::string fn = "hh::kernels::low_rank_scan: with output.q, k and row_scale, ";
-      if (!out.q.defined() || !out.k.defined() || !out.row_scale.defined())
-        throw std::invalid_argument(fn + "all three are needed");
-      if (!out.o.defined() || a.S16.defined() || a.M16.defined())
-        throw std::invalid_argument(fn + "the scan writes o (not through the fusion) and no history");
-      if (out.grid.gather.defined()) throw std::invalid_argument(fn + "the grid must hold regular sequences");
-      want(out.row_scale, "output.row_scale", at::kFloat, {H, N, 2, C});
-      for (const at::Tensor* x : {&out.q, &out.k}) {
-        const char* what = x == &out.q ? "output.q" : "output.k";
-        if (x->device() != a.B.device() || x->scalar_type() != out.o.scalar_type() ||
-            x->sizes() != at::IntArrayRef({out.B, out.T, H, Dk}))
-          throw std::invalid_argument(fn + what + " must be on B's device, of o's dtype, [B, T, H, Dk] = " +
-                                      c10::str(at::IntArrayRef({out.B, out.T, H, Dk})));
-        if (x->stride(3) != 1 || x->stride(2) != Dk || x->stride(1) % 8 != 0 || x->stride(0) % 8 != 0 ||
-            reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
-          throw std::invalid_argument(fn + what + " must have unit stride over Dk, heads Dk apart, tokens and sequences a "
-                                      "multiple of 16 bytes apart, and a 16-byte aligned start");
-      }
-      if (out.T > std::numeric_limits<int32_t>::max() || out.B > std::numeric_limits<int32_t>::max())
-        throw std::invalid_argument(fn + "B and T must be below 2^31");  // the copy engine's coordinates
     }
     const LowRankScanArgs::Direct& d = a.direct;
     const int given = d.Qd.defined() + d.Aq.defined() + d.aq_inv.defined() + d.dO16.defined() + d.do_inv.defined();
@@ -2764,7 +2664,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
           throw std::invalid_argument("hh::kernels::low_rank_scan: direct.Qd, Aq and dO16 must be 16-byte aligned");
     }
   }
-  const c10::cuda::CUDAGuard guard(a.B.device());
+  const c10::cuda::CUDAGuard guard(a.A.device());
   at::Tensor fin = at::empty_like(a.y0);
   if (S == 0 || H == 0) return fin;
   // The block float16 kernel's columns a block: 32 where they divide Dv (each chunk's factors read from
@@ -2784,7 +2684,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   // The backward's reverse scan forming the direct term takes it too, with its history (S16 and M16) and
   // no float32 one.
   const bool direct = a.direct.dO16.defined();
-  if (column_scan_takes(Dk, Dv, fusion) && o_fits && !a.reverse && a.B.scalar_type() == at::kHalf && !a.hist.defined() &&
+  if (column_scan_takes(Dk, Dv, fusion) && o_fits && !a.reverse && a.A.scalar_type() == at::kHalf && !a.hist.defined() &&
       !a.M.defined() && !(fusion && (s16 || m16)) && !a.Z.defined() && u16)
     plan.columns = static_cast<int>(Dv);
   else if (column_scan_fits(Dk, Dv) && direct && s16 && m16 && !a.hist.defined() && !a.M.defined())
@@ -2793,9 +2693,6 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     throw std::invalid_argument("hh::kernels::low_rank_scan: U in float16 is read by the column scan only (the forward with its "
                                 "output at Dk = 128, Dv 64 or 128, no float32 history, the float16 history only with o, the "
                                 "column scan on: column_scan_takes)");
-  if (raw && plan.columns != Dv)
-    throw std::invalid_argument("hh::kernels::low_rank_scan: output.q, k and row_scale are read by the column scan only (U in "
-                                "float16 by columns, Dk = 128, Dv 64 or 128, the column scan on: column_scan_takes)");
   const int64_t blocks_whole = (Dv / plan.columns) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   int64_t longest = 0;
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
@@ -2824,8 +2721,8 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     throw std::invalid_argument("hh::kernels::low_rank_scan: more than 2^31 - 1 blocks of segments");
   plan.table = at::tensor(at::ArrayRef<int64_t>(table), at::TensorOptions().dtype(at::kLong))
                    .pin_memory()
-                   .to(a.B.device(), /*non_blocking=*/true);
-  if (a.B.scalar_type() == at::kHalf) launch_low_rank_scan<c10::Half>(Dk, a, plan, fin);
+                   .to(a.A.device(), /*non_blocking=*/true);
+  if (a.A.scalar_type() == at::kHalf) launch_low_rank_scan<c10::Half>(Dk, a, plan, fin);
   else launch_low_rank_scan<float>(Dk, a, plan, fin);
   return fin;
 }

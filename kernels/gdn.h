@@ -104,15 +104,8 @@ struct LowRankScanArgs {
   // roundings; each row's sum of squares added in another order, so a rounded output may differ by a few
   // ulp, rarely). A segment's column blocks of a head then run as one cluster, which adds each row's sums
   // of squares through their shared memory.
-  // Given q and k instead of Qd and A (the column scan with o, no history: column_scan_takes): the scan
-  // forms each chunk's Qd and A itself from q and k [B, T, H, Dk] (o's dtype, unit stride over Dk, the
-  // rows of q and k at a stride of a multiple of 16 bytes, 16-byte aligned; `grid` of regular sequences)
-  // and row_scale [H, N, 2, C] float32 (chunk_factors' row_scales): Qd's row t is q_t row_scale[h, n, 0, t]
-  // and A's k_t row_scale[h, n, 1, t], each rounded to float16 as chunk_factors rounds them, so the same
-  // bits as given Qd and A; padding rows are zero as there. A and Qd are then not given.
   struct Output {
     at::Tensor Qd, Aq, aq_inv, o;
-    at::Tensor q, k, row_scale;
     ChunkGrid grid;
     int64_t B = 0, T = 0;
     const OutputFusion* fusion = nullptr;
@@ -179,14 +172,6 @@ bool scan_warp_columns_enabled();
 // How many times the column scan has been launched in this process: which path a forward or a backward's
 // reverse scan took, for tests.
 int64_t column_scan_launches();
-// Whether the rule's forward without a graph has the column scan form Qd and kdecay from q and k
-// (LowRankScanArgs::Output's q, k and row_scale; chunk_factors' row_scales) where it can: o written, no
-// fusion, no short convolution, regular sequences (process-wide, on by default; off for benchmarks:
-// chunk_factors then writes them and the scan reads them back). The same bits either way.
-void set_scan_forms_factors(bool on);
-bool scan_forms_factors_enabled();
-// How many of the column scan's launches formed Qd and kdecay so: which path a forward took, for tests.
-int64_t scan_formed_factors_launches();
 // Whether the column scan applies the fusion norm itself where it takes a fused output (process-wide, off
 // by default: the fusion kernel after it ran faster in the layer): a row's sum of squares spans one block,
 // so no cluster, but the norm's work and a barrier a chunk sit on the scan's warps. set_fusion_in_scan(true)
@@ -261,7 +246,6 @@ struct ChunkFactors {
   at::Tensor U_inv;           // kFloat16Columns only
   at::Tensor Qd, Aq, aq_inv;  // only given q
   at::Tensor T16;             // only given q and keep_t (below)
-  at::Tensor row_scale;       // only given row_scales (below), with Qd and kdecay not formed
 };
 // Given `conv` (with q, Dk = Dv, on a grid of regular sequences: short_conv_fusion_supported), k, v and
 // q are the LA heads' projections before their short convolution, and each block forms its chunk's
@@ -277,15 +261,9 @@ struct ShortConvInputs {
 bool short_conv_fusion_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 // With keep_t (and q, without conv), T16 [H, N, 64, 64] of k's dtype: every chunk's T = (I + L)^{-1},
 // rounded, for chunk_backward, which then reads it instead of forming it again.
-// With row_scales (and q, on a grid of regular sequences, without conv), Qd and kdecay are not formed
-// (undefined); instead row_scale [H, N, 2, 64] float32 holds their rows' scales, scale e^{G_t} and
-// e^{G_C - G_t}: Qd's row t is q_t times row_scale[h, n, 0, t] and kdecay's k_t times row_scale[h, n, 1, t],
-// each rounded to float16. The column scan forms them so from q and k (LowRankScanArgs::Output's q, k and
-// row_scale), which saves writing them (the two largest of the forward's factors) and reading them back.
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
                            const ChunkGrid& grid, const at::Tensor& q = {}, double scale = 1.0,
-                           const ShortConvInputs* conv = nullptr, UForm u_form = UForm::kFloat32, bool keep_t = false,
-                           bool row_scales = false);
+                           const ShortConvInputs* conv = nullptr, UForm u_form = UForm::kFloat32, bool keep_t = false);
 
 // Every chunk's output from its start state S [H, N, Dk, Dv] and new values M [H, N, 64, Dv] (low_rank_scan's
 // hist and M_out): o_t = scale (e^{G_t} q_t S + sum_{i <= t} e^{G_t - G_i} (q_t.k_i) M_i), as [B, T, H, Dv] of q's dtype.

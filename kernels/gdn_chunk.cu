@@ -196,11 +196,13 @@ constexpr size_t factors_smem() {
          (kC * kLdT + 4 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) + 2 * sizeof(unsigned long long);
 }
 
-// Eight consecutive 16-bit values of T's kind at x (16-byte aligned) times s, rounded to float16
-// (half8_scaled).
+// Eight consecutive 16-bit values of T's kind at x (16-byte aligned) times s, rounded to float16 as
+// c10::Half rounds (to nearest even), in one 16-byte vector.
 template <class T>
 __device__ __forceinline__ uint4 scaled_half8(const T* x, float s) {
-  return half8_scaled(load_pack<8>(x), s);  // pack_float: bfloat16 unpacked in one instruction an element
+  const Pack<T, 8> in = load_pack<8>(x);  // pack_float: bfloat16 unpacked in one instruction an element
+  return make_uint4(pack_f16(s * pack_float(in, 0), s * pack_float(in, 1)), pack_f16(s * pack_float(in, 2), s * pack_float(in, 3)),
+                    pack_f16(s * pack_float(in, 4), s * pack_float(in, 5)), pack_f16(s * pack_float(in, 6), s * pack_float(in, 7)));
 }
 
 // The output's factors of chunk_factors (given q): Qd = scale e^G Q and the block float16 Aq with its
@@ -212,9 +214,6 @@ struct OutFactors {
   c10::Half* Aq;
   float* aq_inv;
   void* t16;  // T [H, N, C, C] of k's dtype for the backward's chunk kernel (ChunkFactors::T16), or null: none
-  // Qd's and kdecay's row scales [H, N, 2, C] (ChunkFactors::row_scale) in place of Qd and kdecay, or null.
-  // Not with the convolution (PRE), whose q and k are not in memory for the scan to read.
-  float* row_scale;
 };
 
 // The LA heads' short convolution inside chunk_factors (given ShortConvInputs): the block reads the
@@ -495,14 +494,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
                                 pack_f16(s * x1.z, s * x1.w)));
     }
     if (tid == 0) of.aq_inv[chunk] = sc.inverse;
-    if (!PRE && of.row_scale != nullptr) {  // the scan forms Qd and kdecay from q and k with these
-      if (tid < 2 * kC)
-        of.row_scale[2 * chunk * kC + tid] = tid < kC ? of.scale * expf(Gs[tid]) : expf(Gs[kC - 1] - Gs[tid - kC]);
-    } else {
-      for (int i = tid; i < kC * DK / 8; i += kThreads) {
-        const int r = (8 * i) / DK, c = (8 * i) % DK;
-        store_global16(of.Qd + chunk * kC * DK + r * DK + c, scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r])));
-      }
+    for (int i = tid; i < kC * DK / 8; i += kThreads) {
+      const int r = (8 * i) / DK, c = (8 * i) % DK;
+      store_global16(of.Qd + chunk * kC * DK + r * DK + c, scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r])));
     }
     if constexpr (PRE) fence_proxy_async_shared();  // Q's region, written and read, takes V's raw rows next
     __syncthreads();  // every thread is done with Q and Aq
@@ -524,12 +518,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // T = (I + L)^{-1} in place; the threads past the diagonal blocks' 64 write kdecay and decay meanwhile.
   invert_unit_lower<kThreads>(Ls, [&] {
     const float last = Gs[kC - 1];
-    if (PRE || kdecay != nullptr) {  // else the scan forms it (OutFactors::row_scale)
-      c10::Half* dst = kdecay + chunk * kC * DK;
-      for (int i = tid - kC; i < kC * DK / 8; i += kThreads - kC) {
-        const int r = (8 * i) / DK, c = (8 * i) % DK;
-        store_global16(dst + r * DK + c, scaled_half8(Ks + r * ld16<DK>() + c, expf(last - Gs[r])));
-      }
+    c10::Half* dst = kdecay + chunk * kC * DK;
+    for (int i = tid - kC; i < kC * DK / 8; i += kThreads - kC) {
+      const int r = (8 * i) / DK, c = (8 * i) % DK;
+      store_global16(dst + r * DK + c, scaled_half8(Ks + r * ld16<DK>() + c, expf(last - Gs[r])));
     }
     if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
     if (tid == kC) decay[chunk] = expf(last);
@@ -916,7 +908,7 @@ bool short_conv_fusion_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
 
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
                            const ChunkGrid& grid, const at::Tensor& q, double scale, const ShortConvInputs* conv,
-                           UForm u_form, bool keep_t, bool row_scales) {
+                           UForm u_form, bool keep_t) {
   if (k.dim() != 4 || v.dim() != 4) throw std::invalid_argument("hh::kernels::chunk_factors: k and v must be [B, T, H, D]");
   const int64_t B = k.size(0), T = k.size(1), H = k.size(2), Dk = k.size(3), Dv = v.size(3), N = grid.N;
   need(k, "chunk_factors", "k", k.sizes(), true);
@@ -961,21 +953,17 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   if (keep_t && (!q.defined() || conv != nullptr))
     throw std::invalid_argument(
         "hh::kernels::chunk_factors: T for the backward comes with the output's factors (q is needed), without the short convolution");
-  if (row_scales && (!q.defined() || conv != nullptr || grid.gather.defined()))
-    throw std::invalid_argument(
-        "hh::kernels::chunk_factors: Qd's and kdecay's row scales in their place come with q, regular sequences and no short convolution");
-  ChunkFactors r{at::empty({H, N, kC, Dk}, f16), at::empty({H, N, kC, Dv}, u16 ? f16 : f32),
-                 row_scales ? at::Tensor() : at::empty({H, N, kC, Dk}, f16), at::empty({H, N}, f32), at::empty({H, N}, f32)};
+  ChunkFactors r{at::empty({H, N, kC, Dk}, f16), at::empty({H, N, kC, Dv}, u16 ? f16 : f32), at::empty({H, N, kC, Dk}, f16),
+                 at::empty({H, N}, f32), at::empty({H, N}, f32)};
   if (u16) r.U_inv = at::empty({H, N, Dv}, f32);
-  OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr, nullptr, nullptr};
+  OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr, nullptr};
   if (q.defined()) {
-    if (row_scales) r.row_scale = at::empty({H, N, 2, kC}, f32);
-    else r.Qd = at::empty({H, N, kC, Dk}, f16);
+    r.Qd = at::empty({H, N, kC, Dk}, f16);
     r.Aq = at::empty({H, N, kC, kC}, f16);
     r.aq_inv = at::empty({H, N}, f32);
     if (keep_t) r.T16 = at::empty({H, N, kC, kC}, k.options());
-    of = {q.data_ptr(), static_cast<float>(scale), row_scales ? nullptr : r.Qd.data_ptr<c10::Half>(), r.Aq.data_ptr<c10::Half>(),
-          r.aq_inv.data_ptr<float>(), keep_t ? r.T16.data_ptr() : nullptr, row_scales ? r.row_scale.data_ptr<float>() : nullptr};
+    of = {q.data_ptr(), static_cast<float>(scale), r.Qd.data_ptr<c10::Half>(), r.Aq.data_ptr<c10::Half>(),
+          r.aq_inv.data_ptr<float>(), keep_t ? r.T16.data_ptr() : nullptr};
   }
   if (N == 0 || H == 0) return r;
   dispatch(Dk, Dv, k.scalar_type(), [&](auto dk, auto dv, auto x) {
@@ -989,7 +977,7 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
                       kThreads, smem, static_cast<const X*>(k.data_ptr()),
                       static_cast<const X*>(v.data_ptr()), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
                       static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr(),
-                      u16 ? r.U_inv.data_ptr<float>() : nullptr, row_scales ? nullptr : r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc,
+                      u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc,
                       maps, n0);
       }
     };

@@ -45,7 +45,6 @@ struct GdnBenchArgs {
   std::string history = "f16";
   bool output_apart = false;  // the output by a kernel of its own from the scan's history
   bool direct_apart = false;  // the backward's direct term by chunk_state_direct instead of in the reverse scan
-  bool scan_reads_factors = false;  // the forward's column scan reading Qd and kdecay instead of forming them
   bool fusion_in_scan = false;  // the layer's fusion norm inside the scan that writes the output
   std::string backward = "kernels";
   std::string scan_segments = "auto";
@@ -94,9 +93,7 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // kFusionInScan: the layer's fusion norm inside the scan that writes the output (a cluster of a head's
 // column blocks) instead of by a kernel of its own after it; kScanColumnBlocks: the forward's scan in blocks of
 // 32 state columns instead of a whole head a block with 16 columns a warp (kernels::set_scan_warp_columns);
-// kFusionInColumnScan: the layer's fusion norm inside the column scan instead of by the fusion kernel after it;
-// kScanReadsFactors: the forward's column scan reading Qd and kdecay from chunk_factors instead of forming
-// them from q and k (kernels::set_scan_forms_factors).
+// kFusionInColumnScan: the layer's fusion norm inside the column scan instead of by the fusion kernel after it.
 enum class OtherPath {
   kLibTorchLocal,
   kTf32Scan,
@@ -106,8 +103,7 @@ enum class OtherPath {
   kDirectApart,
   kFusionInScan,
   kScanColumnBlocks,
-  kFusionInColumnScan,
-  kScanReadsFactors
+  kFusionInColumnScan
 };
 
 // fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
@@ -148,8 +144,6 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
       return with_setting(kernels::set_scan_warp_columns, kernels::scan_warp_columns_enabled, false, dev, fn);
     case OtherPath::kFactorsThreeBlocks:
       return with_setting(kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled, false, dev, fn);
-    case OtherPath::kScanReadsFactors:
-      return with_setting(kernels::set_scan_forms_factors, kernels::scan_forms_factors_enabled, false, dev, fn);
   }
 #endif
   (void)p, (void)dev, (void)fn;
@@ -214,7 +208,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   kernels::set_output_in_scan(!a.output_apart);
   kernels::set_direct_in_scan(!a.direct_apart);
   kernels::set_fusion_in_scan(a.fusion_in_scan);
-  kernels::set_scan_forms_factors(!a.scan_reads_factors);
 #endif
   attention::set_gdn_backward(a.backward == "autograd"   ? attention::GdnBackward::kAutograd
                               : a.backward == "explicit" ? attention::GdnBackward::kExplicit
@@ -228,7 +221,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"history", a.history},
                          {"output_apart", a.output_apart},
                          {"direct_apart", a.direct_apart},
-                         {"scan_reads_factors", a.scan_reads_factors},
                          {"fusion_in_scan", a.fusion_in_scan},
                          {"scan_kernel", a.scan_kernel},
                          {"scan_segments", a.scan_segments},
@@ -319,9 +311,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         alternating(OtherPath::kScanColumnBlocks, same_scan, [&] { return forward(ours, back_to_back_ms); });
     const auto [fb_head, fb_blocks] =
         alternating(OtherPath::kScanColumnBlocks, same_scan, [&] { return forward_backward(ours, back_to_back_ms); });
-    // The column scan forming Qd and kdecay from q and k (the default) against reading them from chunk_factors.
-    const auto [f_forms, f_reads] =
-        alternating(OtherPath::kScanReadsFactors, same_scan || a.scan_reads_factors, [&] { return forward(ours, back_to_back_ms); });
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
@@ -371,12 +360,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       std::printf("  %-10s back to back, the forward's scan a head a block (default) / in blocks of 32 state columns "
                   "(medians of three alternating rounds): forward %.3f / %.3f ms, forward + backward %.3f / %.3f ms\n",
                   "", *f_head, *f_blocks, *fb_head, *fb_blocks);
-    }
-    if (f_forms && f_reads) {
-      row["fwd_scan_forms_factors_b2b_ms"] = *f_forms, row["fwd_scan_reads_factors_b2b_ms"] = *f_reads;
-      std::printf("  %-10s back to back, the forward's column scan forming Qd and kdecay from q and k (default) / reading "
-                  "them from chunk_factors (medians of three alternating rounds): forward %.3f / %.3f ms\n",
-                  "", *f_forms, *f_reads);
     }
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
     out["rows"].push_back(row);
@@ -682,9 +665,6 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_flag("--direct-apart", a->direct_apart,
               "On CUDA with 16-bit inputs, form the backward's direct term (the effect of each chunk's start state on "
               "its output) with chunk_state_direct, instead of in the reverse scan from the forward's output factors");
-  c->add_flag("--scan-reads-factors", a->scan_reads_factors,
-              "On CUDA with 16-bit inputs, Dk 128: have chunk_factors write Qd and kdecay and the forward's column scan "
-              "read them, instead of the scan forming them from q and k with their row scales");
   c->add_flag("--fusion-in-scan", a->fusion_in_scan,
               "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
               "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "

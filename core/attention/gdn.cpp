@@ -697,20 +697,14 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   const bool u16 = output_in_scan && !(keep_states && fuse_in_scan) && kernels::column_scan_takes(Dk, Dv, fuse_in_scan);
   // A forward kept for the backward's chunk kernel keeps T too, where that kernel will read M (below).
   const bool keep_t = keep_states && f16_history && conv == nullptr && kernels::direct_in_scan_enabled();
-  // Without a graph, the column scan forms Qd and kdecay from q and k itself (kernels::set_scan_forms_factors):
-  // chunk_factors writes their row scales instead. Not with the convolution inside chunk_factors (q and k
-  // are formed there, never written), the fusion, or packed sequences (the scan reads whole chunks of rows).
-  const bool scan_forms = u16 && !keep_states && !fuse_in_scan && conv == nullptr && L.regular &&
-                          kernels::scan_forms_factors_enabled();
   const kernels::ChunkFactors f =
       kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale, conv,
-                             u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32, keep_t, scan_forms);
+                             u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32, keep_t);
   if (on_queued) on_queued(GdnStage::kFactors);
   std::optional<kernels::LowRankScanArgs::Output> in_scan;
   if (output_in_scan) {
     in_scan.emplace();
     in_scan->Qd = f.Qd, in_scan->Aq = f.Aq, in_scan->aq_inv = f.aq_inv;
-    if (scan_forms) in_scan->q = qc, in_scan->k = kc, in_scan->row_scale = f.row_scale;
     in_scan->grid = grid, in_scan->B = B, in_scan->T = T;
     if (fuse_in_scan)
       in_scan->fusion = fusion, in_scan->y = *y;
