@@ -1660,7 +1660,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         for (int k = 0; k < 4; ++k)
           op[k] = fusion_pair<FUSE, O>(Pair16<O>::to_float2(vp[k]), rstd, Pair16<O>::to_float2(gp[k]), mp[k]);
         const int64_t row = row_of(c);
-        if (row >= 0) *reinterpret_cast<uint4*>(ydst + row * fa.pl.y_ld + 8 * part) = out;
+        if (row >= 0) store_global16(ydst + row * fa.pl.y_ld + 8 * part, out);  // one store (the assignment compiled to pieces)
       }
     } else if (write && !DIR) {
       const ChunkRows row_of = so.rows.chunk(w0 + i);
@@ -2148,7 +2148,7 @@ __global__ void __launch_bounds__(32 * kConvWarps, 2)
 #pragma unroll 1
   for (int64_t t = t0; t < t1; ++t) {
     cw.enter(xs, t, C, t + 1 < t1);
-    store_pack<V>(ys + t * C, cw.step());
+    store_pack_global<V>(ys + t * C, cw.step());  // one vector store (store_pack's assignment compiled to six pieces)
   }
 }
 
@@ -2275,7 +2275,7 @@ __global__ void __launch_bounds__(32 * kConvWarps, 2)
     cw.enter(xs, t, C, more);
     const Pack<T, V> cp = cn, sp = sn;
     if (more) cn = load_pack<V>(cos + (t + 1) * Dh + d0), sn = load_pack<V>(sin + (t + 1) * Dh + d0);
-    store_pack<V>(ys + t * C, rope_l2_lanes<T, V>(cw.step(), group, P, first, cp, sp, eps));
+    store_pack_global<V>(ys + t * C, rope_l2_lanes<T, V>(cw.step(), group, P, first, cp, sp, eps));  // as causal_conv_silu's
   }
 }
 
