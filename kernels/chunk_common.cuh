@@ -147,24 +147,6 @@ __device__ __forceinline__ void store_tiles16(const float (&acc)[NT][4], Dst dst
   }
 }
 
-// The warp's two 8-column tiles (the accumulator layout, rows g and g + 8) rounded to T's kind, stored a
-// row's 32 bytes by the quad's four lanes, 8 bytes each: one trade of pairs with the neighbour lane (t ^ 1)
-// leaves the even lanes four columns of the first tile (from 2 t) and the odd lanes four of the second (from
-// 2 (t - 1)), so that one store instruction writes whole sectors (a 4-byte pair a lane and tile wrote half of
-// a sector each). dst(half) is row g + 8 half's first column, or null to skip the row. Every lane must call it.
-template <class T, class Dst>
-__device__ __forceinline__ void store_tile_pair(const float (&acc)[2][4], Dst dst) {
-  const int t = threadIdx.x % 4;
-  const bool odd = (t & 1) != 0;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    T* const row = dst(half);
-    const uint32_t p0 = pack2<T>(acc[0][2 * half], acc[0][2 * half + 1]), p1 = pack2<T>(acc[1][2 * half], acc[1][2 * half + 1]);
-    const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? p0 : p1, 1);
-    if (row != nullptr) store_global8(row + (odd ? 8 + 2 * (t - 1) : 2 * t), odd ? make_uint2(got, p1) : make_uint2(p0, got));
-  }
-}
-
 // The largest x over the block into *top (zero before; non-negative floats order as their bits do).
 __device__ __forceinline__ void block_max(float x, unsigned* top) {
   const unsigned m = __reduce_max_sync(0xffffffffu, __float_as_uint(x));

@@ -101,22 +101,18 @@ __device__ __forceinline__ void row_dots(float (&acc)[NT][4], int m, int n0, con
 }
 
 // Writes the warp's tiles (rows from m, 8-column tiles from n0) of a [C][D] gradient to its rows of
-// head h in out [rows, H, D]; padding slots are skipped. WIDE: a row's 16 bytes a lane (NT a multiple of
-// 4, store_tiles16) or 8 (NT = 2, store_tile_pair), where each lane's 4-byte pairs wrote half sectors; not
-// in chunk_backward's form with HIST alone, where the shuffles' registers took its spill from 4 to 20-24
-// bytes.
+// head h in out [rows, H, D]; padding slots are skipped. WIDE (NT a multiple of 4): a row's 16 bytes a
+// lane (store_tiles16), where each lane's 4-byte pairs wrote half sectors; not in chunk_backward's
+// form with HIST alone, where the shuffles' registers took its spill from 4 to 20-24 bytes.
 template <int D, bool WIDE, int NT, class T>
 __device__ __forceinline__ void store_rows(float (&acc)[NT][4], int m, int n0, const int64_t* rows, int h, int H,
                                            T* __restrict__ out) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  auto row_at = [&](int half) -> T* {
-    const int64_t row = rows[m + g + 8 * half];
-    return row < 0 ? nullptr : out + (row * H + h) * D + n0;
-  };
   if constexpr (WIDE && NT % 4 == 0) {
-    store_tiles16<T>(acc, row_at);
-  } else if constexpr (WIDE && NT == 2) {
-    store_tile_pair<T>(acc, row_at);
+    store_tiles16<T>(acc, [&](int half) -> T* {
+      const int64_t row = rows[m + g + 8 * half];
+      return row < 0 ? nullptr : out + (row * H + h) * D + n0;
+    });
   } else {
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
