@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# scripts/gpu/same_machine_code.py on hand-made ELF files whose kernels are known: the same bytes under
+# anonymous-namespace names hashed differently (the same), one kernel's bytes changed (differs), a kernel
+# on one side only, a section that is not a kernel's (ignored), and a file that is not ELF.
+source "$(dirname "$0")/preamble.sh"
+TOOL="$ROOT/scripts/gpu/same_machine_code.py"
+
+# elf OUT NAME=HEXBYTES ...: an ELF64 little-endian file with a null section, one section a NAME holding
+# those bytes, and the section-name table last.
+cat > "$TMP/elf.py" <<'PY'
+import struct, sys
+out, specs = sys.argv[1], [a.split("=", 1) for a in sys.argv[2:]]
+names = b"\0" + b"".join(n.encode() + b"\0" for n, _ in specs) + b".shstrtab\0"
+body, headers, at, name_at = b"", [b"\0" * 64], 64, 1
+for n, hexbytes in specs:
+    blob = bytes.fromhex(hexbytes)
+    headers.append(struct.pack("<IIQQQQIIQQ", name_at, 1, 6, 0, at + len(body), len(blob), 0, 0, 16, 0))
+    body += blob
+    name_at += len(n) + 1
+headers.append(struct.pack("<IIQQQQIIQQ", name_at, 3, 0, 0, at + len(body), len(names), 0, 0, 1, 0))
+body += names
+shoff = at + len(body)
+ident = b"\x7fELF" + bytes([2, 1, 1]) + b"\0" * 9
+head = ident + struct.pack("<HHIQQQIHHHHHH", 1, 190, 1, 0, 0, shoff, 0, 64, 0, 0, 64, len(headers), len(headers) - 1)
+open(out, "wb").write(head + body + b"".join(headers))
+PY
+elf() { python3 "$TMP/elf.py" "$@"; }
+
+A=.text._Z1av
+ANON_OLD=.text._ZN2hh7kernels54_GLOBAL__N__228a9bad_21_gdn_chunk_backward_cu_0dae19c06kernelEv
+ANON_NEW=.text._ZN2hh7kernels54_GLOBAL__N__7f01c3de_21_gdn_chunk_backward_cu_91ab22e46kernelEv
+elf "$TMP/old.cubin" "$A=0011223344556677" "$ANON_OLD=8899aabb" ".nv.info=0102"
+elf "$TMP/same.cubin" "$A=0011223344556677" "$ANON_NEW=8899aabb" ".nv.info=0304"
+
+out=$(python3 "$TOOL" "$TMP/old.cubin" "$TMP/same.cubin") || fail "the same kernels under other hashes: exit $?"
+[[ "$out" == "2 kernels before, 2 after: 2 the same bytes, 0 differ, 0 only before, 0 only after" ]] || fail "same: $out"
+
+elf "$TMP/changed.cubin" "$A=0011223344556678" "$ANON_NEW=8899aabb"
+set +e
+out=$(python3 "$TOOL" "$TMP/old.cubin" "$TMP/changed.cubin"); rc=$?
+set -e
+[[ $rc == 1 ]] || fail "a changed kernel: exit $rc"
+grep -q "1 the same bytes, 1 differ" <<< "$out" || fail "changed: $out"
+grep -qx "  differs: _Z1av" <<< "$out" || fail "changed kernel not named: $out"
+
+elf "$TMP/fewer.cubin" "$A=0011223344556677" ".text._Z1bv=00"
+set +e
+out=$(python3 "$TOOL" "$TMP/old.cubin" "$TMP/fewer.cubin"); rc=$?
+set -e
+[[ $rc == 1 ]] || fail "kernels on one side only: exit $rc"
+grep -qx "  only before: _ZN2hh7kernels54_GLOBAL__N_6kernelEv" <<< "$out" || fail "only before: $out"
+grep -qx "  only after: _Z1bv" <<< "$out" || fail "only after: $out"
+
+out=$(python3 "$TOOL" --names "$TMP/old.cubin" "$TMP/same.cubin")
+grep -qx "  same: _Z1av" <<< "$out" || fail "--names: $out"
+
+echo "not an ELF file" > "$TMP/text.cubin"
+set +e
+python3 "$TOOL" "$TMP/old.cubin" "$TMP/text.cubin" 2> "$TMP/err"; rc=$?
+set -e
+[[ $rc == 2 ]] || fail "not ELF: exit $rc"
+grep -q "text.cubin: not a 64-bit little-endian ELF file" "$TMP/err" || fail "not ELF: $(cat "$TMP/err")"
+echo "ok"
