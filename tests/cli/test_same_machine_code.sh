@@ -25,6 +25,13 @@ head = ident + struct.pack("<HHIQQQIHHHHHH", 1, 190, 1, 0, 0, shoff, 0, 64, 0, 0
 open(out, "wb").write(head + body + b"".join(headers))
 PY
 elf() { python3 "$TMP/elf.py" "$@"; }
+# tool ARGS...: the comparison's standard output into out and its exit status into rc.
+tool() {
+  set +e
+  out=$(python3 "$TOOL" "$@" 2> "$TMP/err")
+  rc=$?
+  set -e
+}
 
 A=.text._Z1av
 ANON_OLD=.text._ZN2hh7kernels54_GLOBAL__N__228a9bad_21_gdn_chunk_backward_cu_0dae19c06kernelEv
@@ -32,32 +39,27 @@ ANON_NEW=.text._ZN2hh7kernels54_GLOBAL__N__7f01c3de_21_gdn_chunk_backward_cu_91a
 elf "$TMP/old.cubin" "$A=0011223344556677" "$ANON_OLD=8899aabb" ".nv.info=0102"
 elf "$TMP/same.cubin" "$A=0011223344556677" "$ANON_NEW=8899aabb" ".nv.info=0304"
 
-out=$(python3 "$TOOL" "$TMP/old.cubin" "$TMP/same.cubin") || fail "the same kernels under other hashes: exit $?"
+tool "$TMP/old.cubin" "$TMP/same.cubin"
+[[ $rc == 0 ]] || fail "the same kernels under other hashes: exit $rc"
 [[ "$out" == "2 kernels before, 2 after: 2 the same bytes, 0 differ, 0 only before, 0 only after" ]] || fail "same: $out"
 
 elf "$TMP/changed.cubin" "$A=0011223344556678" "$ANON_NEW=8899aabb"
-set +e
-out=$(python3 "$TOOL" "$TMP/old.cubin" "$TMP/changed.cubin"); rc=$?
-set -e
+tool "$TMP/old.cubin" "$TMP/changed.cubin"
 [[ $rc == 1 ]] || fail "a changed kernel: exit $rc"
 grep -q "1 the same bytes, 1 differ" <<< "$out" || fail "changed: $out"
 grep -qx "  differs: _Z1av" <<< "$out" || fail "changed kernel not named: $out"
 
 elf "$TMP/fewer.cubin" "$A=0011223344556677" ".text._Z1bv=00"
-set +e
-out=$(python3 "$TOOL" "$TMP/old.cubin" "$TMP/fewer.cubin"); rc=$?
-set -e
+tool "$TMP/old.cubin" "$TMP/fewer.cubin"
 [[ $rc == 1 ]] || fail "kernels on one side only: exit $rc"
 grep -qx "  only before: _ZN2hh7kernels54_GLOBAL__N_6kernelEv" <<< "$out" || fail "only before: $out"
 grep -qx "  only after: _Z1bv" <<< "$out" || fail "only after: $out"
 
-out=$(python3 "$TOOL" --names "$TMP/old.cubin" "$TMP/same.cubin")
+tool --names "$TMP/old.cubin" "$TMP/same.cubin"
 grep -qx "  same: _Z1av" <<< "$out" || fail "--names: $out"
 
 echo "not an ELF file" > "$TMP/text.cubin"
-set +e
-python3 "$TOOL" "$TMP/old.cubin" "$TMP/text.cubin" 2> "$TMP/err"; rc=$?
-set -e
+tool "$TMP/old.cubin" "$TMP/text.cubin"
 [[ $rc == 2 ]] || fail "not ELF: exit $rc"
 grep -q "text.cubin: not a 64-bit little-endian ELF file" "$TMP/err" || fail "not ELF: $(cat "$TMP/err")"
 echo "ok"
