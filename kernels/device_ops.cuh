@@ -263,19 +263,14 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& x) {
 __device__ __forceinline__ void store_global16(void* p, uint4 v) { __stwb(static_cast<uint4*>(p), v); }
 // 8 bytes to global memory at p (8-byte aligned) in one vector store, as store_global16.
 __device__ __forceinline__ void store_global8(void* p, uint2 v) { __stwb(static_cast<uint2*>(p), v); }
-template <class T>
-__device__ __forceinline__ void store_global16(T* p, const Pack<T, 16 / sizeof(T)>& x) {
-  uint4 v;
-  static_assert(sizeof(v) == sizeof(x), "16 bytes");
-  memcpy(&v, &x, sizeof(v));
-  store_global16(static_cast<void*>(p), v);
-}
 // store_pack into global memory: a pack of 16 or 8 bytes as one vector store (store_global16 / 8), others
 // as store_pack.
 template <int V, class T>
 __device__ __forceinline__ void store_pack_global(T* p, const Pack<T, V>& x) {
   if constexpr (sizeof(x) == 16) {
-    store_global16(p, x);
+    uint4 v;
+    memcpy(&v, &x, sizeof(v));
+    store_global16(p, v);
   } else if constexpr (sizeof(x) == 8) {
     uint2 v;
     memcpy(&v, &x, sizeof(v));

@@ -548,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
         Pack<T, 8> x;
         x.v[0] = T(x0.x), x.v[1] = T(x0.y), x.v[2] = T(x0.z), x.v[3] = T(x0.w);
         x.v[4] = T(x1.x), x.v[5] = T(x1.y), x.v[6] = T(x1.z), x.v[7] = T(x1.w);
-        store_global16(dst + r * kC + c, x);
+        store_pack_global<8>(dst + r * kC + c, x);
       }
     }
   }
