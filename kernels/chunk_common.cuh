@@ -124,6 +124,16 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&p)[4]) {
   }
 }
 
+// One row's 16-bit pairs of four 8-column tiles from tile `tile` (lane t: tile j's columns 2t, 2t + 1 in
+// p[j]) stored a tile's 16 bytes a lane after quad_transpose. Every lane must call it; with SKIP_NULL a
+// null row transposes but stores nothing (a padding row).
+template <bool SKIP_NULL, class T>
+__device__ __forceinline__ void store_quad16(uint32_t (&p)[4], T* row, int tile) {
+  const int t = threadIdx.x % 4;
+  quad_transpose(p);
+  if (!SKIP_NULL || row != nullptr) store_global16(row + 8 * (tile + t), make_uint4(p[0], p[1], p[2], p[3]));
+}
+
 // The warp's NT 8-column tiles (NT a multiple of 4; the accumulator layout, rows g and g + 8) rounded
 // to T's kind, stored a row's 16 bytes a lane: dst(half) is row g + 8 half's first column (the tiles'
 // first), or null to skip the row. After quad_transpose lane t holds tile 4q + t's eight columns. Where
@@ -132,7 +142,6 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&p)[4]) {
 template <class T, int NT, class Dst>
 __device__ __forceinline__ void store_tiles16(const float (&acc)[NT][4], Dst dst) {
   static_assert(NT % 4 == 0, "whole quads of tiles");
-  const int t = threadIdx.x % 4;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     T* const row = dst(half);
@@ -141,8 +150,7 @@ __device__ __forceinline__ void store_tiles16(const float (&acc)[NT][4], Dst dst
       uint32_t p[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) p[j] = pack2<T>(acc[4 * q + j][2 * half], acc[4 * q + j][2 * half + 1]);
-      quad_transpose(p);
-      if (row != nullptr) store_global16(row + 8 * (4 * q + t), make_uint4(p[0], p[1], p[2], p[3]));
+      store_quad16<true>(p, row, 4 * q);
     }
   }
 }

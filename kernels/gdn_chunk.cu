@@ -170,12 +170,11 @@ __device__ __forceinline__ void lower_times_f16_columns(const float* Ts, const T
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       c10::Half* const row = out16 + (lower_tile_row(pass) + g + 8 * half) * D + n0;
-      if constexpr (NT % 4 == 0) {  // store_tiles16's transpose and store, on pairs scaled by column
+      if constexpr (NT % 4 == 0) {  // as store_tiles16, on pairs scaled by column
 #pragma unroll
         for (int q = 0; q < NT / 4; ++q) {
           uint32_t p[4] = {h16[pass][half][4 * q], h16[pass][half][4 * q + 1], h16[pass][half][4 * q + 2], h16[pass][half][4 * q + 3]};
-          quad_transpose(p);
-          store_global16(row + 8 * (4 * q + t), make_uint4(p[0], p[1], p[2], p[3]));
+          store_quad16<false>(p, row, 4 * q);
         }
       } else {
 #pragma unroll
