@@ -234,6 +234,83 @@ __device__ __forceinline__ void stmatrix_x4_trans(void* smem, const unsigned (&r
   __trap();
 #endif
 }
+// ---- Warpgroup products (wgmma, sm_90a): four warps, a 64-row tile, the B operand read from shared
+// memory once for all four ----
+// A warp's part of a wgmma m64nNk16 is its 16 rows, in mma.sync m16n8k16's layouts: its A fragment (16 x
+// 16, four registers) is m16n8k16's A, and its accumulators are N / 8 tiles of m16n8's C, tile j holding
+// columns 8 j .. 8 j + 7. The B operand (16 x N) lies in shared memory as the copy engine writes a 16-bit
+// tile with the 128-byte swizzle (each 8 rows of 128 bytes a 1024-byte-aligned atom), described by
+//   K-major (B[k][n] at row n, element k: rows of the N dimension, k contiguous): the start address of
+//     the 16-element slice (a row's 128 bytes hold four slices of 32 bytes), the stride between 8-row
+//     groups of N (sbo, 1024 bytes for packed rows);
+//   MN-major (B[k][n] at row k, element n): the start address of rows k0 .. k0 + 15, the stride between
+//     their two 8-row groups and, for N > 64, between 64-column boxes (one is the descriptor's leading
+//     offset, the other its stride offset: with N = 64 and both given as the 8-row stride, either reading
+//     is right).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+#define HH_WGMMA 1
+#else
+#define HH_WGMMA 0
+#endif
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* smem, unsigned lbo, unsigned sbo) {
+  return static_cast<uint64_t>((smem_addr(smem) >> 4) & 0x3fffu) | static_cast<uint64_t>((lbo >> 4) & 0x3fffu) << 16 |
+         static_cast<uint64_t>((sbo >> 4) & 0x3fffu) << 32 | 1ull << 62;  // layout 1: the 128-byte swizzle
+}
+// Before a warpgroup's products whose A fragments or accumulators other instructions wrote.
+__device__ __forceinline__ void wgmma_fence() {
+#if HH_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if HH_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+// Until at most N committed groups of this warpgroup's products are still running.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if HH_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#else
+  __trap();
+#endif
+}
+// Ties d's registers to this point (after wgmma_wait), so that no read of them is placed before it.
+template <int NT>
+__device__ __forceinline__ void wgmma_hold(float (&d)[NT][4]) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+// d += a b for the warpgroup's 64 x 64 tile (float16 operands, float32 accumulators): a this warp's A
+// fragment (registers), b by its descriptor, TRANS_B for an MN-major B. Asynchronous: d and a stay
+// untouched until wgmma_wait has seen the group committed after it.
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const unsigned (&a)[4], uint64_t b) {
+#if HH_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B), "r"(1));
+#else
+  (void)d, (void)a, (void)b;
+  __trap();
+#endif
+}
+
 // Two floats as a float16 pair in one register (x in the low half), rounded to nearest.
 __device__ __forceinline__ unsigned pack_f16(float x, float y) {
   const __half2 h = __floats2half2_rn(x, y);

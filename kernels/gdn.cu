@@ -243,6 +243,7 @@ int g_scan_columns = 0;                    // set_scan_columns
 bool g_output_in_scan = true;              // set_output_in_scan
 bool g_scan_warp_columns = true;           // set_scan_warp_columns
 bool g_fusion_in_column_scan = false;      // set_fusion_in_column_scan
+bool g_scan_wgmma = true;                  // set_scan_wgmma
 std::atomic<int64_t> g_column_scan_launches{0};  // column_scan_launches
 bool g_fusion_in_scan = false;             // set_fusion_in_scan
 std::atomic<int64_t> g_fused_scan_launches{0};  // fused_scan_launches
@@ -1322,7 +1323,7 @@ __device__ __forceinline__ void row_max_abs(const float (&x)[NT][4], float& mx0,
   }
 }
 
-template <int DK, int DV, int FUSE, class O, bool HIST = false, bool DIR = false>
+template <int DK, int DV, int FUSE, class O, bool HIST = false, bool DIR = false, bool WG = false>
 __global__ void __launch_bounds__(32 * (DV / 16), 1)
     column_scan_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay, const float* __restrict__ bound,
                        const float* __restrict__ y0, float* __restrict__ fin, const int64_t* __restrict__ offsets,
@@ -1336,6 +1337,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   using P2 = typename Pair16<O>::type;
   constexpr int C = kLowRankChunk, NW = Ring::kWarps, SW = Ring::SW, NK = DK / 8, NC = C / 8;
   static_assert(C == 64 && DK % 16 == 0 && DV % 32 == 0, "the column scan's shapes");
+  static_assert(!WG || (!DIR && SW == 128 && DV % 64 == 0), "the warpgroup products: the forward, Dk = 128, whole warpgroups");
   extern __shared__ float4 smem4[];
   char* const base = reinterpret_cast<char*>(smem4) + ((1024 - (smem_addr(smem4) & 1023)) & 1023);
   unsigned long long* const full = reinterpret_cast<unsigned long long*>(base);
@@ -1407,6 +1409,17 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     sinv0 = p0.inverse, sinv1 = p1.inverse;
   };
   publish();
+  // WG: x = (this warp's 16 rows of S^T over Dk) (a tile's rows over Dk)^T for a K-major 64-row tile of the
+  // ring (B_n or Qd), by the warpgroup's products: eight 16-deep steps, each a 32-byte slice of a box's rows.
+  [[maybe_unused]] auto wg_products = [&](float (&x)[NC][4], const unsigned (&frag)[NK / 2][4], const char* tile) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < NK / 2; ++k)
+      wgmma_m64n64k16<0>(x, frag[k], wgmma_desc_sw128(tile + (16 * k / Ring::kBoxCols) * C * SW + (16 * k % Ring::kBoxCols) * 2, 16, 8 * SW));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold(x);
+  };
   const int a_row = lane % 16, a_col = (lane / 16) * 8;
   const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
   [[maybe_unused]] const int at_k = (lane % 8) + 8 * (lane / 16), at_m = 8 * ((lane / 8) % 2);  // DIR: A fragments stored transposed
@@ -1459,16 +1472,20 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     // (1) M^T = U^T - S^T B^T: two 8-column tiles of tokens a B load. (S^T Qd^T comes after M^T's
     // fragments, so that M^T's and o's accumulators are not live together.)
     float mt[NC][4] = {};
+    if constexpr (WG) {
+      wg_products(mt, sa, ring.B(buf));
+    } else {
 #pragma unroll
-    for (int k = 0; k < NK / 2; ++k)
+      for (int k = 0; k < NK / 2; ++k)
 #pragma unroll
-      for (int p = 0; p < NC / 2; ++p) {
-        unsigned b4[4];
-        ldmatrix_x4(b4, ring.B(buf) + swizzled<SW, C>(16 * p + a_row, 16 * k + a_col));
-        const unsigned bl[2] = {b4[0], b4[2]}, bh[2] = {b4[1], b4[3]};
-        mma_f16(mt[2 * p], sa[k], bl);
-        mma_f16(mt[2 * p + 1], sa[k], bh);
-      }
+        for (int p = 0; p < NC / 2; ++p) {
+          unsigned b4[4];
+          ldmatrix_x4(b4, ring.B(buf) + swizzled<SW, C>(16 * p + a_row, 16 * k + a_col));
+          const unsigned bl[2] = {b4[0], b4[2]}, bh[2] = {b4[1], b4[3]};
+          mma_f16(mt[2 * p], sa[k], bl);
+          mma_f16(mt[2 * p + 1], sa[k], bh);
+        }
+    }
     // DIR: dO16^T's A fragments (row block k: the chunk's rows 16 k .. 16 k + 15), for both of its products;
     // M^T = -aq_inv do_inv dO16^T Aq - S^T B^T.
     [[maybe_unused]] unsigned da[NC / 2][4];
@@ -1541,7 +1558,8 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     if constexpr (!DIR) q0.inverse *= ring.u_inv(buf)[r0 + g], q1.inverse *= ring.u_inv(buf)[r0 + g + 8];  // M^T's own inverse scales
     // S^T Qd^T for a written chunk, on the same fragments of the state.
     float oq[NC][4] = {};
-    if (write && !DIR)
+    if (WG && write) wg_products(oq, sa, ring.Qd(buf));
+    else if (write && !DIR)
 #pragma unroll
       for (int k = 0; k < NK / 2; ++k)
 #pragma unroll
@@ -1559,23 +1577,35 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     for (int half = 0; half < 2; ++half) {
       float part[NK / 2][4] = {};
       [[maybe_unused]] float pz[NK / 2][4] = {};
+      if constexpr (WG) {  // A_n's rows of this half: one 64-column box, MN-major
+        wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < NC / 2; ++k)
-#pragma unroll
-        for (int p = 0; p < NK / 4; ++p) {
-          unsigned b4[4];
-          ldmatrix_x4_trans(b4, ring.A(buf) + swizzled<SW, C>(16 * k + bt_k, half * (DK / 2) + 16 * p + bt_n));
-          const unsigned bl[2] = {b4[0], b4[1]}, bh[2] = {b4[2], b4[3]};
-          mma_f16(part[2 * p], ma[k], bl);
-          mma_f16(part[2 * p + 1], ma[k], bh);
-          if constexpr (DIR) {
-            unsigned z4[4];
-            ldmatrix_x4_trans(z4, ring.Qd(buf) + swizzled<SW, C>(16 * k + bt_k, half * (DK / 2) + 16 * p + bt_n));
-            const unsigned zl[2] = {z4[0], z4[1]}, zh[2] = {z4[2], z4[3]};
-            mma_f16(pz[2 * p], da[k], zl);
-            mma_f16(pz[2 * p + 1], da[k], zh);
-          }
+        for (int k = 0; k < NC / 2; ++k) {
+          const unsigned rows8 = 8 * SW;
+          wgmma_m64n64k16<1>(part, ma[k], wgmma_desc_sw128(ring.A(buf) + half * C * SW + 16 * k * SW, rows8, rows8));
         }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold(part);
+      } else {
+#pragma unroll
+        for (int k = 0; k < NC / 2; ++k)
+#pragma unroll
+          for (int p = 0; p < NK / 4; ++p) {
+            unsigned b4[4];
+            ldmatrix_x4_trans(b4, ring.A(buf) + swizzled<SW, C>(16 * k + bt_k, half * (DK / 2) + 16 * p + bt_n));
+            const unsigned bl[2] = {b4[0], b4[1]}, bh[2] = {b4[2], b4[3]};
+            mma_f16(part[2 * p], ma[k], bl);
+            mma_f16(part[2 * p + 1], ma[k], bh);
+            if constexpr (DIR) {
+              unsigned z4[4];
+              ldmatrix_x4_trans(z4, ring.Qd(buf) + swizzled<SW, C>(16 * k + bt_k, half * (DK / 2) + 16 * p + bt_n));
+              const unsigned zl[2] = {z4[0], z4[1]}, zh[2] = {z4[2], z4[3]};
+              mma_f16(pz[2 * p], da[k], zl);
+              mma_f16(pz[2 * p + 1], da[k], zh);
+            }
+          }
+      }
 #pragma unroll
       for (int j = 0; j < NK / 2; ++j)
 #pragma unroll
@@ -1587,16 +1617,25 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     if (write && !DIR) {
       // o^T += aq_inv M^T Aq^T (Aq is zero above its diagonal: token tiles p take M's blocks k <= p).
       float oa[NC][4] = {};
+      if constexpr (WG) {  // the whole of Aq (zero above its diagonal), K-major
+        wgmma_fence();
 #pragma unroll
-      for (int p = 0; p < NC / 2; ++p)
-#pragma unroll
-        for (int k = 0; k <= p; ++k) {
-          unsigned b4[4];
-          ldmatrix_x4(b4, ring.Aq(buf) + swizzled<128, C>(16 * p + a_row, 16 * k + a_col));
-          const unsigned bl[2] = {b4[0], b4[2]}, bh[2] = {b4[1], b4[3]};
-          mma_f16(oa[2 * p], ma[k], bl);
-          mma_f16(oa[2 * p + 1], ma[k], bh);
-        }
+        for (int k = 0; k < NC / 2; ++k) wgmma_m64n64k16<0>(oa, ma[k], wgmma_desc_sw128(ring.Aq(buf) + 32 * k, 16, 8 * 128));
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold(oa);
+      } else {
+  #pragma unroll
+        for (int p = 0; p < NC / 2; ++p)
+  #pragma unroll
+          for (int k = 0; k <= p; ++k) {
+            unsigned b4[4];
+            ldmatrix_x4(b4, ring.Aq(buf) + swizzled<128, C>(16 * p + a_row, 16 * k + a_col));
+            const unsigned bl[2] = {b4[0], b4[2]}, bh[2] = {b4[1], b4[3]};
+            mma_f16(oa[2 * p], ma[k], bl);
+            mma_f16(oa[2 * p + 1], ma[k], bh);
+          }
+      }
       const float ai = *ring.aq_inv(buf);
       // o^T's rows (this warp's 16 columns) into the warp's staging tile [C][16] as o's rows, then 16 bytes a lane.
       __half* const st16 = reinterpret_cast<__half*>(ring.stage(warp));
@@ -1795,13 +1834,13 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
 // The column scan (column_scan_kernel): one block a (segment, head), Dv / 16 warps; FUSE >= 0 with the
 // fusion norm into y of O; HIST writing S16 and M16, whichever is given; DIR the reverse scan forming the
 // direct term (with HIST).
-template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16, bool HIST = false, bool DIR = false>
+template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16, bool HIST = false, bool DIR = false, bool WG = false>
 void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
   using Ring = ColumnRing<DK, DV, (FUSE >= 0), HIST>;
   const int H = static_cast<int>(a.A.size(0));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
   constexpr size_t smem = Ring::kBytes;
-  auto kernel = column_scan_kernel<DK, DV, FUSE, O, HIST, DIR>;
+  auto kernel = column_scan_kernel<DK, DV, FUSE, O, HIST, DIR, WG>;
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
@@ -1885,10 +1924,15 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
       } else if (a.output.o.defined() && plan.columns >= 64) {  // the column scan (low_rank_scan's plan)
         if constexpr (DK == 128) {
           const bool hist = a.S16.defined() || a.M16.defined();
-          if (plan.columns == 128 && hist) launch_column_scan<128, 128, -1, c10::BFloat16, true>(a, plan, fin);
-          else if (plan.columns == 128) launch_column_scan<128, 128>(a, plan, fin);
-          else if (hist) launch_column_scan<128, 64, -1, c10::BFloat16, true>(a, plan, fin);
-          else launch_column_scan<128, 64>(a, plan, fin);
+          auto launch = [&](auto wg) {  // the products by warpgroup (scan_wgmma) or by warp
+            constexpr bool W = decltype(wg)::value;
+            if (plan.columns == 128 && hist) launch_column_scan<128, 128, -1, c10::BFloat16, true, false, W>(a, plan, fin);
+            else if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, false, false, W>(a, plan, fin);
+            else if (hist) launch_column_scan<128, 64, -1, c10::BFloat16, true, false, W>(a, plan, fin);
+            else launch_column_scan<128, 64, -1, c10::BFloat16, false, false, W>(a, plan, fin);
+          };
+          if (g_scan_wgmma) launch(std::true_type{});
+          else launch(std::false_type{});
         }
       } else if (a.output.o.defined()) {
         if constexpr (DK >= 64) {  // chunk_factors' head sizes (low_rank_scan refuses the output for others)
@@ -2506,6 +2550,8 @@ void set_scan_warp_columns(bool on) { g_scan_warp_columns = on; }
 bool scan_warp_columns_enabled() { return g_scan_warp_columns; }
 int64_t column_scan_launches() { return g_column_scan_launches.load(std::memory_order_relaxed); }
 void set_fusion_in_column_scan(bool on) { g_fusion_in_column_scan = on; }
+void set_scan_wgmma(bool on) { g_scan_wgmma = on; }
+bool scan_wgmma_enabled() { return g_scan_wgmma; }
 bool fusion_in_column_scan_enabled() { return g_fusion_in_column_scan; }
 namespace {
 // Whether the column scan may take a scan at these head sizes (its switch on, set_scan_columns automatic).

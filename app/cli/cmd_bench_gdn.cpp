@@ -93,7 +93,8 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // kFusionInScan: the layer's fusion norm inside the scan that writes the output (a cluster of a head's
 // column blocks) instead of by a kernel of its own after it; kScanColumnBlocks: the forward's scan in blocks of
 // 32 state columns instead of a whole head a block with 16 columns a warp (kernels::set_scan_warp_columns);
-// kFusionInColumnScan: the layer's fusion norm inside the column scan instead of by the fusion kernel after it.
+// kFusionInColumnScan: the layer's fusion norm inside the column scan instead of by the fusion kernel after it;
+// kScanWarpProducts: the column scan's products by warp (mma.sync) instead of by warpgroup (kernels::set_scan_wgmma).
 enum class OtherPath {
   kLibTorchLocal,
   kTf32Scan,
@@ -103,7 +104,8 @@ enum class OtherPath {
   kDirectApart,
   kFusionInScan,
   kScanColumnBlocks,
-  kFusionInColumnScan
+  kFusionInColumnScan,
+  kScanWarpProducts
 };
 
 // fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
@@ -142,6 +144,7 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
       return with_setting(kernels::set_fusion_in_column_scan, kernels::fusion_in_column_scan_enabled, true, dev, fn);
     case OtherPath::kScanColumnBlocks:
       return with_setting(kernels::set_scan_warp_columns, kernels::scan_warp_columns_enabled, false, dev, fn);
+    case OtherPath::kScanWarpProducts: return with_setting(kernels::set_scan_wgmma, kernels::scan_wgmma_enabled, false, dev, fn);
     case OtherPath::kFactorsThreeBlocks:
       return with_setting(kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled, false, dev, fn);
   }
@@ -311,6 +314,10 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         alternating(OtherPath::kScanColumnBlocks, same_scan, [&] { return forward(ours, back_to_back_ms); });
     const auto [fb_head, fb_blocks] =
         alternating(OtherPath::kScanColumnBlocks, same_scan, [&] { return forward_backward(ours, back_to_back_ms); });
+    // The column scan's products by warpgroup (the default) against by warp.
+    const auto [f_wg, f_warp] = alternating(OtherPath::kScanWarpProducts, same_scan, [&] { return forward(ours, back_to_back_ms); });
+    const auto [fb_wg, fb_warp] =
+        alternating(OtherPath::kScanWarpProducts, same_scan, [&] { return forward_backward(ours, back_to_back_ms); });
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
@@ -360,6 +367,13 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       std::printf("  %-10s back to back, the forward's scan a head a block (default) / in blocks of 32 state columns "
                   "(medians of three alternating rounds): forward %.3f / %.3f ms, forward + backward %.3f / %.3f ms\n",
                   "", *f_head, *f_blocks, *fb_head, *fb_blocks);
+    }
+    if (f_wg && f_warp && fb_wg && fb_warp) {
+      row["fwd_scan_wgmma_b2b_ms"] = *f_wg, row["fwd_scan_mma_sync_b2b_ms"] = *f_warp;
+      row["fwd_bwd_scan_wgmma_b2b_ms"] = *fb_wg, row["fwd_bwd_scan_mma_sync_b2b_ms"] = *fb_warp;
+      std::printf("  %-10s back to back, the column scan's products by warpgroup (default) / by warp (medians of three "
+                  "alternating rounds): forward %.3f / %.3f ms, forward + backward %.3f / %.3f ms\n",
+                  "", *f_wg, *f_warp, *fb_wg, *fb_warp);
     }
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
     out["rows"].push_back(row);
@@ -472,7 +486,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       // chunk_factors against on its inputs alone, alternating with the default: the device slows as it
       // warms up.
       std::vector<double> four, three, ungated, after_scan, out_apart, fusion_default, fusion_in, fusion_col, one_default, one_in,
-          head_scan, block_scan;
+          head_scan, block_scan, wg_scan, warp_scan;
       for (int round = 0; round < 3 && dev.is_cuda(); ++round) {
         four.push_back(back_to_back_ms(dev, a.warmup, a.iters, hybrid_run));
         if (const auto t = on_other_path(OtherPath::kFactorsThreeBlocks, dev,
@@ -486,6 +500,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         if (!a.output_apart && a.scan_columns == "auto") {  // the scan a head a block against blocks of 32 columns
           head_scan.push_back(b2b());
           if (const auto f = on_other_path(OtherPath::kScanColumnBlocks, dev, b2b)) block_scan.push_back(*f);
+          wg_scan.push_back(b2b());  // and its products by warpgroup against by warp
+          if (const auto f = on_other_path(OtherPath::kScanWarpProducts, dev, b2b)) warp_scan.push_back(*f);
         }
         if (!a.fusion_in_scan && !a.output_apart) {  // else that is the default, or (the output apart) no path
           fusion_default.push_back(b2b());
@@ -503,7 +519,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                   fused_in = median_of(fusion_in), fused_default = median_of(fusion_default),
                                   fused_col = median_of(fusion_col), one_fused_in = median_of(one_in),
                                   one_fused_default = median_of(one_default),
-                                  scan_head = median_of(head_scan), scan_blocks = median_of(block_scan);
+                                  scan_head = median_of(head_scan), scan_blocks = median_of(block_scan),
+                                  scan_wg = median_of(wg_scan), scan_warp = median_of(warp_scan);
       const std::optional<Sustained> dense_e = sustained(dense_run, dense_b2b), hyb_e = sustained(hybrid_run, hyb_b2b);
       // The same for the hybrid with its output apart (kernels::set_output_in_scan): under a power limit the
       // energy a call is the figure that decides.
@@ -548,6 +565,12 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         std::printf("  %-10s the scan a head a block (default) / in blocks of 32 state columns, back to back (medians of "
                     "three alternating rounds): %.2f / %.2f ms\n",
                     "", *scan_head, *scan_blocks);
+      }
+      if (scan_wg && scan_warp) {
+        layer["hybrid_scan_wgmma_b2b_ms"] = *scan_wg, layer["hybrid_scan_mma_sync_b2b_ms"] = *scan_warp;
+        std::printf("  %-10s the column scan's products by warpgroup (default) / by warp, back to back (medians of three "
+                    "alternating rounds): %.2f / %.2f ms\n",
+                    "", *scan_wg, *scan_warp);
       }
       if (fused_in && fused_default) {
         layer["hybrid_fusion_apart_b2b_ms"] = *fused_default, layer["hybrid_fusion_in_cluster_scan_b2b_ms"] = *fused_in;

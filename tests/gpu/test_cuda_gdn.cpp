@@ -1265,6 +1265,75 @@ TEST(CudaGdn, ForwardWithTheChunkKernelsEqualsTheRecurrence) {
   }
 }
 
+// The column scan's products by warpgroup (wgmma, reading each chunk's factors from shared memory once for
+// four warps: set_scan_wgmma, the default) against the same scan's products by warp (mma.sync on ldmatrix
+// fragments): o, the final state and, through the history the forward's scan writes for the backward, the
+// gradients. Both head sizes the column scan takes (Dv 128: two warpgroups, 64: one), whole sequences and
+// segments of 2 chunks (warm-up chunks that write nothing), packed sequences, T not a multiple of 64.
+TEST(CudaGdn, ColumnScanByWarpgroupEqualsTheScanByWarp) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  ASSERT_TRUE(hh::kernels::scan_wgmma_enabled());
+  namespace F = torch::nn::functional;
+  const auto nrm = F::NormalizeFuncOptions().dim(-1);
+  struct Case {
+    int64_t B, T, H, Dv;
+    std::vector<int64_t> cu;
+  };
+  for (const Case& c : {Case{2, 777, 3, 128, {}}, Case{1, 1000, 2, 64, {0, 100, 164, 1000}}, Case{1, 4096, 2, 128, {}}})
+    for (int64_t segments : {int64_t{0}, int64_t{2}}) {
+      const std::string what = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " Dv=" + std::to_string(c.Dv) +
+                               (c.cu.empty() ? "" : " packed") + (segments == 0 ? ", whole sequences" : ", segments of 2 chunks");
+      const int64_t S = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1, Dk = 128;
+      const auto dev = kCuda.dtype(torch::kBFloat16), f32 = kCuda.dtype(torch::kFloat);
+      const std::vector<torch::Tensor> in = {F::normalize(torch::randn({c.B, c.T, c.H, Dk}, kF64), nrm).to(dev),
+                                             F::normalize(torch::randn({c.B, c.T, c.H, Dk}, kF64), nrm).to(dev),
+                                             torch::randn({c.B, c.T, c.H, c.Dv}, kF64).to(dev),
+                                             (-0.5 * torch::rand({c.B, c.T, c.H}, kF64)).to(f32),
+                                             torch::rand({c.B, c.T, c.H}, kF64).to(f32),
+                                             (0.5 * torch::randn({S, c.H, Dk, c.Dv}, kF64)).to(f32)};
+      const auto w_o = torch::randn({c.B, c.T, c.H, c.Dv}, f32), w_s = torch::randn({S, c.H, Dk, c.Dv}, f32);
+      struct Out {
+        torch::Tensor o, state;
+        std::vector<torch::Tensor> grads;
+      };
+      auto run = [&](bool wgmma) {
+        hh::kernels::set_scan_wgmma(wgmma);
+        hh::kernels::set_scan_segments(segments);
+        Out r;
+        {
+          torch::NoGradGuard no_grad;
+          poison_allocator();
+          const auto f = gdn_chunked_scan(in[0], in[1], in[2], in[3], in[4], in[5], 0.1, 64, c.cu);
+          r.o = f.o, r.state = f.state;
+        }
+        std::vector<torch::Tensor> x;
+        for (const auto& t : in) x.push_back(t.detach().requires_grad_(true));
+        poison_allocator();
+        const auto f = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], 0.1, 64, c.cu);
+        r.grads = torch::autograd::grad({(f.o.to(torch::kFloat) * w_o).sum() + (f.state * w_s).sum()}, x);
+        hh::kernels::set_scan_wgmma(true);
+        hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+        return r;
+      };
+      const int64_t launches = hh::kernels::column_scan_launches();
+      const Out wg = run(true), warp = run(false);
+      // Each run: the inference forward's scan, the training forward's, the backward's reverse scan.
+      EXPECT_EQ(hh::kernels::column_scan_launches() - launches, 6) << what << ": the path taken";
+      EXPECT_LT(rel_err(wg.o, warp.o), 1e-3) << what << " o";
+      EXPECT_LT(rel_err(wg.state, warp.state), 1e-4) << what << " state";
+      const bool same = torch::equal(wg.o, warp.o) && torch::equal(wg.state, warp.state);
+      const char* names[] = {"q", "k", "v", "g", "beta", "s0"};
+      bool grads_same = true;
+      for (size_t i = 0; i < 6; ++i) {
+        EXPECT_LT(rel_err(wg.grads[i], warp.grads[i]), 1e-3) << what << " d" << names[i];
+        grads_same = grads_same && torch::equal(wg.grads[i], warp.grads[i]);
+      }
+      std::printf("[ measured ] %s: o %.3g, state %.3g apart (%s); gradients %s\n", what.c_str(), rel_err(wg.o, warp.o),
+                  rel_err(wg.state, warp.state), same ? "the same bits" : "not the same bits",
+                  grads_same ? "the same bits" : "not the same bits");
+    }
+}
+
 // The rule's output through the fusion norm (gdn_fused_output: the scan's own output then the fusion
 // kernel by default, or the norm inside chunk_output_f16 from the scan's history) against the rule
 // then the fusion kernel: the same final state bit for bit (the same kernels up to the output), the
