@@ -1337,7 +1337,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   using P2 = typename Pair16<O>::type;
   constexpr int C = kLowRankChunk, NW = Ring::kWarps, SW = Ring::SW, NK = DK / 8, NC = C / 8;
   static_assert(C == 64 && DK % 16 == 0 && DV % 32 == 0, "the column scan's shapes");
-  static_assert(!WG || (!DIR && SW == 128 && DV % 64 == 0), "the warpgroup products: the forward, Dk = 128, whole warpgroups");
+  static_assert(!WG || (SW == 128 && DV % 64 == 0), "the warpgroup products: Dk = 128, whole warpgroups");
   extern __shared__ float4 smem4[];
   char* const base = reinterpret_cast<char*>(smem4) + ((1024 - (smem_addr(smem4) & 1023)) & 1023);
   unsigned long long* const full = reinterpret_cast<unsigned long long*>(base);
@@ -1493,16 +1493,25 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
 #pragma unroll
       for (int k = 0; k < NC / 2; ++k) ldmatrix_x4_trans(da[k], ring.U(buf) + swizzled<SW, C>(16 * k + at_k, r0 + at_m));
       float ud[NC][4] = {};
+      if constexpr (WG) {  // the whole of Aq (zero above its diagonal), MN-major
+        wgmma_fence();
 #pragma unroll
-      for (int p = 0; p < NC / 2; ++p)
+        for (int k = 0; k < NC / 2; ++k) wgmma_m64n64k16<1>(ud, da[k], wgmma_desc_sw128(ring.Aq(buf) + 16 * k * 128, 8 * 128, 8 * 128));
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold(ud);
+      } else {
 #pragma unroll
-        for (int k = p; k < NC / 2; ++k) {
-          unsigned b4[4];
-          ldmatrix_x4_trans(b4, ring.Aq(buf) + swizzled<128, C>(16 * k + bt_k, 16 * p + bt_n));
-          const unsigned bl[2] = {b4[0], b4[1]}, bh[2] = {b4[2], b4[3]};
-          mma_f16(ud[2 * p], da[k], bl);
-          mma_f16(ud[2 * p + 1], da[k], bh);
-        }
+        for (int p = 0; p < NC / 2; ++p)
+#pragma unroll
+          for (int k = p; k < NC / 2; ++k) {
+            unsigned b4[4];
+            ldmatrix_x4_trans(b4, ring.Aq(buf) + swizzled<128, C>(16 * k + bt_k, 16 * p + bt_n));
+            const unsigned bl[2] = {b4[0], b4[1]}, bh[2] = {b4[2], b4[3]};
+            mma_f16(ud[2 * p], da[k], bl);
+            mma_f16(ud[2 * p + 1], da[k], bh);
+          }
+      }
       const float du = -(*ring.aq_inv(buf) * *ring.do_inv(buf));
 #pragma unroll
       for (int j = 0; j < NC; ++j)
@@ -1558,7 +1567,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     if constexpr (!DIR) q0.inverse *= ring.u_inv(buf)[r0 + g], q1.inverse *= ring.u_inv(buf)[r0 + g + 8];  // M^T's own inverse scales
     // S^T Qd^T for a written chunk, on the same fragments of the state.
     float oq[NC][4] = {};
-    if (WG && write) wg_products(oq, sa, ring.Qd(buf));
+    if (WG && write && !DIR) wg_products(oq, sa, ring.Qd(buf));
     else if (write && !DIR)
 #pragma unroll
       for (int k = 0; k < NK / 2; ++k)
@@ -1577,16 +1586,20 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     for (int half = 0; half < 2; ++half) {
       float part[NK / 2][4] = {};
       [[maybe_unused]] float pz[NK / 2][4] = {};
-      if constexpr (WG) {  // A_n's rows of this half: one 64-column box, MN-major
+      if constexpr (WG) {  // A_n's rows of this half (DIR: and Qd's): one 64-column box, MN-major
         wgmma_fence();
+        constexpr unsigned rows8 = 8 * SW;
 #pragma unroll
-        for (int k = 0; k < NC / 2; ++k) {
-          const unsigned rows8 = 8 * SW;
+        for (int k = 0; k < NC / 2; ++k)
           wgmma_m64n64k16<1>(part, ma[k], wgmma_desc_sw128(ring.A(buf) + half * C * SW + 16 * k * SW, rows8, rows8));
-        }
+        if constexpr (DIR)
+#pragma unroll
+          for (int k = 0; k < NC / 2; ++k)
+            wgmma_m64n64k16<1>(pz, da[k], wgmma_desc_sw128(ring.Qd(buf) + half * C * SW + 16 * k * SW, rows8, rows8));
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_hold(part);
+        if constexpr (DIR) wgmma_hold(pz);
       } else {
 #pragma unroll
         for (int k = 0; k < NC / 2; ++k)
@@ -1941,8 +1954,13 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
         }
       } else if (a.direct.dO16.defined() && plan.columns >= 64) {  // the column scan, reverse (low_rank_scan's plan)
         if constexpr (DK == 128) {
-          if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, true, true>(a, plan, fin);
-          else launch_column_scan<128, 64, -1, c10::BFloat16, true, true>(a, plan, fin);
+          auto launch = [&](auto wg) {  // the products by warpgroup (scan_wgmma) or by warp
+            constexpr bool W = decltype(wg)::value;
+            if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, true, true, W>(a, plan, fin);
+            else launch_column_scan<128, 64, -1, c10::BFloat16, true, true, W>(a, plan, fin);
+          };
+          if (g_scan_wgmma) launch(std::true_type{});
+          else launch(std::false_type{});
         }
       } else if (a.direct.dO16.defined()) {
         if constexpr (DK >= 64) {  // likewise

@@ -178,10 +178,11 @@ int64_t column_scan_launches();
 // takes the cluster of column blocks instead.
 void set_fusion_in_column_scan(bool on);
 bool fusion_in_column_scan_enabled();
-// Whether the column scan's products, where it writes o (not through the fusion) and not in the reverse
-// scan, run by warpgroup (wgmma: each chunk's factors read from shared memory once for four warps) instead
-// of by warp (mma.sync on ldmatrix fragments: once a warp). Process-wide, on by default; off as a
-// benchmark's comparison or a test's reference. The products' sums may round in another order.
+// Whether the column scan's products, where it writes o (not through the fusion) and in the backward's
+// reverse scan, run by warpgroup (wgmma: each chunk's factors read from shared memory once for four warps)
+// instead of by warp (mma.sync on ldmatrix fragments: once a warp). Process-wide, on by default; off as a
+// benchmark's comparison or a test's reference. Both sum the same operands in the same order of 16-deep
+// steps: the same bits.
 void set_scan_wgmma(bool on);
 bool scan_wgmma_enabled();
 // Whether a fused output at these head sizes goes through the column scan (the switches above, Dk = 128,
