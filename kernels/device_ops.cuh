@@ -311,6 +311,17 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const unsigned
 #endif
 }
 
+// d += sum over k of a[k] b_k as one group of the warpgroup's products, waited for: desc(k) describes b_k.
+template <int TRANS_B, int K16, class Desc>
+__device__ __forceinline__ void wgmma_product(float (&d)[8][4], const unsigned (&a)[K16][4], Desc desc) {
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < K16; ++k) wgmma_m64n64k16<TRANS_B>(d, a[k], desc(k));
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_hold(d);
+}
+
 // Two floats as a float16 pair in one register (x in the low half), rounded to nearest.
 __device__ __forceinline__ unsigned pack_f16(float x, float y) {
   const __half2 h = __floats2half2_rn(x, y);

@@ -1411,16 +1411,28 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   publish();
   // WG: x = (this warp's 16 rows of S^T over Dk) (a tile's rows over Dk)^T for a K-major 64-row tile of the
   // ring (B_n or Qd), by the warpgroup's products: eight 16-deep steps, each a 32-byte slice of a box's rows.
-  [[maybe_unused]] auto wg_products = [&](float (&x)[NC][4], const unsigned (&frag)[NK / 2][4], const char* tile) {
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < NK / 2; ++k)
-      wgmma_m64n64k16<0>(x, frag[k], wgmma_desc_sw128(tile + (16 * k / Ring::kBoxCols) * C * SW + (16 * k % Ring::kBoxCols) * 2, 16, 8 * SW));
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_hold(x);
-  };
   const int a_row = lane % 16, a_col = (lane / 16) * 8;
+  // x += (this warp's 16 rows of S^T over Dk) (a K-major 64-row tile of the ring over Dk)^T (B_n or Qd): by the
+  // warpgroup's products (WG; eight 16-deep steps, each a 32-byte slice of a box's rows), else by this warp's,
+  // two 8-column tiles of tokens a load.
+  auto state_products = [&](float (&x)[NC][4], const char* tile) {
+    if constexpr (WG) {
+      wgmma_product<0>(x, sa, [&](int k) {
+        return wgmma_desc_sw128(tile + (16 * k / Ring::kBoxCols) * C * SW + (16 * k % Ring::kBoxCols) * 2, 16, 8 * SW);
+      });
+    } else {
+#pragma unroll
+      for (int k = 0; k < NK / 2; ++k)
+#pragma unroll
+        for (int p = 0; p < NC / 2; ++p) {
+          unsigned b4[4];
+          ldmatrix_x4(b4, tile + swizzled<SW, C>(16 * p + a_row, 16 * k + a_col));
+          const unsigned lo[2] = {b4[0], b4[2]}, hi[2] = {b4[1], b4[3]};
+          mma_f16(x[2 * p], sa[k], lo);
+          mma_f16(x[2 * p + 1], sa[k], hi);
+        }
+    }
+  };
   const int bt_k = (lane % 8) + 8 * ((lane / 8) % 2), bt_n = 8 * (lane / 16);
   [[maybe_unused]] const int at_k = (lane % 8) + 8 * (lane / 16), at_m = 8 * ((lane / 8) % 2);  // DIR: A fragments stored transposed
   // HIST: this lane's stored row and unit in a 16-row block of the staging tile (stmatrix_x4_trans's
@@ -1472,20 +1484,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     // (1) M^T = U^T - S^T B^T: two 8-column tiles of tokens a B load. (S^T Qd^T comes after M^T's
     // fragments, so that M^T's and o's accumulators are not live together.)
     float mt[NC][4] = {};
-    if constexpr (WG) {
-      wg_products(mt, sa, ring.B(buf));
-    } else {
-#pragma unroll
-      for (int k = 0; k < NK / 2; ++k)
-#pragma unroll
-        for (int p = 0; p < NC / 2; ++p) {
-          unsigned b4[4];
-          ldmatrix_x4(b4, ring.B(buf) + swizzled<SW, C>(16 * p + a_row, 16 * k + a_col));
-          const unsigned bl[2] = {b4[0], b4[2]}, bh[2] = {b4[1], b4[3]};
-          mma_f16(mt[2 * p], sa[k], bl);
-          mma_f16(mt[2 * p + 1], sa[k], bh);
-        }
-    }
+    state_products(mt, ring.B(buf));
     // DIR: dO16^T's A fragments (row block k: the chunk's rows 16 k .. 16 k + 15), for both of its products;
     // M^T = -aq_inv do_inv dO16^T Aq - S^T B^T.
     [[maybe_unused]] unsigned da[NC / 2][4];
@@ -1494,12 +1493,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       for (int k = 0; k < NC / 2; ++k) ldmatrix_x4_trans(da[k], ring.U(buf) + swizzled<SW, C>(16 * k + at_k, r0 + at_m));
       float ud[NC][4] = {};
       if constexpr (WG) {  // the whole of Aq (zero above its diagonal), MN-major
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < NC / 2; ++k) wgmma_m64n64k16<1>(ud, da[k], wgmma_desc_sw128(ring.Aq(buf) + 16 * k * 128, 8 * 128, 8 * 128));
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_hold(ud);
+        wgmma_product<1>(ud, da, [&](int k) { return wgmma_desc_sw128(ring.Aq(buf) + 16 * k * 128, 8 * 128, 8 * 128); });
       } else {
 #pragma unroll
         for (int p = 0; p < NC / 2; ++p)
@@ -1567,18 +1561,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     if constexpr (!DIR) q0.inverse *= ring.u_inv(buf)[r0 + g], q1.inverse *= ring.u_inv(buf)[r0 + g + 8];  // M^T's own inverse scales
     // S^T Qd^T for a written chunk, on the same fragments of the state.
     float oq[NC][4] = {};
-    if (WG && write && !DIR) wg_products(oq, sa, ring.Qd(buf));
-    else if (write && !DIR)
-#pragma unroll
-      for (int k = 0; k < NK / 2; ++k)
-#pragma unroll
-        for (int p = 0; p < NC / 2; ++p) {
-          unsigned b4[4];
-          ldmatrix_x4(b4, ring.Qd(buf) + swizzled<SW, C>(16 * p + a_row, 16 * k + a_col));
-          const unsigned ql[2] = {b4[0], b4[2]}, qh[2] = {b4[1], b4[3]};
-          mma_f16(oq[2 * p], sa[k], ql);
-          mma_f16(oq[2 * p + 1], sa[k], qh);
-        }
+    if (write && !DIR) state_products(oq, ring.Qd(buf));
     // (2) S^T <- a S^T + M^T A_n, in two halves of Dk (the products' partial sums beside the state); DIR:
     // + do_inv dO16^T Qd.
     const float an = *ring.decay(buf), di = DIR ? *ring.do_inv(buf) : 0.f;
@@ -1631,16 +1614,11 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       // o^T += aq_inv M^T Aq^T (Aq is zero above its diagonal: token tiles p take M's blocks k <= p).
       float oa[NC][4] = {};
       if constexpr (WG) {  // the whole of Aq (zero above its diagonal), K-major
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < NC / 2; ++k) wgmma_m64n64k16<0>(oa, ma[k], wgmma_desc_sw128(ring.Aq(buf) + 32 * k, 16, 8 * 128));
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_hold(oa);
+        wgmma_product<0>(oa, ma, [&](int k) { return wgmma_desc_sw128(ring.Aq(buf) + 32 * k, 16, 8 * 128); });
       } else {
-  #pragma unroll
+#pragma unroll
         for (int p = 0; p < NC / 2; ++p)
-  #pragma unroll
+#pragma unroll
           for (int k = 0; k <= p; ++k) {
             unsigned b4[4];
             ldmatrix_x4(b4, ring.Aq(buf) + swizzled<128, C>(16 * p + a_row, 16 * k + a_col));

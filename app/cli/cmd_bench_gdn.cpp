@@ -361,20 +361,20 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     if (f_apart) row["fwd_output_apart_b2b_ms"] = *f_apart;
     if (fb_direct_in) row["fwd_bwd_direct_in_scan_b2b_ms"] = *fb_direct_in;
     if (fb_direct_apart) row["fwd_bwd_direct_apart_b2b_ms"] = *fb_direct_apart;
-    if (f_head && f_blocks && fb_head && fb_blocks) {
-      row["fwd_scan_head_b2b_ms"] = *f_head, row["fwd_scan_column_blocks_b2b_ms"] = *f_blocks;
-      row["fwd_bwd_scan_head_b2b_ms"] = *fb_head, row["fwd_bwd_scan_column_blocks_b2b_ms"] = *fb_blocks;
-      std::printf("  %-10s back to back, the forward's scan a head a block (default) / in blocks of 32 state columns "
-                  "(medians of three alternating rounds): forward %.3f / %.3f ms, forward + backward %.3f / %.3f ms\n",
-                  "", *f_head, *f_blocks, *fb_head, *fb_blocks);
-    }
-    if (f_wg && f_warp && fb_wg && fb_warp) {
-      row["fwd_scan_wgmma_b2b_ms"] = *f_wg, row["fwd_scan_mma_sync_b2b_ms"] = *f_warp;
-      row["fwd_bwd_scan_wgmma_b2b_ms"] = *fb_wg, row["fwd_bwd_scan_mma_sync_b2b_ms"] = *fb_warp;
-      std::printf("  %-10s back to back, the column scan's products by warpgroup (default) / by warp (medians of three "
-                  "alternating rounds): forward %.3f / %.3f ms, forward + backward %.3f / %.3f ms\n",
-                  "", *f_wg, *f_warp, *fb_wg, *fb_warp);
-    }
+    // A line and four keys for a path alternated with the default (medians of three rounds, back to back).
+    auto alternated = [&](std::optional<double> f0, std::optional<double> f1, std::optional<double> fb0, std::optional<double> fb1,
+                          const std::string& key0, const std::string& key1, const char* paths) {
+      if (!f0 || !f1 || !fb0 || !fb1) return;
+      row["fwd_" + key0 + "_b2b_ms"] = *f0, row["fwd_" + key1 + "_b2b_ms"] = *f1;
+      row["fwd_bwd_" + key0 + "_b2b_ms"] = *fb0, row["fwd_bwd_" + key1 + "_b2b_ms"] = *fb1;
+      std::printf("  %-10s back to back, %s (medians of three alternating rounds): forward %.3f / %.3f ms, forward + backward "
+                  "%.3f / %.3f ms\n",
+                  "", paths, *f0, *f1, *fb0, *fb1);
+    };
+    alternated(f_head, f_blocks, fb_head, fb_blocks, "scan_head", "scan_column_blocks",
+               "the forward's scan a head a block (default) / in blocks of 32 state columns");
+    alternated(f_wg, f_warp, fb_wg, fb_warp, "scan_wgmma", "scan_mma_sync",
+               "the column scan's products by warpgroup (default) / by warp");
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
     out["rows"].push_back(row);
   }
