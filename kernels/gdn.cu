@@ -1226,7 +1226,11 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // accumulators feed step (2) and S^T's the next step (1) in registers: no shared memory and no barrier
 // between the warps of a step. Block float16: one power-of-two scale a row of S^T and of M^T (each row's
 // largest magnitude into [2^14, 2^15)), undone once on each output element. The factors are the B
-// operands, read from the ring: B_n, Qd and Aq by ldmatrix of their rows, A_n by ldmatrix.trans. U comes
+// operands, read from the ring: B_n, Qd and Aq by ldmatrix of their rows, A_n by ldmatrix.trans; with WG
+// (set_scan_wgmma, the default) by the warpgroup's products instead (wgmma: the warps' fragments as the A
+// operand, B read by the tensor cores from the slot through a shared-memory descriptor, once for four warps;
+// B_n, Qd and Aq K-major, A_n MN-major; Aq's product over the whole tile, zero above its diagonal), the same
+// 16-deep steps in the same order, so the same bits. U comes
 // in float16 with a power-of-two scale a column (chunk_factors' UForm::kFloat16Columns); ldmatrix.trans of
 // its rows gives U^T in the accumulators' layout, and since a column of U is a row of M^T, its scale folds
 // into that row's: the scan forms M^T / u_inv (one fused multiply-add an element, as with float32 U) and
@@ -1409,8 +1413,6 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     sinv0 = p0.inverse, sinv1 = p1.inverse;
   };
   publish();
-  // WG: x = (this warp's 16 rows of S^T over Dk) (a tile's rows over Dk)^T for a K-major 64-row tile of the
-  // ring (B_n or Qd), by the warpgroup's products: eight 16-deep steps, each a 32-byte slice of a box's rows.
   const int a_row = lane % 16, a_col = (lane / 16) * 8;
   // x += (this warp's 16 rows of S^T over Dk) (a K-major 64-row tile of the ring over Dk)^T (B_n or Qd): by the
   // warpgroup's products (WG; eight 16-deep steps, each a 32-byte slice of a box's rows), else by this warp's,
