@@ -1861,7 +1861,27 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// 1 in the code the device runs where that code has the warpgroup products (a build for sm_90a), else 0.
+__global__ void wgmma_built_kernel(int* out) { *out = HH_WGMMA; }
+
 }  // namespace
+
+bool scan_wgmma_available() {
+  if (!at::cuda::is_available()) return false;
+  static std::mutex mutex;
+  static std::map<int, bool> known;  // by device
+  const int device = at::cuda::current_device();
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = known.find(device); it != known.end()) return it->second;
+  bool built = false;
+  if (copy_engine_available()) {
+    const at::Tensor flag = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device));
+    wgmma_built_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(flag.data_ptr<int>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    built = flag.item<int>() != 0;
+  }
+  return known[device] = built;
+}
 
 // Every instance of the scan with the fusion has the same shared memory and threads (one block an SM);
 // the bfloat16 SiLU one stands for them.
@@ -1924,7 +1944,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
             else if (hist) launch_column_scan<128, 64, -1, c10::BFloat16, true, false, W>(a, plan, fin);
             else launch_column_scan<128, 64, -1, c10::BFloat16, false, false, W>(a, plan, fin);
           };
-          if (g_scan_wgmma) launch(std::true_type{});
+          if (g_scan_wgmma && scan_wgmma_available()) launch(std::true_type{});
           else launch(std::false_type{});
         }
       } else if (a.output.o.defined()) {
@@ -1939,7 +1959,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
             if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, true, true, W>(a, plan, fin);
             else launch_column_scan<128, 64, -1, c10::BFloat16, true, true, W>(a, plan, fin);
           };
-          if (g_scan_wgmma) launch(std::true_type{});
+          if (g_scan_wgmma && scan_wgmma_available()) launch(std::true_type{});
           else launch(std::false_type{});
         }
       } else if (a.direct.dO16.defined()) {

@@ -183,8 +183,13 @@ bool fusion_in_column_scan_enabled();
 // instead of by warp (mma.sync on ldmatrix fragments: once a warp). Process-wide, on by default; off as a
 // benchmark's comparison or a test's reference. Both sum the same operands in the same order of 16-deep
 // steps: the same bits.
+// Only where the device runs code built for sm_90a (scan_wgmma_available); a build for plain sm_90 keeps
+// the products by warp.
 void set_scan_wgmma(bool on);
 bool scan_wgmma_enabled();
+// Whether the current device's code has the warpgroup products (asked of the device once, by a one-thread
+// kernel: which of a build's architectures it runs is the driver's choice).
+bool scan_wgmma_available();
 // Whether a fused output at these head sizes goes through the column scan (the switches above, Dk = 128,
 // Dv 64 or 128): gdn's forward then hands the scan its fusion (LowRankScanArgs::Output::fusion).
 bool column_scan_fuses(int64_t Dk, int64_t Dv);

@@ -144,7 +144,9 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
       return with_setting(kernels::set_fusion_in_column_scan, kernels::fusion_in_column_scan_enabled, true, dev, fn);
     case OtherPath::kScanColumnBlocks:
       return with_setting(kernels::set_scan_warp_columns, kernels::scan_warp_columns_enabled, false, dev, fn);
-    case OtherPath::kScanWarpProducts: return with_setting(kernels::set_scan_wgmma, kernels::scan_wgmma_enabled, false, dev, fn);
+    case OtherPath::kScanWarpProducts:  // the same path twice where the device's code has no warpgroup products
+      if (dev.is_cuda() && !kernels::scan_wgmma_available()) return std::nullopt;
+      return with_setting(kernels::set_scan_wgmma, kernels::scan_wgmma_enabled, false, dev, fn);
     case OtherPath::kFactorsThreeBlocks:
       return with_setting(kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled, false, dev, fn);
   }
