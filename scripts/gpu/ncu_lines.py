@@ -15,7 +15,10 @@ or outermost) lists that line's instructions in address order: index, executed, 
 reason with the most samples, and the instruction. --metric NAME sums one more of the table's columns
 by line (the first whose name contains NAME, ignoring case; for instance "L2 Theoretical Sectors Global
 Excessive", the 32-byte sectors a line's global accesses touch beyond the fewest its bytes need), adds
-its share and count to each row, and orders the rows by it.
+its share and count to each row, and orders the rows by it. --reason NAME (a stall reason's column, for
+instance stall_barrier) lists the instructions with the most samples of that reason: each one's share of
+all the kernel's samples, its index, its innermost and outermost source lines and the instruction; which
+barrier the warps wait at, for instance, where the lines' sums mix every reason.
 """
 import argparse
 import csv
@@ -68,6 +71,7 @@ def main():
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--show", metavar="FILE:LINE", help="list the instructions of one source line")
     ap.add_argument("--metric", metavar="NAME", help="also sum the first column whose name contains NAME, and sort by it")
+    ap.add_argument("--reason", metavar="NAME", help="list the instructions with the most samples of one stall reason")
     args = ap.parse_args()
     with open(args.csv, errors="replace") as f:
         found = tables(f.read())
@@ -97,6 +101,25 @@ def main():
     for i, (r, (op, _, _)) in enumerate(zip(rows, funcs[name])):
         if opcode(r[src]) != op:
             sys.exit(f"instruction {i}: the table has {r[src].strip()!r}, the listing {op}")
+    if args.reason:
+        col = next((c for c in cols if c.strip() == args.reason), None)
+        if col is None:
+            sys.exit(f"{args.csv}: no stall reason {args.reason!r}; it has: "
+                     + ", ".join(c.strip() for c in cols if c.strip().startswith("stall_")))
+        total = sum(number(r[allc]) for r in rows)
+        ranked = sorted(((number(r[col]), i, r[src].strip(), at, call)
+                         for i, (r, (_, at, call)) in enumerate(zip(rows, funcs[name]))), key=lambda x: (-x[0], x[1]))
+        print(f"{args.reason}: {sum(x[0] for x in ranked):.0f} of {total:.0f} samples "
+              f"({100 * sum(x[0] for x in ranked) / max(total, 1):.1f} %)")
+
+        def where(at):
+            return f"{os.path.basename(at[0])}:{at[1]}" if at[0] else "?"
+
+        for n, i, ins, at, call in ranked[: args.top]:
+            if n <= 0:
+                break
+            print(f"{100 * n / max(total, 1):6.1f}% {i:6d}  {where(at):22} <- {where(call):22} {ins}")
+        return
     if args.show:
         reasons = [c for c in cols if c.strip().startswith("stall_") and "Not Issued" not in c]
         shown = 0

@@ -84,4 +84,18 @@ if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/bad.sass" --
   fail "a mismatched listing was accepted"
 fi
 grep -q "instruction 1: the table has 'FFMA R2, R3, R4, R2', the listing FMUL" "$TMP/bad.txt" || fail "mismatch message: $(cat "$TMP/bad.txt")"
+
+# --reason lists the instructions by one stall reason's samples: stall_barrier has 53 of the 100; the
+# predicated FFMA's 50 first (innermost helper.cuh:13, outermost k.cu:7), then 2 and 1; EXIT's 0 not at all.
+out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --reason stall_barrier)
+grep -q "^stall_barrier: 53 of 100 samples (53.0 %)$" <<<"$out" || fail "--reason total: $out"
+[[ "$(sed -n 2p <<<"$out")" =~ ^\ +50\.0%\ +2\ +helper\.cuh:13\ +\<-\ k\.cu:7\ +@P0\ +FFMA\.FTZ\ R5,\ R3,\ R4,\ R5$ ]] ||
+  fail "--reason first: $out"
+[[ "$(sed -n 3p <<<"$out")" =~ ^\ +2\.0%\ +1\ +helper\.cuh:12\ +\<-\ k\.cu:7 ]] || fail "--reason second: $out"
+[[ "$(sed -n 4p <<<"$out")" =~ ^\ +1\.0%\ +0\ +k\.cu:5\ +\<-\ k\.cu:5\ +LDC ]] || fail "--reason third: $out"
+[[ "$(wc -l <<<"$out")" == 4 ]] || fail "--reason lists only instructions with samples: $out"
+if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --reason stall_nope > "$TMP/noreason.txt" 2>&1; then
+  fail "an unknown stall reason was accepted"
+fi
+grep -q "no stall reason 'stall_nope'; it has: stall_barrier" "$TMP/noreason.txt" || fail "unknown reason message: $(cat "$TMP/noreason.txt")"
 echo "ncu_lines: ok"
