@@ -18,7 +18,8 @@ Excessive", the 32-byte sectors a line's global accesses touch beyond the fewest
 its share and count to each row, and orders the rows by it. --reason NAME (a stall reason's column, for
 instance stall_barrier) lists the instructions with the most samples of that reason: each one's share of
 all the kernel's samples, its index, its innermost and outermost source lines and the instruction; which
-barrier the warps wait at, for instance, where the lines' sums mix every reason.
+barrier the warps wait at, for instance, where the lines' sums mix every reason. --show, --metric and
+--reason exclude one another.
 """
 import argparse
 import csv
@@ -63,15 +64,21 @@ def disasm_functions(path):
     return funcs
 
 
+def place(at):
+    """A (file, line) pair as the tables print it: the file's base name and the line, "?" where unknown."""
+    return f"{os.path.basename(at[0])}:{at[1]}" if at[0] else "?"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output (one kernel)")
     ap.add_argument("sass", help="nvdisasm -gi listing holding the kernel")
     ap.add_argument("--function", required=True, help="a substring of the kernel's mangled name")
     ap.add_argument("--top", type=int, default=40)
-    ap.add_argument("--show", metavar="FILE:LINE", help="list the instructions of one source line")
-    ap.add_argument("--metric", metavar="NAME", help="also sum the first column whose name contains NAME, and sort by it")
-    ap.add_argument("--reason", metavar="NAME", help="list the instructions with the most samples of one stall reason")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--show", metavar="FILE:LINE", help="list the instructions of one source line")
+    how.add_argument("--metric", metavar="NAME", help="also sum the first column whose name contains NAME, and sort by it")
+    how.add_argument("--reason", metavar="NAME", help="list the instructions with the most samples of one stall reason")
     args = ap.parse_args()
     with open(args.csv, errors="replace") as f:
         found = tables(f.read())
@@ -109,22 +116,18 @@ def main():
         total = sum(number(r[allc]) for r in rows)
         ranked = sorted(((number(r[col]), i, r[src].strip(), at, call)
                          for i, (r, (_, at, call)) in enumerate(zip(rows, funcs[name]))), key=lambda x: (-x[0], x[1]))
-        print(f"{args.reason}: {sum(x[0] for x in ranked):.0f} of {total:.0f} samples "
-              f"({100 * sum(x[0] for x in ranked) / max(total, 1):.1f} %)")
-
-        def where(at):
-            return f"{os.path.basename(at[0])}:{at[1]}" if at[0] else "?"
-
+        of_reason = sum(x[0] for x in ranked)
+        print(f"{args.reason}: {of_reason:.0f} of {total:.0f} samples ({100 * of_reason / max(total, 1):.1f} %)")
         for n, i, ins, at, call in ranked[: args.top]:
             if n <= 0:
                 break
-            print(f"{100 * n / max(total, 1):6.1f}% {i:6d}  {where(at):22} <- {where(call):22} {ins}")
+            print(f"{100 * n / max(total, 1):6.1f}% {i:6d}  {place(at):22} <- {place(call):22} {ins}")
         return
     if args.show:
         reasons = [c for c in cols if c.strip().startswith("stall_") and "Not Issued" not in c]
         shown = 0
         for i, (r, (op, at, call)) in enumerate(zip(rows, funcs[name])):
-            names_of = {f"{os.path.basename(f)}:{n}" for f, n in (at, call) if f}
+            names_of = {place(x) for x in (at, call) if x[0]}
             if args.show not in names_of:
                 continue
             top = max(reasons, key=lambda c: number(r[c])).strip() if reasons else ""
@@ -160,7 +163,7 @@ def main():
         print(f"{'exec %':>7} {'stall %':>7}{extra}  source line")
         order = 2 if metc else 0
         for (file, line), (e, s, m) in sorted(table.items(), key=lambda x: -x[1][order])[: args.top]:
-            where = f"{os.path.basename(file)}:{line}" if file else "?"
+            where = place((file, line))
             extra = f" {100 * m / max(measured, 1):7.1f}% {m:11.0f}" if metc else ""
             print(f"{100 * e / max(executed, 1):6.1f}% {100 * s / max(samples, 1):6.1f}%{extra}  {where:22} {text(file, line)[:90]}")
 

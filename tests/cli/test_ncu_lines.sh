@@ -98,4 +98,7 @@ if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --fu
   fail "an unknown stall reason was accepted"
 fi
 grep -q "no stall reason 'stall_nope'; it has: stall_barrier" "$TMP/noreason.txt" || fail "unknown reason message: $(cat "$TMP/noreason.txt")"
+if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --reason stall_barrier --show k.cu:7 > /dev/null 2>&1; then
+  fail "--reason with --show was accepted (one would be ignored)"
+fi
 echo "ncu_lines: ok"
