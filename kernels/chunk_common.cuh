@@ -175,16 +175,9 @@ __device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ x, const
   }
 }
 
-// Warp 0: G = the chunk's inclusive cumulative sum of g (Gs), and beta (bs, when asked for).
-__device__ __forceinline__ void chunk_gates(const float* __restrict__ g, const float* __restrict__ beta,
-                                            const int64_t* rows, int h, int H, float* Gs, float* bs) {
-  if (threadIdx.x >= 32) return;
-  const int l = threadIdx.x;
-  const int64_t r0 = rows[2 * l], r1 = rows[2 * l + 1];
-  const float g0 = r0 >= 0 ? g[r0 * H + h] : 0.f, g1 = r1 >= 0 ? g[r1 * H + h] : 0.f;
-  // beta's loads issued with g's, before the sum waits for g (after it, the two waits were in series).
-  float b0 = 0.f, b1 = 0.f;
-  if (bs != nullptr) b0 = r0 >= 0 ? beta[r0 * H + h] : 0.f, b1 = r1 >= 0 ? beta[r1 * H + h] : 0.f;
+// Lane l of warp 0 with the chunk's g and beta at rows 2l and 2l + 1: G = the inclusive cumulative sum
+// of g into Gs, and beta into bs (when asked for).
+__device__ __forceinline__ void put_gates(int l, float g0, float g1, float b0, float b1, float* Gs, float* bs) {
   float s = g0 + g1;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -197,6 +190,19 @@ __device__ __forceinline__ void chunk_gates(const float* __restrict__ g, const f
     bs[2 * l] = b0;
     bs[2 * l + 1] = b1;
   }
+}
+
+// Warp 0: G = the chunk's inclusive cumulative sum of g (Gs), and beta (bs, when asked for).
+__device__ __forceinline__ void chunk_gates(const float* __restrict__ g, const float* __restrict__ beta,
+                                            const int64_t* rows, int h, int H, float* Gs, float* bs) {
+  if (threadIdx.x >= 32) return;
+  const int l = threadIdx.x;
+  const int64_t r0 = rows[2 * l], r1 = rows[2 * l + 1];
+  const float g0 = r0 >= 0 ? g[r0 * H + h] : 0.f, g1 = r1 >= 0 ? g[r1 * H + h] : 0.f;
+  // beta's loads issued with g's, before the sum waits for g (after it, the two waits were in series).
+  float b0 = 0.f, b1 = 0.f;
+  if (bs != nullptr) b0 = r0 >= 0 ? beta[r0 * H + h] : 0.f, b1 = r1 >= 0 ? beta[r1 * H + h] : 0.f;
+  put_gates(l, g0, g1, b0, b1, Gs, bs);
 }
 
 // The end of a chunk kernel's loads: commits the tile copies the block has issued, reads the chunk's

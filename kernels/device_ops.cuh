@@ -28,6 +28,15 @@
 
 namespace hh::kernels::device {
 
+// threadIdx.x read again at each call (a volatile move from %tid.x): a kernel that loops over work items
+// reads it so at each item's start, so that what it derives from it is formed there rather than hoisted out
+// of the loop and held in registers through every item.
+__device__ __forceinline__ int thread_index_here() {
+  unsigned t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return static_cast<int>(t);
+}
+
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(gmem));

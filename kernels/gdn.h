@@ -327,6 +327,13 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
 // How many times chunk_backward has run each of its forms in this process (index 0: M and dM formed in
 // the kernel; 1: read from the scans; 2: T read from the forward too): which path a backward took, for tests.
 std::array<int64_t, 3> chunk_backward_launches();
+// Whether chunk_backward's form that reads T (Dk = Dv = 128) runs one block an SM taking chunks in turn,
+// each chunk's loads landing during the chunk before, instead of one block a chunk (process-wide, off by
+// default: slower, docs/BENCHMARKS.md v59). The two give the same gradients up to the order of float32 sums.
+void set_backward_chunks_in_turn(bool on);
+bool backward_chunks_in_turn_enabled();
+// How many of chunk_backward's runs in this process took chunks in turn: which kernel ran, for tests.
+int64_t backward_chunks_in_turn_launches();
 
 // Whether the gated delta rule's forward uses chunk_factors / chunk_output where they apply
 // (process-wide, on by default; off for benchmarks of the LibTorch chunk-local path).

@@ -27,6 +27,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "kernels/chunk_common.cuh"
@@ -40,6 +41,8 @@ constexpr int kBV = 32;          // columns of S and dS a step of chunk_backward
 constexpr int kDirectThreads = 256;
 constexpr int kLd16C = ld16<kC>();  // row stride of a 16-bit [C][C] matrix
 std::atomic<int64_t> g_backward_launches[3];  // chunk_backward_launches
+bool g_backward_chunks_in_turn = false;         // set_backward_chunks_in_turn
+std::atomic<int64_t> g_in_turn_launches{0};     // backward_chunks_in_turn_launches
 
 // f(r, c, acc[j][e]) for every element of the warp's tiles (rows from m, 8-column tiles from n0).
 template <int NT, class F>
@@ -344,11 +347,38 @@ constexpr int step_elems() {
 // Shared memory: in float32 T (where the inverse is formed), A and Lg = (K K^T * e^{G_t - G_i}, i < t),
 // 12 vectors of C and <S, dS>; the rows; then in 16-bit elements T and scale A,
 // the step region and the tiles Q, K, V, dO.
-template <int DK, int DV, class T>
+// LOOP adds the next chunk's Q and K, rows and gates, and the chunks' indices (ChunkTurns).
+template <int DK, int DV, class T, bool LOOP = false>
 constexpr size_t backward_smem() {
   return (3 * kC * kLdT + 12 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
-         (2 * kC * kLd16C + step_elems<DK>() + 2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T);
+         (2 * kC * kLd16C + step_elems<DK>() + 2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T) +
+         (LOOP ? 2 * kC * ld16<DK>() * sizeof(T) + kC * sizeof(int64_t) + 2 * kC * sizeof(float) + 4 * sizeof(int64_t) : 0);
 }
+
+// A LOOP block's chunks of the N H (chunk, head) pairs, in shared memory: it takes pairs w = blockIdx.x,
+// blockIdx.x + gridDim.x, ..., chunk n = w % N of head h = w / N (the order of the one-pair grid, chunks
+// fastest). Thread 0 writes them at a chunk's start; the other threads read them (volatile) where they
+// need them, rather than keep them in registers through the chunk's steps.
+struct ChunkTurns {
+  int64_t* x;  // this chunk's n and h, the next one's (h -1: none)
+  __device__ __forceinline__ int64_t n() const { return static_cast<const volatile int64_t*>(x)[0]; }
+  __device__ __forceinline__ int h() const { return static_cast<int>(static_cast<const volatile int64_t*>(x)[1]); }
+  __device__ __forceinline__ int64_t next_n() const { return static_cast<const volatile int64_t*>(x)[2]; }
+  __device__ __forceinline__ int next_h() const { return static_cast<int>(static_cast<const volatile int64_t*>(x)[3]); }
+  // Thread 0: the block's first chunk (pair w), as the next.
+  __device__ __forceinline__ void start(int64_t w, int64_t N) const {
+    x[2] = w % N;
+    x[3] = w / N;
+  }
+  // Thread 0: the next chunk this one, and the one `stride` pairs on (or none past the last) next, stepped
+  // there without a 64-bit division.
+  __device__ __forceinline__ void advance(int stride, int64_t N, int H) const {
+    int64_t n = x[0] = x[2], h = x[1] = x[3];
+    for (n += stride; n >= N; n -= N) ++h;
+    x[2] = h < H ? n : 0;
+    x[3] = h < H ? h : -1;
+  }
+};
 
 // HIST: M and dM from the scans' block float16 new values (the forward's M16 and the reverse scan's,
 // which is -dM where it formed the direct term) instead of formed from S and dS: a step reads their
@@ -356,7 +386,13 @@ constexpr size_t backward_smem() {
 // place, so that dL = -(dVb M^T) needs no products after the steps. TK (with HIST): T from the forward's
 // chunk_factors (t16 [H, N, C, C], the inputs' kind), copied with the tiles, instead of the inverse of
 // I + diag(beta) Lg; scale A's 16-bit copy, which only the steps without HIST read, is not formed.
-template <int DK, int DV, class T, bool HIST = false, bool TK = false>
+//
+// LOOP (with TK): one block an SM taking chunks in turn (ChunkTurns) instead of one a chunk, so that
+// each chunk's loads land while the block works on the one before: the next chunk's Q, K and gates
+// (into buffers of their own, copied into place at its start) from the first step on, its V, dO and T
+// (in place) once the steps are done with them. A block a chunk waits for its own loads at its start
+// with nothing to cover them (one 16-warp block fills an SM).
+template <int DK, int DV, class T, bool HIST = false, bool TK = false, bool LOOP = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     chunk_backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                           const float* __restrict__ g, const float* __restrict__ beta, BlockF16 S, BlockF16 dS,
@@ -364,6 +400,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                           float scale, T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
                           float* __restrict__ dg, float* __restrict__ dbeta, const T* __restrict__ t16) {
   static_assert(HIST || !TK, "T from the forward with M and dM from the scans");
+  static_assert(TK || !LOOP, "chunks in turn read T from the forward");
   constexpr bool kWideRows = TK || !HIST;  // store_rows
   constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), NTK = DK / 32;
   constexpr int kUnits = DK * kBV / 8;  // 8-element units of a step's slice of S (and of dS)
@@ -405,21 +442,80 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   T* const Ks = Qs + kC * LDK;
   T* const Vs = Ks + kC * LDK;
   T* const dOs = Vs + kC * LDV;
+  T* const Qn = dOs + kC * LDV;  // LOOP: the next chunk's Q and K, its rows and its g and beta
+  T* const Kn = Qn + kC * LDK;
+  int64_t* const rows_nx = reinterpret_cast<int64_t*>(Kn + kC * LDK);
+  float* const g_nx = reinterpret_cast<float*>(rows_nx + kC);
+  float* const b_nx = g_nx + kC;
+  const ChunkTurns turns{reinterpret_cast<int64_t*>(b_nx + kC)};
 
-  const int64_t n = blockIdx.x;
-  const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32;
-  const int64_t chunk = static_cast<int64_t>(h) * N + n;
-  if (tid < kC) rows[tid] = slots(n, tid);
-  for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
-  __syncthreads();
-  load_rows<DK>(Qs, q, rows, h, H);
-  load_rows<DK>(Ks, k, rows, h, H);
-  load_rows<DV>(Vs, v, rows, h, H);
-  load_rows<DV>(dOs, dO, rows, h, H);
-  if constexpr (TK)  // T's 64 rows of 128 bytes, 16 bytes a thread
-    for (int i = tid; i < kC * kC / 8; i += kBwdThreads)
+  // The chunk's head: LOOP's from shared memory at each use, rather than a register through the chunk.
+  auto head = [&]() -> int {
+    if constexpr (LOOP) return turns.h();
+    else return blockIdx.y;
+  };
+  // T's 64 rows of 128 bytes, 16 bytes a thread
+  auto load_t = [&](int64_t chunk) {
+    for (int i = threadIdx.x; i < kC * kC / 8; i += kBwdThreads)
       cp_async16(T16 + (i / 8) * kLd16C + 8 * (i % 8), t16 + chunk * kC * kC + 8 * i);
-  cp_async_commit();
+  };
+  // LOOP: the next chunk's Q and K (into Qn and Kn) and gates, then its V, dO and T (in place).
+  auto load_next_qk = [&] {
+    const int hn = turns.next_h();
+    if (hn < 0) return;
+    load_rows<DK>(Qn, q, rows_nx, hn, H);
+    load_rows<DK>(Kn, k, rows_nx, hn, H);
+    if (const int tid = threadIdx.x; tid < 2 * kC) {
+      const int r = tid % kC;
+      const int64_t row = rows_nx[r];
+      float* dst = (tid < kC ? g_nx : b_nx) + r;
+      if (row >= 0) cp_async4(dst, (tid < kC ? g : beta) + row * H + hn);
+      else *dst = 0.f;
+    }
+  };
+  auto load_next_vdt = [&] {
+    const int hn = turns.next_h();
+    if (hn < 0) return;
+    load_rows<DV>(Vs, v, rows_nx, hn, H);
+    load_rows<DV>(dOs, dO, rows_nx, hn, H);
+    load_t(static_cast<int64_t>(hn) * N + turns.next_n());
+  };
+  if constexpr (LOOP) {  // the first chunk's loads
+    if (threadIdx.x == 0) turns.start(blockIdx.x, N);
+    __syncthreads();
+    if (threadIdx.x < kC) rows_nx[threadIdx.x] = slots(turns.next_n(), threadIdx.x);
+    __syncthreads();
+    load_next_qk();
+    cp_async_commit();
+    load_next_vdt();
+    cp_async_commit();
+  }
+  for (;;) {  // LOOP: a chunk a turn; else once
+  // LOOP: the thread index read again each turn, so that nothing derived from it is held across turns
+  const int tid = LOOP ? thread_index_here() : static_cast<int>(threadIdx.x), warp = tid / 32;
+  if constexpr (LOOP) {
+    cp_async_wait<1>();  // this thread's copies of the chunk's Q, K and gates (V, dO and T may be in flight)
+    __syncthreads();     // and every thread's; the last chunk is done with every buffer
+    for (int i = tid; i < 2 * kC * LDK / 8; i += kBwdThreads)  // Q and K (Ks follows Qs as Kn follows Qn)
+      reinterpret_cast<uint4*>(Qs)[i] = reinterpret_cast<const uint4*>(Qn)[i];
+    if (tid < kC) rows[tid] = rows_nx[tid];
+    if (tid < 32) put_gates(tid, g_nx[2 * tid], g_nx[2 * tid + 1], b_nx[2 * tid], b_nx[2 * tid + 1], Gs, bs);
+    for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
+    if (tid == 0) turns.advance(gridDim.x, N, H);
+    __syncthreads();
+    if (tid < kC && turns.next_h() >= 0) rows_nx[tid] = slots(turns.next_n(), tid);
+  } else {
+    if (tid < kC) rows[tid] = slots(blockIdx.x, tid);
+    for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
+    __syncthreads();
+    load_rows<DK>(Qs, q, rows, blockIdx.y, H);
+    load_rows<DK>(Ks, k, rows, blockIdx.y, H);
+    load_rows<DV>(Vs, v, rows, blockIdx.y, H);
+    load_rows<DV>(dOs, dO, rows, blockIdx.y, H);
+    if constexpr (TK) load_t(static_cast<int64_t>(blockIdx.y) * N + blockIdx.x);
+    cp_async_commit();
+  }
+  const int64_t chunk = LOOP ? static_cast<int64_t>(turns.h()) * N + turns.n() : static_cast<int64_t>(blockIdx.y) * N + blockIdx.x;
   // A step's columns c0.. of S and dS (block float16) pass through registers (fetch) into the step's
   // 16-bit slices of the inputs' kind (put), which also sums <S, dS> in float32. Thread tid < kUnits
   // carries unit tid of the [DK][kBV / 8] grid, in one 16 x 16 block of each, and the blocks' scales.
@@ -475,9 +571,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     store_pack<8>(dSj + ur * kLd16BV + uc, sb);
   };
   fetch(0);  // in flight through the prologue
-  chunk_gates(g, beta, rows, h, H, Gs, bs);
-  cp_async_wait<0>();  // the tiles
-  __syncthreads();
+  if constexpr (!LOOP) {
+    chunk_gates(g, beta, rows, head(), H, Gs, bs);
+    cp_async_wait<0>();  // the tiles
+    __syncthreads();
+  }
   if (tid < kC) {
     eG[tid] = expf(Gs[tid]);
     kd[tid] = expf(Gs[kC - 1] - Gs[tid]);
@@ -488,7 +586,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   else masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As, warp - 8);
   if constexpr (TK) {  // T is in place: the first step's slices
     put();
+    if constexpr (LOOP) cp_async_wait<0>();  // V, dO and T
     __syncthreads();
+    if constexpr (LOOP) {  // the next chunk's Q, K and gates land during this one's steps
+      load_next_qk();
+      cp_async_commit();
+    }
   } else {
     __syncthreads();
     for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
@@ -557,7 +660,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       store16(dvb, m, ns, dVbj, kLd16BV);
       row_dots(dvb, m, ns, Vs + c0, LDV, db_sum);
       for_each(dvb, m, ns, [&](int r, int, float& x) { x *= bs[r]; });
-      store_rows<DV, kWideRows>(dvb, m, c0 + ns, rows, h, H, dv);
+      store_rows<DV, kWideRows>(dvb, m, c0 + ns, rows, head(), H, dv);
     }
     __syncthreads();
     // The sums over this step's columns.
@@ -641,7 +744,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // dQ = diag(e^G) dqdecay + d(Q K^T) K
   for_each(acc_dq, m, nk, [&](int r, int, float& x) { x *= eG[r]; });
   product16<false, true, NTK>(acc_dq, m, nk, 0, m + 16, dQK, kLd16C, Ks, LDK);
-  store_rows<DK, kWideRows>(acc_dq, m, nk, rows, h, H, dq);
+  store_rows<DK, kWideRows>(acc_dq, m, nk, rows, head(), H, dq);
   // dK = -diag(beta e^G) ndKb + diag(kd) dkdecay + d(Q K^T)^T Q + (d(K K^T) + d(K K^T)^T) K
   {
     const int lane = tid % 32;
@@ -653,10 +756,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         acc_kb[j][e] = kd[r] * acc_dk[j][e] - bs[r] * eG[r] * acc_kb[j][e];
       }
   }
+  if constexpr (LOOP) {  // V, dO and T are read (the steps): the next chunk's land during dK and the sums
+    load_next_vdt();
+    cp_async_commit();
+  }
   product16<true, true, NTK>(acc_kb, m, nk, m, kC, dQK, kLd16C, Qs, LDK);
   product16<false, true, NTK>(acc_kb, m, nk, 0, m + 16, dKK, kLd16C, Ks, LDK);
   product16<true, true, NTK>(acc_kb, m, nk, m, kC, dKK, kLd16C, Ks, LDK);
-  store_rows<DK, kWideRows>(acc_kb, m, nk, rows, h, H, dk);
+  store_rows<DK, kWideRows>(acc_kb, m, nk, rows, head(), H, dk);
   __syncthreads();  // every sum is in
   if (tid < kC) {  // dbeta, and dG with its reverse cumulative sum dg (warps 0 and 1, one row a thread)
     const int r = tid;
@@ -667,7 +774,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) kd_total += __shfl_xor_sync(0xffffffffu, kd_total, o);
     if (r % 32 == 0) atomicAdd(sdot + 1, kd_total);
-    if (rows[r] >= 0) dbeta[rows[r] * H + h] = db_sum[r] + eG[r] * kb_dot;
+    if (rows[r] >= 0) dbeta[rows[r] * H + head()] = db_sum[r] + eG[r] * kb_dot;
     Gs[r] = dG;  // (G itself is no longer read)
   }
   __syncthreads();
@@ -682,8 +789,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       const float y = __shfl_down_sync(0xffffffffu, s, o);
       if (l + o < 32) s += y;
     }
-    if (rows[2 * l] >= 0) dg[rows[2 * l] * H + h] = s;
-    if (rows[2 * l + 1] >= 0) dg[rows[2 * l + 1] * H + h] = s - a;
+    if (rows[2 * l] >= 0) dg[rows[2 * l] * H + head()] = s;
+    if (rows[2 * l + 1] >= 0) dg[rows[2 * l + 1] * H + head()] = s - a;
+  }
+  if constexpr (!LOOP) break;
+  if (turns.next_h() < 0) break;
   }
 }
 
@@ -791,15 +901,32 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
     auto out = [](const at::Tensor& t) { return static_cast<X*>(t.data_ptr()); };
     const BlockF16 mh = hist ? block_f16(M16, M_inv) : BlockF16{}, dmh = hist ? block_f16(dM16, dM_inv) : BlockF16{};
     g_backward_launches[tk ? 2 : hist ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
-    launch_kernel(tk ? chunk_backward_kernel<DK, DV, X, true, true>
-                     : hist ? chunk_backward_kernel<DK, DV, X, true> : chunk_backward_kernel<DK, DV, X, false>,
-                  dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kBwdThreads, backward_smem<DK, DV, X>(), in(q), in(k),
-                  in(v), g.data_ptr<float>(), beta.data_ptr<float>(), block_f16(S16, S_inv), block_f16(dS16, dS_inv), mh, dmh,
-                  in(dO), slots, static_cast<int>(H), N, static_cast<float>(scale), out(r.dq), out(r.dk), out(r.dv),
-                  r.dg.data_ptr<float>(), r.dbeta.data_ptr<float>(), tk ? in(T16) : nullptr);
+    auto run = [&](auto kernel, dim3 blocks, size_t smem) {
+      launch_kernel(kernel, blocks, kBwdThreads, smem, in(q), in(k), in(v), g.data_ptr<float>(), beta.data_ptr<float>(),
+                    block_f16(S16, S_inv), block_f16(dS16, dS_inv), mh, dmh, in(dO), slots, static_cast<int>(H), N,
+                    static_cast<float>(scale), out(r.dq), out(r.dk), out(r.dv), r.dg.data_ptr<float>(),
+                    r.dbeta.data_ptr<float>(), tk ? in(T16) : nullptr);
+    };
+    const dim3 each(static_cast<unsigned>(N), static_cast<unsigned>(H));
+    if constexpr (DK == 128 && DV == 128) {
+      if (tk && g_backward_chunks_in_turn) {
+        const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+        g_in_turn_launches.fetch_add(1, std::memory_order_relaxed);
+        run(chunk_backward_kernel<DK, DV, X, true, true, true>, dim3(static_cast<unsigned>(std::min(N * H, sms))),
+            backward_smem<DK, DV, X, true>());
+        return;
+      }
+    }
+    if (tk) run(chunk_backward_kernel<DK, DV, X, true, true>, each, backward_smem<DK, DV, X>());
+    else if (hist) run(chunk_backward_kernel<DK, DV, X, true>, each, backward_smem<DK, DV, X>());
+    else run(chunk_backward_kernel<DK, DV, X, false>, each, backward_smem<DK, DV, X>());
   });
   return r;
 }
+
+void set_backward_chunks_in_turn(bool on) { g_backward_chunks_in_turn = on; }
+bool backward_chunks_in_turn_enabled() { return g_backward_chunks_in_turn; }
+int64_t backward_chunks_in_turn_launches() { return g_in_turn_launches.load(std::memory_order_relaxed); }
 
 std::array<int64_t, 3> chunk_backward_launches() {
   std::array<int64_t, 3> r{};

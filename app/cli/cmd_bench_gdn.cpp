@@ -45,6 +45,7 @@ struct GdnBenchArgs {
   std::string history = "f16";
   bool output_apart = false;  // the output by a kernel of its own from the scan's history
   bool direct_apart = false;  // the backward's direct term by chunk_state_direct instead of in the reverse scan
+  bool backward_chunks_in_turn = false;  // chunk_backward one block an SM taking chunks in turn, not one a chunk
   bool fusion_in_scan = false;  // the layer's fusion norm inside the scan that writes the output
   std::string backward = "kernels";
   std::string scan_segments = "auto";
@@ -94,7 +95,9 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // column blocks) instead of by a kernel of its own after it; kScanColumnBlocks: the forward's scan in blocks of
 // 32 state columns instead of a whole head a block with 16 columns a warp (kernels::set_scan_warp_columns);
 // kFusionInColumnScan: the layer's fusion norm inside the column scan instead of by the fusion kernel after it;
-// kScanWarpProducts: the column scan's products by warp (mma.sync) instead of by warpgroup (kernels::set_scan_wgmma).
+// kScanWarpProducts: the column scan's products by warp (mma.sync) instead of by warpgroup (kernels::set_scan_wgmma);
+// kBackwardChunksInTurn: chunk_backward one block an SM taking chunks in turn instead of one block a chunk
+// (kernels::set_backward_chunks_in_turn).
 enum class OtherPath {
   kLibTorchLocal,
   kTf32Scan,
@@ -105,7 +108,8 @@ enum class OtherPath {
   kFusionInScan,
   kScanColumnBlocks,
   kFusionInColumnScan,
-  kScanWarpProducts
+  kScanWarpProducts,
+  kBackwardChunksInTurn
 };
 
 // fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
@@ -149,6 +153,8 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
       return with_setting(kernels::set_scan_wgmma, kernels::scan_wgmma_enabled, false, dev, fn);
     case OtherPath::kFactorsThreeBlocks:
       return with_setting(kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled, false, dev, fn);
+    case OtherPath::kBackwardChunksInTurn:
+      return with_setting(kernels::set_backward_chunks_in_turn, kernels::backward_chunks_in_turn_enabled, true, dev, fn);
   }
 #endif
   (void)p, (void)dev, (void)fn;
@@ -212,6 +218,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   kernels::set_f16_history(a.history == "f16");
   kernels::set_output_in_scan(!a.output_apart);
   kernels::set_direct_in_scan(!a.direct_apart);
+  kernels::set_backward_chunks_in_turn(a.backward_chunks_in_turn);
   kernels::set_fusion_in_scan(a.fusion_in_scan);
 #endif
   attention::set_gdn_backward(a.backward == "autograd"   ? attention::GdnBackward::kAutograd
@@ -226,6 +233,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"history", a.history},
                          {"output_apart", a.output_apart},
                          {"direct_apart", a.direct_apart},
+                         {"backward_chunks_in_turn", a.backward_chunks_in_turn},
                          {"fusion_in_scan", a.fusion_in_scan},
                          {"scan_kernel", a.scan_kernel},
                          {"scan_segments", a.scan_segments},
@@ -320,6 +328,10 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const auto [f_wg, f_warp] = alternating(OtherPath::kScanWarpProducts, same_scan, [&] { return forward(ours, back_to_back_ms); });
     const auto [fb_wg, fb_warp] =
         alternating(OtherPath::kScanWarpProducts, same_scan, [&] { return forward_backward(ours, back_to_back_ms); });
+    // chunk_backward one block a chunk (the default) against one block an SM taking chunks in turn.
+    const auto [fb_each, fb_turns] =
+        alternating(OtherPath::kBackwardChunksInTurn, a.backward_chunks_in_turn,
+                    [&] { return forward_backward(ours, back_to_back_ms); });
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
@@ -377,6 +389,12 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                "the forward's scan a head a block (default) / in blocks of 32 state columns");
     alternated(f_wg, f_warp, fb_wg, fb_warp, "scan_wgmma", "scan_mma_sync",
                "the column scan's products by warpgroup (default) / by warp");
+    if (fb_each && fb_turns) {
+      row["fwd_bwd_backward_block_a_chunk_b2b_ms"] = *fb_each, row["fwd_bwd_backward_in_turn_b2b_ms"] = *fb_turns;
+      std::printf("  %-10s back to back, chunk_backward one block a chunk (default) / one block an SM taking chunks in turn\n"
+                  "  %-10s (medians of three alternating rounds): forward + backward %.3f / %.3f ms\n",
+                  "", "", *fb_each, *fb_turns);
+    }
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
     out["rows"].push_back(row);
   }
@@ -690,6 +708,10 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_flag("--direct-apart", a->direct_apart,
               "On CUDA with 16-bit inputs, form the backward's direct term (the effect of each chunk's start state on "
               "its output) with chunk_state_direct, instead of in the reverse scan from the forward's output factors");
+  c->add_flag("--backward-chunks-in-turn", a->backward_chunks_in_turn,
+              "On CUDA with 16-bit inputs, Dk = Dv = 128: run the backward's chunk_backward as one block an SM taking "
+              "chunks in turn (each chunk's loads landing during the chunk before), instead of one block a chunk (and "
+              "leave that comparison out)");
   c->add_flag("--fusion-in-scan", a->fusion_in_scan,
               "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
               "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "

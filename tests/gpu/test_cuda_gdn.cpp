@@ -945,6 +945,64 @@ TEST(CudaGdn, BackwardChunkKernelsEqualAutogradInFloat64) {
   });
 }
 
+// chunk_backward's form that reads T with Dk = Dv = 128, one block an SM taking chunks in turn
+// (set_backward_chunks_in_turn), against one block a chunk (the default): over three times as many (chunk, head)
+// pairs as SMs, so that every block takes several chunks and the last turn leaves some blocks without one;
+// short last chunks; B = 2 regular sequences, and packed ones on a gather grid (an empty sequence, one
+// shorter than a chunk, one of exactly a chunk); both 16-bit dtypes; outputs from a NaN-poisoned allocator.
+// Each chunk's arithmetic is the same, so dq, dk and dv are the same bits; dg and dbeta take sums that warps
+// add in shared memory in whatever order they come.
+TEST(CudaGdn, BackwardChunksInTurnEqualOneBlockAChunk) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount, H = 2, D = 128, C = 64;
+  const int64_t per = (3 * sms) / (2 * H) + 2;  // chunks of each regular sequence
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
+    for (bool packed : {false, true}) {
+      const std::string what = std::string(c10::toString(dt)) + (packed ? " packed" : " regular");
+      // Regular: B sequences of T tokens (the last chunk 23 long). Packed: one row of these lengths.
+      const std::vector<int64_t> lengths = {100, 0, 40, C * (3 * sms / H) + 17, C, 1};
+      int64_t B = 2, T = C * (per - 1) + 23, N = B * per;
+      torch::Tensor gather;
+      if (packed) {
+        B = 1, T = 0, N = 0;
+        for (int64_t len : lengths) T += len, N += (len + C - 1) / C;
+        std::vector<int64_t> slots;
+        int64_t a = 0;
+        for (int64_t len : lengths) {
+          for (int64_t j = 0; j < (len + C - 1) / C; ++j)
+            for (int64_t r = 0; r < C; ++r) slots.push_back(C * j + r < len ? a + C * j + r : B * T);
+          a += len;
+        }
+        gather = torch::tensor(slots, torch::kLong).to(torch::kCUDA);
+      }
+      ASSERT_GT(N * H, 3 * sms) << what;
+      const hh::kernels::ChunkGrid grid{N, packed ? 0 : per, gather};
+      const auto [q, k, v, g, beta] = chunk_in(B, T, H, D, D, dt);
+      const auto dO = torch::randn({B, T, H, D}, kF64).to(kCuda.dtype(dt));
+      const auto [S16, S_inv] = to_block_f16(0.5 * torch::randn({H, N, D, D}, kF64));
+      const auto [dS16, dS_inv] = to_block_f16(torch::randn({H, N, D, D}, kF64));
+      const auto [M16, M_inv] = to_block_f16(torch::randn({H, N, C, D}, kF64), 16, 8);
+      const auto [dM16, dM_inv] = to_block_f16(torch::randn({H, N, C, D}, kF64), 16, 8);
+      const auto T16 = hh::kernels::chunk_factors(k, v, g, beta, grid, q, 0.1, nullptr, hh::kernels::UForm::kFloat32, true).T16;
+      hh::kernels::ChunkInputGrads d[2];  // chunks in turn, then one block a chunk
+      for (int i : {0, 1}) {
+        hh::kernels::set_backward_chunks_in_turn(i == 0);
+        const int64_t before = hh::kernels::backward_chunks_in_turn_launches();
+        poison_allocator();
+        d[i] = hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, 0.1, M16, M_inv, dM16, dM_inv, T16);
+        hh::kernels::set_backward_chunks_in_turn(false);
+        EXPECT_EQ(hh::kernels::backward_chunks_in_turn_launches() - before, i == 0 ? 1 : 0) << what << ": which kernel ran";
+      }
+      const auto &turns = d[0], &each = d[1];
+      EXPECT_TRUE(torch::equal(turns.dq, each.dq)) << what << ": dq";
+      EXPECT_TRUE(torch::equal(turns.dk, each.dk)) << what << ": dk";
+      EXPECT_TRUE(torch::equal(turns.dv, each.dv)) << what << ": dv";
+      EXPECT_FALSE(each.dq.isnan().any().item<bool>()) << what << ": dq written";
+      EXPECT_LT(rel_err(turns.dg, each.dg), 1e-5) << what << ": dg";
+      EXPECT_LT(rel_err(turns.dbeta, each.dbeta), 1e-5) << what << ": dbeta";
+    }
+}
+
 // grad_to_grid_f16: the output's gradient on the chunk grid in block float16, one power-of-two scale a
 // chunk and head; bfloat16 and float16 values within 2^-28 of the chunk's largest magnitude are kept
 // exactly. Magnitudes spread over 2^-13 .. 2^13 within each chunk, padding slots zero, outputs from a
@@ -1149,6 +1207,7 @@ TEST(CudaGdn, GradientsWithTheBackwardChunkKernelsEqualTheReference) {
       poison_allocator();
       std::vector<torch::Tensor> grads;
       const auto forms = hh::kernels::chunk_backward_launches();
+      const int64_t in_turn = hh::kernels::backward_chunks_in_turn_launches();
       const std::set<std::string> ranges = gdn_ranges_during([&] {
         const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], 0.1, 64, c.cu);
         grads = torch::autograd::grad({(r.o.to(torch::kFloat) * w_o.to(f32)).sum() + (r.state * w_s.to(f32)).sum()}, x);
@@ -1164,6 +1223,8 @@ TEST(CudaGdn, GradientsWithTheBackwardChunkKernelsEqualTheReference) {
       // from the forward (the forward keeps T, the direct term is in the reverse scan: the defaults).
       for (size_t form = 0; form < forms.size(); ++form)
         EXPECT_EQ(after[form] - forms[form], kernels && form == 2 ? 1 : 0) << what << ": chunk_backward's form " << form;
+      // One block a chunk (the default), not one block an SM taking chunks in turn.
+      EXPECT_EQ(hh::kernels::backward_chunks_in_turn_launches() - in_turn, 0) << what << ": chunk_backward's chunks in turn";
       return grads;
     };
     // The scans (forward and reverse) on whole sequences, and in segments of 2 chunks. At Dk = 128 both are
