@@ -391,7 +391,8 @@ struct ChunkTurns {
 // each chunk's loads land while the block works on the one before: the next chunk's Q, K and gates
 // (into buffers of their own, copied into place at its start) from the first step on, its V, dO and T
 // (in place) once the steps are done with them. A block a chunk waits for its own loads at its start
-// with nothing to cover them (one 16-warp block fills an SM).
+// with nothing to cover them (one 16-warp block fills an SM); but this form is slower (docs/BENCHMARKS.md
+// v59: the copies issued amid the steps stall the warps about as long), so it is off by default.
 template <int DK, int DV, class T, bool HIST = false, bool TK = false, bool LOOP = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     chunk_backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -491,309 +492,310 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     cp_async_commit();
   }
   for (;;) {  // LOOP: a chunk a turn; else once
-  // LOOP: the thread index read again each turn, so that nothing derived from it is held across turns
-  const int tid = LOOP ? thread_index_here() : static_cast<int>(threadIdx.x), warp = tid / 32;
-  if constexpr (LOOP) {
-    cp_async_wait<1>();  // this thread's copies of the chunk's Q, K and gates (V, dO and T may be in flight)
-    __syncthreads();     // and every thread's; the last chunk is done with every buffer
-    for (int i = tid; i < 2 * kC * LDK / 8; i += kBwdThreads)  // Q and K (Ks follows Qs as Kn follows Qn)
-      reinterpret_cast<uint4*>(Qs)[i] = reinterpret_cast<const uint4*>(Qn)[i];
-    if (tid < kC) rows[tid] = rows_nx[tid];
-    if (tid < 32) put_gates(tid, g_nx[2 * tid], g_nx[2 * tid + 1], b_nx[2 * tid], b_nx[2 * tid + 1], Gs, bs);
-    for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
-    if (tid == 0) turns.advance(gridDim.x, N, H);
-    __syncthreads();
-    if (tid < kC && turns.next_h() >= 0) rows_nx[tid] = slots(turns.next_n(), tid);
-  } else {
-    if (tid < kC) rows[tid] = slots(blockIdx.x, tid);
-    for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
-    __syncthreads();
-    load_rows<DK>(Qs, q, rows, blockIdx.y, H);
-    load_rows<DK>(Ks, k, rows, blockIdx.y, H);
-    load_rows<DV>(Vs, v, rows, blockIdx.y, H);
-    load_rows<DV>(dOs, dO, rows, blockIdx.y, H);
-    if constexpr (TK) load_t(static_cast<int64_t>(blockIdx.y) * N + blockIdx.x);
-    cp_async_commit();
-  }
-  const int64_t chunk = LOOP ? static_cast<int64_t>(turns.h()) * N + turns.n() : static_cast<int64_t>(blockIdx.y) * N + blockIdx.x;
-  // A step's columns c0.. of S and dS (block float16) pass through registers (fetch) into the step's
-  // 16-bit slices of the inputs' kind (put), which also sums <S, dS> in float32. Thread tid < kUnits
-  // carries unit tid of the [DK][kBV / 8] grid, in one 16 x 16 block of each, and the blocks' scales.
-  const bool carrier = tid < kUnits;
-  const int ur = tid / (kBV / 8), uc = 8 * (tid % (kBV / 8));
-  const int64_t at = chunk * DK * DV + static_cast<int64_t>(ur) * DV + uc;
-  const int64_t at_inv = (chunk * (DK / 16) + ur / 16) * (DV / 16) + uc / 16;
-  uint4 s_in = {}, ds_in = {};
-  float s_sc = 0.f, ds_sc = 0.f;
-  // HIST: thread tid carries unit tid % kMUnits of M's (tid < kMUnits) or dM's [C][kBV / 8] grid, in one
-  // 16 x 8 tile (LowRankScanArgs::M16's), and its scale.
-  const bool m_carrier = HIST && tid < 2 * kMUnits, of_dm = tid >= kMUnits;
-  const int mu = tid % kMUnits, mr = mu / (kBV / 8), mc = 8 * (mu % (kBV / 8));
-  const int64_t m_at = (chunk * kC + mr) * DV + mc, m_at_inv = (chunk * (kC / 16) + mr / 16) * (DV / 8) + mc / 8;
-  const BlockF16 mh = of_dm ? dMh : Mh;
-  uint4 m_in = {};
-  float m_sc = 0.f;
-  auto fetch = [&](int c0) {
-    if (m_carrier) {
-      m_in = __ldg(reinterpret_cast<const uint4*>(mh.x + m_at + c0));
-      m_sc = __ldg(mh.inv + m_at_inv + c0 / 8);
-    }
-    if (!carrier) return;
-    s_in = __ldg(reinterpret_cast<const uint4*>(S.x + at + c0));
-    ds_in = __ldg(reinterpret_cast<const uint4*>(dS.x + at + c0));
-    s_sc = __ldg(S.inv + at_inv + c0 / 16);
-    ds_sc = __ldg(dS.inv + at_inv + c0 / 16);
-  };
-  float s_dot = 0.f;
-  auto put = [&] {
-    if (m_carrier) {  // dM = -(the reverse scan's new values)
-      const unsigned a[4] = {m_in.x, m_in.y, m_in.z, m_in.w};
-      const float sc = of_dm ? -m_sc : m_sc;
-      Pack<T, 8> x;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = half2_to_float2(a[j]);
-        x.v[2 * j] = T(sc * f.x), x.v[2 * j + 1] = T(sc * f.y);
-      }
-      store_pack<8>((of_dm ? dMj : Mj) + mr * kLd16BV + mc, x);
-    }
-    if (!carrier) return;
-    const unsigned a[4] = {s_in.x, s_in.y, s_in.z, s_in.w}, b[4] = {ds_in.x, ds_in.y, ds_in.z, ds_in.w};
-    Pack<T, 8> sa, sb;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 x = half2_to_float2(a[j]), y = half2_to_float2(b[j]);
-      const float x0 = s_sc * x.x, x1 = s_sc * x.y, y0 = ds_sc * y.x, y1 = ds_sc * y.y;
-      s_dot = fmaf(x0, y0, fmaf(x1, y1, s_dot));
-      sa.v[2 * j] = T(x0), sa.v[2 * j + 1] = T(x1), sb.v[2 * j] = T(y0), sb.v[2 * j + 1] = T(y1);
-    }
-    store_pack<8>(Sj + ur * kLd16BV + uc, sa);
-    store_pack<8>(dSj + ur * kLd16BV + uc, sb);
-  };
-  fetch(0);  // in flight through the prologue
-  if constexpr (!LOOP) {
-    chunk_gates(g, beta, rows, head(), H, Gs, bs);
-    cp_async_wait<0>();  // the tiles
-    __syncthreads();
-  }
-  if (tid < kC) {
-    eG[tid] = expf(Gs[tid]);
-    kd[tid] = expf(Gs[kC - 1] - Gs[tid]);
-  }
-  // Lg (warps 0..7) and A (warps 8..15); then, unless T came with the tiles (TK), L = diag(beta) Lg into Ts
-  // and its inverse there.
-  if (warp < 8) masked_gram<DK>(Ks, Ks, Gs, nullptr, /*inclusive=*/false, Lg, warp);
-  else masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As, warp - 8);
-  if constexpr (TK) {  // T is in place: the first step's slices
-    put();
-    if constexpr (LOOP) cp_async_wait<0>();  // V, dO and T
-    __syncthreads();
-    if constexpr (LOOP) {  // the next chunk's Q, K and gates land during this one's steps
-      load_next_qk();
+    // LOOP: the thread index read again each turn, so that nothing derived from it is held across turns
+    const int tid = LOOP ? thread_index_here() : static_cast<int>(threadIdx.x), warp = tid / 32;
+    if constexpr (LOOP) {
+      cp_async_wait<1>();  // this thread's copies of the chunk's Q, K and gates (V, dO and T may be in flight)
+      __syncthreads();     // and every thread's; the last chunk is done with every buffer
+      for (int i = tid; i < 2 * kC * LDK / 8; i += kBwdThreads)  // Q and K (Ks follows Qs as Kn follows Qn)
+        reinterpret_cast<uint4*>(Qs)[i] = reinterpret_cast<const uint4*>(Qn)[i];
+      if (tid < kC) rows[tid] = rows_nx[tid];
+      if (tid < 32) put_gates(tid, g_nx[2 * tid], g_nx[2 * tid + 1], b_nx[2 * tid], b_nx[2 * tid + 1], Gs, bs);
+      for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
+      if (tid == 0) turns.advance(gridDim.x, N, H);
+      __syncthreads();
+      if (tid < kC && turns.next_h() >= 0) rows_nx[tid] = slots(turns.next_n(), tid);
+    } else {
+      if (tid < kC) rows[tid] = slots(blockIdx.x, tid);
+      for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
+      __syncthreads();
+      load_rows<DK>(Qs, q, rows, blockIdx.y, H);
+      load_rows<DK>(Ks, k, rows, blockIdx.y, H);
+      load_rows<DV>(Vs, v, rows, blockIdx.y, H);
+      load_rows<DV>(dOs, dO, rows, blockIdx.y, H);
+      if constexpr (TK) load_t(static_cast<int64_t>(blockIdx.y) * N + blockIdx.x);
       cp_async_commit();
     }
-  } else {
-    __syncthreads();
-    for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
-      const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
-      const float4 x = *reinterpret_cast<const float4*>(Lg + r * kLdT + c);
-      const float b = bs[r];
-      *reinterpret_cast<float4*>(Ts + r * kLdT + c) = make_float4(b * x.x, b * x.y, b * x.z, b * x.w);
-    }
-    __syncthreads();
-    invert_unit_lower<kBwdThreads>(Ts, [] {});
-    // T and scale A as 16-bit operands (the output's scale rides on A in dM = diag(kd) K dS + A^T scale dO),
-    // and the first step's slices.
-    for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
-      const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
-      const float4 t = *reinterpret_cast<const float4*>(Ts + r * kLdT + c);
-      store2(T16 + r * kLd16C + c, t.x, t.y);
-      store2(T16 + r * kLd16C + c + 2, t.z, t.w);
-      if constexpr (!HIST) {
-        const float4 a = *reinterpret_cast<const float4*>(As + r * kLdT + c);
-        store2(A16 + r * kLd16C + c, scale * a.x, scale * a.y);
-        store2(A16 + r * kLd16C + c + 2, scale * a.z, scale * a.w);
+    const int64_t chunk =
+        LOOP ? static_cast<int64_t>(turns.h()) * N + turns.n() : static_cast<int64_t>(blockIdx.y) * N + blockIdx.x;
+    // A step's columns c0.. of S and dS (block float16) pass through registers (fetch) into the step's
+    // 16-bit slices of the inputs' kind (put), which also sums <S, dS> in float32. Thread tid < kUnits
+    // carries unit tid of the [DK][kBV / 8] grid, in one 16 x 16 block of each, and the blocks' scales.
+    const bool carrier = tid < kUnits;
+    const int ur = tid / (kBV / 8), uc = 8 * (tid % (kBV / 8));
+    const int64_t at = chunk * DK * DV + static_cast<int64_t>(ur) * DV + uc;
+    const int64_t at_inv = (chunk * (DK / 16) + ur / 16) * (DV / 16) + uc / 16;
+    uint4 s_in = {}, ds_in = {};
+    float s_sc = 0.f, ds_sc = 0.f;
+    // HIST: thread tid carries unit tid % kMUnits of M's (tid < kMUnits) or dM's [C][kBV / 8] grid, in one
+    // 16 x 8 tile (LowRankScanArgs::M16's), and its scale.
+    const bool m_carrier = HIST && tid < 2 * kMUnits, of_dm = tid >= kMUnits;
+    const int mu = tid % kMUnits, mr = mu / (kBV / 8), mc = 8 * (mu % (kBV / 8));
+    const int64_t m_at = (chunk * kC + mr) * DV + mc, m_at_inv = (chunk * (kC / 16) + mr / 16) * (DV / 8) + mc / 8;
+    const BlockF16 mh = of_dm ? dMh : Mh;
+    uint4 m_in = {};
+    float m_sc = 0.f;
+    auto fetch = [&](int c0) {
+      if (m_carrier) {
+        m_in = __ldg(reinterpret_cast<const uint4*>(mh.x + m_at + c0));
+        m_sc = __ldg(mh.inv + m_at_inv + c0 / 8);
       }
+      if (!carrier) return;
+      s_in = __ldg(reinterpret_cast<const uint4*>(S.x + at + c0));
+      ds_in = __ldg(reinterpret_cast<const uint4*>(dS.x + at + c0));
+      s_sc = __ldg(S.inv + at_inv + c0 / 16);
+      ds_sc = __ldg(dS.inv + at_inv + c0 / 16);
+    };
+    float s_dot = 0.f;
+    auto put = [&] {
+      if (m_carrier) {  // dM = -(the reverse scan's new values)
+        const unsigned a[4] = {m_in.x, m_in.y, m_in.z, m_in.w};
+        const float sc = of_dm ? -m_sc : m_sc;
+        Pack<T, 8> x;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = half2_to_float2(a[j]);
+          x.v[2 * j] = T(sc * f.x), x.v[2 * j + 1] = T(sc * f.y);
+        }
+        store_pack<8>((of_dm ? dMj : Mj) + mr * kLd16BV + mc, x);
+      }
+      if (!carrier) return;
+      const unsigned a[4] = {s_in.x, s_in.y, s_in.z, s_in.w}, b[4] = {ds_in.x, ds_in.y, ds_in.z, ds_in.w};
+      Pack<T, 8> sa, sb;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 x = half2_to_float2(a[j]), y = half2_to_float2(b[j]);
+        const float x0 = s_sc * x.x, x1 = s_sc * x.y, y0 = ds_sc * y.x, y1 = ds_sc * y.y;
+        s_dot = fmaf(x0, y0, fmaf(x1, y1, s_dot));
+        sa.v[2 * j] = T(x0), sa.v[2 * j + 1] = T(x1), sb.v[2 * j] = T(y0), sb.v[2 * j + 1] = T(y1);
+      }
+      store_pack<8>(Sj + ur * kLd16BV + uc, sa);
+      store_pack<8>(dSj + ur * kLd16BV + uc, sb);
+    };
+    fetch(0);  // in flight through the prologue
+    if constexpr (!LOOP) {
+      chunk_gates(g, beta, rows, head(), H, Gs, bs);
+      cp_async_wait<0>();  // the tiles
+      __syncthreads();
     }
-    put();
-    __syncthreads();
-  }
-
-  const int m = (warp % 4) * 16;           // every warp's 16 rows
-  const int ns = ((warp / 4) % 2) * 16;    // its 16 columns of a step's [C][kBV] products
-  const int nk = (warp / 4) * (DK / 4);    // its DK / 4 columns of the [C][DK] sums
-  const int nc = (warp / 4) * 16;          // its 16 columns of the [C][C] sums
-  // dqdecay and dA without the output's scale (applied after the steps); ndKb, dkdecay, dT.
-  float acc_dq[NTK][4] = {}, acc_kb[NTK][4] = {}, acc_dk[NTK][4] = {};
-  float acc_dA[2][4] = {}, acc_dT[2][4] = {};
-  for (int c0 = 0; c0 < DV; c0 += kBV) {
-    const bool more = c0 + kBV < DV;
-    if (more) fetch(c0 + kBV);  // the next step's slices land during this one
-    // This step's columns of X = diag(beta) (V - diag(e^G) K S) (warps 0..7) and of
-    // dM = diag(kd) K dS + A^T scale dO (warps 8..15); then of M = T X (0..7) and dVb = T^T dM (8..15),
-    // with dV = diag(beta) dVb and sum_c dVb V into db_sum. Each warp takes 16 rows and 16 columns.
-    // HIST: M and dM are in place already; dVb only.
-    if constexpr (HIST) {
-    } else if (warp < 8) {
-      float ks[2][4] = {};
-      product16<false, true, 2>(ks, m, ns, 0, DK, Ks, LDK, Sj, kLd16BV);
-      store16(ks, m, ns, Xj, kLd16BV, [&](int r, int c, float x) {
-        return bs[r] * (static_cast<float>(Vs[r * LDV + c0 + c]) - eG[r] * x);
-      });
-    } else {
-      float dm[2][4] = {};
-      product16<false, true, 2>(dm, m, ns, 0, DK, Ks, LDK, dSj, kLd16BV);
-      for_each(dm, m, ns, [&](int r, int, float& x) { x *= kd[r]; });
-      product16<true, true, 2>(dm, m, ns, m, kC, A16, kLd16C, dOs + c0, LDV);
-      store16(dm, m, ns, dMj, kLd16BV);
+    if (tid < kC) {
+      eG[tid] = expf(Gs[tid]);
+      kd[tid] = expf(Gs[kC - 1] - Gs[tid]);
     }
-    if constexpr (!HIST) __syncthreads();
-    if (warp < 8) {
-      if constexpr (!HIST) {
-        float mm[2][4] = {};
-        product16<false, true, 2>(mm, m, ns, 0, m + 16, T16, kLd16C, Xj, kLd16BV);
-        store16(mm, m, ns, Mj, kLd16BV);
+    // Lg (warps 0..7) and A (warps 8..15); then, unless T came with the tiles (TK), L = diag(beta) Lg into Ts
+    // and its inverse there.
+    if (warp < 8) masked_gram<DK>(Ks, Ks, Gs, nullptr, /*inclusive=*/false, Lg, warp);
+    else masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As, warp - 8);
+    if constexpr (TK) {  // T is in place: the first step's slices
+      put();
+      if constexpr (LOOP) cp_async_wait<0>();  // V, dO and T
+      __syncthreads();
+      if constexpr (LOOP) {  // the next chunk's Q, K and gates land during this one's steps
+        load_next_qk();
+        cp_async_commit();
       }
     } else {
-      float dvb[2][4] = {};
-      product16<true, true, 2>(dvb, m, ns, m, kC, T16, kLd16C, dMj, kLd16BV);
-      store16(dvb, m, ns, dVbj, kLd16BV);
-      row_dots(dvb, m, ns, Vs + c0, LDV, db_sum);
-      for_each(dvb, m, ns, [&](int r, int, float& x) { x *= bs[r]; });
-      store_rows<DV, kWideRows>(dvb, m, c0 + ns, rows, head(), H, dv);
-    }
-    __syncthreads();
-    // The sums over this step's columns.
-    // dqdecay += dO S^T, ndKb += dVb S^T, dkdecay += M dS^T, dA += dO M^T, dT += dM X^T (HIST: dVb M^T).
-    product16<false, false, NTK>(acc_dq, m, nk, 0, kBV, dOs + c0, LDV, Sj, kLd16BV);
-    product16<false, false, NTK>(acc_kb, m, nk, 0, kBV, dVbj, kLd16BV, Sj, kLd16BV);
-    product16<false, false, NTK>(acc_dk, m, nk, 0, kBV, Mj, kLd16BV, dSj, kLd16BV);
-    product16<false, false, 2>(acc_dA, m, nc, 0, kBV, dOs + c0, LDV, Mj, kLd16BV);
-    if constexpr (HIST) product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dVbj, kLd16BV, Mj, kLd16BV);  // T^T dT T^T
-    else product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dMj, kLd16BV, Xj, kLd16BV);
-    __syncthreads();  // before the next step's slices (or the matrices after the steps) overwrite these
-    if (more) {
+      __syncthreads();
+      for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
+        const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
+        const float4 x = *reinterpret_cast<const float4*>(Lg + r * kLdT + c);
+        const float b = bs[r];
+        *reinterpret_cast<float4*>(Ts + r * kLdT + c) = make_float4(b * x.x, b * x.y, b * x.z, b * x.w);
+      }
+      __syncthreads();
+      invert_unit_lower<kBwdThreads>(Ts, [] {});
+      // T and scale A as 16-bit operands (the output's scale rides on A in dM = diag(kd) K dS + A^T scale dO),
+      // and the first step's slices.
+      for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step
+        const int r = i / (kC / 4), c = 4 * (i % (kC / 4));
+        const float4 t = *reinterpret_cast<const float4*>(Ts + r * kLdT + c);
+        store2(T16 + r * kLd16C + c, t.x, t.y);
+        store2(T16 + r * kLd16C + c + 2, t.z, t.w);
+        if constexpr (!HIST) {
+          const float4 a = *reinterpret_cast<const float4*>(As + r * kLdT + c);
+          store2(A16 + r * kLd16C + c, scale * a.x, scale * a.y);
+          store2(A16 + r * kLd16C + c + 2, scale * a.z, scale * a.w);
+        }
+      }
       put();
       __syncthreads();
     }
-  }
 
-  // <S, dS>; the output's scale on dqdecay and dA; the row dot products of the [C][DK] sums.
-  s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 16);
-  s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 8);
-  s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 4);
-  s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 2);
-  s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 1);
-  if (tid % 32 == 0) atomicAdd(sdot, s_dot);
-  for_each(acc_dq, m, nk, [&](int, int, float& x) { x *= scale; });
-  row_dots(acc_dq, m, nk, Qs, LDK, qq_sum);
-  row_dots(acc_kb, m, nk, Ks, LDK, kb_sum);
-  row_dots(acc_dk, m, nk, Ks, LDK, kk_sum);
-  {  // d(Q K^T) = scale dA * e^{G_t - G_i} (i <= t); scale dA * A's row and column sums; dT
-    float lo = 0.f, hi = 0.f;
-    float col[2][2] = {};
-    for_each(acc_dA, m, nc, [&](int r, int c, float& x) {
-      const bool keep = c <= r;
-      const float d = scale * x, xa = keep ? d * As[r * kLdT + c] : 0.f;
-      (r < m + 8 ? lo : hi) += xa;
-      col[(c - nc) / 8][c % 2] += xa;
-      x = keep ? d * exp_ftz(Gs[r] - Gs[c]) : 0.f;
-    });
-    add_row_sums(lo, hi, m, xa_row);
-    add_col_sums(col, nc, xa_col);
-    store16(acc_dA, m, nc, dQK, kLd16C);
-    if constexpr (!HIST) store16(acc_dT, m, nc, dTs, kLd16C);
-  }
-  if constexpr (!HIST) {
-    __syncthreads();
-    {  // Ys = T^T dT
-      float y[2][4] = {};
-      product16<true, true, 2>(y, m, nc, m, kC, T16, kLd16C, dTs, kLd16C);
-      store16(y, m, nc, Ys, kLd16C);
-    }
-    __syncthreads();
-  }
-  {  // dL = -(Ys T^T) (HIST: -(dVb M^T), summed over the steps), strictly lower; its sums;
-     // d(K K^T) = diag(beta) dL * e^{G_t - G_i}
-    float y[2][4] = {};
-    if constexpr (HIST) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) y[j][e] = acc_dT[j][e];
-    } else {
-      if (nc < m + 16) product16<false, false, 2>(y, m, nc, 0, nc + 16, Ys, kLd16C, T16, kLd16C);
-    }
-    float dlo = 0.f, dhi = 0.f, lo = 0.f, hi = 0.f;
-    float col[2][2] = {};
-    for_each(y, m, nc, [&](int r, int c, float& x) {
-      const bool keep = c < r;
-      const float dl = keep ? -x : 0.f, lg = Lg[r * kLdT + c];
-      const float xl = bs[r] * dl * lg;
-      (r < m + 8 ? dlo : dhi) += dl * lg;
-      (r < m + 8 ? lo : hi) += xl;
-      col[(c - nc) / 8][c % 2] += xl;
-      x = keep ? bs[r] * dl * exp_ftz(Gs[r] - Gs[c]) : 0.f;
-    });
-    add_row_sums(dlo, dhi, m, db_sum);
-    add_row_sums(lo, hi, m, xl_row);
-    add_col_sums(col, nc, xl_col);
-    store16(y, m, nc, dKK, kLd16C);
-  }
-  __syncthreads();
-  // dQ = diag(e^G) dqdecay + d(Q K^T) K
-  for_each(acc_dq, m, nk, [&](int r, int, float& x) { x *= eG[r]; });
-  product16<false, true, NTK>(acc_dq, m, nk, 0, m + 16, dQK, kLd16C, Ks, LDK);
-  store_rows<DK, kWideRows>(acc_dq, m, nk, rows, head(), H, dq);
-  // dK = -diag(beta e^G) ndKb + diag(kd) dkdecay + d(Q K^T)^T Q + (d(K K^T) + d(K K^T)^T) K
-  {
-    const int lane = tid % 32;
-#pragma unroll
-    for (int j = 0; j < NTK; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = m + lane / 4 + (e >= 2 ? 8 : 0);
-        acc_kb[j][e] = kd[r] * acc_dk[j][e] - bs[r] * eG[r] * acc_kb[j][e];
+    const int m = (warp % 4) * 16;           // every warp's 16 rows
+    const int ns = ((warp / 4) % 2) * 16;    // its 16 columns of a step's [C][kBV] products
+    const int nk = (warp / 4) * (DK / 4);    // its DK / 4 columns of the [C][DK] sums
+    const int nc = (warp / 4) * 16;          // its 16 columns of the [C][C] sums
+    // dqdecay and dA without the output's scale (applied after the steps); ndKb, dkdecay, dT.
+    float acc_dq[NTK][4] = {}, acc_kb[NTK][4] = {}, acc_dk[NTK][4] = {};
+    float acc_dA[2][4] = {}, acc_dT[2][4] = {};
+    for (int c0 = 0; c0 < DV; c0 += kBV) {
+      const bool more = c0 + kBV < DV;
+      if (more) fetch(c0 + kBV);  // the next step's slices land during this one
+      // This step's columns of X = diag(beta) (V - diag(e^G) K S) (warps 0..7) and of
+      // dM = diag(kd) K dS + A^T scale dO (warps 8..15); then of M = T X (0..7) and dVb = T^T dM (8..15),
+      // with dV = diag(beta) dVb and sum_c dVb V into db_sum. Each warp takes 16 rows and 16 columns.
+      // HIST: M and dM are in place already; dVb only.
+      if constexpr (HIST) {
+      } else if (warp < 8) {
+        float ks[2][4] = {};
+        product16<false, true, 2>(ks, m, ns, 0, DK, Ks, LDK, Sj, kLd16BV);
+        store16(ks, m, ns, Xj, kLd16BV, [&](int r, int c, float x) {
+          return bs[r] * (static_cast<float>(Vs[r * LDV + c0 + c]) - eG[r] * x);
+        });
+      } else {
+        float dm[2][4] = {};
+        product16<false, true, 2>(dm, m, ns, 0, DK, Ks, LDK, dSj, kLd16BV);
+        for_each(dm, m, ns, [&](int r, int, float& x) { x *= kd[r]; });
+        product16<true, true, 2>(dm, m, ns, m, kC, A16, kLd16C, dOs + c0, LDV);
+        store16(dm, m, ns, dMj, kLd16BV);
       }
-  }
-  if constexpr (LOOP) {  // V, dO and T are read (the steps): the next chunk's land during dK and the sums
-    load_next_vdt();
-    cp_async_commit();
-  }
-  product16<true, true, NTK>(acc_kb, m, nk, m, kC, dQK, kLd16C, Qs, LDK);
-  product16<false, true, NTK>(acc_kb, m, nk, 0, m + 16, dKK, kLd16C, Ks, LDK);
-  product16<true, true, NTK>(acc_kb, m, nk, m, kC, dKK, kLd16C, Ks, LDK);
-  store_rows<DK, kWideRows>(acc_kb, m, nk, rows, head(), H, dk);
-  __syncthreads();  // every sum is in
-  if (tid < kC) {  // dbeta, and dG with its reverse cumulative sum dg (warps 0 and 1, one row a thread)
-    const int r = tid;
-    const float kb_dot = -kb_sum[r];  // <dKb_t, k_t>
-    const float kd_dot = kd[r] * kk_sum[r];
-    float dG = eG[r] * qq_sum[r] + bs[r] * eG[r] * kb_dot + xa_row[r] - xa_col[r] + xl_row[r] - xl_col[r] - kd_dot;
-    float kd_total = kd_dot;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) kd_total += __shfl_xor_sync(0xffffffffu, kd_total, o);
-    if (r % 32 == 0) atomicAdd(sdot + 1, kd_total);
-    if (rows[r] >= 0) dbeta[rows[r] * H + head()] = db_sum[r] + eG[r] * kb_dot;
-    Gs[r] = dG;  // (G itself is no longer read)
-  }
-  __syncthreads();
-  if (tid < 32) {  // through G_C: sum_i kd_i <dkdecay_i, k_i> + e^{G_C} <S, dS>; then the suffix sums
-    const int l = tid;
-    if (l == 31) Gs[kC - 1] += sdot[1] + eG[kC - 1] * sdot[0];
-    __syncwarp();
-    const float a = Gs[2 * l], b = Gs[2 * l + 1];
-    float s = a + b;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const float y = __shfl_down_sync(0xffffffffu, s, o);
-      if (l + o < 32) s += y;
+      if constexpr (!HIST) __syncthreads();
+      if (warp < 8) {
+        if constexpr (!HIST) {
+          float mm[2][4] = {};
+          product16<false, true, 2>(mm, m, ns, 0, m + 16, T16, kLd16C, Xj, kLd16BV);
+          store16(mm, m, ns, Mj, kLd16BV);
+        }
+      } else {
+        float dvb[2][4] = {};
+        product16<true, true, 2>(dvb, m, ns, m, kC, T16, kLd16C, dMj, kLd16BV);
+        store16(dvb, m, ns, dVbj, kLd16BV);
+        row_dots(dvb, m, ns, Vs + c0, LDV, db_sum);
+        for_each(dvb, m, ns, [&](int r, int, float& x) { x *= bs[r]; });
+        store_rows<DV, kWideRows>(dvb, m, c0 + ns, rows, head(), H, dv);
+      }
+      __syncthreads();
+      // The sums over this step's columns.
+      // dqdecay += dO S^T, ndKb += dVb S^T, dkdecay += M dS^T, dA += dO M^T, dT += dM X^T (HIST: dVb M^T).
+      product16<false, false, NTK>(acc_dq, m, nk, 0, kBV, dOs + c0, LDV, Sj, kLd16BV);
+      product16<false, false, NTK>(acc_kb, m, nk, 0, kBV, dVbj, kLd16BV, Sj, kLd16BV);
+      product16<false, false, NTK>(acc_dk, m, nk, 0, kBV, Mj, kLd16BV, dSj, kLd16BV);
+      product16<false, false, 2>(acc_dA, m, nc, 0, kBV, dOs + c0, LDV, Mj, kLd16BV);
+      if constexpr (HIST) product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dVbj, kLd16BV, Mj, kLd16BV);  // T^T dT T^T
+      else product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dMj, kLd16BV, Xj, kLd16BV);
+      __syncthreads();  // before the next step's slices (or the matrices after the steps) overwrite these
+      if (more) {
+        put();
+        __syncthreads();
+      }
     }
-    if (rows[2 * l] >= 0) dg[rows[2 * l] * H + head()] = s;
-    if (rows[2 * l + 1] >= 0) dg[rows[2 * l + 1] * H + head()] = s - a;
-  }
-  if constexpr (!LOOP) break;
-  if (turns.next_h() < 0) break;
+
+    // <S, dS>; the output's scale on dqdecay and dA; the row dot products of the [C][DK] sums.
+    s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 16);
+    s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 8);
+    s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 4);
+    s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 2);
+    s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 1);
+    if (tid % 32 == 0) atomicAdd(sdot, s_dot);
+    for_each(acc_dq, m, nk, [&](int, int, float& x) { x *= scale; });
+    row_dots(acc_dq, m, nk, Qs, LDK, qq_sum);
+    row_dots(acc_kb, m, nk, Ks, LDK, kb_sum);
+    row_dots(acc_dk, m, nk, Ks, LDK, kk_sum);
+    {  // d(Q K^T) = scale dA * e^{G_t - G_i} (i <= t); scale dA * A's row and column sums; dT
+      float lo = 0.f, hi = 0.f;
+      float col[2][2] = {};
+      for_each(acc_dA, m, nc, [&](int r, int c, float& x) {
+        const bool keep = c <= r;
+        const float d = scale * x, xa = keep ? d * As[r * kLdT + c] : 0.f;
+        (r < m + 8 ? lo : hi) += xa;
+        col[(c - nc) / 8][c % 2] += xa;
+        x = keep ? d * exp_ftz(Gs[r] - Gs[c]) : 0.f;
+      });
+      add_row_sums(lo, hi, m, xa_row);
+      add_col_sums(col, nc, xa_col);
+      store16(acc_dA, m, nc, dQK, kLd16C);
+      if constexpr (!HIST) store16(acc_dT, m, nc, dTs, kLd16C);
+    }
+    if constexpr (!HIST) {
+      __syncthreads();
+      {  // Ys = T^T dT
+        float y[2][4] = {};
+        product16<true, true, 2>(y, m, nc, m, kC, T16, kLd16C, dTs, kLd16C);
+        store16(y, m, nc, Ys, kLd16C);
+      }
+      __syncthreads();
+    }
+    {  // dL = -(Ys T^T) (HIST: -(dVb M^T), summed over the steps), strictly lower; its sums;
+       // d(K K^T) = diag(beta) dL * e^{G_t - G_i}
+      float y[2][4] = {};
+      if constexpr (HIST) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) y[j][e] = acc_dT[j][e];
+      } else {
+        if (nc < m + 16) product16<false, false, 2>(y, m, nc, 0, nc + 16, Ys, kLd16C, T16, kLd16C);
+      }
+      float dlo = 0.f, dhi = 0.f, lo = 0.f, hi = 0.f;
+      float col[2][2] = {};
+      for_each(y, m, nc, [&](int r, int c, float& x) {
+        const bool keep = c < r;
+        const float dl = keep ? -x : 0.f, lg = Lg[r * kLdT + c];
+        const float xl = bs[r] * dl * lg;
+        (r < m + 8 ? dlo : dhi) += dl * lg;
+        (r < m + 8 ? lo : hi) += xl;
+        col[(c - nc) / 8][c % 2] += xl;
+        x = keep ? bs[r] * dl * exp_ftz(Gs[r] - Gs[c]) : 0.f;
+      });
+      add_row_sums(dlo, dhi, m, db_sum);
+      add_row_sums(lo, hi, m, xl_row);
+      add_col_sums(col, nc, xl_col);
+      store16(y, m, nc, dKK, kLd16C);
+    }
+    __syncthreads();
+    // dQ = diag(e^G) dqdecay + d(Q K^T) K
+    for_each(acc_dq, m, nk, [&](int r, int, float& x) { x *= eG[r]; });
+    product16<false, true, NTK>(acc_dq, m, nk, 0, m + 16, dQK, kLd16C, Ks, LDK);
+    store_rows<DK, kWideRows>(acc_dq, m, nk, rows, head(), H, dq);
+    // dK = -diag(beta e^G) ndKb + diag(kd) dkdecay + d(Q K^T)^T Q + (d(K K^T) + d(K K^T)^T) K
+    {
+      const int lane = tid % 32;
+#pragma unroll
+      for (int j = 0; j < NTK; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = m + lane / 4 + (e >= 2 ? 8 : 0);
+          acc_kb[j][e] = kd[r] * acc_dk[j][e] - bs[r] * eG[r] * acc_kb[j][e];
+        }
+    }
+    if constexpr (LOOP) {  // V, dO and T are read (the steps): the next chunk's land during dK and the sums
+      load_next_vdt();
+      cp_async_commit();
+    }
+    product16<true, true, NTK>(acc_kb, m, nk, m, kC, dQK, kLd16C, Qs, LDK);
+    product16<false, true, NTK>(acc_kb, m, nk, 0, m + 16, dKK, kLd16C, Ks, LDK);
+    product16<true, true, NTK>(acc_kb, m, nk, m, kC, dKK, kLd16C, Ks, LDK);
+    store_rows<DK, kWideRows>(acc_kb, m, nk, rows, head(), H, dk);
+    __syncthreads();  // every sum is in
+    if (tid < kC) {  // dbeta, and dG with its reverse cumulative sum dg (warps 0 and 1, one row a thread)
+      const int r = tid;
+      const float kb_dot = -kb_sum[r];  // <dKb_t, k_t>
+      const float kd_dot = kd[r] * kk_sum[r];
+      float dG = eG[r] * qq_sum[r] + bs[r] * eG[r] * kb_dot + xa_row[r] - xa_col[r] + xl_row[r] - xl_col[r] - kd_dot;
+      float kd_total = kd_dot;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) kd_total += __shfl_xor_sync(0xffffffffu, kd_total, o);
+      if (r % 32 == 0) atomicAdd(sdot + 1, kd_total);
+      if (rows[r] >= 0) dbeta[rows[r] * H + head()] = db_sum[r] + eG[r] * kb_dot;
+      Gs[r] = dG;  // (G itself is no longer read)
+    }
+    __syncthreads();
+    if (tid < 32) {  // through G_C: sum_i kd_i <dkdecay_i, k_i> + e^{G_C} <S, dS>; then the suffix sums
+      const int l = tid;
+      if (l == 31) Gs[kC - 1] += sdot[1] + eG[kC - 1] * sdot[0];
+      __syncwarp();
+      const float a = Gs[2 * l], b = Gs[2 * l + 1];
+      float s = a + b;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const float y = __shfl_down_sync(0xffffffffu, s, o);
+        if (l + o < 32) s += y;
+      }
+      if (rows[2 * l] >= 0) dg[rows[2 * l] * H + head()] = s;
+      if (rows[2 * l + 1] >= 0) dg[rows[2 * l + 1] * H + head()] = s - a;
+    }
+    if constexpr (!LOOP) break;
+    if (turns.next_h() < 0) break;
   }
 }
 
