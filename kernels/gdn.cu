@@ -245,6 +245,7 @@ bool g_scan_warp_columns = true;           // set_scan_warp_columns
 bool g_fusion_in_column_scan = false;      // set_fusion_in_column_scan
 bool g_scan_wgmma = true;                  // set_scan_wgmma
 std::atomic<int64_t> g_column_scan_launches{0};  // column_scan_launches
+thread_local int64_t g_last_scan_piece = 0;      // last_scan_piece_chunks
 bool g_fusion_in_scan = false;             // set_fusion_in_scan
 std::atomic<int64_t> g_fused_scan_launches{0};  // fused_scan_launches
 bool g_direct_in_scan = true;              // set_direct_in_scan
@@ -2567,6 +2568,7 @@ void set_output_in_scan(bool on) { g_output_in_scan = on; }
 void set_scan_warp_columns(bool on) { g_scan_warp_columns = on; }
 bool scan_warp_columns_enabled() { return g_scan_warp_columns; }
 int64_t column_scan_launches() { return g_column_scan_launches.load(std::memory_order_relaxed); }
+int64_t last_scan_piece_chunks() { return g_last_scan_piece; }
 void set_fusion_in_column_scan(bool on) { g_fusion_in_column_scan = on; }
 void set_scan_wgmma(bool on) { g_scan_wgmma = on; }
 bool scan_wgmma_enabled() { return g_scan_wgmma; }
@@ -2770,6 +2772,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     throw std::invalid_argument("hh::kernels::low_rank_scan: this device cannot run a cluster of " + std::to_string(Dv / 32) +
                                 " blocks of the scan with the fusion (set_fusion_in_scan(false) takes the fusion kernel after it)");
   const int64_t len = a.segment == kAutoSegments ? auto_segment_chunks(blocks_whole, longest, slots) : a.segment;
+  g_last_scan_piece = len;
   std::vector<int64_t> table(offsets);
   for (int64_t s = 0; s < S; ++s) {
     const int64_t n0 = offsets[s], n1 = offsets[s + 1];

@@ -172,6 +172,9 @@ bool scan_warp_columns_enabled();
 // How many times the column scan has been launched in this process: which path a forward or a backward's
 // reverse scan took, for tests.
 int64_t column_scan_launches();
+// The piece length, in chunks, that the last block float16 scan on this thread cut its sequences into
+// (0: whole sequences): which segmentation a scan took (a ScanBeside's shorter pieces), for tests.
+int64_t last_scan_piece_chunks();
 // Whether the column scan applies the fusion norm itself where it takes a fused output (process-wide, off
 // by default: the fusion kernel after it ran faster in the layer): a row's sum of squares spans one block,
 // so no cluster, but the norm's work and a barrier a chunk sit on the scan's warps. set_fusion_in_scan(true)

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "core/attention/hybrid_model.h"
+#include "kernels/gdn.h"
 #include "kernels/gdn_decode.h"
 
 #include "support/tiny_config.h"
@@ -116,6 +117,38 @@ TEST(CudaHybrid, LayerSideBySideEqualsOneAfterTheOther) {
           << where << ": max difference " << (side.to(torch::kFloat) - one_after.to(torch::kFloat)).abs().max().item<float>();
       EXPECT_TRUE(torch::isfinite(side).all().item<bool>()) << where;
     }
+  hh::attention::set_flash_gate(gate_default);
+}
+
+// Beside the FA heads' attention the LA heads' scan takes pieces of at most kernels::kBesideSegment chunks
+// (a ScanBeside), so that they fill the SMs flash frees as it ends; alone, and with the FA heads gated on the
+// scan (which then runs alone), the longer pieces that fill the device once. B = 2 sequences of 64K tokens,
+// long enough that the device's pieces are longer than kBesideSegment. The two segmentations differ only in
+// the pieces' warm-ups, so the outputs agree to the rule's tolerance, not bit for bit.
+TEST(CudaHybrid, LayerBesideFlashScansInShortPieces) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const auto c = one_layer_config();
+  const HybridModel h = one_layer_bf16(c);
+  torch::NoGradGuard no_grad;
+  const auto xn = torch::randn({2, 65536, c.hidden_size}, torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA));
+  using hh::attention::FlashGate;
+  const FlashGate gate_default = hh::attention::flash_gate();
+  const auto alone = layer0(c, h, xn, nullptr, false).to(torch::kFloat);
+  const int64_t piece_alone = hh::kernels::last_scan_piece_chunks();
+  EXPECT_GT(piece_alone, hh::kernels::kBesideSegment) << "the scan alone";
+  for (FlashGate gate : {FlashGate::kInputs, FlashGate::kFactors, FlashGate::kScan}) {
+    hh::attention::set_flash_gate(gate);
+    const auto side = layer0(c, h, xn, nullptr, true).to(torch::kFloat);
+    const int64_t piece = hh::kernels::last_scan_piece_chunks();
+    const std::string where = "gate " + std::to_string(static_cast<int>(gate));
+    if (gate == FlashGate::kScan) {
+      EXPECT_EQ(piece, piece_alone) << where << ": flash waits for the scan, which runs alone";
+    } else {
+      EXPECT_GT(piece, 0) << where;
+      EXPECT_LE(piece, hh::kernels::kBesideSegment) << where;
+    }
+    EXPECT_LT(((side - alone).norm() / alone.norm()).item<double>(), 1e-2) << where;
+  }
   hh::attention::set_flash_gate(gate_default);
 }
 
