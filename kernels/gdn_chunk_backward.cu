@@ -356,8 +356,8 @@ constexpr size_t backward_smem() {
 }
 
 // A LOOP block's chunks of the N H (chunk, head) pairs, in shared memory: it takes pairs w = blockIdx.x,
-// blockIdx.x + gridDim.x, ..., chunk n = w % N of head h = w / N (the order of the one-pair grid, chunks
-// fastest). Thread 0 writes them at a chunk's start; the other threads read them (volatile) where they
+// blockIdx.x + gridDim.x, ..., chunk n = w % N of head h = w / N (the order of the grid of one block a
+// chunk, chunks fastest). Thread 0 writes them at a chunk's start; the other threads read them (volatile) where they
 // need them, rather than keep them in registers through the chunk's steps.
 struct ChunkTurns {
   int64_t* x;  // this chunk's n and h, the next one's (h -1: none)
@@ -370,8 +370,8 @@ struct ChunkTurns {
     x[2] = w % N;
     x[3] = w / N;
   }
-  // Thread 0: the next chunk this one, and the one `stride` pairs on (or none past the last) next, stepped
-  // there without a 64-bit division.
+  // Thread 0: the next chunk becomes this one, and the pair `stride` on from it (none past the last) the
+  // next, reached by steps of N rather than a 64-bit division.
   __device__ __forceinline__ void advance(int stride, int64_t N, int H) const {
     int64_t n = x[0] = x[2], h = x[1] = x[3];
     for (n += stride; n >= N; n -= N) ++h;
