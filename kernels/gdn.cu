@@ -1746,8 +1746,10 @@ CUtensorMap tensor_map_2d(const at::Tensor& x, int64_t box_rows, int64_t box_col
   return encode_tensor_map(elem == 2 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, x.data_ptr(), dims,
                            strides, box, swizzle, "low_rank_scan", what);
 }
+// With blocks_do false, the caller encodes dO16's map in its own boxes (the column scan's), and it is not
+// encoded here in the blocks' too.
 template <int DK, int BV>
-ScanMaps scan_maps(const LowRankScanArgs& a) {
+ScanMaps scan_maps(const LowRankScanArgs& a, bool blocks_do = true) {
   using Ring = F16Ring<DK, 3, BV>;  // the boxes do not depend on the ring's depth or OUT
   const CUtensorMapSwizzle sw = Ring::SW == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
                                 : Ring::SW == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
@@ -1772,8 +1774,9 @@ ScanMaps scan_maps(const LowRankScanArgs& a) {
   if (a.direct.dO16.defined()) {
     m.Qd = tensor_map_2d(a.direct.Qd, Ring::C, Ring::kBoxCols, sw, "direct.Qd");
     m.Aq = tensor_map_2d(a.direct.Aq, Ring::C, Ring::C, CU_TENSOR_MAP_SWIZZLE_128B, "direct.Aq");
-    m.dO = tensor_map_2d(a.direct.dO16, Ring::C, Ring::BV, Ring::kDoSwizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B,
-                         "direct.dO16");
+    if (blocks_do)
+      m.dO = tensor_map_2d(a.direct.dO16, Ring::C, Ring::BV, Ring::kDoSwizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B,
+                           "direct.dO16");
   }
   return m;
 }
@@ -1841,7 +1844,7 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
   const LowRankScanArgs::Output& o = a.output;
   ScanOut so{};
   ScanDirect sd{};
-  ScanMaps maps = scan_maps<DK, 32>(a);
+  ScanMaps maps = scan_maps<DK, 32>(a, /*blocks_do=*/false);
   if constexpr (DIR) {
     sd = {a.direct.aq_inv.data_ptr<float>(), a.direct.do_inv.data_ptr<float>()};
     // dO16's tile in U's place: the factors' boxes and swizzle.
