@@ -328,10 +328,17 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const auto [f_wg, f_warp] = alternating(OtherPath::kScanWarpProducts, same_scan, [&] { return forward(ours, back_to_back_ms); });
     const auto [fb_wg, fb_warp] =
         alternating(OtherPath::kScanWarpProducts, same_scan, [&] { return forward_backward(ours, back_to_back_ms); });
-    // chunk_backward one block a chunk (the default) against one block an SM taking chunks in turn.
-    const auto [fb_each, fb_turns] =
-        alternating(OtherPath::kBackwardChunksInTurn, a.backward_chunks_in_turn,
-                    [&] { return forward_backward(ours, back_to_back_ms); });
+    // chunk_backward one block a chunk (the default) against one block an SM taking chunks in turn; nothing
+    // where the backward never reached the in-turn kernel (not the form that reads T with Dk = Dv = 128: other
+    // head sizes or dtypes, the direct term apart, the backward off the kernels), which would time one path twice.
+#ifdef HH_HAVE_KERNELS
+    const int64_t in_turn_before = kernels::backward_chunks_in_turn_launches();
+#endif
+    auto [fb_each, fb_turns] = alternating(OtherPath::kBackwardChunksInTurn, a.backward_chunks_in_turn,
+                                           [&] { return forward_backward(ours, back_to_back_ms); });
+#ifdef HH_HAVE_KERNELS
+    if (kernels::backward_chunks_in_turn_launches() == in_turn_before) fb_each.reset(), fb_turns.reset();
+#endif
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
