@@ -246,6 +246,7 @@ bool g_fusion_in_column_scan = false;      // set_fusion_in_column_scan
 bool g_scan_wgmma = true;                  // set_scan_wgmma
 std::atomic<int64_t> g_column_scan_launches{0};  // column_scan_launches
 thread_local int64_t g_last_scan_piece = 0;      // last_scan_piece_chunks
+int g_scan_pieces_parity = -1;             // set_scan_pieces_of_parity
 bool g_fusion_in_scan = false;             // set_fusion_in_scan
 std::atomic<int64_t> g_fused_scan_launches{0};  // fused_scan_launches
 bool g_direct_in_scan = true;              // set_direct_in_scan
@@ -2572,6 +2573,11 @@ void set_scan_warp_columns(bool on) { g_scan_warp_columns = on; }
 bool scan_warp_columns_enabled() { return g_scan_warp_columns; }
 int64_t column_scan_launches() { return g_column_scan_launches.load(std::memory_order_relaxed); }
 int64_t last_scan_piece_chunks() { return g_last_scan_piece; }
+void set_scan_pieces_of_parity(int parity) {
+  if (parity < -1 || parity > 1) throw std::invalid_argument("hh::kernels::set_scan_pieces_of_parity: -1 (every piece), 0 or 1");
+  g_scan_pieces_parity = parity;
+}
+int scan_pieces_of_parity() { return g_scan_pieces_parity; }
 void set_fusion_in_column_scan(bool on) { g_fusion_in_column_scan = on; }
 void set_scan_wgmma(bool on) { g_scan_wgmma = on; }
 bool scan_wgmma_enabled() { return g_scan_wgmma; }
@@ -2777,15 +2783,20 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   const int64_t len = a.segment == kAutoSegments ? auto_segment_chunks(blocks_whole, longest, slots) : a.segment;
   g_last_scan_piece = len;
   std::vector<int64_t> table(offsets);
+  const int parity = g_scan_pieces_parity;
   for (int64_t s = 0; s < S; ++s) {
     const int64_t n0 = offsets[s], n1 = offsets[s + 1];
     if (len == 0 || n1 - n0 <= len) {
-      table.insert(table.end(), {s, n0, n1});
+      if (parity != 1) table.insert(table.end(), {s, n0, n1});
       continue;
     }
-    for (int64_t lo = n0; lo < n1; lo += len) table.insert(table.end(), {s, lo, std::min(lo + len, n1)});
+    for (int64_t lo = n0, i = 0; lo < n1; lo += len, ++i)
+      if (parity < 0 || i % 2 == parity) table.insert(table.end(), {s, lo, std::min(lo + len, n1)});
   }
   plan.segments = static_cast<int64_t>(table.size() - offsets.size()) / 3;
+  // Only set_scan_pieces_of_parity(1) leaves no piece (no sequence of two); the block float16 scans then
+  // launch nothing (the other scans read the offsets alone).
+  if (plan.segments == 0 && a.precision == ScanPrecision::kBlockFloat16) return fin;
   plan.two_stages = two_a_sm && a.segment != 0 && plan.segments * (Dv / 16) * H > sms;
   if (plan.segments * (Dv / plan.columns) > std::numeric_limits<int32_t>::max())
     throw std::invalid_argument("hh::kernels::low_rank_scan: more than 2^31 - 1 blocks of segments");

@@ -175,6 +175,14 @@ int64_t column_scan_launches();
 // The piece length, in chunks, that the last block float16 scan on this thread cut its sequences into
 // (0: whole sequences): which segmentation a scan took (a ScanBeside's shorter pieces), for tests.
 int64_t last_scan_piece_chunks();
+// For tests: the block float16 scans run every piece of their sequences (-1, the default), or only the
+// pieces whose place in their sequence (0 for its first piece) has parity 0 or 1, leaving the others'
+// chunks unwritten. A piece's warm-up scans chunks of the pieces before it (reverse: after it) and must
+// write none of them; with every piece run, the owning piece usually writes last and hides such a
+// write, where a run of every other piece shows it. A sequence whose last piece is left out has no
+// final state (its fin entry is left as allocated).
+void set_scan_pieces_of_parity(int parity);
+int scan_pieces_of_parity();
 // Whether the column scan applies the fusion norm itself where it takes a fused output (process-wide, off
 // by default: the fusion kernel after it ran faster in the layer): a row's sum of squares spans one block,
 // so no cluster, but the norm's work and a barrier a chunk sit on the scan's warps. set_fusion_in_scan(true)

@@ -1784,6 +1784,105 @@ TEST(CudaGdn, PiecesWarmUpFromTheSequenceStartWhereTransitionsGrow) {
   EXPECT_LT(rel_err(got[1], ref.state), 2e-2);
 }
 
+// A piece's warm-up writes nothing. With every decay 1 (g = 0) and beta |k|^2 <= 1, no chunk's norm bound
+// lets a piece start late: each piece's warm-up runs from its sequence's start (reverse: its end), across
+// every piece before (after) it. Only every other piece runs (set_scan_pieces_of_parity), into outputs from
+// a NaN-poisoned allocator or NaN-filled: the chunks of the pieces left out must stay NaN, those of the
+// pieces run must be the bits of the run of every piece. The rule's forward (o) by the column scan and in
+// blocks of 32 columns, each without and with a graph (the forms that also write the history), and the
+// backward's reverse scan forming the direct term (its history S16 and M16) by the column scan and in blocks
+// of 16 columns; B = 2, the last chunk partial.
+TEST(CudaGdn, AWarmUpWritesNothing) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  ASSERT_EQ(hh::kernels::scan_pieces_of_parity(), -1);
+  const int64_t B = 2, per = 12, N = B * per, T = 64 * per - 5, H = 2, D = 128, len = 2;
+  const double scale = 0.1, nan = std::numeric_limits<double>::quiet_NaN();
+  const ChunkIn in = chunk_in(B, T, H, D, D, torch::kBFloat16);
+  const auto g = torch::zeros_like(in.g);
+  const auto s0 = torch::randn({B, H, D, D}, kF64).to(kCuda.dtype(torch::kFloat));
+  auto kept = [&](int64_t chunk_in_sequence, int parity) { return (chunk_in_sequence / len) % 2 == parity; };
+  hh::kernels::set_scan_segments(len);
+  for (int columns : {0, 32})
+    for (bool grad : {false, true}) {
+      const std::string what = std::string("forward, ") + (columns == 0 ? "column scan" : "blocks of 32 columns") +
+                               (grad ? ", with a graph" : "");
+      hh::kernels::set_scan_columns(columns);
+      auto forward = [&](int parity) {
+        std::vector<torch::Tensor> x = {in.q, in.k, in.v};
+        if (grad)
+          for (auto& t : x) t = t.detach().requires_grad_(true);
+        std::optional<torch::NoGradGuard> no_grad;
+        if (!grad) no_grad.emplace();
+        hh::kernels::set_scan_pieces_of_parity(parity);
+        poison_allocator();
+        const auto o = gdn_chunked_scan(x[0], x[1], x[2], g, in.beta, s0, scale).o.detach();
+        hh::kernels::set_scan_pieces_of_parity(-1);
+        EXPECT_EQ(hh::kernels::last_scan_piece_chunks(), len) << what;
+        return o;
+      };
+      const auto every = forward(-1);
+      ASSERT_FALSE(every.isnan().any().item<bool>()) << what;
+      for (int parity : {0, 1}) {
+        const auto some = forward(parity);
+        for (int64_t n = 0; n < per; ++n) {
+          const int64_t t0 = 64 * n, rows = std::min<int64_t>(64, T - t0);
+          const auto got = some.narrow(1, t0, rows), want = every.narrow(1, t0, rows);
+          const std::string where = what + ", pieces of parity " + std::to_string(parity) + ", chunk " + std::to_string(n);
+          if (kept(n, parity)) EXPECT_TRUE(torch::equal(got, want)) << where;
+          else EXPECT_TRUE(got.isnan().all().item<bool>()) << where << ": written by another piece's warm-up";
+        }
+      }
+    }
+  const hh::kernels::ChunkGrid grid{N, per, {}};
+  const std::vector<int64_t> offsets = {0, per, N};
+  const auto f = hh::kernels::chunk_factors(in.k, in.v, g, in.beta, grid, in.q, scale);
+  EXPECT_EQ(f.bound.max().item<double>(), 0.0) << "every chunk's norm bound: decay 1, |1 - beta k.k| <= 1";
+  const auto d16 = hh::kernels::grad_to_grid_f16(torch::randn({B, T, H, D}, kF64).to(kCuda.dtype(torch::kBFloat16)), grid);
+  const auto dfin = torch::randn({B, H, D, D}, kF64).to(kCuda.dtype(torch::kFloat));
+  const auto f32 = kCuda.dtype(torch::kFloat), f16 = kCuda.dtype(torch::kHalf);
+  for (int columns : {0, 16}) {
+    const std::string what = std::string("reverse scan with the direct term, ") + (columns == 0 ? "column scan" : "blocks of 16 columns");
+    hh::kernels::set_scan_columns(columns);
+    auto reverse = [&](int parity) {
+      hh::kernels::LowRankScanArgs a;
+      a.A = f.W;
+      a.B = f.kdecay;
+      a.decay = f.decay;
+      a.bound = f.bound;
+      a.direct = {f.Qd, f.Aq, f.aq_inv, d16.x16, d16.inv};
+      a.y0 = dfin;
+      a.S16 = torch::full({H, N, D, D}, nan, f16);
+      a.S_inv = torch::full({H, N, D / 16, D / 16}, nan, f32);
+      a.M16 = torch::full({H, N, 64, D}, nan, f16);
+      a.M_inv = torch::full({H, N, 64 / 16, D / 8}, nan, f32);
+      a.reverse = true;
+      a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
+      a.segment = len;
+      hh::kernels::set_scan_pieces_of_parity(parity);
+      (void)hh::kernels::low_rank_scan(a, offsets);
+      hh::kernels::set_scan_pieces_of_parity(-1);
+      return std::vector<torch::Tensor>{a.S16, a.S_inv, a.M16, a.M_inv};
+    };
+    const char* names[] = {"S16", "S_inv", "M16", "M_inv"};
+    const auto every = reverse(-1);
+    for (size_t i = 0; i < every.size(); ++i) ASSERT_FALSE(every[i].isnan().any().item<bool>()) << what << ": " << names[i];
+    for (int parity : {0, 1}) {
+      const auto some = reverse(parity);
+      for (size_t i = 0; i < every.size(); ++i)
+        for (int64_t n = 0; n < N; ++n) {
+          const auto got = some[i].select(1, n), want = every[i].select(1, n);
+          const std::string where = what + ", pieces of parity " + std::to_string(parity) + ", " + names[i] + " of chunk " +
+                                    std::to_string(n);
+          if (kept(n % per, parity)) EXPECT_TRUE(torch::equal(got, want)) << where;
+          else EXPECT_TRUE(got.isnan().all().item<bool>()) << where << ": written by another piece's warm-up";
+        }
+    }
+  }
+  hh::kernels::set_scan_columns(0);
+  hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+  EXPECT_THROW(hh::kernels::set_scan_pieces_of_parity(2), std::invalid_argument);
+}
+
 TEST(CudaGdn, ShortConvKernelEqualsConv1dThenSilu) {
   ASSERT_TRUE(torch::cuda::is_available());
   for (auto dt : {torch::kFloat, torch::kBFloat16})
