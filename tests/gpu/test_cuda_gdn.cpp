@@ -8,6 +8,7 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/record_function.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/attention/fusion.h"
 #include "core/attention/gdn.h"
@@ -371,9 +373,19 @@ torch::Tensor on_grid(const torch::Tensor& x, int64_t per) {
   return torch::cat({x, torch::zeros(pad_shape, x.options())}, 1).reshape(grid).permute(perm).reshape(out);
 }
 
-// Leaves the CUDA caching allocator holding a large NaN-filled block, so that tensors a kernel
-// allocates next start as NaN (an element it fails to write then shows in rel_err).
-void poison_allocator() { (void)torch::full({64 << 20}, std::numeric_limits<float>::quiet_NaN(), kCuda.dtype(torch::kFloat)); }
+// Leaves every free block of the CUDA caching allocator NaN-filled, so that tensors a kernel allocates next
+// start as NaN (an element it fails to write then shows in rel_err). The allocator takes tensors of up to
+// 1 MB from small blocks (2 MB each) and larger ones from large blocks, and a free block keeps what was
+// last written there: so the cached blocks are released first, then one large block of 256 MB and 64 MB of
+// small ones are allocated, filled with NaN and freed.
+void poison_allocator() {
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const auto f32 = kCuda.dtype(torch::kFloat);
+  (void)torch::full({64 << 20}, nan, f32);
+  std::vector<torch::Tensor> small;
+  for (int i = 0; i < 64; ++i) small.push_back(torch::full({1 << 18}, nan, f32));  // 1 MB each, two to a small block
+}
 
 // A fused output y [B, T, Hy, Dv] against another path's: the heads not in `heads` untouched (7 where
 // both were filled), the others the same bits but for a few elements, each within 3 ulp of the inputs'
