@@ -373,18 +373,18 @@ torch::Tensor on_grid(const torch::Tensor& x, int64_t per) {
   return torch::cat({x, torch::zeros(pad_shape, x.options())}, 1).reshape(grid).permute(perm).reshape(out);
 }
 
-// Leaves every free block of the CUDA caching allocator NaN-filled, so that tensors a kernel allocates next
-// start as NaN (an element it fails to write then shows in rel_err). The allocator takes tensors of up to
-// 1 MB from small blocks (2 MB each) and larger ones from large blocks, and a free block keeps what was
-// last written there: so the cached blocks are released first, then one large block of 256 MB and 64 MB of
-// small ones are allocated, filled with NaN and freed.
+// Leaves every free block of the CUDA caching allocator filled with NaN, so that tensors a kernel allocates
+// next start as NaN (an element it fails to write then shows in rel_err). The fill is all bits one, a NaN
+// read as float32, bfloat16 or float16 alike (a float32 NaN's low 16 bits read as a 16-bit value are zero).
+// The allocator takes tensors of up to 1 MB from small blocks (2 MB each) and larger ones from large
+// blocks, and a free block keeps what was last written there: so the cached blocks are released first,
+// then one large block of 256 MB and 64 MB of small ones are allocated, filled and freed.
 void poison_allocator() {
   c10::cuda::CUDACachingAllocator::emptyCache();
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  const auto f32 = kCuda.dtype(torch::kFloat);
-  (void)torch::full({64 << 20}, nan, f32);
+  const auto i32 = kCuda.dtype(torch::kInt);
+  (void)torch::full({64 << 20}, -1, i32);
   std::vector<torch::Tensor> small;
-  for (int i = 0; i < 64; ++i) small.push_back(torch::full({1 << 18}, nan, f32));  // 1 MB each, two to a small block
+  for (int i = 0; i < 64; ++i) small.push_back(torch::full({1 << 18}, -1, i32));  // 1 MB each, two to a small block
 }
 
 // A fused output y [B, T, Hy, Dv] against another path's: the heads not in `heads` untouched (7 where
