@@ -824,6 +824,80 @@ TEST(CudaGdn, OutputInTheScanLeavesTheRuleUnchanged) {
   hh::kernels::set_scan_columns(0);
 }
 
+// The chunk kernels' rows of q, k, v and dO (and T) by the copy engine, one bulk copy a row (the default where
+// the device has it), against each thread's cp.async copies (kernels::set_rows_by_copy_engine(false)): every
+// output of chunk_factors (with q, keeping T, and without q) and chunk_backward's dq, dk and dv the same bits;
+// dg and dbeta within 1e-5 (their shared-memory sums arrive in any order). Regular sequences whose last chunk
+// is partial, and one packed row (gathered rows: an empty sequence, one of a token, one of exactly a chunk),
+// both 16-bit dtypes, every pair of head sizes, outputs from a NaN-poisoned allocator.
+TEST(CudaGdn, RowsByTheCopyEngineEqualCpAsync) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  ASSERT_TRUE(hh::kernels::rows_by_copy_engine_enabled()) << "the default where the device has the copy engine";
+  const int64_t H = 3, C = 64;
+  for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& what_dt) {
+    for (bool packed : {false, true}) {
+      const std::string what = what_dt + (packed ? " packed" : " regular");
+      const std::vector<int64_t> lengths = {100, 0, 40, 300, C, 1};
+      int64_t B = 2, T = 777, per = (T + C - 1) / C, N = B * per;
+      torch::Tensor gather;
+      if (packed) {
+        B = 1, T = 0, N = 0, per = 0;
+        for (int64_t len : lengths) T += len, N += (len + C - 1) / C;
+        std::vector<int64_t> slots;
+        int64_t a = 0;
+        for (int64_t len : lengths) {
+          for (int64_t j = 0; j < (len + C - 1) / C; ++j)
+            for (int64_t r = 0; r < C; ++r) slots.push_back(C * j + r < len ? a + C * j + r : B * T);
+          a += len;
+        }
+        gather = torch::tensor(slots, torch::kLong).to(torch::kCUDA);
+      }
+      const hh::kernels::ChunkGrid grid{N, per, gather};
+      const ChunkIn in = chunk_in(B, T, H, Dk, Dv, dt);
+      const auto dO = torch::randn({B, T, H, Dv}, kF64).to(kCuda.dtype(dt));
+      const auto [S16, S_inv] = to_block_f16(0.5 * torch::randn({H, N, Dk, Dv}, kF64));
+      const auto [dS16, dS_inv] = to_block_f16(torch::randn({H, N, Dk, Dv}, kF64));
+      const auto [M16, M_inv] = to_block_f16(torch::randn({H, N, C, Dv}, kF64), 16, 8);
+      const auto [dM16, dM_inv] = to_block_f16(torch::randn({H, N, C, Dv}, kF64), 16, 8);
+      hh::kernels::ChunkFactors with_q[2], without_q[2];
+      hh::kernels::ChunkInputGrads d[2];
+      for (int i : {0, 1}) {  // the copy engine, then cp.async
+        hh::kernels::set_rows_by_copy_engine(i == 0);
+        poison_allocator();
+        with_q[i] = hh::kernels::chunk_factors(in.k, in.v, in.g, in.beta, grid, in.q, 0.1, nullptr, hh::kernels::UForm::kFloat32, true);
+        poison_allocator();
+        without_q[i] = hh::kernels::chunk_factors(in.k, in.v, in.g, in.beta, grid);
+        poison_allocator();
+        d[i] = hh::kernels::chunk_backward(in.q, in.k, in.v, in.g, in.beta, S16, S_inv, dS16, dS_inv, dO, grid, 0.1, M16, M_inv,
+                                           dM16, dM_inv, with_q[i].T16);
+        hh::kernels::set_rows_by_copy_engine(true);
+      }
+      auto same = [&](const torch::Tensor& a, const torch::Tensor& b, const std::string& name) {
+        EXPECT_TRUE(torch::equal(a, b)) << what << ": " << name;
+        EXPECT_FALSE(a.isnan().any().item<bool>()) << what << ": " << name << " written";
+      };
+      for (int f = 0; f < 2; ++f) {
+        const hh::kernels::ChunkFactors &a = f == 0 ? with_q[0] : without_q[0], &b = f == 0 ? with_q[1] : without_q[1];
+        const std::string form = f == 0 ? "with q, " : "without q, ";
+        same(a.W, b.W, form + "W");
+        same(a.U, b.U, form + "U");
+        same(a.kdecay, b.kdecay, form + "kdecay");
+        same(a.decay, b.decay, form + "decay");
+        same(a.bound, b.bound, form + "bound");
+      }
+      same(with_q[0].Qd, with_q[1].Qd, "Qd");
+      same(with_q[0].Aq, with_q[1].Aq, "Aq");
+      same(with_q[0].aq_inv, with_q[1].aq_inv, "aq_inv");
+      same(with_q[0].T16, with_q[1].T16, "T16");
+      same(d[0].dq, d[1].dq, "dq");
+      same(d[0].dk, d[1].dk, "dk");
+      same(d[0].dv, d[1].dv, "dv");
+      EXPECT_LT(rel_err(d[0].dg, d[1].dg), 1e-5) << what << ": dg";
+      EXPECT_LT(rel_err(d[0].dbeta, d[1].dbeta), 1e-5) << what << ": dbeta";
+    }
+  });
+}
+
 // The rule's backward with its reverse scan forming the direct term (the default) against
 // chunk_state_direct forming it (kernels::set_direct_in_scan(false)): the same gradients of q, k, v, g,
 // beta and the initial state to the 16-bit products' rounding (the bound the gradient tests against
