@@ -175,42 +175,6 @@ __device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ x, const
   }
 }
 
-// One tile of bulk_rows: chunk n's rows of head h of x [rows, H, D] (D 16-bit values, a multiple of 8) into
-// dst [C][ld] (ld a multiple of 8).
-template <class T>
-struct RowCopy {
-  T* dst;
-  const T* x;
-  int ld, D;
-};
-// load_rows by the copy engine (sm_90) for several tiles on one barrier: thread r < C copies row r of each
-// tile in one bulk copy and announces their bytes on bar, whose phase counts C arrivals; a padding row
-// (rows[r] < 0) it zeroes itself, announcing none of its bytes. The
-// block waits on bar before it reads the tiles. Each thread's 16-byte cp.async copies cost 16 copies a row,
-// each with its address formed (about a tenth of chunk_factors' instructions), and their shared-memory
-// writes took 2.6 times the wavefronts their bytes need (docs/BENCHMARKS.md v60).
-// `extra`: bytes more that thread r announces in its arrival, for a copy of its own it issues after.
-template <class T, int K>
-__device__ __forceinline__ void bulk_rows(const RowCopy<T> (&tiles)[K], const int64_t* rows, int h, int H,
-                                          unsigned long long* bar, unsigned extra = 0) {
-  const int r = threadIdx.x;
-  if (r >= kC) return;
-  const int64_t row = rows[r];
-  unsigned bytes = extra;
-#pragma unroll
-  for (int i = 0; i < K; ++i) bytes += static_cast<unsigned>(tiles[i].D * sizeof(T));
-  mbar_arrive_expect_tx(bar, row >= 0 ? bytes : extra);
-#pragma unroll
-  for (int i = 0; i < K; ++i) {
-    T* const d = tiles[i].dst + r * tiles[i].ld;
-    if (row >= 0) {
-      bulk_load(d, tiles[i].x + (row * H + h) * tiles[i].D, static_cast<unsigned>(tiles[i].D * sizeof(T)), bar);
-    } else {
-      for (int c = 0; c < tiles[i].D; c += 8) *reinterpret_cast<uint4*>(d + c) = make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
-}
-
 // Lane l of warp 0 with the chunk's g and beta at rows 2l and 2l + 1: G = the inclusive cumulative sum
 // of g into Gs, and beta into bs (when asked for).
 __device__ __forceinline__ void put_gates(int l, float g0, float g1, float b0, float b1, float* Gs, float* bs) {

@@ -141,17 +141,6 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const void* map, int x, 
   __trap();
 #endif
 }
-// `bytes` (a multiple of 16) from gmem to smem by the copy engine, completing on `bar`; both addresses
-// 16-byte aligned.
-__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, unsigned bytes, unsigned long long* bar) {
-#if HH_COPY_ENGINE
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-#else
-  __trap();
-#endif
-}
 // Orders this thread's earlier accesses to shared memory (the generic proxy) before later bulk copies
 // into it (the async proxy): each thread that touched a region calls it before the block-wide barrier
 // after which a copy overwrites the region.

@@ -374,12 +374,6 @@ bool conv_in_factors_enabled();
 // (process-wide, on by default; off for benchmarks).
 void set_factors_four_blocks(bool on);
 bool factors_four_blocks_enabled();
-// Whether chunk_factors (without the convolution inside) and chunk_backward (one block a chunk) bring the
-// chunk's rows of q, k, v and dO (and T) into shared memory by the copy engine, one bulk copy a row, or by
-// each thread's 16-byte cp.async copies (process-wide, on by default; off for benchmarks). Only where the
-// current device has the copy engine (copy_engine_available); the same bits either way.
-void set_rows_by_copy_engine(bool on);
-bool rows_by_copy_engine_enabled();
 
 // The copies between B regular sequences and the chunk grid of the rule's LibTorch backward, as one
 // pass each with 16-byte accesses (core/attention/gdn.cpp's to_chunks / from_chunks, whose permuting

@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                          const float* __restrict__ beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
                          void* __restrict__ U, float* __restrict__ U_inv, c10::Half* __restrict__ kdecay,
                          float* __restrict__ decay, float* __restrict__ bound, OutFactors of, PreConv<T> pc,
-                         const __grid_constant__ ConvMaps maps, int64_t n0, bool bulk) {
+                         const __grid_constant__ ConvMaps maps, int64_t n0) {
   static_assert(OUT || !PRE, "the short convolution inside chunk_factors comes with the output's factors");
   static_assert(!PRE || DK == DV, "V formed into K's region");
   extern __shared__ float4 smem4[];
@@ -415,8 +415,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   float* const kk = ws + kC;  // beta_t k_t.k_t
   unsigned* const amax = reinterpret_cast<unsigned*>(kk + kC);  // Aq's largest |entry|, as bits (then 3 spare words)
   int64_t* const rows = reinterpret_cast<int64_t*>(amax + 4);
-  // PRE: q and k's raw rows, v's; with bulk (not PRE: bulk_rows), the first tiles, V's where it comes later
-  unsigned long long* const landed = reinterpret_cast<unsigned long long*>(rows + kC);
+  unsigned long long* const landed = reinterpret_cast<unsigned long long*>(rows + kC);  // PRE: q and k's raw rows; v's
   // The grid is (H, chunks n0 ..; a launch takes at most 2^16 - 1 chunks): heads vary fastest, so the H
   // blocks of a chunk run together and its rows of q, k and v (one span of H D values a row) and of
   // RoPE's tables are read from memory once and then from L2, where the other order read the tables
@@ -426,11 +425,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
   if (tid < kC) rows[tid] = slots(n, tid);
   if (tid == 0) *amax = 0u;
-  // device_ops.cuh's copy-engine helpers trap below sm_90, where chunk_factors refuses PRE and passes no bulk.
-  if ((PRE || bulk) && tid == 0) {
-    mbar_init(&landed[0], PRE ? 1 : kC);
-    mbar_init(&landed[1], PRE ? 1 : kC);
-    mbar_init_fence();
+  if constexpr (PRE) {
+    if (tid == 0) {  // device_ops.cuh's copy-engine helpers trap below sm_90, where chunk_factors refuses PRE
+      mbar_init(&landed[0], 1);
+      mbar_init(&landed[1], 1);
+      mbar_init_fence();
+    }
   }
   __syncthreads();
   if constexpr (PRE) {
@@ -450,20 +450,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
       tma_load_3d(Ls, &maps.k, h * DK, t, b, &landed[0]);
       tma_load_3d(Ks, &maps.q, h * DK, t, b, &landed[0]);
     }
-  } else if (bulk) {
-    if constexpr (OUT) {
-      const RowCopy<T> tiles[2] = {{Ks, k, ld16<DK>(), DK}, {Qs, static_cast<const T*>(of.q), ld16<DK>(), DK}};
-      bulk_rows(tiles, rows, h, H, &landed[0]);
-    } else {
-      const RowCopy<T> tiles[2] = {{Ks, k, ld16<DK>(), DK}, {Vs, v, ld16<DV>(), DV}};
-      bulk_rows(tiles, rows, h, H, &landed[0]);
-    }
   } else {
     load_rows<DK>(Ks, k, rows, h, H);
     if constexpr (OUT) load_rows<DK>(Qs, static_cast<const T*>(of.q), rows, h, H);
     else load_rows<DV>(Vs, v, rows, h, H);
   }
-  if (PRE || bulk) {
+  if constexpr (PRE) {
     // The gates while the rows land; one thread waits for them, and the barrier after passes them on.
     chunk_gates(g, beta, rows, h, H, Gs, bs);
     if (tid == 0) mbar_wait(&landed[0], 0);
@@ -505,7 +497,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       const int r = (8 * i) / DK, c = (8 * i) % DK;
       store_global16(of.Qd + chunk * kC * DK + r * DK + c, scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r])));
     }
-    if (PRE || bulk) fence_proxy_async_shared();  // Q's region, written and read, takes V's rows by the copy engine next
+    if constexpr (PRE) fence_proxy_async_shared();  // Q's region, written and read, takes V's raw rows next
     __syncthreads();  // every thread is done with Q and Aq
     if constexpr (PRE) {  // V's raw rows land while L, its inverse and W are formed
       if (tid == 0) {
@@ -513,9 +505,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
         tma_load_3d(Vs, &maps.v, h * DV, reinterpret_cast<const int*>(amax)[2], reinterpret_cast<const int*>(amax)[3],
                     &landed[1]);
       }
-    } else if (bulk) {
-      const RowCopy<T> tiles[1] = {{Vs, v, ld16<DV>(), DV}};
-      bulk_rows(tiles, rows, h, H, &landed[1]);
     } else {
       load_rows<DV>(Vs, v, rows, h, H);
       cp_async_commit();
@@ -564,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
   lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
   if constexpr (OUT) {
-    if (PRE || bulk) {  // V's rows
+    if constexpr (PRE) {  // V's rows
       if (tid == 0) mbar_wait(&landed[1], 0);
     } else {
       cp_async_wait<0>();
@@ -893,7 +882,6 @@ bool g_block_f16_scan = true;
 bool g_f16_history = true;
 bool g_conv_in_factors = true;
 bool g_factors_four_blocks = true;
-bool g_rows_by_copy_engine = true;
 
 }  // namespace
 
@@ -907,8 +895,6 @@ void set_conv_in_factors(bool on) { g_conv_in_factors = on; }
 bool conv_in_factors_enabled() { return g_conv_in_factors; }
 void set_factors_four_blocks(bool on) { g_factors_four_blocks = on; }
 bool factors_four_blocks_enabled() { return g_factors_four_blocks; }
-void set_rows_by_copy_engine(bool on) { g_rows_by_copy_engine = on; }
-bool rows_by_copy_engine_enabled() { return g_rows_by_copy_engine && copy_engine_available(); }
 
 bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
   return (Dk == 64 || Dk == 128) && (Dv == 64 || Dv == 128) && (dtype == at::kBFloat16 || dtype == at::kHalf);
@@ -979,7 +965,6 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
           r.aq_inv.data_ptr<float>(), keep_t ? r.T16.data_ptr() : nullptr};
   }
   if (N == 0 || H == 0) return r;
-  const bool bulk = rows_by_copy_engine_enabled();
   dispatch(Dk, Dv, k.scalar_type(), [&](auto dk, auto dv, auto x) {
     using X = decltype(x);
     constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
@@ -992,7 +977,7 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
                       static_cast<const X*>(v.data_ptr()), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
                       static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr(),
                       u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc,
-                      maps, n0, bulk);
+                      maps, n0);
       }
     };
     if (conv != nullptr) {

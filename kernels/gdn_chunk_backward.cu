@@ -347,14 +347,12 @@ constexpr int step_elems() {
 // Shared memory: in float32 T (where the inverse is formed), A and Lg = (K K^T * e^{G_t - G_i}, i < t),
 // 12 vectors of C and <S, dS>; the rows; then in 16-bit elements T and scale A,
 // the step region and the tiles Q, K, V, dO.
-// LOOP adds the next chunk's Q and K, rows and gates, and the chunks' indices (ChunkTurns). Last, the
-// barrier the tiles' bulk copies complete on (bulk_rows) and a spare word.
+// LOOP adds the next chunk's Q and K, rows and gates, and the chunks' indices (ChunkTurns).
 template <int DK, int DV, class T, bool LOOP = false>
 constexpr size_t backward_smem() {
   return (3 * kC * kLdT + 12 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
          (2 * kC * kLd16C + step_elems<DK>() + 2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T) +
-         (LOOP ? 2 * kC * ld16<DK>() * sizeof(T) + kC * sizeof(int64_t) + 2 * kC * sizeof(float) + 4 * sizeof(int64_t) : 0) +
-         2 * sizeof(unsigned long long);
+         (LOOP ? 2 * kC * ld16<DK>() * sizeof(T) + kC * sizeof(int64_t) + 2 * kC * sizeof(float) + 4 * sizeof(int64_t) : 0);
 }
 
 // A LOOP block's chunks of the N H (chunk, head) pairs, in shared memory: it takes pairs w = blockIdx.x,
@@ -395,11 +393,7 @@ struct ChunkTurns {
 // (in place) once the steps are done with them. A block a chunk waits for its own loads at its start
 // with nothing to cover them (one 16-warp block fills an SM); but this form is slower (docs/BENCHMARKS.md
 // v59: the copies issued amid the steps stall the warps about as long), so it is off by default.
-//
-// BULK (TK, not LOOP: the default form): the tiles' rows and T's by the copy engine (bulk_rows) instead of each
-// thread's cp.async copies. A template argument: as a kernel argument its test and the barrier's address held
-// registers through the steps (12 bytes of spill against none).
-template <int DK, int DV, class T, bool HIST = false, bool TK = false, bool LOOP = false, bool BULK = false>
+template <int DK, int DV, class T, bool HIST = false, bool TK = false, bool LOOP = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     chunk_backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                           const float* __restrict__ g, const float* __restrict__ beta, BlockF16 S, BlockF16 dS,
@@ -408,8 +402,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                           float* __restrict__ dg, float* __restrict__ dbeta, const T* __restrict__ t16) {
   static_assert(HIST || !TK, "T from the forward with M and dM from the scans");
   static_assert(TK || !LOOP, "chunks in turn read T from the forward");
-  static_assert(!BULK || (TK && !LOOP), "the copy engine's rows in the default form only");
-  constexpr bool bulk = BULK;
   constexpr bool kWideRows = TK || !HIST;  // store_rows
   constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), NTK = DK / 32;
   constexpr int kUnits = DK * kBV / 8;  // 8-element units of a step's slice of S (and of dS)
@@ -457,9 +449,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float* const g_nx = reinterpret_cast<float*>(rows_nx + kC);
   float* const b_nx = g_nx + kC;
   const ChunkTurns turns{reinterpret_cast<int64_t*>(b_nx + kC)};
-  // bulk (not LOOP): the barrier of the tiles' copies (bulk_rows) and T's (TK), a row of each a thread
-  unsigned long long* const landed =
-      reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(smem4) + backward_smem<DK, DV, T, LOOP>() - 2 * sizeof(unsigned long long));
 
   // The chunk's head: LOOP's from shared memory at each use, rather than a register through the chunk.
   auto head = [&]() -> int {
@@ -519,27 +508,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     } else {
       if (tid < kC) rows[tid] = slots(blockIdx.x, tid);
       for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
-      if (bulk && tid == 0) {  // the host takes BULK only where the device has the copy engine
-        mbar_init(landed, kC);
-        mbar_init_fence();
-      }
       __syncthreads();
-      if constexpr (bulk) {
-        const RowCopy<T> tiles[4] = {{Qs, q, LDK, DK}, {Ks, k, LDK, DK}, {Vs, v, LDV, DV}, {dOs, dO, LDV, DV}};
-        bulk_rows(tiles, rows, blockIdx.y, H, landed, TK ? kC * sizeof(T) : 0u);
-        if constexpr (TK) {
-          if (tid < kC)  // T's row tid, 128 bytes (every row: padding rows have theirs), announced with the rows
-            bulk_load(T16 + tid * kLd16C, t16 + (static_cast<int64_t>(blockIdx.y) * N + blockIdx.x) * kC * kC + tid * kC,
-                      kC * sizeof(T), landed);
-        }
-      } else {
-        load_rows<DK>(Qs, q, rows, blockIdx.y, H);
-        load_rows<DK>(Ks, k, rows, blockIdx.y, H);
-        load_rows<DV>(Vs, v, rows, blockIdx.y, H);
-        load_rows<DV>(dOs, dO, rows, blockIdx.y, H);
-        if constexpr (TK) load_t(static_cast<int64_t>(blockIdx.y) * N + blockIdx.x);
-        cp_async_commit();
-      }
+      load_rows<DK>(Qs, q, rows, blockIdx.y, H);
+      load_rows<DK>(Ks, k, rows, blockIdx.y, H);
+      load_rows<DV>(Vs, v, rows, blockIdx.y, H);
+      load_rows<DV>(dOs, dO, rows, blockIdx.y, H);
+      if constexpr (TK) load_t(static_cast<int64_t>(blockIdx.y) * N + blockIdx.x);
+      cp_async_commit();
     }
     const int64_t chunk =
         LOOP ? static_cast<int64_t>(turns.h()) * N + turns.n() : static_cast<int64_t>(blockIdx.y) * N + blockIdx.x;
@@ -600,11 +575,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     fetch(0);  // in flight through the prologue
     if constexpr (!LOOP) {
       chunk_gates(g, beta, rows, head(), H, Gs, bs);
-      if constexpr (bulk) {  // the tiles
-        if (tid == 0) mbar_wait(landed, 0);
-      } else {
-        cp_async_wait<0>();
-      }
+      cp_async_wait<0>();  // the tiles
       __syncthreads();
     }
     if (tid < kC) {
@@ -932,7 +903,6 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
     auto out = [](const at::Tensor& t) { return static_cast<X*>(t.data_ptr()); };
     const BlockF16 mh = hist ? block_f16(M16, M_inv) : BlockF16{}, dmh = hist ? block_f16(dM16, dM_inv) : BlockF16{};
     g_backward_launches[tk ? 2 : hist ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
-    const bool bulk = rows_by_copy_engine_enabled();  // the form that reads T, one block a chunk
     auto run = [&](auto kernel, dim3 blocks, size_t smem) {
       launch_kernel(kernel, blocks, kBwdThreads, smem, in(q), in(k), in(v), g.data_ptr<float>(), beta.data_ptr<float>(),
                     block_f16(S16, S_inv), block_f16(dS16, dS_inv), mh, dmh, in(dO), slots, static_cast<int>(H), N,
@@ -949,8 +919,7 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
         return;
       }
     }
-    if (tk && bulk) run(chunk_backward_kernel<DK, DV, X, true, true, false, true>, each, backward_smem<DK, DV, X>());
-    else if (tk) run(chunk_backward_kernel<DK, DV, X, true, true>, each, backward_smem<DK, DV, X>());
+    if (tk) run(chunk_backward_kernel<DK, DV, X, true, true>, each, backward_smem<DK, DV, X>());
     else if (hist) run(chunk_backward_kernel<DK, DV, X, true>, each, backward_smem<DK, DV, X>());
     else run(chunk_backward_kernel<DK, DV, X, false>, each, backward_smem<DK, DV, X>());
   });

@@ -46,7 +46,6 @@ struct GdnBenchArgs {
   bool output_apart = false;  // the output by a kernel of its own from the scan's history
   bool direct_apart = false;  // the backward's direct term by chunk_state_direct instead of in the reverse scan
   bool backward_chunks_in_turn = false;  // chunk_backward one block an SM taking chunks in turn, not one a chunk
-  bool rows_by_cp_async = false;  // the chunk kernels' rows by each thread's cp.async copies, not the copy engine's
   bool fusion_in_scan = false;  // the layer's fusion norm inside the scan that writes the output
   std::string backward = "kernels";
   std::string scan_segments = "auto";
@@ -98,8 +97,7 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // kFusionInColumnScan: the layer's fusion norm inside the column scan instead of by the fusion kernel after it;
 // kScanWarpProducts: the column scan's products by warp (mma.sync) instead of by warpgroup (kernels::set_scan_wgmma);
 // kBackwardChunksInTurn: chunk_backward one block an SM taking chunks in turn instead of one block a chunk
-// (kernels::set_backward_chunks_in_turn); kRowsByCpAsync: the chunk kernels' rows by each thread's cp.async
-// copies instead of the copy engine's bulk copies (kernels::set_rows_by_copy_engine).
+// (kernels::set_backward_chunks_in_turn).
 enum class OtherPath {
   kLibTorchLocal,
   kTf32Scan,
@@ -111,8 +109,7 @@ enum class OtherPath {
   kScanColumnBlocks,
   kFusionInColumnScan,
   kScanWarpProducts,
-  kBackwardChunksInTurn,
-  kRowsByCpAsync
+  kBackwardChunksInTurn
 };
 
 // fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
@@ -158,9 +155,6 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
       return with_setting(kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled, false, dev, fn);
     case OtherPath::kBackwardChunksInTurn:
       return with_setting(kernels::set_backward_chunks_in_turn, kernels::backward_chunks_in_turn_enabled, true, dev, fn);
-    case OtherPath::kRowsByCpAsync:  // the same path twice where the device has no copy engine
-      if (dev.is_cuda() && !kernels::rows_by_copy_engine_enabled()) return std::nullopt;
-      return with_setting(kernels::set_rows_by_copy_engine, kernels::rows_by_copy_engine_enabled, false, dev, fn);
   }
 #endif
   (void)p, (void)dev, (void)fn;
@@ -225,7 +219,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   kernels::set_output_in_scan(!a.output_apart);
   kernels::set_direct_in_scan(!a.direct_apart);
   kernels::set_backward_chunks_in_turn(a.backward_chunks_in_turn);
-  kernels::set_rows_by_copy_engine(!a.rows_by_cp_async);
   kernels::set_fusion_in_scan(a.fusion_in_scan);
 #endif
   attention::set_gdn_backward(a.backward == "autograd"   ? attention::GdnBackward::kAutograd
@@ -241,7 +234,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"output_apart", a.output_apart},
                          {"direct_apart", a.direct_apart},
                          {"backward_chunks_in_turn", a.backward_chunks_in_turn},
-                         {"rows_by_cp_async", a.rows_by_cp_async},
                          {"fusion_in_scan", a.fusion_in_scan},
                          {"scan_kernel", a.scan_kernel},
                          {"scan_segments", a.scan_segments},
@@ -336,11 +328,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const auto [f_wg, f_warp] = alternating(OtherPath::kScanWarpProducts, same_scan, [&] { return forward(ours, back_to_back_ms); });
     const auto [fb_wg, fb_warp] =
         alternating(OtherPath::kScanWarpProducts, same_scan, [&] { return forward_backward(ours, back_to_back_ms); });
-    // The chunk kernels' rows by the copy engine (the default) against each thread's cp.async copies.
-    const auto [f_bulk, f_cp] =
-        alternating(OtherPath::kRowsByCpAsync, a.rows_by_cp_async, [&] { return forward(ours, back_to_back_ms); });
-    const auto [fb_bulk, fb_cp] =
-        alternating(OtherPath::kRowsByCpAsync, a.rows_by_cp_async, [&] { return forward_backward(ours, back_to_back_ms); });
     // chunk_backward one block a chunk (the default) against one block an SM taking chunks in turn; nothing
     // where the backward never reached the in-turn kernel (not the form that reads T with Dk = Dv = 128: other
     // head sizes or dtypes, the direct term apart, the backward off the kernels), which would time one path twice.
@@ -409,8 +396,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                "the forward's scan a head a block (default) / in blocks of 32 state columns");
     alternated(f_wg, f_warp, fb_wg, fb_warp, "scan_wgmma", "scan_mma_sync",
                "the column scan's products by warpgroup (default) / by warp");
-    alternated(f_bulk, f_cp, fb_bulk, fb_cp, "rows_bulk", "rows_cp_async",
-               "the chunk kernels' rows by the copy engine (default) / by cp.async");
     if (fb_each && fb_turns) {
       row["fwd_bwd_backward_block_a_chunk_b2b_ms"] = *fb_each, row["fwd_bwd_backward_in_turn_b2b_ms"] = *fb_turns;
       std::printf("  %-10s back to back, chunk_backward one block a chunk (default) / one block an SM taking chunks in turn\n"
@@ -734,10 +719,6 @@ BenchSub add_bench_gdn(CLI::App& bench) {
               "On CUDA with 16-bit inputs, Dk = Dv = 128: run the backward's chunk_backward as one block an SM taking "
               "chunks in turn (each chunk's loads landing during the chunk before), instead of one block a chunk (and "
               "leave that comparison out)");
-  c->add_flag("--rows-by-cp-async", a->rows_by_cp_async,
-              "On CUDA with 16-bit inputs: bring the chunk kernels' rows of q, k, v and dO into shared memory by each "
-              "thread's 16-byte cp.async copies, instead of by the copy engine one bulk copy a row (and leave that "
-              "comparison out)");
   c->add_flag("--fusion-in-scan", a->fusion_in_scan,
               "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
               "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "
