@@ -1045,6 +1045,32 @@ TEST(CudaGdn, GradientOnTheChunkGridInBlockFloat16IsExact) {
                std::invalid_argument);
 }
 
+// The backward's reverse block float16 scan over chunk_factors' output f (A = W, B = kdecay, its decays and
+// norm bounds) from the end-state gradients y0 [S, H, Dk, Dv], in pieces of `segment` chunks, writing its
+// history into NaN-filled S16, S_inv, M16 and M_inv; the direct term from d16 where given (else the caller
+// gives Z).
+hh::kernels::LowRankScanArgs reverse_scan_args(const hh::kernels::ChunkFactors& f, const hh::kernels::GridF16* d16,
+                                               const torch::Tensor& y0, int64_t segment) {
+  const int64_t H = f.W.size(0), N = f.W.size(1), C = f.W.size(2), Dk = f.W.size(3), Dv = y0.size(3);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const auto f32 = kCuda.dtype(torch::kFloat), f16 = kCuda.dtype(torch::kHalf);
+  hh::kernels::LowRankScanArgs a;
+  a.A = f.W;
+  a.B = f.kdecay;
+  a.decay = f.decay;
+  a.bound = f.bound;
+  if (d16 != nullptr) a.direct = {f.Qd, f.Aq, f.aq_inv, d16->x16, d16->inv};
+  a.y0 = y0;
+  a.S16 = torch::full({H, N, Dk, Dv}, nan, f16);
+  a.S_inv = torch::full({H, N, Dk / 16, Dv / 16}, nan, f32);
+  a.M16 = torch::full({H, N, C, Dv}, nan, f16);
+  a.M_inv = torch::full({H, N, C / 16, Dv / 8}, nan, f32);
+  a.reverse = true;
+  a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
+  a.segment = segment;
+  return a;
+}
+
 // The reverse scan forming each chunk's direct term from chunk_factors' output factors and the output's
 // gradient in block float16 (LowRankScanArgs::direct), against the reverse recursion in float64
 //   dS_end_n = Y,  Y <- e^{G_C} Y - W^T (kdecay Y) + scale (diag(e^G) Q - A W)^T dO_n,
@@ -1092,26 +1118,9 @@ TEST(CudaGdn, ReverseScanFormsTheDirectTermFromTheOutputFactors) {
       for (int64_t segment : {int64_t{0}, int64_t{1}}) {
         hh::kernels::set_scan_columns(columns);
         auto scan = [&](bool direct) {
-          hh::kernels::LowRankScanArgs a;
-          a.A = f.W;
-          a.B = f.kdecay;
-          a.decay = f.decay;
-          a.bound = f.bound;
-          if (direct) {
-            const auto d16 = hh::kernels::grad_to_grid_f16(dO, grid);
-            a.direct = {f.Qd, f.Aq, f.aq_inv, d16.x16, d16.inv};
-          } else {
-            a.Z = hh::kernels::chunk_state_direct(q, k, g, f.W, dO, grid, scale);
-          }
-          a.y0 = dfin.to(f32);
-          const double nan = std::numeric_limits<double>::quiet_NaN();
-          a.S16 = torch::full({H, N, Dk, Dv}, nan, kCuda.dtype(torch::kHalf));
-          a.S_inv = torch::full({H, N, Dk / 16, Dv / 16}, nan, f32);
-          a.M16 = torch::full({H, N, C, Dv}, nan, kCuda.dtype(torch::kHalf));
-          a.M_inv = torch::full({H, N, C / 16, Dv / 8}, nan, f32);
-          a.reverse = true;
-          a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
-          a.segment = segment;
+          const auto d16 = hh::kernels::grad_to_grid_f16(dO, grid);
+          hh::kernels::LowRankScanArgs a = reverse_scan_args(f, direct ? &d16 : nullptr, dfin.to(f32), segment);
+          if (!direct) a.Z = hh::kernels::chunk_state_direct(q, k, g, f.W, dO, grid, scale);
           const int64_t launches = hh::kernels::column_scan_launches();
           const auto fin = hh::kernels::low_rank_scan(a, offsets);
           // The column scan (a head a block) takes the direct term at Dk = 128 with the columns automatic.
@@ -1808,7 +1817,7 @@ TEST(CudaGdn, AWarmUpWritesNothing) {
   ASSERT_TRUE(torch::cuda::is_available());
   ASSERT_EQ(hh::kernels::scan_pieces_of_parity(), -1);
   const int64_t B = 2, per = 12, N = B * per, T = 64 * per - 5, H = 2, D = 128, len = 2;
-  const double scale = 0.1, nan = std::numeric_limits<double>::quiet_NaN();
+  const double scale = 0.1;
   const ChunkIn in = chunk_in(B, T, H, D, D, torch::kBFloat16);
   const auto g = torch::zeros_like(in.g);
   const auto s0 = torch::randn({B, H, D, D}, kF64).to(kCuda.dtype(torch::kFloat));
@@ -1851,25 +1860,11 @@ TEST(CudaGdn, AWarmUpWritesNothing) {
   EXPECT_EQ(f.bound.max().item<double>(), 0.0) << "every chunk's norm bound: decay 1, |1 - beta k.k| <= 1";
   const auto d16 = hh::kernels::grad_to_grid_f16(torch::randn({B, T, H, D}, kF64).to(kCuda.dtype(torch::kBFloat16)), grid);
   const auto dfin = torch::randn({B, H, D, D}, kF64).to(kCuda.dtype(torch::kFloat));
-  const auto f32 = kCuda.dtype(torch::kFloat), f16 = kCuda.dtype(torch::kHalf);
   for (int columns : {0, 16}) {
     const std::string what = std::string("reverse scan with the direct term, ") + (columns == 0 ? "column scan" : "blocks of 16 columns");
     hh::kernels::set_scan_columns(columns);
     auto reverse = [&](int parity) {
-      hh::kernels::LowRankScanArgs a;
-      a.A = f.W;
-      a.B = f.kdecay;
-      a.decay = f.decay;
-      a.bound = f.bound;
-      a.direct = {f.Qd, f.Aq, f.aq_inv, d16.x16, d16.inv};
-      a.y0 = dfin;
-      a.S16 = torch::full({H, N, D, D}, nan, f16);
-      a.S_inv = torch::full({H, N, D / 16, D / 16}, nan, f32);
-      a.M16 = torch::full({H, N, 64, D}, nan, f16);
-      a.M_inv = torch::full({H, N, 64 / 16, D / 8}, nan, f32);
-      a.reverse = true;
-      a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
-      a.segment = len;
+      const hh::kernels::LowRankScanArgs a = reverse_scan_args(f, &d16, dfin, len);
       hh::kernels::set_scan_pieces_of_parity(parity);
       (void)hh::kernels::low_rank_scan(a, offsets);
       hh::kernels::set_scan_pieces_of_parity(-1);
