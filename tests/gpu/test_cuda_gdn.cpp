@@ -118,7 +118,9 @@ TEST(CudaGdn, StateScanKernelEqualsTheLoopInFloat64) {
         // Through the dispatcher as well (hydrahead::gdn_state_scan on CUDA tensors).
         const auto op = hh::attention::gdn_state_scan(P.to(kCuda.dtype(torch::kFloat)), Z.to(kCuda.dtype(torch::kFloat)),
                                                       y0.to(kCuda.dtype(torch::kFloat)), offsets, reverse);
-        if (kernel == hh::kernels::ScanKernel::kTensorCores) EXPECT_TRUE(torch::equal(op.hist, hist)) << what;
+        if (kernel == hh::kernels::ScanKernel::kTensorCores) {
+          EXPECT_TRUE(torch::equal(op.hist, hist)) << what;
+        }
       }
     }
 }
@@ -183,7 +185,9 @@ TEST(CudaGdn, LowRankScanEqualsTheLoopOnTheFormedTransitionInFloat64) {
           EXPECT_LT(rel_err(a.hist, want.hist), tol) << what;  // rel_err also fails on NaN: every element written
           EXPECT_LT(rel_err(fin, want.final_state), tol) << what;
           EXPECT_LT(rel_err(a.M, want_m), tol) << what;
-          if (mode == 3) EXPECT_LT(rel_err(from_block_f16(a.S16, a.S_inv), want.hist), tol) << what << " (S16)";
+          if (mode == 3) {
+            EXPECT_LT(rel_err(from_block_f16(a.S16, a.S_inv), want.hist), tol) << what << " (S16)";
+          }
         }
     }
 }
@@ -321,7 +325,9 @@ TEST(CudaGdn, SegmentedScanStartsEachSegmentWhereItsNormBoundsAllow) {
         EXPECT_TRUE(torch::equal(seg.S16, whole.S16)) << what;
         EXPECT_TRUE(torch::equal(seg.S_inv, whole.S_inv)) << what;
         EXPECT_TRUE(torch::equal(seg_fin, whole_fin)) << what;
-        if (!reverse) EXPECT_TRUE(torch::equal(seg.M16, whole.M16)) << what;
+        if (!reverse) {
+          EXPECT_TRUE(torch::equal(seg.M16, whole.M16)) << what;
+        }
       } else {
         // The pieces' early starts leave out what came before them (in float64, a few percent of the
         // states here): the kernel's pieces differ from the whole scan as much.
@@ -581,7 +587,9 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
       const auto final_state = hh::kernels::low_rank_scan(a, {0, per, 2 * per});
       const std::string how = what + (states ? " (with the float32 history)" : "");
       EXPECT_LT(rel_err(final_state, fin), 3e-3) << how;
-      if (states) EXPECT_LT(rel_err(a.hist, Sn), 3e-3) << how;
+      if (states) {
+        EXPECT_LT(rel_err(a.hist, Sn), 3e-3) << how;
+      }
       // The float16 history: 11 significant bits an element on top of the scan's own error.
       EXPECT_LT(rel_err(from_block_f16(a.S16, a.S_inv), Sn), 3e-3) << how;
       EXPECT_LT(rel_err(from_block_f16(a.M16, a.M_inv, 16, 8), Mn), 3e-3) << how;
@@ -886,7 +894,7 @@ TEST(CudaGdn, BackwardChunkKernelsEqualAutogradInFloat64) {
   const int64_t B = 2, T = 150, H = 3, per = 3, N = B * per, C = 64;
   const double scale = 0.1;
   for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& what) {
-    const auto dev = kCuda.dtype(dt), f32 = kCuda.dtype(torch::kFloat);
+    const auto dev = kCuda.dtype(dt);
     const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
     const auto dO = torch::randn({B, T, H, Dv}, kF64).to(dev);
     const auto S = 0.5 * torch::randn({H, N, Dk, Dv}, kF64), dS = torch::randn({H, N, Dk, Dv}, kF64);
@@ -1414,7 +1422,9 @@ TEST(CudaGdn, ColumnScanByWarpgroupEqualsTheScanByWarp) {
       std::string differ, differ_again;
       for (size_t i = 0; i < 6; ++i) {
         const bool bits = i != 3 && i != 4;  // not dg, dbeta
-        if (bits) EXPECT_TRUE(torch::equal(wg.grads[i], warp.grads[i])) << what << " d" << names[i];
+        if (bits) {
+          EXPECT_TRUE(torch::equal(wg.grads[i], warp.grads[i])) << what << " d" << names[i];
+        }
         EXPECT_LT(rel_err(wg.grads[i], warp.grads[i]), 1e-4) << what << " d" << names[i];
         if (!torch::equal(wg.grads[i], warp.grads[i])) differ += std::string(" d") + names[i];
         if (!torch::equal(again.grads[i], warp.grads[i])) differ_again += std::string(" d") + names[i];
@@ -1483,8 +1493,9 @@ TEST(CudaGdn, FusedOutputEqualsTheRuleThenTheFusion) {
         EXPECT_TRUE(torch::equal(got_off, want_off)) << what << " (gate off alignment)";
         // Where the scan cannot apply the fusion itself (Dk 64), its output goes through the fusion kernel:
         // the reference's own path, bit for bit.
-        if (in_scan && !hh::kernels::scan_output_fusion_supported(Dk, Dv))
+        if (in_scan && !hh::kernels::scan_output_fusion_supported(Dk, Dv)) {
           EXPECT_TRUE(torch::equal(got, want)) << what << " (the rule's own output through the fusion kernel)";
+        }
         hh::kernels::set_output_in_scan(true);
       }
   // Inference only: a graph through it is refused.
