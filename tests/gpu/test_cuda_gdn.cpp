@@ -1820,7 +1820,9 @@ TEST(CudaGdn, PiecesWarmUpFromTheSequenceStartWhereTransitionsGrow) {
 // lets a piece start late: each piece's warm-up runs from its sequence's start (reverse: its end), across
 // every piece before (after) it. Only every other piece runs (set_scan_pieces_of_parity), into outputs from
 // a NaN-poisoned allocator or NaN-filled: the chunks of the pieces left out must stay NaN, those of the
-// pieces run must be the bits of the run of every piece. The rule's forward (o) by the column scan and in
+// pieces run must be the bits of the run of every piece, and the run of every piece the bits of the scan of
+// whole sequences (each warm-up from the sequence's start repeats its operations exactly: so the warm-ups did
+// cross the pieces left out). The rule's forward (o) by the column scan and in
 // blocks of 32 columns, each without and with a graph (the forms that also write the history), and the
 // backward's reverse scan forming the direct term (its history S16 and M16) by the column scan and in blocks
 // of 16 columns; B = 2, the last chunk partial.
@@ -1833,35 +1835,39 @@ TEST(CudaGdn, AWarmUpWritesNothing) {
   const auto g = torch::zeros_like(in.g);
   const auto s0 = torch::randn({B, H, D, D}, kF64).to(kCuda.dtype(torch::kFloat));
   auto kept = [&](int64_t chunk_in_sequence, int parity) { return (chunk_in_sequence / len) % 2 == parity; };
-  hh::kernels::set_scan_segments(len);
   for (int columns : {0, 32})
     for (bool grad : {false, true}) {
       const std::string what = std::string("forward, ") + (columns == 0 ? "column scan" : "blocks of 32 columns") +
                                (grad ? ", with a graph" : "");
       hh::kernels::set_scan_columns(columns);
-      auto forward = [&](int parity) {
+      auto forward = [&](int parity, int64_t segment) {
         std::vector<torch::Tensor> x = {in.q, in.k, in.v};
         if (grad)
           for (auto& t : x) t = t.detach().requires_grad_(true);
         std::optional<torch::NoGradGuard> no_grad;
         if (!grad) no_grad.emplace();
+        hh::kernels::set_scan_segments(segment);
         hh::kernels::set_scan_pieces_of_parity(parity);
         poison_allocator();
         const auto o = gdn_chunked_scan(x[0], x[1], x[2], g, in.beta, s0, scale).o.detach();
         hh::kernels::set_scan_pieces_of_parity(-1);
-        EXPECT_EQ(hh::kernels::last_scan_piece_chunks(), len) << what;
+        EXPECT_EQ(hh::kernels::last_scan_piece_chunks(), segment) << what;
         return o;
       };
-      const auto every = forward(-1);
+      const auto every = forward(-1, len);
       ASSERT_FALSE(every.isnan().any().item<bool>()) << what;
+      EXPECT_TRUE(torch::equal(every, forward(-1, 0))) << what << ": the pieces against whole sequences";
       for (int parity : {0, 1}) {
-        const auto some = forward(parity);
+        const auto some = forward(parity, len);
         for (int64_t n = 0; n < per; ++n) {
           const int64_t t0 = 64 * n, rows = std::min<int64_t>(64, T - t0);
           const auto got = some.narrow(1, t0, rows), want = every.narrow(1, t0, rows);
           const std::string where = what + ", pieces of parity " + std::to_string(parity) + ", chunk " + std::to_string(n);
-          if (kept(n, parity)) EXPECT_TRUE(torch::equal(got, want)) << where;
-          else EXPECT_TRUE(got.isnan().all().item<bool>()) << where << ": written by another piece's warm-up";
+          if (kept(n, parity)) {
+            EXPECT_TRUE(torch::equal(got, want)) << where;
+          } else {
+            EXPECT_TRUE(got.isnan().all().item<bool>()) << where << ": written by another piece's warm-up";
+          }
         }
       }
     }
@@ -1874,25 +1880,31 @@ TEST(CudaGdn, AWarmUpWritesNothing) {
   for (int columns : {0, 16}) {
     const std::string what = std::string("reverse scan with the direct term, ") + (columns == 0 ? "column scan" : "blocks of 16 columns");
     hh::kernels::set_scan_columns(columns);
-    auto reverse = [&](int parity) {
-      const hh::kernels::LowRankScanArgs a = reverse_scan_args(f, &d16, dfin, len);
+    auto reverse = [&](int parity, int64_t segment) {
+      const hh::kernels::LowRankScanArgs a = reverse_scan_args(f, &d16, dfin, segment);
       hh::kernels::set_scan_pieces_of_parity(parity);
       (void)hh::kernels::low_rank_scan(a, offsets);
       hh::kernels::set_scan_pieces_of_parity(-1);
       return std::vector<torch::Tensor>{a.S16, a.S_inv, a.M16, a.M_inv};
     };
     const char* names[] = {"S16", "S_inv", "M16", "M_inv"};
-    const auto every = reverse(-1);
-    for (size_t i = 0; i < every.size(); ++i) ASSERT_FALSE(every[i].isnan().any().item<bool>()) << what << ": " << names[i];
+    const auto every = reverse(-1, len), whole = reverse(-1, 0);
+    for (size_t i = 0; i < every.size(); ++i) {
+      ASSERT_FALSE(every[i].isnan().any().item<bool>()) << what << ": " << names[i];
+      EXPECT_TRUE(torch::equal(every[i], whole[i])) << what << ": " << names[i] << ", the pieces against whole sequences";
+    }
     for (int parity : {0, 1}) {
-      const auto some = reverse(parity);
+      const auto some = reverse(parity, len);
       for (size_t i = 0; i < every.size(); ++i)
         for (int64_t n = 0; n < N; ++n) {
           const auto got = some[i].select(1, n), want = every[i].select(1, n);
           const std::string where = what + ", pieces of parity " + std::to_string(parity) + ", " + names[i] + " of chunk " +
                                     std::to_string(n);
-          if (kept(n % per, parity)) EXPECT_TRUE(torch::equal(got, want)) << where;
-          else EXPECT_TRUE(got.isnan().all().item<bool>()) << where << ": written by another piece's warm-up";
+          if (kept(n % per, parity)) {
+            EXPECT_TRUE(torch::equal(got, want)) << where;
+          } else {
+            EXPECT_TRUE(got.isnan().all().item<bool>()) << where << ": written by another piece's warm-up";
+          }
         }
     }
   }
