@@ -246,25 +246,26 @@ __device__ __forceinline__ void product16(float (&acc)[NT][4], int m, int n0, in
   }
 }
 
-// X Y^T for rows X, Y of two 16-bit [C][D] tiles, masked by the decay: warp w computes rows
-// 16 (w / 2) .. + 15 and columns 32 (w % 2) .. + 31 of
+// X Y^T for rows X, Y of two 16-bit [C][D] tiles, masked by the decay, into the calling warp's registers:
+// warp w computes rows m = 16 (w / 2) .. + 15 and columns n0 = 32 (w % 2) .. + 31 of
 //   out[t][i] = row_scale[t] e^{G_t - G_i} x_t.y_i   where i < t (i <= t when inclusive), else 0
-// (out [C][kLdT]; w in 0..7, the calling warp's index unless given: eight warps cover the product),
-// and, given diag, diag[t] = row_scale[t] x_t.y_t.
+// in the accumulator layout (acc[j]: rows m + g, m + g + 8 of columns n0 + 8 j + 2 t, + 1; w in 0..7, the
+// calling warp's index unless given: eight warps cover the product), and, given diag, diag[t] =
+// row_scale[t] x_t.y_t.
 template <int D, class T>
-__device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const float* Gs, const float* row_scale,
-                                            bool inclusive, float* out, int warp = threadIdx.x / 32,
-                                            float* diag = nullptr) {
+__device__ __forceinline__ void masked_gram_tiles(const T* Xs, const T* Ys, const float* Gs, const float* row_scale,
+                                                  bool inclusive, float (&acc)[4][4], int warp = threadIdx.x / 32,
+                                                  float* diag = nullptr) {
   constexpr int LD = ld16<D>();
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int m = (warp / 2) * 16, n0 = (warp % 2) * 32;
-  float acc[4][4] = {};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   // 16-bit products (exact, as the TF32 ones of 16-bit values are): Y [n][k] is B stored as B^T.
   if (n0 < m + 16) product16<false, false, 4>(acc, m, n0, 0, D, Xs, LD, Ys, LD);  // else all above the diagonal
   // The decay e^{G_r - G_c} (an exponent <= 0 on and below the diagonal) by ex2.approx of the difference
   // times log2 e: about two float32 ulp, where expf's range reduction took four times the instructions
-  // of the rest of the epilogue. Each row's G and scale are read once, the columns' G and the
-  // outputs in pairs.
+  // of the rest of the epilogue. Each row's G and scale are read once, the columns' G in pairs.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = m + g + 8 * half;
@@ -275,12 +276,28 @@ __device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const floa
       const float2 gc = *reinterpret_cast<const float2*>(Gs + c);
       const float x0 = acc[j][2 * half], x1 = acc[j][2 * half + 1];
       const bool keep0 = inclusive ? c <= r : c < r, keep1 = inclusive ? c + 1 <= r : c + 1 < r;
-      *reinterpret_cast<float2*>(out + r * kLdT + c) =
-          make_float2(keep0 ? s * x0 * exp_ftz(gr - gc.x) : 0.f, keep1 ? s * x1 * exp_ftz(gr - gc.y) : 0.f);
+      acc[j][2 * half] = keep0 ? s * x0 * exp_ftz(gr - gc.x) : 0.f;
+      acc[j][2 * half + 1] = keep1 ? s * x1 * exp_ftz(gr - gc.y) : 0.f;
       if (diag != nullptr && c == r) diag[r] = s * x0;
       if (diag != nullptr && c + 1 == r) diag[r] = s * x1;
     }
   }
+}
+// The same into out [C][kLdT] (float32), each warp its own tile.
+template <int D, class T>
+__device__ __forceinline__ void masked_gram(const T* Xs, const T* Ys, const float* Gs, const float* row_scale,
+                                            bool inclusive, float* out, int warp = threadIdx.x / 32,
+                                            float* diag = nullptr) {
+  float acc[4][4];
+  masked_gram_tiles<D>(Xs, Ys, Gs, row_scale, inclusive, acc, warp, diag);
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int m = (warp / 2) * 16, n0 = (warp % 2) * 32;
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      *reinterpret_cast<float2*>(out + (m + g + 8 * half) * kLdT + n0 + 8 * j + 2 * t) =
+          make_float2(acc[j][2 * half], acc[j][2 * half + 1]);
 }
 
 // acc += A B for a warp's 16 x 8 tile, over k in [k0, k1) (multiples of 8), on the tensor cores with the

@@ -471,35 +471,44 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
 
   if constexpr (OUT) {
-    // The output's factors first: Aq (the masked Q K^T into Ls, its largest |entry|, then scaled to
-    // float16) and Qd = scale e^G Q. Then Q's region takes V.
-    masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, Ls);
-    __syncthreads();
+    // The output's factors first: Aq (the masked Q K^T, held in each warp's registers: its largest |entry|
+    // over the block, then scaled to float16 and stored from there) and Qd = scale e^G Q. Then Q's region
+    // takes V. (Aq passed through Ls once: a float32 tile written, read for the maximum and read again for
+    // the stores, behind a barrier of its own.)
+    float aq[4][4];
+    masked_gram_tiles<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, aq);
     float m = 0.f;
-    for (int i = tid; i < kC * kC / 4; i += kThreads) {
-      const float4 x = *reinterpret_cast<const float4*>(Ls + (4 * i / kC) * kLdT + 4 * i % kC);
-      m = fmaxf(fmaxf(m, fmaxf(fabsf(x.x), fabsf(x.y))), fmaxf(fabsf(x.z), fabsf(x.w)));
-    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) m = fmaxf(fmaxf(m, fmaxf(fabsf(aq[j][0]), fabsf(aq[j][1]))), fmaxf(fabsf(aq[j][2]), fabsf(aq[j][3])));
     block_max(m, amax);
     __syncthreads();
     const Pow2Scale sc = pow2_scale(of.scale * __uint_as_float(*amax));
     const float s = of.scale * sc.scale;
-    for (int i = tid; i < kC * kC / 8; i += kThreads) {
-      const int r = (8 * i) / kC, c = (8 * i) % kC;
-      const float4 x0 = *reinterpret_cast<const float4*>(Ls + r * kLdT + c);
-      const float4 x1 = *reinterpret_cast<const float4*>(Ls + r * kLdT + c + 4);
-      store_global16(of.Aq + chunk * kC * kC + r * kC + c,
-                     make_uint4(pack_f16(s * x0.x, s * x0.y), pack_f16(s * x0.z, s * x0.w), pack_f16(s * x1.x, s * x1.y),
-                                pack_f16(s * x1.z, s * x1.w)));
+    {
+      const int lane = tid % 32, warp = tid / 32;
+      c10::Half* const at = of.Aq + chunk * kC * kC + ((warp / 2) * 16 + lane / 4) * kC + (warp % 2) * 32;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint32_t p[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) p[j] = pack_f16(s * aq[j][2 * half], s * aq[j][2 * half + 1]);
+        store_quad16<false>(p, at + 8 * half * kC, 0);
+      }
     }
     if (tid == 0) of.aq_inv[chunk] = sc.inverse;
     for (int i = tid; i < kC * DK / 8; i += kThreads) {
       const int r = (8 * i) / DK, c = (8 * i) % DK;
       store_global16(of.Qd + chunk * kC * DK + r * DK + c, scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r])));
     }
-    if constexpr (PRE) fence_proxy_async_shared();  // Q's region, written and read, takes V's raw rows next
-    __syncthreads();  // every thread is done with Q and Aq
-    if constexpr (PRE) {  // V's raw rows land while L, its inverse and W are formed
+  }
+
+  // L, while no copy writes the region that held Q.
+  masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls, tid / 32, kk);
+  if constexpr (PRE) fence_proxy_async_shared();  // Q's region, written and read, takes V's raw rows next
+  __syncthreads();  // every thread is done with Q, and L is whole
+
+  if constexpr (OUT) {
+    if constexpr (PRE) {  // V's raw rows land while L's inverse and W are formed
       if (tid == 0) {
         mbar_arrive_expect_tx(&landed[1], kConvRows * DV * sizeof(T));
         tma_load_3d(Vs, &maps.v, h * DV, reinterpret_cast<const int*>(amax)[2], reinterpret_cast<const int*>(amax)[3],
@@ -510,9 +519,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
       cp_async_commit();
     }
   }
-
-  masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls, tid / 32, kk);
-  __syncthreads();
 
   // T = (I + L)^{-1} in place; the threads past the diagonal blocks' 64 write kdecay and decay meanwhile.
   invert_unit_lower<kThreads>(Ls, [&] {
