@@ -338,16 +338,21 @@ __device__ __forceinline__ void store_tile(float* x, int ld, int m, int n0, cons
 // the blocks below them by the block inverse of a lower triangular [[A, 0], [C, D]], whose lower left
 // block is -D^{-1} C A^{-1}: the 16 x 16 blocks (1, 0) and (3, 2) from the diagonal ones, then the
 // 32 x 32 block rows 32.., columns ..31 from the two 32 x 32 diagonal blocks. The product C A^{-1}
-// passes through the upper right 32 x 32 block, which is zero again at the end. T is left unit lower
-// triangular, zero above the diagonal.
-template <int THREADS, class Other>
+// passes through the upper right 32 x 32 block, which is zero again at the end when ZERO_UPPER (T is
+// then unit lower triangular, zero above the diagonal); without it that block is left as it was, for
+// callers that never read it.
+//
+// Four barriers of the block: where a phase reads what other warps wrote. A diagonal block is read and
+// written by its own 16 threads (half a warp), and each 16 x 16 block's warp reads back only its own
+// columns of C A^{-1}, so those steps wait for their warp or their pair of warps alone.
+template <int THREADS, bool ZERO_UPPER = true, class Other>
 __device__ __forceinline__ void invert_unit_lower(float* Ls, Other&& other) {
   static_assert(THREADS >= 256, "eight warps for the 32 x 32 block");
   const int tid = threadIdx.x, warp = tid / 32;
-  float col[16];
-  if (tid < kC) {
+  if (tid < kC) {  // warps 0 and 1, whole
     const int j = tid % 16;
-    const float* Ld = Ls + (tid / 16) * 16 * (kLdT + 1);  // diagonal block tid / 16
+    float* const Ld = Ls + (tid / 16) * 16 * (kLdT + 1);  // diagonal block tid / 16
+    float col[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) col[i] = 0.f;
 #pragma unroll
@@ -357,26 +362,24 @@ __device__ __forceinline__ void invert_unit_lower(float* Ls, Other&& other) {
 #pragma unroll
       for (int r = i + 1; r < 16; ++r) col[r] = fmaf(-Ld[r * kLdT + i], ti, col[r]);
     }
+    __syncwarp();  // the block's other columns are read by this warp alone
+#pragma unroll
+    for (int r = 0; r < 16; ++r) Ld[r * kLdT + j] = col[r];
   } else {
     other();
-  }
-  __syncthreads();  // every thread is done reading the diagonal blocks of L
-  if (tid < kC) {
-    float* Ld = Ls + (tid / 16) * 16 * (kLdT + 1);
-#pragma unroll
-    for (int r = 0; r < 16; ++r) Ld[r * kLdT + tid % 16] = col[r];
   }
   __syncthreads();
   float* const Y = Ls + 32;  // rows 0..31, columns 32..63: the products C A^{-1}
   // Blocks (1, 0) and (3, 2): warp w < 4 forms columns 8 (w % 2) .. + 7 of block (a, a - 1), a = 1 + 2 (w / 2),
-  // through rows 16 (w / 2) .. + 15 of Y.
+  // through rows 16 (w / 2) .. + 15 of Y. Its second product reads only its own columns of Y; it then
+  // writes C's columns, which the other warp of its pair reads in its first: a barrier of the pair between.
   const int a = 16 * (1 + 2 * (warp / 2)), y = 16 * (warp / 2), c = 8 * (warp % 2);
   if (warp < 4) {
     float acc[4] = {};  // C A^{-1}; A^{-1} is zero above its diagonal, so k starts at the column
     product_3xtf32(acc, a, a - 16 + c, c, 16, Ls + (a - 16), kLdT, Ls + (a - 16) * kLdT, kLdT);
     store_tile(Y, kLdT, y, c, acc, 1.f);
+    asm volatile("bar.sync %0, 64;\n" ::"r"(1 + warp / 2) : "memory");
   }
-  __syncthreads();
   if (warp < 4) {
     float acc[4] = {};
     product_3xtf32(acc, a, c, 0, 16, Ls + a, kLdT, Y + y * kLdT, kLdT);
@@ -397,9 +400,11 @@ __device__ __forceinline__ void invert_unit_lower(float* Ls, Other&& other) {
     store_tile(Ls, kLdT, 32 + r2, n2, acc, -1.f);
   }
   __syncthreads();
-  for (int e = tid; e < 32 * 8; e += THREADS)
-    *reinterpret_cast<float4*>(Y + (e / 8) * kLdT + 4 * (e % 8)) = make_float4(0.f, 0.f, 0.f, 0.f);
-  __syncthreads();
+  if constexpr (ZERO_UPPER) {
+    for (int e = tid; e < 32 * 8; e += THREADS)
+      *reinterpret_cast<float4*>(Y + (e / 8) * kLdT + 4 * (e % 8)) = make_float4(0.f, 0.f, 0.f, 0.f);
+    __syncthreads();
+  }
 }
 
 // cuTensorMapEncodeTiled, from the driver through the runtime (no link against libcuda).

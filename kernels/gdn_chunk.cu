@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   T* const Ks = reinterpret_cast<T*>(smem4);
   T* const Vs = Ks + kC * ld16<DK>();
   T* const Qs = Vs;  // with OUT, until V is loaded
-  float* const Ls = reinterpret_cast<float*>(Vs + factors_second_tile<DK, DV, OUT>());  // Aq, then L, then T = (I + L)^{-1}
+  float* const Ls = reinterpret_cast<float*>(Vs + factors_second_tile<DK, DV, OUT>());  // L, then T = (I + L)^{-1}
   float* const Gs = Ls + kC * kLdT;
   float* const bs = Gs + kC;  // beta
   float* const ws = bs + kC;  // beta e^G: W's scale
@@ -521,7 +521,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
 
   // T = (I + L)^{-1} in place; the threads past the diagonal blocks' 64 write kdecay and decay meanwhile.
-  invert_unit_lower<kThreads>(Ls, [&] {
+  // (Its upper right block is left as the inverse used it: only T16 below reads it, and writes zeros there.)
+  invert_unit_lower<kThreads, false>(Ls, [&] {
     const float last = Gs[kC - 1];
     c10::Half* dst = kdecay + chunk * kC * DK;
     for (int i = tid - kC; i < kC * DK / 8; i += kThreads - kC) {
@@ -548,8 +549,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
       T* dst = static_cast<T*>(of.t16) + chunk * kC * kC;
       for (int i = tid; i < kC * kC / 8; i += kThreads) {
         const int r = (8 * i) / kC, c = (8 * i) % kC;
-        const float4 x0 = *reinterpret_cast<const float4*>(Ls + r * kLdT + c);
-        const float4 x1 = *reinterpret_cast<const float4*>(Ls + r * kLdT + c + 4);
+        const bool upper = r < kC / 2 && c >= kC / 2;  // zero, and not zeroed in Ls
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 x0 = upper ? zero : *reinterpret_cast<const float4*>(Ls + r * kLdT + c);
+        const float4 x1 = upper ? zero : *reinterpret_cast<const float4*>(Ls + r * kLdT + c + 4);
         Pack<T, 8> x;
         x.v[0] = T(x0.x), x.v[1] = T(x0.y), x.v[2] = T(x0.z), x.v[3] = T(x0.w);
         x.v[4] = T(x1.x), x.v[5] = T(x1.y), x.v[6] = T(x1.z), x.v[7] = T(x1.w);
