@@ -64,34 +64,79 @@ __device__ __forceinline__ void split16(float2 x, float2 s, unsigned& hi, unsign
 }
 
 // Ts diag(scale) X for lower triangular Ts [C][kLdT] (float32) and a 16-bit [C][D] tile X of T's kind, on
-// m16n8k16 products: Ts diag(scale) split into two 16-bit parts (split16) as the A operand, built in
-// registers from float pairs, X exact as the B operand (ldmatrix.trans). Warp w computes the 16-row tiles
-// w % 2 and 3 - w % 2 (equal work under the triangle: 1 + 4 or 2 + 3 16-deep steps) in columns
-// (D / 4)(w / 2) .. + D / 4 - 1. lower_tile forms one of them: rows m .. m + 15 into acc (accumulator
-// layout: tile j holds rows m + g, m + g + 8 of columns n0 + 8 j + 2 t, + 1).
+// m16n8k16 products: Ts diag(scale) split into two 16-bit parts (split16) as the A operand, X exact as
+// the B operand (ldmatrix.trans). The A operand's fragments for rows m.., columns k.. come from `a(m, k,
+// hi, lo)`: SplitOf forms them in registers from float pairs at each use; SplitPacked reads them from
+// the split blocks pack_split formed once for the block. Warp w computes the 16-row tiles w % 2 and 3 -
+// w % 2 (equal work under the triangle: 1 + 4 or 2 + 3 16-deep steps) in columns (D / 4)(w / 2) .. + D /
+// 4 - 1. lower_tile forms one of them: rows m .. m + 15 into acc (accumulator layout: tile j holds rows
+// m + g, m + g + 8 of columns n0 + 8 j + 2 t, + 1).
+template <class T>
+struct SplitOf {
+  const float* Ts;
+  const float* scale;
+  __device__ __forceinline__ void operator()(int m, int k, unsigned (&hi)[4], unsigned (&lo)[4]) const {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float* a0 = Ts + (m + g) * kLdT + k + 2 * t;
+    const float* a1 = a0 + 8 * kLdT;
+    const float2 s0 = *reinterpret_cast<const float2*>(scale + k + 2 * t);
+    const float2 s8 = *reinterpret_cast<const float2*>(scale + k + 2 * t + 8);
+    split16<T>(*reinterpret_cast<const float2*>(a0), s0, hi[0], lo[0]);
+    split16<T>(*reinterpret_cast<const float2*>(a1), s0, hi[1], lo[1]);
+    split16<T>(*reinterpret_cast<const float2*>(a0 + 8), s8, hi[2], lo[2]);
+    split16<T>(*reinterpret_cast<const float2*>(a1 + 8), s8, hi[3], lo[3]);
+  }
+};
+// Ts diag(scale)'s ten 16 x 16 blocks on and below the diagonal, split as SplitOf splits them, in 16-bit
+// elements of T's kind at Ap: block (i, j) (j <= i) is p = i (i + 1) / 2 + j, its high parts at Ap + 256 p
+// and its low parts at Ap + 256 (10 + p), 16 rows of 16 elements, a row's two 8-element halves swapped
+// where bit 2 of the row is set (so that an ldmatrix's eight rows of one half meet no bank twice). Every
+// thread of the block takes part; the caller's barrier follows.
+constexpr int kPackedSplitElems = 2 * 10 * 256;
+template <class T>
+__device__ __forceinline__ void pack_split(const float* Ts, const float* scale, T* Ap) {
+  for (int u = threadIdx.x; u < 10 * 32; u += kThreads) {  // (block, row, half): eight elements each
+    const int p = u / 32, r = (u % 32) / 2, half = u % 2;
+    const int i = p < 1 ? 0 : (p < 3 ? 1 : (p < 6 ? 2 : 3)), j = p - i * (i + 1) / 2;
+    const float* x = Ts + (16 * i + r) * kLdT + 16 * j + 8 * half;
+    const float* s = scale + 16 * j + 8 * half;
+    unsigned hi[4], lo[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      split16<T>(*reinterpret_cast<const float2*>(x + 2 * e), *reinterpret_cast<const float2*>(s + 2 * e), hi[e], lo[e]);
+    const int at = 256 * p + 16 * r + 8 * (half ^ ((r >> 2) & 1));
+    *reinterpret_cast<uint4*>(Ap + at) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    *reinterpret_cast<uint4*>(Ap + 10 * 256 + at) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+}
+template <class T>
+struct SplitPacked {
+  const T* Ap;
+  __device__ __forceinline__ void operator()(int m, int k, unsigned (&hi)[4], unsigned (&lo)[4]) const {
+    // Lane l gives row l % 8 + 8 ((l / 8) % 2), half l / 16 of the block: the fragments SplitOf forms.
+    const int lane = threadIdx.x % 32, r = lane % 8 + 8 * ((lane / 8) % 2), half = lane / 16;
+    const int i = m / 16, p = i * (i + 1) / 2 + k / 16;
+    const T* at = Ap + 256 * p + 16 * r + 8 * (half ^ ((r >> 2) & 1));
+    ldmatrix_x4(hi, at);
+    ldmatrix_x4(lo, at + 10 * 256);
+  }
+};
 __device__ __forceinline__ int lower_tile_row(int pass) {
   const int warp = threadIdx.x / 32;
   return 16 * (pass == 0 ? warp % 2 : 3 - warp % 2);
 }
-template <int D, class T>
-__device__ __forceinline__ void lower_tile(const float* Ts, const T* Xs, const float* scale, int m, float (&acc)[D / 32][4]) {
+template <int D, class T, class A>
+__device__ __forceinline__ void lower_tile(const A& a, const T* Xs, int m, float (&acc)[D / 32][4]) {
   constexpr int LD = ld16<D>(), NT = D / 32;  // 8-column tiles a warp
   static_assert(NT % 2 == 0, "two 8-column tiles a B load");
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = (warp / 2) * (D / 4);
   const T* b_at = Xs + (lane % 8 + 8 * ((lane / 8) % 2)) * LD + n0 + 8 * (lane / 16);
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   for (int k = 0; k < m + 16; k += 16) {  // Ts[r][k] = 0 for k > r
-    const float* a0 = Ts + (m + g) * kLdT + k + 2 * t;
-    const float* a1 = a0 + 8 * kLdT;
-    const float2 s0 = *reinterpret_cast<const float2*>(scale + k + 2 * t);
-    const float2 s8 = *reinterpret_cast<const float2*>(scale + k + 2 * t + 8);
     unsigned hi[4], lo[4];
-    split16<T>(*reinterpret_cast<const float2*>(a0), s0, hi[0], lo[0]);
-    split16<T>(*reinterpret_cast<const float2*>(a1), s0, hi[1], lo[1]);
-    split16<T>(*reinterpret_cast<const float2*>(a0 + 8), s8, hi[2], lo[2]);
-    split16<T>(*reinterpret_cast<const float2*>(a1 + 8), s8, hi[3], lo[3]);
+    a(m, k, hi, lo);
 #pragma unroll
     for (int j = 0; j < NT; j += 2) {
       unsigned bf[4];
@@ -113,7 +158,7 @@ __device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const 
   for (int pass = 0; pass < 2; ++pass) {
     const int m = lower_tile_row(pass);
     float acc[D / 32][4];
-    lower_tile<D>(Ts, Xs, scale, m, acc);
+    lower_tile<D>(SplitOf<T>{Ts, scale}, Xs, m, acc);
     if constexpr (sizeof(O) == 2 && (D / 32) % 4 == 0) {  // a row's 16 bytes a lane
       store_tiles16<O>(acc, [&](int half) { return out + (m + g + 8 * half) * D + n0; });
     } else {
@@ -129,15 +174,15 @@ __device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const 
 // the scaled values (row stride D), inv [D] the scales' inverses. The two warps that share a column slice
 // exchange their halves' maxima through xch (kWarps x D / 4 floats of shared memory no other warp uses
 // meanwhile) behind a barrier of the pair alone (named barriers 1 .. kWarps / 2).
-template <int D, class T>
-__device__ __forceinline__ void lower_times_f16_columns(const float* Ts, const T* Xs, const float* scale,
-                                                        c10::Half* __restrict__ out16, float* __restrict__ inv, float* xch) {
+template <int D, class T, class A>
+__device__ __forceinline__ void lower_times_f16_columns(const A& a, const T* Xs, c10::Half* __restrict__ out16,
+                                                        float* __restrict__ inv, float* xch) {
   constexpr int NT = D / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n0 = (warp / 2) * (D / 4);
   float acc[2][NT][4];
-  lower_tile<D>(Ts, Xs, scale, lower_tile_row(0), acc[0]);
-  lower_tile<D>(Ts, Xs, scale, lower_tile_row(1), acc[1]);
+  lower_tile<D>(a, Xs, lower_tile_row(0), acc[0]);
+  lower_tile<D>(a, Xs, lower_tile_row(1), acc[1]);
   float mx[NT][2];  // columns n0 + 8 j + 2 t, + 1
 #pragma unroll
   for (int j = 0; j < NT; ++j)
@@ -575,8 +620,19 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
   if constexpr (OUT) {
     if (U_inv != nullptr) {  // UForm::kFloat16Columns; the pairs meet in the tile V's product does not read
-      lower_times_f16_columns<DV>(Ls, PRE ? Ks : Vs, bs, static_cast<c10::Half*>(U) + chunk * kC * DV, U_inv + chunk * DV,
-                                  reinterpret_cast<float*>(PRE ? Vs : Ks));
+      T* const free = PRE ? Vs : Ks;  // K's rows (read by W), or V's raw rows (read by the convolution)
+      c10::Half* const u16 = static_cast<c10::Half*>(U) + chunk * kC * DV;
+      constexpr int kFree = PRE ? factors_second_tile<DK, DV, OUT>() : kC * ld16<DK>();
+      if constexpr (kFree >= kPackedSplitElems + 2 * kWarps * (DV / 4)) {
+        // T diag(beta) split once into that region, where each of the four warps that share a row tile
+        // formed its split again (a third of chunk_factors' instructions went to the two products).
+        pack_split(Ls, bs, free);
+        __syncthreads();
+        lower_times_f16_columns<DV>(SplitPacked<T>{free}, PRE ? Ks : Vs, u16, U_inv + chunk * DV,
+                                    reinterpret_cast<float*>(free + kPackedSplitElems));
+      } else {
+        lower_times_f16_columns<DV>(SplitOf<T>{Ls, bs}, PRE ? Ks : Vs, u16, U_inv + chunk * DV, reinterpret_cast<float*>(free));
+      }
       return;
     }
   }
