@@ -175,6 +175,26 @@ __device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ x, const
   }
 }
 
+// The same for a block of THREADS threads (a multiple of the D / 8 16-byte units of a row), from a table
+// of each slot's row of [rows * H, D] (row * H + h; negative: padding): each thread copies one column unit
+// of every (THREADS / units)-th row, with the table's entry its only per-row value (load_rows forms each
+// unit's row, column and 64-bit address from its index, about four times the instructions).
+template <int D, int THREADS, class T>
+__device__ __forceinline__ void load_rows_of(T* dst, const T* __restrict__ x, const int64_t* row_h) {
+  constexpr int V = 16 / sizeof(T), UNITS = D / V, LD = ld16<D>(), STEP = THREADS / UNITS;
+  static_assert(THREADS % UNITS == 0 && kC % STEP == 0, "whole rows a pass");
+  const int c = (threadIdx.x % UNITS) * V, r0 = threadIdx.x / UNITS;
+  T* const d0 = dst + r0 * LD + c;
+  const T* const x0 = x + c;
+#pragma unroll
+  for (int p = 0; p < kC / STEP; ++p) {
+    const int64_t at = row_h[r0 + STEP * p];
+    T* const d = d0 + STEP * p * LD;
+    if (at >= 0) cp_async16(d, x0 + at * D);
+    else *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
 // Lane l of warp 0 with the chunk's g and beta at rows 2l and 2l + 1: G = the inclusive cumulative sum
 // of g into Gs, and beta into bs (when asked for).
 __device__ __forceinline__ void put_gates(int l, float g0, float g1, float b0, float b1, float* Gs, float* bs) {

@@ -237,7 +237,7 @@ constexpr int factors_second_tile() {
 template <int DK, int DV, class T, bool OUT>
 constexpr size_t factors_smem() {
   return (kC * ld16<DK>() + factors_second_tile<DK, DV, OUT>()) * sizeof(T) +
-         (kC * kLdT + 4 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) + 2 * sizeof(unsigned long long);
+         (kC * kLdT + 4 * kC + 4) * sizeof(float) + 2 * kC * sizeof(int64_t) + 2 * sizeof(unsigned long long);
 }
 
 // Eight consecutive 16-bit values of T's kind at x (16-byte aligned) times s, rounded to float16 as
@@ -461,6 +461,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   unsigned* const amax = reinterpret_cast<unsigned*>(kk + kC);  // Aq's largest |entry|, as bits (then 3 spare words)
   int64_t* const rows = reinterpret_cast<int64_t*>(amax + 4);
   unsigned long long* const landed = reinterpret_cast<unsigned long long*>(rows + kC);  // PRE: q and k's raw rows; v's
+  int64_t* const row_h = reinterpret_cast<int64_t*>(landed + 2);  // each slot's row of [rows * H, D], for load_rows_of
   // The grid is (H, chunks n0 ..; a launch takes at most 2^16 - 1 chunks): heads vary fastest, so the H
   // blocks of a chunk run together and its rows of q, k and v (one span of H D values a row) and of
   // RoPE's tables are read from memory once and then from L2, where the other order read the tables
@@ -468,7 +469,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const int64_t n = n0 + blockIdx.y;
   const int h = blockIdx.x, tid = threadIdx.x;
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
-  if (tid < kC) rows[tid] = slots(n, tid);
+  if (tid < kC) {
+    const int64_t row = slots(n, tid);
+    rows[tid] = row;
+    row_h[tid] = row >= 0 ? row * H + h : -1;
+  }
   if (tid == 0) *amax = 0u;
   if constexpr (PRE) {
     if (tid == 0) {  // device_ops.cuh's copy-engine helpers trap below sm_90, where chunk_factors refuses PRE
@@ -496,9 +501,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
       tma_load_3d(Ks, &maps.q, h * DK, t, b, &landed[0]);
     }
   } else {
-    load_rows<DK>(Ks, k, rows, h, H);
-    if constexpr (OUT) load_rows<DK>(Qs, static_cast<const T*>(of.q), rows, h, H);
-    else load_rows<DV>(Vs, v, rows, h, H);
+    load_rows_of<DK, kThreads>(Ks, k, row_h);
+    if constexpr (OUT) load_rows_of<DK, kThreads>(Qs, static_cast<const T*>(of.q), row_h);
+    else load_rows_of<DV, kThreads>(Vs, v, row_h);
   }
   if constexpr (PRE) {
     // The gates while the rows land; one thread waits for them, and the barrier after passes them on.
@@ -560,7 +565,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                     &landed[1]);
       }
     } else {
-      load_rows<DV>(Vs, v, rows, h, H);
+      load_rows_of<DV, kThreads>(Vs, v, row_h);
       cp_async_commit();
     }
   }
