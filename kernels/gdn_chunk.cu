@@ -523,8 +523,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if constexpr (OUT) {
     // The output's factors first: Aq (the masked Q K^T, held in each warp's registers: its largest |entry|
     // over the block, then scaled to float16 and stored from there) and Qd = scale e^G Q. Then Q's region
-    // takes V. (Aq passed through Ls once: a float32 tile written, read for the maximum and read again for
-    // the stores, behind a barrier of its own.)
+    // takes V. (Aq used to pass through Ls: a float32 tile written, read for the maximum and read again for
+    // the stores, each behind a barrier.)
     float aq[4][4];
     masked_gram_tiles<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, aq);
     float m = 0.f;
