@@ -155,6 +155,14 @@ __device__ __forceinline__ void store_tiles16(const float (&acc)[NT][4], Dst dst
   }
 }
 
+// A tile of 32-byte rows (two 16-byte units a row): the offset of unit `part` of row `row` in elements of
+// E bytes (1: bytes; 2: 16-bit elements), the units of rows 4..7 of each eight swapped, so that the eight
+// rows of one unit that an ldmatrix or stmatrix matrix spans take distinct banks.
+template <int E = 1>
+__device__ __forceinline__ int row32_unit(int row, int part) {
+  return row * (32 / E) + (16 / E) * (part ^ ((row >> 2) & 1));
+}
+
 // The largest x over the block into *top (zero before; non-negative floats order as their bits do).
 __device__ __forceinline__ void block_max(float x, unsigned* top) {
   const unsigned m = __reduce_max_sync(0xffffffffu, __float_as_uint(x));

@@ -1295,9 +1295,6 @@ struct ColumnRing {
 static_assert(ColumnRing<128, 128, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM");
 static_assert(ColumnRing<128, 128, false, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM with the history");
 
-// A 16-bit staging tile of 32-byte rows (two 16-byte units a row; HIST): unit `part` of row `row`, the
-// units of rows 4..7 of each eight swapped, so that stmatrix's eight rows of a block take distinct banks.
-__device__ __forceinline__ int hist_unit(int row, int part) { return row * 32 + 16 * (part ^ ((row >> 2) & 1)); }
 
 // A row pair's power-of-two scales from this thread's values of rows g and g + 8 (the quad shares them).
 __device__ __forceinline__ void row_scales(float mx0, float mx1, Pow2Scale& s0, Pow2Scale& s1) {
@@ -1448,7 +1445,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     __syncwarp();
     const char* const st = ring.hist(warp);
     for (int u = lane; u < 2 * rows; u += 32)
-      *reinterpret_cast<uint4*>(dst + (u / 2) * ld + 8 * (u % 2)) = *reinterpret_cast<const uint4*>(st + hist_unit(u / 2, u % 2));
+      *reinterpret_cast<uint4*>(dst + (u / 2) * ld + 8 * (u % 2)) = *reinterpret_cast<const uint4*>(st + row32_unit(u / 2, u % 2));
   };
   int buf = 0;
   unsigned round = 0;
@@ -1467,7 +1464,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
           const Pow2Scale sc = pow2_scale(warp_max_abs(flat));
           const unsigned f[4] = {pack_f16(flat[0] * sc.scale, flat[1] * sc.scale), pack_f16(flat[2] * sc.scale, flat[3] * sc.scale),
                                  pack_f16(flat[4] * sc.scale, flat[5] * sc.scale), pack_f16(flat[6] * sc.scale, flat[7] * sc.scale)};
-          stmatrix_x4_trans(ring.hist(warp) + hist_unit(16 * k + h_row, h_part), f);
+          stmatrix_x4_trans(ring.hist(warp) + row32_unit(16 * k + h_row, h_part), f);
           if (lane == 0) h16.S_inv[(chunk_at * (DK / 16) + k) * (DV / 16) + warp] = sc.inverse;
         }
         write_tile(DK, h16.S + chunk_at * DK * DV + r0, DV);
@@ -1547,7 +1544,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
           const Pow2Scale s0 = pow2_scale(warp_max_abs(f0)), s1 = pow2_scale(warp_max_abs(f1));
           const unsigned f[4] = {pack_f16(f0[0] * s0.scale, f0[1] * s0.scale), pack_f16(f1[0] * s1.scale, f1[1] * s1.scale),
                                  pack_f16(f0[2] * s0.scale, f0[3] * s0.scale), pack_f16(f1[2] * s1.scale, f1[3] * s1.scale)};
-          stmatrix_x4_trans(ring.hist(warp) + hist_unit(16 * p + h_row, h_part), f);
+          stmatrix_x4_trans(ring.hist(warp) + row32_unit(16 * p + h_row, h_part), f);
           if (lane == 0) {
             float* const inv = h16.M_inv + (chunk_at * (C / 16) + p) * (DV / 8) + 2 * warp;
             inv[0] = s0.inverse, inv[1] = s1.inverse;

@@ -89,9 +89,8 @@ struct SplitOf {
 };
 // Ts diag(scale)'s ten 16 x 16 blocks on and below the diagonal, split as SplitOf splits them, in 16-bit
 // elements of T's kind at Ap: block (i, j) (j <= i) is p = i (i + 1) / 2 + j, its high parts at Ap + 256 p
-// and its low parts at Ap + 256 (10 + p), 16 rows of 16 elements, a row's two 8-element halves swapped
-// where bit 2 of the row is set (so that an ldmatrix's eight rows of one half meet no bank twice). Every
-// thread of the block takes part; the caller's barrier follows.
+// and its low parts at Ap + 256 (10 + p), each 16 rows of 32 bytes laid out by row32_unit. Every thread of
+// the block takes part; the caller's barrier follows.
 constexpr int kPackedSplitElems = 2 * 10 * 256;
 template <class T>
 __device__ __forceinline__ void pack_split(const float* Ts, const float* scale, T* Ap) {
@@ -104,7 +103,7 @@ __device__ __forceinline__ void pack_split(const float* Ts, const float* scale, 
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       split16<T>(*reinterpret_cast<const float2*>(x + 2 * e), *reinterpret_cast<const float2*>(s + 2 * e), hi[e], lo[e]);
-    const int at = 256 * p + 16 * r + 8 * (half ^ ((r >> 2) & 1));
+    const int at = 256 * p + row32_unit<2>(r, half);
     *reinterpret_cast<uint4*>(Ap + at) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     *reinterpret_cast<uint4*>(Ap + 10 * 256 + at) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
   }
@@ -116,7 +115,7 @@ struct SplitPacked {
     // Lane l gives row l % 8 + 8 ((l / 8) % 2), half l / 16 of the block: the fragments SplitOf forms.
     const int lane = threadIdx.x % 32, r = lane % 8 + 8 * ((lane / 8) % 2), half = lane / 16;
     const int i = m / 16, p = i * (i + 1) / 2 + k / 16;
-    const T* at = Ap + 256 * p + 16 * r + 8 * (half ^ ((r >> 2) & 1));
+    const T* at = Ap + 256 * p + row32_unit<2>(r, half);
     ldmatrix_x4(hi, at);
     ldmatrix_x4(lo, at + 10 * 256);
   }
