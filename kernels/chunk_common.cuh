@@ -60,6 +60,12 @@ struct SlotRows {
   const int64_t* gather;  // [N * C] input row of each slot (rows = padding), or null for B regular sequences:
   int64_t per, T, rows;   // per chunks of T tokens each; rows = B * T
   __device__ __forceinline__ int64_t operator()(int64_t n, int r) const { return chunk(n)(r); }
+  // The same as a row of [rows * H, D] for head h (row * H + h; -1 for padding): the chunk kernels' table
+  // for load_rows, chunk_gates and their stores.
+  __device__ __forceinline__ int64_t row_h(int64_t n, int r, int h, int H) const {
+    const int64_t x = (*this)(n, r);
+    return x >= 0 ? x * H + h : -1;
+  }
   // Chunk n's slots. A regular grid divides once, in 32 bits where n and per fit (a 64-bit division is
   // a long sequence of instructions; a 32-bit one a few).
   __device__ __forceinline__ ChunkRows chunk(int64_t n) const {
@@ -169,27 +175,14 @@ __device__ __forceinline__ void block_max(float x, unsigned* top) {
   if (threadIdx.x % 32 == 0) atomicMax(top, m);
 }
 
-// Chunk n's rows of head h of x [rows, H, D] into dst [C][ld16<D>] by cp.async; padding rows zero.
-template <int D, class T>
-__device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ x, const int64_t* rows, int h, int H) {
-  constexpr int V = 16 / sizeof(T), LD = ld16<D>();
-  for (int i = threadIdx.x; i < kC * D / V; i += blockDim.x) {
-    const int r = i / (D / V), c = (i % (D / V)) * V;
-    T* d = dst + r * LD + c;
-    if (rows[r] >= 0)
-      cp_async16(d, x + (rows[r] * H + h) * D + c);
-    else
-      *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
-// The same for a block of THREADS threads (a multiple of the D / 8 16-byte units of a row), from a table
-// of each slot's row of [rows * H, D] (row * H + h; negative: padding): each thread copies one column unit
-// of every (THREADS / units)-th row, with the table's entry its only per-row value (load_rows forms each
-// unit's row, column and 64-bit address from its index: in chunk_factors its lines held 12 % of the
-// kernel's instructions).
+// A chunk's rows of one head of x [rows, H, D] into dst [C][ld16<D>] by cp.async, for a block of THREADS
+// threads (a multiple of the D / 8 16-byte units of a row), from the chunk's table of each slot's row of
+// [rows * H, D] (SlotRows::row_h; negative: padding, a zero row): each thread copies one column unit of
+// every (THREADS / units)-th row at a compile-time stride, with the table's entry its only per-row value.
+// (The loader this replaced formed each unit's row, column and 64-bit address from its index: in
+// chunk_factors those lines held 12 % of the kernel's instructions.)
 template <int D, int THREADS, class T>
-__device__ __forceinline__ void load_rows_of(T* dst, const T* __restrict__ x, const int64_t* row_h) {
+__device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ x, const int64_t* row_h) {
   constexpr int V = 16 / sizeof(T), UNITS = D / V, LD = ld16<D>(), STEP = THREADS / UNITS;
   static_assert(THREADS % UNITS == 0 && kC % STEP == 0, "whole rows a pass");
   const int c = (threadIdx.x % UNITS) * V, r0 = threadIdx.x / UNITS;
@@ -221,25 +214,26 @@ __device__ __forceinline__ void put_gates(int l, float g0, float g1, float b0, f
   }
 }
 
-// Warp 0: G = the chunk's inclusive cumulative sum of g (Gs), and beta (bs, when asked for).
+// Warp 0: G = the chunk's inclusive cumulative sum of g (Gs), and beta (bs, when asked for), from g and beta
+// [rows, H] at the chunk's table of row * H + h (SlotRows::row_h; negative: padding, zero).
 __device__ __forceinline__ void chunk_gates(const float* __restrict__ g, const float* __restrict__ beta,
-                                            const int64_t* rows, int h, int H, float* Gs, float* bs) {
+                                            const int64_t* row_h, float* Gs, float* bs) {
   if (threadIdx.x >= 32) return;
   const int l = threadIdx.x;
-  const int64_t r0 = rows[2 * l], r1 = rows[2 * l + 1];
-  const float g0 = r0 >= 0 ? g[r0 * H + h] : 0.f, g1 = r1 >= 0 ? g[r1 * H + h] : 0.f;
+  const int64_t r0 = row_h[2 * l], r1 = row_h[2 * l + 1];
+  const float g0 = r0 >= 0 ? g[r0] : 0.f, g1 = r1 >= 0 ? g[r1] : 0.f;
   // beta's loads issued with g's, before the sum waits for g (after it, the two waits were in series).
   float b0 = 0.f, b1 = 0.f;
-  if (bs != nullptr) b0 = r0 >= 0 ? beta[r0 * H + h] : 0.f, b1 = r1 >= 0 ? beta[r1 * H + h] : 0.f;
+  if (bs != nullptr) b0 = r0 >= 0 ? beta[r0] : 0.f, b1 = r1 >= 0 ? beta[r1] : 0.f;
   put_gates(l, g0, g1, b0, b1, Gs, bs);
 }
 
 // The end of a chunk kernel's loads: commits the tile copies the block has issued, reads the chunk's
 // gates while they land (chunk_gates), then waits for them in every thread.
 __device__ __forceinline__ void gates_while_tiles_land(const float* __restrict__ g, const float* __restrict__ beta,
-                                                       const int64_t* rows, int h, int H, float* Gs, float* bs) {
+                                                       const int64_t* row_h, float* Gs, float* bs) {
   cp_async_commit();
-  chunk_gates(g, beta, rows, h, H, Gs, bs);
+  chunk_gates(g, beta, row_h, Gs, bs);
   cp_async_wait<0>();
   __syncthreads();
 }

@@ -236,7 +236,7 @@ constexpr int factors_second_tile() {
 template <int DK, int DV, class T, bool OUT>
 constexpr size_t factors_smem() {
   return (kC * ld16<DK>() + factors_second_tile<DK, DV, OUT>()) * sizeof(T) +
-         (kC * kLdT + 4 * kC + 4) * sizeof(float) + 2 * kC * sizeof(int64_t) + 2 * sizeof(unsigned long long);
+         (kC * kLdT + 4 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) + 2 * sizeof(unsigned long long);
 }
 
 // Eight consecutive 16-bit values of T's kind at x (16-byte aligned) times s, rounded to float16 as
@@ -458,9 +458,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   float* const ws = bs + kC;  // beta e^G: W's scale
   float* const kk = ws + kC;  // beta_t k_t.k_t
   unsigned* const amax = reinterpret_cast<unsigned*>(kk + kC);  // Aq's largest |entry|, as bits (then 3 spare words)
-  int64_t* const rows = reinterpret_cast<int64_t*>(amax + 4);
-  unsigned long long* const landed = reinterpret_cast<unsigned long long*>(rows + kC);  // PRE: q and k's raw rows; v's
-  int64_t* const row_h = reinterpret_cast<int64_t*>(landed + 2);  // each slot's row of [rows * H, D], for load_rows_of
+  int64_t* const row_h = reinterpret_cast<int64_t*>(amax + 4);  // each slot's row of [rows * H, D]
+  unsigned long long* const landed = reinterpret_cast<unsigned long long*>(row_h + kC);  // PRE: q and k's raw rows; v's
   // The grid is (H, chunks n0 ..; a launch takes at most 2^16 - 1 chunks): heads vary fastest, so the H
   // blocks of a chunk run together and its rows of q, k and v (one span of H D values a row) and of
   // RoPE's tables are read from memory once and then from L2, where the other order read the tables
@@ -468,11 +467,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const int64_t n = n0 + blockIdx.y;
   const int h = blockIdx.x, tid = threadIdx.x;
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
-  if (tid < kC) {
-    const int64_t row = slots(n, tid);
-    rows[tid] = row;
-    row_h[tid] = row >= 0 ? row * H + h : -1;
-  }
+  if (tid < kC) row_h[tid] = slots.row_h(n, tid, h, H);
   if (tid == 0) *amax = 0u;
   if constexpr (PRE) {
     if (tid == 0) {  // device_ops.cuh's copy-engine helpers trap below sm_90, where chunk_factors refuses PRE
@@ -500,17 +495,17 @@ __global__ void __launch_bounds__(kThreads, MINB)
       tma_load_3d(Ks, &maps.q, h * DK, t, b, &landed[0]);
     }
   } else {
-    load_rows_of<DK, kThreads>(Ks, k, row_h);
-    if constexpr (OUT) load_rows_of<DK, kThreads>(Qs, static_cast<const T*>(of.q), row_h);
-    else load_rows_of<DV, kThreads>(Vs, v, row_h);
+    load_rows<DK, kThreads>(Ks, k, row_h);
+    if constexpr (OUT) load_rows<DK, kThreads>(Qs, static_cast<const T*>(of.q), row_h);
+    else load_rows<DV, kThreads>(Vs, v, row_h);
   }
   if constexpr (PRE) {
     // The gates while the rows land; one thread waits for them, and the barrier after passes them on.
-    chunk_gates(g, beta, rows, h, H, Gs, bs);
+    chunk_gates(g, beta, row_h, Gs, bs);
     if (tid == 0) mbar_wait(&landed[0], 0);
     __syncthreads();
   } else {
-    gates_while_tiles_land(g, beta, rows, h, H, Gs, bs);
+    gates_while_tiles_land(g, beta, row_h, Gs, bs);
   }
   if constexpr (PRE) {
     short_conv_tile<DK, true>(Ks, Qs, pc.wq, pc, slots, n, h);
@@ -564,7 +559,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                     &landed[1]);
       }
     } else {
-      load_rows_of<DV, kThreads>(Vs, v, row_h);
+      load_rows<DV, kThreads>(Vs, v, row_h);
       cp_async_commit();
     }
   }
@@ -661,17 +656,17 @@ __global__ void __launch_bounds__(kThreads)
   float* const Ss = As + kC * kLdT;                                   // [DK][kLdOut]: S_n's column slice
   float* const Ms = Ss + DK * kLdOut;                                 // [C][kLdOut]: M_n's column slice
   float* const Gs = Ms + kC * kLdOut;
-  int64_t* const rows = reinterpret_cast<int64_t*>(Gs + kC);
+  int64_t* const row_h = reinterpret_cast<int64_t*>(Gs + kC);
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y, col0 = blockIdx.z * kOutCols, tid = threadIdx.x;
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
-  if (tid < kC) rows[tid] = slots(n, tid);
+  if (tid < kC) row_h[tid] = slots.row_h(n, tid, h, H);
   __syncthreads();
-  load_rows<DK>(Qs, q, rows, h, H);
-  load_rows<DK>(Ks, k, rows, h, H);
+  load_rows<DK, kThreads>(Qs, q, row_h);
+  load_rows<DK, kThreads>(Ks, k, row_h);
   load_slice<DK>(Ss, S + chunk * DK * DV + col0, DV);
   load_slice<kC>(Ms, M + chunk * kC * DV + col0, DV);
-  gates_while_tiles_land(g, nullptr, rows, h, H, Gs, nullptr);
+  gates_while_tiles_land(g, nullptr, row_h, Gs, nullptr);
 
   masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As);
   __syncthreads();
@@ -706,10 +701,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int e = 0; e < 4; e += 2) {
     const int r = m + g8 + (e >= 2 ? 8 : 0);
-    const int64_t row = rows[r];
+    const int64_t row = row_h[r];
     if (row < 0) continue;
     const float decay = expf(Gs[r]);
-    T* dst = out + (row * H + h) * DV + col0;
+    T* dst = out + row * DV + col0;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const int c = n0 + 8 * j + 2 * t;

@@ -104,24 +104,25 @@ __device__ __forceinline__ void row_dots(float (&acc)[NT][4], int m, int n0, con
 }
 
 // Writes the warp's tiles (rows from m, 8-column tiles from n0) of a [C][D] gradient to its rows of
-// head h in out [rows, H, D]; padding slots are skipped. WIDE (NT a multiple of 4): a row's 16 bytes a
-// lane (store_tiles16), where each lane's 4-byte pairs wrote half sectors; not in chunk_backward's
-// form with HIST alone, where the shuffles' registers took its spill from 4 to 20-24 bytes.
+// out [rows * H, D] (the chunk's table row_h: row * H + h); padding slots are skipped. WIDE (NT a
+// multiple of 4): a row's 16 bytes a lane (store_tiles16), where each lane's 4-byte pairs wrote half
+// sectors; not in chunk_backward's form with HIST alone, where the shuffles' registers took its spill
+// from 4 to 20-24 bytes.
 template <int D, bool WIDE, int NT, class T>
-__device__ __forceinline__ void store_rows(float (&acc)[NT][4], int m, int n0, const int64_t* rows, int h, int H,
+__device__ __forceinline__ void store_rows(float (&acc)[NT][4], int m, int n0, const int64_t* row_h,
                                            T* __restrict__ out) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   if constexpr (WIDE && NT % 4 == 0) {
     store_tiles16<T>(acc, [&](int half) -> T* {
-      const int64_t row = rows[m + g + 8 * half];
-      return row < 0 ? nullptr : out + (row * H + h) * D + n0;
+      const int64_t row = row_h[m + g + 8 * half];
+      return row < 0 ? nullptr : out + row * D + n0;
     });
   } else {
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
       const int r = m + g + (e >= 2 ? 8 : 0);
-      if (rows[r] < 0) continue;
-      T* dst = out + (rows[r] * H + h) * D;
+      if (row_h[r] < 0) continue;
+      T* dst = out + row_h[r] * D;
 #pragma unroll
       for (int j = 0; j < NT; ++j) store2(dst + n0 + 8 * j + 2 * t, acc[j][e], acc[j][e + 1]);
     }
@@ -152,7 +153,7 @@ __device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* d
 // (pow2_scale), so that they keep 11 significant bits whatever the inputs' kind; W is float16 already.
 
 // Shared memory: A in float32, then Qt in float16 in its place; A in float16; W; G, three largest
-// magnitudes, rows; the 16-bit tiles Q, K, dO (dO then float16 in place). Under half of an SM's, so
+// magnitudes, the rows' table; the 16-bit tiles Q, K, dO (dO then float16 in place). Under half of an SM's, so
 // that two blocks share one.
 template <int DK, int DV, class T>
 constexpr size_t direct_smem() {
@@ -172,8 +173,8 @@ __global__ void __launch_bounds__(kDirectThreads)
   __half* const Qt = reinterpret_cast<__half*>(As);     // [C][LDK]: diag(e^G) Q - A W, once A is read
   float* const Gs = As + kC * kLdT;
   unsigned* const top = reinterpret_cast<unsigned*>(Gs + kC);  // max |A|, |dO|, |Qt|
-  int64_t* const rows = reinterpret_cast<int64_t*>(top + 4);
-  __half* const A16 = reinterpret_cast<__half*>(rows + kC);  // [C][LDA]
+  int64_t* const row_h = reinterpret_cast<int64_t*>(top + 4);
+  __half* const A16 = reinterpret_cast<__half*>(row_h + kC);  // [C][LDA]
   __half* const Ws = A16 + kC * LDA;                          // [C][LDK]
   T* const Qs = reinterpret_cast<T*>(Ws + kC * LDK);
   T* const Ks = Qs + kC * LDK;
@@ -182,17 +183,17 @@ __global__ void __launch_bounds__(kDirectThreads)
   const int64_t n = blockIdx.x;
   const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32;
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
-  if (tid < kC) rows[tid] = slots(n, tid);
+  if (tid < kC) row_h[tid] = slots.row_h(n, tid, h, H);
   if (tid < 3) top[tid] = 0u;
   __syncthreads();
-  load_rows<DK>(Qs, q, rows, h, H);
-  load_rows<DK>(Ks, k, rows, h, H);
-  load_rows<DV>(dOs, dO, rows, h, H);
+  load_rows<DK, kDirectThreads>(Qs, q, row_h);
+  load_rows<DK, kDirectThreads>(Ks, k, row_h);
+  load_rows<DV, kDirectThreads>(dOs, dO, row_h);
   for (int i = tid; i < kC * DK / 8; i += kDirectThreads) {
     const int r = (8 * i) / DK, c = (8 * i) % DK;
     cp_async16(Ws + r * LDK + c, W + (chunk * kC + r) * DK + c);
   }
-  gates_while_tiles_land(g, nullptr, rows, h, H, Gs, nullptr);
+  gates_while_tiles_land(g, nullptr, row_h, Gs, nullptr);
 
   masked_gram<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, As);
   __syncthreads();
@@ -345,9 +346,9 @@ constexpr int step_elems() {
   return steps > after ? steps : after;
 }
 // Shared memory: in float32 T (where the inverse is formed), A and Lg = (K K^T * e^{G_t - G_i}, i < t),
-// 12 vectors of C and <S, dS>; the rows; then in 16-bit elements T and scale A,
+// 12 vectors of C and <S, dS>; the rows' table; then in 16-bit elements T and scale A,
 // the step region and the tiles Q, K, V, dO.
-// LOOP adds the next chunk's Q and K, rows and gates, and the chunks' indices (ChunkTurns).
+// LOOP adds the next chunk's Q and K, rows' table and gates, and the chunks' indices (ChunkTurns).
 template <int DK, int DV, class T, bool LOOP = false>
 constexpr size_t backward_smem() {
   return (3 * kC * kLdT + 12 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
@@ -425,8 +426,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float* const xl_row = xa_col + kC;
   float* const xl_col = xl_row + kC;
   float* const sdot = xl_col + kC;  // <S, dS>, then sum_i kd_i kk_sum_i
-  int64_t* const rows = reinterpret_cast<int64_t*>(sdot + 4);
-  T* const T16 = reinterpret_cast<T*>(rows + kC);  // [C][kLd16C]: T
+  int64_t* const row_h = reinterpret_cast<int64_t*>(sdot + 4);  // each slot's row of [rows * H, D]
+  T* const T16 = reinterpret_cast<T*>(row_h + kC);               // [C][kLd16C]: T
   T* const A16 = T16 + kC * kLd16C;                 // scale A
   T* const step = A16 + kC * kLd16C;
   T* const Sj = step;                // [DK][kLd16BV]: the step's columns of S
@@ -443,18 +444,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   T* const Ks = Qs + kC * LDK;
   T* const Vs = Ks + kC * LDK;
   T* const dOs = Vs + kC * LDV;
-  T* const Qn = dOs + kC * LDV;  // LOOP: the next chunk's Q and K, its rows and its g and beta
+  T* const Qn = dOs + kC * LDV;  // LOOP: the next chunk's Q and K, its rows' table and its g and beta
   T* const Kn = Qn + kC * LDK;
-  int64_t* const rows_nx = reinterpret_cast<int64_t*>(Kn + kC * LDK);
-  float* const g_nx = reinterpret_cast<float*>(rows_nx + kC);
+  int64_t* const row_h_nx = reinterpret_cast<int64_t*>(Kn + kC * LDK);
+  float* const g_nx = reinterpret_cast<float*>(row_h_nx + kC);
   float* const b_nx = g_nx + kC;
   const ChunkTurns turns{reinterpret_cast<int64_t*>(b_nx + kC)};
 
-  // The chunk's head: LOOP's from shared memory at each use, rather than a register through the chunk.
-  auto head = [&]() -> int {
-    if constexpr (LOOP) return turns.h();
-    else return blockIdx.y;
-  };
   // T's 64 rows of 128 bytes, 16 bytes a thread
   auto load_t = [&](int64_t chunk) {
     for (int i = threadIdx.x; i < kC * kC / 8; i += kBwdThreads)
@@ -464,27 +460,27 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   auto load_next_qk = [&] {
     const int hn = turns.next_h();
     if (hn < 0) return;
-    load_rows<DK>(Qn, q, rows_nx, hn, H);
-    load_rows<DK>(Kn, k, rows_nx, hn, H);
+    load_rows<DK, kBwdThreads>(Qn, q, row_h_nx);
+    load_rows<DK, kBwdThreads>(Kn, k, row_h_nx);
     if (const int tid = threadIdx.x; tid < 2 * kC) {
       const int r = tid % kC;
-      const int64_t row = rows_nx[r];
+      const int64_t row = row_h_nx[r];
       float* dst = (tid < kC ? g_nx : b_nx) + r;
-      if (row >= 0) cp_async4(dst, (tid < kC ? g : beta) + row * H + hn);
+      if (row >= 0) cp_async4(dst, (tid < kC ? g : beta) + row);
       else *dst = 0.f;
     }
   };
   auto load_next_vdt = [&] {
     const int hn = turns.next_h();
     if (hn < 0) return;
-    load_rows<DV>(Vs, v, rows_nx, hn, H);
-    load_rows<DV>(dOs, dO, rows_nx, hn, H);
+    load_rows<DV, kBwdThreads>(Vs, v, row_h_nx);
+    load_rows<DV, kBwdThreads>(dOs, dO, row_h_nx);
     load_t(static_cast<int64_t>(hn) * N + turns.next_n());
   };
   if constexpr (LOOP) {  // the first chunk's loads
     if (threadIdx.x == 0) turns.start(blockIdx.x, N);
     __syncthreads();
-    if (threadIdx.x < kC) rows_nx[threadIdx.x] = slots(turns.next_n(), threadIdx.x);
+    if (threadIdx.x < kC) row_h_nx[threadIdx.x] = slots.row_h(turns.next_n(), threadIdx.x, turns.next_h(), H);
     __syncthreads();
     load_next_qk();
     cp_async_commit();
@@ -499,20 +495,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       __syncthreads();     // and every thread's; the last chunk is done with every buffer
       for (int i = tid; i < 2 * kC * LDK / 8; i += kBwdThreads)  // Q and K (Ks follows Qs as Kn follows Qn)
         reinterpret_cast<uint4*>(Qs)[i] = reinterpret_cast<const uint4*>(Qn)[i];
-      if (tid < kC) rows[tid] = rows_nx[tid];
+      if (tid < kC) row_h[tid] = row_h_nx[tid];
       if (tid < 32) put_gates(tid, g_nx[2 * tid], g_nx[2 * tid + 1], b_nx[2 * tid], b_nx[2 * tid + 1], Gs, bs);
       for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
       if (tid == 0) turns.advance(gridDim.x, N, H);
       __syncthreads();
-      if (tid < kC && turns.next_h() >= 0) rows_nx[tid] = slots(turns.next_n(), tid);
+      if (tid < kC && turns.next_h() >= 0) row_h_nx[tid] = slots.row_h(turns.next_n(), tid, turns.next_h(), H);
     } else {
-      if (tid < kC) rows[tid] = slots(blockIdx.x, tid);
+      if (tid < kC) row_h[tid] = slots.row_h(blockIdx.x, tid, blockIdx.y, H);
       for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
       __syncthreads();
-      load_rows<DK>(Qs, q, rows, blockIdx.y, H);
-      load_rows<DK>(Ks, k, rows, blockIdx.y, H);
-      load_rows<DV>(Vs, v, rows, blockIdx.y, H);
-      load_rows<DV>(dOs, dO, rows, blockIdx.y, H);
+      load_rows<DK, kBwdThreads>(Qs, q, row_h);
+      load_rows<DK, kBwdThreads>(Ks, k, row_h);
+      load_rows<DV, kBwdThreads>(Vs, v, row_h);
+      load_rows<DV, kBwdThreads>(dOs, dO, row_h);
       if constexpr (TK) load_t(static_cast<int64_t>(blockIdx.y) * N + blockIdx.x);
       cp_async_commit();
     }
@@ -574,7 +570,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     };
     fetch(0);  // in flight through the prologue
     if constexpr (!LOOP) {
-      chunk_gates(g, beta, rows, head(), H, Gs, bs);
+      chunk_gates(g, beta, row_h, Gs, bs);
       cp_async_wait<0>();  // the tiles
       __syncthreads();
     }
@@ -662,7 +658,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         store16(dvb, m, ns, dVbj, kLd16BV);
         row_dots(dvb, m, ns, Vs + c0, LDV, db_sum);
         for_each(dvb, m, ns, [&](int r, int, float& x) { x *= bs[r]; });
-        store_rows<DV, kWideRows>(dvb, m, c0 + ns, rows, head(), H, dv);
+        store_rows<DV, kWideRows>(dvb, m, c0 + ns, row_h, dv);
       }
       __syncthreads();
       // The sums over this step's columns.
@@ -746,7 +742,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // dQ = diag(e^G) dqdecay + d(Q K^T) K
     for_each(acc_dq, m, nk, [&](int r, int, float& x) { x *= eG[r]; });
     product16<false, true, NTK>(acc_dq, m, nk, 0, m + 16, dQK, kLd16C, Ks, LDK);
-    store_rows<DK, kWideRows>(acc_dq, m, nk, rows, head(), H, dq);
+    store_rows<DK, kWideRows>(acc_dq, m, nk, row_h, dq);
     // dK = -diag(beta e^G) ndKb + diag(kd) dkdecay + d(Q K^T)^T Q + (d(K K^T) + d(K K^T)^T) K
     {
       const int lane = tid % 32;
@@ -765,7 +761,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     product16<true, true, NTK>(acc_kb, m, nk, m, kC, dQK, kLd16C, Qs, LDK);
     product16<false, true, NTK>(acc_kb, m, nk, 0, m + 16, dKK, kLd16C, Ks, LDK);
     product16<true, true, NTK>(acc_kb, m, nk, m, kC, dKK, kLd16C, Ks, LDK);
-    store_rows<DK, kWideRows>(acc_kb, m, nk, rows, head(), H, dk);
+    store_rows<DK, kWideRows>(acc_kb, m, nk, row_h, dk);
     __syncthreads();  // every sum is in
     if (tid < kC) {  // dbeta, and dG with its reverse cumulative sum dg (warps 0 and 1, one row a thread)
       const int r = tid;
@@ -776,7 +772,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) kd_total += __shfl_xor_sync(0xffffffffu, kd_total, o);
       if (r % 32 == 0) atomicAdd(sdot + 1, kd_total);
-      if (rows[r] >= 0) dbeta[rows[r] * H + head()] = db_sum[r] + eG[r] * kb_dot;
+      if (row_h[r] >= 0) dbeta[row_h[r]] = db_sum[r] + eG[r] * kb_dot;
       Gs[r] = dG;  // (G itself is no longer read)
     }
     __syncthreads();
@@ -791,8 +787,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const float y = __shfl_down_sync(0xffffffffu, s, o);
         if (l + o < 32) s += y;
       }
-      if (rows[2 * l] >= 0) dg[rows[2 * l] * H + head()] = s;
-      if (rows[2 * l + 1] >= 0) dg[rows[2 * l + 1] * H + head()] = s - a;
+      if (row_h[2 * l] >= 0) dg[row_h[2 * l]] = s;
+      if (row_h[2 * l + 1] >= 0) dg[row_h[2 * l + 1]] = s - a;
     }
     if constexpr (!LOOP) break;
     if (turns.next_h() < 0) break;

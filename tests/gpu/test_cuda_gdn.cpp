@@ -1126,8 +1126,9 @@ TEST(CudaGdn, ReverseScanFormsTheDirectTermFromTheOutputFactors) {
       for (int64_t segment : {int64_t{0}, int64_t{1}}) {
         hh::kernels::set_scan_columns(columns);
         auto scan = [&](bool direct) {
-          const auto d16 = hh::kernels::grad_to_grid_f16(dO, grid);
-          hh::kernels::LowRankScanArgs a = reverse_scan_args(f, direct ? &d16 : nullptr, dfin.to(f32), segment);
+          std::optional<hh::kernels::GridF16> d16;  // dO on the chunk grid: the direct term's input only
+          if (direct) d16 = hh::kernels::grad_to_grid_f16(dO, grid);
+          hh::kernels::LowRankScanArgs a = reverse_scan_args(f, direct ? &*d16 : nullptr, dfin.to(f32), segment);
           if (!direct) a.Z = hh::kernels::chunk_state_direct(q, k, g, f.W, dO, grid, scale);
           const int64_t launches = hh::kernels::column_scan_launches();
           const auto fin = hh::kernels::low_rank_scan(a, offsets);
