@@ -39,6 +39,8 @@ constexpr int kBwdWarps = 16;
 constexpr int kBwdThreads = 32 * kBwdWarps;
 constexpr int kBV = 32;          // columns of S and dS a step of chunk_backward takes
 constexpr int kDirectThreads = 256;
+constexpr int kSums = 6;         // chunk_backward's row and column sums ([4][C] each)
+constexpr int kSdot = kBwdWarps + 4;  // and its parts of <S, dS> (a warp's each) and of sum_i kd_i kk_sum_i
 constexpr int kLd16C = ld16<kC>();  // row stride of a 16-bit [C][C] matrix
 std::atomic<int64_t> g_backward_launches[3];  // chunk_backward_launches
 bool g_backward_chunks_in_turn = false;         // set_backward_chunks_in_turn
@@ -54,9 +56,27 @@ __device__ __forceinline__ void for_each(float (&acc)[NT][4], int m, int n0, F f
     for (int e = 0; e < 4; ++e) f(m + g + (e >= 2 ? 8 : 0), n0 + 8 * j + 2 * t + (e & 1), acc[j][e]);
 }
 
-// Adds a lane's partial sums for its rows g and g + 8 (of the tiles at m) into sums[]: over the lanes of
-// a row (t), then one shared-memory atomic a row.
-__device__ __forceinline__ void add_row_sums(float lo, float hi, int m, float* sums) {
+// The same with the element's tile j and place e (0..3) as well, f(r, c, j, e, acc[j][e]): for sums kept by
+// tile or by half (rows g or g + 8), whose indices must be known at compile time to stay in registers (from
+// r and c, ptxas placed such a sum array in local memory).
+template <int NT, class F>
+__device__ __forceinline__ void for_each_at(float (&acc)[NT][4], int m, int n0, F f) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f(m + g + (e >= 2 ? 8 : 0), n0 + 8 * j + 2 * t + (e & 1), j, e, acc[j][e]);
+}
+
+// chunk_backward's sums over rows or columns of the warps' tiles are kept in four partial vectors of C
+// ([4][C]), one for each warp that shares a row (or column) block, which it alone writes and adds to: so
+// plain shared-memory adds, where atomics (a compare-and-swap loop for floats, four warps contending)
+// cost more. The vectors' total (sum4) is read once every sum is in.
+__device__ __forceinline__ float sum4(const float* p, int r) { return (p[r] + p[kC + r]) + (p[2 * kC + r] + p[3 * kC + r]); }
+
+// Adds a lane's partial sums for its rows g and g + 8 (of the tiles at m) into part[] (the warp's own
+// vector of a [4][C] sum, for rows m .. m + 15): over the lanes of a row (t), then one add a row.
+__device__ __forceinline__ void add_row_sums(float lo, float hi, int m, float* part) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int o = 1; o < 4; o <<= 1) {
@@ -64,14 +84,15 @@ __device__ __forceinline__ void add_row_sums(float lo, float hi, int m, float* s
     hi += __shfl_xor_sync(0xffffffffu, hi, o);
   }
   if (lane % 4 == 0) {
-    atomicAdd(sums + m + lane / 4, lo);
-    atomicAdd(sums + m + lane / 4 + 8, hi);
+    part[m + lane / 4] += lo;
+    part[m + lane / 4 + 8] += hi;
   }
 }
 
 // Adds a lane's partial sums for its columns 2t + e of the warp's two 8-column tiles from n0 (over its
-// rows g and g + 8) into sums[]: over the lanes of a column (g), then one shared-memory atomic a column.
-__device__ __forceinline__ void add_col_sums(float (&col)[2][2], int n0, float* sums) {
+// rows g and g + 8) into part[] (the warp's own vector of a [4][C] sum, for columns n0 .. n0 + 15): over
+// the lanes of a column (g), then one add a column.
+__device__ __forceinline__ void add_col_sums(float (&col)[2][2], int n0, float* part) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int j = 0; j < 2; ++j)
@@ -81,14 +102,14 @@ __device__ __forceinline__ void add_col_sums(float (&col)[2][2], int n0, float* 
       x += __shfl_xor_sync(0xffffffffu, x, 4);
       x += __shfl_xor_sync(0xffffffffu, x, 8);
       x += __shfl_xor_sync(0xffffffffu, x, 16);
-      if (lane < 4) atomicAdd(sums + n0 + 8 * j + 2 * lane + e, x);
+      if (lane < 4) part[n0 + 8 * j + 2 * lane + e] += x;
     }
 }
 
-// sum over the warp's elements of x(r, c) acc(r, c), by row, into sums[] (row dot products), for x a
-// 16-bit [C][ld] tile read a pair of columns at a time.
+// sum over the warp's elements of x(r, c) acc(r, c), by row, into part[] (row dot products; as
+// add_row_sums), for x a 16-bit [C][ld] tile read a pair of columns at a time.
 template <int NT, class T>
-__device__ __forceinline__ void row_dots(float (&acc)[NT][4], int m, int n0, const T* x, int ld, float* sums) {
+__device__ __forceinline__ void row_dots(float (&acc)[NT][4], int m, int n0, const T* x, int ld, float* part) {
   using P2 = typename Pair16<T>::type;
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   float s[2] = {0.f, 0.f};
@@ -100,7 +121,7 @@ __device__ __forceinline__ void row_dots(float (&acc)[NT][4], int m, int n0, con
       s[half] += acc[j][2 * half] * v.x;
       s[half] += acc[j][2 * half + 1] * v.y;
     }
-  add_row_sums(s[0], s[1], m, sums);
+  add_row_sums(s[0], s[1], m, part);
 }
 
 // Writes the warp's tiles (rows from m, 8-column tiles from n0) of a [C][D] gradient to its rows of
@@ -346,12 +367,12 @@ constexpr int step_elems() {
   return steps > after ? steps : after;
 }
 // Shared memory: in float32 T (where the inverse is formed), A and Lg = (K K^T * e^{G_t - G_i}, i < t),
-// 12 vectors of C and <S, dS>; the rows' table; then in 16-bit elements T and scale A,
+// 4 vectors of C, 6 sums of four partial vectors each and the parts of <S, dS> and of one more sum; the rows' table; then in 16-bit elements T and scale A,
 // the step region and the tiles Q, K, V, dO.
 // LOOP adds the next chunk's Q and K, rows' table and gates, and the chunks' indices (ChunkTurns).
 template <int DK, int DV, class T, bool LOOP = false>
 constexpr size_t backward_smem() {
-  return (3 * kC * kLdT + 12 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) +
+  return (3 * kC * kLdT + 4 * kC + kSums * 4 * kC + kSdot) * sizeof(float) + kC * sizeof(int64_t) +
          (2 * kC * kLd16C + step_elems<DK>() + 2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T) +
          (LOOP ? 2 * kC * ld16<DK>() * sizeof(T) + kC * sizeof(int64_t) + 2 * kC * sizeof(float) + 4 * sizeof(int64_t) : 0);
 }
@@ -417,16 +438,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float* const eG = Gs + kC;
   float* const bs = eG + kC;
   float* const kd = bs + kC;
-  float* const db_sum = kd + kC;   // sum_c dVb V + sum_i dL Lg (dbeta but its e^G kb_dot term)
-  float* const kb_sum = db_sum + kC;  // <ndKb_t, k_t>
-  float* const qq_sum = kb_sum + kC;  // <dqdecay_t, q_t>
-  float* const kk_sum = qq_sum + kC;  // <dkdecay_t, k_t>
-  float* const xa_row = kk_sum + kC;  // row and column sums of dA * A and of dL * L
-  float* const xa_col = xa_row + kC;
-  float* const xl_row = xa_col + kC;
-  float* const xl_col = xl_row + kC;
-  float* const sdot = xl_col + kC;  // <S, dS>, then sum_i kd_i kk_sum_i
-  int64_t* const row_h = reinterpret_cast<int64_t*>(sdot + 4);  // each slot's row of [rows * H, D]
+  // The sums, [4][C] each (sum4): of rows, the partial vector of the warp's column block (warp / 4); of
+  // columns, of its row block (warp % 4).
+  float* const db_sum = kd + kC;          // sum_c dVb V + sum_i dL Lg (dbeta but its e^G kb_dot term)
+  float* const kb_sum = db_sum + 4 * kC;  // <ndKb_t, k_t>
+  float* const qq_sum = kb_sum + 4 * kC;  // <dqdecay_t, q_t>
+  float* const kk_sum = qq_sum + 4 * kC;  // <dkdecay_t, k_t>
+  float* const x_row = kk_sum + 4 * kC;   // row sums of dA * A and of dL * L
+  float* const x_col = x_row + 4 * kC;    // and their column sums
+  float* const sdot = x_col + 4 * kC;     // each warp's part of <S, dS>; then warps 0 and 1's of sum_i kd_i kk_sum_i
+  int64_t* const row_h = reinterpret_cast<int64_t*>(sdot + kSdot);  // each slot's row of [rows * H, D]
   T* const T16 = reinterpret_cast<T*>(row_h + kC);               // [C][kLd16C]: T
   T* const A16 = T16 + kC * kLd16C;                 // scale A
   T* const step = A16 + kC * kLd16C;
@@ -497,13 +518,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         reinterpret_cast<uint4*>(Qs)[i] = reinterpret_cast<const uint4*>(Qn)[i];
       if (tid < kC) row_h[tid] = row_h_nx[tid];
       if (tid < 32) put_gates(tid, g_nx[2 * tid], g_nx[2 * tid + 1], b_nx[2 * tid], b_nx[2 * tid + 1], Gs, bs);
-      for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
+      for (int i = tid; i < kSums * kC; i += kBwdThreads)  // the sums
+        reinterpret_cast<float4*>(db_sum)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (tid == 0) turns.advance(gridDim.x, N, H);
       __syncthreads();
       if (tid < kC && turns.next_h() >= 0) row_h_nx[tid] = slots.row_h(turns.next_n(), tid, turns.next_h(), H);
     } else {
       if (tid < kC) row_h[tid] = slots.row_h(blockIdx.x, tid, blockIdx.y, H);
-      for (int i = tid; i < 8 * kC + 4; i += kBwdThreads) db_sum[i] = 0.f;  // the 8 sums and sdot
+      for (int i = tid; i < kSums * kC; i += kBwdThreads)  // the sums
+        reinterpret_cast<float4*>(db_sum)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
       __syncthreads();
       load_rows<DK, kBwdThreads>(Qs, q, row_h);
       load_rows<DK, kBwdThreads>(Ks, k, row_h);
@@ -656,7 +679,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         float dvb[2][4] = {};
         product16<true, true, 2>(dvb, m, ns, m, kC, T16, kLd16C, dMj, kLd16BV);
         store16(dvb, m, ns, dVbj, kLd16BV);
-        row_dots(dvb, m, ns, Vs + c0, LDV, db_sum);
+        row_dots(dvb, m, ns, Vs + c0, LDV, db_sum + (warp / 4) * kC);
         for_each(dvb, m, ns, [&](int r, int, float& x) { x *= bs[r]; });
         store_rows<DV, kWideRows>(dvb, m, c0 + ns, row_h, dv);
       }
@@ -682,23 +705,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 4);
     s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 2);
     s_dot += __shfl_xor_sync(0xffffffffu, s_dot, 1);
-    if (tid % 32 == 0) atomicAdd(sdot, s_dot);
+    if (tid % 32 == 0) sdot[warp] = s_dot;
     for_each(acc_dq, m, nk, [&](int, int, float& x) { x *= scale; });
-    row_dots(acc_dq, m, nk, Qs, LDK, qq_sum);
-    row_dots(acc_kb, m, nk, Ks, LDK, kb_sum);
-    row_dots(acc_dk, m, nk, Ks, LDK, kk_sum);
+    const int rp = (warp / 4) * kC, cp = (warp % 4) * kC;  // the warp's partial vectors of row and column sums
+    row_dots(acc_dq, m, nk, Qs, LDK, qq_sum + rp);
+    row_dots(acc_kb, m, nk, Ks, LDK, kb_sum + rp);
+    row_dots(acc_dk, m, nk, Ks, LDK, kk_sum + rp);
     {  // d(Q K^T) = scale dA * e^{G_t - G_i} (i <= t); scale dA * A's row and column sums; dT
       float lo = 0.f, hi = 0.f;
       float col[2][2] = {};
-      for_each(acc_dA, m, nc, [&](int r, int c, float& x) {
+      for_each_at(acc_dA, m, nc, [&](int r, int c, int j, int e, float& x) {
         const bool keep = c <= r;
         const float d = scale * x, xa = keep ? d * As[r * kLdT + c] : 0.f;
-        (r < m + 8 ? lo : hi) += xa;
-        col[(c - nc) / 8][c % 2] += xa;
+        (e < 2 ? lo : hi) += xa;
+        col[j][e & 1] += xa;
         x = keep ? d * exp_ftz(Gs[r] - Gs[c]) : 0.f;
       });
-      add_row_sums(lo, hi, m, xa_row);
-      add_col_sums(col, nc, xa_col);
+      add_row_sums(lo, hi, m, x_row + rp);
+      add_col_sums(col, nc, x_col + cp);
       store16(acc_dA, m, nc, dQK, kLd16C);
       if constexpr (!HIST) store16(acc_dT, m, nc, dTs, kLd16C);
     }
@@ -724,18 +748,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
       float dlo = 0.f, dhi = 0.f, lo = 0.f, hi = 0.f;
       float col[2][2] = {};
-      for_each(y, m, nc, [&](int r, int c, float& x) {
+      for_each_at(y, m, nc, [&](int r, int c, int j, int e, float& x) {
         const bool keep = c < r;
         const float dl = keep ? -x : 0.f, lg = Lg[r * kLdT + c];
         const float xl = bs[r] * dl * lg;
-        (r < m + 8 ? dlo : dhi) += dl * lg;
-        (r < m + 8 ? lo : hi) += xl;
-        col[(c - nc) / 8][c % 2] += xl;
+        (e < 2 ? dlo : dhi) += dl * lg;
+        (e < 2 ? lo : hi) += xl;
+        col[j][e & 1] += xl;
         x = keep ? bs[r] * dl * exp_ftz(Gs[r] - Gs[c]) : 0.f;
       });
-      add_row_sums(dlo, dhi, m, db_sum);
-      add_row_sums(lo, hi, m, xl_row);
-      add_col_sums(col, nc, xl_col);
+      add_row_sums(dlo, dhi, m, db_sum + rp);
+      add_row_sums(lo, hi, m, x_row + rp);
+      add_col_sums(col, nc, x_col + cp);
       store16(y, m, nc, dKK, kLd16C);
     }
     __syncthreads();
@@ -765,20 +789,25 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     __syncthreads();  // every sum is in
     if (tid < kC) {  // dbeta, and dG with its reverse cumulative sum dg (warps 0 and 1, one row a thread)
       const int r = tid;
-      const float kb_dot = -kb_sum[r];  // <dKb_t, k_t>
-      const float kd_dot = kd[r] * kk_sum[r];
-      float dG = eG[r] * qq_sum[r] + bs[r] * eG[r] * kb_dot + xa_row[r] - xa_col[r] + xl_row[r] - xl_col[r] - kd_dot;
+      const float kb_dot = -sum4(kb_sum, r);  // <dKb_t, k_t>
+      const float kd_dot = kd[r] * sum4(kk_sum, r);
+      float dG = eG[r] * sum4(qq_sum, r) + bs[r] * eG[r] * kb_dot + sum4(x_row, r) - sum4(x_col, r) - kd_dot;
       float kd_total = kd_dot;
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) kd_total += __shfl_xor_sync(0xffffffffu, kd_total, o);
-      if (r % 32 == 0) atomicAdd(sdot + 1, kd_total);
-      if (row_h[r] >= 0) dbeta[row_h[r]] = db_sum[r] + eG[r] * kb_dot;
+      if (r % 32 == 0) sdot[kBwdWarps + r / 32] = kd_total;
+      if (row_h[r] >= 0) dbeta[row_h[r]] = sum4(db_sum, r) + eG[r] * kb_dot;
       Gs[r] = dG;  // (G itself is no longer read)
     }
     __syncthreads();
     if (tid < 32) {  // through G_C: sum_i kd_i <dkdecay_i, k_i> + e^{G_C} <S, dS>; then the suffix sums
       const int l = tid;
-      if (l == 31) Gs[kC - 1] += sdot[1] + eG[kC - 1] * sdot[0];
+      if (l == 31) {
+        float s_dS = 0.f;
+#pragma unroll
+        for (int w = 0; w < kBwdWarps; ++w) s_dS += sdot[w];
+        Gs[kC - 1] += (sdot[kBwdWarps] + sdot[kBwdWarps + 1]) + eG[kC - 1] * s_dS;
+      }
       __syncwarp();
       const float a = Gs[2 * l], b = Gs[2 * l + 1];
       float s = a + b;
