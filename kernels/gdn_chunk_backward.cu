@@ -56,16 +56,17 @@ __device__ __forceinline__ void for_each(float (&acc)[NT][4], int m, int n0, F f
     for (int e = 0; e < 4; ++e) f(m + g + (e >= 2 ? 8 : 0), n0 + 8 * j + 2 * t + (e & 1), acc[j][e]);
 }
 
-// The same with the element's tile j and place e (0..3) as well, f(r, c, j, e, acc[j][e]): for sums kept by
-// tile or by half (rows g or g + 8), whose indices must be known at compile time to stay in registers (from
-// r and c, ptxas placed such a sum array in local memory).
+// The same a pair of columns at a time, f(r, c, j, h, acc[j][2h], acc[j][2h + 1]) for columns c (even) and
+// c + 1 of row r, in tile j and half h (rows g or g + 8): for sums kept by tile or by half, whose indices
+// must be known at compile time to stay in registers (from r and c, ptxas placed such a sum array in local
+// memory), and for reading a pair of float32 operands as one float2.
 template <int NT, class F>
-__device__ __forceinline__ void for_each_at(float (&acc)[NT][4], int m, int n0, F f) {
+__device__ __forceinline__ void for_each_pair(float (&acc)[NT][4], int m, int n0, F f) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) f(m + g + (e >= 2 ? 8 : 0), n0 + 8 * j + 2 * t + (e & 1), j, e, acc[j][e]);
+    for (int h = 0; h < 2; ++h) f(m + g + 8 * h, n0 + 8 * j + 2 * t, j, h, acc[j][2 * h], acc[j][2 * h + 1]);
 }
 
 // chunk_backward's sums over rows or columns of the warps' tiles are kept in four partial vectors of C
@@ -714,12 +715,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     {  // d(Q K^T) = scale dA * e^{G_t - G_i} (i <= t); scale dA * A's row and column sums; dT
       float lo = 0.f, hi = 0.f;
       float col[2][2] = {};
-      for_each_at(acc_dA, m, nc, [&](int r, int c, int j, int e, float& x) {
-        const bool keep = c <= r;
-        const float d = scale * x, xa = keep ? d * As[r * kLdT + c] : 0.f;
-        (e < 2 ? lo : hi) += xa;
-        col[j][e & 1] += xa;
-        x = keep ? d * exp_ftz(Gs[r] - Gs[c]) : 0.f;
+      for_each_pair(acc_dA, m, nc, [&](int r, int c, int j, int h, float& x0, float& x1) {
+        const float2 a = *reinterpret_cast<const float2*>(As + r * kLdT + c);
+        const float2 gc = *reinterpret_cast<const float2*>(Gs + c);
+        const float gr = Gs[r];
+        const bool keep0 = c <= r, keep1 = c + 1 <= r;
+        const float d0 = scale * x0, d1 = scale * x1;
+        const float xa0 = keep0 ? d0 * a.x : 0.f, xa1 = keep1 ? d1 * a.y : 0.f;
+        (h == 0 ? lo : hi) += xa0 + xa1;
+        col[j][0] += xa0;
+        col[j][1] += xa1;
+        x0 = keep0 ? d0 * exp_ftz(gr - gc.x) : 0.f;
+        x1 = keep1 ? d1 * exp_ftz(gr - gc.y) : 0.f;
       });
       add_row_sums(lo, hi, m, x_row + rp);
       add_col_sums(col, nc, x_col + cp);
@@ -748,14 +755,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
       float dlo = 0.f, dhi = 0.f, lo = 0.f, hi = 0.f;
       float col[2][2] = {};
-      for_each_at(y, m, nc, [&](int r, int c, int j, int e, float& x) {
-        const bool keep = c < r;
-        const float dl = keep ? -x : 0.f, lg = Lg[r * kLdT + c];
-        const float xl = bs[r] * dl * lg;
-        (e < 2 ? dlo : dhi) += dl * lg;
-        (e < 2 ? lo : hi) += xl;
-        col[j][e & 1] += xl;
-        x = keep ? bs[r] * dl * exp_ftz(Gs[r] - Gs[c]) : 0.f;
+      for_each_pair(y, m, nc, [&](int r, int c, int j, int h, float& x0, float& x1) {
+        const float2 lg = *reinterpret_cast<const float2*>(Lg + r * kLdT + c);
+        const float2 gc = *reinterpret_cast<const float2*>(Gs + c);
+        const float gr = Gs[r], b = bs[r];
+        const bool keep0 = c < r, keep1 = c + 1 < r;
+        const float dl0 = keep0 ? -x0 : 0.f, dl1 = keep1 ? -x1 : 0.f;
+        const float dll = dl0 * lg.x + dl1 * lg.y, xl0 = b * dl0 * lg.x, xl1 = b * dl1 * lg.y;
+        (h == 0 ? dlo : dhi) += dll;
+        (h == 0 ? lo : hi) += xl0 + xl1;
+        col[j][0] += xl0;
+        col[j][1] += xl1;
+        x0 = keep0 ? b * dl0 * exp_ftz(gr - gc.x) : 0.f;
+        x1 = keep1 ? b * dl1 * exp_ftz(gr - gc.y) : 0.f;
       });
       add_row_sums(dlo, dhi, m, db_sum + rp);
       add_row_sums(lo, hi, m, x_row + rp);
