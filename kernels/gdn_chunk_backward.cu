@@ -40,7 +40,10 @@ constexpr int kBwdThreads = 32 * kBwdWarps;
 constexpr int kBV = 32;          // columns of S and dS a step of chunk_backward takes
 constexpr int kDirectThreads = 256;
 constexpr int kSums = 6;         // chunk_backward's row and column sums ([4][C] each)
-constexpr int kSdot = kBwdWarps + 4;  // and its parts of <S, dS> (a warp's each) and of sum_i kd_i kk_sum_i
+constexpr int kSdot = kBwdWarps + 4;  // and its parts of <S, dS> (a warp's each) and of sum_i kd_i kk_sum_i (2)
+// The sums start 16-byte aligned (zeroed as float4) and the 16-bit tiles after the floats stay so.
+static_assert((3 * kC * kLdT + 4 * kC) % 4 == 0 && (kSums * 4 * kC + kSdot) % 4 == 0 && kC % 2 == 0,
+              "chunk_backward's shared-memory alignment");
 constexpr int kLd16C = ld16<kC>();  // row stride of a 16-bit [C][C] matrix
 std::atomic<int64_t> g_backward_launches[3];  // chunk_backward_launches
 bool g_backward_chunks_in_turn = false;         // set_backward_chunks_in_turn
@@ -368,8 +371,8 @@ constexpr int step_elems() {
   return steps > after ? steps : after;
 }
 // Shared memory: in float32 T (where the inverse is formed), A and Lg = (K K^T * e^{G_t - G_i}, i < t),
-// 4 vectors of C, 6 sums of four partial vectors each and the parts of <S, dS> and of one more sum; the rows' table; then in 16-bit elements T and scale A,
-// the step region and the tiles Q, K, V, dO.
+// 4 vectors of C, the kSums sums of four partial vectors each and the parts of <S, dS> and of one more sum;
+// the rows' table; then in 16-bit elements T and scale A, the step region and the tiles Q, K, V, dO.
 // LOOP adds the next chunk's Q and K, rows' table and gates, and the chunks' indices (ChunkTurns).
 template <int DK, int DV, class T, bool LOOP = false>
 constexpr size_t backward_smem() {
