@@ -49,20 +49,11 @@ std::atomic<int64_t> g_backward_launches[3];  // chunk_backward_launches
 bool g_backward_chunks_in_turn = false;         // set_backward_chunks_in_turn
 std::atomic<int64_t> g_in_turn_launches{0};     // backward_chunks_in_turn_launches
 
-// f(r, c, acc[j][e]) for every element of the warp's tiles (rows from m, 8-column tiles from n0).
-template <int NT, class F>
-__device__ __forceinline__ void for_each(float (&acc)[NT][4], int m, int n0, F f) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) f(m + g + (e >= 2 ? 8 : 0), n0 + 8 * j + 2 * t + (e & 1), acc[j][e]);
-}
-
-// The same a pair of columns at a time, f(r, c, j, h, acc[j][2h], acc[j][2h + 1]) for columns c (even) and
-// c + 1 of row r, in tile j and half h (rows g or g + 8): for sums kept by tile or by half, whose indices
-// must be known at compile time to stay in registers (from r and c, ptxas placed such a sum array in local
-// memory), and for reading a pair of float32 operands as one float2.
+// f(r, c, j, h, acc[j][2h], acc[j][2h + 1]) for every pair of elements of the warp's tiles (rows from m,
+// 8-column tiles from n0): columns c (even) and c + 1 of row r, in tile j and half h (rows g or g + 8). The
+// tile and half let sums kept by tile or by half be indexed at compile time, so that they stay in registers
+// (indexed from r and c, ptxas placed such a sum array in local memory), and a pair of float32 operands be
+// read as one float2.
 template <int NT, class F>
 __device__ __forceinline__ void for_each_pair(float (&acc)[NT][4], int m, int n0, F f) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -70,6 +61,15 @@ __device__ __forceinline__ void for_each_pair(float (&acc)[NT][4], int m, int n0
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h) f(m + g + 8 * h, n0 + 8 * j + 2 * t, j, h, acc[j][2 * h], acc[j][2 * h + 1]);
+}
+
+// f(r, c, acc[j][e]) for every element of the warp's tiles, in the same order.
+template <int NT, class F>
+__device__ __forceinline__ void for_each(float (&acc)[NT][4], int m, int n0, F f) {
+  for_each_pair(acc, m, n0, [&](int r, int c, int, int, float& x0, float& x1) {
+    f(r, c, x0);
+    f(r, c + 1, x1);
+  });
 }
 
 // chunk_backward's sums over rows or columns of the warps' tiles are kept in four partial vectors of C
