@@ -169,6 +169,12 @@ __device__ __forceinline__ int row32_unit(int row, int part) {
   return row * (32 / E) + (16 / E) * (part ^ ((row >> 2) & 1));
 }
 
+// The barrier of warps 2i and 2i + 1 alone (named barrier 1 + i; 0 is __syncthreads'), for a step whose
+// reads cross only between the two warps of a pair.
+__device__ __forceinline__ void warp_pair_sync(int warp) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + warp / 2) : "memory");
+}
+
 // The largest x over the block into *top (zero before; non-negative floats order as their bits do).
 __device__ __forceinline__ void block_max(float x, unsigned* top) {
   const unsigned m = __reduce_max_sync(0xffffffffu, __float_as_uint(x));
@@ -365,9 +371,10 @@ __device__ __forceinline__ void store_tile(float* x, int ld, int m, int n0, cons
 // then unit lower triangular, zero above the diagonal); without it that block is left as it was, for
 // callers that never read it.
 //
-// Four barriers of the block (five with ZERO_UPPER): where a phase reads what other warps wrote. A diagonal block is read and
-// written by its own 16 threads (half a warp), and each 16 x 16 block's warp reads back only its own
-// columns of C A^{-1}, so those steps wait for their warp or their pair of warps alone.
+// Four barriers of the block (five with ZERO_UPPER): where a phase reads what other warps wrote. A
+// diagonal block is read and written by its own 16 threads (half a warp), and each 16 x 16 block's warp
+// reads back only its own columns of C A^{-1}, so those steps wait for their warp or their pair of warps
+// alone (warp_pair_sync).
 template <int THREADS, bool ZERO_UPPER = true, class Other>
 __device__ __forceinline__ void invert_unit_lower(float* Ls, Other&& other) {
   static_assert(THREADS >= 256, "eight warps for the 32 x 32 block");
@@ -401,7 +408,7 @@ __device__ __forceinline__ void invert_unit_lower(float* Ls, Other&& other) {
     float acc[4] = {};  // C A^{-1}; A^{-1} is zero above its diagonal, so k starts at the column
     product_3xtf32(acc, a, a - 16 + c, c, 16, Ls + (a - 16), kLdT, Ls + (a - 16) * kLdT, kLdT);
     store_tile(Y, kLdT, y, c, acc, 1.f);
-    asm volatile("bar.sync %0, 64;\n" ::"r"(1 + warp / 2) : "memory");
+    warp_pair_sync(warp);
   }
   if (warp < 4) {
     float acc[4] = {};

@@ -1295,7 +1295,6 @@ struct ColumnRing {
 static_assert(ColumnRing<128, 128, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM");
 static_assert(ColumnRing<128, 128, false, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM with the history");
 
-
 // A row pair's power-of-two scales from this thread's values of rows g and g + 8 (the quad shares them).
 __device__ __forceinline__ void row_scales(float mx0, float mx1, Pow2Scale& s0, Pow2Scale& s1) {
 #pragma unroll

@@ -172,7 +172,7 @@ __device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const 
 // column's largest |entry| over the C rows into [2^14, 2^15), floored at 2^-10 (scales up to 2^24), out16 =
 // the scaled values (row stride D), inv [D] the scales' inverses. The two warps that share a column slice
 // exchange their halves' maxima through xch (kWarps x D / 4 floats of shared memory no other warp uses
-// meanwhile) behind a barrier of the pair alone (named barriers 1 .. kWarps / 2).
+// meanwhile) behind a barrier of the pair alone (warp_pair_sync: named barriers 1 .. kWarps / 2).
 template <int D, class T, class A>
 __device__ __forceinline__ void lower_times_f16_columns(const A& a, const T* Xs, c10::Half* __restrict__ out16,
                                                         float* __restrict__ inv, float* xch) {
@@ -195,7 +195,7 @@ __device__ __forceinline__ void lower_times_f16_columns(const A& a, const T* Xs,
   if (g == 0)
 #pragma unroll
     for (int j = 0; j < NT; ++j) store2(mine + 8 * j + 2 * t, mx[j][0], mx[j][1]);
-  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + warp / 2) : "memory");
+  warp_pair_sync(warp);
   const float* const other = xch + (warp ^ 1) * (D / 4);
   uint32_t h16[2][2][NT];  // pass, row half, tile: the scaled pairs in float16
 #pragma unroll
