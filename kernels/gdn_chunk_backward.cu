@@ -680,8 +680,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           store16(mm, m, ns, Mj, kLd16BV);
         }
       } else {
+        // Over T's whole columns, not from row m on (T is zero above its diagonal, in every form: the
+        // forward's T16 and the inverse here with its upper block zeroed): a loop of known length, unrolled,
+        // so that every fragment load is issued ahead of the chain of products.
         float dvb[2][4] = {};
-        product16<true, true, 2>(dvb, m, ns, m, kC, T16, kLd16C, dMj, kLd16BV);
+        product16<true, true, 2>(dvb, m, ns, 0, kC, T16, kLd16C, dMj, kLd16BV);
         store16(dvb, m, ns, dVbj, kLd16BV);
         row_dots(dvb, m, ns, Vs + c0, LDV, db_sum + (warp / 4) * kC);
         for_each(dvb, m, ns, [&](int r, int, float& x) { x *= bs[r]; });

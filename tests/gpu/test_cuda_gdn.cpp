@@ -1830,6 +1830,15 @@ TEST(CudaGdn, PiecesWarmUpFromTheSequenceStartWhereTransitionsGrow) {
 TEST(CudaGdn, AWarmUpWritesNothing) {
   ASSERT_TRUE(torch::cuda::is_available());
   ASSERT_EQ(hh::kernels::scan_pieces_of_parity(), -1);
+  // The scans' process-wide settings back to their defaults however the test ends (an ASSERT's return or an
+  // exception midway too), so that no later test in this binary runs with pieces left out.
+  struct Defaults {
+    ~Defaults() {
+      hh::kernels::set_scan_pieces_of_parity(-1);
+      hh::kernels::set_scan_columns(0);
+      hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+    }
+  } defaults;
   const int64_t B = 2, per = 12, N = B * per, T = 64 * per - 5, H = 2, D = 128, len = 2;
   const double scale = 0.1;
   const ChunkIn in = chunk_in(B, T, H, D, D, torch::kBFloat16);
@@ -1909,8 +1918,6 @@ TEST(CudaGdn, AWarmUpWritesNothing) {
         }
     }
   }
-  hh::kernels::set_scan_columns(0);
-  hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
   EXPECT_THROW(hh::kernels::set_scan_pieces_of_parity(2), std::invalid_argument);
 }
 
