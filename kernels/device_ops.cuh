@@ -141,6 +141,12 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const void* map, int x, 
   __trap();
 #endif
 }
+// Waits at named barrier 1 until THREADS threads (whole warps) have reached it: a group of the block's
+// warps synchronising among themselves while the others go on (barrier 0 is __syncthreads').
+template <int THREADS>
+__device__ __forceinline__ void group_sync() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
+}
 // Orders this thread's earlier accesses to shared memory (the generic proxy) before later bulk copies
 // into it (the async proxy): each thread that touched a region calls it before the block-wide barrier
 // after which a copy overwrites the region.

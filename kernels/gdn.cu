@@ -901,7 +901,7 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 
   auto row_in = [&](int e) { return g + (e >= 2 ? 8 : 0); };
   auto col_of = [&](int nt, int e) { return nt * 8 + 2 * t + (e & 1); };
-  auto compute_sync = [] { asm volatile("bar.sync 1, %0;\n" ::"n"(NT) : "memory"); };
+  auto compute_sync = [] { group_sync<NT>(); };
   const int m2 = warp * 16;
   // This warp's step (1) tiles: row blocks mfirst .. mfirst + MT - 1, tiles ntfirst .. ntfirst + NTW - 1.
   const int mfirst = warp * T1 / NTB, ntfirst = warp * T1 % NTB;
@@ -1666,7 +1666,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     if (FUSED && write) {
       // Every warp's sums of the chunk in the table (the barrier also keeps a warp from writing the table's
       // other half for chunk i + 1 before all have read it for chunk i - 1).
-      asm volatile("bar.sync 1, %0;\n" ::"n"(32 * NW) : "memory");
+      group_sync<32 * NW>();
       cp_async_wait<0>();  // this lane's gate units (each lane reads only those it copied)
       const ChunkRows row_of = so.rows.chunk(w0 + i);
       const float* const ps = ring.psum(static_cast<int>(i & 1));
