@@ -169,12 +169,6 @@ __device__ __forceinline__ int row32_unit(int row, int part) {
   return row * (32 / E) + (16 / E) * (part ^ ((row >> 2) & 1));
 }
 
-// The barrier of warps 2i and 2i + 1 alone (named barrier 1 + i; 0 is __syncthreads'), for a step whose
-// reads cross only between the two warps of a pair.
-__device__ __forceinline__ void warp_pair_sync(int warp) {
-  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + warp / 2) : "memory");
-}
-
 // The largest x over the block into *top (zero before; non-negative floats order as their bits do).
 __device__ __forceinline__ void block_max(float x, unsigned* top) {
   const unsigned m = __reduce_max_sync(0xffffffffu, __float_as_uint(x));

@@ -141,11 +141,16 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const void* map, int x, 
   __trap();
 #endif
 }
-// Waits at named barrier 1 until THREADS threads (whole warps) have reached it: a group of the block's
-// warps synchronising among themselves while the others go on (barrier 0 is __syncthreads').
+// Named barriers for some of a block's warps, while the others go on (barrier 0 is __syncthreads'). A
+// kernel uses one of the two forms. group_sync: barrier 1, until THREADS threads (whole warps) reach it.
 template <int THREADS>
 __device__ __forceinline__ void group_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
+}
+// warp_pair_sync: warps 2i and 2i + 1 alone (barrier 1 + i), for a step whose reads cross only between the
+// two warps of a pair.
+__device__ __forceinline__ void warp_pair_sync(int warp) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + warp / 2) : "memory");
 }
 // Orders this thread's earlier accesses to shared memory (the generic proxy) before later bulk copies
 // into it (the async proxy): each thread that touched a region calls it before the block-wide barrier

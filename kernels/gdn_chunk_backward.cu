@@ -626,7 +626,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         *reinterpret_cast<float4*>(Ts + r * kLdT + c) = make_float4(b * x.x, b * x.y, b * x.z, b * x.w);
       }
       __syncthreads();
-      invert_unit_lower<kBwdThreads>(Ts, [] {});
+      invert_unit_lower<kBwdThreads, /*ZERO_UPPER=*/true>(Ts, [] {});  // dVb's product reads T's whole columns
       // T and scale A as 16-bit operands (the output's scale rides on A in dM = diag(kd) K dS + A^T scale dO),
       // and the first step's slices.
       for (int i = tid; i < kC * kC / 4; i += kBwdThreads) {  // four floats a step

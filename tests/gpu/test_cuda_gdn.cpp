@@ -39,6 +39,21 @@ using hh::attention::gdn_recurrent;
 const auto kCuda = torch::TensorOptions().device(torch::kCUDA);
 const auto kF64 = torch::TensorOptions().dtype(torch::kDouble);
 
+// After every test of this binary, however it ended (an ASSERT's early return or an exception midway
+// too), the scans' process-wide settings that tests change go back to their defaults, so that no test runs
+// on the path another left set. The tests still restore them where they switch paths within themselves.
+class ScanDefaultsAfterEachTest : public ::testing::EmptyTestEventListener {
+  void OnTestEnd(const ::testing::TestInfo&) override {
+    hh::kernels::set_scan_pieces_of_parity(-1);
+    hh::kernels::set_scan_columns(0);
+    hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+  }
+};
+[[maybe_unused]] const bool kScanDefaultsAfterEachTest = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new ScanDefaultsAfterEachTest);  // gtest owns it
+  return true;
+}();
+
 double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
   const auto g = got.to(torch::kCPU, torch::kDouble), w = want.to(torch::kCPU, torch::kDouble);
   EXPECT_FALSE(g.isnan().any().item<bool>()) << "NaN in the result";
@@ -1830,15 +1845,6 @@ TEST(CudaGdn, PiecesWarmUpFromTheSequenceStartWhereTransitionsGrow) {
 TEST(CudaGdn, AWarmUpWritesNothing) {
   ASSERT_TRUE(torch::cuda::is_available());
   ASSERT_EQ(hh::kernels::scan_pieces_of_parity(), -1);
-  // The scans' process-wide settings back to their defaults however the test ends (an ASSERT's return or an
-  // exception midway too), so that no later test in this binary runs with pieces left out.
-  struct Defaults {
-    ~Defaults() {
-      hh::kernels::set_scan_pieces_of_parity(-1);
-      hh::kernels::set_scan_columns(0);
-      hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
-    }
-  } defaults;
   const int64_t B = 2, per = 12, N = B * per, T = 64 * per - 5, H = 2, D = 128, len = 2;
   const double scale = 0.1;
   const ChunkIn in = chunk_in(B, T, H, D, D, torch::kBFloat16);
@@ -1918,6 +1924,8 @@ TEST(CudaGdn, AWarmUpWritesNothing) {
         }
     }
   }
+  hh::kernels::set_scan_columns(0);
+  hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
   EXPECT_THROW(hh::kernels::set_scan_pieces_of_parity(2), std::invalid_argument);
 }
 
