@@ -1253,11 +1253,11 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // cp.async at the step's start, behind its products.
 // HIST (a forward that keeps its states for the backward, and DIR; not with FUSE): the history the
 // backward reads (LowRankScanArgs::S16 and M16, whichever is given), in the blocks' form (16 x 16 blocks of
-// S, 16 x 8 tiles of M, each with a power-of-two scale): each written chunk's start state (DIR: its
-// end-state gradient) at the step's start, from S^T's float32 accumulators, and its new values from M^T's
-// before their row scales. A warp transposes its part (16 of
-// the state's columns over Dk; 16 of M's columns over the chunk) by stmatrix.trans into a staging tile of
-// its own, then writes it 16 bytes a lane.
+// S, 16 x 8 tiles of M, each with a power-of-two scale; here the blocks of a warp's slab share one):
+// each written chunk's start state (DIR: its end-state gradient) at the step's start, and its new values,
+// both from the products' 16-bit A fragments of S^T and M^T (slab_ratio). A warp transposes its part (16
+// of the state's columns over Dk; 16 of M's columns over the chunk) by stmatrix.trans into a staging tile
+// of its own, then writes it 16 bytes a lane.
 constexpr int kColumnStages = 2;
 template <int DK, int DV, bool FUSED = false, bool HIST = false>
 struct ColumnRing {
@@ -1295,6 +1295,24 @@ struct ColumnRing {
 static_assert(ColumnRing<128, 128, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM");
 static_assert(ColumnRing<128, 128, false, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM with the history");
 
+// The history's scales (HIST): one for a warp's whole slab (its 16 columns of the state over Dk, or of M
+// over the chunk), so that its 16-bit values are the products' A fragments as they stand, each row
+// brought from its own power-of-two scale to the slab's by one exact float16 product. slab_inverse: the
+// slab's inverse scale, the largest of its rows' (rows g and g + 8 of each lane; pow2_scale is monotone,
+// so it is the scale of the slab's largest magnitude).
+__device__ __forceinline__ float slab_inverse(float inv0, float inv1) {
+  return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fmaxf(inv0, inv1))));
+}
+// A row's factor to the slab's scale, row_inv / inv (a power of two <= 1), as a float16 pair; below
+// float16's least subnormal it is zero (the row's values are then under 2^-24 of the slab's largest).
+__device__ __forceinline__ unsigned slab_ratio(float row_inv, float inv) {
+  const __half2 r = __float2half2_rn(row_inv * pow2_reciprocal(inv));
+  return *reinterpret_cast<const unsigned*>(&r);
+}
+__device__ __forceinline__ unsigned hmul2_bits(unsigned a, unsigned b) {
+  const __half2 p = __hmul2_rn(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const unsigned*>(&p);
+}
 // A row pair's power-of-two scales from this thread's values of rows g and g + 8 (the quad shares them).
 __device__ __forceinline__ void row_scales(float mx0, float mx1, Pow2Scale& s0, Pow2Scale& s1) {
 #pragma unroll
@@ -1453,19 +1471,17 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     const int64_t chunk_at = static_cast<int64_t>(h) * N + chunk(i);
     if constexpr (HIST) {
       if (write && h16.S != nullptr) {
-        // The chunk's start state into S16: block (16 k .. of Dk, this warp's 16 columns) is S^T's tiles
-        // 2 k and 2 k + 1, scaled as one.
+        // The chunk's start state into S16: block (16 k .. of Dk, this warp's 16 columns) is sa[k], the
+        // fragments of S^T's tiles 2 k and 2 k + 1, brought from their rows' scales to the warp's.
+        const float inv = slab_inverse(sinv0, sinv1);
+        const unsigned two0 = slab_ratio(sinv0, inv), two1 = slab_ratio(sinv1, inv);
 #pragma unroll
         for (int k = 0; k < NK / 2; ++k) {
-          float flat[8];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) flat[e] = sx[2 * k][e], flat[4 + e] = sx[2 * k + 1][e];
-          const Pow2Scale sc = pow2_scale(warp_max_abs(flat));
-          const unsigned f[4] = {pack_f16(flat[0] * sc.scale, flat[1] * sc.scale), pack_f16(flat[2] * sc.scale, flat[3] * sc.scale),
-                                 pack_f16(flat[4] * sc.scale, flat[5] * sc.scale), pack_f16(flat[6] * sc.scale, flat[7] * sc.scale)};
+          const unsigned f[4] = {hmul2_bits(sa[k][0], two0), hmul2_bits(sa[k][1], two1), hmul2_bits(sa[k][2], two0),
+                                 hmul2_bits(sa[k][3], two1)};
           stmatrix_x4_trans(ring.hist(warp) + row32_unit(16 * k + h_row, h_part), f);
-          if (lane == 0) h16.S_inv[(chunk_at * (DK / 16) + k) * (DV / 16) + warp] = sc.inverse;
         }
+        if (lane < DK / 16) h16.S_inv[(chunk_at * (DK / 16) + lane) * (DV / 16) + warp] = inv;
         write_tile(DK, h16.S + chunk_at * DK * DV + r0, DV);
       }
     }
@@ -1530,28 +1546,6 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         }
       }
     }
-    if constexpr (HIST) {
-      if (write && h16.M != nullptr) {
-        // The new values into M16: tile (16 p .. of the chunk, 8 of this warp's columns) is M^T's rows g
-        // (f0) or g + 8 (f1) of tiles 2 p and 2 p + 1, times the rows' u_inv (powers of two: exact).
-        const float ui0 = DIR ? 1.f : ring.u_inv(buf)[r0 + g], ui1 = DIR ? 1.f : ring.u_inv(buf)[r0 + g + 8];
-        __syncwarp();  // S's rows are out of the staging tile
-#pragma unroll
-        for (int p = 0; p < NC / 2; ++p) {
-          const float f0[4] = {mt[2 * p][0] * ui0, mt[2 * p][1] * ui0, mt[2 * p + 1][0] * ui0, mt[2 * p + 1][1] * ui0};
-          const float f1[4] = {mt[2 * p][2] * ui1, mt[2 * p][3] * ui1, mt[2 * p + 1][2] * ui1, mt[2 * p + 1][3] * ui1};
-          const Pow2Scale s0 = pow2_scale(warp_max_abs(f0)), s1 = pow2_scale(warp_max_abs(f1));
-          const unsigned f[4] = {pack_f16(f0[0] * s0.scale, f0[1] * s0.scale), pack_f16(f1[0] * s1.scale, f1[1] * s1.scale),
-                                 pack_f16(f0[2] * s0.scale, f0[3] * s0.scale), pack_f16(f1[2] * s1.scale, f1[3] * s1.scale)};
-          stmatrix_x4_trans(ring.hist(warp) + row32_unit(16 * p + h_row, h_part), f);
-          if (lane == 0) {
-            float* const inv = h16.M_inv + (chunk_at * (C / 16) + p) * (DV / 8) + 2 * warp;
-            inv[0] = s0.inverse, inv[1] = s1.inverse;
-          }
-        }
-        write_tile(C, h16.M + chunk_at * C * DV + r0, DV);
-      }
-    }
     float m0, m1;
     row_max_abs(mt, m0, m1);
     Pow2Scale q0, q1;
@@ -1559,6 +1553,26 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     unsigned ma[NC / 2][4];
     to_a_fragments(mt, q0.scale, q1.scale, ma);
     if constexpr (!DIR) q0.inverse *= ring.u_inv(buf)[r0 + g], q1.inverse *= ring.u_inv(buf)[r0 + g + 8];  // M^T's own inverse scales
+    // HIST: the new values into M16: tile (16 p .. of the chunk, 8 of this warp's columns) is ma[p], the
+    // fragments of M^T's tiles 2 p and 2 p + 1, brought from their rows' scales to the warp's.
+    auto write_m_history = [&] {
+      if constexpr (HIST) {
+        if (write && h16.M != nullptr) {
+          const float inv = slab_inverse(q0.inverse, q1.inverse);
+          const unsigned two0 = slab_ratio(q0.inverse, inv), two1 = slab_ratio(q1.inverse, inv);
+          __syncwarp();  // S's rows are out of the staging tile
+#pragma unroll
+          for (int p = 0; p < NC / 2; ++p) {
+            const unsigned f[4] = {hmul2_bits(ma[p][0], two0), hmul2_bits(ma[p][1], two1), hmul2_bits(ma[p][2], two0),
+                                   hmul2_bits(ma[p][3], two1)};
+            stmatrix_x4_trans(ring.hist(warp) + row32_unit(16 * p + h_row, h_part), f);
+          }
+          if (lane < 2 * (C / 16)) h16.M_inv[(chunk_at * (C / 16) + lane / 2) * (DV / 8) + 2 * warp + lane % 2] = inv;
+          write_tile(C, h16.M + chunk_at * C * DV + r0, DV);
+        }
+      }
+    };
+    if constexpr (DIR) write_m_history();  // before the state's update, whose products hold more registers here
     // S^T Qd^T for a written chunk, on the same fragments of the state.
     float oq[NC][4] = {};
     if (write && !DIR) state_products(oq, ring.Qd(buf));
@@ -1705,6 +1719,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         }
       }
     }
+    if constexpr (!DIR) write_m_history();  // here, where the step's accumulators are free
     // The state's 16-bit fragments for the next chunk (its start state).
     publish();
     if (warp == 0) {  // refill this slot with chunk i + 2 once every warp has released it

@@ -75,7 +75,9 @@ struct LowRankScanArgs {
   // 16 x 8 tile of M16 scaled by a power of two whose inverse is in S_inv [H, N, Dk / 16, Dv / 16] and
   // M_inv [H, N, C / 16, Dv / 8] (float32). Half the bytes of hist and M, and in the form the 16-bit
   // products read. The column scan (set_scan_warp_columns) scales rows of the transposed state and new
-  // values in its own products, and writes its float32 state and new values in these blocks.
+  // values in its own products, and writes those 16-bit values in these blocks, each row brought to one
+  // scale for all the blocks of a 16-column slab (S16's Dk x 16, M16's C x 16): every block's scale is
+  // a power of two, and a slab's largest magnitude is in [2^14, 2^15].
   at::Tensor S16, S_inv, M16, M_inv;
   // Segments (kBlockFloat16 only): 0 scans each sequence whole, one block per column slice of its
   // state (below). A number of chunks splits each longer sequence into pieces of that many, scanned side by

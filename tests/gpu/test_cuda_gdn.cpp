@@ -718,8 +718,9 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
 
 // The column scan's float16 history (S16 and M16, for the backward's chunk kernel) against the history of
 // the scan in blocks of 32 columns (whose own products read it), both decoded by their scales: the same
-// start states and new values to the products' rounding. Every block's scale is a power of two that puts
-// its largest magnitude in [2^14, 2^15) before rounding (or the block is zero), every element is written (a NaN-poisoned
+// start states and new values to the products' rounding. Every block's scale is a power of two, the
+// blocks of a warp's 16-column slab (S16's Dk x 16, M16's C x 16) share one, which puts the slab's largest
+// magnitude in [2^14, 2^15) before rounding (or the slab is zero), every element is written (a NaN-poisoned
 // allocator), and the output and final state are the same bits as the column scan's without the history.
 // Whole sequences and segments of 2 chunks (a warm-up that writes nothing), both dtypes, Dv 128 and 64.
 TEST(CudaGdn, ColumnScanWritesTheHistoryTheBackwardReads) {
@@ -729,7 +730,7 @@ TEST(CudaGdn, ColumnScanWritesTheHistoryTheBackwardReads) {
   const double scale = 0.1;
   const auto f16 = kCuda.dtype(torch::kHalf), f32 = kCuda.dtype(torch::kFloat);
   // Each r x c block's largest magnitude of x16 [H, N, R, D] in [2^14, 2^15] (scaled into [2^14, 2^15), then
-  // rounded to float16, which may round up to 2^15), or zero.
+  // rounded to float16, which may round up to 2^15), or zero. r = R: the slabs.
   auto in_range = [](const torch::Tensor& x16, int64_t r, int64_t c) {
     const auto x = x16.to(torch::kCPU, torch::kDouble);
     const auto top = x.reshape({x.size(0), x.size(1), x.size(2) / r, r, x.size(3) / c, c}).abs().amax({3, 5});
@@ -738,6 +739,13 @@ TEST(CudaGdn, ColumnScanWritesTheHistoryTheBackwardReads) {
   auto powers_of_two = [](const torch::Tensor& inv) {
     const auto l = torch::log2(inv.to(torch::kCPU, torch::kDouble));
     return l.eq(l.round()).all().item<bool>();
+  };
+  // The inverse scales inv [H, N, R / r, D / c] of blocks c columns wide: one a 16-column slab (equal along
+  // the rows' blocks and within each run of 16 / c column blocks).
+  auto one_a_slab = [](const torch::Tensor& inv, int64_t c) {
+    const auto x = inv.to(torch::kCPU);
+    const auto slabs = x.reshape({x.size(0), x.size(1), x.size(2), x.size(3) / (16 / c), 16 / c});
+    return slabs.eq(slabs.narrow(2, 0, 1).narrow(4, 0, 1)).all().item<bool>();
   };
   for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
     for (int64_t Dv : {int64_t{128}, int64_t{64}}) {
@@ -783,10 +791,12 @@ TEST(CudaGdn, ColumnScanWritesTheHistoryTheBackwardReads) {
         EXPECT_LT(es, 3e-3) << how << ": S16";
         EXPECT_LT(em, 1e-2) << how << ": M16";
         std::printf("[ measured ] %s, the column scan's history against the blocks': S %.3g, M %.3g\n", how.c_str(), es, em);
-        EXPECT_TRUE(in_range(col.S16, 16, 16)) << how << ": S16's blocks";
-        EXPECT_TRUE(in_range(col.M16, 16, 8)) << how << ": M16's tiles";
+        EXPECT_TRUE(in_range(col.S16, Dk, 16)) << how << ": S16's slabs";
+        EXPECT_TRUE(in_range(col.M16, C, 16)) << how << ": M16's slabs";
         EXPECT_TRUE(powers_of_two(col.S_inv)) << how << ": S16's scales";
         EXPECT_TRUE(powers_of_two(col.M_inv)) << how << ": M16's scales";
+        EXPECT_TRUE(one_a_slab(col.S_inv, 16)) << how << ": S16's scales a slab";
+        EXPECT_TRUE(one_a_slab(col.M_inv, 8)) << how << ": M16's scales a slab";
       }
     }
 }
