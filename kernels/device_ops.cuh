@@ -141,6 +141,38 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const void* map, int x, 
   __trap();
 #endif
 }
+// The box at (x, y) of a 2-D tensor map from shared memory to global memory by the copy engine (one
+// thread), in a bulk group of its own. Each thread that wrote the box calls fence_proxy_async_shared
+// first, then a barrier orders it before this call; bulk_wait_read<0>() (the same thread) before the box
+// is written again.
+__device__ __forceinline__ void tma_store_2d(const void* map, int x, int y, const void* smem) {
+#if HH_COPY_ENGINE
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+               "cp.async.bulk.commit_group;\n" ::"l"(map),
+               "r"(x), "r"(y), "r"(smem_addr(smem))
+               : "memory");
+#else
+  __trap();
+#endif
+}
+// Until at most N of this thread's bulk groups still read their shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+#if HH_COPY_ENGINE
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#else
+  __trap();
+#endif
+}
+// Until at most N of this thread's bulk groups are still in flight (their writes done too).
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+#if HH_COPY_ENGINE
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#else
+  __trap();
+#endif
+}
 // Named barriers for some of a block's warps, while the others go on (barrier 0 is __syncthreads'). A
 // kernel uses one of the two forms. group_sync: barrier 1, until THREADS threads (whole warps) reach it.
 template <int THREADS>
@@ -153,8 +185,8 @@ __device__ __forceinline__ void warp_pair_sync(int warp) {
   asm volatile("bar.sync %0, 64;\n" ::"r"(1 + warp / 2) : "memory");
 }
 // Orders this thread's earlier accesses to shared memory (the generic proxy) before later bulk copies
-// into it (the async proxy): each thread that touched a region calls it before the block-wide barrier
-// after which a copy overwrites the region.
+// into it or out of it (the async proxy): each thread that touched a region calls it before the barrier
+// after which a copy overwrites the region (or stores it).
 __device__ __forceinline__ void fence_proxy_async_shared() {
 #if HH_COPY_ENGINE
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

@@ -635,6 +635,7 @@ struct ScanMaps {
   CUtensorMap Qd, Aq;  // the output's factors (OUT and DIR)
   CUtensorMap dO;      // dO16 (DIR): [H N C, Dv] float16, boxes of 64 x BV
   CUtensorMap U_inv;   // the column scan's U in float16: its column scales [H N, Dv], a row a chunk
+  CUtensorMap S16, M16;  // the column scan's history (HIST), stored: boxes of Dk (S16) or C (M16) rows x 16
   bool has_u, has_z;
 };
 
@@ -1257,7 +1258,7 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // each written chunk's start state (DIR: its end-state gradient) at the step's start, and its new values,
 // both from the products' 16-bit A fragments of S^T and M^T (slab_ratio). A warp transposes its part (16
 // of the state's columns over Dk; 16 of M's columns over the chunk) by stmatrix.trans into a staging tile
-// of its own, then writes it 16 bytes a lane.
+// of its own (one for S, one for M), which the copy engine stores (ScanMaps::S16 and M16).
 constexpr int kColumnStages = 2;
 template <int DK, int DV, bool FUSED = false, bool HIST = false>
 struct ColumnRing {
@@ -1270,8 +1271,8 @@ struct ColumnRing {
   static constexpr size_t kHead = 1024;                                // the barriers
   static constexpr size_t kPsum = FUSED ? 2 * static_cast<size_t>(C) * kWarps * 4 : 0;  // [2][C][kWarps] float
   static constexpr size_t kGate = FUSED ? kWarps * kStage : 0;                            // a warp's gate tile [C][16]
-  static constexpr size_t kHistTile = static_cast<size_t>(DK > C ? DK : C) * 16 * 2;       // HIST: [DK][16] of S, [C][16] of M
-  static constexpr size_t kHist = HIST ? kWarps * kHistTile : 0;
+  static constexpr size_t kHistS = static_cast<size_t>(DK) * 16 * 2, kHistM = static_cast<size_t>(C) * 16 * 2;  // HIST: [DK][16] of S, [C][16] of M
+  static constexpr size_t kHist = HIST ? kWarps * (kHistS + kHistM) : 0;
   static constexpr size_t kBytes = kHead + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + kHist + 1024;
   char* slots;
   __device__ __forceinline__ char* A(int b) const { return slots + b * kSlot; }
@@ -1288,8 +1289,10 @@ struct ColumnRing {
     return reinterpret_cast<float*>(slots + kColumnStages * kSlot + kWarps * kStage) + p * C * kWarps;
   }
   __device__ __forceinline__ char* gate(int w) const { return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + w * kStage; }
-  __device__ __forceinline__ char* hist(int w) const {
-    return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + w * kHistTile;
+  // A warp's staging tiles of S's and M's history (1024-byte aligned, as the copy engine's swizzle needs).
+  __device__ __forceinline__ char* hist_s(int w) const { return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + w * kHistS; }
+  __device__ __forceinline__ char* hist_m(int w) const {
+    return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + kWarps * kHistS + w * kHistM;
   }
 };
 static_assert(ColumnRing<128, 128, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM");
@@ -1457,12 +1460,21 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   // address for fragment registers ordered (rows g, first 8 columns), (rows g + 8, first 8), (rows g,
   // last 8), (rows g + 8, last 8)).
   const int h_row = lane % 8 + 8 * (lane / 16), h_part = (lane / 8) % 2;
-  // HIST: the staging tile's first `rows` rows to dst (row stride ld elements), 16 bytes a lane.
-  auto write_tile = [&](int rows, __half* dst, int64_t ld) {
+  // HIST: a staging tile (rows of 32 bytes in the copy engine's 32-byte swizzle, row32_unit) to the box
+  // at (r0, row) of S16's or M16's map by the copy engine, which lane 0 issues; before the lanes write the
+  // tile again, lane 0 waits until that copy has read it (ready_tile).
+  auto store_tile = [&](const CUtensorMap* map, int64_t row, const char* tile) {
+    fence_proxy_async_shared();
     __syncwarp();
-    const char* const st = ring.hist(warp);
-    for (int u = lane; u < 2 * rows; u += 32)
-      *reinterpret_cast<uint4*>(dst + (u / 2) * ld + 8 * (u % 2)) = *reinterpret_cast<const uint4*>(st + row32_unit(u / 2, u % 2));
+    if (lane == 0) tma_store_2d(map, r0, static_cast<int>(row), tile);
+  };
+  const bool both = h16.S != nullptr && h16.M != nullptr;
+  auto ready_tile = [&] {
+    if (lane == 0) {
+      if (both) bulk_wait_read<1>();  // the older of the last two copies: this tile's (S's and M's alternate)
+      else bulk_wait_read<0>();
+    }
+    __syncwarp();
   };
   int buf = 0;
   unsigned round = 0;
@@ -1475,14 +1487,15 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         // fragments of S^T's tiles 2 k and 2 k + 1, brought from their rows' scales to the warp's.
         const float inv = slab_inverse(sinv0, sinv1);
         const unsigned two0 = slab_ratio(sinv0, inv), two1 = slab_ratio(sinv1, inv);
+        ready_tile();
 #pragma unroll
         for (int k = 0; k < NK / 2; ++k) {
           const unsigned f[4] = {hmul2_bits(sa[k][0], two0), hmul2_bits(sa[k][1], two1), hmul2_bits(sa[k][2], two0),
                                  hmul2_bits(sa[k][3], two1)};
-          stmatrix_x4_trans(ring.hist(warp) + row32_unit(16 * k + h_row, h_part), f);
+          stmatrix_x4_trans(ring.hist_s(warp) + row32_unit(16 * k + h_row, h_part), f);
         }
         if (lane < DK / 16) h16.S_inv[(chunk_at * (DK / 16) + lane) * (DV / 16) + warp] = inv;
-        write_tile(DK, h16.S + chunk_at * DK * DV + r0, DV);
+        store_tile(&maps.S16, chunk_at * DK, ring.hist_s(warp));
       }
     }
     if (FUSED && write) {  // this warp's columns of the chunk's gate rows, into its gate tile (padding rows: none)
@@ -1557,18 +1570,18 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     // fragments of M^T's tiles 2 p and 2 p + 1, brought from their rows' scales to the warp's.
     auto write_m_history = [&] {
       if constexpr (HIST) {
-        if (write && h16.M != nullptr) {
-          const float inv = slab_inverse(q0.inverse, q1.inverse);
-          const unsigned two0 = slab_ratio(q0.inverse, inv), two1 = slab_ratio(q1.inverse, inv);
-          __syncwarp();  // S's rows are out of the staging tile
+        const float inv = slab_inverse(q0.inverse, q1.inverse);
+        const unsigned two0 = slab_ratio(q0.inverse, inv), two1 = slab_ratio(q1.inverse, inv);
+        ready_tile();
 #pragma unroll
-          for (int p = 0; p < NC / 2; ++p) {
-            const unsigned f[4] = {hmul2_bits(ma[p][0], two0), hmul2_bits(ma[p][1], two1), hmul2_bits(ma[p][2], two0),
-                                   hmul2_bits(ma[p][3], two1)};
-            stmatrix_x4_trans(ring.hist(warp) + row32_unit(16 * p + h_row, h_part), f);
-          }
+        for (int p = 0; p < NC / 2; ++p) {
+          const unsigned f[4] = {hmul2_bits(ma[p][0], two0), hmul2_bits(ma[p][1], two1), hmul2_bits(ma[p][2], two0),
+                                 hmul2_bits(ma[p][3], two1)};
+          stmatrix_x4_trans(ring.hist_m(warp) + row32_unit(16 * p + h_row, h_part), f);
+        }
+        if (write && h16.M != nullptr) {
           if (lane < 2 * (C / 16)) h16.M_inv[(chunk_at * (C / 16) + lane / 2) * (DV / 8) + 2 * warp + lane % 2] = inv;
-          write_tile(C, h16.M + chunk_at * C * DV + r0, DV);
+          store_tile(&maps.M16, chunk_at * C, ring.hist_m(warp));
         }
       }
     };
@@ -1732,6 +1745,8 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     __syncwarp();  // the staging tile is read before the next chunk writes it
     if (++buf == kColumnStages) buf = 0, ++round;
   }
+  if constexpr (HIST)
+    if (lane == 0) bulk_wait<0>();  // the history's copies done before the block's shared memory goes
   if (last) {
     float* dst = fin + (static_cast<int64_t>(s) * H + h) * state;
 #pragma unroll
@@ -1857,6 +1872,10 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
   ScanOut so{};
   ScanDirect sd{};
   ScanMaps maps = scan_maps<DK, 32>(a, /*blocks_do=*/false);
+  if constexpr (HIST) {  // a warp's staging tile of 16 columns (32 bytes a row, their swizzle) a box
+    if (a.S16.defined()) maps.S16 = tensor_map_2d(a.S16, DK, 16, CU_TENSOR_MAP_SWIZZLE_32B, "S16");
+    if (a.M16.defined()) maps.M16 = tensor_map_2d(a.M16, Ring::C, 16, CU_TENSOR_MAP_SWIZZLE_32B, "M16");
+  }
   if constexpr (DIR) {
     sd = {a.direct.aq_inv.data_ptr<float>(), a.direct.do_inv.data_ptr<float>()};
     // dO16's tile in U's place: the factors' boxes and swizzle.
