@@ -722,7 +722,8 @@ TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
 // blocks of a warp's 16-column slab (S16's Dk x 16, M16's C x 16) share one, which puts the slab's largest
 // magnitude in [2^14, 2^15) before rounding (or the slab is zero), every element is written (a NaN-poisoned
 // allocator), and the output and final state are the same bits as the column scan's without the history.
-// Whole sequences and segments of 2 chunks (a warm-up that writes nothing), both dtypes, Dv 128 and 64.
+// Either history alone gives the same bits as both. Whole sequences and segments of 2 chunks (a warm-up
+// that writes nothing), both dtypes, Dv 128 and 64.
 TEST(CudaGdn, ColumnScanWritesTheHistoryTheBackwardReads) {
   ASSERT_TRUE(torch::cuda::is_available());
   ASSERT_TRUE(hh::kernels::scan_warp_columns_enabled());
@@ -754,7 +755,8 @@ TEST(CudaGdn, ColumnScanWritesTheHistoryTheBackwardReads) {
       const auto fo = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
       const auto fu = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kFloat16Columns);
       const auto s0 = (0.5 * torch::randn({B, H, Dk, Dv}, kF64)).to(f32);
-      auto args = [&](int64_t segment, bool u16, bool history) {
+      // history: 0 none, 1 S16 and M16, 2 S16 alone, 3 M16 alone.
+      auto args = [&](int64_t segment, bool u16, int history) {
         hh::kernels::LowRankScanArgs a;
         a.A = fo.kdecay, a.B = fo.W, a.decay = fo.decay, a.bound = fo.bound, a.y0 = s0;
         a.U = u16 ? fu.U : fo.U;
@@ -764,25 +766,25 @@ TEST(CudaGdn, ColumnScanWritesTheHistoryTheBackwardReads) {
         a.output.Qd = fo.Qd, a.output.Aq = fo.Aq, a.output.aq_inv = fo.aq_inv;
         a.output.o = torch::empty({B, T, H, Dv}, kCuda.dtype(dt));
         a.output.grid = grid, a.output.B = B, a.output.T = T;
-        if (history) {
+        if (history == 1 || history == 2)
           a.S16 = torch::empty({H, N, Dk, Dv}, f16), a.S_inv = torch::empty({H, N, Dk / 16, Dv / 16}, f32);
+        if (history == 1 || history == 3)
           a.M16 = torch::empty({H, N, C, Dv}, f16), a.M_inv = torch::empty({H, N, C / 16, Dv / 8}, f32);
-        }
         return a;
       };
       for (int64_t segment : {int64_t{0}, int64_t{2}}) {
         const std::string how = std::string(c10::toString(dt)) + " Dv=" + std::to_string(Dv) +
                                 (segment == 0 ? ", whole sequences" : ", segments of 2 chunks");
         hh::kernels::set_scan_columns(32);
-        hh::kernels::LowRankScanArgs blocks = args(segment, false, true);
+        hh::kernels::LowRankScanArgs blocks = args(segment, false, 1);
         hh::kernels::low_rank_scan(blocks, {0, per, 2 * per});
         hh::kernels::set_scan_columns(0);
         poison_allocator();
-        hh::kernels::LowRankScanArgs col = args(segment, true, true);
+        hh::kernels::LowRankScanArgs col = args(segment, true, 1);
         const int64_t launches = hh::kernels::column_scan_launches();
         const auto fin = hh::kernels::low_rank_scan(col, {0, per, 2 * per});
         EXPECT_EQ(hh::kernels::column_scan_launches() - launches, 1) << how << ": the column scan";
-        hh::kernels::LowRankScanArgs plain = args(segment, true, false);
+        hh::kernels::LowRankScanArgs plain = args(segment, true, 0);
         const auto fin_plain = hh::kernels::low_rank_scan(plain, {0, per, 2 * per});
         EXPECT_TRUE(torch::equal(col.output.o, plain.output.o)) << how << ": o";
         EXPECT_TRUE(torch::equal(fin, fin_plain)) << how << ": the final state";
@@ -797,6 +799,16 @@ TEST(CudaGdn, ColumnScanWritesTheHistoryTheBackwardReads) {
         EXPECT_TRUE(powers_of_two(col.M_inv)) << how << ": M16's scales";
         EXPECT_TRUE(one_a_slab(col.S_inv, 16)) << how << ": S16's scales a slab";
         EXPECT_TRUE(one_a_slab(col.M_inv, 8)) << how << ": M16's scales a slab";
+        // Either history alone (each staging tile's copy then waited for before the next write of that tile
+        // alone): the same bits, every element written.
+        poison_allocator();
+        hh::kernels::LowRankScanArgs s_only = args(segment, true, 2);
+        hh::kernels::low_rank_scan(s_only, {0, per, 2 * per});
+        EXPECT_TRUE(torch::equal(s_only.S16, col.S16) && torch::equal(s_only.S_inv, col.S_inv)) << how << ": S16 alone";
+        hh::kernels::LowRankScanArgs m_only = args(segment, true, 3);
+        hh::kernels::low_rank_scan(m_only, {0, per, 2 * per});
+        EXPECT_TRUE(torch::equal(m_only.M16, col.M16) && torch::equal(m_only.M_inv, col.M_inv)) << how << ": M16 alone";
+        EXPECT_TRUE(torch::equal(s_only.output.o, plain.output.o) && torch::equal(m_only.output.o, plain.output.o)) << how << ": o";
       }
     }
 }
