@@ -26,6 +26,7 @@ import csv
 import io
 import os
 import re
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -169,4 +170,6 @@ def main():
 
 
 if __name__ == "__main__":
+    # Read through `head` and the like: a closed pipe ends the script quietly, as it does other tools.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     main()

@@ -14,6 +14,7 @@ import argparse
 import csv
 import io
 import re
+import signal
 
 
 def tables(text):
@@ -103,4 +104,6 @@ def main():
 
 
 if __name__ == "__main__":
+    # Read through `head` and the like: a closed pipe ends the script quietly, as it does other tools.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     main()

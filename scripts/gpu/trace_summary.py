@@ -15,6 +15,7 @@ device ran no kernel at all.
 import argparse
 import collections
 import json
+import signal
 
 
 def main():
@@ -168,4 +169,6 @@ def streams(events):
 
 
 if __name__ == "__main__":
+    # Read through `head` and the like: a closed pipe ends the script quietly, as it does other tools.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     main()
