@@ -1476,6 +1476,22 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     }
     __syncwarp();
   };
+  // HIST: a slab's 16-bit A fragments (16-row blocks; rows g and g + 8 of each lane at inverse scales inv0
+  // and inv1) brought to the slab's scale (slab_ratio) and transposed into a staging tile once its last
+  // copy has read it; returns the slab's inverse scale.
+  auto stage_slab = [&](const auto& frag, float inv0, float inv1, char* tile) {
+    constexpr int NB = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(frag)>>);
+    const float inv = slab_inverse(inv0, inv1);
+    const unsigned two0 = slab_ratio(inv0, inv), two1 = slab_ratio(inv1, inv);
+    ready_tile();
+#pragma unroll
+    for (int k = 0; k < NB; ++k) {
+      const unsigned f[4] = {hmul2_bits(frag[k][0], two0), hmul2_bits(frag[k][1], two1), hmul2_bits(frag[k][2], two0),
+                             hmul2_bits(frag[k][3], two1)};
+      stmatrix_x4_trans(tile + row32_unit(16 * k + h_row, h_part), f);
+    }
+    return inv;
+  };
   int buf = 0;
   unsigned round = 0;
   for (int64_t i = 0; i < count; ++i) {
@@ -1484,16 +1500,8 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     if constexpr (HIST) {
       if (write && h16.S != nullptr) {
         // The chunk's start state into S16: block (16 k .. of Dk, this warp's 16 columns) is sa[k], the
-        // fragments of S^T's tiles 2 k and 2 k + 1, brought from their rows' scales to the warp's.
-        const float inv = slab_inverse(sinv0, sinv1);
-        const unsigned two0 = slab_ratio(sinv0, inv), two1 = slab_ratio(sinv1, inv);
-        ready_tile();
-#pragma unroll
-        for (int k = 0; k < NK / 2; ++k) {
-          const unsigned f[4] = {hmul2_bits(sa[k][0], two0), hmul2_bits(sa[k][1], two1), hmul2_bits(sa[k][2], two0),
-                                 hmul2_bits(sa[k][3], two1)};
-          stmatrix_x4_trans(ring.hist_s(warp) + row32_unit(16 * k + h_row, h_part), f);
-        }
+        // fragments of S^T's tiles 2 k and 2 k + 1.
+        const float inv = stage_slab(sa, sinv0, sinv1, ring.hist_s(warp));
         if (lane < DK / 16) h16.S_inv[(chunk_at * (DK / 16) + lane) * (DV / 16) + warp] = inv;
         store_tile(&maps.S16, chunk_at * DK, ring.hist_s(warp));
       }
@@ -1567,18 +1575,11 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     to_a_fragments(mt, q0.scale, q1.scale, ma);
     if constexpr (!DIR) q0.inverse *= ring.u_inv(buf)[r0 + g], q1.inverse *= ring.u_inv(buf)[r0 + g + 8];  // M^T's own inverse scales
     // HIST: the new values into M16: tile (16 p .. of the chunk, 8 of this warp's columns) is ma[p], the
-    // fragments of M^T's tiles 2 p and 2 p + 1, brought from their rows' scales to the warp's.
+    // fragments of M^T's tiles 2 p and 2 p + 1 (staged on every chunk, so that no branch stands between
+    // the fragments and the reverse scan's wgmma on them; stored for a written one).
     auto write_m_history = [&] {
       if constexpr (HIST) {
-        const float inv = slab_inverse(q0.inverse, q1.inverse);
-        const unsigned two0 = slab_ratio(q0.inverse, inv), two1 = slab_ratio(q1.inverse, inv);
-        ready_tile();
-#pragma unroll
-        for (int p = 0; p < NC / 2; ++p) {
-          const unsigned f[4] = {hmul2_bits(ma[p][0], two0), hmul2_bits(ma[p][1], two1), hmul2_bits(ma[p][2], two0),
-                                 hmul2_bits(ma[p][3], two1)};
-          stmatrix_x4_trans(ring.hist_m(warp) + row32_unit(16 * p + h_row, h_part), f);
-        }
+        const float inv = stage_slab(ma, q0.inverse, q1.inverse, ring.hist_m(warp));
         if (write && h16.M != nullptr) {
           if (lane < 2 * (C / 16)) h16.M_inv[(chunk_at * (C / 16) + lane / 2) * (DV / 8) + 2 * warp + lane % 2] = inv;
           store_tile(&maps.M16, chunk_at * C, ring.hist_m(warp));
