@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# scripts/gpu/ab-bench's options, checked before it builds anything (no CUDA needed): --help prints its
+# usage; a run count that is not a positive number, a base folder that is not there, a revision that is
+# not a commit and an unknown option are refused with exit 2, a message naming the value, and nothing
+# written to $OUT.
+source "$(dirname "$0")/preamble.sh"
+AB="$ROOT/scripts/gpu/ab-bench"
+export OUT="$TMP/out"
+
+out=$("$AB" --help)
+grep -q "^#   OUT=/tmp/out ./scripts/gpu/ab-bench \[--base REV\]" <<<"$out" || fail "help: $out"
+
+refused() {  # EXPECTED-MESSAGE ARGS...
+  local want="$1"; shift
+  local err rc=0
+  err=$("$AB" "$@" 2>&1 >/dev/null) || rc=$?
+  [[ $rc == 2 ]] || fail "$* exited $rc, not 2: $err"
+  grep -qF -- "$want" <<<"$err" || fail "$*: '$err' does not say '$want'"
+  [[ ! -e "$OUT" ]] || fail "$* wrote $OUT"
+}
+refused "--runs takes a positive number, not '0'" --runs 0
+refused "--runs takes a positive number, not 'two'" --runs two
+refused "--base-files $TMP/none is not a folder" --base-files "$TMP/none"
+refused "no commit no-such-revision here" --base no-such-revision
+refused "unknown option --bogus" --bogus
+echo "ab-bench options: ok"

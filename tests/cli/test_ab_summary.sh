@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# scripts/gpu/ab_summary.py on hand-made `bench gdn --json` runs whose figures are known: each build's
+# default-path figures (the row's and the default side of each alternation), their mean, the difference
+# from the first build and whether the two builds' runs overlap; shapes that not every run has are left
+# out; a run without a JSON line is refused by name.
+source "$(dirname "$0")/preamble.sh"
+
+# One run: the bench's text lines, then its JSON line (only the keys ab_summary reads, and one it must
+# not: the path alternated against, in blocks of 32 columns).
+run() {  # FILE F+B DIRECT HEAD WGMMA CHUNK [extra shape row]
+  cat > "$1" <<EOF
+gated delta rule, H=16 Dk=Dv=128 ...
+  1 x 32768  (table line)
+{"device": "cuda", "rows": [{"B": 1, "T": 32768, "fwd_b2b_ms": 0.5, "fwd_bwd_b2b_ms": $2,
+ "fwd_bwd_direct_in_scan_b2b_ms": $3, "fwd_bwd_direct_apart_b2b_ms": 9.0, "fwd_bwd_scan_head_b2b_ms": $4,
+ "fwd_bwd_scan_column_blocks_b2b_ms": 9.0, "fwd_bwd_scan_wgmma_b2b_ms": $5, "fwd_bwd_scan_mma_sync_b2b_ms": 9.0,
+ "fwd_bwd_backward_block_a_chunk_b2b_ms": $6, "fwd_bwd_backward_in_turn_b2b_ms": 9.0}${7:-}]}
+EOF
+  # The JSON object on one line, as the bench prints it.
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); i=t.index("{"); open(sys.argv[1],"w").write(t[:i]+json.dumps(json.loads(t[i:]))+"\n")' "$1"
+}
+# Base: 2.1 and 2.3 -> figures 2.10 2.12 2.14 2.16 2.18 and 2.30 2.30 2.30 2.30 2.30, mean 2.22.
+run "$TMP/a1.json" 2.10 2.12 2.14 2.16 2.18 ', {"B": 4, "T": 8192, "fwd_bwd_b2b_ms": 1.0}'
+run "$TMP/a2.json" 2.30 2.30 2.30 2.30 2.30
+# The other build: every figure 2.00 (all below the base's), mean 2.00: -220.0 us, -9.9 %.
+run "$TMP/b1.json" 2.00 2.00 2.00 2.00 2.00
+run "$TMP/b2.json" 2.00 2.00 2.00 2.00 2.00
+# A third: 2.20 and 2.24 (overlapping the base's), mean 2.22: +0.0 us.
+run "$TMP/c1.json" 2.20 2.20 2.20 2.20 2.20
+run "$TMP/c2.json" 2.24 2.24 2.24 2.24 2.24
+
+out=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "base=$TMP/a1.json,$TMP/a2.json" "new=$TMP/b1.json,$TMP/b2.json" \
+  "mid=$TMP/c1.json,$TMP/c2.json")
+# B4 T8K is in one run only: left out.
+[[ "$(grep -c 'back to back' <<<"$out")" == 1 ]] || fail "shapes: $out"
+grep -q "^1 x 32768, forward + backward, back to back (ms):$" <<<"$out" || fail "header: $out"
+grep -qF "  base  mean 2.220  [2.100, 2.120, 2.140, 2.160, 2.180, 2.300, 2.300, 2.300, 2.300, 2.300]" <<<"$out" ||
+  fail "base: $out"
+grep -qE "^  new   mean 2\.000  \[(2\.000, ){9}2\.000\]  -220\.0 us \(-9\.9 %\), all below$" <<<"$out" || fail "new: $out"
+grep -qE "^  mid   mean 2\.220  \[.*\]  [+-]0\.0 us \([+-]0\.0 %\)$" <<<"$out" || fail "mid: $out"
+
+# The forward's figures: 0.5 in every run.
+out=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/a1.json" "b=$TMP/b1.json" --key fwd)
+grep -qE "^  b  mean 0\.500  \[0\.500\]  \+0\.0 us \(\+0\.0 %\)$" <<<"$out" || fail "forward: $out"
+
+# A run that is not the bench's JSON output.
+echo "no json here" > "$TMP/bad.txt"
+if err=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/a1.json" "b=$TMP/bad.txt" 2>&1); then fail "accepted $TMP/bad.txt"; fi
+grep -qF "no JSON line in $TMP/bad.txt" <<<"$err" || fail "refusal: $err"
+echo "ab_summary: ok"
