@@ -130,6 +130,9 @@ RunsView::~RunsView() {
     ::kill(static_cast<pid_t>(proc_->processId()), SIGINT);
     proc_->waitForFinished(3000);
   }
+  // A job still running now is killed by QProcess's destructor, which runs among this widget's children,
+  // after its other children (the poll timer) are gone: its finished() must not reach this view.
+  if (proc_) proc_->disconnect(this);
 }
 
 QString RunsView::stateText() const {

@@ -2,12 +2,15 @@
 // trained for a few steps on the CPU by `hydrahead train`, launched, followed, cancelled and resumed
 // from the view.
 #include <QCoreApplication>
+#include <QElapsedTimer>
 #include <QProcess>
 #include <QSettings>
 #include <QSignalSpy>
 #include <QStandardPaths>
 #include <QTableWidget>
 #include <QtTest>
+#include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -157,6 +160,38 @@ class TestRunsView : public QObject {
     QCOMPARE(v.globalStep(), 44);
     QVERIFY(v.logText().contains(QStringLiteral("resumed")));
     QCOMPARE(v.curvePoints(), 44);  // one trajectory: the rows after the checkpoint were replaced
+  }
+
+  // Closing the view while its job will not stop on SIGINT: the view waits its three seconds, then the job
+  // is killed, and the view goes without a crash (the job's end must not reach a view half destroyed).
+  void closingWhileAJobIgnoresSigintKillsIt() {
+    const fs::path stubborn = scratchRoot() / "ignores-sigint.sh";
+    {
+      QFile f(qpath(stubborn));
+      QVERIFY(f.open(QIODevice::WriteOnly));
+      f.write("#!/bin/sh\ntrap '' INT\nexec sleep 60\n");
+    }
+    fs::permissions(stubborn, fs::perms::owner_all);
+    const QString file = job("stubborn", {{"2", "0.002", "288", "1"}, {"2", "0.0005", "288", "1"}, {"2", "0.0001", "288", "1"}});
+    qint64 pid = 0;
+    QElapsedTimer closing;
+    {
+      auto v = std::make_unique<RunsView>();
+      v->setProgram(qpath(stubborn));
+      QString error;
+      QVERIFY2(v->launch(file, &error), qPrintable(error));
+      const auto procs = v->findChildren<QProcess*>();
+      QCOMPARE(procs.size(), qsizetype{1});
+      QVERIFY(procs.first()->waitForStarted(10000));
+      pid = procs.first()->processId();
+      QVERIFY(pid > 0);
+      QTest::qWait(300);  // the script has set its trap
+      closing.start();
+    }
+    QVERIFY2(closing.elapsed() < 20000, qPrintable(QString::number(closing.elapsed())));
+    QVERIFY(closing.elapsed() >= 2900);  // it waited for the job to stop first
+    QCOMPARE(::kill(static_cast<pid_t>(pid), 0), -1);  // gone (and reaped)
+    QCOMPARE(errno, ESRCH);
   }
 
   void aFailingJobLeavesTheViewStanding() {
