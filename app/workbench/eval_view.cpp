@@ -99,6 +99,12 @@ EvalView::EvalView(QWidget* parent) : QWidget(parent) {
   layout->addWidget(summary_);
 }
 
+EvalView::~EvalView() {
+  // QProcess's destructor kills an evaluation still running, among this widget's children and after the
+  // buttons and labels its finished() handler touches are gone: that end must not reach this view.
+  if (proc_) proc_->disconnect(this);
+}
+
 bool EvalView::evaluate(const QString& model_dir, Side side, const QString& lengths, int n, QString* error) {
   if (isEvaluating()) {
     if (error) *error = tr("an evaluation is running");

@@ -30,6 +30,7 @@ class EvalView : public QWidget {
  public:
   enum Side { Teacher = 0, Hybrid = 1 };
   explicit EvalView(QWidget* parent = nullptr);
+  ~EvalView() override;  // an evaluation still running is killed
 
   // A file with /teacher and /hybrid groups fills both sides; a single model's file fills `side`.
   // Its /niah and /ppl parts are each optional, but a file with neither is refused by name.

@@ -9,9 +9,12 @@
 #include <QStandardPaths>
 #include <QTableWidget>
 #include <QtTest>
+#include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include <torch/torch.h>
 
@@ -132,6 +135,32 @@ class TestEvalAndExport : public QObject {
     QVERIFY(v.evaluate(qpath(demo_model()), EvalView::Teacher, QStringLiteral("abc"), 1, &error));
     QVERIFY(failed.wait(60000));
     QVERIFY2(failed.first().first().toString().contains(QStringLiteral("abc")), qPrintable(failed.first().first().toString()));
+  }
+
+  // Closing the view during an evaluation kills it, and the view goes without a crash (the evaluation's
+  // end must not reach a view half destroyed).
+  void closingWhileEvaluatingKillsTheEvaluation() {
+    const fs::path slow = scratchRoot() / "slow-eval.sh";
+    {
+      QFile f(qpath(slow));
+      QVERIFY(f.open(QIODevice::WriteOnly));
+      f.write("#!/bin/sh\nexec sleep 60\n");
+    }
+    fs::permissions(slow, fs::perms::owner_all);
+    qint64 pid = 0;
+    {
+      auto v = std::make_unique<EvalView>();
+      v->setProgram(qpath(slow));
+      QString error;
+      QVERIFY2(v->evaluate(qpath(demo_model()), EvalView::Hybrid, QStringLiteral("512"), 1, &error), qPrintable(error));
+      const auto procs = v->findChildren<QProcess*>();
+      QCOMPARE(procs.size(), qsizetype{1});
+      QVERIFY(procs.first()->waitForStarted(10000));
+      pid = procs.first()->processId();
+      QVERIFY(pid > 0);
+    }
+    QCOMPARE(::kill(static_cast<pid_t>(pid), 0), -1);  // gone (and reaped)
+    QCOMPARE(errno, ESRCH);
   }
 
   void exportsPlotsAndTables() {
