@@ -1,6 +1,6 @@
 #pragma once
 // What the GUI tests share: a scratch folder per test program, the settings sandbox, paths of the
-// bundled demo model and the built programs, and running `hydrahead` to completion.
+// bundled demo model and the built programs, running `hydrahead` to completion, and stand-in scripts.
 #include <QCoreApplication>
 #include <QProcess>
 #include <QSettings>
@@ -10,6 +10,7 @@
 #include <QtGlobal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 namespace hh::test::gui {
 
@@ -39,6 +40,17 @@ inline std::filesystem::path demo_model() {
   return std::filesystem::path(env("HH_SOURCE_DIR").toStdString()) / "datasets/models/hydrahead-demo";
 }
 inline QString program(const char* name) { return env("HH_BIN_DIR") + QLatin1Char('/') + QLatin1String(name); }
+
+// A shell script at p with this text, executable by its owner (a stand-in for a program a view runs).
+inline bool write_script(const std::filesystem::path& p, const char* text) {
+  {
+    std::ofstream out(p);
+    if (!(out << text)) return false;
+  }
+  std::error_code ec;
+  std::filesystem::permissions(p, std::filesystem::perms::owner_all, ec);
+  return !ec;
+}
 
 // Runs a program to completion; false (with its output as a warning) unless it exits 0.
 inline bool run_program(const QString& program, const QStringList& args, QString* output = nullptr) {

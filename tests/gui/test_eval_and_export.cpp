@@ -141,12 +141,7 @@ class TestEvalAndExport : public QObject {
   // end must not reach a view half destroyed).
   void closingWhileEvaluatingKillsTheEvaluation() {
     const fs::path slow = scratchRoot() / "slow-eval.sh";
-    {
-      QFile f(qpath(slow));
-      QVERIFY(f.open(QIODevice::WriteOnly));
-      f.write("#!/bin/sh\nexec sleep 60\n");
-    }
-    fs::permissions(slow, fs::perms::owner_all);
+    QVERIFY(write_script(slow, "#!/bin/sh\nexec sleep 60\n"));
     qint64 pid = 0;
     {
       auto v = std::make_unique<EvalView>();

@@ -166,12 +166,7 @@ class TestRunsView : public QObject {
   // is killed, and the view goes without a crash (the job's end must not reach a view half destroyed).
   void closingWhileAJobIgnoresSigintKillsIt() {
     const fs::path stubborn = scratchRoot() / "ignores-sigint.sh";
-    {
-      QFile f(qpath(stubborn));
-      QVERIFY(f.open(QIODevice::WriteOnly));
-      f.write("#!/bin/sh\ntrap '' INT\nexec sleep 60\n");
-    }
-    fs::permissions(stubborn, fs::perms::owner_all);
+    QVERIFY(write_script(stubborn, "#!/bin/sh\ntrap '' INT\nexec sleep 60\n"));
     const QString file = job("stubborn", {{"2", "0.002", "288", "1"}, {"2", "0.0005", "288", "1"}, {"2", "0.0001", "288", "1"}});
     qint64 pid = 0;
     QElapsedTimer closing;
