@@ -1290,6 +1290,9 @@ struct ColumnRing {
   }
   __device__ __forceinline__ char* gate(int w) const { return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + w * kStage; }
   // A warp's staging tiles of S's and M's history (1024-byte aligned, as the copy engine's swizzle needs).
+  static_assert((kColumnStages * kSlot + kWarps * kStage + kPsum + kGate) % 1024 == 0 && kHistS % 1024 == 0 &&
+                    kHistM % 1024 == 0,
+                "the history's staging tiles start on 1024-byte boundaries of the ring");
   __device__ __forceinline__ char* hist_s(int w) const { return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + w * kHistS; }
   __device__ __forceinline__ char* hist_m(int w) const {
     return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + kWarps * kHistS + w * kHistM;
