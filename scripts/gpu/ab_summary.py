@@ -58,6 +58,8 @@ def main():
         base = None
         for name, runs in builds:
             figures = [r[shape][k] for r in runs for k in KEYS[a.key] if k in r[shape]]
+            if len(figures) < len(runs):  # a run without the row's own figure: not the bench's keys
+                raise SystemExit(f"ab_summary: {name}'s runs lack {KEYS[a.key][0]} at {shape[0]} x {shape[1]}")
             mean = statistics.fmean(figures)
             line = f"  {name:<{width}}  mean {mean:.3f}  [{', '.join(f'{x:.3f}' for x in figures)}]"
             if base is None:

@@ -2,7 +2,8 @@
 # scripts/gpu/ab_summary.py on hand-made `bench gdn --json` runs whose figures are known: each build's
 # default-path figures (the row's and the default side of each alternation), their mean, the difference
 # from the first build and whether the two builds' runs overlap; shapes that not every run has are left
-# out; a run without a JSON line is refused by name.
+# out; a run without a JSON line, or without the bench's keys, is refused by name; and two real CPU runs of
+# `hydrahead bench gdn --json` read as the bench wrote them.
 source "$(dirname "$0")/preamble.sh"
 
 # One run: the bench's text lines, then its JSON line (only the keys ab_summary reads, and one it must
@@ -47,4 +48,19 @@ grep -qE "^  b  mean 0\.500  \[0\.500\]  \+0\.0 us \(\+0\.0 %\)$" <<<"$out" || f
 echo "no json here" > "$TMP/bad.txt"
 if err=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/a1.json" "b=$TMP/bad.txt" 2>&1); then fail "accepted $TMP/bad.txt"; fi
 grep -qF "no JSON line in $TMP/bad.txt" <<<"$err" || fail "refusal: $err"
+# Runs without the row's own figure (keys the bench does not write) are refused, not averaged over nothing.
+echo '{"rows": [{"B": 1, "T": 32768, "fwd_bwd_ms": 2.0}]}' > "$TMP/nokeys.json"
+if err=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/a1.json" "b=$TMP/nokeys.json" 2>&1); then fail "accepted runs without b2b figures"; fi
+grep -qF "b's runs lack fwd_bwd_b2b_ms at 1 x 32768" <<<"$err" || fail "refusal of missing keys: $err"
+
+# The keys are the bench's own: two real (CPU, tiny) runs of `hydrahead bench gdn --json`, each build's one
+# figure its row's fwd_bwd_b2b_ms.
+for side in a b; do
+  "$HH_BIN_DIR/hydrahead" bench gdn --device cpu --shapes 1x128 --iters 1 --warmup 0 --heads 2 --dim 32 --json > "$TMP/real-$side.txt"
+done
+out=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/real-a.txt" "b=$TMP/real-b.txt")
+for side in a b; do
+  want=$(python3 -c 'import json,sys; l=[x for x in open(sys.argv[1]) if x.startswith("{")][0]; print("%.3f" % json.loads(l)["rows"][0]["fwd_bwd_b2b_ms"])' "$TMP/real-$side.txt")
+  grep -qE "^  $side  mean $want  \[$want\]" <<<"$out" || fail "real run $side (want $want): $out"
+done
 echo "ab_summary: ok"
