@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu/ab-bench's options, checked before it builds anything (no CUDA needed): --help prints its
 # usage; a run count that is not a positive number, a base folder that is not there, a revision that is
-# not a commit and an unknown option are refused with exit 2, a message naming the value, and nothing
+# not a commit, a variant that is not NAME=DIR with a folder (or whose name is taken) and an unknown
+# option are refused with exit 2, a message naming the value, and nothing
 # written to $OUT.
 source "$(dirname "$0")/preamble.sh"
 AB="$ROOT/scripts/gpu/ab-bench"
@@ -23,4 +24,10 @@ refused "--runs takes a positive number, not 'two'" --runs two
 refused "--base-files $TMP/none is not a folder" --base-files "$TMP/none"
 refused "no commit no-such-revision here" --base no-such-revision
 refused "unknown option --bogus" --bogus
+mkdir -p "$TMP/v"
+refused "--variant 'plain' is not NAME=DIR" --variant plain
+refused "--variant 'base=$TMP/v' is not NAME=DIR" --variant "base=$TMP/v"
+refused "--variant 'a b=$TMP/v' is not NAME=DIR" --variant "a b=$TMP/v"
+refused "--variant v1: $TMP/none is not a folder" --variant "v1=$TMP/none"
+refused "--variant v1 is given twice" --variant "v1=$TMP/v" --variant "v1=$TMP/v"
 echo "ab-bench options: ok"
