@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   reg(hh::cli::add_eval, app.add_subcommand("eval", "Needle-in-a-haystack accuracy over a grid of lengths and depths -> eval.h5"));
   reg(hh::cli::add_train, app.add_subcommand("train", "Run a training job: the three-stage transfer (align, distil, long-context fine-tune) or a pretrain, with checkpoints and a live run.h5"));
   reg(hh::cli::add_demo, app.add_subcommand("demo", "The whole pipeline on the bundled demo model: calibration, analysis, selection at 7:1, training, evaluation -> summary.json"));
-  reg(hh::cli::add_bench, app.add_subcommand("bench", "Benchmarks: forward pass, tokenizer, patching sweeps (bench analyze), training steps (bench train)"));
+  reg(hh::cli::add_bench, app.add_subcommand("bench", "Benchmarks: forward pass, tokenizer, patching sweeps (bench analyze), training steps (bench train), the LA heads' gated delta rule and the hybrid layer (bench gdn)"));
 
   try {
     app.parse(argc, argv);

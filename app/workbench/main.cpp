@@ -6,18 +6,61 @@
 #include <QTemporaryDir>
 #include <QTimer>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 
 #include "core/util/alloc.h"
 #include "hydrahead/version.h"
 #include "main_window.h"
 
+namespace {
+
+bool has_option(int argc, char** argv, std::initializer_list<const char*> names) {
+  for (int i = 1; i < argc; ++i)
+    for (const char* n : names)
+      if (std::strcmp(argv[i], n) == 0) return true;
+  return false;
+}
+
+// On Linux, Qt picks the X11 or Wayland platform; with neither server named and no platform chosen it
+// aborts with a message about the xcb plugin that does not say what is missing.
+bool no_display() {
+#ifdef __linux__
+  return qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM") && qEnvironmentVariableIsEmpty("DISPLAY") &&
+         qEnvironmentVariableIsEmpty("WAYLAND_DISPLAY");
+#else
+  return false;
+#endif
+}
+
+void set_names() {
+  QCoreApplication::setOrganizationName(QStringLiteral("HydraHead"));
+  QCoreApplication::setApplicationName(QStringLiteral("hydrahead-workbench"));
+  QCoreApplication::setApplicationVersion(QStringLiteral(HYDRAHEAD_VERSION));
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   hh::util::tune_allocator_for_tensors();
-  QApplication app(argc, argv);
-  QApplication::setOrganizationName(QStringLiteral("HydraHead"));
-  QApplication::setApplicationName(QStringLiteral("hydrahead-workbench"));
-  QApplication::setApplicationDisplayName(QStringLiteral("HydraHead Workbench"));
-  QApplication::setApplicationVersion(QStringLiteral(HYDRAHEAD_VERSION));
+  const bool text_only = has_option(argc, argv, {"-h", "--help", "--help-all", "-v", "--version"});
+  const bool screenshot_only = has_option(argc, argv, {"--screenshot"});
+  if (!text_only && no_display()) {
+    if (!screenshot_only) {
+      std::fprintf(stderr,
+                   "hydrahead-workbench: no display (DISPLAY and WAYLAND_DISPLAY are unset). Run it on a desktop or "
+                   "with X forwarding (ssh -X), or set QT_QPA_PLATFORM; --screenshot FILE renders without a display. "
+                   "`hydrahead` does every step headless (`hydrahead --help`).\n");
+      return 1;
+    }
+    qputenv("QT_QPA_PLATFORM", "offscreen");  // a picture needs no screen
+  }
+  // --help and --version print and exit before any window system is needed.
+  std::unique_ptr<QCoreApplication> app;
+  if (text_only) app = std::make_unique<QCoreApplication>(argc, argv);
+  else app = std::make_unique<QApplication>(argc, argv);
+  set_names();
+  if (!text_only) QApplication::setApplicationDisplayName(QStringLiteral("HydraHead Workbench"));
 
   QCommandLineParser parser;
   parser.setApplicationDescription(QStringLiteral(
@@ -46,7 +89,8 @@ int main(int argc, char** argv) {
                                 QStringLiteral("Open the bundled demo model and run a quick analysis of it (results in a "
                                                "temporary folder); with --screenshot, the picture is taken when it is done."));
   parser.addOption(demo);
-  parser.process(app);
+  parser.process(*app);
+  if (text_only) parser.showHelp(0);  // (where --help was taken as an option's value: no window without a QApplication)
 
   hh::workbench::MainWindow window;
   const bool scripted = parser.isSet(screenshot);
@@ -84,5 +128,5 @@ int main(int argc, char** argv) {
       QTimer::singleShot(0, &window, [shoot, ok] { shoot(ok); });
     }
   }
-  return app.exec();
+  return app->exec();
 }
