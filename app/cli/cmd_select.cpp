@@ -144,6 +144,7 @@ int run_select(const SelectArgs& a) {
                                                            a.compare, a.kv_bytes,
                                                            std::string("hydrahead ") + HYDRAHEAD_VERSION);
   for (const auto& n : r.composite.notes) log::warn(n);
+  for (const auto& n : r.notes) log::warn(n);
 
   print_heads(shape, r.heads);
   std::printf("\nbudget (KV cache in %lld-byte elements, GDN state fp32, prefill attention FLOPs):\n",

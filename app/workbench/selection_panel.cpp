@@ -192,7 +192,8 @@ void SelectionPanel::refresh() {
                         .arg(ratio())
                         .arg(shown.layerwise_jaccard, 0, 'f', 3)
                         .arg(seed_->value())
-                        .arg(shown.random_jaccard, 0, 'f', 3));
+                        .arg(shown.random_jaccard, 0, 'f', 3) +
+                    (shown.notes.empty() ? QString() : QStringLiteral("\n") + QString::fromStdString(shown.notes.front())));
   budget_->setRowCount(static_cast<int>(shown.budget.size()));
   for (int i = 0; i < static_cast<int>(shown.budget.size()); ++i) {
     const auto& row = shown.budget[static_cast<size_t>(i)];

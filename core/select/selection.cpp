@@ -369,6 +369,13 @@ SelectionReport make_selection(const ModelShape& shape, const Signals* signals,
   SelectOptions lw = o;
   lw.strategy = "layerwise";
   r.layerwise = select_heads(shape, {}, lw);
+  if (r.layerwise.empty() && o.ratio > 0) {  // every (r+1)-th layer: none in a model of r layers or fewer
+    const std::string pattern = "layer-wise " + std::to_string(o.ratio) + ":1";
+    r.notes.push_back(pattern + " makes layer " + std::to_string(o.ratio) + " (and every " + std::to_string(o.ratio + 1) +
+                      "th after it) full attention, which this model's " + std::to_string(shape.num_layers) +
+                      " layers do not reach: " + (o.strategy == "layerwise" ? "this selection has" : "that baseline has") +
+                      " no full-attention head");
+  }
   std::vector<Head> dense;
   for (int64_t l = 0; l < shape.num_layers; ++l)
     for (int64_t h = 0; h < shape.num_heads; ++h) dense.push_back({l, h});
@@ -407,6 +414,7 @@ SelectionReport make_selection(const ModelShape& shape, const Signals* signals,
   m.created_by = created_by;
   m.notes = {{"budget", notes_budget}, {"kv_bytes_per_element", kv_bytes}};
   if (!r.composite.notes.empty()) m.notes["signal_notes"] = r.composite.notes;
+  if (!r.notes.empty()) m.notes["selection_notes"] = r.notes;
   if (compare)
     m.notes["compare"] = {{"layerwise_jaccard", r.layerwise_jaccard}, {"random_jaccard", r.random_jaccard}};
   if (o.strategy == "random") m.notes["seed"] = o.seed;

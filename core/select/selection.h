@@ -93,6 +93,7 @@ struct SelectionReport {
   Composite composite;                    // empty score for strategies that rank nothing
   std::vector<BudgetRow> budget;          // per kBudgetContexts: dense, layer-wise, [random], this selection
   double layerwise_jaccard = 0, random_jaccard = 0;
+  std::vector<std::string> notes;         // what the user should know about the selection or its baselines
   Manifest manifest;                      // ready for write_manifest (created = now)
 };
 

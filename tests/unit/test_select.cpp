@@ -107,6 +107,36 @@ TEST(Select, LayerwiseBaselineIsEveryRPlusOnethLayer) {
   EXPECT_EQ(hh::select::select_heads(s, {}, o), (std::vector<Head>{{3, 0}, {3, 1}, {7, 0}, {7, 1}}));
 }
 
+TEST(Select, ALayerwisePatternBeyondTheModelsLayersIsSaid) {
+  // 6 layers at 7:1: layer 7 would be the first full-attention layer, so the layer-wise baseline (and a
+  // layer-wise selection) has no FA head, which the report and the manifest say; at 5:1 layer 5 is one.
+  SelectOptions o;
+  o.strategy = "random";
+  o.ratio = 7;
+  auto r = hh::select::make_selection(shape(6, 8, 2), nullptr, {}, o, false, 2, "test");
+  EXPECT_TRUE(r.layerwise.empty());
+  EXPECT_EQ(r.heads.size(), 6u);  // round(48 / 8)
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("layer-wise 7:1 makes layer 7"), std::string::npos) << r.notes[0];
+  EXPECT_NE(r.notes[0].find("model's 6 layers"), std::string::npos) << r.notes[0];
+  EXPECT_NE(r.notes[0].find("that baseline has no full-attention head"), std::string::npos) << r.notes[0];
+  EXPECT_EQ(r.manifest.notes.at("selection_notes"), nlohmann::json(r.notes));
+  o.strategy = "layerwise";
+  r = hh::select::make_selection(shape(6, 8, 2), nullptr, {}, o, false, 2, "test");
+  EXPECT_TRUE(r.heads.empty());
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("this selection has no full-attention head"), std::string::npos) << r.notes[0];
+  o.ratio = 5;
+  r = hh::select::make_selection(shape(6, 8, 2), nullptr, {}, o, false, 2, "test");
+  EXPECT_EQ(r.heads.size(), 8u);  // layer 5
+  EXPECT_TRUE(r.notes.empty());
+  EXPECT_FALSE(r.manifest.notes.contains("selection_notes"));
+  o.ratio = 0;  // dense: every layer, no note
+  r = hh::select::make_selection(shape(6, 8, 2), nullptr, {}, o, false, 2, "test");
+  EXPECT_EQ(r.heads.size(), 48u);
+  EXPECT_TRUE(r.notes.empty());
+}
+
 TEST(Select, RandomIsDeterministicBySeedAndHonoursExcludeAndForce) {
   const auto s = shape(6, 8, 4);
   SelectOptions o;
