@@ -59,9 +59,12 @@ int run_convert(const ConvertArgs& a) {
     if (fs::exists(dir / extra)) fs::copy_file(dir / extra, out / extra);
   int64_t nf = static_cast<int64_t>(manifest.fa_heads.size());
   const int64_t all = cfg.num_hidden_layers * cfg.num_attention_heads;
-  std::printf("wrote %s: %lld FA and %lld LA heads (LA:FA = %.2f:1), gamma from %s\n", a.out.c_str(),
-              static_cast<long long>(nf), static_cast<long long>(all - nf),
-              nf > 0 ? static_cast<double>(all - nf) / static_cast<double>(nf) : 0.0,
+  char ratio[64];
+  if (nf == 0) std::snprintf(ratio, sizeof ratio, "no FA head: every head is LA");
+  else if (nf == all) std::snprintf(ratio, sizeof ratio, "no LA head");
+  else std::snprintf(ratio, sizeof ratio, "LA:FA = %.2f:1", static_cast<double>(all - nf) / static_cast<double>(nf));
+  std::printf("wrote %s: %lld FA and %lld LA heads (%s), gamma from %s\n", a.out.c_str(), static_cast<long long>(nf),
+              static_cast<long long>(all - nf), ratio,
               calib.empty() ? "no calibration set (1)" : (std::to_string(calib.size()) + " calibration prompts").c_str());
   return kExitOk;
 }

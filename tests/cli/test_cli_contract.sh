@@ -92,4 +92,14 @@ for case_ in "missing.json|--layer-config $TMP/missing.json" "--layer-shapes|--l
   [[ $rc -eq 1 ]] && grep -q -- "$what" <<<"$msg" || fail "bench gdn $args exited $rc: $msg"
   if grep -q "^  1 x 64" <<<"$msg"; then fail "bench gdn $args timed the rule before refusing: $msg"; fi
 done
+# convert says what the hybrid is: its FA and LA head counts and the ratio, or that there is no FA head
+# (a layer-wise pattern beyond the model's layers) where a ratio would divide by zero.
+DEMO="$HH_SOURCE_DIR/datasets/models/hydrahead-demo"
+for fa in '[]' '[[0, 0], [3, 4], [5, 7]]'; do
+  printf '{"format": "hydrahead-manifest", "format_version": 1, "model": {"num_layers": 6, "num_heads": 8, "num_kv_heads": 2, "head_dim": 32}, "fa_heads": %s}' "$fa" > "$TMP/manifest.json"
+  rm -rf "$TMP/hybrid"
+  out=$("$HH" convert --model "$DEMO" --manifest "$TMP/manifest.json" --out "$TMP/hybrid")
+  if [[ $fa == '[]' ]]; then want="0 FA and 48 LA heads (no FA head: every head is LA)"; else want="3 FA and 45 LA heads (LA:FA = 15.00:1)"; fi
+  grep -qF "$want" <<<"$out" || fail "convert with fa_heads $fa: '$out' does not say '$want'"
+done
 echo "cli contract: ok"
