@@ -599,7 +599,7 @@ Runner add_bench(CLI::App& app) {
   tr->add_option("--seed", rargs->seed, "Seed of weights and tokens")->capture_default_str();
   add_dist_options(*tr, rargs->dist);   // with N ranks: --batch per rank, tokens/s over all of them
   tr->add_flag("--activation-checkpointing", rargs->checkpoint_layers,
-               "Recompute each student layer in the backward pass (distil, finetune)");
+               "Recompute each layer in the backward pass (distil and finetune: the student's; dense: the teacher's own)");
   tr->add_flag("--graph-ops", rargs->graph_ops,
                "On CUDA: the hybrid's LA heads' short convolution, RoPE and L2 norm as LibTorch ops with autograd "
                "instead of their kernels with CUDA backwards, for comparison");

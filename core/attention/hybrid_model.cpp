@@ -235,7 +235,7 @@ HybridModel convert(const model::Transformer& teacher, const select::Manifest& m
         });
       model::ForwardOptions f;
       f.hooks = &hooks;
-      f.stop_layer = cfg.num_hidden_layers;
+      f.logits = false;  // the hooks' sums only
       teacher.forward(at::tensor(at::ArrayRef<int64_t>(ids), at::TensorOptions().dtype(at::kLong)).unsqueeze(0), f);
       tokens += static_cast<int64_t>(ids.size());
     }

@@ -205,7 +205,7 @@ AnalysisResult run_analysis(const model::Transformer& model, const std::vector<C
                     [&states, l](at::Tensor& t) { states[static_cast<size_t>(l + 1)] = t[0]; });
         model::ForwardOptions f;
         f.hooks = &hooks;
-        f.stop_layer = L;  // no logits needed
+        f.logits = false;  // the residuals only
         model.forward(ex.clean, f);
         sim.add(states);
       });

@@ -129,7 +129,7 @@ FullRun full_run(const Transformer& m, const at::Tensor& ids, const std::vector<
   for (const auto& n : cache_names) hooks.cache(n, &r.acts);
   model::ForwardOptions f;
   f.hooks = &hooks;
-  f.stop_layer = m.config().num_hidden_layers;
+  f.logits = false;  // the cached activations only
   m.forward(ids, f);
   return r;
 }
@@ -568,6 +568,7 @@ at::Tensor path_sweep(const Transformer& model, const PreparedExample& ex, const
       hooks.cache(hook_name(j, HookKind::Z), &got);
       model::ForwardOptions f = suffix.options(&hooks, j);
       f.stop_layer = j + 1;
+      f.logits = false;  // (j may be the last layer)
       f.logit_positions = at::Tensor();
       model.forward(x, f);
       z_new[j] = got.at(hook_name(j, HookKind::Z));
@@ -755,6 +756,7 @@ at::Tensor answer_attention(const Transformer& model, const PreparedExample& ex,
   f.hooks = &hooks;
   f.pattern_rows = ex.answer_pos;
   f.stop_layer = layer + 1;  // nothing after the layer is needed
+  f.logits = false;
   model.forward(ex.clean, f);
   return rows;
 }

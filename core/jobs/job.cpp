@@ -173,8 +173,6 @@ StageSpec parse_stage(const json& j, const fs::path& base, const std::string& wh
   s.eval_batches = f.integer("eval_batches", 2, 0);
   s.seed = static_cast<uint64_t>(f.integer("seed", 0, 0));
   s.activation_checkpointing = f.boolean("activation_checkpointing", false);
-  if (s.activation_checkpointing && s.kind == StageKind::Pretrain)
-    f.fail("activation_checkpointing", "is available for the hybrid stages (distil, finetune), not for pretrain");
   if (f.has("data")) s.data = parse_sources(f.at("data"), base, where, f.name("data"));
   return s;
 }

@@ -49,7 +49,7 @@ struct StageSpec {
   int64_t eval_every = 0;           // optimiser steps; 0: only at the end of the stage
   int64_t eval_batches = 2;
   uint64_t seed = 0;                // the data order of this stage
-  bool activation_checkpointing = false;   // distil, finetune: recompute each student layer in backward
+  bool activation_checkpointing = false;   // distil, finetune, pretrain: recompute each layer in backward
   std::vector<train::DataSource> data;   // empty: the job's data
 
   int64_t tokens_per_step() const { return batch * grad_accum * seq_len; }

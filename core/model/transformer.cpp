@@ -504,7 +504,7 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
 
   // ---- input: embeddings or a cached residual ----
   at::Tensor x;  // [B, T, d]
-  if (start == 0) {
+  if (start == 0 && !opts.residual_input) {
     if (input.dim() != 2 || !at::isIntegralType(input.scalar_type(), /*includeBool=*/false))
       throw Error("forward: token ids must be a [B, T] integer tensor, got " + shape_str(input.sizes()) + " of " +
                   std::string(c10::toString(input.scalar_type())));
@@ -576,7 +576,7 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
   };
 
   // The last layer at the logit rows only (see ForwardOptions::trim_last_layer).
-  bool trim = opts.trim_last_layer && opts.logit_positions.defined() && stop == L && start < L;
+  bool trim = opts.trim_last_layer && opts.logits && opts.logit_positions.defined() && stop == L && start < L;
   if (trim)
     for (HookKind kind : {HookKind::ResidPre, HookKind::Q, HookKind::K, HookKind::V, HookKind::Pattern, HookKind::Z,
                           HookKind::AttnOut, HookKind::ResidMid, HookKind::MlpOut, HookKind::ResidPost})
@@ -683,7 +683,7 @@ ForwardOutput Transformer::forward(const at::Tensor& input, const ForwardOptions
     return out;
   }
   out.resid = x;
-  if (stop < L) return out;  // stopped early: no logits
+  if (stop < L || !opts.logits) return out;  // stopped early (or asked for none): no logits
 
   at::Tensor h = x;  // [B, T, d]
   if (opts.logit_positions.defined())
@@ -707,6 +707,56 @@ at::Tensor Transformer::mlp_out(int64_t layer, const at::Tensor& resid_mid, bool
 #endif
   if (!act.defined()) act = at::silu(model::linear(h, lw.gate_proj)) * model::linear(h, lw.up_proj);
   return model::linear(act, lw.down_proj);  // [..., d]
+}
+
+namespace {
+
+// Activation checkpointing of one dense layer: the forward runs it without recording a graph and keeps
+// only its input; the backward runs it again with autograd and back-propagates through it, which
+// accumulates the weights' gradients and returns the input's. The model outlives the backward (it is the
+// model being trained), so the node refers to it by address.
+at::Tensor run_layer(const Transformer& m, int64_t layer, const at::Tensor& x) {
+  ForwardOptions o;
+  o.start_layer = layer;
+  o.stop_layer = layer + 1;
+  o.residual_input = true;
+  o.logits = false;
+  return m.forward(x, o).resid;
+}
+
+struct CheckpointedDenseLayer : public torch::autograd::Function<CheckpointedDenseLayer> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t model, int64_t layer) {
+    ctx->saved_data["model"] = model;
+    ctx->saved_data["layer"] = layer;
+    ctx->save_for_backward({x});
+    return run_layer(*reinterpret_cast<const Transformer*>(model), layer, x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    const auto* model = reinterpret_cast<const Transformer*>(ctx->saved_data["model"].toInt());
+    const at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    at::Tensor y;
+    {
+      at::AutoGradMode enable(true);
+      y = run_layer(*model, ctx->saved_data["layer"].toInt(), x);
+    }
+    torch::autograd::backward({y}, {grad[0]});
+    return {x.grad(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor Transformer::hidden(const at::Tensor& ids, bool checkpoint_layers) const {
+  ForwardOptions o;
+  o.logits = false;
+  if (!checkpoint_layers || !at::GradMode::is_enabled()) return forward(ids, o).resid;
+  o.stop_layer = 0;  // the embedding alone (its checks of the ids included)
+  at::Tensor x = forward(ids, o).resid;
+  // A checkpointed layer's weights get their gradients only when its node runs, which needs an input
+  // that requires grad even when the embeddings are frozen.
+  if (!x.requires_grad()) x = x.detach().requires_grad_(true);
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) x = CheckpointedDenseLayer::apply(x, reinterpret_cast<int64_t>(this), l);
+  return x;
 }
 
 at::Tensor Transformer::unembed(const at::Tensor& resid) const {

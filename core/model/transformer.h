@@ -64,7 +64,8 @@ struct ForwardOptions {
   // blocks.{l}.hook_resid_pre) instead of token ids.
   int64_t start_layer = 0;
   // Run layers [start_layer, stop_layer). -1: all layers, then final norm and lm_head.
-  // Stopping early returns the residual and no logits.
+  // Stopping early returns the residual and no logits (stop_layer = the layer count is not early: see
+  // `logits`).
   int64_t stop_layer = -1;
   // [P] int64 positions: project to the vocabulary only there (logits [B, P, V]). Undefined: all.
   at::Tensor logit_positions;
@@ -99,6 +100,11 @@ struct ForwardOptions {
   // output, MLP and residual at those positions only (keys and values still cover every row), since
   // nothing else reaches the logits. ForwardOutput::resid is then [B, P, d] at those positions.
   bool trim_last_layer = false;
+  // true: the input is the residual entering start_layer even at start_layer 0 (the layers without the
+  // embedding), as the per-layer runs of hidden(..., checkpoint_layers) pass it.
+  bool residual_input = false;
+  // false: no final norm and lm_head even when the forward runs to the last layer (logits undefined).
+  bool logits = true;
 };
 
 struct ForwardOutput {
@@ -130,6 +136,12 @@ class Transformer {
   // input: token ids [B, T] int64 (start_layer == 0) or residual [B, T, d] (cast to the model's
   // dtype/device). Ids outside [0, V) throw hh::Error naming the id and its position.
   ForwardOutput forward(const at::Tensor& input, const ForwardOptions& opts = {}) const;
+
+  // The residual after the last layer ([B, T, d], before the final norm) for token ids [B, T], as
+  // forward(ids).resid. checkpoint_layers (with autograd on): activation checkpointing, each layer run
+  // without recording a graph and again in the backward pass, keeping only the layers' inputs; the same
+  // values and gradients, less memory, about one more forward of time.
+  at::Tensor hidden(const at::Tensor& ids, bool checkpoint_layers = false) const;
 
   // Pieces of one layer, the same code forward() runs, for sweeps that recompute only part of a
   // block (path patching freezes attention and recomputes MLPs).

@@ -274,13 +274,12 @@ double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, d
   switch (kind) {
     case StageKind::Pretrain: {
       at::Tensor loss;
-      if (input.numel() > kChunkedLossTokens) {
-        model::ForwardOptions fo;
-        fo.stop_layer = m.dense->config().num_hidden_layers;
-        loss = chunked_next_token_loss(*m.dense, m.dense->forward(input, fo).resid, target, target_mask, kLossChunk);
-      } else {
+      if (input.numel() > kChunkedLossTokens)
+        loss = chunked_next_token_loss(*m.dense, m.dense->hidden(input, checkpoint_layers), target, target_mask, kLossChunk);
+      else if (checkpoint_layers)
+        loss = cross_entropy(m.dense->unembed(m.dense->hidden(input, true)), target, target_mask);
+      else
         loss = cross_entropy(m.dense->forward(input).logits, target, target_mask);
-      }
       if (backward) (loss * scale).backward();
       return loss.item<double>();
     }
@@ -318,7 +317,7 @@ double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, d
         }
         model::ForwardOptions fo;
         fo.hooks = &hooks;
-        fo.stop_layer = L;
+        fo.logits = false;  // the cached layers' tensors only
         m.teacher->forward(input, fo);
       }
       const model::Transformer& s = m.student->teacher();

@@ -285,6 +285,44 @@ TEST(Train, ActivationCheckpointingGivesTheSameLossAndGradients) {
   }
 }
 
+// The same for the dense model (pretrain): each layer run again in the backward pass from its input alone.
+// hidden() is forward()'s residual with or without it, and a forward asked for no logits gives none,
+// also when it runs every layer.
+TEST(Train, ActivationCheckpointingOfTheDenseModelGivesTheSameLossAndGradients) {
+  const Fixture f = make_fixture("train_ckpt_dense");
+  hh::train::StageModels m;
+  m.dense.emplace(hh::model::Transformer::load(f.teacher));
+  const at::Tensor ids = probe_batch(f.corpus);
+  const auto kind = hh::jobs::StageKind::Pretrain;
+  const auto params = hh::train::stage_params(m, kind);
+  const double plain = hh::train::stage_loss(m, kind, ids, 1.0, true, false);
+  std::vector<at::Tensor> g_plain;
+  for (const auto& p : params) {
+    ASSERT_TRUE(p.tensor.grad().defined()) << p.name;
+    g_plain.push_back(p.tensor.grad().clone());
+    p.tensor.mutable_grad() = at::Tensor();
+  }
+  const double ckpt = hh::train::stage_loss(m, kind, ids, 1.0, true, true);
+  EXPECT_EQ(plain, ckpt);
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(params[i].tensor.grad().defined()) << params[i].name;
+    EXPECT_TRUE(at::allclose(params[i].tensor.grad(), g_plain[i], 1e-5, 1e-7)) << params[i].name;
+    params[i].tensor.mutable_grad() = at::Tensor();
+  }
+  at::NoGradGuard ng;
+  const auto full = m.dense->forward(ids);
+  EXPECT_TRUE(at::equal(m.dense->hidden(ids), full.resid));
+  EXPECT_TRUE(at::equal(m.dense->hidden(ids, true), full.resid));  // (no graph: no checkpointing to do)
+  hh::model::ForwardOptions o;
+  o.logits = false;
+  const auto bare = m.dense->forward(ids, o);
+  EXPECT_FALSE(bare.logits.defined());
+  EXPECT_TRUE(at::equal(bare.resid, full.resid));
+  o.stop_layer = m.dense->config().num_hidden_layers;
+  EXPECT_FALSE(m.dense->forward(ids, o).logits.defined());
+  EXPECT_TRUE(at::equal(m.dense->unembed(full.resid), full.logits));
+}
+
 // Task samples are generated on several threads; the batch must equal the samples made one by one,
 // in any order, from their indices alone.
 TEST(TrainData, TaskSamplesInParallelEqualSerialOnes) {
