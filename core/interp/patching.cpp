@@ -423,7 +423,9 @@ at::Tensor layer_sweep(const Transformer& model, const PreparedExample& ex, cons
     for (int64_t l = 0; l < L; ++l)
       for (LayerSite s : kLayerSites) hooks.cache(hook_name(l, site_hook(s)), &src);
     const at::Tensor& ids = noising ? ex.corrupt : ex.clean;
-    model.forward(ids.narrow(1, ex.diff, ex.T - ex.diff), suffix.options(&hooks, 0));
+    model::ForwardOptions f = suffix.options(&hooks, 0);
+    f.logits = false;  // the sites' outputs only
+    model.forward(ids.narrow(1, ex.diff, ex.T - ex.diff), f);
   }
   // One forward per layer holds its S variants: row s patches site s.
   const at::Device dev = model.device();
@@ -729,7 +731,7 @@ at::Tensor retrieval_score(const Transformer& model, const CalibExample& raw, co
   model::ForwardOptions f;
   f.hooks = &hooks;
   f.pattern_rows = ex.answer_pos;    // only the rows that predict answer tokens
-  f.logit_positions = ex.answer_pos;  // logits are not needed; keep the projection small
+  f.logits = false;                   // the patterns only
   model.forward(ex.clean, f);
 
   const at::Tensor ids = ex.clean[0].cpu();       // [T]
