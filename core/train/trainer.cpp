@@ -21,6 +21,7 @@
 #include "core/io/checkpoint.h"
 #include "core/io/fingerprint.h"
 #include "core/io/safetensors.h"
+#include "core/model/summary.h"
 #include "core/model/tokenizer.h"
 #include "core/select/manifest.h"
 #include "core/train/data.h"
@@ -244,7 +245,76 @@ struct ChunkedLoss : public torch::autograd::Function<ChunkedLoss> {
   }
 };
 
+// The sum over a chunk's rows of KL(teacher || student) from the two models' hidden states [B, n, d].
+at::Tensor kl_rows_sum(const model::Transformer& teacher, const at::Tensor& teacher_hidden, const model::Transformer& student,
+                       const at::Tensor& student_hidden) {
+  at::Tensor lt;
+  {
+    at::NoGradGuard ng;
+    const at::Tensor t = teacher.unembed(teacher_hidden);
+    lt = at::log_softmax(t.reshape({-1, t.size(-1)}).to(at::kFloat), -1);
+  }
+  const at::Tensor s = student.unembed(student_hidden);
+  const at::Tensor ls = at::log_softmax(s.reshape({-1, s.size(-1)}).to(at::kFloat), -1);
+  return (lt.exp() * (lt - ls)).sum();
+}
+
+// KL(teacher || student) a chunk of positions at a time, as ChunkedLoss does the cross-entropy: the
+// forward pass projects each chunk of both models and sums, the backward pass projects each chunk again
+// and back-propagates it through the student's final norm and lm_head before the next.
+struct ChunkedKl : public torch::autograd::Function<ChunkedKl> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& student_hidden,
+                            const at::Tensor& teacher_hidden, int64_t teacher, int64_t student, int64_t chunk) {
+    ctx->saved_data["teacher"] = teacher;
+    ctx->saved_data["student"] = student;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->save_for_backward({student_hidden, teacher_hidden});
+    const auto& t = *reinterpret_cast<const model::Transformer*>(teacher);
+    const auto& s = *reinterpret_cast<const model::Transformer*>(student);
+    at::Tensor total = at::zeros({}, student_hidden.options().dtype(at::kFloat));
+    for (int64_t t0 = 0; t0 < student_hidden.size(1); t0 += chunk) {
+      const int64_t n = std::min(chunk, student_hidden.size(1) - t0);
+      total += kl_rows_sum(t, teacher_hidden.narrow(1, t0, n), s, student_hidden.narrow(1, t0, n));
+    }
+    return total / static_cast<double>(student_hidden.size(0) * student_hidden.size(1));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    const auto& t = *reinterpret_cast<const model::Transformer*>(ctx->saved_data["teacher"].toInt());
+    const auto& s = *reinterpret_cast<const model::Transformer*>(ctx->saved_data["student"].toInt());
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& hidden = saved[0];
+    const double rows = static_cast<double>(hidden.size(0) * hidden.size(1));
+    at::Tensor grad_hidden = at::zeros_like(hidden);
+    for (int64_t t0 = 0; t0 < hidden.size(1); t0 += chunk) {
+      const int64_t n = std::min(chunk, hidden.size(1) - t0);
+      const at::Tensor h = hidden.narrow(1, t0, n).detach().requires_grad_(true);
+      at::Tensor part;
+      {
+        at::AutoGradMode enable(true);
+        part = kl_rows_sum(t, saved[1].narrow(1, t0, n), s, h) * (grad[0] / rows);
+      }
+      torch::autograd::backward({part});  // accumulates the student's final norm's and lm_head's gradients
+      grad_hidden.narrow(1, t0, n).copy_(h.grad());
+    }
+    return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor chunked_kl_divergence(const model::Transformer& teacher, const at::Tensor& teacher_hidden,
+                                 const model::Transformer& student, const at::Tensor& student_hidden, int64_t chunk) {
+  if (chunk < 1) throw Error("chunked KL: chunk must be >= 1");
+  if (teacher_hidden.dim() != 3 || student_hidden.dim() != 3 || teacher_hidden.size(0) != student_hidden.size(0) ||
+      teacher_hidden.size(1) != student_hidden.size(1))
+    throw Error("chunked KL: the hidden states must be [B, T, d] of one B and T, got " + model::format_shape(teacher_hidden.sizes().vec()) +
+                " and " + model::format_shape(student_hidden.sizes().vec()));
+  // The node must exist even when nothing upstream requires grad but the lm_head does.
+  const at::Tensor h = at::GradMode::is_enabled() && !student_hidden.requires_grad()
+                           ? student_hidden.detach().requires_grad_(true) : student_hidden;
+  return ChunkedKl::apply(h, teacher_hidden.detach(), reinterpret_cast<int64_t>(&teacher), reinterpret_cast<int64_t>(&student), chunk);
+}
 
 at::Tensor chunked_next_token_loss(const model::Transformer& base, const at::Tensor& hidden, const at::Tensor& targets,
                                    const at::Tensor& target_mask, int64_t chunk) {
@@ -258,6 +328,8 @@ at::Tensor chunked_next_token_loss(const model::Transformer& base, const at::Ten
 namespace {
 // Tokens in a batch above which the cross-entropy projects the vocabulary in chunks of positions.
 constexpr int64_t kChunkedLossTokens = 8192;
+// The same for distillation's KL, which holds both models' logits and log-softmaxes and their product.
+constexpr int64_t kChunkedKlTokens = 4096;
 constexpr int64_t kLossChunk = 1024;
 }  // namespace
 
@@ -292,12 +364,23 @@ double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, d
       return loss.item<double>();
     }
     case StageKind::Distil: {
-      at::Tensor t;
-      {
-        at::NoGradGuard ng;
-        t = m.teacher->forward(input).logits;
+      at::Tensor loss;
+      if (input.numel() > kChunkedKlTokens) {
+        at::Tensor t;
+        {
+          at::NoGradGuard ng;
+          t = m.teacher->hidden(input);
+        }
+        loss = chunked_kl_divergence(*m.teacher, t, m.student->teacher(), m.student->hidden(input, true, checkpoint_layers),
+                                     kLossChunk);
+      } else {
+        at::Tensor t;
+        {
+          at::NoGradGuard ng;
+          t = m.teacher->forward(input).logits;
+        }
+        loss = kl_divergence(t, m.student->forward(input, true, checkpoint_layers));
       }
-      at::Tensor loss = kl_divergence(t, m.student->forward(input, true, checkpoint_layers));
       if (backward) (loss * scale).backward();
       return loss.item<double>();
     }

@@ -88,6 +88,15 @@ void check_job_data(const jobs::JobSpec& job, const interp::TaskRegistry* tasks)
 at::Tensor chunked_next_token_loss(const model::Transformer& base, const at::Tensor& hidden, const at::Tensor& targets,
                                    const at::Tensor& target_mask, int64_t chunk);
 
+// The distillation loss, the mean over tokens of KL(teacher || student) at temperature 1, from the two
+// models' residual streams after their last layers ([B, T, d] each) through each model's final norm and
+// lm_head, `chunk` positions at a time in the forward pass and again in the backward pass: the teacher's
+// and the student's float32 logits and log-softmaxes (five [B T, V] tensors at once unchunked) never exist
+// for the whole batch. Differentiable in student_hidden and the student's weights; the teacher's are not
+// touched.
+at::Tensor chunked_kl_divergence(const model::Transformer& teacher, const at::Tensor& teacher_hidden,
+                                 const model::Transformer& student, const at::Tensor& student_hidden, int64_t chunk);
+
 // ---- the pieces run_job is made of (benchmarks and tools use them directly) ----------------------
 
 // The models of a stage: a dense model (pretrain) or a hybrid student, and the frozen teacher that

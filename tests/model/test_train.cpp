@@ -427,6 +427,84 @@ TEST(Train, MaskedCrossEntropyAveragesEachRowOverItsCountedTargets) {
 
 // The chunked cross-entropy (vocabulary projected a few positions at a time, recomputed in backward)
 // equals the plain one: loss and every gradient, with and without a mask, tied and untied embeddings.
+// The chunked distillation loss equals KL(teacher || student) from the full logits: the loss, and the gradient
+// of every student weight (through its hidden states and its final norm and lm_head), tied and untied, with a
+// chunk that does not divide T; the teacher gets no gradient. Mismatched batches are refused.
+TEST(Train, ChunkedKlEqualsThePlainOne) {
+  for (bool tied : {false, true}) {
+    auto cfg = hh::test::tiny_config(2, 4, 2, 8, 32, 64, 97);
+    cfg.tie_word_embeddings = tied;
+    auto ws = hh::model::random_weights(cfg, 5, at::kFloat, 0.1), wt = hh::model::random_weights(cfg, 6, at::kFloat, 0.1);
+    if (tied) ws.lm_head = at::Tensor(), wt.lm_head = at::Tensor();
+    const hh::model::Transformer student(cfg, ws), teacher(cfg, wt);
+    for (const auto& t : {teacher.weights().embed_tokens, teacher.weights().norm}) t.requires_grad_(true);
+    hh::train::StageModels m;
+    m.dense.emplace(student);
+    const auto params = hh::train::stage_params(m, hh::jobs::StageKind::Pretrain);
+    at::manual_seed(4);
+    const at::Tensor input = at::randint(97, {3, 29}, at::kLong);
+    hh::model::ForwardOptions bare;
+    bare.logits = false;
+    auto grads = [&](bool chunked) {
+      for (const auto& p : params) p.tensor.mutable_grad() = at::Tensor();
+      at::Tensor loss;
+      if (chunked) {
+        at::Tensor th;
+        {
+          at::NoGradGuard ng;
+          th = teacher.forward(input, bare).resid;
+        }
+        loss = hh::train::chunked_kl_divergence(teacher, th, student, student.forward(input, bare).resid, 7);
+      } else {  // the reference: both models' full logits, sum_v p_t (log p_t - log p_s), the mean over tokens
+        at::Tensor lt;
+        {
+          at::NoGradGuard ng;
+          lt = at::log_softmax(teacher.forward(input).logits, -1);
+        }
+        const at::Tensor ls = at::log_softmax(student.forward(input).logits, -1);
+        loss = (lt.exp() * (lt - ls)).sum(-1).mean();
+      }
+      loss.backward();
+      std::vector<at::Tensor> g{loss.detach().clone()};
+      for (const auto& p : params) {
+        EXPECT_TRUE(p.tensor.grad().defined()) << p.name;
+        g.push_back(p.tensor.grad().clone());
+      }
+      return g;
+    };
+    const auto a = grads(false), b = grads(true);
+    EXPECT_GT(a[0].item<double>(), 1e-3);  // the two models differ
+    EXPECT_NEAR(a[0].item<double>(), b[0].item<double>(), 1e-6) << "tied " << tied;
+    for (size_t i = 1; i < a.size(); ++i)
+      EXPECT_TRUE(at::allclose(a[i], b[i], 1e-4, 1e-7)) << params[i - 1].name << " tied " << tied;
+    for (const auto& p : params) p.tensor.mutable_grad() = at::Tensor();
+    for (const auto& t : {teacher.weights().embed_tokens, teacher.weights().norm}) EXPECT_FALSE(t.grad().defined());
+  }
+  const auto cfg = hh::test::tiny_config(2, 4, 2, 8, 32, 64, 97);
+  const hh::model::Transformer model(cfg, hh::model::random_weights(cfg, 5, at::kFloat, 0.1));
+  EXPECT_THROW(hh::train::chunked_kl_divergence(model, at::zeros({2, 5, 32}), model, at::zeros({2, 6, 32}), 4), hh::Error);
+  EXPECT_THROW(hh::train::chunked_kl_divergence(model, at::zeros({2, 5, 32}), model, at::zeros({2, 5, 32}), 0), hh::Error);
+}
+
+// Past 4096 tokens the distil stage takes the chunked KL: its loss is still the KL of the two models'
+// full logits.
+TEST(Train, DistilOnALongBatchIsTheKlOfTheFullLogits) {
+  const Fixture f = make_fixture("train_distil_long");
+  hh::train::StageModels m;
+  m.teacher.emplace(hh::model::Transformer::load(f.teacher));
+  hh::attention::ConvertOptions co;
+  co.seed = 2;
+  m.student.emplace(hh::attention::convert(hh::model::Transformer::load(f.teacher), hh::select::read_manifest(f.manifest), co));
+  at::manual_seed(5);
+  const at::Tensor ids = at::randint(m.teacher->config().vocab_size, {2, 2100}, at::kLong);  // 2 x 2099 inputs
+  const double loss = hh::train::stage_loss(m, hh::jobs::StageKind::Distil, ids, 1.0, false);
+  at::NoGradGuard ng;
+  const at::Tensor input = ids.narrow(1, 0, 2099);
+  const at::Tensor lt = at::log_softmax(m.teacher->forward(input).logits, -1);
+  const at::Tensor ls = at::log_softmax(m.student->forward(input, true), -1);
+  EXPECT_NEAR(loss, (lt.exp() * (lt - ls)).sum(-1).mean().item<double>(), 1e-6);
+}
+
 TEST(Train, ChunkedCrossEntropyEqualsThePlainOne) {
   for (bool tied : {false, true}) {
     auto cfg = hh::test::tiny_config(2, 4, 2, 8, 32, 64, 97);
