@@ -486,7 +486,7 @@ TEST(Train, ChunkedKlEqualsThePlainOne) {
   EXPECT_THROW(hh::train::chunked_kl_divergence(model, at::zeros({2, 5, 32}), model, at::zeros({2, 5, 32}), 0), hh::Error);
 }
 
-// Past 4096 tokens the distil stage takes the chunked KL: its loss is still the KL of the two models'
+// Past 2048 tokens the distil stage takes the chunked KL: its loss is still the KL of the two models'
 // full logits.
 TEST(Train, DistilOnALongBatchIsTheKlOfTheFullLogits) {
   const Fixture f = make_fixture("train_distil_long");
