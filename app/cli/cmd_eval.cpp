@@ -42,15 +42,17 @@ int run_ppl(const EvalArgs& a) {
   const auto stream = eval::read_token_stream(a.data, tok ? &*tok : nullptr, cfg.vocab_size);
   std::optional<model::Transformer> dense;
   std::optional<attention::HybridModel> hybrid;
-  eval::LogitsFn logits;
+  eval::LanguageModel lm;
   if (!block.is_null()) {
     hybrid.emplace(attention::HybridModel::load(dir, a.device, a.dtype));
-    logits = [&](const at::Tensor& ids) { return hybrid->forward(ids); };
+    lm.hidden = [&](const at::Tensor& ids) { return hybrid->hidden(ids); };
+    lm.logits = [&](const at::Tensor& rows) { return hybrid->teacher().unembed(rows); };
   } else {
     dense.emplace(model::Transformer::load(dir, a.device, a.dtype));
-    logits = [&](const at::Tensor& ids) { return dense->forward(ids).logits; };
+    lm.hidden = [&](const at::Tensor& ids) { return dense->hidden(ids); };
+    lm.logits = [&](const at::Tensor& rows) { return dense->unembed(rows); };
   }
-  const auto r = eval::perplexity(logits, stream, a.seq);
+  const auto r = eval::perplexity(lm, stream, a.seq);
   io::H5File f = io::H5File::create(out);
   f.set_attr("/", "format", "hydrahead-eval");
   f.set_attr("/", "format_version", int64_t{1});

@@ -13,8 +13,9 @@
 
 namespace hh::eval {
 
-PerplexityResult perplexity(const LogitsFn& logits, const std::vector<int64_t>& stream, int64_t seq) {
+PerplexityResult perplexity(const LanguageModel& model, const std::vector<int64_t>& stream, int64_t seq, int64_t chunk) {
   if (seq < 2) throw Error("perplexity: --seq must be at least 2");
+  if (chunk < 1) throw Error("perplexity: chunk must be at least 1");
   if (stream.size() < 2) throw Error("perplexity: the data holds fewer than 2 tokens");
   at::NoGradGuard no_grad;
   PerplexityResult r;
@@ -25,9 +26,16 @@ PerplexityResult perplexity(const LogitsFn& logits, const std::vector<int64_t>& 
     const std::vector<int64_t> window(stream.begin() + static_cast<std::ptrdiff_t>(start),
                                       stream.begin() + static_cast<std::ptrdiff_t>(start + len));
     const at::Tensor ids = at::tensor(at::ArrayRef<int64_t>(window), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
-    const at::Tensor lp = at::log_softmax(logits(ids)[0].to(at::kDouble), -1).cpu();  // [T, V]
-    const at::Tensor target = ids[0].narrow(0, 1, static_cast<int64_t>(len) - 1);       // [T-1]
-    total -= lp.narrow(0, 0, static_cast<int64_t>(len) - 1).gather(1, target.unsqueeze(1)).sum().item<double>();
+    const at::Tensor h = model.hidden(ids);                                               // [1, T, d]
+    const int64_t predicted = static_cast<int64_t>(len) - 1;                              // rows 0 .. T-2
+    const at::Tensor target = ids[0].narrow(0, 1, predicted).to(h.device());             // [T-1]
+    at::Tensor sum = at::zeros({}, h.options().dtype(at::kDouble));
+    for (int64_t t0 = 0; t0 < predicted; t0 += chunk) {
+      const int64_t n = std::min(chunk, predicted - t0);
+      const at::Tensor lp = at::log_softmax(model.logits(h.narrow(1, t0, n))[0].to(at::kDouble), -1);  // [n, V]
+      sum += lp.gather(1, target.narrow(0, t0, n).unsqueeze(1)).sum();
+    }
+    total -= sum.item<double>();
     r.tokens += static_cast<int64_t>(len) - 1;
     ++r.windows;
   }

@@ -14,8 +14,13 @@ class Tokenizer;
 
 namespace hh::eval {
 
-// Logits [1, T, V] of one window of token ids [1, T].
-using LogitsFn = std::function<at::Tensor(const at::Tensor& ids)>;
+// A language model as two steps, so that a long window's logits need never exist whole: `hidden`, the
+// residual stream after the last layer [1, T, d] of a window of token ids [1, T]; `logits`, the final norm
+// and lm_head of some of its rows [1, n, d] -> [1, n, V].
+struct LanguageModel {
+  std::function<at::Tensor(const at::Tensor& ids)> hidden;
+  std::function<at::Tensor(const at::Tensor& rows)> logits;
+};
 
 struct PerplexityResult {
   double nll = 0;        // mean negative log-likelihood per predicted token (nats)
@@ -24,7 +29,10 @@ struct PerplexityResult {
   int64_t windows = 0;
 };
 
-PerplexityResult perplexity(const LogitsFn& logits, const std::vector<int64_t>& stream, int64_t seq);
+// Each window's positions are projected to the vocabulary `chunk` at a time (their log-softmax in
+// float64), so a window of 32K tokens of a 152K vocabulary holds [chunk, V], not [32K, V], at once.
+PerplexityResult perplexity(const LanguageModel& model, const std::vector<int64_t>& stream, int64_t seq,
+                            int64_t chunk = 1024);
 
 // A token stream from a file: `.bin` = uint32 little-endian ids; `.jsonl` = one object a line with a
 // "text" field, each tokenised and the texts concatenated. Errors name the file (and line).

@@ -61,7 +61,10 @@ TEST(Perplexity, IsTheExpOfTheMeanTeacherForcedNllOverWindows) {
   const auto c = hh::test::tiny_config(1, 2, 1, 8, 16, 24, 30);
   const hh::model::Transformer m(c, hh::model::random_weights(c, 2, torch::kDouble, 0.3));
   const std::vector<int64_t> stream = {1, 5, 9, 2, 7, 7, 3, 0, 29, 4};
-  const auto r = hh::eval::perplexity([&](const torch::Tensor& ids) { return m.forward(ids).logits; }, stream, 4);
+  hh::eval::LanguageModel lm;
+  lm.hidden = [&](const torch::Tensor& ids) { return m.hidden(ids); };
+  lm.logits = [&](const torch::Tensor& rows) { return m.unembed(rows); };
+  const auto r = hh::eval::perplexity(lm, stream, 4);
   // Windows [0, 4), [4, 8), [8, 10): 3 + 3 + 1 predicted tokens, summed by hand.
   double nll = 0;
   for (auto [s, e] : {std::pair<int, int>{0, 4}, {4, 8}, {8, 10}}) {
@@ -73,6 +76,14 @@ TEST(Perplexity, IsTheExpOfTheMeanTeacherForcedNllOverWindows) {
   EXPECT_EQ(r.windows, 3);
   EXPECT_NEAR(r.nll, nll / 7, 1e-12);
   EXPECT_NEAR(r.ppl, std::exp(nll / 7), 1e-9);
+  // The positions projected a chunk at a time (2 rows, 1 row: 3 predicted rows a window split unevenly):
+  // the same sum.
+  for (int64_t chunk : {2, 1}) {
+    const auto rc = hh::eval::perplexity(lm, stream, 4, chunk);
+    EXPECT_EQ(rc.tokens, 7);
+    EXPECT_NEAR(rc.nll, nll / 7, 1e-12) << "chunk " << chunk;
+  }
+  EXPECT_THROW(hh::eval::perplexity(lm, stream, 4, 0), hh::Error);
 
   // .bin streams: uint32 little-endian; an id outside the vocabulary is named.
   const fs::path dir = hh::test::scratch_dir("ppl_bin");
