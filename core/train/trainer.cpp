@@ -208,6 +208,27 @@ at::Tensor kl_divergence(const at::Tensor& teacher_logits, const at::Tensor& stu
   return (lt.exp() * (lt - ls)).sum(-1).mean();
 }
 
+// The gradient with respect to hidden [B, T, d] of the sum over chunks of `chunk` positions of
+// part(rows, t0, n), rows = hidden's positions t0 .. t0 + n: each chunk's part is formed again with
+// autograd and back-propagated before the next (which accumulates the weights' gradients), so no chunk's
+// graph outlives it.
+at::Tensor backward_by_chunks(const at::Tensor& hidden, int64_t chunk,
+                              const std::function<at::Tensor(const at::Tensor&, int64_t, int64_t)>& part) {
+  at::Tensor grad_hidden = at::zeros_like(hidden);
+  for (int64_t t0 = 0; t0 < hidden.size(1); t0 += chunk) {
+    const int64_t n = std::min(chunk, hidden.size(1) - t0);
+    const at::Tensor h = hidden.narrow(1, t0, n).detach().requires_grad_(true);
+    at::Tensor p;
+    {
+      at::AutoGradMode enable(true);
+      p = part(h, t0, n);
+    }
+    torch::autograd::backward({p});
+    grad_hidden.narrow(1, t0, n).copy_(h.grad());
+  }
+  return grad_hidden;
+}
+
 // sum(w * nll) with the vocabulary projected `chunk` positions at a time; the backward pass projects
 // each chunk again and back-propagates it before the next, so no chunk's graph outlives it.
 struct ChunkedLoss : public torch::autograd::Function<ChunkedLoss> {
@@ -228,19 +249,10 @@ struct ChunkedLoss : public torch::autograd::Function<ChunkedLoss> {
     const auto* model = reinterpret_cast<const model::Transformer*>(ctx->saved_data["base"].toInt());
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor& hidden = saved[0];
-    at::Tensor grad_hidden = at::zeros_like(hidden);
-    for (int64_t t0 = 0; t0 < hidden.size(1); t0 += chunk) {
-      const int64_t n = std::min(chunk, hidden.size(1) - t0);
-      const at::Tensor h = hidden.narrow(1, t0, n).detach().requires_grad_(true);
-      at::Tensor part;
-      {
-        at::AutoGradMode enable(true);
-        part = (token_nll(model->unembed(h), saved[1].narrow(1, t0, n)) * saved[2].narrow(1, t0, n)).sum() * grad[0];
-      }
-      torch::autograd::backward({part});   // accumulates the final norm's and lm_head's gradients
-      grad_hidden.narrow(1, t0, n).copy_(h.grad());
-    }
+    // (the final norm's and lm_head's gradients accumulate)
+    const at::Tensor grad_hidden = backward_by_chunks(saved[0], chunk, [&](const at::Tensor& h, int64_t t0, int64_t n) {
+      return (token_nll(model->unembed(h), saved[1].narrow(1, t0, n)) * saved[2].narrow(1, t0, n)).sum() * grad[0];
+    });
     return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -283,20 +295,11 @@ struct ChunkedKl : public torch::autograd::Function<ChunkedKl> {
     const auto& s = *reinterpret_cast<const model::Transformer*>(ctx->saved_data["student"].toInt());
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor& hidden = saved[0];
-    const double rows = static_cast<double>(hidden.size(0) * hidden.size(1));
-    at::Tensor grad_hidden = at::zeros_like(hidden);
-    for (int64_t t0 = 0; t0 < hidden.size(1); t0 += chunk) {
-      const int64_t n = std::min(chunk, hidden.size(1) - t0);
-      const at::Tensor h = hidden.narrow(1, t0, n).detach().requires_grad_(true);
-      at::Tensor part;
-      {
-        at::AutoGradMode enable(true);
-        part = kl_rows_sum(t, saved[1].narrow(1, t0, n), s, h) * (grad[0] / rows);
-      }
-      torch::autograd::backward({part});  // accumulates the student's final norm's and lm_head's gradients
-      grad_hidden.narrow(1, t0, n).copy_(h.grad());
-    }
+    const double rows = static_cast<double>(saved[0].size(0) * saved[0].size(1));
+    // (the student's final norm's and lm_head's gradients accumulate)
+    const at::Tensor grad_hidden = backward_by_chunks(saved[0], chunk, [&](const at::Tensor& h, int64_t t0, int64_t n) {
+      return kl_rows_sum(t, saved[1].narrow(1, t0, n), s, h) * (grad[0] / rows);
+    });
     return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -257,43 +257,19 @@ TEST(Train, PretrainsADenseModelOnTaskData) {
   EXPECT_EQ(steps, 30);
 }
 
-// Activation checkpointing changes memory, not math: the same loss and the same gradient for every
-// weight, including the layers' (accumulated by the re-run in the backward pass).
-TEST(Train, ActivationCheckpointingGivesTheSameLossAndGradients) {
-  const Fixture f = make_fixture("train_ckpt_layers");
+// The fixture's teacher and its hybrid (conversion seed 2), the models of align and distil.
+hh::train::StageModels teacher_and_hybrid(const Fixture& f) {
   hh::train::StageModels m;
   m.teacher.emplace(hh::model::Transformer::load(f.teacher));
   hh::attention::ConvertOptions co;
   co.seed = 2;
   m.student.emplace(hh::attention::convert(hh::model::Transformer::load(f.teacher), hh::select::read_manifest(f.manifest), co));
-  const at::Tensor ids = probe_batch(f.corpus);
-  for (auto kind : {hh::jobs::StageKind::Finetune, hh::jobs::StageKind::Distil}) {
-    const auto params = hh::train::stage_params(m, kind);
-    const double plain = hh::train::stage_loss(m, kind, ids, 1.0, true, false);
-    std::vector<at::Tensor> g_plain;
-    for (const auto& p : params) {
-      g_plain.push_back(p.tensor.grad().clone());
-      p.tensor.mutable_grad() = at::Tensor();
-    }
-    const double ckpt = hh::train::stage_loss(m, kind, ids, 1.0, true, true);
-    EXPECT_EQ(plain, ckpt);
-    for (size_t i = 0; i < params.size(); ++i) {
-      ASSERT_TRUE(params[i].tensor.grad().defined()) << params[i].name;
-      EXPECT_TRUE(at::allclose(params[i].tensor.grad(), g_plain[i], 1e-5, 1e-7)) << params[i].name;
-      params[i].tensor.mutable_grad() = at::Tensor();
-    }
-  }
+  return m;
 }
 
-// The same for the dense model (pretrain): each layer run again in the backward pass from its input alone.
-// hidden() is forward()'s residual with or without it, and a forward asked for no logits gives none,
-// also when it runs every layer.
-TEST(Train, ActivationCheckpointingOfTheDenseModelGivesTheSameLossAndGradients) {
-  const Fixture f = make_fixture("train_ckpt_dense");
-  hh::train::StageModels m;
-  m.dense.emplace(hh::model::Transformer::load(f.teacher));
-  const at::Tensor ids = probe_batch(f.corpus);
-  const auto kind = hh::jobs::StageKind::Pretrain;
+// The stage's loss and every trainable weight's gradient without and with activation checkpointing: the
+// same loss, and gradients equal to float32 rounding.
+void expect_checkpointing_changes_nothing(const hh::train::StageModels& m, hh::jobs::StageKind kind, const at::Tensor& ids) {
   const auto params = hh::train::stage_params(m, kind);
   const double plain = hh::train::stage_loss(m, kind, ids, 1.0, true, false);
   std::vector<at::Tensor> g_plain;
@@ -309,6 +285,29 @@ TEST(Train, ActivationCheckpointingOfTheDenseModelGivesTheSameLossAndGradients) 
     EXPECT_TRUE(at::allclose(params[i].tensor.grad(), g_plain[i], 1e-5, 1e-7)) << params[i].name;
     params[i].tensor.mutable_grad() = at::Tensor();
   }
+}
+
+// Activation checkpointing changes memory, not math: the same loss and the same gradient for every
+// weight, including the layers' (accumulated by the re-run in the backward pass).
+TEST(Train, ActivationCheckpointingGivesTheSameLossAndGradients) {
+  const Fixture f = make_fixture("train_ckpt_layers");
+  const hh::train::StageModels m = teacher_and_hybrid(f);
+  const at::Tensor ids = probe_batch(f.corpus);
+  for (auto kind : {hh::jobs::StageKind::Finetune, hh::jobs::StageKind::Distil}) {
+    SCOPED_TRACE(hh::jobs::stage_kind_name(kind));
+    expect_checkpointing_changes_nothing(m, kind, ids);
+  }
+}
+
+// The same for the dense model (pretrain): each layer run again in the backward pass from its input alone.
+// hidden() is forward()'s residual with or without it, and a forward asked for no logits gives none,
+// also when it runs every layer.
+TEST(Train, ActivationCheckpointingOfTheDenseModelGivesTheSameLossAndGradients) {
+  const Fixture f = make_fixture("train_ckpt_dense");
+  hh::train::StageModels m;
+  m.dense.emplace(hh::model::Transformer::load(f.teacher));
+  const at::Tensor ids = probe_batch(f.corpus);
+  expect_checkpointing_changes_nothing(m, hh::jobs::StageKind::Pretrain, ids);
   at::NoGradGuard ng;
   const auto full = m.dense->forward(ids);
   EXPECT_TRUE(at::equal(m.dense->hidden(ids), full.resid));
@@ -490,11 +489,7 @@ TEST(Train, ChunkedKlEqualsThePlainOne) {
 // full logits.
 TEST(Train, DistilOnALongBatchIsTheKlOfTheFullLogits) {
   const Fixture f = make_fixture("train_distil_long");
-  hh::train::StageModels m;
-  m.teacher.emplace(hh::model::Transformer::load(f.teacher));
-  hh::attention::ConvertOptions co;
-  co.seed = 2;
-  m.student.emplace(hh::attention::convert(hh::model::Transformer::load(f.teacher), hh::select::read_manifest(f.manifest), co));
+  const hh::train::StageModels m = teacher_and_hybrid(f);
   at::manual_seed(5);
   const at::Tensor ids = at::randint(m.teacher->config().vocab_size, {2, 2100}, at::kLong);  // 2 x 2099 inputs
   const double loss = hh::train::stage_loss(m, hh::jobs::StageKind::Distil, ids, 1.0, false);
