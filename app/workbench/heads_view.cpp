@@ -136,6 +136,7 @@ std::shared_ptr<AttentionResult> computeAttention(std::shared_ptr<const Attentio
 
 HeadsView::HeadsView(HeadSelection* selection, QWidget* parent) : QWidget(parent), selection_(selection) {
   signal_box_ = new QComboBox(this);
+  signal_box_->setSizeAdjustPolicy(QComboBox::AdjustToContents);  // filled when an analysis opens, after the first show
   signal_box_->setObjectName(QStringLiteral("signalBox"));
   signal_box_->setEnabled(false);
   caption_ = new QLabel(tr("Open an analysis.h5 (File \u203a Open Analysis\u2026) to see its per-head maps."), this);
@@ -188,36 +189,49 @@ HeadsView::HeadsView(HeadSelection* selection, QWidget* parent) : QWidget(parent
   addExportMenu(detail_table_);
   addExportMenu(example_table_);
   panel_ = new SelectionPanel(selection_, this);
-  auto* side = new QWidget(this);
-  auto* side_layout = new QVBoxLayout(side);
-  side_layout->setContentsMargins(0, 0, 0, 0);
-  side_layout->addWidget(panel_, 2);
-  side_layout->addWidget(detail_title_);
-  side_layout->addWidget(detail_table_, 1);
-  side_layout->addWidget(new QLabel(tr("Per example:"), side));
-  side_layout->addWidget(example_table_, 1);
-  example_spin_ = new QSpinBox(side);
+  // The side in three parts the user can resize: the selection, the clicked head's details, its attention.
+  auto* side = new QSplitter(Qt::Vertical, this);
+  side->setObjectName(QStringLiteral("headsSide"));
+  side->setChildrenCollapsible(false);
+  side->addWidget(panel_);
+  auto* details = new QWidget(side);
+  auto* details_layout = new QVBoxLayout(details);
+  details_layout->setContentsMargins(0, 0, 0, 0);
+  details_layout->addWidget(detail_title_);
+  details_layout->addWidget(detail_table_, 1);
+  details_layout->addWidget(new QLabel(tr("Per example:"), details));
+  details_layout->addWidget(example_table_, 1);
+  side->addWidget(details);
+  auto* attention = new QWidget(side);
+  auto* attention_layout = new QVBoxLayout(attention);
+  attention_layout->setContentsMargins(0, 0, 0, 0);
+  example_spin_ = new QSpinBox(attention);
   example_spin_->setRange(0, 0);
   example_spin_->setToolTip(tr("Calibration example whose attention is shown"));
   auto* attn_row = new QHBoxLayout;
-  attn_row->addWidget(new QLabel(tr("Attention on example"), side));
+  attn_row->addWidget(new QLabel(tr("Attention on example"), attention));
   attn_row->addWidget(example_spin_);
-  auto* attn_button = new QPushButton(tr("Show"), side);
+  auto* attn_button = new QPushButton(tr("Show"), attention);
   attn_button->setToolTip(tr("Run the analysed model on the example (it loads on first use); from then on every "
                              "clicked head shows its attention"));
   attn_row->addWidget(attn_button);
   attn_row->addStretch(1);
-  side_layout->addLayout(attn_row);
-  attn_plot_ = new QCustomPlot(side);
+  attention_layout->addLayout(attn_row);
+  attn_plot_ = new QCustomPlot(attention);
   attn_plot_->setObjectName(QStringLiteral("headAttention"));
-  attn_plot_->setMinimumHeight(140);
+  attn_plot_->setMinimumHeight(100);
   attn_plot_->yAxis->setLabel(tr("answer row"));
   attn_plot_->yAxis->setRangeReversed(true);
   addExportMenu(attn_plot_);
-  attn_label_ = new QLabel(side);
+  attn_label_ = new QLabel(attention);
   attn_label_->setWordWrap(true);
-  side_layout->addWidget(attn_plot_, 1);
-  side_layout->addWidget(attn_label_);
+  attention_layout->addWidget(attn_plot_, 1);
+  attention_layout->addWidget(attn_label_);
+  side->addWidget(attention);
+  side->setStretchFactor(0, 3);
+  side->setStretchFactor(1, 2);
+  side->setStretchFactor(2, 2);
+  side->setSizes({460, 160, 180});  // the selection's budget table whole at 800 pixels; drag to change
   auto show = [this] {
     QString error;
     if (detail_.first >= 0 && !showAttention(example_spin_->value(), &error)) attn_label_->setText(error);

@@ -9,6 +9,7 @@
 #include <QLineEdit>
 #include <QSlider>
 #include <QSpinBox>
+#include <QScrollBar>
 #include <QTableWidget>
 #include <QVBoxLayout>
 #include <set>
@@ -75,6 +76,11 @@ SelectionPanel::SelectionPanel(HeadSelection* selection, QWidget* parent) : QWid
   budget_->setEditTriggers(QAbstractItemView::NoEditTriggers);
   budget_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
   addExportMenu(budget_);
+  // Room for one context's rows (dense, layer-wise, random, this selection) without scrolling down, beside a
+  // horizontal scroll bar (the panel is narrower than the table).
+  budget_->setMinimumHeight(budget_->horizontalHeader()->sizeHint().height() +
+                            4 * budget_->verticalHeader()->defaultSectionSize() +
+                            budget_->horizontalScrollBar()->sizeHint().height() + 2 * budget_->frameWidth());
 
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);
