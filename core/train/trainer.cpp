@@ -329,10 +329,12 @@ at::Tensor chunked_next_token_loss(const model::Transformer& base, const at::Ten
 }
 
 namespace {
-// Tokens in a batch above which the cross-entropy projects the vocabulary in chunks of positions.
-constexpr int64_t kChunkedLossTokens = 8192;
+// Tokens in a batch above which the cross-entropy projects the vocabulary in chunks of positions (its
+// float32 logits, their log-softmax and their gradients are 2.3 GiB each at 4,096 tokens of Qwen3's
+// vocabulary).
+constexpr int64_t kChunkedLossTokens = 2048;
 // The same for distillation's KL, which holds both models' logits and log-softmaxes and their product
-// (at 4,096 tokens of Qwen3's vocabulary, about 9 GiB: docs/BENCHMARKS.md, training throughput); the
+// (at 4,096 tokens of Qwen3's vocabulary, about 9 GiB: docs/BENCHMARKS.md, training throughput). The
 // chunks' second projections cost a few milliseconds a step.
 constexpr int64_t kChunkedKlTokens = 2048;
 constexpr int64_t kLossChunk = 1024;
