@@ -200,12 +200,19 @@ at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets, co
   return (token_nll(logits, targets) * loss_weights(targets, mask)).sum();
 }
 
-// Mean over tokens of KL(teacher || student) = sum_v p_t (log p_t - log p_s), temperature 1.
-at::Tensor kl_divergence(const at::Tensor& teacher_logits, const at::Tensor& student_logits) {
+// Sum over tokens of KL(teacher || student) = sum_v p_t (log p_t - log p_s), temperature 1, in float32.
+at::Tensor kl_sum(const at::Tensor& teacher_logits, const at::Tensor& student_logits) {
   const int64_t V = student_logits.size(-1);
   const at::Tensor lt = at::log_softmax(teacher_logits.reshape({-1, V}).to(at::kFloat), -1);
   const at::Tensor ls = at::log_softmax(student_logits.reshape({-1, V}).to(at::kFloat), -1);
-  return (lt.exp() * (lt - ls)).sum(-1).mean();
+  return (lt.exp() * (lt - ls)).sum();
+}
+
+// The float32 sum over chunks of `chunk` positions of part(t0, n), positions t0 .. t0 + n of hidden [B, T, d].
+at::Tensor sum_by_chunks(const at::Tensor& hidden, int64_t chunk, const std::function<at::Tensor(int64_t, int64_t)>& part) {
+  at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
+  for (int64_t t0 = 0; t0 < hidden.size(1); t0 += chunk) total += part(t0, std::min(chunk, hidden.size(1) - t0));
+  return total;
 }
 
 // The gradient with respect to hidden [B, T, d] of the sum over chunks of `chunk` positions of
@@ -238,12 +245,9 @@ struct ChunkedLoss : public torch::autograd::Function<ChunkedLoss> {
     ctx->saved_data["chunk"] = chunk;
     ctx->save_for_backward({hidden, targets, weights});
     const auto* model = reinterpret_cast<const model::Transformer*>(base);
-    at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
-    for (int64_t t0 = 0; t0 < hidden.size(1); t0 += chunk) {
-      const int64_t n = std::min(chunk, hidden.size(1) - t0);
-      total += (token_nll(model->unembed(hidden.narrow(1, t0, n)), targets.narrow(1, t0, n)) * weights.narrow(1, t0, n)).sum();
-    }
-    return total;
+    return sum_by_chunks(hidden, chunk, [&](int64_t t0, int64_t n) {
+      return (token_nll(model->unembed(hidden.narrow(1, t0, n)), targets.narrow(1, t0, n)) * weights.narrow(1, t0, n)).sum();
+    });
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
     const auto* model = reinterpret_cast<const model::Transformer*>(ctx->saved_data["base"].toInt());
@@ -260,15 +264,12 @@ struct ChunkedLoss : public torch::autograd::Function<ChunkedLoss> {
 // The sum over a chunk's rows of KL(teacher || student) from the two models' hidden states [B, n, d].
 at::Tensor kl_rows_sum(const model::Transformer& teacher, const at::Tensor& teacher_hidden, const model::Transformer& student,
                        const at::Tensor& student_hidden) {
-  at::Tensor lt;
+  at::Tensor t;
   {
     at::NoGradGuard ng;
-    const at::Tensor t = teacher.unembed(teacher_hidden);
-    lt = at::log_softmax(t.reshape({-1, t.size(-1)}).to(at::kFloat), -1);
+    t = teacher.unembed(teacher_hidden);
   }
-  const at::Tensor s = student.unembed(student_hidden);
-  const at::Tensor ls = at::log_softmax(s.reshape({-1, s.size(-1)}).to(at::kFloat), -1);
-  return (lt.exp() * (lt - ls)).sum();
+  return kl_sum(t, student.unembed(student_hidden));
 }
 
 // KL(teacher || student) a chunk of positions at a time, as ChunkedLoss does the cross-entropy: the
@@ -283,11 +284,9 @@ struct ChunkedKl : public torch::autograd::Function<ChunkedKl> {
     ctx->save_for_backward({student_hidden, teacher_hidden});
     const auto& t = *reinterpret_cast<const model::Transformer*>(teacher);
     const auto& s = *reinterpret_cast<const model::Transformer*>(student);
-    at::Tensor total = at::zeros({}, student_hidden.options().dtype(at::kFloat));
-    for (int64_t t0 = 0; t0 < student_hidden.size(1); t0 += chunk) {
-      const int64_t n = std::min(chunk, student_hidden.size(1) - t0);
-      total += kl_rows_sum(t, teacher_hidden.narrow(1, t0, n), s, student_hidden.narrow(1, t0, n));
-    }
+    const at::Tensor total = sum_by_chunks(student_hidden, chunk, [&](int64_t t0, int64_t n) {
+      return kl_rows_sum(t, teacher_hidden.narrow(1, t0, n), s, student_hidden.narrow(1, t0, n));
+    });
     return total / static_cast<double>(student_hidden.size(0) * student_hidden.size(1));
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
@@ -329,14 +328,11 @@ at::Tensor chunked_next_token_loss(const model::Transformer& base, const at::Ten
 }
 
 namespace {
-// Tokens in a batch above which the cross-entropy projects the vocabulary in chunks of positions (its
-// float32 logits, their log-softmax and their gradients are 2.3 GiB each at 4,096 tokens of Qwen3's
-// vocabulary).
+// Tokens in a batch above which the cross-entropy and distillation's KL project the vocabulary in chunks
+// of positions. Unchunked, each float32 logits tensor, log-softmax and gradient takes 2.3 GiB at 4,096
+// tokens of Qwen3's vocabulary, and the KL holds both models' (about 9 GiB of distil's peak there:
+// docs/BENCHMARKS.md, training throughput). The chunks' second projections cost a few milliseconds a step.
 constexpr int64_t kChunkedLossTokens = 2048;
-// The same for distillation's KL, which holds both models' logits and log-softmaxes and their product
-// (at 4,096 tokens of Qwen3's vocabulary, about 9 GiB: docs/BENCHMARKS.md, training throughput). The
-// chunks' second projections cost a few milliseconds a step.
-constexpr int64_t kChunkedKlTokens = 2048;
 constexpr int64_t kLossChunk = 1024;
 }  // namespace
 
@@ -352,13 +348,10 @@ double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, d
   const at::Tensor target = ids.narrow(1, 1, ids.size(1) - 1);
   switch (kind) {
     case StageKind::Pretrain: {
-      at::Tensor loss;
-      if (input.numel() > kChunkedLossTokens)
-        loss = chunked_next_token_loss(*m.dense, m.dense->hidden(input, checkpoint_layers), target, target_mask, kLossChunk);
-      else if (checkpoint_layers)
-        loss = cross_entropy(m.dense->unembed(m.dense->hidden(input, true)), target, target_mask);
-      else
-        loss = cross_entropy(m.dense->forward(input).logits, target, target_mask);
+      const at::Tensor h = m.dense->hidden(input, checkpoint_layers);
+      const at::Tensor loss = input.numel() > kChunkedLossTokens
+                                  ? chunked_next_token_loss(*m.dense, h, target, target_mask, kLossChunk)
+                                  : cross_entropy(m.dense->unembed(h), target, target_mask);
       if (backward) (loss * scale).backward();
       return loss.item<double>();
     }
@@ -371,23 +364,16 @@ double stage_loss(const StageModels& m, StageKind kind, const at::Tensor& ids, d
       return loss.item<double>();
     }
     case StageKind::Distil: {
-      at::Tensor loss;
-      if (input.numel() > kChunkedKlTokens) {
-        at::Tensor t;
-        {
-          at::NoGradGuard ng;
-          t = m.teacher->hidden(input);
-        }
-        loss = chunked_kl_divergence(*m.teacher, t, m.student->teacher(), m.student->hidden(input, true, checkpoint_layers),
-                                     kLossChunk);
-      } else {
-        at::Tensor t;
-        {
-          at::NoGradGuard ng;
-          t = m.teacher->forward(input).logits;
-        }
-        loss = kl_divergence(t, m.student->forward(input, true, checkpoint_layers));
+      at::Tensor t;  // the teacher's last hidden states
+      {
+        at::NoGradGuard ng;
+        t = m.teacher->hidden(input);
       }
+      const at::Tensor h = m.student->hidden(input, true, checkpoint_layers);
+      const model::Transformer& base = m.student->teacher();
+      const at::Tensor loss = input.numel() > kChunkedLossTokens
+                 ? chunked_kl_divergence(*m.teacher, t, base, h, kLossChunk)
+                 : kl_rows_sum(*m.teacher, t, base, h) / static_cast<double>(input.numel());
       if (backward) (loss * scale).backward();
       return loss.item<double>();
     }

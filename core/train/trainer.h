@@ -121,8 +121,8 @@ std::vector<Param> stage_params(const StageModels& m, jobs::StageKind kind);
 //                       teacher's layer input and the teacher's attention output
 // With `backward`, the gradients of scale * loss are accumulated (align: layer by layer, so only one
 // layer's graph is alive at a time). checkpoint_layers: activation checkpointing of the student's layers
-// in distil and finetune (HybridModel::forward) and of the dense model's in pretrain (Transformer::hidden). target_mask [B, T] (DataMixture::batch): the
-// cross-entropy stages then average each sequence over its counted targets and the sequences that have
+// in distil and finetune (HybridModel::forward) and of the dense model's in pretrain (Transformer::hidden).
+// target_mask [B, T] (DataMixture::batch): the cross-entropy stages then average each sequence over its counted targets and the sequences that have
 // any, so an answers-only sample weighs as much as a fully counted one; align and distil ignore it.
 // Returns the loss.
 double stage_loss(const StageModels& m, jobs::StageKind kind, const at::Tensor& ids, double scale, bool backward,
