@@ -15,10 +15,13 @@
 
 namespace {
 
+// Whether argv names one of the options, alone or as NAME=VALUE.
 bool has_option(int argc, char** argv, std::initializer_list<const char*> names) {
   for (int i = 1; i < argc; ++i)
-    for (const char* n : names)
-      if (std::strcmp(argv[i], n) == 0) return true;
+    for (const char* n : names) {
+      const size_t len = std::strlen(n);
+      if (std::strncmp(argv[i], n, len) == 0 && (argv[i][len] == 0 || argv[i][len] == '=')) return true;
+    }
   return false;
 }
 
@@ -33,20 +36,13 @@ bool no_display() {
 #endif
 }
 
-void set_names() {
-  QCoreApplication::setOrganizationName(QStringLiteral("HydraHead"));
-  QCoreApplication::setApplicationName(QStringLiteral("hydrahead-workbench"));
-  QCoreApplication::setApplicationVersion(QStringLiteral(HYDRAHEAD_VERSION));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   hh::util::tune_allocator_for_tensors();
   const bool text_only = has_option(argc, argv, {"-h", "--help", "--help-all", "-v", "--version"});
-  const bool screenshot_only = has_option(argc, argv, {"--screenshot"});
   if (!text_only && no_display()) {
-    if (!screenshot_only) {
+    if (!has_option(argc, argv, {"--screenshot"})) {
       std::fprintf(stderr,
                    "hydrahead-workbench: no display (DISPLAY and WAYLAND_DISPLAY are unset). Run it on a desktop or "
                    "with X forwarding (ssh -X), or set QT_QPA_PLATFORM; --screenshot FILE renders without a display. "
@@ -59,7 +55,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<QCoreApplication> app;
   if (text_only) app = std::make_unique<QCoreApplication>(argc, argv);
   else app = std::make_unique<QApplication>(argc, argv);
-  set_names();
+  QCoreApplication::setOrganizationName(QStringLiteral("HydraHead"));
+  QCoreApplication::setApplicationName(QStringLiteral("hydrahead-workbench"));
+  QCoreApplication::setApplicationVersion(QStringLiteral(HYDRAHEAD_VERSION));
   if (!text_only) QApplication::setApplicationDisplayName(QStringLiteral("HydraHead Workbench"));
 
   QCommandLineParser parser;
