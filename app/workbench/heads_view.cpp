@@ -191,7 +191,6 @@ HeadsView::HeadsView(HeadSelection* selection, QWidget* parent) : QWidget(parent
   panel_ = new SelectionPanel(selection_, this);
   // The side in three parts the user can resize: the selection, the clicked head's details, its attention.
   auto* side = new QSplitter(Qt::Vertical, this);
-  side->setObjectName(QStringLiteral("headsSide"));
   side->setChildrenCollapsible(false);
   side->addWidget(panel_);
   auto* details = new QWidget(side);

@@ -251,6 +251,22 @@ class TestHeadsView : public QObject {
     QCOMPARE(sel->count(), 16);
   }
 
+  // In a 1200 x 800 window the budget table shows one context's four rows (dense, layer-wise, random, this
+  // selection) whole, without scrolling, beside the panel's other parts.
+  void budgetTableShowsAContextsRowsWhole() {
+    auto w = newWindow();
+    QVERIFY(w->openAnalysis(qpath(analysis_)));
+    w->showPage(MainWindow::Page::Heads);
+    QVERIFY(QTest::qWaitForWindowExposed(w.get()));
+    QCoreApplication::processEvents();
+    QTableWidget* t = w->headsView()->selectionPanel()->budgetTable();
+    QVERIFY(t->isVisible());
+    QVERIFY(t->rowCount() >= 4);
+    const QRect last = t->visualRect(t->model()->index(3, 0));
+    QVERIFY2(last.top() >= 0 && last.bottom() < t->viewport()->height(),
+             qPrintable(QStringLiteral("row 3 at %1..%2, viewport %3 high").arg(last.top()).arg(last.bottom()).arg(t->viewport()->height())));
+  }
+
   void exportedManifestEqualsTheClis() {
     auto w = newWindow();
     QVERIFY(w->openAnalysis(qpath(analysis_)));
