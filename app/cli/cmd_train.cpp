@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "core/interp/task_registry.h"
 #include "core/io/h5.h"
 #include "core/jobs/job.h"
+#include "core/train/job_lock.h"
 #include "core/train/run_log.h"
 #include "core/train/trainer.h"
 #include "core/util/error.h"
@@ -33,45 +35,38 @@ struct TrainArgs {
   DistArgs dist;
 };
 
-// The state of a run directory, read from run.h5 (SWMR: also while the job writes it).
+// The state of a run directory, read from run.h5 (SWMR: also while the job writes it), and whether a
+// job holds the directory now.
 int print_status(const fs::path& dir) {
   const fs::path run = dir / "run.h5";
   if (!fs::exists(run)) throw Error(dir.string() + ": no run.h5 (not a training run directory, or the job has not started)");
   const train::RunSnapshot r = train::read_run(run);
-  std::printf("%s\n%-12s %-9s %13s %10s %10s %10s\n", run.string().c_str(), "stage", "kind", "steps", "loss", "eval",
-              "tokens/s");
-  for (size_t s = 0; s < r.stage_names.size(); ++s) {
-    std::vector<size_t> rows;
-    for (size_t i = 0; i < r.stage.size(); ++i)
-      if (r.stage[i] == static_cast<int32_t>(s)) rows.push_back(i);
-    const int64_t done = static_cast<int64_t>(rows.size()), total = r.planned_steps[s];
-    const char* state = r.end_row[s] >= 0 ? " done" : r.first_row[s] >= 0 ? "  run" : "     ";
-    std::string l = "-", e = "-", t = "-";
+  const train::RunProgress p = train::run_progress(r, train::job_running(dir));
+  std::printf("%s\n%s\n%-12s %-9s %13s %10s %10s %10s\n", run.string().c_str(), train::describe(p, r).c_str(), "stage",
+              "kind", "steps", "loss", "eval", "tokens/s");
+  auto number = [](double v, const char* fmt) {
+    if (std::isnan(v)) return std::string("-");
     char buf[64];
-    if (done > 0) {
-      std::snprintf(buf, sizeof buf, "%.4g", r.loss[rows.back()]);
-      l = buf;
-      std::vector<double> last;
-      for (size_t k = rows.size() > 20 ? rows.size() - 20 : 0; k < rows.size(); ++k) last.push_back(r.tokens_per_s[rows[k]]);
-      std::sort(last.begin(), last.end());
-      std::snprintf(buf, sizeof buf, "%.0f", last[(last.size() - 1) / 2]);  // the lower median, as torch's
-      t = buf;
-    }
-    for (size_t i = r.eval_stage.size(); i-- > 0;)
-      if (r.eval_stage[i] == static_cast<int32_t>(s)) {
-        std::snprintf(buf, sizeof buf, "%.4g", r.eval_loss[i]);
-        e = buf;
-        break;
-      }
-    std::snprintf(buf, sizeof buf, "%lld/%lld%s", static_cast<long long>(done), static_cast<long long>(total), state);
-    std::printf("%-12s %-9s %13s %10s %10s %10s\n", r.stage_names[s].c_str(), r.stage_kinds[s].c_str(), buf, l.c_str(),
-                e.c_str(), t.c_str());
+    std::snprintf(buf, sizeof buf, fmt, v);
+    return std::string(buf);
+  };
+  for (size_t s = 0; s < r.stage_names.size(); ++s) {
+    const train::StageSummary sum = train::summarize_stage(r, static_cast<int32_t>(s));
+    const char* state = r.end_row[s] >= 0 ? " done" : r.first_row[s] >= 0 ? "  run" : "     ";
+    char steps[64];
+    std::snprintf(steps, sizeof steps, "%lld/%lld%s", static_cast<long long>(sum.done),
+                  static_cast<long long>(r.planned_steps[s]), state);
+    std::printf("%-12s %-9s %13s %10s %10s %10s\n", r.stage_names[s].c_str(), r.stage_kinds[s].c_str(), steps,
+                number(sum.loss, "%.4g").c_str(), number(sum.eval_loss, "%.4g").c_str(),
+                number(sum.tokens_per_s, "%.0f").c_str());
   }
   if (!r.elapsed_s.empty()) std::printf("elapsed %s\n", format_seconds(r.elapsed_s.back()).c_str());
   std::ifstream latest(dir / "checkpoints/LATEST");
   std::string name;
   if (latest && std::getline(latest, name)) std::printf("latest checkpoint: %s\n", (dir / "checkpoints" / name).string().c_str());
   if (fs::is_regular_file(dir / "model/config.json")) std::printf("final model: %s\n", (dir / "model").string().c_str());
+  if (p.state == train::RunProgress::State::Stopped && r.step.size() > 0)
+    std::printf("run its job again (hydrahead train --job FILE) to continue from the latest checkpoint\n");
   return kExitOk;
 }
 

@@ -3,8 +3,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include <nlohmann/json.hpp>
 
 #include "core/util/error.h"
+#include "core/util/strings.h"
 #include "hydrahead/version.h"
 
 namespace hh::train {
@@ -143,7 +148,102 @@ RunSnapshot read_run(const std::filesystem::path& run_h5) {
   r.eval_step.resize(e);
   r.eval_stage.resize(e);
   r.eval_loss.resize(e);
+  // Each stage's tokens a step, from the spec the job recorded (its defaults: batch 1, grad_accum 1).
+  r.tokens_per_step.assign(r.stage_names.size(), 0);
+  try {
+    const auto job = nlohmann::json::parse(f.attr_string("/", "job"));
+    const auto& stages = job.at("stages");
+    for (size_t s = 0; s < r.stage_names.size() && s < stages.size(); ++s) {
+      const auto& st = stages[s];
+      r.tokens_per_step[s] = st.value("batch", int64_t{1}) * st.value("grad_accum", int64_t{1}) * st.at("seq_len").get<int64_t>();
+    }
+  } catch (const std::exception&) {
+    // An older or hand-made file: no ETA.
+  }
   return r;
+}
+
+StageSummary summarize_stage(const RunSnapshot& r, int32_t stage) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  StageSummary out{0, nan, nan, nan};
+  std::vector<double> recent;
+  for (size_t i = 0; i < r.stage.size(); ++i)
+    if (r.stage[i] == stage) {
+      ++out.done;
+      out.loss = r.loss[i];
+      recent.push_back(r.tokens_per_s[i]);
+    }
+  if (recent.size() > 20) recent.erase(recent.begin(), recent.end() - 20);
+  if (!recent.empty()) {
+    std::sort(recent.begin(), recent.end());
+    out.tokens_per_s = recent[(recent.size() - 1) / 2];
+  }
+  for (size_t i = r.eval_stage.size(); i-- > 0;)
+    if (r.eval_stage[i] == stage) {
+      out.eval_loss = r.eval_loss[i];
+      break;
+    }
+  return out;
+}
+
+RunProgress run_progress(const RunSnapshot& r, bool running) {
+  RunProgress p;
+  const int32_t S = static_cast<int32_t>(r.stage_names.size());
+  bool all_ended = S > 0;
+  for (int32_t s = 0; s < S; ++s) all_ended = all_ended && r.end_row[static_cast<size_t>(s)] >= 0;
+  p.state = running ? RunProgress::State::Running : all_ended ? RunProgress::State::Finished : RunProgress::State::Stopped;
+  p.total = r.total_steps();
+  p.done = static_cast<int64_t>(r.step.size());
+  p.loss = std::numeric_limits<double>::quiet_NaN();
+  p.tokens_per_s = p.loss;
+  if (r.step.empty()) return p;
+  p.stage = r.stage.back();
+  const auto st = static_cast<size_t>(p.stage);
+  const StageSummary sum = summarize_stage(r, p.stage);
+  p.stage_step = sum.done;
+  p.stage_steps = st < r.planned_steps.size() ? r.planned_steps[st] : 0;
+  p.loss = r.loss.back();
+  p.tokens_per_s = sum.tokens_per_s;
+  p.elapsed_s = r.elapsed_s.back();
+  if (p.state != RunProgress::State::Running || st >= r.tokens_per_step.size() || r.tokens_per_step[st] <= 0) return p;
+  // The trainer's estimate: this stage's mean seconds a token (the mean of 1 / tokens_per_s over its steps).
+  double per_token = 0;
+  for (size_t i = 0; i < r.stage.size(); ++i)
+    if (r.stage[i] == p.stage) per_token += 1.0 / r.tokens_per_s[i];
+  per_token /= static_cast<double>(sum.done);
+  double tokens = static_cast<double>(std::max<int64_t>(0, p.stage_steps - p.stage_step) * r.tokens_per_step[st]);
+  for (size_t later = st + 1; later < r.planned_steps.size(); ++later) {
+    if (r.tokens_per_step[later] <= 0) return p;
+    tokens += static_cast<double>(r.planned_steps[later] * r.tokens_per_step[later]);
+  }
+  p.eta_s = per_token * tokens;
+  return p;
+}
+
+std::string describe(const RunProgress& p, const RunSnapshot& r) {
+  char buf[96];
+  auto number = [&buf](double v, const char* fmt) {
+    std::snprintf(buf, sizeof buf, fmt, v);
+    return std::string(buf);
+  };
+  const std::string stage = p.stage >= 0 ? "stage " + r.stage_names[static_cast<size_t>(p.stage)] + ", step " +
+                                               std::to_string(p.stage_step) + " of " + std::to_string(p.stage_steps)
+                                         : std::string();
+  const std::string in_all = std::to_string(p.done) + " of " + std::to_string(p.total);
+  switch (p.state) {
+    case RunProgress::State::Finished:
+      return "finished: " + std::to_string(p.done) + " steps in " + util::format_seconds(p.elapsed_s);
+    case RunProgress::State::Stopped:
+      if (p.stage < 0) return "stopped before its first step";
+      return "stopped at step " + in_all + " (" + stage + ")";
+    case RunProgress::State::Running:
+      break;
+  }
+  if (p.stage < 0) return "running: before its first step";
+  std::string line = "running: " + stage + " (" + in_all + " in all), loss " + number(p.loss, "%.4g") + ", " +
+                     number(p.tokens_per_s, "%.0f") + " tokens/s";
+  if (p.eta_s >= 0) line += ", ETA " + util::format_seconds(p.eta_s);
+  return line;
 }
 
 }  // namespace hh::train

@@ -60,9 +60,42 @@ struct RunSnapshot {
   std::vector<int64_t> eval_step;                          // per /eval row
   std::vector<int32_t> eval_stage;
   std::vector<double> eval_loss;
+  std::vector<int64_t> tokens_per_step;  // per stage, from the job's spec in the file (0 where it is unreadable)
   int64_t total_steps() const;  // planned, all stages
 };
 // Reads `run_h5` as it is now (opened for SWMR reading, every dataset refreshed). Throws naming the file.
 RunSnapshot read_run(const std::filesystem::path& run_h5);
+
+// One stage of a snapshot: its steps done, last loss and held-out loss (NaN before the first), and the
+// lower median of its last 20 steps' tokens/s (NaN before the first step).
+struct StageSummary {
+  int64_t done = 0;
+  double loss, eval_loss, tokens_per_s;
+};
+StageSummary summarize_stage(const RunSnapshot& r, int32_t stage);
+
+// Where a run stands: its snapshot, and whether a job holds its directory (job_running()).
+struct RunProgress {
+  enum class State {
+    Running,   // a job holds the directory
+    Stopped,   // no job does, and a stage has not ended: interrupted, crashed, killed, or run by --stage
+    Finished,  // every stage has ended
+  };
+  State state = State::Stopped;
+  int32_t stage = -1;                       // the stage of the last step (-1 before the first)
+  int64_t stage_step = 0, stage_steps = 0;  // that stage's steps done and planned
+  int64_t done = 0, total = 0;              // steps done and planned, every stage
+  double loss = 0;                          // the last step's (NaN before the first)
+  double tokens_per_s = 0;                  // that stage's, as summarize_stage
+  double elapsed_s = 0;                     // the job's time at its last step
+  // While running: that stage's mean time a token (its steps' tokens/s) times the tokens left in it and
+  // in every later stage, as the job's own progress events estimate it; -1 otherwise or when unknown.
+  double eta_s = -1;
+};
+RunProgress run_progress(const RunSnapshot& r, bool running);
+// One line for people: "running: stage distil, step 120 of 400 (320 of 1000 in all), loss 2.31,
+// 9876 tokens/s, ETA 5m12s", "stopped at step 320 of 1000 (stage distil, step 120 of 400)", "finished:
+// 1000 steps in 1h02m".
+std::string describe(const RunProgress& p, const RunSnapshot& r);
 
 }  // namespace hh::train

@@ -2,8 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -25,6 +23,7 @@
 #include "core/model/tokenizer.h"
 #include "core/select/manifest.h"
 #include "core/train/data.h"
+#include "core/train/job_lock.h"
 #include "core/train/optim.h"
 #include "core/train/run_log.h"
 #include "core/util/error.h"
@@ -46,28 +45,6 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// An exclusive advisory lock on <output>/.lock for the job's lifetime.
-class DirLock {
- public:
-  explicit DirLock(const fs::path& dir) {
-    const fs::path p = dir / ".lock";
-    fd_ = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw Error(p.string() + ": cannot open: " + std::strerror(errno));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      ::close(fd_);
-      throw Error(dir.string() + ": another training job is running in this directory");
-    }
-  }
-  ~DirLock() {
-    ::flock(fd_, LOCK_UN);
-    ::close(fd_);
-  }
-  DirLock(const DirLock&) = delete;
-  DirLock& operator=(const DirLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
 
 // Where the job stands; state.json of a checkpoint.
 struct JobState {
@@ -545,7 +522,7 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
                   ") must be a multiple of the number of ranks (" + std::to_string(world) +
                   "): the batch is split evenly over them");
   fs::create_directories(out);
-  std::optional<DirLock> lock;
+  std::optional<JobLock> lock;
   if (lead) lock.emplace(out);
   const fs::path ckpt_root = out / "checkpoints";
   const fs::path run_path = out / "run.h5";

@@ -676,8 +676,11 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   }
   ASSERT_GE(seen.size(), 3u) << "a reader saw run.h5 grow while the job wrote it";
   follower.reset();
-  // `train --status` reads the live file from another process too.
-  EXPECT_NE(status_of(f.dir / "cli").find("/300  run"), std::string::npos) << status_of(f.dir / "cli");
+  // `train --status` reads the live file from another process too, and sees the job's lock.
+  const std::string live = status_of(f.dir / "cli");
+  EXPECT_NE(live.find("/300  run"), std::string::npos) << live;
+  EXPECT_NE(live.find("running: stage align, step "), std::string::npos) << live;
+  EXPECT_NE(live.find(" tokens/s, ETA "), std::string::npos) << live;
   ::kill(pid, SIGINT);
   EXPECT_EQ(wait_exit(pid), 130);
   std::ifstream ev(f.dir / "events1.jsonl");
@@ -687,6 +690,10 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   const int64_t rows_at_stop = static_cast<int64_t>(column(run, "/train/loss").size());
   EXPECT_GT(rows_at_stop, 0);
   EXPECT_LT(rows_at_stop, 300);
+  const std::string stopped = status_of(f.dir / "cli");
+  EXPECT_NE(stopped.find("stopped at step " + std::to_string(rows_at_stop) + " of 300 (stage align, step " +
+                         std::to_string(rows_at_stop) + " of 300)"), std::string::npos) << stopped;
+  EXPECT_NE(stopped.find("run its job again"), std::string::npos) << stopped;
 
   const pid_t again = spawn_train(job, f.dir / "events2.jsonl");
   EXPECT_EQ(wait_exit(again), 0);
@@ -695,6 +702,7 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   EXPECT_EQ(column(run, "/train/loss"), column(f.dir / "straight/run.h5", "/train/loss"));
   const std::string done = status_of(f.dir / "cli");
   EXPECT_NE(done.find("300/300 done"), std::string::npos) << done;
+  EXPECT_NE(done.find("finished: 300 steps in "), std::string::npos) << done;
   EXPECT_NE(done.find("final model: "), std::string::npos) << done;
 
   // h5py reads the finished file (SWMR mode as the workbench does).
