@@ -31,7 +31,7 @@ namespace fs = std::filesystem;
 
 struct AnalyzeArgs {
   std::string model, calib, out, method = "activation", mode = "noising", metric = "logprob";
-  std::string device = "cpu", dtype, heads, receivers;
+  std::string device = "cpu", dtype = "auto", heads, receivers;
   int64_t max_batch = 0, cka_tokens = 1024, top = 10;
   bool reference = false, no_layers = false;
   DistArgs dist;
@@ -146,7 +146,7 @@ Runner add_analyze(CLI::App& app) {
   app.add_option("--metric", a->metric, "logprob (sum over answer tokens) or logit-diff (answer vs wrong, first token)")
       ->capture_default_str();
   app.add_option("--device", a->device, "cpu or cuda[:N]")->capture_default_str();
-  app.add_option("--dtype", a->dtype, "f32, bf16, f16 or f64 (default: the checkpoint's)");
+  app.add_option("--dtype", a->dtype, kDtypeHelp)->capture_default_str();
   app.add_option("--heads", a->heads, "Only these heads, as LAYER:HEAD,... (default: all)");
   app.add_option("--receivers", a->receivers, "Path patching receivers LAYER:HEAD,... (default: the logits)");
   app.add_option("--max-batch", a->max_batch, "Patched variants per forward (0: sized from free memory)")->capture_default_str();

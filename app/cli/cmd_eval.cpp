@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 struct EvalArgs {
   std::string model, task = "niah-grid", lengths, depths = "0,0.25,0.5,0.75,1", niah_task = "niah-single", out;
-  std::string device = "cpu", dtype, data;
+  std::string device = "cpu", dtype = "auto", data;
   int64_t n = 10, seq = 2048;
   uint64_t seed = 0;
 };
@@ -144,7 +144,7 @@ Runner add_eval(CLI::App& app) {
   app.add_option("--niah-task", a->niah_task, "Task plugin that makes the prompts")->capture_default_str();
   app.add_option("--seed", a->seed, "Cell (i, j) uses seed + 1000 i + j")->capture_default_str();
   app.add_option("--device", a->device, "cpu or cuda[:N]")->capture_default_str();
-  app.add_option("--dtype", a->dtype, "f32, bf16, f16 (default: the checkpoint's)");
+  app.add_option("--dtype", a->dtype, kDtypeHelp)->capture_default_str();
   app.add_option("--out", a->out, "eval.h5 to write")->required();
   return [a] { return run_eval(*a); };
 }

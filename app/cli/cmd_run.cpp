@@ -26,7 +26,7 @@ namespace hh::cli {
 namespace {
 
 struct RunArgs {
-  std::string model, tokens, text, out, device = "cpu", dtype, hooks;
+  std::string model, tokens, text, out, device = "cpu", dtype = "auto", hooks;
   int64_t generate = 0;
 };
 
@@ -42,7 +42,7 @@ int run_forward(const RunArgs& a) {
     throw Error("--device: '" + a.device + "' is not cpu or cuda[:N]");
   if (a.device.rfind("cuda", 0) == 0 && !torch::cuda::is_available())
     throw Error("--device " + a.device + ": this build or machine has no CUDA device");
-  if (!a.dtype.empty()) (void)model::parse_dtype(a.dtype);
+  model::check_dtype(a.dtype);
 
   std::vector<int64_t> ids;
   if (!a.text.empty() || a.tokens.empty()) {
@@ -150,7 +150,7 @@ Runner add_run(CLI::App& app) {
   app.add_option("--out", args->out, "Output HDF5 file: /logits [T, V] f32, /tokens [T] i64, /hooks/<name>")
       ->required();
   app.add_option("--device", args->device, "cpu or cuda[:N]")->capture_default_str();
-  app.add_option("--dtype", args->dtype, "f32, bf16 or f16 (default: the checkpoint's)");
+  app.add_option("--dtype", args->dtype, kDtypeHelp)->capture_default_str();
   app.add_option("--generate", args->generate, "Also decode this many tokens greedily; stored as /generated and printed")
       ->capture_default_str();
   app.add_option("--hooks", args->hooks,

@@ -77,6 +77,11 @@ class ProgressBar {
 
 using util::format_seconds;  // core/util/strings.h
 
+// --dtype of the commands that load a checkpoint (model::resolve_dtype).
+constexpr const char* kDtypeHelp =
+    "f32, bf16, f16 or f64; auto: the checkpoint's, but f32 on the CPU for a 16-bit checkpoint (CPUs without "
+    "16-bit matrix units emulate those products, many times slower)";
+
 // Ctrl-C / SIGTERM set the returned flag instead of killing the process, so a long command can stop
 // between steps and leave no half-written file; a second signal kills as usual.
 const std::atomic<bool>* install_interrupt_flag();

@@ -140,7 +140,9 @@ QString JobDialog::jobJson(QString* error) const {
   j["manifest"] = QFileInfo(manifest_->text()).absoluteFilePath().toStdString();
   j["output"] = QFileInfo(output_->text()).absoluteFilePath().toStdString();
   j["device"] = device_->currentText().toStdString();
-  if (device_->currentText() == QLatin1String("cpu")) j.erase("dtype");  // the checkpoint's dtype
+  // On the CPU the job's default: the checkpoint's dtype, or float32 for a 16-bit one (the template's
+  // bf16 is for GPUs).
+  if (device_->currentText() == QLatin1String("cpu")) j.erase("dtype");
   j.erase("calib");
   if (!text_data_->text().isEmpty()) {
     j["data"] = json::array({{{"jsonl", QFileInfo(text_data_->text()).absoluteFilePath().toStdString()}}});

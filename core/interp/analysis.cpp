@@ -425,7 +425,7 @@ AnalysisResult analyze_checkpoint(const AnalyzeCheckpoint& job, const std::funct
     throw Error("--device: '" + job.device + "' is not cpu or cuda[:N]");
   if (job.device.rfind("cuda", 0) == 0 && !torch::cuda::is_available())
     throw Error("--device " + job.device + ": this build or machine has no CUDA device");
-  if (!job.dtype.empty()) (void)model::parse_dtype(job.dtype);
+  model::check_dtype(job.dtype);
   if (job.out.has_parent_path() && !fs::is_directory(job.out.parent_path()))
     throw Error("--out " + job.out.string() + ": directory " + job.out.parent_path().string() + " does not exist");
 

@@ -97,7 +97,7 @@ void check_can_extend(const std::filesystem::path& path, const AnalysisProvenanc
 // options.cancel throws hh::Cancelled and writes nothing. `started` (may be empty) is told what runs.
 struct AnalyzeCheckpoint {
   std::filesystem::path model_dir, calib, out;
-  std::string device = "cpu", dtype;  // dtype "": the checkpoint's
+  std::string device = "cpu", dtype = "auto";  // as model::resolve_dtype takes it
   std::string created_by;
   AnalyzeOptions options;
 };

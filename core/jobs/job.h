@@ -59,7 +59,7 @@ struct JobSpec {
   std::filesystem::path file;       // where it was read from ("" when parsed from memory)
   std::filesystem::path teacher, manifest, hybrid, calib, output;
   std::filesystem::path model_config, tokenizer;   // pretrain
-  std::string device = "cpu", dtype;               // dtype "": the checkpoint's (float32 for pretrain)
+  std::string device = "cpu", dtype;               // dtype "": the checkpoint's, f32 on the CPU (float32 for pretrain)
   uint64_t seed = 0;
   std::vector<train::DataSource> data, eval_data;
   std::vector<StageSpec> stages;

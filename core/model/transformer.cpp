@@ -420,6 +420,17 @@ at::ScalarType parse_dtype(const std::string& name) {
   throw Error("unknown dtype '" + name + "' (expected f32, bf16, f16 or f64)");
 }
 
+at::ScalarType resolve_dtype(const std::string& dtype, const at::Device& device, at::ScalarType stored) {
+  if (dtype.empty()) return stored;
+  if (dtype == "auto")
+    return device.is_cpu() && (stored == at::kBFloat16 || stored == at::kHalf) ? at::kFloat : stored;
+  return parse_dtype(dtype);
+}
+
+void check_dtype(const std::string& dtype) {
+  if (!dtype.empty() && dtype != "auto") (void)parse_dtype(dtype);
+}
+
 // ---- Transformer ----------------------------------------------------------------------------------
 
 Transformer::Transformer(ModelConfig cfg, Weights w) : cfg_(std::move(cfg)), w_(std::move(w)) {
@@ -472,8 +483,7 @@ Transformer Transformer::load(const std::filesystem::path& dir, ModelConfig cfg,
       throw Error(dir.string() + ": tensor '" + e.name + "' has shape " + shape_str(info.shape) + ", expected " +
                   shape_str(e.shape) + " from config.json");
   }
-  const at::ScalarType target =
-      dtype.empty() ? io::to_scalar_type(ckpt.info("model.embed_tokens.weight").dtype) : parse_dtype(dtype);
+  const at::ScalarType target = resolve_dtype(dtype, dev, io::to_scalar_type(ckpt.info("model.embed_tokens.weight").dtype));
   try {
     for (const WeightEntry& e : table) *e.slot = ckpt.load(e.name).to(dev, target);
   } catch (const c10::Error& e) {

@@ -125,7 +125,7 @@ class Transformer {
   // Checks every tensor against weight_table (presence, shape) and that all share one dtype and
   // device. A tied model with lm_head undefined gets lm_head = embed_tokens.
   Transformer(ModelConfig cfg, Weights w);
-  // Loads config.json + safetensors. dtype: "" keeps the checkpoint's dtype, else f32|bf16|f16.
+  // Loads config.json + safetensors in the dtype resolve_dtype() names ("" keeps the checkpoint's).
   // Every tensor's presence and shape is checked; errors name the file and tensor.
   // The same with the configuration given (e.g. read from a hybrid checkpoint's config.json).
   static Transformer load(const std::filesystem::path& dir, ModelConfig cfg, const std::string& device,
@@ -213,5 +213,12 @@ int64_t greedy_next(const Transformer& model, KvCache& cache, const std::vector<
 
 // f32|bf16|f16|f64 (and float32, bfloat16, float16, half, float64, fp32, ...). Throws naming the value.
 at::ScalarType parse_dtype(const std::string& name);
+// The dtype a model loads in: "" keeps the checkpoint's (`stored`); "auto" keeps it on a GPU but takes
+// float32 on the CPU for a 16-bit checkpoint, since CPUs without 16-bit matrix units emulate those
+// products (the demo model's forward took 35x as long in bfloat16 as in float32 on a 2-core x86 machine);
+// anything else is parse_dtype's.
+at::ScalarType resolve_dtype(const std::string& dtype, const at::Device& device, at::ScalarType stored);
+// Checks a dtype option as resolve_dtype() takes it ("", "auto" or parse_dtype's names), naming it.
+void check_dtype(const std::string& dtype);
 
 }  // namespace hh::model

@@ -596,12 +596,18 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       m.dense.emplace(cfg, std::move(w));
     }
   } else {
+    // A job without a dtype takes the checkpoint's, but float32 on the CPU (model::resolve_dtype); a resumed
+    // job's teacher takes the dtype its student was saved in, which is the one it trained in.
+    const std::string dtype =
+        !resume_from.empty() ? model::hf_dtype_name(io::to_scalar_type(io::Checkpoint(resume_model).info("model.embed_tokens.weight").dtype))
+        : job.dtype.empty() ? std::string("auto")
+                            : job.dtype;
     if (need_teacher || (resume_from.empty() && job.hybrid.empty()))
-      m.teacher.emplace(model::Transformer::load(job.teacher, job.device, job.dtype));
+      m.teacher.emplace(model::Transformer::load(job.teacher, job.device, dtype));
     if (!resume_from.empty()) {
       m.student.emplace(attention::HybridModel::load(resume_model, job.device, ""));
     } else if (!job.hybrid.empty()) {
-      m.student.emplace(attention::HybridModel::load(job.hybrid, job.device, job.dtype));
+      m.student.emplace(attention::HybridModel::load(job.hybrid, job.device, dtype));
     } else {
       const auto manifest = select::read_manifest(job.manifest);
       select::check_fits(manifest, select::shape_of(m.teacher->config(), io::model_fingerprint(job.teacher)),

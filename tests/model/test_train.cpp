@@ -27,6 +27,7 @@
 #include "core/select/manifest.h"
 #include "core/model/tokenizer.h"
 #include "core/model/transformer.h"
+#include "core/io/checkpoint.h"
 #include "core/train/data.h"
 #include "core/train/trainer.h"
 #include "support/test_support.h"
@@ -208,6 +209,33 @@ TEST(Train, AnInterruptedJobResumesOntoTheUninterruptedTrajectory) {
   // Done is done: running the finished job again changes nothing.
   EXPECT_EQ(hh::train::run_job(stopped, {}), hh::train::JobStatus::Completed);
   EXPECT_EQ(column(f.dir / "stopped/run.h5", "/train/loss").size(), 14u);
+}
+
+// A job that names no dtype trains a 16-bit teacher's hybrid in float32 on the CPU (whose 16-bit matrix
+// products are emulated); one that names bf16 gets bf16, also after a resume (teacher and student in distil).
+TEST(Train, AJobWithoutADtypeTrainsA16BitTeacherInFloat32OnTheCpu) {
+  Fixture f = make_fixture("train_dtype");
+  const auto cfg = hh::test::tiny_config(2, 4, 2, 8, 32, 64, 273);
+  f.teacher = f.dir / "teacher-bf16";
+  hh::model::save_model(f.teacher, cfg, hh::model::random_weights(cfg, 11, at::kBFloat16, 0.05));
+  auto saved_dtype = [](const fs::path& model) {
+    return std::string(hh::io::dtype_name(hh::io::Checkpoint(model).info("model.embed_tokens.weight").dtype));
+  };
+  EXPECT_EQ(saved_dtype(f.teacher), "BF16");
+  json j = hybrid_job(f, "auto");
+  j["stages"] = json::array({stage("align", 1, 1e-3, 16), stage("distil", 1, 1e-3, 16)});
+  EXPECT_EQ(hh::train::run_job(spec(j), {}), hh::train::JobStatus::Completed);
+  EXPECT_EQ(saved_dtype(f.dir / "auto/model"), "F32");
+
+  j = hybrid_job(f, "bf16");
+  j["dtype"] = "bf16";
+  j["stages"] = json::array({stage("align", 2, 1e-3, 16), stage("distil", 1, 1e-3, 16)});
+  hh::train::TrainOptions stop_after_one;
+  stop_after_one.max_steps = 1;
+  EXPECT_EQ(hh::train::run_job(spec(j), stop_after_one), hh::train::JobStatus::Interrupted);
+  // Resumed: the teacher loads in bf16 beside the saved bf16 student, and distil runs both.
+  EXPECT_EQ(hh::train::run_job(spec(j), {}), hh::train::JobStatus::Completed);
+  EXPECT_EQ(saved_dtype(f.dir / "bf16/model"), "BF16");
 }
 
 TEST(Train, ASecondJobInTheSameDirectoryIsRefused) {

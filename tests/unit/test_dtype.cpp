@@ -1,0 +1,35 @@
+// The dtype a model loads in (model::resolve_dtype): the checkpoint's, a named one, or "auto", which
+// takes float32 on the CPU for a 16-bit checkpoint and keeps the stored dtype everywhere else.
+#include <gtest/gtest.h>
+
+#include "core/model/transformer.h"
+#include "support/test_support.h"
+
+namespace hh::model {
+namespace {
+
+TEST(Dtype, AutoTakesFloat32OnTheCpuForA16BitCheckpointOnly) {
+  const at::Device cpu(at::kCPU), gpu(at::kCUDA, 0);
+  EXPECT_EQ(resolve_dtype("auto", cpu, at::kBFloat16), at::kFloat);
+  EXPECT_EQ(resolve_dtype("auto", cpu, at::kHalf), at::kFloat);
+  EXPECT_EQ(resolve_dtype("auto", cpu, at::kFloat), at::kFloat);
+  EXPECT_EQ(resolve_dtype("auto", cpu, at::kDouble), at::kDouble);
+  EXPECT_EQ(resolve_dtype("auto", gpu, at::kBFloat16), at::kBFloat16);
+  EXPECT_EQ(resolve_dtype("auto", gpu, at::kHalf), at::kHalf);
+}
+
+TEST(Dtype, EmptyKeepsTheCheckpointsAndANameIsTaken) {
+  const at::Device cpu(at::kCPU), gpu(at::kCUDA, 0);
+  EXPECT_EQ(resolve_dtype("", cpu, at::kBFloat16), at::kBFloat16);
+  EXPECT_EQ(resolve_dtype("", gpu, at::kHalf), at::kHalf);
+  EXPECT_EQ(resolve_dtype("bf16", cpu, at::kFloat), at::kBFloat16);
+  EXPECT_EQ(resolve_dtype("float32", gpu, at::kBFloat16), at::kFloat);
+  EXPECT_MENTIONS(test::error_of([&] { resolve_dtype("fp8", cpu, at::kFloat); }), "'fp8'");
+  EXPECT_NO_THROW(check_dtype(""));
+  EXPECT_NO_THROW(check_dtype("auto"));
+  EXPECT_NO_THROW(check_dtype("f16"));
+  EXPECT_MENTIONS(test::error_of([&] { check_dtype("Auto"); }), "unknown dtype 'Auto'");
+}
+
+}  // namespace
+}  // namespace hh::model
