@@ -1,5 +1,5 @@
 // hydrahead-workbench: the Qt front end.
-// Usage: hydrahead-workbench [--model DIR] [--analysis FILE] [--manifest FILE] [--demo] [--screenshot FILE]
+// Usage: hydrahead-workbench [--model DIR] [--analysis FILE] [--manifest FILE] [--run DIR] [--demo] [--screenshot FILE]
 #include <QApplication>
 #include <QCommandLineOption>
 #include <QCommandLineParser>
@@ -77,9 +77,14 @@ int main(int argc, char** argv) {
                                     QStringLiteral("Make the full-attention heads of <FILE> (a manifest.json) the selection."),
                                     QStringLiteral("FILE"));
   parser.addOption(manifest);
+  const QCommandLineOption run(QStringLiteral("run"),
+                               QStringLiteral("Show the training run directory <DIR> (its run.h5) in the Runs view; while "
+                                              "its job runs (`hydrahead train` elsewhere), follow it."),
+                               QStringLiteral("DIR"));
+  parser.addOption(run);
   const QCommandLineOption screenshot(
       QStringLiteral("screenshot"),
-      QStringLiteral("Render the window into the PNG <FILE> once the model and analysis are open, then exit "
+      QStringLiteral("Render the window into the PNG <FILE> once what it names is open, then exit "
                      "(status 1 when something failed to open or the file cannot be written)."),
       QStringLiteral("FILE"));
   parser.addOption(screenshot);
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
   if (parser.isSet(model)) ok = window.openCheckpoint(parser.value(model)) && ok;
   if (parser.isSet(analysis)) ok = window.openAnalysis(parser.value(analysis)) && ok;
   if (parser.isSet(manifest)) ok = window.importManifest(parser.value(manifest)) && ok;
+  if (parser.isSet(run)) ok = window.openRun(parser.value(run)) && ok;
   QTemporaryDir demo_dir;
   bool demo_running = false;
   if (parser.isSet(demo)) {

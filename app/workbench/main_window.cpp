@@ -260,15 +260,15 @@ bool MainWindow::openCheckpoint(const QString& dir) {
   return true;
 }
 
-void MainWindow::reportError(const QString& dir, const QString& message) {
+void MainWindow::reportError(const QString& dir, const QString& message, const QString& what) {
   statusBar()->showMessage(tr("Could not open %1").arg(dir), kErrorStatusTimeoutMs);
   log::error(message.toStdString());
   Q_EMIT loadFailed(message);
   if (!interactive_) return;
-  const bool checkpoint = QFileInfo(dir).isDir();
-  QMessageBox box(QMessageBox::Critical, checkpoint ? tr("Could not open checkpoint") : tr("Could not open file"),
-                  checkpoint ? tr("Could not open the checkpoint \u201c%1\u201d.").arg(displayName(dir))
-                             : tr("Could not use \u201c%1\u201d.").arg(displayName(dir)),
+  const QString kind = !what.isEmpty() ? what : QFileInfo(dir).isDir() ? tr("checkpoint") : QString();
+  QMessageBox box(QMessageBox::Critical, kind.isEmpty() ? tr("Could not open file") : tr("Could not open %1").arg(kind),
+                  kind.isEmpty() ? tr("Could not use \u201c%1\u201d.").arg(displayName(dir))
+                                 : tr("Could not open the %1 \u201c%2\u201d.").arg(kind, displayName(dir)),
                   QMessageBox::Ok, this);
   QString details = message;
   if (model_) details += tr("\n\n%1 stays open.").arg(QString::fromStdString(model_->name));
@@ -329,6 +329,17 @@ bool MainWindow::openAnalysis(const QString& path) {
   statusBar()->showMessage(tr("Opened %1").arg(QDir::toNativeSeparators(path)), kErrorStatusTimeoutMs);
   showPage(Page::Heads);
   Q_EMIT analysisLoaded(heads_view_->analysisPath());
+  return true;
+}
+
+bool MainWindow::openRun(const QString& dir) {
+  if (dir.isEmpty()) return false;
+  QString error;
+  if (!runs_view_->openRun(dir, &error)) {
+    reportError(dir, error, tr("training run"));
+    return false;
+  }
+  showPage(Page::Runs);
   return true;
 }
 

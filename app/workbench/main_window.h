@@ -72,6 +72,8 @@ class MainWindow : public QMainWindow {
   // Opens an analysis.h5 in the Heads view; on failure reports the error and keeps the current one.
   bool openAnalysis(const QString& path);
   void openAnalysisDialog();
+  // Shows a training run directory in the Runs view (following it while its job runs elsewhere).
+  bool openRun(const QString& dir);
   // Makes a manifest's FA heads the selection (one undoable step); the manifest must fit the grid.
   bool importManifest(const QString& path);
   void importManifestDialog();
@@ -100,7 +102,9 @@ class MainWindow : public QMainWindow {
   void createMenus();
   void createPages();
   void createLogPanel();
-  void reportError(const QString& dir, const QString& message);
+  // Reports a failed open: status bar, log, loadFailed and (interactive) a box naming `what` was opened
+  // (default: "checkpoint" for a folder, else a file).
+  void reportError(const QString& dir, const QString& message, const QString& what = QString());
   void rememberRecent(const QString& dir);
 
   bool interactive_ = true;

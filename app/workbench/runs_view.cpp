@@ -17,9 +17,11 @@
 #include <QSplitter>
 #include <QTimer>
 #include <QVBoxLayout>
+#include <cmath>
 #include <csignal>
 
 #include "core/jobs/job.h"
+#include "core/train/job_lock.h"
 #include "core/train/run_log.h"
 #include "export.h"
 #include "job_dialog.h"
@@ -57,7 +59,7 @@ RunsView::RunsView(QWidget* parent) : QWidget(parent) {
   plot_ = new QCustomPlot(this);
   plot_->setObjectName(QStringLiteral("lossPlot"));
   plot_->xAxis->setLabel(tr("step"));
-  plot_->yAxis->setLabel(tr("training loss"));
+  plot_->yAxis->setLabel(tr("loss"));
   plot_->yAxis->setScaleType(QCPAxis::stLogarithmic);
   plot_->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));
   plot_->legend->setVisible(true);
@@ -118,7 +120,6 @@ RunsView::RunsView(QWidget* parent) : QWidget(parent) {
   for (const QString& dir : options::kRecentRuns.get())
     if (QFileInfo::exists(dir)) runs_list_->addItem(dir);
   connect(runs_list_, &QListWidget::itemActivated, this, [this](QListWidgetItem* item) {
-    if (state_ == State::Running) return;
     QString error;
     if (!openRun(item->text(), &error)) appendLog(error);
   });
@@ -139,7 +140,9 @@ QString RunsView::stateText() const {
   switch (state_) {
     case State::Idle: return tr("idle");
     case State::Running: return tr("running");
+    case State::Following: return tr("running in another process (followed through its run.h5)");
     case State::Done: return tr("done");
+    case State::Stopped: return tr("stopped (its job, run again, continues from the latest checkpoint)");
     case State::Interrupted: return tr("interrupted (checkpoint written; Resume continues)");
     case State::Failed: return tr("failed");
   }
@@ -200,12 +203,43 @@ bool RunsView::resume(QString* error) {
 }
 
 bool RunsView::openRun(const QString& dir, QString* error) {
+  if (state_ == State::Running) {
+    if (error) *error = tr("%1: not opened while this view's job runs (its curves are shown)").arg(dir);
+    return false;
+  }
   if (!QFileInfo::exists(dir + QStringLiteral("/run.h5"))) {
     if (error) *error = tr("%1: no run.h5 (not a training run directory, or the job has not started)").arg(dir);
     return false;
   }
+  poll_->stop();
   run_dir_ = QFileInfo(dir).absoluteFilePath();
+  job_file_.clear();  // Resume belongs to the view's own jobs
+  global_step_ = total_steps_ = 0;
   addRun(run_dir_);
+  const bool elsewhere = train::job_running(toPath(run_dir_));
+  setState(elsewhere ? State::Following : State::Idle);
+  appendLog(tr("opened %1").arg(QDir::toNativeSeparators(run_dir_)));
+  try {
+    const train::RunSnapshot r = train::read_run(toPath(run_dir_) / "run.h5");
+    auto number = [](double v, char format, int precision) {
+      return std::isnan(v) ? QStringLiteral("-") : QString::number(v, format, precision);
+    };
+    for (size_t s = 0; s < r.stage_names.size(); ++s) {
+      const train::StageSummary sum = train::summarize_stage(r, static_cast<int32_t>(s));
+      const QString name = QString::fromStdString(r.stage_names[s]), kind = QString::fromStdString(r.stage_kinds[s]);
+      appendLog(tr("  %1: %2 of %3 steps, loss %4, held out %5, %6 tokens/s")
+                    .arg(name == kind ? name : tr("%1 (%2)").arg(name, kind))
+                    .arg(sum.done)
+                    .arg(r.planned_steps[s])
+                    .arg(number(sum.loss, 'g', 4), number(sum.eval_loss, 'g', 4), number(sum.tokens_per_s, 'f', 0)));
+    }
+  } catch (const std::exception&) {
+    // being created: the curves follow once it can be read
+  }
+  if (elsewhere) {
+    appendLog(tr("its job runs in another process; its run.h5 is read every second"));
+    poll_->start();
+  }
   refreshCurves();
   return true;
 }
@@ -321,11 +355,14 @@ void RunsView::onFinished(int exit_code, QProcess::ExitStatus status) {
 }
 
 int RunsView::curvePoints() const { return curve_points_; }
+int RunsView::evalPoints() const { return eval_points_; }
 
 void RunsView::refreshCurves() {
   if (run_dir_.isEmpty()) return;
   const std::filesystem::path run = toPath(run_dir_) / "run.h5";
   if (!std::filesystem::exists(run)) return;
+  // A followed job's end is seen before the read, so that the read has every row it wrote.
+  const bool ended = state_ == State::Following && !train::job_running(toPath(run_dir_));
   train::RunSnapshot r;
   try {
     r = train::read_run(run);
@@ -333,8 +370,10 @@ void RunsView::refreshCurves() {
     return;  // being created: the next tick reads it
   }
   plot_->clearGraphs();
-  curve_points_ = 0;
+  curve_points_ = eval_points_ = 0;
   for (size_t s = 0; s < r.stage_names.size(); ++s) {
+    const QColor colour = kStageColours[s % std::size(kStageColours)];
+    const QString name = QString::fromStdString(r.stage_names[s]);
     QVector<double> x, y;
     for (size_t i = 0; i < r.stage.size(); ++i)
       if (r.stage[i] == static_cast<int32_t>(s) && r.loss[i] > 0) {
@@ -342,22 +381,55 @@ void RunsView::refreshCurves() {
         y << r.loss[i];
       }
     QCPGraph* g = plot_->addGraph();
-    g->setName(QString::fromStdString(r.stage_names[s]));
-    g->setPen(QPen(kStageColours[s % std::size(kStageColours)], 1.5));
+    g->setName(name);
+    g->setPen(QPen(colour, 1.5));
     g->setData(x, y, true);
     curve_points_ += static_cast<int>(x.size());
+    // The held-out loss of the stage's evaluations, as points on the same axes.
+    QVector<double> ex, ey;
+    for (size_t i = 0; i < r.eval_stage.size(); ++i)
+      if (r.eval_stage[i] == static_cast<int32_t>(s) && r.eval_loss[i] > 0) {
+        ex << static_cast<double>(r.eval_step[i]);
+        ey << r.eval_loss[i];
+      }
+    if (ex.isEmpty()) continue;
+    QCPGraph* e = plot_->addGraph();
+    e->setName(tr("%1, held out").arg(name));
+    e->setLineStyle(QCPGraph::lsNone);
+    e->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssCircle, QPen(colour, 1.5), QBrush(Qt::white), 7));
+    e->setData(ex, ey, true);
+    eval_points_ += static_cast<int>(ex.size());
   }
   if (total_steps_ == 0) {
     total_steps_ = static_cast<int>(r.total_steps());
     progress_->setRange(0, std::max(1, total_steps_));
   }
   if (state_ != State::Running) {
-    global_step_ = r.step.empty() ? 0 : static_cast<int>(r.step.back());
+    // An opened run: the file says where it stands.
+    const train::RunProgress p = train::run_progress(r, state_ == State::Following && !ended);
+    const int before = global_step_;
+    global_step_ = static_cast<int>(p.done);
     progress_->setValue(std::min(global_step_, std::max(1, total_steps_)));
     if (!r.loss.empty()) last_loss_ = r.loss.back();
+    const QString line = QString::fromStdString(train::describe(p, r));
+    if (ended) {
+      poll_->stop();
+      appendLog(tr("its job has ended: %1").arg(line));
+    }
+    if (ended || state_ == State::Idle)
+      setState(p.state == train::RunProgress::State::Finished  ? State::Done
+               : p.state == train::RunProgress::State::Stopped ? State::Stopped
+                                                               : state_);
+    status_->setText(tr("%1 \u00b7 %2").arg(QDir::toNativeSeparators(run_dir_), line));
+    if (state_ == State::Following && global_step_ != before) Q_EMIT progressed(global_step_, total_steps_);
   }
   plot_->rescaleAxes();
+  // A margin, so that the first and last points (a stage's final held-out loss) are not cut at the edges.
+  plot_->xAxis->scaleRange(1.04, plot_->xAxis->range().center());
+  plot_->yAxis->scaleRange(1.1, std::sqrt(plot_->yAxis->range().lower * plot_->yAxis->range().upper));
   plot_->replot();
 }
+
+QString RunsView::statusText() const { return status_->text(); }
 
 }  // namespace hh::workbench

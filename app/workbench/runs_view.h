@@ -3,7 +3,9 @@
 // (a crash of the job never takes the window down), followed live through their JSON events (state,
 // progress, ETA, log tail) and their run.h5 (loss curves per stage, read under SWMR every second while
 // the job writes it). Cancel sends SIGINT, so the job checkpoints and exits 130; Resume starts the same
-// job again, which continues from its checkpoint. Finished runs open from their directory.
+// job again, which continues from its checkpoint. Runs open from their directory: a finished or
+// stopped one as it is, and one whose job is running elsewhere (`hydrahead train` in a terminal, a job
+// that holds the directory's lock) followed through its run.h5 until that job ends.
 #include <QJsonObject>
 #include <QProcess>
 #include <QString>
@@ -25,7 +27,9 @@ class RunsView : public QWidget {
   Q_OBJECT
 
  public:
-  enum class State { Idle, Running, Done, Interrupted, Failed };
+  // Running: the view's own job. Following: a job of another process, read from its run.h5 (no
+  // Cancel; its end is Done or Stopped). Stopped: an opened run whose job ended before its last step.
+  enum class State { Idle, Running, Following, Done, Stopped, Interrupted, Failed };
 
   explicit RunsView(QWidget* parent = nullptr);
   ~RunsView() override;
@@ -38,11 +42,13 @@ class RunsView : public QWidget {
   bool launch(const QString& job_file, QString* error);
   void cancel();                  // SIGINT: checkpoint and exit 130
   bool resume(QString* error);    // the last job again, from its checkpoint
-  // Shows an existing run directory (its run.h5); false with *error when it has none.
+  // Shows an existing run directory (its run.h5) and, while a job of another process holds it, follows
+  // it every second; false with *error when it has no run.h5 or the view's own job is running.
   bool openRun(const QString& dir, QString* error);
 
   State state() const { return state_; }
   QString stateText() const;
+  QString statusText() const;     // the line above the progress bar
   int globalStep() const { return global_step_; }
   int totalSteps() const { return total_steps_; }
   double lastLoss() const { return last_loss_; }
@@ -50,6 +56,7 @@ class RunsView : public QWidget {
   QString logText() const;
   QCustomPlot* plot() const { return plot_; }
   int curvePoints() const;        // loss rows drawn, all stages
+  int evalPoints() const;         // held-out losses drawn (points), all stages
   QStringList runs() const;       // directories in the list, newest first (kept across sessions)
   // Reads run.h5 now (the timer does this every second while a job runs).
   void refreshCurves();
@@ -73,7 +80,7 @@ class RunsView : public QWidget {
   State state_ = State::Idle;
   int global_step_ = 0, total_steps_ = 0;
   double last_loss_ = 0;
-  int curve_points_ = 0;
+  int curve_points_ = 0, eval_points_ = 0;
 
   QListWidget* runs_list_;
   QPushButton* new_button_;

@@ -19,6 +19,7 @@
 
 #include "gui/gui_support.h"
 #include "core/jobs/job.h"
+#include "core/train/job_lock.h"
 #include "core/train/run_log.h"
 #include "job_dialog.h"
 #include "main_window.h"
@@ -123,6 +124,8 @@ class TestRunsView : public QObject {
     QVERIFY(v->logText().contains(QStringLiteral("done:")));
     const auto run = hh::train::read_run(scratchRoot() / "full" / "run.h5");
     QCOMPARE(v->lastLoss(), run.loss.back());
+    QVERIFY(!run.eval_loss.empty());
+    QCOMPARE(v->evalPoints(), static_cast<int>(run.eval_loss.size()));  // each held-out loss a point
     QVERIFY(fs::exists(scratchRoot() / "full" / "model" / "config.json"));
 
     // Another view (a later session) lists the run and opens it from its directory.
@@ -131,8 +134,82 @@ class TestRunsView : public QObject {
     QVERIFY(other.openRun(qpath(scratchRoot() / "full"), &error));
     QCOMPARE(other.curvePoints(), 9);
     QCOMPARE(other.globalStep(), 9);
+    QCOMPARE(other.state(), RunsView::State::Done);
+    QVERIFY2(other.statusText().contains(QStringLiteral("finished: 9 steps in ")), qPrintable(other.statusText()));
+    // The log lists each stage as `train --status` does.
+    const auto align = hh::train::summarize_stage(run, 0);
+    QVERIFY2(other.logText().contains(QStringLiteral("align: 4 of 4 steps, loss %1, held out %2")
+                                          .arg(QString::number(align.loss, 'g', 4), QString::number(align.eval_loss, 'g', 4))),
+             qPrintable(other.logText()));
     QVERIFY(!other.openRun(qpath(scratchRoot()), &error));
     QVERIFY(error.contains(QStringLiteral("no run.h5")));
+  }
+
+  // A job started elsewhere (`hydrahead train` in a terminal): the view that opens its directory
+  // follows it while it runs, sees it stop on Ctrl-C, and follows its rerun to the end.
+  void followsAJobOfAnotherProcess() {
+    const QString file = job("elsewhere", {{"60", "0.002", "288", "1"}, {"2", "0.0005", "288", "1"}, {"2", "0.0001", "288", "1"}});
+    const QString dir = qpath(scratchRoot() / "elsewhere");
+    const fs::path run = scratchRoot() / "elsewhere" / "run.h5";
+    auto rows = [&run] {
+      try {
+        return fs::exists(run) ? static_cast<int>(hh::train::read_run(run).step.size()) : 0;
+      } catch (const std::exception&) {
+        return 0;  // being created
+      }
+    };
+    QProcess job;
+    job.setProcessChannelMode(QProcess::MergedChannels);
+    const QStringList args{QStringLiteral("train"), QStringLiteral("--job"), file, QStringLiteral("--progress"),
+                           QStringLiteral("none")};
+    job.start(program("hydrahead"), args);
+    QVERIFY(job.waitForStarted());
+    QTRY_VERIFY_WITH_TIMEOUT(rows() > 0, 120000);
+
+    MainWindow w;
+    w.setInteractive(false);
+    QVERIFY(w.openRun(dir));
+    QCOMPARE(w.currentPage(), MainWindow::Page::Runs);
+    RunsView* v = w.runsView();
+    QCOMPARE(v->state(), RunsView::State::Following);
+    QVERIFY2(v->statusText().contains(QStringLiteral("running: stage align, step ")), qPrintable(v->statusText()));
+    QCOMPARE(v->totalSteps(), 64);
+    QSignalSpy progressed(v, &RunsView::progressed);
+    QVERIFY(progressed.wait(60000));  // a tick that saw new steps
+    QVERIFY(progressed.last().at(0).toInt() > 0);
+    QCOMPARE(progressed.last().at(1).toInt(), 64);
+
+    // Ctrl-C: the job checkpoints and exits 130; the view sees it stopped where its file ends.
+    ::kill(static_cast<pid_t>(job.processId()), SIGINT);
+    QVERIFY(job.waitForFinished(120000));
+    QVERIFY2(job.exitCode() == 130, job.readAll().constData());
+    QTRY_COMPARE_WITH_TIMEOUT(v->state(), RunsView::State::Stopped, 10000);
+    const int stopped_at = rows();
+    QVERIFY(stopped_at < 64);
+    QCOMPARE(v->globalStep(), stopped_at);
+    QCOMPARE(v->curvePoints(), stopped_at);
+    QVERIFY2(v->statusText().contains(QStringLiteral("stopped at step %1 of 64").arg(stopped_at)), qPrintable(v->statusText()));
+    QVERIFY2(v->logText().contains(QStringLiteral("its job has ended")), qPrintable(v->logText()));
+
+    // The same job again continues from its checkpoint; opened while it runs, followed to its end.
+    job.start(program("hydrahead"), args);
+    QVERIFY(job.waitForStarted());
+    QTRY_VERIFY_WITH_TIMEOUT(hh::train::job_running(scratchRoot() / "elsewhere"), 60000);
+    QString error;
+    QVERIFY2(v->openRun(dir, &error), qPrintable(error));
+    QCOMPARE(v->state(), RunsView::State::Following);
+    QVERIFY(job.waitForFinished(300000));
+    QVERIFY2(job.exitCode() == 0, job.readAll().constData());
+    QTRY_COMPARE_WITH_TIMEOUT(v->state(), RunsView::State::Done, 10000);
+    QCOMPARE(v->globalStep(), 64);
+    QCOMPARE(v->curvePoints(), 64);
+    QVERIFY2(v->statusText().contains(QStringLiteral("finished: 64 steps in ")), qPrintable(v->statusText()));
+
+    // A folder that is not a run is refused by name.
+    QSignalSpy failed(&w, &MainWindow::loadFailed);
+    QVERIFY(!w.openRun(qpath(scratchRoot())));
+    QCOMPARE(failed.count(), 1);
+    QVERIFY(failed.first().first().toString().contains(QStringLiteral("no run.h5")));
   }
 
   void cancelCheckpointsAndResumeFinishes() {
