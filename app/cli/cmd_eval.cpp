@@ -5,7 +5,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdio>
+#include <functional>
 #include <filesystem>
 #include <optional>
 
@@ -27,10 +29,46 @@ namespace fs = std::filesystem;
 
 struct EvalArgs {
   std::string model, task = "niah-grid", lengths, depths = "0,0.25,0.5,0.75,1", niah_task = "niah-single", out;
-  std::string device = "cpu", dtype = "auto", data;
+  std::string device = "cpu", dtype = "auto", data, progress = "bar";
   int64_t n = 10, seq = 2048;
   uint64_t seed = 0;
 };
+
+// --progress: a bar on a terminal (ProgressBar), one JSON line an update on stdout for tools
+// ({"event": "progress", "done", "total", "elapsed_s", "eta_s"}), or nothing.
+class EvalProgress {
+ public:
+  EvalProgress(const std::string& mode, const std::string& label) : json_(mode == "json"), start_s_(now_s()) {
+    if (mode == "bar") bar_.emplace(label);
+  }
+  void operator()(int64_t done, int64_t total) {
+    if (bar_) bar_->update(static_cast<double>(done) / static_cast<double>(total), std::to_string(done) + "/" + std::to_string(total));
+    if (!json_) return;
+    const double elapsed = now_s() - start_s_;
+    const nlohmann::json e = {{"event", "progress"},
+                              {"done", done},
+                              {"total", total},
+                              {"elapsed_s", elapsed},
+                              {"eta_s", elapsed / static_cast<double>(done) * static_cast<double>(total - done)}};
+    std::printf("%s\n", e.dump().c_str());
+    std::fflush(stdout);
+  }
+  void finish() {
+    if (bar_) bar_->finish();
+  }
+
+ private:
+  static double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  bool json_;
+  double start_s_;
+  std::optional<ProgressBar> bar_;
+};
+
+void check_progress_mode(const std::string& mode) {
+  if (mode != "bar" && mode != "json" && mode != "none") throw Error("--progress " + mode + ": expected bar, json or none");
+}
 
 int run_ppl(const EvalArgs& a) {
   const fs::path dir = a.model, out = a.out;
@@ -52,7 +90,17 @@ int run_ppl(const EvalArgs& a) {
     lm.hidden = [&](const at::Tensor& ids) { return dense->hidden(ids); };
     lm.logits = [&](const at::Tensor& rows) { return dense->unembed(rows); };
   }
-  const auto r = eval::perplexity(lm, stream, a.seq);
+  eval::PerplexityResult r;
+  {
+    EvalProgress progress(a.progress, "eval ppl");
+    try {
+      r = eval::perplexity(lm, stream, a.seq, 1024, std::ref(progress), install_interrupt_flag());
+    } catch (const Cancelled&) {
+      progress.finish();
+      std::fprintf(stderr, "interrupted: nothing was written\n");
+      return kExitInterrupted;
+    }
+  }
   io::H5File f = io::H5File::create(out);
   f.set_attr("/", "format", "hydrahead-eval");
   f.set_attr("/", "format_version", int64_t{1});
@@ -72,6 +120,7 @@ int run_ppl(const EvalArgs& a) {
 
 int run_eval(const EvalArgs& a) {
   const fs::path dir = a.model;
+  check_progress_mode(a.progress);
   if (a.task == "ppl") return run_ppl(a);
   if (a.task != "niah-grid") throw Error("--task " + a.task + ": expected niah-grid or ppl");
   if (a.lengths.empty()) throw Error("--lengths is required for niah-grid (e.g. 1K,2K,4K)");
@@ -104,14 +153,12 @@ int run_eval(const EvalArgs& a) {
   o.cancel = install_interrupt_flag();
   eval::NiahGridResult r;
   {
-    ProgressBar bar("eval " + o.task);
-    o.progress = [&bar](int64_t done, int64_t total) {
-      bar.update(static_cast<double>(done) / static_cast<double>(total), std::to_string(done) + "/" + std::to_string(total));
-    };
+    EvalProgress progress(a.progress, "eval " + o.task);
+    o.progress = std::ref(progress);
     try {
       r = eval::niah_grid(gen, tasks, tok, o);
     } catch (const Cancelled&) {
-      bar.finish();
+      progress.finish();
       std::fprintf(stderr, "interrupted: nothing was written\n");
       return kExitInterrupted;
     }
@@ -146,6 +193,10 @@ Runner add_eval(CLI::App& app) {
   app.add_option("--device", a->device, "cpu or cuda[:N]")->capture_default_str();
   app.add_option("--dtype", a->dtype, kDtypeHelp)->capture_default_str();
   app.add_option("--out", a->out, "eval.h5 to write")->required();
+  app.add_option("--progress", a->progress,
+                 "bar (on a terminal), json (one {\"event\": \"progress\", \"done\", \"total\", \"elapsed_s\", \"eta_s\"} "
+                 "line an update on stdout, for tools) or none")
+      ->capture_default_str();
   return [a] { return run_eval(*a); };
 }
 

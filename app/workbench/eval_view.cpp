@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <QComboBox>
 #include <QCoreApplication>
 #include <QDateTime>
 #include <QFile>
@@ -9,10 +10,14 @@
 #include <QFileInfo>
 #include <QGridLayout>
 #include <QHBoxLayout>
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QLabel>
 #include <QLineEdit>
+#include <QProgressBar>
 #include <QPushButton>
 #include <QVBoxLayout>
+#include <csignal>
 
 #include "core/io/h5.h"
 #include "core/util/error.h"
@@ -55,6 +60,17 @@ EvalView::EvalView(QWidget* parent) : QWidget(parent) {
   const QString names[2] = {tr("Teacher"), tr("Hybrid")};
   lengths_ = new QLineEdit(QStringLiteral("512,1024,2048"), this);
   lengths_->setToolTip(tr("Context lengths of the NIAH grid, in tokens (1K = 1024)"));
+  device_ = new QComboBox(this);
+  device_->addItem(QStringLiteral("cpu"));
+  if (torch::cuda::is_available()) device_->addItem(QStringLiteral("cuda"));
+  device_->setToolTip(tr("Where Evaluate runs the model (on the CPU a 16-bit checkpoint runs in float32)"));
+  progress_ = new QProgressBar(this);
+  progress_->setRange(0, 1);
+  progress_->setValue(0);
+  progress_->setVisible(false);
+  cancel_button_ = new QPushButton(tr("Cancel"), this);
+  cancel_button_->setEnabled(false);
+  cancel_button_->setToolTip(tr("Stop the evaluation; it writes nothing"));
   for (int side = 0; side < 2; ++side) {
     titles_[side] = new QLabel(tr("%1: no evaluation open").arg(names[side]), this);
     auto* open = new QPushButton(tr("Open %1 eval.h5\u2026").arg(names[side].toLower()), this);
@@ -92,11 +108,60 @@ EvalView::EvalView(QWidget* parent) : QWidget(parent) {
   auto* lengths_row = new QHBoxLayout;
   lengths_row->addWidget(new QLabel(tr("NIAH lengths:"), this));
   lengths_row->addWidget(lengths_);
+  lengths_row->addWidget(new QLabel(tr("Device:"), this));
+  lengths_row->addWidget(device_);
   lengths_row->addStretch(1);
+  auto* progress_row = new QHBoxLayout;
+  progress_row->addWidget(progress_, 1);
+  progress_row->addWidget(cancel_button_);
   auto* layout = new QVBoxLayout(this);
   layout->addLayout(lengths_row);
   layout->addLayout(grid, 1);
+  layout->addLayout(progress_row);
   layout->addWidget(summary_);
+  connect(cancel_button_, &QPushButton::clicked, this, &EvalView::cancel);
+}
+
+QString EvalView::device() const { return device_->currentText(); }
+
+bool EvalView::setDevice(const QString& device) {
+  const int i = device_->findText(device);
+  if (i < 0) return false;
+  device_->setCurrentIndex(i);
+  return true;
+}
+
+QString EvalView::summaryLine() const { return summary_->text(); }
+
+void EvalView::cancel() {
+  if (!isEvaluating()) return;
+  summary_->setText(tr("cancelling the evaluation of %1\u2026").arg(evaluating_));
+  ::kill(static_cast<pid_t>(proc_->processId()), SIGINT);
+}
+
+void EvalView::onOutput() {
+  pending_ += proc_->readAllStandardOutput();
+  int nl;
+  while ((nl = pending_.indexOf('\n')) >= 0) {
+    const QByteArray line = pending_.left(nl).trimmed();
+    pending_.remove(0, nl + 1);
+    if (line.isEmpty()) continue;
+    const QJsonDocument doc = QJsonDocument::fromJson(line);
+    if (!doc.isObject() || doc.object().value(QStringLiteral("event")).toString() != QLatin1String("progress")) {
+      last_line_ = QString::fromLocal8Bit(line);
+      continue;
+    }
+    const QJsonObject e = doc.object();
+    const int done = e.value(QStringLiteral("done")).toInt(), total = e.value(QStringLiteral("total")).toInt();
+    progress_->setRange(0, std::max(1, total));
+    progress_->setValue(done);
+    summary_->setText(tr("evaluating %1 on %2: %3 of %4 prompts \u00b7 ETA %5")
+                          .arg(evaluating_, device_->currentText())
+                          .arg(done)
+                          .arg(total)
+                          .arg(formatSeconds(e.value(QStringLiteral("eta_s")).toDouble(-1))));
+    Q_EMIT progressed(done, total);
+  }
 }
 
 EvalView::~EvalView() {
@@ -119,14 +184,29 @@ bool EvalView::evaluate(const QString& model_dir, Side side, const QString& leng
   delete proc_;
   proc_ = new QProcess(this);
   proc_->setProcessChannelMode(QProcess::MergedChannels);
-  for (QPushButton* b : run_buttons_) b->setEnabled(false);
-  summary_->setText(tr("evaluating %1\u2026").arg(model_dir));
-  connect(proc_, &QProcess::finished, this, [this, side, out](int code, QProcess::ExitStatus status) {
-    for (QPushButton* b : run_buttons_) b->setEnabled(true);
-    const QString log = QString::fromLocal8Bit(proc_->readAll()).trimmed();
+  pending_.clear();
+  last_line_.clear();
+  evaluating_ = model_dir;
+  auto running = [this](bool on) {
+    for (QPushButton* b : run_buttons_) b->setEnabled(!on);
+    device_->setEnabled(!on);
+    cancel_button_->setEnabled(on);
+    progress_->setVisible(on);
+  };
+  running(true);
+  progress_->setRange(0, 1);
+  progress_->setValue(0);
+  summary_->setText(tr("evaluating %1 on %2\u2026").arg(model_dir, device_->currentText()));
+  connect(proc_, &QProcess::readyReadStandardOutput, this, &EvalView::onOutput);
+  connect(proc_, &QProcess::finished, this, [this, side, out, running](int code, QProcess::ExitStatus status) {
+    onOutput();
+    running(false);
+    if (!pending_.trimmed().isEmpty()) last_line_ = QString::fromLocal8Bit(pending_.trimmed());
     QString error;
-    if (status != QProcess::NormalExit || code != 0) {
-      error = log.isEmpty() ? tr("hydrahead eval exited with status %1").arg(code) : log.section(QLatin1Char('\n'), -1);
+    if (status == QProcess::NormalExit && code == 130) {
+      error = tr("the evaluation of %1 was cancelled; nothing was written").arg(evaluating_);
+    } else if (status != QProcess::NormalExit || code != 0) {
+      error = last_line_.isEmpty() ? tr("hydrahead eval exited with status %1").arg(code) : last_line_;
     } else if (openFile(out, side, &error)) {
       Q_EMIT evaluated(side);
       return;
@@ -134,16 +214,17 @@ bool EvalView::evaluate(const QString& model_dir, Side side, const QString& leng
     summary_->setText(error);
     Q_EMIT failed(error);
   });
-  connect(proc_, &QProcess::errorOccurred, this, [this](QProcess::ProcessError e) {
+  connect(proc_, &QProcess::errorOccurred, this, [this, running](QProcess::ProcessError e) {
     if (e != QProcess::FailedToStart) return;
-    for (QPushButton* b : run_buttons_) b->setEnabled(true);
+    running(false);
     const QString why = tr("could not start %1").arg(program_);
     summary_->setText(why);
     Q_EMIT failed(why);
   });
   proc_->start(program_, {QStringLiteral("eval"), QStringLiteral("--model"), model_dir, QStringLiteral("--task"),
                           QStringLiteral("niah-grid"), QStringLiteral("--lengths"), lengths, QStringLiteral("--n"),
-                          QString::number(n), QStringLiteral("--out"), out});
+                          QString::number(n), QStringLiteral("--device"), device_->currentText(),
+                          QStringLiteral("--progress"), QStringLiteral("json"), QStringLiteral("--out"), out});
   return true;
 }
 

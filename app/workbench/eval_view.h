@@ -10,8 +10,10 @@
 #include <optional>
 #include <vector>
 
+class QComboBox;
 class QCustomPlot;
 class QLabel;
+class QProgressBar;
 class QLineEdit;
 class QPushButton;
 
@@ -41,17 +43,25 @@ class EvalView : public QWidget {
   QString summaryText() const;
 
   // Runs `hydrahead eval --task niah-grid` on `model_dir` at `lengths` ("512,1K") with `n` prompts a
-  // cell, as a child process, and opens its file on `side`; evaluated() or failed() follows.
+  // cell on the chosen device, as a child process whose progress (prompts done, ETA) the view shows, and
+  // opens its file on `side`; evaluated() or failed() follows.
   bool evaluate(const QString& model_dir, Side side, const QString& lengths, int n, QString* error);
+  // Stops a running evaluation (SIGINT: it writes nothing); failed() follows.
+  void cancel();
   void setProgram(const QString& path) { program_ = path; }
   bool isEvaluating() const { return proc_ && proc_->state() != QProcess::NotRunning; }
+  QString device() const;         // cpu, or cuda where this build and machine have it
+  bool setDevice(const QString& device);
+  QString summaryLine() const;    // the line under the grids: the running evaluation's progress, else the summary
 
  Q_SIGNALS:
   void evaluated(int side);
   void failed(const QString& message);
+  void progressed(int done, int total);
 
  private:
   void redraw(Side side);
+  void onOutput();
 
   std::optional<NiahGrid> grids_[2];
   std::optional<double> ppl_[2];
@@ -62,8 +72,13 @@ class EvalView : public QWidget {
   QLineEdit* model_edit_[2];
   QLineEdit* lengths_;
   QPushButton* run_buttons_[2];
+  QComboBox* device_;
+  QProgressBar* progress_;
+  QPushButton* cancel_button_;
   QString program_;
   QProcess* proc_ = nullptr;
+  QByteArray pending_;
+  QString last_line_, evaluating_;  // the child's last line that is not an event; the folder it evaluates
   QTemporaryDir out_dir_;
 };
 

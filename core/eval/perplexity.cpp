@@ -13,16 +13,22 @@
 
 namespace hh::eval {
 
-PerplexityResult perplexity(const LanguageModel& model, const std::vector<int64_t>& stream, int64_t seq, int64_t chunk) {
+PerplexityResult perplexity(const LanguageModel& model, const std::vector<int64_t>& stream, int64_t seq, int64_t chunk,
+                            const std::function<void(int64_t done, int64_t total)>& progress,
+                            const std::atomic<bool>* cancel) {
   if (seq < 2) throw Error("perplexity: --seq must be at least 2");
   if (chunk < 1) throw Error("perplexity: chunk must be at least 1");
   if (stream.size() < 2) throw Error("perplexity: the data holds fewer than 2 tokens");
   at::NoGradGuard no_grad;
   PerplexityResult r;
   double total = 0;
+  // Windows of at least 2 tokens: every full one, and the rest when it has 2 or more.
+  const int64_t S = static_cast<int64_t>(stream.size());
+  const int64_t windows = S / seq + (S % seq >= 2 ? 1 : 0);
   for (size_t start = 0; start + 1 < stream.size(); start += static_cast<size_t>(seq)) {
     const size_t len = std::min(stream.size() - start, static_cast<size_t>(seq));
     if (len < 2) break;
+    if (cancel != nullptr && cancel->load()) throw Cancelled();
     const std::vector<int64_t> window(stream.begin() + static_cast<std::ptrdiff_t>(start),
                                       stream.begin() + static_cast<std::ptrdiff_t>(start + len));
     const at::Tensor ids = at::tensor(at::ArrayRef<int64_t>(window), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
@@ -38,6 +44,7 @@ PerplexityResult perplexity(const LanguageModel& model, const std::vector<int64_
     total -= sum.item<double>();
     r.tokens += static_cast<int64_t>(len) - 1;
     ++r.windows;
+    if (progress) progress(r.windows, windows);
   }
   r.nll = total / static_cast<double>(r.tokens);
   r.ppl = std::exp(r.nll);

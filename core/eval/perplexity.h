@@ -1,6 +1,7 @@
 #pragma once
 // Perplexity of a token stream: the stream is cut into windows of `seq` tokens (the last one may be
 // shorter) and each window is scored by teacher forcing; ppl = exp(total NLL / predicted tokens).
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -31,8 +32,11 @@ struct PerplexityResult {
 
 // Each window's positions are projected to the vocabulary `chunk` at a time (their log-softmax in
 // float64), so a window of 32K tokens of a 152K vocabulary holds [chunk, V], not [32K, V], at once.
+// `progress` (may be empty) hears each window done; `cancel`, when set, stops before the next window by
+// throwing hh::Cancelled.
 PerplexityResult perplexity(const LanguageModel& model, const std::vector<int64_t>& stream, int64_t seq,
-                            int64_t chunk = 1024);
+                            int64_t chunk = 1024, const std::function<void(int64_t done, int64_t total)>& progress = {},
+                            const std::atomic<bool>* cancel = nullptr);
 
 // A token stream from a file: `.bin` = uint32 little-endian ids; `.jsonl` = one object a line with a
 // "text" field, each tokenised and the texts concatenated. Errors name the file (and line).

@@ -121,12 +121,21 @@ class TestEvalAndExport : public QObject {
     v.setProgram(program("hydrahead"));
     QSignalSpy evaluated(&v, &EvalView::evaluated);
     QSignalSpy failed(&v, &EvalView::failed);
+    QSignalSpy progressed(&v, &EvalView::progressed);
     QString error;
+    QCOMPARE(v.device(), QStringLiteral("cpu"));
+    QVERIFY(!v.setDevice(QStringLiteral("tpu")));
     QVERIFY(!v.evaluate(qpath(scratchRoot()), EvalView::Hybrid, QStringLiteral("512"), 1, &error));
     QVERIFY(error.contains(QStringLiteral("config.json")));
     QVERIFY2(v.evaluate(qpath(demo_model()), EvalView::Hybrid, QStringLiteral("512,640"), 1, &error), qPrintable(error));
     QVERIFY(v.isEvaluating());
     QVERIFY(evaluated.wait(120000));
+    // One progress event a prompt: 2 lengths x 5 depths x 1.
+    QCOMPARE(progressed.count(), 10);
+    for (int i = 0; i < 10; ++i) {
+      QCOMPARE(progressed.at(i).at(0).toInt(), i + 1);
+      QCOMPARE(progressed.at(i).at(1).toInt(), 10);
+    }
     QCOMPARE(evaluated.first().first().toInt(), static_cast<int>(EvalView::Hybrid));
     QCOMPARE(v.grid(EvalView::Hybrid)->lengths, (std::vector<int64_t>{512, 640}));
     QCOMPARE(v.grid(EvalView::Hybrid)->depths.size(), size_t{5});
@@ -135,6 +144,27 @@ class TestEvalAndExport : public QObject {
     QVERIFY(v.evaluate(qpath(demo_model()), EvalView::Teacher, QStringLiteral("abc"), 1, &error));
     QVERIFY(failed.wait(60000));
     QVERIFY2(failed.first().first().toString().contains(QStringLiteral("abc")), qPrintable(failed.first().first().toString()));
+  }
+
+  // Cancel: the child stops at its next prompt and writes nothing; the view says so and can evaluate again.
+  void cancelStopsTheEvaluation() {
+    EvalView v;
+    v.setProgram(program("hydrahead"));
+    QSignalSpy progressed(&v, &EvalView::progressed);
+    QSignalSpy failed(&v, &EvalView::failed);
+    QSignalSpy evaluated(&v, &EvalView::evaluated);
+    QString error;
+    QVERIFY2(v.evaluate(qpath(demo_model()), EvalView::Teacher, QStringLiteral("512,1024,2048"), 20, &error), qPrintable(error));
+    QVERIFY(progressed.wait(120000));
+    QVERIFY2(v.summaryLine().contains(QStringLiteral("of 300 prompts")), qPrintable(v.summaryLine()));
+    v.cancel();
+    QVERIFY(failed.wait(60000));
+    QVERIFY2(failed.first().first().toString().contains(QStringLiteral("cancelled; nothing was written")),
+             qPrintable(failed.first().first().toString()));
+    QCOMPARE(evaluated.count(), 0);
+    QVERIFY(!v.isEvaluating());
+    QVERIFY(progressed.count() < 300);
+    QVERIFY(!v.grid(EvalView::Teacher).has_value());
   }
 
   // Closing the view during an evaluation kills it, and the view goes without a crash (the evaluation's

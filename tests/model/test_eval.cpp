@@ -6,8 +6,12 @@
 
 #include <array>
 #include <cmath>
+#include <atomic>
 #include <fstream>
 #include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/eval/niah.h"
 #include "core/eval/perplexity.h"
@@ -85,6 +89,26 @@ TEST(Perplexity, IsTheExpOfTheMeanTeacherForcedNllOverWindows) {
   }
   EXPECT_THROW(hh::eval::perplexity(lm, stream, 4, 0), hh::Error);
 
+  // Progress: each window once, with the count of windows (a 1-token rest is no window); a cancel flag
+  // stops before the next window.
+  std::vector<std::pair<int64_t, int64_t>> heard;
+  auto listen = [&heard](int64_t done, int64_t total) { heard.emplace_back(done, total); };
+  hh::eval::perplexity(lm, stream, 4, 1024, listen);
+  EXPECT_EQ(heard, (std::vector<std::pair<int64_t, int64_t>>{{1, 3}, {2, 3}, {3, 3}}));
+  heard.clear();
+  hh::eval::perplexity(lm, std::vector<int64_t>(stream.begin(), stream.begin() + 9), 4, 1024, listen);
+  EXPECT_EQ(heard, (std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {2, 2}}));
+  std::atomic<bool> stop{false};
+  heard.clear();
+  EXPECT_THROW(hh::eval::perplexity(lm, stream, 4, 1024,
+                                    [&](int64_t done, int64_t total) {
+                                      listen(done, total);
+                                      stop = true;
+                                    },
+                                    &stop),
+               hh::Cancelled);
+  EXPECT_EQ(heard.size(), 1u);
+
   // .bin streams: uint32 little-endian; an id outside the vocabulary is named.
   const fs::path dir = hh::test::scratch_dir("ppl_bin");
   {
@@ -114,6 +138,28 @@ TEST(NiahGrid, CliOnATinyCheckpointMatchesGreedyDecodingRecomputedHere) {
                                                       (dir / "eval.h5").string());
   ASSERT_EQ(status, 0) << out;
   EXPECT_MENTIONS(out, "NIAH exact-match accuracy");
+  EXPECT_EQ(out.find("\"event\""), std::string::npos);  // no JSON unless asked
+
+  // --progress json: one line a prompt, done counting to total.
+  const auto [status2, out2] = hh::test::run_hydrahead("eval --model " + (dir / "model").string() +
+                                                       " --lengths 400 --depths 0,1 --n 2 --progress json --out " +
+                                                       (dir / "eval2.h5").string());
+  ASSERT_EQ(status2, 0) << out2;
+  std::istringstream lines(out2);
+  std::string line;
+  int64_t events = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("{", 0) != 0) continue;
+    const auto e = nlohmann::json::parse(line);
+    EXPECT_EQ(e["event"], "progress");
+    EXPECT_EQ(e["done"], ++events);
+    EXPECT_EQ(e["total"], 4);
+    EXPECT_GE(e["eta_s"].get<double>(), 0);
+  }
+  EXPECT_EQ(events, 4);
+  EXPECT_MENTIONS(hh::test::run_hydrahead("eval --model " + (dir / "model").string() + " --lengths 400 --progress text --out " +
+                                          (dir / "eval3.h5").string()).output,
+                  "--progress text: expected bar, json or none");
 
   const auto f = hh::io::H5File::open_read(dir / "eval.h5");
   EXPECT_EQ(f.attr_string("/", "format"), "hydrahead-eval");
