@@ -9,6 +9,7 @@
 
 #include "app/cli/commands.h"
 #include "core/attention/hybrid_model.h"
+#include "core/io/checkpoint.h"
 #include "core/io/fingerprint.h"
 #include "core/model/tokenizer.h"
 #include "core/select/manifest.h"
@@ -52,9 +53,15 @@ int run_convert(const ConvertArgs& a) {
   o.calib = calib.empty() ? nullptr : &calib;
   o.max_calib_tokens = a.max_calib_tokens;
   o.seed = a.seed;
-  const auto teacher = model::Transformer::load(dir, a.device, "");
+  // The calibration forward in float32 on the CPU (dtype auto), the hybrid saved in the teacher's dtype.
+  const auto teacher = model::Transformer::load(dir, a.device, "auto");
+  ProgressBar bar("fusion_gamma");
+  o.progress = [&bar](int64_t done, int64_t total) {
+    bar.update(static_cast<double>(done) / static_cast<double>(total), std::to_string(done) + "/" + std::to_string(total) + " tokens");
+  };
   const auto hybrid = attention::convert(teacher, manifest, o);
-  hybrid.save(out);
+  bar.finish();
+  hybrid.save(out, 0, io::to_scalar_type(io::Checkpoint(dir).info("model.embed_tokens.weight").dtype));
   for (const char* extra : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
     if (fs::exists(dir / extra)) fs::copy_file(dir / extra, out / extra);
   int64_t nf = static_cast<int64_t>(manifest.fa_heads.size());

@@ -82,7 +82,8 @@ HybridModel HybridModel::load(const fs::path& dir, const std::string& device, co
   return HybridModel(std::move(teacher), std::move(o), std::move(layers));
 }
 
-void HybridModel::save(const fs::path& dir, uint64_t max_shard_bytes) const {
+void HybridModel::save(const fs::path& dir, uint64_t max_shard_bytes, std::optional<at::ScalarType> dtype) const {
+  const at::ScalarType file_dtype = dtype.value_or(teacher_.dtype());
   if (fs::exists(dir)) throw Error(dir.string() + ": already exists; choose a new output directory");
   const fs::path tmp = dir.string() + ".tmp." + std::to_string(::getpid());
   std::error_code ec;
@@ -92,14 +93,15 @@ void HybridModel::save(const fs::path& dir, uint64_t max_shard_bytes) const {
     // Teacher tensors under their HF names, then every layer's new tensors, in one checkpoint.
     std::vector<std::pair<std::string, at::Tensor>> named;
     model::Weights tw = teacher_.weights();
-    for (const auto& e : model::weight_table(config(), tw)) named.emplace_back(e.name, e.slot->detach().to(at::kCPU).contiguous());
+    for (const auto& e : model::weight_table(config(), tw))
+      named.emplace_back(e.name, e.slot->detach().to(at::kCPU, file_dtype).contiguous());
     std::vector<HybridLayerWeights> copy = layers_;
     for (int64_t l = 0; l < config().num_hidden_layers; ++l)
       for (const auto& e : hybrid_weight_table(config(), options_, splits_[static_cast<size_t>(l)], l, copy[static_cast<size_t>(l)]))
-        named.emplace_back(e.name, e.slot->detach().to(at::kCPU).contiguous());
+        named.emplace_back(e.name, e.slot->detach().to(at::kCPU, file_dtype).contiguous());
     io::save_sharded(tmp, named, max_shard_bytes == 0 ? UINT64_MAX : max_shard_bytes);
     model::ModelConfig c = config();
-    c.torch_dtype = model::hf_dtype_name(teacher_.dtype());
+    c.torch_dtype = model::hf_dtype_name(file_dtype);
     json cfg = c.to_json();
     cfg["architectures"] = json::array({kHybridArchitecture});
     cfg["model_type"] = kHybridModelType;
@@ -221,7 +223,9 @@ HybridModel convert(const model::Transformer& teacher, const select::Manifest& m
   if (co.calib != nullptr && !co.calib->empty()) {
     at::NoGradGuard no_grad;
     at::Tensor sumsq = at::zeros_like(gamma_all);
-    int64_t tokens = 0;
+    int64_t tokens = 0, total = 0;
+    for (const auto& ex : *co.calib) total += static_cast<int64_t>(ex.clean_ids.size());
+    total = std::min(total, co.max_calib_tokens);
     for (const auto& ex : *co.calib) {
       if (tokens >= co.max_calib_tokens) break;
       std::vector<int64_t> ids = ex.clean_ids;
@@ -238,6 +242,7 @@ HybridModel convert(const model::Transformer& teacher, const select::Manifest& m
       f.logits = false;  // the hooks' sums only
       teacher.forward(at::tensor(at::ArrayRef<int64_t>(ids), at::TensorOptions().dtype(at::kLong)).unsqueeze(0), f);
       tokens += static_cast<int64_t>(ids.size());
+      if (co.progress) co.progress(tokens, total);
     }
     if (tokens > 0) gamma_all = (sumsq / static_cast<double>(tokens)).sqrt();
   }

@@ -5,6 +5,8 @@
 // Also the conversion teacher + manifest -> hybrid.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,7 +29,9 @@ class HybridModel {
   HybridModel(model::Transformer teacher, HybridOptions options, std::vector<HybridLayerWeights> layers);
   static HybridModel load(const std::filesystem::path& dir, const std::string& device = "cpu", const std::string& dtype = "");
   // Writes the checkpoint into a temporary sibling directory and renames it to `dir`, which must not exist.
-  void save(const std::filesystem::path& dir, uint64_t max_shard_bytes = 0) const;
+  // `dtype`: the tensors' dtype in the files (and config.json's torch_dtype); default the model's.
+  void save(const std::filesystem::path& dir, uint64_t max_shard_bytes = 0,
+            std::optional<at::ScalarType> dtype = std::nullopt) const;
 
   // Logits [B, T, V] (float32; float64 for a float64 model) of whole sequences. chunked: the chunked
   // gated delta rule (else the recurrence, the oracle). checkpoint_layers (activation checkpointing,
@@ -73,6 +77,8 @@ struct ConvertOptions {
   const std::vector<interp::CalibExample>* calib = nullptr;    // for fusion_gamma; none: gamma = 1
   int64_t max_calib_tokens = 65536;                            // tokens of `calib` the RMS is taken over
   uint64_t seed = 0;                                           // for the randomly initialised tensors
+  // Hears the calibration tokens run so far and the number it will run, after each prompt (may be empty).
+  std::function<void(int64_t done, int64_t total)> progress;
 };
 
 // Teacher + manifest -> hybrid (in memory). The manifest must fit the teacher (check_fits). New

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
 
 #include "core/attention/hybrid_model.h"
 #include "core/io/h5.h"
@@ -94,6 +95,47 @@ TEST(Convert, GammaIsTheTeachersPerChannelRmsOfEachHead) {
   const auto want = (sumsq / 8).sqrt();
   EXPECT_TRUE(torch::allclose(h.layers()[0].fusion_gamma, want[0], 1e-12, 1e-12));
   EXPECT_TRUE(torch::allclose(h.layers()[1].fusion_gamma, want[1], 1e-12, 1e-12));
+
+  // Progress: the tokens run after each prompt, of all the set's tokens or max_calib_tokens.
+  std::vector<std::pair<int64_t, int64_t>> heard;
+  o.progress = [&heard](int64_t done, int64_t total) { heard.emplace_back(done, total); };
+  hh::attention::convert(teacher, manifest_for(c, {{0, 0}}), o);
+  EXPECT_EQ(heard, (std::vector<std::pair<int64_t, int64_t>>{{5, 8}, {8, 8}}));
+  heard.clear();
+  o.max_calib_tokens = 6;
+  hh::attention::convert(teacher, manifest_for(c, {{0, 0}}), o);
+  EXPECT_EQ(heard, (std::vector<std::pair<int64_t, int64_t>>{{5, 6}, {6, 6}}));
+}
+
+// `hydrahead convert` of a bfloat16 teacher on the CPU: the calibration runs in float32 (dtype auto), the
+// hybrid is written in bfloat16 like the teacher, its reused tensors bit for bit the teacher's.
+TEST(Convert, CliKeepsA16BitTeachersDtypeAndCalibratesInFloat32) {
+  const auto c = cfg2();
+  const fs::path dir = hh::test::scratch_dir("convert_bf16");
+  hh::model::save_model(dir / "teacher", c, hh::model::random_weights(c, 8, torch::kBFloat16, 0.3));
+  hh::select::write_manifest(dir / "m.json", manifest_for(c, {{0, 1}, {1, 3}}));
+  std::ofstream(dir / "calib.jsonl") << R"({"task": "t", "clean_ids": [1, 2, 3, 4, 5, 6], "corrupt_ids": [1, 2, 3, 4, 5, 7], "answer_ids": [9]})"
+                                     << "\n";
+  const auto r = hh::test::run_hydrahead("convert --model " + (dir / "teacher").string() + " --manifest " +
+                                         (dir / "m.json").string() + " --calib " + (dir / "calib.jsonl").string() +
+                                         " --seed 4 --out " + (dir / "hybrid").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const HybridModel h = HybridModel::load(dir / "hybrid");
+  EXPECT_EQ(h.teacher().dtype(), torch::kBFloat16);
+  const Transformer stored = Transformer::load(dir / "teacher");
+  EXPECT_TRUE(torch::equal(h.teacher().weights().layers[1].q_proj, stored.weights().layers[1].q_proj));
+  EXPECT_TRUE(torch::equal(h.teacher().weights().embed_tokens, stored.weights().embed_tokens));
+  // gamma: the same conversion in float32 here, rounded to bfloat16.
+  const auto calib = hh::interp::read_calibration(dir / "calib.jsonl", nullptr, c.vocab_size);
+  hh::attention::ConvertOptions o;
+  o.calib = &calib;
+  o.seed = 4;
+  const HybridModel want = hh::attention::convert(Transformer::load(dir / "teacher", "cpu", "f32"),
+                                                  hh::select::read_manifest(dir / "m.json"), o);
+  for (int l = 0; l < 2; ++l)
+    EXPECT_TRUE(torch::equal(h.layers()[static_cast<size_t>(l)].fusion_gamma,
+                             want.layers()[static_cast<size_t>(l)].fusion_gamma.to(torch::kBFloat16)))
+        << "layer " << l;
 }
 
 TEST(Convert, CheckpointRoundTripsAndTheChunkedForwardEqualsTheRecurrentOne) {
