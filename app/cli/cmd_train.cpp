@@ -1,4 +1,4 @@
-// hydrahead train --job job.json [--stage NAME] [--progress bar|json|none] [--validate] | --status DIR
+// hydrahead train --job job.json [--stage NAME] [--progress bar|json|none] [--validate] | --status DIR | --stop DIR
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "app/cli/commands.h"
 #include "core/dist/process_group.h"
@@ -28,7 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct TrainArgs {
-  std::string job, stage, progress = "bar", status;
+  std::string job, stage, progress = "bar", status, stop;
   bool validate = false, shard_optimizer = false;
   double bucket_mb = 25;
   int64_t max_steps = -1;
@@ -41,9 +42,12 @@ int print_status(const fs::path& dir) {
   const fs::path run = dir / "run.h5";
   if (!fs::exists(run)) throw Error(dir.string() + ": no run.h5 (not a training run directory, or the job has not started)");
   const train::RunSnapshot r = train::read_run(run);
-  const train::RunProgress p = train::run_progress(r, train::job_running(dir));
-  std::printf("%s\n%s\n%-12s %-9s %13s %10s %10s %10s\n", run.string().c_str(), train::describe(p, r).c_str(), "stage",
-              "kind", "steps", "loss", "eval", "tokens/s");
+  const std::optional<train::JobOwner> owner = train::job_owner(dir);
+  const train::RunProgress p = train::run_progress(r, owner.has_value());
+  std::string who;
+  if (owner && owner->pid > 0) who = " (process " + std::to_string(owner->pid) + " on " + owner->host + ")";
+  std::printf("%s\n%s%s\n%-12s %-9s %13s %10s %10s %10s\n", run.string().c_str(), train::describe(p, r).c_str(),
+              who.c_str(), "stage", "kind", "steps", "loss", "eval", "tokens/s");
   auto number = [](double v, const char* fmt) {
     if (std::isnan(v)) return std::string("-");
     char buf[64];
@@ -72,7 +76,13 @@ int print_status(const fs::path& dir) {
 
 int run_train(const TrainArgs& a) {
   if (!a.status.empty()) return print_status(a.status);
-  if (a.job.empty()) throw Error("--job is required (or --status DIR)");
+  if (!a.stop.empty()) {
+    std::string why;
+    if (!train::interrupt_job(a.stop, &why)) throw Error(why);
+    std::printf("asked the job in %s to stop: it writes a checkpoint, then exits (status 130)\n", a.stop.c_str());
+    return kExitOk;
+  }
+  if (a.job.empty()) throw Error("--job is required (or --status DIR, --stop DIR)");
   jobs::JobSpec job = jobs::JobSpec::load(a.job);
   interp::TaskRegistry tasks;
   tasks.load_default();
@@ -176,6 +186,9 @@ Runner add_train(CLI::App& app) {
       "evenly over the ranks; rank 0 writes run.h5 and the checkpoints, which resume with any number of ranks.");
   app.add_option("--job", a->job, "Job spec (JSON)")->check(CLI::ExistingFile);
   app.add_option("--status", a->status, "Print the state of a run directory (its run.h5, also while the job runs) and exit");
+  app.add_option("--stop", a->stop,
+                 "Ask the job running in this run directory (on this host) to stop as Ctrl-C does: it writes a "
+                 "checkpoint and exits; running its job again continues");
   app.add_option("--stage", a->stage, "Run only this stage of the job (by name)");
   app.add_option("--progress", a->progress, "bar (stderr, for people), json (one JSON event a line on stdout, for tools) or none")
       ->capture_default_str();

@@ -19,6 +19,7 @@
 #include <QVBoxLayout>
 #include <cmath>
 #include <csignal>
+#include <optional>
 
 #include "core/jobs/job.h"
 #include "core/train/job_lock.h"
@@ -189,6 +190,14 @@ bool RunsView::launch(const QString& job_file, QString* error) {
 }
 
 void RunsView::cancel() {
+  if (state_ == State::Following) {
+    std::string why;
+    if (train::interrupt_job(toPath(run_dir_), &why))
+      appendLog(tr("asked its job to stop: it writes a checkpoint, then exits"));
+    else
+      appendLog(tr("cannot stop it: %1").arg(QString::fromStdString(why)));
+    return;
+  }
   if (!proc_ || proc_->state() == QProcess::NotRunning) return;
   appendLog(tr("cancelling: the job writes a checkpoint, then stops"));
   ::kill(static_cast<pid_t>(proc_->processId()), SIGINT);
@@ -216,7 +225,9 @@ bool RunsView::openRun(const QString& dir, QString* error) {
   job_file_.clear();  // Resume belongs to the view's own jobs
   global_step_ = total_steps_ = 0;
   addRun(run_dir_);
-  const bool elsewhere = train::job_running(toPath(run_dir_));
+  const std::optional<train::JobOwner> owner = train::job_owner(toPath(run_dir_));
+  const bool elsewhere = owner.has_value();
+  can_interrupt_ = elsewhere && owner->pid > 0 && owner->host == train::this_host();
   setState(elsewhere ? State::Following : State::Idle);
   appendLog(tr("opened %1").arg(QDir::toNativeSeparators(run_dir_)));
   try {
@@ -237,7 +248,10 @@ bool RunsView::openRun(const QString& dir, QString* error) {
     // being created: the curves follow once it can be read
   }
   if (elsewhere) {
-    appendLog(tr("its job runs in another process; its run.h5 is read every second"));
+    appendLog(owner->pid > 0 ? tr("its job runs in process %1 on %2; its run.h5 is read every second")
+                                   .arg(owner->pid)
+                                   .arg(QString::fromStdString(owner->host))
+                             : tr("its job runs in another process; its run.h5 is read every second"));
     poll_->start();
   }
   refreshCurves();
@@ -267,7 +281,7 @@ void RunsView::appendLog(const QString& line) { log_->appendPlainText(line); }
 void RunsView::setState(State s) {
   state_ = s;
   const bool running = s == State::Running;
-  cancel_button_->setEnabled(running);
+  cancel_button_->setEnabled(running || (s == State::Following && can_interrupt_));
   resume_button_->setEnabled(!running && (s == State::Interrupted || s == State::Failed) && !job_file_.isEmpty());
   new_button_->setEnabled(!running);
 }

@@ -40,7 +40,9 @@ class RunsView : public QWidget {
 
   // Starts the job; false with *error when one is running or the spec has no readable "output".
   bool launch(const QString& job_file, QString* error);
-  void cancel();                  // SIGINT: checkpoint and exit 130
+  // SIGINT: the job checkpoints and exits 130. The view's own job, or a followed one that runs on this
+  // host (train::interrupt_job).
+  void cancel();
   bool resume(QString* error);    // the last job again, from its checkpoint
   // Shows an existing run directory (its run.h5) and, while a job of another process holds it, follows
   // it every second; false with *error when it has no run.h5 or the view's own job is running.
@@ -81,6 +83,7 @@ class RunsView : public QWidget {
   int global_step_ = 0, total_steps_ = 0;
   double last_loss_ = 0;
   int curve_points_ = 0, eval_points_ = 0;
+  bool can_interrupt_ = false;  // a followed job of this host, which names its process
 
   QListWidget* runs_list_;
   QPushButton* new_button_;

@@ -709,7 +709,10 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   EXPECT_NE(live.find("/300  run"), std::string::npos) << live;
   EXPECT_NE(live.find("running: stage align, step "), std::string::npos) << live;
   EXPECT_NE(live.find(" tokens/s, ETA "), std::string::npos) << live;
-  ::kill(pid, SIGINT);
+  EXPECT_NE(live.find("(process " + std::to_string(pid) + " on "), std::string::npos) << live;
+  // `train --stop` asks it to stop as Ctrl-C does.
+  const auto stop = hh::test::run_hydrahead("train --stop " + (f.dir / "cli").string());
+  EXPECT_EQ(stop.status, 0) << stop.output;
   EXPECT_EQ(wait_exit(pid), 130);
   std::ifstream ev(f.dir / "events1.jsonl");
   std::string line, last;
@@ -722,6 +725,9 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   EXPECT_NE(stopped.find("stopped at step " + std::to_string(rows_at_stop) + " of 300 (stage align, step " +
                          std::to_string(rows_at_stop) + " of 300)"), std::string::npos) << stopped;
   EXPECT_NE(stopped.find("run its job again"), std::string::npos) << stopped;
+  const auto nobody = hh::test::run_hydrahead("train --stop " + (f.dir / "cli").string());
+  EXPECT_EQ(nobody.status, 1);
+  EXPECT_MENTIONS(nobody.output, "no job is running there");
 
   const pid_t again = spawn_train(job, f.dir / "events2.jsonl");
   EXPECT_EQ(wait_exit(again), 0);

@@ -168,6 +168,38 @@ TEST(JobLock, ADirectoryIsTakenWhileALockIsHeldAndFreeAfter) {
   EXPECT_TRUE(job_running(dir));
 }
 
+TEST(JobLock, TheHolderNamesItselfAndOnlyAJobOfThisHostCanBeAskedToStop) {
+  const fs::path dir = test::scratch_dir("job_owner");
+  std::string why;
+  EXPECT_FALSE(job_owner(dir).has_value());
+  EXPECT_FALSE(interrupt_job(dir, &why));
+  EXPECT_MENTIONS(why, "no job is running there");
+  {
+    JobLock lock(dir);
+    const auto owner = job_owner(dir);
+    ASSERT_TRUE(owner.has_value());
+    EXPECT_EQ(owner->pid, ::getpid());
+    EXPECT_EQ(owner->host, this_host());
+    EXPECT_FALSE(owner->host.empty());
+  }
+  EXPECT_FALSE(job_owner(dir).has_value());  // the text stays, but no one holds the lock
+
+  // A holder on another host, and one that does not say who it is (an older version's lock).
+  const int fd = ::open((dir / ".lock").c_str(), O_RDWR | O_TRUNC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  const std::string other = "4242 elsewhere.example\n";
+  ASSERT_EQ(::write(fd, other.data(), other.size()), static_cast<ssize_t>(other.size()));
+  EXPECT_EQ(job_owner(dir)->pid, 4242);
+  EXPECT_FALSE(interrupt_job(dir, &why));
+  EXPECT_MENTIONS(why, "runs on elsewhere.example, not on this host");
+  ASSERT_EQ(::ftruncate(fd, 0), 0);
+  EXPECT_EQ(job_owner(dir)->pid, 0);
+  EXPECT_FALSE(interrupt_job(dir, &why));
+  EXPECT_MENTIONS(why, "does not say its process id");
+  ::close(fd);
+}
+
 // A reader's probe holds a shared lock for an instant; a job starting in that instant waits it out
 // instead of refusing the directory.
 TEST(JobLock, AJobWaitsOutAShortSharedHold) {
