@@ -10,7 +10,6 @@
 #include <QFileInfo>
 #include <QGridLayout>
 #include <QHBoxLayout>
-#include <QJsonDocument>
 #include <QJsonObject>
 #include <QLabel>
 #include <QLineEdit>
@@ -141,17 +140,8 @@ void EvalView::cancel() {
 
 void EvalView::onOutput() {
   pending_ += proc_->readAllStandardOutput();
-  int nl;
-  while ((nl = pending_.indexOf('\n')) >= 0) {
-    const QByteArray line = pending_.left(nl).trimmed();
-    pending_.remove(0, nl + 1);
-    if (line.isEmpty()) continue;
-    const QJsonDocument doc = QJsonDocument::fromJson(line);
-    if (!doc.isObject() || doc.object().value(QStringLiteral("event")).toString() != QLatin1String("progress")) {
-      last_line_ = QString::fromLocal8Bit(line);
-      continue;
-    }
-    const QJsonObject e = doc.object();
+  auto on_event = [this](const QJsonObject& e) {
+    if (e.value(QStringLiteral("event")).toString() != QLatin1String("progress")) return;
     const int done = e.value(QStringLiteral("done")).toInt(), total = e.value(QStringLiteral("total")).toInt();
     progress_->setRange(0, std::max(1, total));
     progress_->setValue(done);
@@ -161,7 +151,8 @@ void EvalView::onOutput() {
                           .arg(total)
                           .arg(formatSeconds(e.value(QStringLiteral("eta_s")).toDouble(-1))));
     Q_EMIT progressed(done, total);
-  }
+  };
+  takeEventLines(pending_, on_event, [this](const QString& line) { last_line_ = line; });
 }
 
 EvalView::~EvalView() {

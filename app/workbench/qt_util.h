@@ -1,7 +1,11 @@
 #pragma once
 // The few conversions every view needs between Qt and the core: file paths (in the file system's
-// encoding, not UTF-8 by assumption) and the core's wording of durations and byte counts.
+// encoding, not UTF-8 by assumption), the core's wording of durations and byte counts, and the
+// JSON-lines events of the `hydrahead` children the views run.
+#include <QByteArray>
 #include <QFile>
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QString>
 #include <filesystem>
 
@@ -14,5 +18,23 @@ inline QString fromPath(const std::filesystem::path& p) { return QFile::decodeNa
 // "12.3s", "4m05s", "2h07m"; "-" for a negative or unknown duration.
 inline QString formatSeconds(double s) { return s >= 0 ? QString::fromStdString(util::format_seconds(s)) : QStringLiteral("-"); }
 inline QString humanBytes(double b) { return QString::fromStdString(util::human_bytes(b)); }
+
+// Takes the complete lines off `pending` (a child's output so far; a partial last line stays), trimmed,
+// empty ones skipped: a JSON object with an "event" goes to on_event, any other line to on_text.
+template <class OnEvent, class OnText>
+void takeEventLines(QByteArray& pending, OnEvent&& on_event, OnText&& on_text) {
+  int nl;
+  while ((nl = pending.indexOf('\n')) >= 0) {
+    const QByteArray line = pending.left(nl).trimmed();
+    pending.remove(0, nl + 1);
+    if (line.isEmpty()) continue;
+    QJsonParseError err;
+    const QJsonDocument doc = QJsonDocument::fromJson(line, &err);
+    if (err.error == QJsonParseError::NoError && doc.isObject() && doc.object().contains(QStringLiteral("event")))
+      on_event(doc.object());
+    else
+      on_text(QString::fromLocal8Bit(line));
+  }
+}
 
 }  // namespace hh::workbench

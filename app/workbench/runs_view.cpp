@@ -8,7 +8,7 @@
 #include <QFileDialog>
 #include <QFileInfo>
 #include <QHBoxLayout>
-#include <QJsonDocument>
+#include <QJsonObject>
 #include <QLabel>
 #include <QListWidget>
 #include <QPlainTextEdit>
@@ -288,18 +288,9 @@ void RunsView::setState(State s) {
 
 void RunsView::onOutput() {
   pending_ += proc_->readAllStandardOutput();
-  int nl;
-  while ((nl = pending_.indexOf('\n')) >= 0) {
-    const QByteArray line = pending_.left(nl).trimmed();
-    pending_.remove(0, nl + 1);
-    if (line.isEmpty()) continue;
-    QJsonParseError err;
-    const QJsonDocument doc = QJsonDocument::fromJson(line, &err);
-    if (err.error == QJsonParseError::NoError && doc.isObject() && doc.object().contains(QStringLiteral("event")))
-      handleEvent(doc.object());
-    else
-      appendLog(QString::fromLocal8Bit(line));  // warnings and anything else the job prints
-  }
+  takeEventLines(
+      pending_, [this](const QJsonObject& e) { handleEvent(e); },
+      [this](const QString& line) { appendLog(line); });  // warnings and anything else the job prints
 }
 
 void RunsView::handleEvent(const QJsonObject& e) {
