@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/io/sha256.h"
+#include "core/model/config.h"
 #include "core/util/error.h"
 
 namespace hh::jobs {
@@ -203,6 +204,8 @@ JobSpec JobSpec::parse(const json& j, const fs::path& base, const std::string& w
   s.output = resolve(base, f.str("output", "", true));
   s.device = f.str("device", "cpu");
   s.dtype = f.str("dtype", "");
+  if (!s.dtype.empty() && s.dtype != "auto" && model::canonical_dtype(s.dtype).empty())
+    f.fail("dtype", "'" + s.dtype + "' is not f32, bf16, f16, f64 or auto");
   s.seed = static_cast<uint64_t>(f.integer("seed", 0, 0));
   if (!f.has("stages") || !f.at("stages").is_array() || f.at("stages").empty())
     f.fail("stages", "must be a non-empty array of stages");

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -354,6 +355,16 @@ nlohmann::json ModelConfig::to_json() const {
   if (bos_token_id) j["bos_token_id"] = *bos_token_id;
   if (eos_token_id) j["eos_token_id"] = *eos_token_id;
   return j;
+}
+
+std::string canonical_dtype(const std::string& name) {
+  static const std::pair<const char*, const char*> kNames[] = {
+      {"f32", "f32"},      {"fp32", "f32"},     {"float32", "f32"}, {"float", "f32"},   {"bf16", "bf16"},
+      {"bfloat16", "bf16"}, {"f16", "f16"},     {"fp16", "f16"},    {"float16", "f16"}, {"half", "f16"},
+      {"f64", "f64"},      {"fp64", "f64"},     {"float64", "f64"}, {"double", "f64"}};
+  for (const auto& [n, c] : kNames)
+    if (name == n) return c;
+  return {};
 }
 
 }  // namespace hh::model

@@ -41,4 +41,8 @@ struct ModelConfig {
   nlohmann::json to_json() const;
 };
 
+// A dtype option's canonical name: "f32", "bf16", "f16" or "f64" for those and their long forms
+// (float32, bfloat16, half, fp64, ...); "" for any other name. model::parse_dtype maps these.
+std::string canonical_dtype(const std::string& name);
+
 }  // namespace hh::model

@@ -413,10 +413,11 @@ Weights random_weights(const ModelConfig& cfg, uint64_t seed, at::ScalarType dty
 }
 
 at::ScalarType parse_dtype(const std::string& name) {
-  if (name == "f32" || name == "fp32" || name == "float32" || name == "float") return at::kFloat;
-  if (name == "bf16" || name == "bfloat16") return at::kBFloat16;
-  if (name == "f16" || name == "fp16" || name == "float16" || name == "half") return at::kHalf;
-  if (name == "f64" || name == "fp64" || name == "float64" || name == "double") return at::kDouble;
+  const std::string c = canonical_dtype(name);
+  if (c == "f32") return at::kFloat;
+  if (c == "bf16") return at::kBFloat16;
+  if (c == "f16") return at::kHalf;
+  if (c == "f64") return at::kDouble;
   throw Error("unknown dtype '" + name + "' (expected f32, bf16, f16 or f64)");
 }
 

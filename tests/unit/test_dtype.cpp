@@ -18,6 +18,19 @@ TEST(Dtype, AutoTakesFloat32OnTheCpuForA16BitCheckpointOnly) {
   EXPECT_EQ(resolve_dtype("auto", gpu, at::kHalf), at::kHalf);
 }
 
+TEST(Dtype, CanonicalNamesCoverTheLongForms) {
+  EXPECT_EQ(canonical_dtype("float32"), "f32");
+  EXPECT_EQ(canonical_dtype("float"), "f32");
+  EXPECT_EQ(canonical_dtype("bfloat16"), "bf16");
+  EXPECT_EQ(canonical_dtype("half"), "f16");
+  EXPECT_EQ(canonical_dtype("fp64"), "f64");
+  EXPECT_EQ(canonical_dtype("auto"), "");  // not a dtype itself: resolve_dtype's word
+  EXPECT_EQ(canonical_dtype("BF16"), "");
+  for (const char* n : {"f32", "fp32", "float32", "float", "bf16", "bfloat16", "f16", "fp16", "float16", "half", "f64",
+                        "fp64", "float64", "double"})
+    EXPECT_NO_THROW(parse_dtype(n)) << n;
+}
+
 TEST(Dtype, EmptyKeepsTheCheckpointsAndANameIsTaken) {
   const at::Device cpu(at::kCPU), gpu(at::kCUDA, 0);
   EXPECT_EQ(resolve_dtype("", cpu, at::kBFloat16), at::kBFloat16);

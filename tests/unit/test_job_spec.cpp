@@ -89,6 +89,7 @@ TEST_F(JobSpecTest, RefusalsNameTheField) {
       {"/stages", json::array(), "stages: must be a non-empty array"},
       {"/model", json{{"config", "config.json"}}, "model: is only for pretrain jobs"},
       {"/extra", 1, "extra: unknown field"},
+      {"/dtype", "fp8", "dtype: 'fp8' is not f32, bf16, f16, f64 or auto"},
   };
   for (const auto& c : cases) {
     json j = base();
@@ -102,6 +103,14 @@ TEST_F(JobSpecTest, RefusalsNameTheField) {
     const std::string msg = refusal(j);
     EXPECT_MENTIONS(msg, c.expect) << "case " << c.pointer;
     EXPECT_MENTIONS(msg, "job.json") << "case " << c.pointer;
+  }
+}
+
+TEST_F(JobSpecTest, TakesEveryDtypeNameTheModelLoaderTakes) {
+  for (const char* name : {"auto", "f32", "float32", "bf16", "bfloat16", "f16", "half", "f64", "double"}) {
+    json j = base();
+    j["dtype"] = name;
+    EXPECT_EQ(JobSpec::parse(j, dir_, "job.json").dtype, name);
   }
 }
 
