@@ -135,7 +135,8 @@ QString EvalView::summaryLine() const { return summary_->text(); }
 void EvalView::cancel() {
   if (!isEvaluating()) return;
   summary_->setText(tr("cancelling the evaluation of %1\u2026").arg(evaluating_));
-  ::kill(static_cast<pid_t>(proc_->processId()), SIGINT);
+  cancelling_ = true;
+  interruptChild(*proc_);
 }
 
 void EvalView::onOutput() {
@@ -178,6 +179,7 @@ bool EvalView::evaluate(const QString& model_dir, Side side, const QString& leng
   pending_.clear();
   last_line_.clear();
   evaluating_ = model_dir;
+  cancelling_ = false;
   auto running = [this](bool on) {
     for (QPushButton* b : run_buttons_) b->setEnabled(!on);
     device_->setEnabled(!on);
@@ -194,7 +196,10 @@ bool EvalView::evaluate(const QString& model_dir, Side side, const QString& leng
     running(false);
     if (!pending_.trimmed().isEmpty()) last_line_ = QString::fromLocal8Bit(pending_.trimmed());
     QString error;
-    if (status == QProcess::NormalExit && code == 130) {
+    // Cancelled: exit 130 once it stops between prompts, or the signal itself while the model still loads
+    // (one that finished meanwhile is shown).
+    const bool finished = status == QProcess::NormalExit && code == 0;
+    if (!finished && (cancelling_ || (status == QProcess::NormalExit && code == 130))) {
       error = tr("the evaluation of %1 was cancelled; nothing was written").arg(evaluating_);
     } else if (status != QProcess::NormalExit || code != 0) {
       error = last_line_.isEmpty() ? tr("hydrahead eval exited with status %1").arg(code) : last_line_;

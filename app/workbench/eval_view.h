@@ -79,6 +79,7 @@ class EvalView : public QWidget {
   QProcess* proc_ = nullptr;
   QByteArray pending_;
   QString last_line_, evaluating_;  // the child's last line that is not an event; the folder it evaluates
+  bool cancelling_ = false;
   QTemporaryDir out_dir_;
 };
 

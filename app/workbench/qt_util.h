@@ -6,7 +6,9 @@
 #include <QFile>
 #include <QJsonDocument>
 #include <QJsonObject>
+#include <QProcess>
 #include <QString>
+#include <csignal>
 #include <filesystem>
 
 #include "core/util/strings.h"
@@ -18,6 +20,15 @@ inline QString fromPath(const std::filesystem::path& p) { return QFile::decodeNa
 // "12.3s", "4m05s", "2h07m"; "-" for a negative or unknown duration.
 inline QString formatSeconds(double s) { return s >= 0 ? QString::fromStdString(util::format_seconds(s)) : QStringLiteral("-"); }
 inline QString humanBytes(double b) { return QString::fromStdString(util::human_bytes(b)); }
+
+// Sends SIGINT to a child process (waiting for one still starting to have an id); false when it has
+// none. Never kill(0): that would reach this process's own group.
+inline bool interruptChild(QProcess& child) {
+  if (child.state() == QProcess::Starting) child.waitForStarted(5000);
+  const qint64 pid = child.processId();
+  if (child.state() != QProcess::Running || pid <= 0) return false;
+  return ::kill(static_cast<pid_t>(pid), SIGINT) == 0;
+}
 
 // Takes the complete lines off `pending` (a child's output so far; a partial last line stays), trimmed,
 // empty ones skipped: a JSON object with an "event" goes to on_event, any other line to on_text.

@@ -129,8 +129,7 @@ RunsView::RunsView(QWidget* parent) : QWidget(parent) {
 RunsView::~RunsView() {
   if (proc_ && proc_->state() != QProcess::NotRunning) {
     // The window is closing: stop the job cleanly (it checkpoints), but do not wait for long.
-    ::kill(static_cast<pid_t>(proc_->processId()), SIGINT);
-    proc_->waitForFinished(3000);
+    if (interruptChild(*proc_)) proc_->waitForFinished(3000);
   }
   // A job still running now is killed by QProcess's destructor, which runs among this widget's children,
   // after its other children (the poll timer) are gone: its finished() must not reach this view.
@@ -200,7 +199,7 @@ void RunsView::cancel() {
   }
   if (!proc_ || proc_->state() == QProcess::NotRunning) return;
   appendLog(tr("cancelling: the job writes a checkpoint, then stops"));
-  ::kill(static_cast<pid_t>(proc_->processId()), SIGINT);
+  interruptChild(*proc_);
 }
 
 bool RunsView::resume(QString* error) {

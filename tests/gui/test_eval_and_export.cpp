@@ -165,6 +165,17 @@ class TestEvalAndExport : public QObject {
     QVERIFY(!v.isEvaluating());
     QVERIFY(progressed.count() < 300);
     QVERIFY(!v.grid(EvalView::Teacher).has_value());
+
+    // Cancelled at once, while the child starts or loads the model (before it listens for SIGINT): the
+    // same message, nothing opened.
+    failed.clear();
+    QVERIFY2(v.evaluate(qpath(demo_model()), EvalView::Hybrid, QStringLiteral("512"), 5, &error), qPrintable(error));
+    v.cancel();
+    QVERIFY(failed.count() == 1 || failed.wait(60000));
+    QVERIFY2(failed.first().first().toString().contains(QStringLiteral("cancelled; nothing was written")),
+             qPrintable(failed.first().first().toString()));
+    QVERIFY(!v.grid(EvalView::Hybrid).has_value());
+    QCOMPARE(evaluated.count(), 0);
   }
 
   // Closing the view during an evaluation kills it, and the view goes without a crash (the evaluation's
