@@ -30,20 +30,62 @@ namespace fs = std::filesystem;
 
 struct TrainArgs {
   std::string job, stage, progress = "bar", status, stop;
-  bool validate = false, shard_optimizer = false;
+  bool validate = false, shard_optimizer = false, json = false;
   double bucket_mb = 25;
   int64_t max_steps = -1;
   DistArgs dist;
 };
 
+// --status --json: the same as one JSON object (NaN, before a stage's first step, as null).
+nlohmann::json status_json(const fs::path& dir, const train::RunSnapshot& r, const train::RunProgress& p,
+                           const std::optional<train::JobOwner>& owner, const std::string& latest) {
+  using nlohmann::json;
+  auto num = [](double v) { return std::isnan(v) ? json(nullptr) : json(v); };
+  const char* state = p.state == train::RunProgress::State::Running    ? "running"
+                      : p.state == train::RunProgress::State::Finished ? "finished"
+                                                                       : "stopped";
+  json stages = json::array();
+  for (size_t s = 0; s < r.stage_names.size(); ++s) {
+    const train::StageSummary sum = train::summarize_stage(r, static_cast<int32_t>(s));
+    stages.push_back({{"name", r.stage_names[s]},
+                      {"kind", r.stage_kinds[s]},
+                      {"steps_done", sum.done},
+                      {"steps", r.planned_steps[s]},
+                      {"state", r.end_row[s] >= 0 ? "done" : r.first_row[s] >= 0 ? "run" : "waiting"},
+                      {"loss", num(sum.loss)},
+                      {"eval_loss", num(sum.eval_loss)},
+                      {"tokens_per_s", num(sum.tokens_per_s)}});
+  }
+  return {{"run", (dir / "run.h5").string()},
+          {"state", state},
+          {"summary", train::describe(p, r)},
+          {"stage", p.stage >= 0 ? json(r.stage_names[static_cast<size_t>(p.stage)]) : json(nullptr)},
+          {"steps_done", p.done},
+          {"steps", p.total},
+          {"loss", num(p.loss)},
+          {"tokens_per_s", num(p.tokens_per_s)},
+          {"elapsed_s", p.elapsed_s},
+          {"eta_s", p.eta_s >= 0 ? json(p.eta_s) : json(nullptr)},
+          {"process", owner && owner->pid > 0 ? json{{"pid", owner->pid}, {"host", owner->host}} : json(nullptr)},
+          {"stages", stages},
+          {"latest_checkpoint", latest.empty() ? json(nullptr) : json((dir / "checkpoints" / latest).string())},
+          {"final_model", fs::is_regular_file(dir / "model/config.json") ? json((dir / "model").string()) : json(nullptr)}};
+}
+
 // The state of a run directory, read from run.h5 (SWMR: also while the job writes it), and whether a
 // job holds the directory now.
-int print_status(const fs::path& dir) {
+int print_status(const fs::path& dir, bool as_json) {
   const fs::path run = dir / "run.h5";
   if (!fs::exists(run)) throw Error(dir.string() + ": no run.h5 (not a training run directory, or the job has not started)");
   const train::RunSnapshot r = train::read_run(run);
   const std::optional<train::JobOwner> owner = train::job_owner(dir);
   const train::RunProgress p = train::run_progress(r, owner.has_value());
+  std::string latest_name;
+  if (std::ifstream latest(dir / "checkpoints/LATEST"); latest) std::getline(latest, latest_name);
+  if (as_json) {
+    std::printf("%s\n", status_json(dir, r, p, owner, latest_name).dump().c_str());
+    return kExitOk;
+  }
   std::string who;
   if (owner && owner->pid > 0) who = " (process " + std::to_string(owner->pid) + " on " + owner->host + ")";
   std::printf("%s\n%s%s\n%-12s %-9s %13s %10s %10s %10s\n", run.string().c_str(), train::describe(p, r).c_str(),
@@ -65,9 +107,7 @@ int print_status(const fs::path& dir) {
                 number(sum.tokens_per_s, "%.0f").c_str());
   }
   if (!r.elapsed_s.empty()) std::printf("elapsed %s\n", format_seconds(r.elapsed_s.back()).c_str());
-  std::ifstream latest(dir / "checkpoints/LATEST");
-  std::string name;
-  if (latest && std::getline(latest, name)) std::printf("latest checkpoint: %s\n", (dir / "checkpoints" / name).string().c_str());
+  if (!latest_name.empty()) std::printf("latest checkpoint: %s\n", (dir / "checkpoints" / latest_name).string().c_str());
   if (fs::is_regular_file(dir / "model/config.json")) std::printf("final model: %s\n", (dir / "model").string().c_str());
   if (p.state == train::RunProgress::State::Stopped && r.step.size() > 0)
     std::printf("run its job again (hydrahead train --job FILE) to continue from the latest checkpoint\n");
@@ -75,7 +115,8 @@ int print_status(const fs::path& dir) {
 }
 
 int run_train(const TrainArgs& a) {
-  if (!a.status.empty()) return print_status(a.status);
+  if (a.json && a.status.empty()) throw Error("--json goes with --status DIR");
+  if (!a.status.empty()) return print_status(a.status, a.json);
   if (!a.stop.empty()) {
     std::string why;
     if (!train::interrupt_job(a.stop, &why)) throw Error(why);
@@ -186,6 +227,7 @@ Runner add_train(CLI::App& app) {
       "evenly over the ranks; rank 0 writes run.h5 and the checkpoints, which resume with any number of ranks.");
   app.add_option("--job", a->job, "Job spec (JSON)")->check(CLI::ExistingFile);
   app.add_option("--status", a->status, "Print the state of a run directory (its run.h5, also while the job runs) and exit");
+  app.add_flag("--json", a->json, "With --status: print it as one JSON object (state, steps, loss, ETA, process, stages)");
   app.add_option("--stop", a->stop,
                  "Ask the job running in this run directory (on this host) to stop as Ctrl-C does: it writes a "
                  "checkpoint and exits; running its job again continues");

@@ -677,7 +677,7 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   const Fixture f = make_fixture("train_cli");
   auto write_job = [&](const std::string& name) {
     json j = hybrid_job(f, name);
-    j["stages"] = json::array({stage("align", 300, 1e-3, 32)});
+    j["stages"] = json::array({stage("align", 600, 1e-3, 32)});
     std::ofstream(f.dir / (name + ".json")) << j.dump(2);
     return f.dir / (name + ".json");
   };
@@ -706,10 +706,22 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   follower.reset();
   // `train --status` reads the live file from another process too, and sees the job's lock.
   const std::string live = status_of(f.dir / "cli");
-  EXPECT_NE(live.find("/300  run"), std::string::npos) << live;
+  EXPECT_NE(live.find("/600  run"), std::string::npos) << live;
   EXPECT_NE(live.find("running: stage align, step "), std::string::npos) << live;
   EXPECT_NE(live.find(" tokens/s, ETA "), std::string::npos) << live;
   EXPECT_NE(live.find("(process " + std::to_string(pid) + " on "), std::string::npos) << live;
+  // The same as JSON, for tools.
+  auto status_json = [&](const std::string& dir) {
+    return json::parse(hh::test::run_hydrahead("train --status " + dir + " --json").output);
+  };
+  const json live_json = status_json((f.dir / "cli").string());
+  EXPECT_EQ(live_json["state"], "running");
+  EXPECT_EQ(live_json["process"]["pid"], pid);
+  EXPECT_EQ(live_json["steps"], 600);
+  EXPECT_EQ(live_json["stage"], "align");
+  EXPECT_GT(live_json["steps_done"].get<int64_t>(), 0);
+  EXPECT_GE(live_json["eta_s"].get<double>(), 0);
+  EXPECT_EQ(live_json["stages"][0]["state"], "run");
   // `train --stop` asks it to stop as Ctrl-C does.
   const auto stop = hh::test::run_hydrahead("train --stop " + (f.dir / "cli").string());
   EXPECT_EQ(stop.status, 0) << stop.output;
@@ -720,11 +732,17 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   EXPECT_EQ(json::parse(last)["event"], "interrupted") << last;
   const int64_t rows_at_stop = static_cast<int64_t>(column(run, "/train/loss").size());
   EXPECT_GT(rows_at_stop, 0);
-  EXPECT_LT(rows_at_stop, 300);
+  EXPECT_LT(rows_at_stop, 600);
   const std::string stopped = status_of(f.dir / "cli");
-  EXPECT_NE(stopped.find("stopped at step " + std::to_string(rows_at_stop) + " of 300 (stage align, step " +
-                         std::to_string(rows_at_stop) + " of 300)"), std::string::npos) << stopped;
+  EXPECT_NE(stopped.find("stopped at step " + std::to_string(rows_at_stop) + " of 600 (stage align, step " +
+                         std::to_string(rows_at_stop) + " of 600)"), std::string::npos) << stopped;
   EXPECT_NE(stopped.find("run its job again"), std::string::npos) << stopped;
+  const json stopped_json = status_json((f.dir / "cli").string());
+  EXPECT_EQ(stopped_json["state"], "stopped");
+  EXPECT_EQ(stopped_json["steps_done"], rows_at_stop);
+  EXPECT_TRUE(stopped_json["process"].is_null());
+  EXPECT_TRUE(stopped_json["eta_s"].is_null());
+  EXPECT_FALSE(stopped_json["latest_checkpoint"].is_null());
   const auto nobody = hh::test::run_hydrahead("train --stop " + (f.dir / "cli").string());
   EXPECT_EQ(nobody.status, 1);
   EXPECT_MENTIONS(nobody.output, "no job is running there");
@@ -735,8 +753,14 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   EXPECT_EQ(wait_exit(spawn_train(straight, f.dir / "events3.jsonl")), 0);
   EXPECT_EQ(column(run, "/train/loss"), column(f.dir / "straight/run.h5", "/train/loss"));
   const std::string done = status_of(f.dir / "cli");
-  EXPECT_NE(done.find("300/300 done"), std::string::npos) << done;
-  EXPECT_NE(done.find("finished: 300 steps in "), std::string::npos) << done;
+  EXPECT_NE(done.find("600/600 done"), std::string::npos) << done;
+  EXPECT_NE(done.find("finished: 600 steps in "), std::string::npos) << done;
+  const json done_json = status_json((f.dir / "cli").string());
+  EXPECT_EQ(done_json["state"], "finished");
+  EXPECT_EQ(done_json["stages"][0]["state"], "done");
+  EXPECT_EQ(done_json["stages"][0]["steps_done"], 600);
+  EXPECT_FALSE(done_json["final_model"].is_null());
+  EXPECT_MENTIONS(hh::test::run_hydrahead("train --json").output, "--json goes with --status DIR");
   EXPECT_NE(done.find("final model: "), std::string::npos) << done;
 
   // h5py reads the finished file (SWMR mode as the workbench does).
@@ -744,7 +768,7 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   if (py.empty()) GTEST_SKIP() << "no python3 with h5py";
   const std::string cmd = py + " -c \"import h5py; f = h5py.File('" + run.string() +
                           "', 'r', swmr=True); assert f.attrs['format'] == 'hydrahead-run'; "
-                          "assert f['train/loss'].shape == (300,); assert f['train/step'][-1] == 300; "
+                          "assert f['train/loss'].shape == (600,); assert f['train/step'][-1] == 600; "
                           "assert list(f['stages/name'].asstr()[:]) == ['align']\"";
   EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
