@@ -9,7 +9,6 @@
 
 #include "app/cli/commands.h"
 #include "core/attention/hybrid_model.h"
-#include "core/io/checkpoint.h"
 #include "core/io/fingerprint.h"
 #include "core/model/tokenizer.h"
 #include "core/select/manifest.h"
@@ -61,7 +60,7 @@ int run_convert(const ConvertArgs& a) {
   };
   const auto hybrid = attention::convert(teacher, manifest, o);
   bar.finish();
-  hybrid.save(out, 0, io::to_scalar_type(io::Checkpoint(dir).info("model.embed_tokens.weight").dtype));
+  hybrid.save(out, 0, model::stored_dtype(dir));
   for (const char* extra : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
     if (fs::exists(dir / extra)) fs::copy_file(dir / extra, out / extra);
   int64_t nf = static_cast<int64_t>(manifest.fa_heads.size());

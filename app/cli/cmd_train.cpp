@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -51,7 +52,7 @@ nlohmann::json status_json(const fs::path& dir, const train::RunSnapshot& r, con
                       {"kind", r.stage_kinds[s]},
                       {"steps_done", sum.done},
                       {"steps", r.planned_steps[s]},
-                      {"state", r.end_row[s] >= 0 ? "done" : r.first_row[s] >= 0 ? "run" : "waiting"},
+                      {"state", sum.state},
                       {"loss", num(sum.loss)},
                       {"eval_loss", num(sum.eval_loss)},
                       {"tokens_per_s", num(sum.tokens_per_s)}});
@@ -98,10 +99,9 @@ int print_status(const fs::path& dir, bool as_json) {
   };
   for (size_t s = 0; s < r.stage_names.size(); ++s) {
     const train::StageSummary sum = train::summarize_stage(r, static_cast<int32_t>(s));
-    const char* state = r.end_row[s] >= 0 ? " done" : r.first_row[s] >= 0 ? "  run" : "     ";
     char steps[64];
-    std::snprintf(steps, sizeof steps, "%lld/%lld%s", static_cast<long long>(sum.done),
-                  static_cast<long long>(r.planned_steps[s]), state);
+    std::snprintf(steps, sizeof steps, "%lld/%lld%5s", static_cast<long long>(sum.done),
+                  static_cast<long long>(r.planned_steps[s]), std::strcmp(sum.state, "waiting") == 0 ? "" : sum.state);
     std::printf("%-12s %-9s %13s %10s %10s %10s\n", r.stage_names[s].c_str(), r.stage_kinds[s].c_str(), steps,
                 number(sum.loss, "%.4g").c_str(), number(sum.eval_loss, "%.4g").c_str(),
                 number(sum.tokens_per_s, "%.0f").c_str());

@@ -428,6 +428,10 @@ at::ScalarType resolve_dtype(const std::string& dtype, const at::Device& device,
   return parse_dtype(dtype);
 }
 
+at::ScalarType stored_dtype(const std::filesystem::path& dir) {
+  return io::to_scalar_type(io::Checkpoint(dir).info("model.embed_tokens.weight").dtype);
+}
+
 void check_dtype(const std::string& dtype) {
   if (!dtype.empty() && dtype != "auto") (void)parse_dtype(dtype);
 }
@@ -484,7 +488,7 @@ Transformer Transformer::load(const std::filesystem::path& dir, ModelConfig cfg,
       throw Error(dir.string() + ": tensor '" + e.name + "' has shape " + shape_str(info.shape) + ", expected " +
                   shape_str(e.shape) + " from config.json");
   }
-  const at::ScalarType target = resolve_dtype(dtype, dev, io::to_scalar_type(ckpt.info("model.embed_tokens.weight").dtype));
+  const at::ScalarType target = resolve_dtype(dtype, dev, stored_dtype(dir));
   try {
     for (const WeightEntry& e : table) *e.slot = ckpt.load(e.name).to(dev, target);
   } catch (const c10::Error& e) {

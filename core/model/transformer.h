@@ -218,6 +218,8 @@ at::ScalarType parse_dtype(const std::string& name);
 // products (the demo model's forward took 35x as long in bfloat16 as in float32 on a 2-core x86 machine);
 // anything else is parse_dtype's.
 at::ScalarType resolve_dtype(const std::string& dtype, const at::Device& device, at::ScalarType stored);
+// The dtype a checkpoint's weights are stored in (its embedding's), read from the safetensors header.
+at::ScalarType stored_dtype(const std::filesystem::path& dir);
 // Checks a dtype option as resolve_dtype() takes it ("", "auto" or parse_dtype's names), naming it.
 void check_dtype(const std::string& dtype);
 

@@ -165,7 +165,8 @@ RunSnapshot read_run(const std::filesystem::path& run_h5) {
 
 StageSummary summarize_stage(const RunSnapshot& r, int32_t stage) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  StageSummary out{0, nan, nan, nan};
+  const auto st = static_cast<size_t>(stage);
+  StageSummary out{r.end_row[st] >= 0 ? "done" : r.first_row[st] >= 0 ? "run" : "waiting", 0, nan, nan, nan};
   std::vector<double> recent;
   for (size_t i = 0; i < r.stage.size(); ++i)
     if (r.stage[i] == stage) {
@@ -188,9 +189,8 @@ StageSummary summarize_stage(const RunSnapshot& r, int32_t stage) {
 
 RunProgress run_progress(const RunSnapshot& r, bool running) {
   RunProgress p;
-  const int32_t S = static_cast<int32_t>(r.stage_names.size());
-  bool all_ended = S > 0;
-  for (int32_t s = 0; s < S; ++s) all_ended = all_ended && r.end_row[static_cast<size_t>(s)] >= 0;
+  const bool all_ended =
+      !r.end_row.empty() && std::all_of(r.end_row.begin(), r.end_row.end(), [](int64_t e) { return e >= 0; });
   p.state = running ? RunProgress::State::Running : all_ended ? RunProgress::State::Finished : RunProgress::State::Stopped;
   p.total = r.total_steps();
   p.done = static_cast<int64_t>(r.step.size());

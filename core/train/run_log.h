@@ -66,9 +66,11 @@ struct RunSnapshot {
 // Reads `run_h5` as it is now (opened for SWMR reading, every dataset refreshed). Throws naming the file.
 RunSnapshot read_run(const std::filesystem::path& run_h5);
 
-// One stage of a snapshot: its steps done, last loss and held-out loss (NaN before the first), and the
-// lower median of its last 20 steps' tokens/s (NaN before the first step).
+// One stage of a snapshot: whether it has started and ended ("waiting", "run", "done", from its marks),
+// its steps done, last loss and held-out loss (NaN before the first), and the lower median of its last 20
+// steps' tokens/s (NaN before the first step).
 struct StageSummary {
+  const char* state = "waiting";
   int64_t done = 0;
   double loss, eval_loss, tokens_per_s;
 };

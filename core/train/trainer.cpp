@@ -599,7 +599,7 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
     // A job without a dtype takes the checkpoint's, but float32 on the CPU (model::resolve_dtype); a resumed
     // job's teacher takes the dtype its student was saved in, which is the one it trained in.
     const std::string dtype =
-        !resume_from.empty() ? model::hf_dtype_name(io::to_scalar_type(io::Checkpoint(resume_model).info("model.embed_tokens.weight").dtype))
+        !resume_from.empty() ? model::hf_dtype_name(model::stored_dtype(resume_model))
         : job.dtype.empty() ? std::string("auto")
                             : job.dtype;
     if (need_teacher || (resume_from.empty() && job.hybrid.empty()))

@@ -95,9 +95,11 @@ TEST(RunLog, AReaderSeesWhereTheRunStandsAndItsEta) {
   EXPECT_EQ(describe(p, r), "running: stage align, step 2 of 4 (2 of 7 in all), loss 4, 32 tokens/s, ETA " +
                                 util::format_seconds(p.eta_s));
   const StageSummary align = summarize_stage(r, 0);
+  EXPECT_STREQ(align.state, "run");
   EXPECT_EQ(align.done, 2);
   EXPECT_EQ(align.eval_loss, 4.5);
   const StageSummary distil = summarize_stage(r, 1);
+  EXPECT_STREQ(distil.state, "waiting");
   EXPECT_EQ(distil.done, 0);
   EXPECT_TRUE(std::isnan(distil.loss) && std::isnan(distil.eval_loss) && std::isnan(distil.tokens_per_s));
 
@@ -119,6 +121,8 @@ TEST(RunLog, AReaderSeesWhereTheRunStandsAndItsEta) {
   EXPECT_EQ(p.stage_step, 1);
   EXPECT_DOUBLE_EQ(p.eta_s, 2 * 384 / 3.0);
   EXPECT_EQ(summarize_stage(r, 0).tokens_per_s, 64);  // lower median of {64, 32, 64, 64}
+  EXPECT_STREQ(summarize_stage(r, 0).state, "done");
+  EXPECT_STREQ(summarize_stage(r, 1).state, "run");
 
   add_step(*log, 6, 1, 2, 1.25, 3, 266);
   add_step(*log, 7, 1, 3, 1.0, 3, 394);
