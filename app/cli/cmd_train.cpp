@@ -115,7 +115,6 @@ int print_status(const fs::path& dir, bool as_json) {
 }
 
 int run_train(const TrainArgs& a) {
-  if (a.json && a.status.empty()) throw Error("--json goes with --status DIR");
   if (!a.status.empty()) return print_status(a.status, a.json);
   if (!a.stop.empty()) {
     std::string why;
@@ -226,8 +225,10 @@ Runner add_train(CLI::App& app) {
       "srun setting RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. A stage's batch is the global batch, split\n"
       "evenly over the ranks; rank 0 writes run.h5 and the checkpoints, which resume with any number of ranks.");
   app.add_option("--job", a->job, "Job spec (JSON)")->check(CLI::ExistingFile);
-  app.add_option("--status", a->status, "Print the state of a run directory (its run.h5, also while the job runs) and exit");
-  app.add_flag("--json", a->json, "With --status: print it as one JSON object (state, steps, loss, ETA, process, stages)");
+  CLI::Option* status =
+      app.add_option("--status", a->status, "Print the state of a run directory (its run.h5, also while the job runs) and exit");
+  app.add_flag("--json", a->json, "With --status: print it as one JSON object (state, steps, loss, ETA, process, stages)")
+      ->needs(status);
   app.add_option("--stop", a->stop,
                  "Ask the job running in this run directory (on this host) to stop as Ctrl-C does: it writes a "
                  "checkpoint and exits; running its job again continues");

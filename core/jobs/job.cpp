@@ -204,7 +204,7 @@ JobSpec JobSpec::parse(const json& j, const fs::path& base, const std::string& w
   s.output = resolve(base, f.str("output", "", true));
   s.device = f.str("device", "cpu");
   s.dtype = f.str("dtype", "");
-  if (!s.dtype.empty() && s.dtype != "auto" && model::canonical_dtype(s.dtype).empty())
+  if (!model::is_dtype_option(s.dtype))
     f.fail("dtype", "'" + s.dtype + "' is not f32, bf16, f16, f64 or auto");
   s.seed = static_cast<uint64_t>(f.integer("seed", 0, 0));
   if (!f.has("stages") || !f.at("stages").is_array() || f.at("stages").empty())

@@ -44,5 +44,9 @@ struct ModelConfig {
 // A dtype option's canonical name: "f32", "bf16", "f16" or "f64" for those and their long forms
 // (float32, bfloat16, half, fp64, ...); "" for any other name. model::parse_dtype maps these.
 std::string canonical_dtype(const std::string& name);
+// Whether a dtype option is one model::resolve_dtype takes: "" (the checkpoint's), "auto" or a dtype name.
+inline bool is_dtype_option(const std::string& name) {
+  return name.empty() || name == "auto" || !canonical_dtype(name).empty();
+}
 
 }  // namespace hh::model

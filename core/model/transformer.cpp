@@ -433,7 +433,7 @@ at::ScalarType stored_dtype(const std::filesystem::path& dir) {
 }
 
 void check_dtype(const std::string& dtype) {
-  if (!dtype.empty() && dtype != "auto") (void)parse_dtype(dtype);
+  if (!is_dtype_option(dtype)) (void)parse_dtype(dtype);  // throws, naming it
 }
 
 // ---- Transformer ----------------------------------------------------------------------------------

@@ -760,7 +760,9 @@ TEST(TrainCli, SigintCheckpointsAndTheRerunFinishesTheSameTrajectoryWhileAReader
   EXPECT_EQ(done_json["stages"][0]["state"], "done");
   EXPECT_EQ(done_json["stages"][0]["steps_done"], 600);
   EXPECT_FALSE(done_json["final_model"].is_null());
-  EXPECT_MENTIONS(hh::test::run_hydrahead("train --json").output, "--json goes with --status DIR");
+  const auto json_alone = hh::test::run_hydrahead("train --json");  // a usage error
+  EXPECT_EQ(json_alone.status, 2) << json_alone.output;
+  EXPECT_MENTIONS(json_alone.output, "--status");
   EXPECT_NE(done.find("final model: "), std::string::npos) << done;
 
   // h5py reads the finished file (SWMR mode as the workbench does).

@@ -26,6 +26,13 @@ TEST(Dtype, CanonicalNamesCoverTheLongForms) {
   EXPECT_EQ(canonical_dtype("fp64"), "f64");
   EXPECT_EQ(canonical_dtype("auto"), "");  // not a dtype itself: resolve_dtype's word
   EXPECT_EQ(canonical_dtype("BF16"), "");
+  // The options resolve_dtype takes: "" and "auto" besides the names.
+  for (const char* n : {"", "auto", "f32", "bfloat16", "double"}) EXPECT_TRUE(is_dtype_option(n)) << n;
+  for (const char* n : {"fp8", "Auto", "BF16", "int8"}) {
+    EXPECT_FALSE(is_dtype_option(n)) << n;
+    EXPECT_THROW(check_dtype(n), hh::Error) << n;
+  }
+  EXPECT_NO_THROW(check_dtype("auto"));
   for (const char* n : {"f32", "fp32", "float32", "float", "bf16", "bfloat16", "f16", "fp16", "float16", "half", "f64",
                         "fp64", "float64", "double"})
     EXPECT_NO_THROW(parse_dtype(n)) << n;
