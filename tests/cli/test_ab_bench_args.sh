@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # scripts/gpu/ab-bench's options, checked before it builds anything (no CUDA needed): --help prints its
 # usage; a run count that is not a positive number, a base folder that is not there, a revision that is
-# not a commit, a variant that is not NAME=DIR with a folder (or whose name is taken) and an unknown
-# option are refused with exit 2, a message naming the value, and nothing
-# written to $OUT.
+# not a commit, a variant that is not NAME=DIR with a folder or NAME=PATCH with a patch that applies
+# here (or whose name is taken) and an unknown option are refused with exit 2, a message naming the
+# value, and nothing written to $OUT.
 source "$(dirname "$0")/preamble.sh"
 AB="$ROOT/scripts/gpu/ab-bench"
 export OUT="$TMP/out"
@@ -30,4 +30,15 @@ refused "--variant 'base=$TMP/v' is not NAME=DIR" --variant "base=$TMP/v"
 refused "--variant 'a b=$TMP/v' is not NAME=DIR" --variant "a b=$TMP/v"
 refused "--variant v1: $TMP/none is not a folder" --variant "v1=$TMP/none"
 refused "--variant v1 is given twice" --variant "v1=$TMP/v" --variant "v1=$TMP/v"
+printf 'not a diff\n' > "$TMP/bad.patch"
+refused "--variant v2: tree-overlay: $TMP/bad.patch is not a patch" --variant "v2=$TMP/bad.patch"
+cat > "$TMP/stale.patch" <<'PATCH'
+diff --git a/README.md b/README.md
+--- a/README.md
++++ b/README.md
+@@ -1,1 +1,1 @@
+-no such first line
++a new first line
+PATCH
+refused "--variant v3: tree-overlay: $TMP/stale.patch does not apply to this tree" --variant "v3=$TMP/stale.patch"
 echo "ab-bench options: ok"

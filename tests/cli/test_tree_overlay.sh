@@ -2,7 +2,9 @@
 # scripts/gpu/tree-overlay, which ab-bench --variant builds with: apply lays a folder's files over the
 # tree (replacing some, creating others in new folders) and restore gives back the tree byte for byte,
 # created files removed, with the restored files newer than before (so that a build compiles them again).
-# A second apply before a restore, a path through .git and a missing folder are refused.
+# A second apply before a restore, a path through .git and a missing folder are refused. from-patch
+# writes the files a patch changes or adds, as patched, into a new folder and leaves the tree as it was;
+# a patch that deletes a file, one that does not apply and an existing folder are refused.
 source "$(dirname "$0")/preamble.sh"
 OV="$ROOT/scripts/gpu/tree-overlay"
 tree="$TMP/tree" over="$TMP/over" saved="$TMP/saved"
@@ -36,4 +38,31 @@ grep -q "is under .git" <<<"$err" || fail ".git overlay: $err"
 [[ ! -e "$saved" && ! -e .git ]] || fail "a refused overlay wrote something"
 rc=0; "$OV" apply "$TMP/none" "$saved" 2>/dev/null || rc=$?
 [[ $rc == 2 ]] || fail "a missing folder exited $rc, not 2"
+
+# from-patch, on patches git diff makes from two copies of the tree (named a and b: the prefixes git's own).
+mkdir -p "$TMP/pa/a" "$TMP/pa/b"
+cp -r kernels core "$TMP/pa/a/" && cp -r kernels core "$TMP/pa/b/"
+printf 'kernel v1\nkernel v3\n' > "$TMP/pa/b/kernels/a.cu"
+mkdir -p "$TMP/pa/b/docs" && printf 'added\n' > "$TMP/pa/b/docs/e.md"
+(cd "$TMP/pa" && git diff --no-index --no-prefix a b > "$TMP/change.patch") && fail "git diff found no change"
+"$OV" from-patch "$TMP/change.patch" "$TMP/fp"
+[[ "$(cat "$TMP/fp/kernels/a.cu")" == $'kernel v1\nkernel v3' ]] || fail "from-patch: kernels/a.cu is $(cat "$TMP/fp/kernels/a.cu")"
+[[ "$(cat "$TMP/fp/docs/e.md")" == "added" ]] || fail "from-patch did not add docs/e.md"
+[[ "$(cd "$TMP/fp" && find . -type f | sort | tr '\n' ' ')" == "./docs/e.md ./kernels/a.cu " ]] ||
+  fail "from-patch wrote files the patch does not change: $(cd "$TMP/fp" && find . -type f)"
+after=$(find . -type f -exec md5sum {} + | sort)
+[[ "$after" == "$before" ]] || fail "from-patch changed the tree"
+err=$("$OV" from-patch "$TMP/change.patch" "$TMP/fp" 2>&1) && fail "from-patch into an existing folder was accepted"
+grep -q "$TMP/fp exists" <<<"$err" || fail "existing folder: $err"
+
+rm "$TMP/pa/b/core/b.cpp"
+(cd "$TMP/pa" && git diff --no-index --no-prefix a b > "$TMP/delete.patch") || true
+rc=0; err=$("$OV" from-patch "$TMP/delete.patch" "$TMP/fp2" 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q "deletes, renames or copies a file" <<<"$err" || fail "a deleting patch: exit $rc, $err"
+[[ ! -e "$TMP/fp2" ]] || fail "a refused patch wrote $TMP/fp2"
+
+printf 'kernel v0\n' > kernels/a.cu  # the patch's context no longer matches
+rc=0; err=$("$OV" from-patch "$TMP/change.patch" "$TMP/fp3" 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q "does not apply to this tree" <<<"$err" || fail "a stale patch: exit $rc, $err"
+[[ ! -e "$TMP/fp3" && "$(cat kernels/a.cu)" == "kernel v0" ]] || fail "a stale patch wrote something"
 echo "tree-overlay: ok"
