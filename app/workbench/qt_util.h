@@ -21,13 +21,30 @@ inline QString fromPath(const std::filesystem::path& p) { return QFile::decodeNa
 inline QString formatSeconds(double s) { return s >= 0 ? QString::fromStdString(util::format_seconds(s)) : QStringLiteral("-"); }
 inline QString humanBytes(double b) { return QString::fromStdString(util::human_bytes(b)); }
 
-// Sends SIGINT to a child process (waiting for one still starting to have an id); false when it has
-// none. Never kill(0): that would reach this process's own group.
+// Sends SIGINT to a child process; false when there is none to send it to. One still starting gets it
+// when it leaves that state, if it then runs (at most once however often this is called before; nothing
+// is left connected for a later start of the same QProcess), so the caller is not held up while it
+// starts. Never kill(0): that would reach this process's own group.
 inline bool interruptChild(QProcess& child) {
-  if (child.state() == QProcess::Starting) child.waitForStarted(5000);
-  const qint64 pid = child.processId();
-  if (child.state() != QProcess::Running || pid <= 0) return false;
-  return ::kill(static_cast<pid_t>(pid), SIGINT) == 0;
+  auto send = [](QProcess& c) {
+    const qint64 pid = c.processId();
+    return c.state() == QProcess::Running && pid > 0 && ::kill(static_cast<pid_t>(pid), SIGINT) == 0;
+  };
+  if (child.state() == QProcess::Starting) {
+    static constexpr char kPending[] = "hh_interrupt_pending";
+    if (!child.property(kPending).toBool()) {
+      child.setProperty(kPending, true);
+      QObject::connect(
+          &child, &QProcess::stateChanged, &child,
+          [&child, send](QProcess::ProcessState) {
+            child.setProperty(kPending, false);
+            send(child);
+          },
+          Qt::SingleShotConnection);
+    }
+    return true;
+  }
+  return send(child);
 }
 
 // Takes the complete lines off `pending` (a child's output so far; a partial last line stays), trimmed,

@@ -23,6 +23,7 @@
 #include "core/train/run_log.h"
 #include "job_dialog.h"
 #include "main_window.h"
+#include "qt_util.h"
 #include "runs_view.h"
 
 namespace fs = std::filesystem;
@@ -266,6 +267,31 @@ class TestRunsView : public QObject {
     QVERIFY(closing.elapsed() >= 2900);  // it waited for the job to stop first
     QCOMPARE(::kill(static_cast<pid_t>(pid), 0), -1);  // gone (and reaped)
     QCOMPARE(errno, ESRCH);
+  }
+
+  // interruptChild on a child still starting does not wait for it: the SIGINT goes when it runs. A start
+  // that fails uses the request up, so a later start of the same QProcess is not interrupted.
+  void interruptingAStartingChildDoesNotWait() {
+    QProcess child;
+    child.start(QStringLiteral("sleep"), {QStringLiteral("60")});
+    QCOMPARE(child.state(), QProcess::Starting);  // its start is reported through the event loop
+    QVERIFY(interruptChild(child));
+    QVERIFY(interruptChild(child));
+    QCOMPARE(child.state(), QProcess::Starting);  // not waited for
+    QVERIFY(child.waitForFinished(30000));        // sleep 60 ended by the SIGINT sent once it ran
+    QCOMPARE(child.exitStatus(), QProcess::CrashExit);
+    QCOMPARE(child.exitCode(), SIGINT);
+
+    QProcess reused;
+    reused.start(qpath(scratchRoot() / "no-such-program"), {});
+    QCOMPARE(reused.state(), QProcess::Starting);
+    QVERIFY(interruptChild(reused));
+    QVERIFY(!reused.waitForStarted(10000));
+    QCOMPARE(reused.error(), QProcess::FailedToStart);
+    reused.start(QStringLiteral("sleep"), {QStringLiteral("1")});
+    QVERIFY(reused.waitForFinished(30000));
+    QCOMPARE(reused.exitStatus(), QProcess::NormalExit);
+    QCOMPARE(reused.exitCode(), 0);
   }
 
   void aFailingJobLeavesTheViewStanding() {
