@@ -34,6 +34,12 @@ namespace {
 
 fs::path scratchRoot() { return scratch("gui_runs_view"); }
 
+// A QProcess that tells how many connections its stateChanged() has (QObject::receivers is protected).
+class WatchedProcess : public QProcess {
+ public:
+  int stateReceivers() const { return receivers(SIGNAL(stateChanged(QProcess::ProcessState))); }
+};
+
 // A failed exit check's message: the job's exit code and the end of its log, which says why.
 QString exitAndLog(const QSignalSpy& finished, const QString& log) {
   return QStringLiteral("the job exited with %1; its log ends:\n%2").arg(finished.first().first().toInt()).arg(log.right(3000));
@@ -269,25 +275,30 @@ class TestRunsView : public QObject {
     QCOMPARE(errno, ESRCH);
   }
 
-  // interruptChild on a child still starting does not wait for it: the SIGINT goes when it runs. A start
-  // that fails uses the request up, so a later start of the same QProcess is not interrupted.
+  // interruptChild on a child still starting does not wait for it: the SIGINT goes when it runs, asked
+  // for once however often it is called, and nothing stays connected after. A start that fails uses the
+  // request up, so a later start of the same QProcess is not interrupted.
   void interruptingAStartingChildDoesNotWait() {
-    QProcess child;
+    WatchedProcess child;
+    const int before = child.stateReceivers();
     child.start(QStringLiteral("sleep"), {QStringLiteral("60")});
     QCOMPARE(child.state(), QProcess::Starting);  // its start is reported through the event loop
     QVERIFY(interruptChild(child));
     QVERIFY(interruptChild(child));
     QCOMPARE(child.state(), QProcess::Starting);  // not waited for
+    QCOMPARE(child.stateReceivers(), before + 1);
     QVERIFY(child.waitForFinished(30000));        // sleep 60 ended by the SIGINT sent once it ran
     QCOMPARE(child.exitStatus(), QProcess::CrashExit);
     QCOMPARE(child.exitCode(), SIGINT);
+    QCOMPARE(child.stateReceivers(), before);
 
-    QProcess reused;
+    WatchedProcess reused;
     reused.start(qpath(scratchRoot() / "no-such-program"), {});
     QCOMPARE(reused.state(), QProcess::Starting);
     QVERIFY(interruptChild(reused));
     QVERIFY(!reused.waitForStarted(10000));
     QCOMPARE(reused.error(), QProcess::FailedToStart);
+    QCOMPARE(reused.stateReceivers(), before);
     reused.start(QStringLiteral("sleep"), {QStringLiteral("1")});
     QVERIFY(reused.waitForFinished(30000));
     QCOMPARE(reused.exitStatus(), QProcess::NormalExit);
