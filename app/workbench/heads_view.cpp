@@ -17,6 +17,7 @@
 #include <QToolTip>
 #include <QVBoxLayout>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include "qcustomplot_include.h"
@@ -26,6 +27,7 @@
 #include "core/model/tokenizer.h"
 #include "core/model/transformer.h"
 #include "core/io/h5.h"
+#include "core/util/error.h"
 #include "core/select/selection.h"
 #include "export.h"
 #include "head_selection.h"
@@ -91,19 +93,28 @@ struct AttentionResult {
 
 namespace {
 
+// `cancel` (raised when the view closes or opens another file) is read between the steps and before
+// each of the model's tensors is read: a cancelled request ends with Cancelled's message as its error.
 std::shared_ptr<AttentionResult> computeAttention(std::shared_ptr<const AttentionInputs> inputs, const QString& model_path,
-                                                  const QString& calib_path, int index, int layer, int head) {
+                                                  const QString& calib_path, int index, int layer, int head,
+                                                  const std::atomic<bool>& cancel) {
   auto r = std::make_shared<AttentionResult>();
+  const auto check = [&cancel] {
+    if (cancel.load()) throw Cancelled();
+  };
   try {
     if (!inputs) {
       auto in = std::make_shared<AttentionInputs>();
       const std::filesystem::path dir = toPath(model_path);
-      in->model = std::make_unique<model::Transformer>(model::Transformer::load(dir, "cpu", "f32"));
+      in->model = std::make_unique<model::Transformer>(model::Transformer::load(dir, "cpu", "f32", &cancel));
+      check();
       if (std::filesystem::exists(dir / "tokenizer.json"))
         in->tok = std::make_unique<model::Tokenizer>(model::Tokenizer::load(dir / "tokenizer.json"));
+      check();
       in->calib = interp::read_calibration(toPath(calib_path), in->tok.get(), in->model->config().vocab_size);
       inputs = std::move(in);
     }
+    check();
     r->inputs = inputs;
     const auto& calib = inputs->calib;
     if (index < 0 || index >= static_cast<int>(calib.size())) {
@@ -255,6 +266,7 @@ HeadsView::HeadsView(HeadSelection* selection, QWidget* parent) : QWidget(parent
 }
 
 HeadsView::~HeadsView() {
+  attn_cancel_->store(true);  // a model still being read stops at its next tensor
   attn_watcher_.waitForFinished();  // the worker holds only its own data; wait so that none outlives the view
 }
 
@@ -308,6 +320,8 @@ bool HeadsView::openAnalysis(const QString& path, QString* error) {
   inputs_.reset();
   next_request_.reset();
   ++generation_;  // a forward still running for the previous file is dropped when it ends
+  attn_cancel_->store(true);  // and stops early; requests for this file get a flag of their own
+  attn_cancel_ = std::make_shared<std::atomic<bool>>(false);
   attn_rows_.clear();
   attn_shape_ = {0, 0};
   attention_on_ = false;
@@ -526,10 +540,11 @@ void HeadsView::startAttention(const AttentionRequest& r) {
   }
   const std::shared_ptr<const AttentionInputs> inputs = inputs_;
   const QString model_path = model_path_, calib_path = calib_path_;
+  const std::shared_ptr<const std::atomic<bool>> cancel = attn_cancel_;
   pending_ = r;
   attn_running_ = true;
-  attn_watcher_.setFuture(QtConcurrent::run([inputs, model_path, calib_path, r] {
-    return computeAttention(inputs, model_path, calib_path, r.index, r.layer, r.head);
+  attn_watcher_.setFuture(QtConcurrent::run([inputs, model_path, calib_path, r, cancel] {
+    return computeAttention(inputs, model_path, calib_path, r.index, r.layer, r.head, *cancel);
   }));
 }
 

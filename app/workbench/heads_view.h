@@ -9,6 +9,7 @@
 #include <QString>
 #include <QStringList>
 #include <QWidget>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -151,6 +152,8 @@ class HeadsView : public QWidget {
   bool attn_running_ = false;                     // from its start until its result is handled
   std::optional<AttentionRequest> next_request_;  // made while another ran
   int generation_ = 0;                            // bumped by openAnalysis: older results are dropped
+  // Raised for the worker's request when openAnalysis moves to another file or the view closes.
+  std::shared_ptr<std::atomic<bool>> attn_cancel_ = std::make_shared<std::atomic<bool>>(false);
   std::vector<double> attn_rows_;
   std::pair<int, int> attn_shape_{0, 0};
   bool attention_on_ = false;  // a click runs a forward only once the user asked for attention

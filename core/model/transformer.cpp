@@ -466,12 +466,12 @@ Transformer::Transformer(ModelConfig cfg, Weights w) : cfg_(std::move(cfg)), w_(
 }
 
 Transformer Transformer::load(const std::filesystem::path& dir, const std::string& device,
-                              const std::string& dtype) {
-  return load(dir, ModelConfig::load(dir / "config.json"), device, dtype);
+                              const std::string& dtype, const std::atomic<bool>* cancel) {
+  return load(dir, ModelConfig::load(dir / "config.json"), device, dtype, cancel);
 }
 
 Transformer Transformer::load(const std::filesystem::path& dir, ModelConfig cfg, const std::string& device,
-                              const std::string& dtype) {
+                              const std::string& dtype, const std::atomic<bool>* cancel) {
   check_config(cfg);
   const at::Device dev = parse_device(device);
   io::Checkpoint ckpt(dir);
@@ -490,7 +490,10 @@ Transformer Transformer::load(const std::filesystem::path& dir, ModelConfig cfg,
   }
   const at::ScalarType target = resolve_dtype(dtype, dev, stored_dtype(dir));
   try {
-    for (const WeightEntry& e : table) *e.slot = ckpt.load(e.name).to(dev, target);
+    for (const WeightEntry& e : table) {
+      if (cancel && cancel->load()) throw Cancelled();
+      *e.slot = ckpt.load(e.name).to(dev, target);
+    }
   } catch (const c10::Error& e) {
     throw Error(dir.string() + ": cannot place the weights on device '" + device + "' as " +
                 std::string(c10::toString(target)) + ": " + e.what_without_backtrace());

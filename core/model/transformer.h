@@ -1,5 +1,6 @@
 #pragma once
 // Qwen3 dense decoder, the exact math of HF Qwen3ForCausalLM (DESIGN §4), batched, CPU or CUDA.
+#include <atomic>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -128,10 +129,12 @@ class Transformer {
   // Loads config.json + safetensors in the dtype resolve_dtype() names ("" keeps the checkpoint's).
   // Every tensor's presence and shape is checked; errors name the file and tensor.
   // The same with the configuration given (e.g. read from a hybrid checkpoint's config.json).
+  // `cancel`, when given, is read before each tensor is copied: once it is true, load throws
+  // hh::Cancelled and keeps nothing.
   static Transformer load(const std::filesystem::path& dir, ModelConfig cfg, const std::string& device,
-                          const std::string& dtype);
+                          const std::string& dtype, const std::atomic<bool>* cancel = nullptr);
   static Transformer load(const std::filesystem::path& dir, const std::string& device = "cpu",
-                          const std::string& dtype = "");
+                          const std::string& dtype = "", const std::atomic<bool>* cancel = nullptr);
 
   // input: token ids [B, T] int64 (start_layer == 0) or residual [B, T, d] (cast to the model's
   // dtype/device). Ids outside [0, V) throw hh::Error naming the id and its position.

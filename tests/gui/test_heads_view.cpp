@@ -213,6 +213,27 @@ class TestHeadsView : public QObject {
     QVERIFY(error.contains(QStringLiteral("not in the calibration set")));
   }
 
+  void openingAnotherFileCancelsOnlyTheRunningRequest() {
+    auto w = newWindow();
+    QVERIFY(w->openAnalysis(qpath(analysis_)));
+    HeadsView* v = w->headsView();
+    v->plot()->replot();
+    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(3, 4));
+    QString error;
+    QVERIFY2(v->showAttention(1, &error), qPrintable(error));
+    QVERIFY(v->attentionBusy());
+    // Reopening moves to a new file: the running request is told to stop, and its result is dropped.
+    QVERIFY(w->openAnalysis(qpath(analysis_)));
+    QCOMPARE(v->attentionShape(), std::make_pair(0, 0));
+    // A request for the file now open runs to the end: the stop was for the old request only.
+    v->plot()->replot();
+    QTest::mouseClick(v->plot(), Qt::LeftButton, {}, v->cellCenter(2, 1));
+    QVERIFY2(v->showAttention(0, &error), qPrintable(error));
+    QTRY_VERIFY_WITH_TIMEOUT(!v->attentionBusy(), 120000);
+    QVERIFY2(v->attentionText().contains(QStringLiteral("Head 2:1 on example 0")), qPrintable(v->attentionText()));
+    QVERIFY(v->attentionShape().first > 0);
+  }
+
   void ratioDragIsOneStepAndStrategiesFollowTheCore() {
     auto w = newWindow();
     QVERIFY(w->openAnalysis(qpath(analysis_)));

@@ -723,6 +723,18 @@ TEST(Qwen3Load, ShardedRoundTrip) {
   EXPECT_TRUE(at::equal(loaded.forward(ids).logits, m.forward(ids).logits));
 }
 
+TEST(Qwen3Load, RaisedCancelFlagStopsTheLoad) {
+  Transformer m = make_model(TinySpec{}, at::kFloat);
+  const auto dir = test::scratch_dir("cancel");
+  save_model(dir, m.config(), named_tensors(m.config(), m.weights()));
+  std::atomic<bool> cancel{true};
+  EXPECT_THROW(Transformer::load(dir, "cpu", "", &cancel), Cancelled);
+  cancel = false;  // a flag that stays down changes nothing
+  Transformer loaded = Transformer::load(dir, "cpu", "", &cancel);
+  at::Tensor ids = random_ids(1, 7, TinySpec{}.V, 5);
+  EXPECT_TRUE(at::equal(loaded.forward(ids).logits, m.forward(ids).logits));
+}
+
 void expect_load_error(const std::filesystem::path& dir, const std::vector<std::string>& needles) {
   try {
     Transformer::load(dir);
