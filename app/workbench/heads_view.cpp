@@ -93,8 +93,9 @@ struct AttentionResult {
 
 namespace {
 
-// `cancel` (raised when the view closes or opens another file) is read between the steps and before
-// each of the model's tensors is read: a cancelled request ends with Cancelled's message as its error.
+// `cancel` (raised when the view closes or opens another file) is read between the steps, before each of
+// the model's tensors is read and at each layer of the forward: a cancelled request ends with
+// Cancelled's message as its error.
 std::shared_ptr<AttentionResult> computeAttention(std::shared_ptr<const AttentionInputs> inputs, const QString& model_path,
                                                   const QString& calib_path, int index, int layer, int head,
                                                   const std::atomic<bool>& cancel) {
@@ -123,7 +124,7 @@ std::shared_ptr<AttentionResult> computeAttention(std::shared_ptr<const Attentio
     }
     const interp::PreparedExample ex = interp::prepare_example(calib[static_cast<size_t>(index)], *inputs->model,
                                                                interp::Metric::LogProb, "example " + std::to_string(index));
-    const at::Tensor rows = interp::answer_attention(*inputs->model, ex, layer, head).contiguous();
+    const at::Tensor rows = interp::answer_attention(*inputs->model, ex, layer, head, &cancel).contiguous();
     r->A = static_cast<int>(rows.size(0));
     r->T = static_cast<int>(rows.size(1));
     r->rows.assign(rows.data_ptr<double>(), rows.data_ptr<double>() + rows.numel());

@@ -745,7 +745,8 @@ at::Tensor retrieval_score(const Transformer& model, const CalibExample& raw, co
   return score;
 }
 
-at::Tensor answer_attention(const Transformer& model, const PreparedExample& ex, int64_t layer, int64_t head) {
+at::Tensor answer_attention(const Transformer& model, const PreparedExample& ex, int64_t layer, int64_t head,
+                            const std::atomic<bool>* cancel) {
   const auto& cfg = model.config();
   if (layer < 0 || layer >= cfg.num_hidden_layers || head < 0 || head >= cfg.num_attention_heads)
     throw Error("head " + std::to_string(layer) + ":" + std::to_string(head) + " is outside the model's " +
@@ -754,6 +755,11 @@ at::Tensor answer_attention(const Transformer& model, const PreparedExample& ex,
   at::Tensor rows;
   Hooks hooks;
   hooks.add(hook_name(layer, HookKind::Pattern), [&rows, head](at::Tensor& p) { rows = p[0][head].to(at::kDouble).cpu(); });
+  if (cancel)
+    for (int64_t l = 0; l <= layer; ++l)
+      hooks.add(hook_name(l, HookKind::ResidPre), [cancel](at::Tensor&) {
+        if (cancel->load()) throw Cancelled();
+      });
   model::ForwardOptions f;
   f.hooks = &hooks;
   f.pattern_rows = ex.answer_pos;

@@ -124,7 +124,9 @@ at::Tensor attribution(const model::Transformer& model, const PreparedExample& e
 at::Tensor retrieval_score(const model::Transformer& model, const CalibExample& raw, const PreparedExample& ex);
 // Head (layer, head)'s attention from each answer-predicting position of the clean run (prompt ++
 // answer[:-1]) over its T tokens: [A, T] float64, each row a softmax row (zero after its query).
-at::Tensor answer_attention(const model::Transformer& model, const PreparedExample& ex, int64_t layer, int64_t head);
+// `cancel`, when given, is read at each layer's start: once it is true, the forward throws Cancelled.
+at::Tensor answer_attention(const model::Transformer& model, const PreparedExample& ex, int64_t layer, int64_t head,
+                            const std::atomic<bool>* cancel = nullptr);
 // The needle spans ([begin, end) token positions) retrieval_score uses; empty when none.
 std::vector<std::pair<int64_t, int64_t>> needle_spans(const CalibExample& raw);
 

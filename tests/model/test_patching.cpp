@@ -577,6 +577,11 @@ TEST(Retrieval, AnswerAttentionIsTheHeadsFullPatternAtTheAnswerRows) {
       }
     }
   EXPECT_MENTIONS(hh::test::error_of([&] { hh::interp::answer_attention(model, ex, 3, 0); }), "outside the model");
+  // A cancel flag: down, the same rows; raised, the forward stops with Cancelled.
+  std::atomic<bool> cancel{false};
+  EXPECT_TRUE(at::equal(hh::interp::answer_attention(model, ex, 2, 1, &cancel), hh::interp::answer_attention(model, ex, 2, 1)));
+  cancel = true;
+  EXPECT_THROW(hh::interp::answer_attention(model, ex, 2, 1, &cancel), hh::Cancelled);
 }
 
 // ---- layer similarity ----------------------------------------------------------------------------
