@@ -448,7 +448,7 @@ AnalysisResult analyze_checkpoint(const AnalyzeCheckpoint& job, const std::funct
 
   const bool lead = o.dist == nullptr || o.dist->rank() == 0;
   const std::string device = o.dist ? dist::rank_device(job.device, o.dist->env(), "--device") : job.device;
-  const auto model = model::Transformer::load(dir, device, job.dtype);
+  const auto model = model::Transformer::load(dir, device, job.dtype, o.cancel);
   prov.dtype = c10::toString(model.dtype());
   prov.device = job.device;
   if (started)

@@ -250,4 +250,22 @@ TEST_F(CliAnalyze, CtrlCStopsCleanlyAndWritesNothing) {
     EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
 
+TEST_F(CliAnalyze, ACancelRaisedBeforeTheStartStopsWhileTheModelLoads) {
+  hh::interp::AnalyzeCheckpoint job;
+  job.model_dir = dir_ / "model";
+  job.calib = dir_ / "calib.jsonl";
+  job.out = dir_ / "cancelled.h5";
+  job.options.activation = true;
+  std::atomic<bool> cancel{true};
+  job.options.cancel = &cancel;
+  bool announced = false;  // "analyzing ..." comes once the model is loaded
+  EXPECT_THROW(hh::interp::analyze_checkpoint(job, [&](const std::string&) { announced = true; }), hh::Cancelled);
+  EXPECT_FALSE(announced);
+  EXPECT_FALSE(fs::exists(job.out));
+  cancel = false;  // the same job, not cancelled, runs and writes the file
+  hh::interp::analyze_checkpoint(job, [&](const std::string&) { announced = true; });
+  EXPECT_TRUE(announced);
+  EXPECT_TRUE(fs::exists(job.out));
+}
+
 }  // namespace
