@@ -151,6 +151,7 @@ int run_train(const TrainArgs& a) {
 
   std::unique_ptr<ProgressBar> bar;
   std::string bar_stage;
+  bool stepped = false;  // a step ran in this call
   train::TrainOptions o;
   o.only_stage = a.stage;
   o.tasks = &tasks;
@@ -161,6 +162,7 @@ int run_train(const TrainArgs& a) {
   o.bucket_mb = a.bucket_mb;
   o.on_event = [&](const nlohmann::json& e) {
     const std::string kind = e.at("event");
+    stepped = stepped || kind == "step";
     if (progress == "json") {
       std::fputs((e.dump() + "\n").c_str(), stdout);
       std::fflush(stdout);
@@ -193,9 +195,14 @@ int run_train(const TrainArgs& a) {
     const auto status = train::run_job(job, o);
     if (status == train::JobStatus::Interrupted) {
       const bool signalled = o.stop && o.stop->load();
-      if (progress != "json" && lead)
-        std::fprintf(stderr, "%s; checkpoint written. Run the same command again to resume.\n",
-                     signalled ? "interrupted" : "stopped after --max-steps");
+      if (progress != "json" && lead) {
+        if (signalled && !stepped)
+          std::fprintf(stderr, "interrupted before the first step; nothing new was written. Run the same command again to "
+                               "continue.\n");
+        else
+          std::fprintf(stderr, "%s; checkpoint written. Run the same command again to resume.\n",
+                       signalled ? "interrupted" : "stopped after --max-steps");
+      }
       return signalled ? kExitInterrupted : kExitOk;
     }
   } catch (const Error& e) {

@@ -143,7 +143,7 @@ QString RunsView::stateText() const {
     case State::Following: return tr("running in another process (followed through its run.h5)");
     case State::Done: return tr("done");
     case State::Stopped: return tr("stopped (its job, run again, continues from the latest checkpoint)");
-    case State::Interrupted: return tr("interrupted (checkpoint written; Resume continues)");
+    case State::Interrupted: return tr("interrupted (Resume continues from its last checkpoint)");
     case State::Failed: return tr("failed");
   }
   return {};
@@ -334,7 +334,9 @@ void RunsView::handleEvent(const QJsonObject& e) {
   } else if (ev == QLatin1String("done")) {
     appendLog(tr("done: %1").arg(e.value(QStringLiteral("model")).toString()));
   } else if (ev == QLatin1String("interrupted")) {
-    appendLog(tr("interrupted; checkpoint %1").arg(e.value(QStringLiteral("checkpoint")).toString()));
+    const QString ckpt = e.value(QStringLiteral("checkpoint")).toString();
+    appendLog(ckpt.isEmpty() ? tr("interrupted before the first step; nothing new was written")
+                             : tr("interrupted; checkpoint %1").arg(ckpt));
   }
 }
 

@@ -575,6 +575,21 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
   }
 
   // ---- models ----
+  // A stop asked for while the models load or the student is made (a single process: ranks must stop at
+  // the same step) ends the job before its first step, writing nothing; the last checkpoint, if any,
+  // stays the one to resume from.
+  const std::atomic<bool>* load_stop = group == nullptr ? o.stop : nullptr;
+  const auto stopped_before_start = [&] {
+    emit({{"event", "interrupted"}, {"checkpoint", resume_from.empty() ? json(nullptr) : json(resume_from.string())}});
+    return JobStatus::Interrupted;
+  };
+  const auto load_dense = [&](const fs::path& dir, const std::string& dtype) -> std::optional<model::Transformer> {
+    try {
+      return model::Transformer::load(dir, job.device, dtype, load_stop);
+    } catch (const hh::Cancelled&) {
+      return std::nullopt;
+    }
+  };
   Models m;
   bool need_teacher = false;
   for (int64_t s = first_stage; s <= last_stage; ++s)
@@ -586,7 +601,9 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
   const fs::path& tokenizer_file = data_setup.tokenizer_file;
   if (job.pretrain()) {
     if (!resume_from.empty()) {
-      m.dense.emplace(model::Transformer::load(resume_model, job.device, ""));
+      auto dense = load_dense(resume_model, "");
+      if (!dense) return stopped_before_start();
+      m.dense.emplace(std::move(*dense));
     } else {
       const auto cfg = model::ModelConfig::load(job.model_config);
       const at::ScalarType dt = job.dtype.empty() ? at::kFloat : model::parse_dtype(job.dtype);
@@ -602,8 +619,11 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
         !resume_from.empty() ? model::hf_dtype_name(model::stored_dtype(resume_model))
         : job.dtype.empty() ? std::string("auto")
                             : job.dtype;
-    if (need_teacher || (resume_from.empty() && job.hybrid.empty()))
-      m.teacher.emplace(model::Transformer::load(job.teacher, job.device, dtype));
+    if (need_teacher || (resume_from.empty() && job.hybrid.empty())) {
+      auto teacher = load_dense(job.teacher, dtype);
+      if (!teacher) return stopped_before_start();
+      m.teacher.emplace(std::move(*teacher));
+    }
     if (!resume_from.empty()) {
       m.student.emplace(attention::HybridModel::load(resume_model, job.device, ""));
     } else if (!job.hybrid.empty()) {
@@ -623,6 +643,7 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
     }
     if (!need_teacher) m.teacher.reset();
   }
+  if (load_stop && load_stop->load()) return stopped_before_start();  // asked while the student was made
   const model::Transformer& base = m.dense ? *m.dense : m.student->teacher();
   const at::Device device = base.device();
   if (group != nullptr) {

@@ -54,7 +54,10 @@ using EventFn = std::function<void(const nlohmann::json&)>;
 struct TrainOptions {
   std::string only_stage;                    // run just this stage (it must not be finished already)
   EventFn on_event;
-  const std::atomic<bool>* stop = nullptr;   // polled after every optimiser step: checkpoint and return
+  // Polled after every optimiser step: checkpoint and return. In a single process it is also read while
+  // the models load and once they are made: a stop asked by then returns before the first step, writing
+  // nothing (the `interrupted` event's checkpoint is then the one to resume from, or null).
+  const std::atomic<bool>* stop = nullptr;
   const interp::TaskRegistry* tasks = nullptr;   // needed by task data sources
   int64_t max_steps = -1;                    // >= 0: behave as if stopped after this many steps in this call
   // Data parallelism (docs/DISTRIBUTED.md): every rank runs run_job with its group. A stage's `batch` is

@@ -211,6 +211,43 @@ TEST(Train, AnInterruptedJobResumesOntoTheUninterruptedTrajectory) {
   EXPECT_EQ(column(f.dir / "stopped/run.h5", "/train/loss").size(), 14u);
 }
 
+// A stop asked for before the first step (while the teacher loads, or once the student is made) ends the
+// job writing nothing: a new job leaves no run.h5 and no checkpoint, a resumed one its last checkpoint,
+// which the `interrupted` event names.
+TEST(Train, AStopBeforeTheFirstStepWritesNothing) {
+  const Fixture f = make_fixture("train_early_stop");
+  json j = hybrid_job(f, "early");
+  j["stages"] = json::array({stage("align", 4, 1e-3, 16)});
+  const fs::path out = f.dir / "early";
+  std::atomic<bool> stop{true};
+  std::vector<json> events;
+  hh::train::TrainOptions o;
+  o.stop = &stop;
+  o.on_event = [&](const json& e) { events.push_back(e); };
+  EXPECT_EQ(hh::train::run_job(spec(j), o), hh::train::JobStatus::Interrupted);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["event"], "interrupted");
+  EXPECT_TRUE(events[0]["checkpoint"].is_null()) << events[0].dump();
+  EXPECT_FALSE(fs::exists(out / "run.h5"));
+  EXPECT_FALSE(fs::exists(out / "checkpoints"));
+
+  stop = false;
+  o.max_steps = 2;  // two steps and a checkpoint
+  ASSERT_EQ(hh::train::run_job(spec(j), o), hh::train::JobStatus::Interrupted);
+  const std::string written = events.back()["checkpoint"];
+  ASSERT_TRUE(fs::exists(written));
+  stop = true;
+  o.max_steps = -1;
+  events.clear();
+  EXPECT_EQ(hh::train::run_job(spec(j), o), hh::train::JobStatus::Interrupted);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["checkpoint"], written);
+  EXPECT_EQ(column(out / "run.h5", "/train/loss").size(), 2u);
+  stop = false;  // and the job goes on from there
+  EXPECT_EQ(hh::train::run_job(spec(j), o), hh::train::JobStatus::Completed);
+  EXPECT_EQ(column(out / "run.h5", "/train/loss").size(), 4u);
+}
+
 // A job that names no dtype trains a 16-bit teacher's hybrid in float32 on the CPU (whose 16-bit matrix
 // products are emulated); one that names bf16 gets bf16, also after a resume (teacher and student in distil).
 TEST(Train, AJobWithoutADtypeTrainsA16BitTeacherInFloat32OnTheCpu) {
