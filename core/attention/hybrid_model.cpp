@@ -60,13 +60,14 @@ HybridModel::HybridModel(model::Transformer teacher, HybridOptions options, std:
     }
 }
 
-HybridModel HybridModel::load(const fs::path& dir, const std::string& device, const std::string& dtype) {
+HybridModel HybridModel::load(const fs::path& dir, const std::string& device, const std::string& dtype,
+                              const std::atomic<bool>* cancel) {
   json block;
   const std::string where = (dir / "config.json").string();
   const model::ModelConfig cfg = model::ModelConfig::load_teacher_view(dir / "config.json", &block);
   if (block.is_null()) throw Error(where + ": not a HydraHead hybrid (no \"hydrahead\" block)");
   HybridOptions o = HybridOptions::from_json(block, cfg, where);
-  model::Transformer teacher = model::Transformer::load(dir, cfg, device, dtype);
+  model::Transformer teacher = model::Transformer::load(dir, cfg, device, dtype, cancel);
   const auto splits = split_heads(o, cfg);
   io::Checkpoint ckpt(dir);
   std::vector<HybridLayerWeights> layers(static_cast<size_t>(cfg.num_hidden_layers));
@@ -77,6 +78,7 @@ HybridModel HybridModel::load(const fs::path& dir, const std::string& device, co
       if (ckpt.info(e.name).shape != e.shape)
         throw Error(dir.string() + ": tensor '" + e.name + "' has shape " + shape_str(ckpt.info(e.name).shape) +
                     ", expected " + shape_str(e.shape));
+      if (cancel && cancel->load()) throw Cancelled();
       *e.slot = ckpt.load(e.name).to(teacher.device(), teacher.dtype());
     }
   return HybridModel(std::move(teacher), std::move(o), std::move(layers));

@@ -3,6 +3,7 @@
 // each layer's new tensors, and a config.json that keeps the teacher's fields with
 // "architectures": ["HydraHeadForCausalLM"], "model_type": "hydrahead_qwen3" and a "hydrahead" block.
 // Also the conversion teacher + manifest -> hybrid.
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -27,7 +28,10 @@ class HybridModel {
  public:
   // Checks every new tensor against hybrid_weight_table (presence, shape, dtype and device = the teacher's).
   HybridModel(model::Transformer teacher, HybridOptions options, std::vector<HybridLayerWeights> layers);
-  static HybridModel load(const std::filesystem::path& dir, const std::string& device = "cpu", const std::string& dtype = "");
+  // `cancel`, when given, is read before each tensor is copied (Transformer::load's): once it is true,
+  // load throws hh::Cancelled.
+  static HybridModel load(const std::filesystem::path& dir, const std::string& device = "cpu", const std::string& dtype = "",
+                          const std::atomic<bool>* cancel = nullptr);
   // Writes the checkpoint into a temporary sibling directory and renames it to `dir`, which must not exist.
   // `dtype`: the tensors' dtype in the files (and config.json's torch_dtype); default the model's.
   void save(const std::filesystem::path& dir, uint64_t max_shard_bytes = 0,

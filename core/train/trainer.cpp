@@ -624,10 +624,15 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
       if (!teacher) return stopped_before_start();
       m.teacher.emplace(std::move(*teacher));
     }
-    if (!resume_from.empty()) {
-      m.student.emplace(attention::HybridModel::load(resume_model, job.device, ""));
-    } else if (!job.hybrid.empty()) {
-      m.student.emplace(attention::HybridModel::load(job.hybrid, job.device, dtype));
+    if (!resume_from.empty() || !job.hybrid.empty()) {
+      std::optional<attention::HybridModel> student;
+      try {
+        student.emplace(!resume_from.empty() ? attention::HybridModel::load(resume_model, job.device, "", load_stop)
+                                             : attention::HybridModel::load(job.hybrid, job.device, dtype, load_stop));
+      } catch (const hh::Cancelled&) {
+        return stopped_before_start();
+      }
+      m.student.emplace(std::move(*student));
     } else {
       const auto manifest = select::read_manifest(job.manifest);
       select::check_fits(manifest, select::shape_of(m.teacher->config(), io::model_fingerprint(job.teacher)),

@@ -150,9 +150,14 @@ TEST(Convert, CheckpointRoundTripsAndTheChunkedForwardEqualsTheRecurrentOne) {
   EXPECT_MENTIONS(hh::test::error_of([&] { h.save(dir); }), "already exists");
   const HybridModel back = HybridModel::load(dir);
   EXPECT_EQ(back.options().fa_heads, h.options().fa_heads);
+  std::atomic<bool> cancel{true};  // a raised flag stops the load; a lowered one changes nothing
+  EXPECT_THROW(HybridModel::load(dir, "cpu", "", &cancel), hh::Cancelled);
+  cancel = false;
+  const HybridModel flagged = HybridModel::load(dir, "cpu", "", &cancel);
   const auto ids = torch::randint(50, {2, 70}, torch::TensorOptions().dtype(torch::kLong));
   const auto a = h.forward(ids), b = back.forward(ids), r = h.forward(ids, /*chunked=*/false);
   EXPECT_TRUE(torch::equal(a, b));
+  EXPECT_TRUE(torch::equal(flagged.forward(ids), b));
   EXPECT_LT((a - r).abs().max().item<double>(), 1e-10);
   EXPECT_EQ(a.sizes(), (std::vector<int64_t>{2, 70, 50}));
   // A dense reader of the file refuses the hybrid by name rather than misreading it.
