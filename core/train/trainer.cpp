@@ -580,15 +580,9 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
   // stays the one to resume from.
   const std::atomic<bool>* load_stop = group == nullptr ? o.stop : nullptr;
   const auto stopped_before_start = [&] {
-    emit({{"event", "interrupted"}, {"checkpoint", resume_from.empty() ? json(nullptr) : json(resume_from.string())}});
+    emit({{"event", "interrupted"},
+          {"checkpoint", resume_from.empty() ? json(nullptr) : json(resume_from.string())}});
     return JobStatus::Interrupted;
-  };
-  const auto load_dense = [&](const fs::path& dir, const std::string& dtype) -> std::optional<model::Transformer> {
-    try {
-      return model::Transformer::load(dir, job.device, dtype, load_stop);
-    } catch (const hh::Cancelled&) {
-      return std::nullopt;
-    }
   };
   Models m;
   bool need_teacher = false;
@@ -599,54 +593,49 @@ JobStatus run_job(const jobs::JobSpec& job, const TrainOptions& o) {
   DataSetup data_setup(job, resume_model, o.tasks, state.stage, last_stage);
   const fs::path& extras_from = data_setup.extras_from;
   const fs::path& tokenizer_file = data_setup.tokenizer_file;
-  if (job.pretrain()) {
-    if (!resume_from.empty()) {
-      auto dense = load_dense(resume_model, "");
-      if (!dense) return stopped_before_start();
-      m.dense.emplace(std::move(*dense));
-    } else {
-      const auto cfg = model::ModelConfig::load(job.model_config);
-      const at::ScalarType dt = job.dtype.empty() ? at::kFloat : model::parse_dtype(job.dtype);
-      model::Weights w = model::random_weights(cfg, job.seed, dt);
-      for (const auto& e : model::weight_table(cfg, w)) *e.slot = e.slot->to(model::parse_device(job.device));
-      if (cfg.tie_word_embeddings) w.lm_head = at::Tensor();
-      m.dense.emplace(cfg, std::move(w));
-    }
-  } else {
-    // A job without a dtype takes the checkpoint's, but float32 on the CPU (model::resolve_dtype); a resumed
-    // job's teacher takes the dtype its student was saved in, which is the one it trained in.
-    const std::string dtype =
-        !resume_from.empty() ? model::hf_dtype_name(model::stored_dtype(resume_model))
-        : job.dtype.empty() ? std::string("auto")
-                            : job.dtype;
-    if (need_teacher || (resume_from.empty() && job.hybrid.empty())) {
-      auto teacher = load_dense(job.teacher, dtype);
-      if (!teacher) return stopped_before_start();
-      m.teacher.emplace(std::move(*teacher));
-    }
-    if (!resume_from.empty() || !job.hybrid.empty()) {
-      std::optional<attention::HybridModel> student;
-      try {
-        student.emplace(!resume_from.empty() ? attention::HybridModel::load(resume_model, job.device, "", load_stop)
-                                             : attention::HybridModel::load(job.hybrid, job.device, dtype, load_stop));
-      } catch (const hh::Cancelled&) {
-        return stopped_before_start();
+  try {  // the loads read load_stop before each tensor
+    if (job.pretrain()) {
+      if (!resume_from.empty()) {
+        m.dense.emplace(model::Transformer::load(resume_model, job.device, "", load_stop));
+      } else {
+        const auto cfg = model::ModelConfig::load(job.model_config);
+        const at::ScalarType dt = job.dtype.empty() ? at::kFloat : model::parse_dtype(job.dtype);
+        model::Weights w = model::random_weights(cfg, job.seed, dt);
+        for (const auto& e : model::weight_table(cfg, w)) *e.slot = e.slot->to(model::parse_device(job.device));
+        if (cfg.tie_word_embeddings) w.lm_head = at::Tensor();
+        m.dense.emplace(cfg, std::move(w));
       }
-      m.student.emplace(std::move(*student));
     } else {
-      const auto manifest = select::read_manifest(job.manifest);
-      select::check_fits(manifest, select::shape_of(m.teacher->config(), io::model_fingerprint(job.teacher)),
-                         job.manifest.string());
-      std::optional<model::Tokenizer> tok;
-      if (fs::exists(job.teacher / "tokenizer.json")) tok = model::Tokenizer::load(job.teacher / "tokenizer.json");
-      std::vector<interp::CalibExample> calib;
-      if (!job.calib.empty()) calib = interp::read_calibration(job.calib, tok ? &*tok : nullptr, m.teacher->config().vocab_size);
-      attention::ConvertOptions co;
-      co.calib = calib.empty() ? nullptr : &calib;
-      co.seed = job.seed;
-      m.student.emplace(attention::convert(deep_copy(*m.teacher), manifest, co));
+      // A job without a dtype takes the checkpoint's, but float32 on the CPU (model::resolve_dtype); a resumed
+      // job's teacher takes the dtype its student was saved in, which is the one it trained in.
+      const std::string dtype =
+          !resume_from.empty() ? model::hf_dtype_name(model::stored_dtype(resume_model))
+          : job.dtype.empty() ? std::string("auto")
+                              : job.dtype;
+      if (need_teacher || (resume_from.empty() && job.hybrid.empty()))
+        m.teacher.emplace(model::Transformer::load(job.teacher, job.device, dtype, load_stop));
+      if (!resume_from.empty()) {
+        m.student.emplace(attention::HybridModel::load(resume_model, job.device, "", load_stop));
+      } else if (!job.hybrid.empty()) {
+        m.student.emplace(attention::HybridModel::load(job.hybrid, job.device, dtype, load_stop));
+      } else {
+        const auto manifest = select::read_manifest(job.manifest);
+        select::check_fits(manifest, select::shape_of(m.teacher->config(), io::model_fingerprint(job.teacher)),
+                           job.manifest.string());
+        std::optional<model::Tokenizer> tok;
+        if (fs::exists(job.teacher / "tokenizer.json")) tok = model::Tokenizer::load(job.teacher / "tokenizer.json");
+        std::vector<interp::CalibExample> calib;
+        if (!job.calib.empty())
+          calib = interp::read_calibration(job.calib, tok ? &*tok : nullptr, m.teacher->config().vocab_size);
+        attention::ConvertOptions co;
+        co.calib = calib.empty() ? nullptr : &calib;
+        co.seed = job.seed;
+        m.student.emplace(attention::convert(deep_copy(*m.teacher), manifest, co));
+      }
+      if (!need_teacher) m.teacher.reset();
     }
-    if (!need_teacher) m.teacher.reset();
+  } catch (const hh::Cancelled&) {
+    return stopped_before_start();
   }
   if (load_stop && load_stop->load()) return stopped_before_start();  // asked while the student was made
   const model::Transformer& base = m.dense ? *m.dense : m.student->teacher();
