@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# scripts/gpu/ab-bench's builds, in a scratch repository whose scripts/gpu-check is a stand-in (the real
+# one needs nvcc and a CUDA LibTorch): it records each build's folder and leaves a CLI whose `bench gdn
+# --json` reports forward + backward as the number in kernels/marker (2.0 without it). With variants and
+# a clean tree the base is this tree, built once; with an untracked file the base is built apart, as
+# `this` beside it; a failing build (the tree's, or the base's built apart) ends the run with exit 1.
+source "$(dirname "$0")/preamble.sh"
+repo="$TMP/repo"
+mkdir -p "$repo/scripts/gpu" "$repo/kernels"
+cp "$ROOT/scripts/gpu/ab-bench" "$ROOT/scripts/gpu/ab_summary.py" "$ROOT/scripts/gpu/tree-overlay" "$repo/scripts/gpu/"
+cat > "$repo/scripts/gpu-check" <<'STUB'
+#!/usr/bin/env bash
+echo "$PWD" >> "$AB_TEST_BUILDS"
+[[ "$PWD" != "${AB_TEST_FAIL:-}" ]] || exit 3
+mkdir -p build-gpu/bin
+ms=$(cat kernels/marker 2>/dev/null || echo 2.0)
+printf '#!/usr/bin/env bash\necho "{\\"rows\\": [{\\"B\\": 1, \\"T\\": 32768, \\"fwd_bwd_b2b_ms\\": %s, \\"fwd_b2b_ms\\": 0.5}]}"\n' "$ms" \
+  > build-gpu/bin/hydrahead
+chmod +x build-gpu/bin/hydrahead
+STUB
+chmod +x "$repo/scripts/gpu-check"
+printf '/build-gpu/\n' > "$repo/.gitignore"
+echo "kernel" > "$repo/kernels/k.cu"
+(cd "$repo" && git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base)
+mkdir -p "$TMP/v/kernels" && echo 1.5 > "$TMP/v/kernels/marker"
+
+run() {  # NAME: ab-bench with variant v in the scratch repository; its exit status
+  export AB_TEST_BUILDS="$TMP/builds-$1"
+  : > "$AB_TEST_BUILDS"
+  (cd "$repo" && OUT="$TMP/out-$1" HH_AB_BASE_DIR="$TMP/base-$1" HH_AB_BIN_DIR="$TMP/bin-$1" \
+    ./scripts/gpu/ab-bench --variant "v=$TMP/v" --runs 1 > "$TMP/log-$1" 2>&1)
+}
+
+run clean || fail "clean tree: exit $?: $(cat "$TMP/log-clean")"
+ab="$TMP/out-clean/ab.txt"
+grep -q "this tree as it stands: built once" "$ab" || fail "clean tree, not built once: $(cat "$ab")"
+[[ $(wc -l < "$TMP/builds-clean") == 2 ]] || fail "clean tree: builds $(cat "$TMP/builds-clean"), not the tree and the variant"
+grep -qE "^  base +mean 2\.000" "$ab" || fail "clean tree: no base row at 2.000: $(cat "$ab")"
+grep -qE "^  v +mean 1\.500 .*-500\.0 us" "$ab" || fail "clean tree: no variant row 500 us below the base: $(cat "$ab")"
+! grep -qE "^  this " "$ab" || fail "clean tree: a row for this tree beside the base: $(cat "$ab")"
+[[ ! -e "$repo/kernels/marker" ]] || fail "the variant's file stayed in the tree"
+
+touch "$repo/untracked.txt"
+run dirty || fail "untracked file: exit $?: $(cat "$TMP/log-dirty")"
+ab="$TMP/out-dirty/ab.txt"
+[[ $(wc -l < "$TMP/builds-dirty") == 3 ]] || fail "untracked file: builds $(cat "$TMP/builds-dirty"), not base, this and the variant"
+grep -q "^$TMP/base-dirty\$" "$TMP/builds-dirty" || fail "untracked file: the base was not built in its own folder"
+grep -qE "^  this +mean 2\.000" "$ab" || fail "untracked file: no row for this tree: $(cat "$ab")"
+rc=0
+AB_TEST_FAIL="$TMP/base-failing-base" run failing-base || rc=$?
+[[ $rc == 1 ]] || fail "a failing base build: exit $rc, not 1"
+grep -q "base exit 3, this tree exit 0" "$TMP/out-failing-base/ab.txt" ||
+  fail "a failing base build is not logged: $(cat "$TMP/out-failing-base/ab.txt")"
+rm "$repo/untracked.txt"
+
+rc=0
+AB_TEST_FAIL="$repo" run failing || rc=$?
+[[ $rc == 1 ]] || fail "a failing build: exit $rc, not 1"
+grep -q "this tree exit 3" "$TMP/out-failing/ab.txt" || fail "a failing build is not logged: $(cat "$TMP/out-failing/ab.txt")"
+echo "ab-bench builds: ok"
