@@ -17,7 +17,8 @@
 //   dM = A^T dO + diag(kd) K dS,  dVb = T^T dM (dV = diag(beta) dVb),  dT = dM X^T,
 //   ndKb = dVb S^T,  dqdecay = dO S^T,  dkdecay = M dS^T,  dA = dO M^T,  dL = -(T^T dT T^T) strictly lower,
 // then dQ, dK, dbeta and dG as chunk_local_backward assembles them. S and dS stream through shared
-// memory 32 columns at a time; the products contracting over those columns accumulate in registers.
+// memory 32 columns at a time (64 in the default form: T from the forward, a block a chunk); the products
+// contracting over those columns accumulate in registers.
 // Given the scans' new values (M from the forward, -dM from the reverse scan that formed the direct
 // term), M and dM stream beside S and dS instead of being formed, and dL = -(dVb M^T) (= -(T^T dT T^T)
 // with M = T X).
@@ -37,7 +38,12 @@ namespace {
 
 constexpr int kBwdWarps = 16;
 constexpr int kBwdThreads = 32 * kBwdWarps;
-constexpr int kBV = 32;          // columns of S and dS a step of chunk_backward takes
+// Columns of S and dS a step of chunk_backward takes: 64 in the forms that read T (but chunks in turn), so
+// that a chunk takes two steps and every warp forms one 16 x 16 tile of a step's dVb; 32 in the others.
+template <bool TK, bool LOOP>
+constexpr int step_cols() {
+  return TK && !LOOP ? 64 : 32;
+}
 constexpr int kDirectThreads = 256;
 constexpr int kSums = 6;         // chunk_backward's row and column sums ([4][C] each)
 constexpr int kSdot = kBwdWarps + 4;  // and its parts of <S, dS> (a warp's each) and of sum_i kd_i kk_sum_i (2)
@@ -361,25 +367,30 @@ __device__ __forceinline__ float2 half2_to_float2(unsigned bits) {
   return __half22float2(h);
 }
 
-constexpr int kLd16BV = ld16<kBV>();  // row stride of a 16-bit slice of kBV columns
-
-// The step region in 16-bit elements: the slices of S and dS [DK][kBV], X, M, dM and dVb [C][kBV];
-// after the steps, four [C][C] matrices in their place.
-template <int DK>
+// The step region in 16-bit elements: the slices of S and dS [DK][BV], X, M, dM and dVb [C][BV] (row
+// stride ld16<BV>(); X not with 64 columns a step, whose forms have the history); after the steps, four
+// [C][C] matrices in their place.
+template <int DK, int BV>
 constexpr int step_elems() {
-  const int steps = 2 * DK * kLd16BV + 4 * kC * kLd16BV, after = 4 * kC * kLd16C;
+  constexpr int LD = ld16<BV>();
+  const int steps = 2 * DK * LD + (BV == 64 ? 3 : 4) * kC * LD, after = 4 * kC * kLd16C;
   return steps > after ? steps : after;
 }
 // Shared memory: in float32 T (where the inverse is formed), A and Lg = (K K^T * e^{G_t - G_i}, i < t),
 // 4 vectors of C, the kSums sums of four partial vectors each and the parts of <S, dS> and of one more sum;
 // the rows' table; then in 16-bit elements T and scale A, the step region and the tiles Q, K, V, dO.
-// LOOP adds the next chunk's Q and K, rows' table and gates, and the chunks' indices (ChunkTurns).
-template <int DK, int DV, class T, bool LOOP = false>
+// LOOP adds the next chunk's Q and K, rows' table and gates, and the chunks' indices (ChunkTurns); 64
+// columns a step add the staging of a step's dS as it comes (block float16, [DK][BV]).
+template <int DK, int DV, class T, bool LOOP = false, int BV = 32>
 constexpr size_t backward_smem() {
   return (3 * kC * kLdT + 4 * kC + kSums * 4 * kC + kSdot) * sizeof(float) + kC * sizeof(int64_t) +
-         (2 * kC * kLd16C + step_elems<DK>() + 2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T) +
-         (LOOP ? 2 * kC * ld16<DK>() * sizeof(T) + kC * sizeof(int64_t) + 2 * kC * sizeof(float) + 4 * sizeof(int64_t) : 0);
+         (2 * kC * kLd16C + step_elems<DK, BV>() + 2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T) +
+         (LOOP ? 2 * kC * ld16<DK>() * sizeof(T) + kC * sizeof(int64_t) + 2 * kC * sizeof(float) + 4 * sizeof(int64_t) : 0) +
+         (BV == 64 ? static_cast<size_t>(DK) * BV * sizeof(__half) : 0);
 }
+
+static_assert(backward_smem<128, 128, c10::Half, false, step_cols<true, false>()>() <= 227 * 1024,
+              "chunk_backward's block fits an SM with 64 columns a step");
 
 // A LOOP block's chunks of the N H (chunk, head) pairs, in shared memory: it takes pairs w = blockIdx.x,
 // blockIdx.x + gridDim.x, ..., chunk n = w % N of head h = w / N (the order of the grid of one block a
@@ -430,10 +441,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   static_assert(TK || !LOOP, "chunks in turn read T from the forward");
   constexpr bool kWideRows = TK || !HIST;  // store_rows
   constexpr int LDK = ld16<DK>(), LDV = ld16<DV>(), NTK = DK / 32;
+  constexpr int kBV = step_cols<TK, LOOP>(), kLd16BV = ld16<kBV>();
+  // WIDE (64 columns a step): every warp forms one 16 x 16 tile of dVb, and a thread carries more than one
+  // unit of a step's slices (below).
+  constexpr bool WIDE = kBV == 64;
+  static_assert(!WIDE || HIST, "64 columns a step with the history only");
   constexpr int kUnits = DK * kBV / 8;  // 8-element units of a step's slice of S (and of dS)
-  static_assert(kUnits <= kBwdThreads && DV % kBV == 0 && kBV % 16 == 0, "one unit a thread, whole slices");
-  constexpr int kMUnits = kC * kBV / 8;  // of M's slice (and of dM's): threads 0.. carry M's, kMUnits.. dM's
-  static_assert(2 * kMUnits <= kBwdThreads, "one unit of M or dM a thread");
+  constexpr int kUnitsT = (kUnits + kBwdThreads - 1) / kBwdThreads;  // of them a thread
+  static_assert(kUnits % kBwdThreads == 0 || kUnitsT == 1, "whole rounds of units");
+  static_assert(DV % kBV == 0 && kBV % 16 == 0, "whole slices");
+  constexpr int kMUnits = kC * kBV / 8;  // of M's slice (and of dM's): units 0.. are M's, kMUnits.. dM's
+  constexpr int kMUnitsT = (2 * kMUnits + kBwdThreads - 1) / kBwdThreads;  // of them a thread
   extern __shared__ float4 smem4[];
   float* const Ts = reinterpret_cast<float*>(smem4);
   float* const As = Ts + kC * kLdT;
@@ -458,14 +476,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   T* const Sj = step;                // [DK][kLd16BV]: the step's columns of S
   T* const dSj = Sj + DK * kLd16BV;  // and of dS
   T* const Xj = dSj + DK * kLd16BV;  // [C][kLd16BV] each
-  T* const Mj = Xj + kC * kLd16BV;
+  T* const Mj = Xj + (WIDE ? 0 : kC * kLd16BV);  // (WIDE: no X)
   T* const dMj = Mj + kC * kLd16BV;
   T* const dVbj = dMj + kC * kLd16BV;
   T* const dQK = step;                // after the steps, [C][kLd16C] each: d(Q K^T) = scale dA * e^{G_t - G_i}
   T* const dTs = dQK + kC * kLd16C;   // dT
   T* const Ys = dTs + kC * kLd16C;    // T^T dT
   T* const dKK = Ys + kC * kLd16C;    // d(K K^T) = diag(beta) dL * e^{G_t - G_i}, strictly lower
-  T* const Qs = step + step_elems<DK>();
+  T* const Qs = step + step_elems<DK, kBV>();
   T* const Ks = Qs + kC * LDK;
   T* const Vs = Ks + kC * LDK;
   T* const dOs = Vs + kC * LDV;
@@ -475,6 +493,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float* const g_nx = reinterpret_cast<float*>(row_h_nx + kC);
   float* const b_nx = g_nx + kC;
   const ChunkTurns turns{reinterpret_cast<int64_t*>(b_nx + kC)};
+  // WIDE: a step's S and dS as they come (block float16), each thread's units and their scales by cp.async
+  // into staging that only it reads back (put): S's in Ts's float region (T comes from the forward), dS's
+  // after the tiles, the scales in A16's (which the forms with the history do not form).
+  static_assert(!WIDE || (TK && !LOOP && DK * kBV * sizeof(__half) <= kC * kLdT * sizeof(float) &&
+                          DK * kBV / 8 * 2 * sizeof(float) <= kC * kLd16C * sizeof(T)),
+                "S's staging fits where T's float32 inverse would be, the scales where scale A's copy would be");
+  uint4* const s_stage = reinterpret_cast<uint4*>(Ts);
+  uint4* const ds_stage = reinterpret_cast<uint4*>(Qn);
+  float* const sc_stage = reinterpret_cast<float*>(A16);  // [2 kUnitsT][kBwdThreads]: S's and dS's of unit i at 2 i, 2 i + 1
+  // and after them the step's scales of M's and dM's 16 x 8 tiles, [2][C / 16][kBV / 8], copied by threads
+  // 0 .. 2 (C / 16) (kBV / 8) - 1 and read by all after a barrier.
+  float* const m_sc_stage = sc_stage + 2 * ((DK * kBV / 8 + kBwdThreads - 1) / kBwdThreads) * kBwdThreads;
+  static_assert(!WIDE || (2 * (DK * kBV / 8) + 2 * (kC / 16) * (kBV / 8)) * sizeof(float) <= kC * kLd16C * sizeof(T),
+                "the scales' staging fits where scale A's copy would be");
 
   // T's 64 rows of 128 bytes, 16 bytes a thread
   auto load_t = [&](int64_t chunk) {
@@ -543,57 +575,100 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         LOOP ? static_cast<int64_t>(turns.h()) * N + turns.n() : static_cast<int64_t>(blockIdx.y) * N + blockIdx.x;
     // A step's columns c0.. of S and dS (block float16) pass through registers (fetch) into the step's
     // 16-bit slices of the inputs' kind (put), which also sums <S, dS> in float32. Thread tid < kUnits
-    // carries unit tid of the [DK][kBV / 8] grid, in one 16 x 16 block of each, and the blocks' scales.
-    const bool carrier = tid < kUnits;
+    // carries unit tid of the [DK][kBV / 8] grid, in one 16 x 16 block of each, and the blocks' scales;
+    // with more units than threads (WIDE at DK = 128), units tid + i kBwdThreads too: the same columns,
+    // kRound rows on.
+    constexpr int kRound = kBwdThreads / (kBV / 8);
+    static_assert(kUnitsT == 1 || kRound % 16 == 0, "a round of units covers whole 16-row blocks");
+    const bool carrier = kUnitsT > 1 || tid < kUnits;
     const int ur = tid / (kBV / 8), uc = 8 * (tid % (kBV / 8));
     const int64_t at = chunk * DK * DV + static_cast<int64_t>(ur) * DV + uc;
     const int64_t at_inv = (chunk * (DK / 16) + ur / 16) * (DV / 16) + uc / 16;
-    uint4 s_in = {}, ds_in = {};
-    float s_sc = 0.f, ds_sc = 0.f;
+    uint4 s_in[WIDE ? 1 : kUnitsT] = {}, ds_in[WIDE ? 1 : kUnitsT] = {};  // (WIDE: in the staging)
+    float s_sc[WIDE ? 1 : kUnitsT] = {}, ds_sc[WIDE ? 1 : kUnitsT] = {};
     // HIST: thread tid carries unit tid % kMUnits of M's (tid < kMUnits) or dM's [C][kBV / 8] grid, in one
-    // 16 x 8 tile (LowRankScanArgs::M16's), and its scale.
-    const bool m_carrier = HIST && tid < 2 * kMUnits, of_dm = tid >= kMUnits;
+    // 16 x 8 tile (LowRankScanArgs::M16's), and its scale; with as many units of each as threads (WIDE),
+    // unit tid of both.
+    constexpr bool kMBoth = kMUnits == kBwdThreads;
+    static_assert(kMBoth || 2 * kMUnits <= kBwdThreads, "one unit of M or dM a thread, or one of each");
+    const bool m_carrier = HIST && (kMBoth || tid < 2 * kMUnits), of_dm = !kMBoth && tid >= kMUnits;
     const int mu = tid % kMUnits, mr = mu / (kBV / 8), mc = 8 * (mu % (kBV / 8));
     const int64_t m_at = (chunk * kC + mr) * DV + mc, m_at_inv = (chunk * (kC / 16) + mr / 16) * (DV / 8) + mc / 8;
-    const BlockF16 mh = of_dm ? dMh : Mh;
-    uint4 m_in = {};
-    float m_sc = 0.f;
+    auto is_dm = [&](int i) { return kMBoth ? i == 1 : of_dm; };  // unit i of the thread's is dM's
+    uint4 m_in[kMUnitsT] = {};
+    float m_sc[WIDE ? 1 : kMUnitsT] = {};  // (WIDE: in the staging)
+    constexpr int kMTiles = (kC / 16) * (kBV / 8);  // M's 16 x 8 tiles in a step
     auto fetch = [&](int c0) {
       if (m_carrier) {
-        m_in = __ldg(reinterpret_cast<const uint4*>(mh.x + m_at + c0));
-        m_sc = __ldg(mh.inv + m_at_inv + c0 / 8);
+#pragma unroll
+        for (int i = 0; i < kMUnitsT; ++i) {
+          const BlockF16 mh = is_dm(i) ? dMh : Mh;
+          m_in[i] = __ldg(reinterpret_cast<const uint4*>(mh.x + m_at + c0));
+          if constexpr (!WIDE) m_sc[i] = __ldg(mh.inv + m_at_inv + c0 / 8);
+        }
+        if constexpr (WIDE) {
+          if (tid < 2 * kMTiles) {  // tile (rb, ct) of M's (tid < kMTiles) or dM's scales
+            const int x = tid % kMTiles, rb = x / (kBV / 8), ct = x % (kBV / 8);
+            cp_async4(m_sc_stage + tid, (tid < kMTiles ? Mh : dMh).inv + (chunk * (kC / 16) + rb) * (DV / 8) + c0 / 8 + ct);
+          }
+        }
       }
       if (!carrier) return;
-      s_in = __ldg(reinterpret_cast<const uint4*>(S.x + at + c0));
-      ds_in = __ldg(reinterpret_cast<const uint4*>(dS.x + at + c0));
-      s_sc = __ldg(S.inv + at_inv + c0 / 16);
-      ds_sc = __ldg(dS.inv + at_inv + c0 / 16);
+#pragma unroll
+      for (int i = 0; i < kUnitsT; ++i) {
+        const int64_t o = static_cast<int64_t>(i) * kRound * DV, o_inv = static_cast<int64_t>(i) * (kRound / 16) * (DV / 16);
+        if constexpr (WIDE) {  // unit i of thread tid at i kBwdThreads + tid: a warp's copies are 512 bytes in a row
+          cp_async16(s_stage + i * kBwdThreads + tid, S.x + at + o + c0);
+          cp_async16(ds_stage + i * kBwdThreads + tid, dS.x + at + o + c0);
+          cp_async4(sc_stage + (2 * i) * kBwdThreads + tid, S.inv + at_inv + o_inv + c0 / 16);
+          cp_async4(sc_stage + (2 * i + 1) * kBwdThreads + tid, dS.inv + at_inv + o_inv + c0 / 16);
+        } else {
+          s_in[i] = __ldg(reinterpret_cast<const uint4*>(S.x + at + o + c0));
+          ds_in[i] = __ldg(reinterpret_cast<const uint4*>(dS.x + at + o + c0));
+          s_sc[i] = __ldg(S.inv + at_inv + o_inv + c0 / 16);
+          ds_sc[i] = __ldg(dS.inv + at_inv + o_inv + c0 / 16);
+        }
+      }
+      if constexpr (WIDE) cp_async_commit();
     };
+    // WIDE: the copies a put reads are waited for before a barrier that precedes it (each thread's slices'
+    // copies are its own; the tiles' scales are read by every thread).
     float s_dot = 0.f;
     auto put = [&] {
       if (m_carrier) {  // dM = -(the reverse scan's new values)
-        const unsigned a[4] = {m_in.x, m_in.y, m_in.z, m_in.w};
-        const float sc = of_dm ? -m_sc : m_sc;
-        Pack<T, 8> x;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = half2_to_float2(a[j]);
-          x.v[2 * j] = T(sc * f.x), x.v[2 * j + 1] = T(sc * f.y);
+        for (int i = 0; i < kMUnitsT; ++i) {
+          const unsigned a[4] = {m_in[i].x, m_in[i].y, m_in[i].z, m_in[i].w};
+          const float msc = WIDE ? m_sc_stage[(is_dm(i) ? kMTiles : 0) + (mr / 16) * (kBV / 8) + mc / 8] : m_sc[WIDE ? 0 : i];
+          const float sc = is_dm(i) ? -msc : msc;
+          Pack<T, 8> x;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 f = half2_to_float2(a[j]);
+            x.v[2 * j] = T(sc * f.x), x.v[2 * j + 1] = T(sc * f.y);
+          }
+          store_pack<8>((is_dm(i) ? dMj : Mj) + mr * kLd16BV + mc, x);
         }
-        store_pack<8>((of_dm ? dMj : Mj) + mr * kLd16BV + mc, x);
       }
       if (!carrier) return;
-      const unsigned a[4] = {s_in.x, s_in.y, s_in.z, s_in.w}, b[4] = {ds_in.x, ds_in.y, ds_in.z, ds_in.w};
-      Pack<T, 8> sa, sb;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 x = half2_to_float2(a[j]), y = half2_to_float2(b[j]);
-        const float x0 = s_sc * x.x, x1 = s_sc * x.y, y0 = ds_sc * y.x, y1 = ds_sc * y.y;
-        s_dot = fmaf(x0, y0, fmaf(x1, y1, s_dot));
-        sa.v[2 * j] = T(x0), sa.v[2 * j + 1] = T(x1), sb.v[2 * j] = T(y0), sb.v[2 * j + 1] = T(y1);
+      for (int i = 0; i < kUnitsT; ++i) {
+        const uint4 sv = WIDE ? s_stage[i * kBwdThreads + tid] : s_in[WIDE ? 0 : i];
+        const uint4 dsv = WIDE ? ds_stage[i * kBwdThreads + tid] : ds_in[WIDE ? 0 : i];
+        const unsigned a[4] = {sv.x, sv.y, sv.z, sv.w}, b[4] = {dsv.x, dsv.y, dsv.z, dsv.w};
+        const float ssc = WIDE ? sc_stage[(2 * i) * kBwdThreads + tid] : s_sc[WIDE ? 0 : i];
+        const float dssc = WIDE ? sc_stage[(2 * i + 1) * kBwdThreads + tid] : ds_sc[WIDE ? 0 : i];
+        Pack<T, 8> sa, sb;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 x = half2_to_float2(a[j]), y = half2_to_float2(b[j]);
+          const float x0 = ssc * x.x, x1 = ssc * x.y, y0 = dssc * y.x, y1 = dssc * y.y;
+          s_dot = fmaf(x0, y0, fmaf(x1, y1, s_dot));
+          sa.v[2 * j] = T(x0), sa.v[2 * j + 1] = T(x1), sb.v[2 * j] = T(y0), sb.v[2 * j + 1] = T(y1);
+        }
+        store_pack<8>(Sj + (ur + i * kRound) * kLd16BV + uc, sa);
+        store_pack<8>(dSj + (ur + i * kRound) * kLd16BV + uc, sb);
       }
-      store_pack<8>(Sj + ur * kLd16BV + uc, sa);
-      store_pack<8>(dSj + ur * kLd16BV + uc, sb);
     };
     fetch(0);  // in flight through the prologue
     if constexpr (!LOOP) {
@@ -645,19 +720,32 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
 
     const int m = (warp % 4) * 16;           // every warp's 16 rows
-    const int ns = ((warp / 4) % 2) * 16;    // its 16 columns of a step's [C][kBV] products
+    const int ns = ((warp / 4) % 2) * 16;    // its 16 columns of a step's [C][kBV] products (not WIDE)
     const int nk = (warp / 4) * (DK / 4);    // its DK / 4 columns of the [C][DK] sums
     const int nc = (warp / 4) * 16;          // its 16 columns of the [C][C] sums
     // dqdecay and dA without the output's scale (applied after the steps); ndKb, dkdecay, dT.
     float acc_dq[NTK][4] = {}, acc_kb[NTK][4] = {}, acc_dk[NTK][4] = {};
     float acc_dA[2][4] = {}, acc_dT[2][4] = {};
+    // The warp's 16 x 16 tile of dVb = T^T dM at columns n0 of the step at c0, with dV = diag(beta) dVb and
+    // sum_c dVb V into partial vector `part` of db_sum (the warp's column block among those of its rows).
+    auto form_dvb = [&](int c0, int n0, int part) {
+      // Over T's whole columns, not from row m on (T is zero above its diagonal, in every form: the
+      // forward's T16 and the inverse here with its upper block zeroed): a loop of known length, unrolled,
+      // so that every fragment load is issued ahead of the chain of products.
+      float dvb[2][4] = {};
+      product16<true, true, 2>(dvb, m, n0, 0, kC, T16, kLd16C, dMj, kLd16BV);
+      store16(dvb, m, n0, dVbj, kLd16BV);
+      row_dots(dvb, m, n0, Vs + c0, LDV, db_sum + part * kC);
+      for_each(dvb, m, n0, [&](int r, int, float& x) { x *= bs[r]; });
+      store_rows<DV, kWideRows>(dvb, m, c0 + n0, row_h, dv);
+    };
     for (int c0 = 0; c0 < DV; c0 += kBV) {
       const bool more = c0 + kBV < DV;
       if (more) fetch(c0 + kBV);  // the next step's slices land during this one
       // This step's columns of X = diag(beta) (V - diag(e^G) K S) (warps 0..7) and of
       // dM = diag(kd) K dS + A^T scale dO (warps 8..15); then of M = T X (0..7) and dVb = T^T dM (8..15),
       // with dV = diag(beta) dVb and sum_c dVb V into db_sum. Each warp takes 16 rows and 16 columns.
-      // HIST: M and dM are in place already; dVb only.
+      // HIST: M and dM are in place already; dVb only (WIDE: by every warp, 64 columns a step).
       if constexpr (HIST) {
       } else if (warp < 8) {
         float ks[2][4] = {};
@@ -673,22 +761,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         store16(dm, m, ns, dMj, kLd16BV);
       }
       if constexpr (!HIST) __syncthreads();
-      if (warp < 8) {
+      if constexpr (WIDE) {  // every warp a tile of dVb: its row block's columns 16 (warp / 4)
+        form_dvb(c0, (warp / 4) * 16, warp / 4);
+      } else if (warp < 8) {
         if constexpr (!HIST) {
           float mm[2][4] = {};
           product16<false, true, 2>(mm, m, ns, 0, m + 16, T16, kLd16C, Xj, kLd16BV);
           store16(mm, m, ns, Mj, kLd16BV);
         }
       } else {
-        // Over T's whole columns, not from row m on (T is zero above its diagonal, in every form: the
-        // forward's T16 and the inverse here with its upper block zeroed): a loop of known length, unrolled,
-        // so that every fragment load is issued ahead of the chain of products.
-        float dvb[2][4] = {};
-        product16<true, true, 2>(dvb, m, ns, 0, kC, T16, kLd16C, dMj, kLd16BV);
-        store16(dvb, m, ns, dVbj, kLd16BV);
-        row_dots(dvb, m, ns, Vs + c0, LDV, db_sum + (warp / 4) * kC);
-        for_each(dvb, m, ns, [&](int r, int, float& x) { x *= bs[r]; });
-        store_rows<DV, kWideRows>(dvb, m, c0 + ns, row_h, dv);
+        form_dvb(c0, ns, warp / 4);
       }
       __syncthreads();
       // The sums over this step's columns.
@@ -699,6 +781,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       product16<false, false, 2>(acc_dA, m, nc, 0, kBV, dOs + c0, LDV, Mj, kLd16BV);
       if constexpr (HIST) product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dVbj, kLd16BV, Mj, kLd16BV);  // T^T dT T^T
       else product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dMj, kLd16BV, Xj, kLd16BV);
+      if constexpr (WIDE) cp_async_wait<0>();  // the next step's copies (see fetch)
       __syncthreads();  // before the next step's slices (or the matrices after the steps) overwrite these
       if (more) {
         put();
@@ -962,7 +1045,7 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
         return;
       }
     }
-    if (tk) run(chunk_backward_kernel<DK, DV, X, true, true>, each, backward_smem<DK, DV, X>());
+    if (tk) run(chunk_backward_kernel<DK, DV, X, true, true>, each, backward_smem<DK, DV, X, false, step_cols<true, false>()>());
     else if (hist) run(chunk_backward_kernel<DK, DV, X, true>, each, backward_smem<DK, DV, X>());
     else run(chunk_backward_kernel<DK, DV, X, false>, each, backward_smem<DK, DV, X>());
   });
