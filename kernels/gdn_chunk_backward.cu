@@ -380,16 +380,17 @@ constexpr int step_elems() {
 // 4 vectors of C, the kSums sums of four partial vectors each and the parts of <S, dS> and of one more sum;
 // the rows' table; then in 16-bit elements T and scale A, the step region and the tiles Q, K, V, dO.
 // LOOP adds the next chunk's Q and K, rows' table and gates, and the chunks' indices (ChunkTurns); 64
-// columns a step add the staging of a step's dS as it comes (block float16, [DK][BV]).
-template <int DK, int DV, class T, bool LOOP = false, int BV = 32>
+// columns a step (step_cols) add the staging of a step's dS as it comes (block float16, [DK][BV]).
+template <int DK, int DV, class T, bool TK = false, bool LOOP = false>
 constexpr size_t backward_smem() {
+  constexpr int BV = step_cols<TK, LOOP>();
   return (3 * kC * kLdT + 4 * kC + kSums * 4 * kC + kSdot) * sizeof(float) + kC * sizeof(int64_t) +
          (2 * kC * kLd16C + step_elems<DK, BV>() + 2 * kC * ld16<DK>() + 2 * kC * ld16<DV>()) * sizeof(T) +
          (LOOP ? 2 * kC * ld16<DK>() * sizeof(T) + kC * sizeof(int64_t) + 2 * kC * sizeof(float) + 4 * sizeof(int64_t) : 0) +
          (BV == 64 ? static_cast<size_t>(DK) * BV * sizeof(__half) : 0);
 }
 
-static_assert(backward_smem<128, 128, c10::Half, false, step_cols<true, false>()>() <= 227 * 1024,
+static_assert(backward_smem<128, 128, c10::Half, /*TK=*/true>() <= 227 * 1024,
               "chunk_backward's block fits an SM with 64 columns a step");
 
 // A LOOP block's chunks of the N H (chunk, head) pairs, in shared memory: it takes pairs w = blockIdx.x,
@@ -496,16 +497,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // WIDE: a step's S and dS as they come (block float16), each thread's units and their scales by cp.async
   // into staging that only it reads back (put): S's in Ts's float region (T comes from the forward), dS's
   // after the tiles, the scales in A16's (which the forms with the history do not form).
-  static_assert(!WIDE || (TK && !LOOP && DK * kBV * sizeof(__half) <= kC * kLdT * sizeof(float) &&
-                          DK * kBV / 8 * 2 * sizeof(float) <= kC * kLd16C * sizeof(T)),
-                "S's staging fits where T's float32 inverse would be, the scales where scale A's copy would be");
+  static_assert(!WIDE || DK * kBV * sizeof(__half) <= kC * kLdT * sizeof(float),
+                "S's staging fits where T's float32 inverse would be");
   uint4* const s_stage = reinterpret_cast<uint4*>(Ts);
   uint4* const ds_stage = reinterpret_cast<uint4*>(Qn);
   float* const sc_stage = reinterpret_cast<float*>(A16);  // [2 kUnitsT][kBwdThreads]: S's and dS's of unit i at 2 i, 2 i + 1
   // and after them the step's scales of M's and dM's 16 x 8 tiles, [2][C / 16][kBV / 8], copied by threads
   // 0 .. 2 (C / 16) (kBV / 8) - 1 and read by all after a barrier.
-  float* const m_sc_stage = sc_stage + 2 * ((DK * kBV / 8 + kBwdThreads - 1) / kBwdThreads) * kBwdThreads;
-  static_assert(!WIDE || (2 * (DK * kBV / 8) + 2 * (kC / 16) * (kBV / 8)) * sizeof(float) <= kC * kLd16C * sizeof(T),
+  float* const m_sc_stage = sc_stage + 2 * kUnitsT * kBwdThreads;
+  static_assert(!WIDE || (2 * kUnitsT * kBwdThreads + 2 * (kC / 16) * (kBV / 8)) * sizeof(float) <= kC * kLd16C * sizeof(T),
                 "the scales' staging fits where scale A's copy would be");
 
   // T's 64 rows of 128 bytes, 16 bytes a thread
@@ -1041,11 +1041,11 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
         const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
         g_in_turn_launches.fetch_add(1, std::memory_order_relaxed);
         run(chunk_backward_kernel<DK, DV, X, true, true, true>, dim3(static_cast<unsigned>(std::min(N * H, sms))),
-            backward_smem<DK, DV, X, true>());
+            backward_smem<DK, DV, X, true, true>());
         return;
       }
     }
-    if (tk) run(chunk_backward_kernel<DK, DV, X, true, true>, each, backward_smem<DK, DV, X, false, step_cols<true, false>()>());
+    if (tk) run(chunk_backward_kernel<DK, DV, X, true, true>, each, backward_smem<DK, DV, X, true>());
     else if (hist) run(chunk_backward_kernel<DK, DV, X, true>, each, backward_smem<DK, DV, X>());
     else run(chunk_backward_kernel<DK, DV, X, false>, each, backward_smem<DK, DV, X>());
   });
