@@ -78,6 +78,12 @@ __device__ __forceinline__ void mbar_init_fence() {
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
+// An arrival on `bar` once this thread's cp.async copies issued so far have landed, the phase's expected
+// arrivals raised by one first (so the net count is unchanged): the phase cannot complete before them.
+// Issued before the phase's other arrivals.
+__device__ __forceinline__ void cp_async_mbar_arrive(unsigned long long* bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
 // One arrival that also announces `bytes` more to land in this phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
 #if HH_COPY_ENGINE

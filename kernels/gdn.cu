@@ -1393,9 +1393,12 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   const unsigned bytes = static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU + (DIR ? 0 : Ring::kUInv));
   auto issue = [&](int64_t i, int b) {  // chunk(i) into slot b (one thread)
     const int64_t c = static_cast<int64_t>(h) * N + chunk(i);
-    *ring.decay(b) = decay[c];
-    *ring.aq_inv(b) = DIR ? sd.aq_inv[c] : so.aq_inv[c];
-    if constexpr (DIR) *ring.do_inv(b) = sd.do_inv[c];
+    // The chunk's scalars by cp.async, on the slot's barrier too: the issuing thread does not wait for
+    // them (a load and a shared store here held warp 0, and with it its warpgroup, for the load's latency).
+    cp_async4(ring.decay(b), decay + c);
+    cp_async4(ring.aq_inv(b), (DIR ? sd.aq_inv : so.aq_inv) + c);
+    if constexpr (DIR) cp_async4(ring.do_inv(b), sd.do_inv + c);
+    cp_async_mbar_arrive(&full[b]);  // before the arrival below, so that the phase waits for them
     mbar_arrive_expect_tx(&full[b], bytes);
     const int row = static_cast<int>(c * C);
     for (int x = 0; x < Ring::kBoxes; ++x) {
