@@ -2,8 +2,10 @@
 # scripts/gpu/ab-bench's builds, in a scratch repository whose scripts/gpu-check is a stand-in (the real
 # one needs nvcc and a CUDA LibTorch): it records each build's folder and leaves a CLI whose `bench gdn
 # --json` reports forward + backward as the number in kernels/marker (2.0 without it). With variants and
-# a clean tree the base is this tree, built once; with an untracked file the base is built apart, as
-# `this` beside it; a failing build (the tree's, or the base's built apart) ends the run with exit 1.
+# a clean tree the base is this tree, built once, and so with changes only where no build reads (an
+# untracked candidate patch, an edited doc); with an untracked file elsewhere the base is built apart, as
+# `this` beside it, and the log names the file; a failing build (the tree's, or the base's built apart)
+# ends the run with exit 1.
 source "$(dirname "$0")/preamble.sh"
 repo="$TMP/repo"
 mkdir -p "$repo/scripts/gpu" "$repo/kernels"
@@ -21,6 +23,7 @@ STUB
 chmod +x "$repo/scripts/gpu-check"
 printf '/build-gpu/\n' > "$repo/.gitignore"
 echo "kernel" > "$repo/kernels/k.cu"
+mkdir -p "$repo/docs" && echo "figures" > "$repo/docs/BENCHMARKS.md"
 (cd "$repo" && git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base)
 mkdir -p "$TMP/v/kernels" && echo 1.5 > "$TMP/v/kernels/marker"
 
@@ -40,11 +43,20 @@ grep -qE "^  v +mean 1\.500 .*-500\.0 us" "$ab" || fail "clean tree: no variant 
 ! grep -qE "^  this " "$ab" || fail "clean tree: a row for this tree beside the base: $(cat "$ab")"
 [[ ! -e "$repo/kernels/marker" ]] || fail "the variant's file stayed in the tree"
 
+mkdir -p "$repo/scripts/gpu/candidates" && echo "diff" > "$repo/scripts/gpu/candidates/next.patch"
+echo "more figures" >> "$repo/docs/BENCHMARKS.md"
+run unbuilt || fail "a candidate patch and a doc changed: exit $?: $(cat "$TMP/log-unbuilt")"
+grep -q "this tree as it stands: built once" "$TMP/out-unbuilt/ab.txt" ||
+  fail "a candidate patch and a doc changed, not built once: $(cat "$TMP/out-unbuilt/ab.txt")"
+[[ $(wc -l < "$TMP/builds-unbuilt") == 2 ]] || fail "a candidate patch and a doc changed: builds $(cat "$TMP/builds-unbuilt")"
+rm -r "$repo/scripts/gpu/candidates" && (cd "$repo" && git checkout -q docs/BENCHMARKS.md)
+
 touch "$repo/untracked.txt"
 run dirty || fail "untracked file: exit $?: $(cat "$TMP/log-dirty")"
 ab="$TMP/out-dirty/ab.txt"
 [[ $(wc -l < "$TMP/builds-dirty") == 3 ]] || fail "untracked file: builds $(cat "$TMP/builds-dirty"), not base, this and the variant"
 grep -q "^$TMP/base-dirty\$" "$TMP/builds-dirty" || fail "untracked file: the base was not built in its own folder"
+grep -q "with changes to 1 path(s): untracked.txt" "$ab" || fail "untracked file: the log does not name it: $(cat "$ab")"
 grep -qE "^  this +mean 2\.000" "$ab" || fail "untracked file: no row for this tree: $(cat "$ab")"
 rc=0
 AB_TEST_FAIL="$TMP/base-failing-base" run failing-base || rc=$?
