@@ -5,7 +5,9 @@
 # a clean tree the base is this tree, built once, and so with changes only where no build reads (an
 # untracked candidate patch, an edited doc); with an untracked file elsewhere the base is built apart, as
 # `this` beside it, and the log names the file; a failing build (the tree's, or the base's built apart)
-# ends the run with exit 1.
+# ends the run with exit 1. With --tests each build's GPU tests (stand-ins naming the build's marker) run
+# after the benches, from copies of that build's own binaries, and a failing one makes the exit status
+# nonzero after the figures.
 source "$(dirname "$0")/preamble.sh"
 repo="$TMP/repo"
 mkdir -p "$repo/scripts/gpu" "$repo/kernels"
@@ -19,6 +21,15 @@ ms=$(cat kernels/marker 2>/dev/null || echo 2.0)
 printf '#!/usr/bin/env bash\necho "{\\"rows\\": [{\\"B\\": 1, \\"T\\": 32768, \\"fwd_bwd_b2b_ms\\": %s, \\"fwd_b2b_ms\\": 0.5}]}"\n' "$ms" \
   > build-gpu/bin/hydrahead
 chmod +x build-gpu/bin/hydrahead
+mkdir -p build-gpu/tests
+for t in gpu_test_cuda_gdn gpu_test_cuda_train gpu_test_cuda_hybrid; do
+  if [[ -e kernels/failtest ]]; then
+    printf '#!/usr/bin/env bash\necho "marker %s"\necho "[  FAILED  ] 1 test, listed below:"\nexit 1\n' "$ms" > build-gpu/tests/$t
+  else
+    printf '#!/usr/bin/env bash\necho "marker %s"\necho "[  PASSED  ] 1 test."\n' "$ms" > build-gpu/tests/$t
+  fi
+  chmod +x build-gpu/tests/$t
+done
 STUB
 chmod +x "$repo/scripts/gpu-check"
 printf '/build-gpu/\n' > "$repo/.gitignore"
@@ -27,11 +38,12 @@ mkdir -p "$repo/docs" && echo "figures" > "$repo/docs/BENCHMARKS.md"
 (cd "$repo" && git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base)
 mkdir -p "$TMP/v/kernels" && echo 1.5 > "$TMP/v/kernels/marker"
 
-run() {  # NAME: ab-bench with variant v in the scratch repository; its exit status
-  export AB_TEST_BUILDS="$TMP/builds-$1"
+run() {  # NAME [ARGS...]: ab-bench with variant v (and ARGS) in the scratch repository; its exit status
+  local name=$1; shift
+  export AB_TEST_BUILDS="$TMP/builds-$name"
   : > "$AB_TEST_BUILDS"
-  (cd "$repo" && OUT="$TMP/out-$1" HH_AB_BASE_DIR="$TMP/base-$1" HH_AB_BIN_DIR="$TMP/bin-$1" \
-    ./scripts/gpu/ab-bench --variant "v=$TMP/v" --runs 1 > "$TMP/log-$1" 2>&1)
+  (cd "$repo" && OUT="$TMP/out-$name" HH_AB_BASE_DIR="$TMP/base-$name" HH_AB_BIN_DIR="$TMP/bin-$name" \
+    ./scripts/gpu/ab-bench --variant "v=$TMP/v" --runs 1 "$@" > "$TMP/log-$name" 2>&1)
 }
 
 run clean || fail "clean tree: exit $?: $(cat "$TMP/log-clean")"
@@ -69,4 +81,20 @@ rc=0
 AB_TEST_FAIL="$repo" run failing || rc=$?
 [[ $rc == 1 ]] || fail "a failing build: exit $rc, not 1"
 grep -q "this tree exit 3" "$TMP/out-failing/ab.txt" || fail "a failing build is not logged: $(cat "$TMP/out-failing/ab.txt")"
+run tests --tests || fail "--tests: exit $?: $(cat "$TMP/log-tests")"
+ab="$TMP/out-tests/ab.txt"
+for side in base v; do
+  grep -q "^==> $side, gpu_test_cuda_hybrid: exit 0, \[  PASSED  \] 1 test." "$ab" || fail "--tests: no passing tests for $side: $(cat "$ab")"
+done
+grep -q "marker 2.0" "$TMP/out-tests/gpu_test_cuda_gdn-base.log" || fail "--tests: the base's tests are not the base's build"
+grep -q "marker 1.5" "$TMP/out-tests/gpu_test_cuda_gdn-v.log" || fail "--tests: the variant's tests are not its build"
+bench_line=$(grep -n "bench, v, run 1" "$ab" | cut -d: -f1) test_line=$(grep -n "base, gpu_test_cuda_gdn" "$ab" | cut -d: -f1)
+((bench_line < test_line)) || fail "--tests: the tests ran before the benches: $(cat "$ab")"
+touch "$TMP/v/kernels/failtest"
+rc=0
+run failing-test --tests || rc=$?
+[[ $rc != 0 ]] || fail "a failing variant test: exit 0"
+grep -qE "^  v +mean 1\.500" "$TMP/out-failing-test/ab.txt" || fail "a failing variant test: no figures: $(cat "$TMP/out-failing-test/ab.txt")"
+grep -q "v, gpu_test_cuda_gdn: exit 1" "$TMP/out-failing-test/ab.txt" || fail "a failing variant test is not logged"
+rm "$TMP/v/kernels/failtest"
 echo "ab-bench builds: ok"
