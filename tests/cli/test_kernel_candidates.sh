@@ -9,13 +9,28 @@ cd "$ROOT"
 shopt -s nullglob
 patches=(scripts/gpu/candidates/*.patch)
 readme=scripts/gpu/candidates/README.md
+# What is wrong with patch P laid out in folder D (nothing printed: a candidate's files).
+wrong_files() {
+  local others
+  others=$(cd "$2" && find . -type f ! -path './kernels/*' ! -path './core/attention/*' ! -path './tests/gpu/*')
+  if [[ -n "$others" ]]; then echo "$1 changes files outside kernels/, core/attention/ and tests/gpu/: $others"
+  elif [[ -z "$(cd "$2" && find ./kernels -type f 2>/dev/null)" ]]; then echo "$1 changes no kernel"; fi
+}
 for p in "${patches[@]}"; do
   name=$(basename "$p" .patch)
   err=$(scripts/gpu/tree-overlay from-patch "$p" "$TMP/$name" 2>&1) || fail "$p: $err"
-  others=$(cd "$TMP/$name" && find . -type f ! -path './kernels/*' ! -path './core/attention/*' ! -path './tests/gpu/*')
-  [[ -z "$others" ]] || fail "$p changes files outside kernels/, core/attention/ and tests/gpu/: $others"
-  [[ -n "$(cd "$TMP/$name" && find ./kernels -type f 2>/dev/null)" ]] || fail "$p changes no kernel"
+  err=$(wrong_files "$p" "$TMP/$name")
+  [[ -z "$err" ]] || fail "$err"
   grep -q "^| \`$name.patch\` |" "$readme" || fail "$readme has no row for $name.patch"
+done
+# The rule on files refuses a patch that reaches elsewhere, and one without a kernel.
+new_file() { printf 'diff --git a/%s b/%s\nnew file mode 100644\n--- /dev/null\n+++ b/%s\n@@ -0,0 +1 @@\n+x\n' "$1" "$1" "$1"; }
+{ new_file kernels/probe.cu; new_file README.probe; } > "$TMP/elsewhere.patch"
+new_file tests/gpu/probe.cpp > "$TMP/no-kernel.patch"
+for bad in elsewhere:"outside kernels/" no-kernel:"changes no kernel"; do
+  name=${bad%%:*}
+  scripts/gpu/tree-overlay from-patch "$TMP/$name.patch" "$TMP/probe-$name" > /dev/null 2>&1 || fail "the probe $name does not apply"
+  [[ "$(wrong_files "$name" "$TMP/probe-$name")" == *"${bad#*:}"* ]] || fail "the rule on files let $name.patch through"
 done
 while read -r listed; do
   [[ -f "scripts/gpu/candidates/$listed" ]] || fail "$readme lists $listed, which is not there"
