@@ -639,10 +639,14 @@ struct ScanMaps {
   bool has_u, has_z;
 };
 
-// The direct term's scales (DIR): aq_inv and do_inv [H, N].
+// The direct term's scales (DIR): aq_inv and do_inv [H, N]. raw (the column scan): 0 for dO16's tiles
+// with do_inv; 1 (bfloat16) or 2 (float16) for dO's own [B T, H Dv] rows, chunk n of the grid's `per` a
+// sequence at row (n / per) T + (n % per) C, each tile's rows scaled by the warps (do_inv unused).
 struct ScanDirect {
   const float* aq_inv;
   const float* do_inv;
+  int raw;
+  int64_t T, per;
 };
 
 // Where the forward's output goes (OUT): o [rows, H, Dv] of the inputs' 16-bit type (bfloat16 when
@@ -1397,7 +1401,8 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     // them (a load and a shared store here held warp 0, and with it its warpgroup, for the load's latency).
     cp_async4(ring.decay(b), decay + c);
     cp_async4(ring.aq_inv(b), (DIR ? sd.aq_inv : so.aq_inv) + c);
-    if constexpr (DIR) cp_async4(ring.do_inv(b), sd.do_inv + c);
+    if constexpr (DIR)
+      if (sd.raw == 0) cp_async4(ring.do_inv(b), sd.do_inv + c);
     cp_async_mbar_arrive(&full[b]);  // before the arrival below, so that the phase waits for them
     mbar_arrive_expect_tx(&full[b], bytes);
     const int row = static_cast<int>(c * C);
@@ -1407,8 +1412,15 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
     }
     tma_load_2d(ring.Aq(b), &maps.Aq, 0, row, &full[b]);
-    for (int x = 0; x < (DV + Ring::kBoxCols - 1) / Ring::kBoxCols; ++x)  // DIR: dO16's tile in U's place
-      tma_load_2d(ring.U(b) + x * C * SW, DIR ? &maps.dO : &maps.U, x * Ring::kBoxCols, row, &full[b]);
+    // DIR: dO16's tile in U's place, or dO's own (sd.raw): head h's columns from the chunk's first token's row.
+    int u_col = 0, u_row = row;
+    if constexpr (DIR)
+      if (sd.raw != 0) {
+        const int64_t n = chunk(i);
+        u_col = h * DV, u_row = static_cast<int>((n / sd.per) * sd.T + (n % sd.per) * C);
+      }
+    for (int x = 0; x < (DV + Ring::kBoxCols - 1) / Ring::kBoxCols; ++x)
+      tma_load_2d(ring.U(b) + x * C * SW, DIR ? &maps.dO : &maps.U, u_col + x * Ring::kBoxCols, u_row, &full[b]);
     if constexpr (!DIR) tma_load_2d(ring.u_inv(b), &maps.U_inv, 0, static_cast<int>(c), &full[b]);
   };
   if (tid == 0)
@@ -1531,9 +1543,42 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     // DIR: dO16^T's A fragments (row block k: the chunk's rows 16 k .. 16 k + 15), for both of its products;
     // M^T = -aq_inv do_inv dO16^T Aq - S^T B^T.
     [[maybe_unused]] unsigned da[NC / 2][4];
+    [[maybe_unused]] float di0 = 0.f, di1 = 0.f;  // DIR: the inverse scales of dO^T's rows g and g + 8 in da
     if constexpr (DIR) {
 #pragma unroll
       for (int k = 0; k < NC / 2; ++k) ldmatrix_x4_trans(da[k], ring.U(buf) + swizzled<SW, C>(16 * k + at_k, r0 + at_m));
+      if (sd.raw != 0) {
+        // dO's own 16-bit values: each row of dO^T (a state column over the chunk's tokens; registers 0 and
+        // 2 of a fragment hold row g, 1 and 3 row g + 8) to float16 at its own power of two, as M's rows.
+        // (Unpacked twice, for the maxima and for the scaling, rather than held: 32 more live registers.)
+        const bool bf = sd.raw == 1;
+        auto unpack = [bf](unsigned u) {
+          return bf ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u))
+                    : __half22float2(*reinterpret_cast<const __half2*>(&u));
+        };
+        float mx0 = 0.f, mx1 = 0.f;
+#pragma unroll
+        for (int k = 0; k < NC / 2; ++k)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float2 f = unpack(da[k][r]);
+            float& mx = r % 2 == 0 ? mx0 : mx1;
+            mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+          }
+        Pow2Scale p0, p1;
+        row_scales(mx0, mx1, p0, p1);
+#pragma unroll
+        for (int k = 0; k < NC / 2; ++k)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float2 f = unpack(da[k][r]);
+            const float sc = r % 2 == 0 ? p0.scale : p1.scale;
+            da[k][r] = pack_f16(f.x * sc, f.y * sc);
+          }
+        di0 = p0.inverse, di1 = p1.inverse;
+      } else {
+        di0 = di1 = *ring.do_inv(buf);
+      }
       float ud[NC][4] = {};
       if constexpr (WG) {  // the whole of Aq (zero above its diagonal), MN-major
         wgmma_product<1>(ud, da, [&](int k) { return wgmma_desc_sw128(ring.Aq(buf) + 16 * k * 128, 8 * 128, 8 * 128); });
@@ -1549,11 +1594,11 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
             mma_f16(ud[2 * p + 1], da[k], bh);
           }
       }
-      const float du = -(*ring.aq_inv(buf) * *ring.do_inv(buf));
+      const float aqi = *ring.aq_inv(buf), du0 = -(aqi * di0), du1 = -(aqi * di1);
 #pragma unroll
       for (int j = 0; j < NC; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) mt[j][e] = fmaf(du, ud[j][e], -(e < 2 ? sinv0 : sinv1) * mt[j][e]);
+        for (int e = 0; e < 4; ++e) mt[j][e] = fmaf(e < 2 ? du0 : du1, ud[j][e], -(e < 2 ? sinv0 : sinv1) * mt[j][e]);
     } else {
       // M^T / u_inv = U16^T - (S^T B^T) / u_inv, row by row of M^T (U's columns r0 + g and r0 + g + 8, whose
       // scales are powers of two, so the quotients are exact): U16^T's tiles 2 p and 2 p + 1 by one
@@ -1598,7 +1643,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     if (write && !DIR) state_products(oq, ring.Qd(buf));
     // (2) S^T <- a S^T + M^T A_n, in two halves of Dk (the products' partial sums beside the state); DIR:
     // + do_inv dO16^T Qd.
-    const float an = *ring.decay(buf), di = DIR ? *ring.do_inv(buf) : 0.f;
+    const float an = *ring.decay(buf);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float part[NK / 2][4] = {};
@@ -1641,7 +1686,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float& x = sx[half * (NK / 2) + j][e];
-          x = fmaf(part[j][e], e < 2 ? q0.inverse : q1.inverse, DIR ? fmaf(di, pz[j][e], an * x) : an * x);
+          x = fmaf(part[j][e], e < 2 ? q0.inverse : q1.inverse, DIR ? fmaf(e < 2 ? di0 : di1, pz[j][e], an * x) : an * x);
         }
     }
     if (write && !DIR) {
@@ -1805,10 +1850,10 @@ ScanMaps scan_maps(const LowRankScanArgs& a, bool blocks_do = true) {
     m.Qd = tensor_map_2d(a.output.Qd, Ring::C, Ring::kBoxCols, sw, "Qd");
     m.Aq = tensor_map_2d(a.output.Aq, Ring::C, Ring::C, CU_TENSOR_MAP_SWIZZLE_128B, "Aq");
   }
-  if (a.direct.dO16.defined()) {
+  if (a.direct.Qd.defined()) {  // the direct term, with dO16 or (the column scan's, encoded by its caller) dO
     m.Qd = tensor_map_2d(a.direct.Qd, Ring::C, Ring::kBoxCols, sw, "direct.Qd");
     m.Aq = tensor_map_2d(a.direct.Aq, Ring::C, Ring::C, CU_TENSOR_MAP_SWIZZLE_128B, "direct.Aq");
-    if (blocks_do)
+    if (blocks_do && a.direct.dO16.defined())
       m.dO = tensor_map_2d(a.direct.dO16, Ring::C, Ring::BV, Ring::kDoSwizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B,
                            "direct.dO16");
   }
@@ -1884,9 +1929,16 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
     if (a.M16.defined()) maps.M16 = tensor_map_2d(a.M16, Ring::C, 16, CU_TENSOR_MAP_SWIZZLE_32B, "M16");
   }
   if constexpr (DIR) {
-    sd = {a.direct.aq_inv.data_ptr<float>(), a.direct.do_inv.data_ptr<float>()};
-    // dO16's tile in U's place: the factors' boxes and swizzle.
-    maps.dO = tensor_map_2d(a.direct.dO16, Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, "direct.dO16");
+    const LowRankScanArgs::Direct& d = a.direct;
+    if (d.dO.defined()) {  // dO where it lies (reverse_scan_reads_dO_in_place): its [B T, H Dv] rows, the factors' boxes and swizzle
+      const int64_t B = d.dO.size(0), T = d.dO.size(1);
+      sd = {d.aq_inv.data_ptr<float>(), nullptr, d.dO.scalar_type() == at::kBFloat16 ? 1 : 2, T, d.grid.per};
+      maps.dO = tensor_map_2d(d.dO.view({B * T, -1}), Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, "direct.dO");
+    } else {
+      sd = {d.aq_inv.data_ptr<float>(), d.do_inv.data_ptr<float>(), 0, 0, 0};
+      // dO16's tile in U's place: the factors' boxes and swizzle.
+      maps.dO = tensor_map_2d(d.dO16, Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, "direct.dO16");
+    }
   } else {
     so = {o.aq_inv.data_ptr<float>(), FUSE >= 0 ? nullptr : o.o.data_ptr(), slot_rows(o.grid, o.B, o.T),
           FUSE < 0 && o.o.scalar_type() == at::kBFloat16};
@@ -1994,7 +2046,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
           if (plan.columns == 32) launch_low_rank_scan_f16<DK, 3, 32, true>(a, plan, fin);
           else launch_low_rank_scan_f16<DK, 3, 16, true>(a, plan, fin);
         }
-      } else if (a.direct.dO16.defined() && plan.columns >= 64) {  // the column scan, reverse (low_rank_scan's plan)
+      } else if ((a.direct.dO16.defined() || a.direct.dO.defined()) && plan.columns >= 64) {  // the column scan, reverse (low_rank_scan's plan)
         if constexpr (DK == 128) {
           auto launch = [&](auto wg) {  // the products by warpgroup (scan_wgmma) or by warp
             constexpr bool W = decltype(wg)::value;
@@ -2624,7 +2676,29 @@ namespace {
 bool column_scan_fits(int64_t Dk, int64_t Dv) {
   return g_scan_warp_columns && g_scan_columns == 0 && Dk == 128 && (Dv == 64 || Dv == 128);
 }
+// Whether the reverse scan with the direct term is the column scan (low_rank_scan's plan): with its block
+// float16 history (S16 and M16) and no float32 one.
+bool direct_in_column_scan(const LowRankScanArgs& a, int64_t Dk, int64_t Dv) {
+  return column_scan_fits(Dk, Dv) && a.S16.defined() && a.M16.defined() && !a.hist.defined() && !a.M.defined();
+}
 }  // namespace
+// The plan will be the column scan (direct_in_column_scan), and each chunk's
+// slots are consecutive rows of dO (B regular sequences of T tokens, `per` chunks each, T a multiple of C or
+// B = 1: the rows past the last token lie beyond the tensor, which the copy engine reads as zeros), within
+// the copy engine's 32-bit row coordinate.
+bool reverse_scan_reads_dO_in_place(const LowRankScanArgs& a) {
+  const at::Tensor& dO = a.direct.dO;
+  const ChunkGrid& grid = a.direct.grid;
+  constexpr int64_t C = kLowRankChunk;
+  if (dO.dim() != 4 || !dO.is_cuda() || !dO.is_contiguous() || (dO.scalar_type() != at::kBFloat16 && dO.scalar_type() != at::kHalf) ||
+      reinterpret_cast<uintptr_t>(dO.data_ptr()) % 16 != 0 || a.A.dim() != 4 || a.y0.dim() != 4)
+    return false;
+  const int64_t B = dO.size(0), T = dO.size(1), Dk = a.A.size(3), Dv = a.y0.size(3);
+  const bool rows = !grid.gather.defined() && grid.per > 0 && grid.per == (T + C - 1) / C && grid.N == B * grid.per && grid.N == a.A.size(1) &&
+                    dO.size(2) == a.A.size(0) && (T % C == 0 || B == 1) && B * T <= std::numeric_limits<int32_t>::max();
+  return rows && a.reverse && a.precision == ScanPrecision::kBlockFloat16 && dO.size(3) == Dv && !a.Z.defined() && !a.U.defined() &&
+         direct_in_column_scan(a, Dk, Dv);
+}
 bool column_scan_fuses(int64_t Dk, int64_t Dv) { return column_scan_fits(Dk, Dv) && g_fusion_in_column_scan && !g_fusion_in_scan; }
 bool column_scan_takes(int64_t Dk, int64_t Dv, bool fused) { return fused ? column_scan_fuses(Dk, Dv) : column_scan_fits(Dk, Dv); }
 bool scan_output_fusion_supported(int64_t Dk, int64_t Dv) { return Dk == 128 && Dv % 32 == 0 && Dv / 32 <= 8; }
@@ -2640,6 +2714,18 @@ bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv) {
 }
 
 at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& offsets) {
+  // The direct term's dO as it lies: read so by the column scan where it can, else brought to the chunk
+  // grid in block float16 first, for the scans that read that.
+  if (a.direct.dO.defined()) {
+    if (a.direct.dO16.defined() || a.direct.do_inv.defined())
+      throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term takes dO, or dO16 and do_inv, not both");
+    if (!reverse_scan_reads_dO_in_place(a)) {
+      LowRankScanArgs b = a;
+      const GridF16 g16 = grad_to_grid_f16(a.direct.dO, a.direct.grid);
+      b.direct.dO16 = g16.x16, b.direct.do_inv = g16.inv, b.direct.dO = at::Tensor();
+      return low_rank_scan(b, offsets);
+    }
+  }
   // A, B and U may be column slices of wider rows (W and U are the two halves of one solve):
   // [H, N, C, D] with unit column stride, rows 16-byte aligned and packed one after another.
   auto need = [](const at::Tensor& x, const char* what, bool optional, bool rows_may_be_wider = false) {
@@ -2757,9 +2843,11 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
           throw std::invalid_argument("hh::kernels::low_rank_scan: output.Qd and output.Aq must be 16-byte aligned");
     }
     const LowRankScanArgs::Direct& d = a.direct;
-    const int given = d.Qd.defined() + d.Aq.defined() + d.aq_inv.defined() + d.dO16.defined() + d.do_inv.defined();
+    const bool in_place = d.dO.defined();  // reverse_scan_reads_dO_in_place holds (checked on entry)
+    const int given = d.Qd.defined() + d.Aq.defined() + d.aq_inv.defined() + (in_place ? 2 : d.dO16.defined() + d.do_inv.defined());
     if (given != 0 && given != 5)
-      throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term needs all of direct.Qd, Aq, aq_inv, dO16 and do_inv");
+      throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term needs all of direct.Qd, Aq, aq_inv, and dO16 and do_inv "
+                                  "or dO");
     if (given == 5) {
       if (a.precision != ScanPrecision::kBlockFloat16 || !a.reverse || a.Z.defined() || a.U.defined() || o.o.defined())
         throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term is formed by the reverse block float16 scan only "
@@ -2769,11 +2857,16 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       want(d.Qd, "direct.Qd", at::kHalf, {H, N, C, Dk});
       want(d.Aq, "direct.Aq", at::kHalf, {H, N, C, C});
       want(d.aq_inv, "direct.aq_inv", at::kFloat, {H, N});
-      want(d.dO16, "direct.dO16", at::kHalf, {H, N, C, Dv});
-      want(d.do_inv, "direct.do_inv", at::kFloat, {H, N});
-      for (const at::Tensor* x : {&d.Qd, &d.Aq, &d.dO16})
+      if (!in_place) {
+        want(d.dO16, "direct.dO16", at::kHalf, {H, N, C, Dv});
+        want(d.do_inv, "direct.do_inv", at::kFloat, {H, N});
+      } else if (d.dO.size(2) != H || d.dO.size(3) != Dv) {
+        throw std::invalid_argument("hh::kernels::low_rank_scan: direct.dO must be [B, T, " + std::to_string(H) + ", " +
+                                    std::to_string(Dv) + "], got " + c10::str(d.dO.sizes()));
+      }
+      for (const at::Tensor* x : {&d.Qd, &d.Aq, in_place ? &d.dO : &d.dO16})
         if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
-          throw std::invalid_argument("hh::kernels::low_rank_scan: direct.Qd, Aq and dO16 must be 16-byte aligned");
+          throw std::invalid_argument("hh::kernels::low_rank_scan: direct.Qd, Aq and dO16 (or dO) must be 16-byte aligned");
     }
   }
   const c10::cuda::CUDAGuard guard(a.A.device());
@@ -2795,22 +2888,25 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   const bool o_fits = fusion || (a.output.o.defined() && reinterpret_cast<uintptr_t>(a.output.o.data_ptr()) % 16 == 0);
   // The backward's reverse scan forming the direct term takes it too, with its history (S16 and M16) and
   // no float32 one.
-  const bool direct = a.direct.dO16.defined();
+  const bool direct = a.direct.dO16.defined() || a.direct.dO.defined();
   if (column_scan_takes(Dk, Dv, fusion) && o_fits && !a.reverse && a.A.scalar_type() == at::kHalf && !a.hist.defined() &&
       !a.M.defined() && !(fusion && (s16 || m16)) && !a.Z.defined() && u16)
     plan.columns = static_cast<int>(Dv);
-  else if (column_scan_fits(Dk, Dv) && direct && s16 && m16 && !a.hist.defined() && !a.M.defined())
+  else if (direct && direct_in_column_scan(a, Dk, Dv))
     plan.columns = static_cast<int>(Dv);
   else if (u16)
     throw std::invalid_argument("hh::kernels::low_rank_scan: U in float16 is read by the column scan only (the forward with its "
                                 "output at Dk = 128, Dv 64 or 128, no float32 history, the float16 history only with o, the "
                                 "column scan on: column_scan_takes)");
+  if (a.direct.dO.defined() && plan.columns < 64)
+    throw std::logic_error("hh::kernels::low_rank_scan: direct.dO is read in place by the column scan only (reverse_scan_reads_dO_in_place)");
   const int64_t blocks_whole = (Dv / plan.columns) * H * S, sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   int64_t longest = 0;
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
   // Two blocks of 16 columns share an SM, except with the output or the direct term (three slots of Qd
   // and Aq besides).
-  const bool two_a_sm = plan.columns == 16 && !a.output.o.defined() && a.output.fusion == nullptr && !a.direct.dO16.defined();
+  const bool two_a_sm = plan.columns == 16 && !a.output.o.defined() && a.output.fusion == nullptr && !a.direct.dO16.defined() &&
+                        !a.direct.dO.defined();
   // With the fusion, whole clusters of a head's Dv / 32 column blocks: those the device places at once.
   const bool cluster = fusion && plan.columns == 32;
   const int64_t slots = cluster && a.segment == kAutoSegments ? fused_scan_slots(static_cast<int>(Dv / 32)) : (two_a_sm ? 2 : 1) * sms;

@@ -120,8 +120,16 @@ struct LowRankScanArgs {
   //   M_n = -aq_inv Aq^T dO_n - B_n Y   and   Y' = a_n Y + A_n^T M_n + Qd^T dO_n
   // (A = W, B = kdecay for the backward), each product on float16 operands in float32 sums. Z is never
   // written: a [Dk, Dv] float32 matrix a chunk against dO's [C, Dv] float16 slice.
+  // Or, in dO16's and do_inv's place, dO itself ([B, T, H, Dv] bfloat16 or float16, contiguous, 16-byte
+  // aligned) with its `grid`: where the column scan runs and each chunk's slots are consecutive tokens
+  // (regular sequences, T a multiple of C or one sequence), it copies dO's tiles where they lie and scales
+  // each of a tile's Dv rows to float16 by its own power of two in registers (dO16's rows at their own
+  // scales, a finer grid than a chunk's); elsewhere low_rank_scan forms dO16 and do_inv by
+  // grad_to_grid_f16 first.
   struct Direct {
     at::Tensor Qd, Aq, aq_inv, dO16, do_inv;
+    at::Tensor dO;
+    ChunkGrid grid;
   } direct;
 };
 constexpr int64_t kAutoSegments = -1;
@@ -237,6 +245,9 @@ int64_t fused_scan_slots(int cs);
 int64_t fused_scan_launches();
 bool low_rank_scan_supported(int64_t C, int64_t Dk, int64_t Dv);
 at::Tensor low_rank_scan(const LowRankScanArgs& args, const std::vector<int64_t>& offsets);  // returns final
+// Whether low_rank_scan reads args.direct.dO where it lies (the column scan, with each chunk's slots
+// consecutive rows of dO), rather than bringing it to the chunk grid first.
+bool reverse_scan_reads_dO_in_place(const LowRankScanArgs& args);
 
 // The chunk-local halves of the forward for 16-bit inputs, around low_rank_scan (kernels/gdn_chunk.cu):
 // one block per (chunk, head) reads q, k, v, g and beta in their [B, T, H, ...] layout. Chunk C = 64;

@@ -847,8 +847,9 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       const at::Tensor &Qd = saved[12], &Aq = saved[13], &aq_inv = saved[14], &M16 = saved[15], &M_inv = saved[16],
                        &T16 = saved[17];
       if (Qd.defined()) {
-        const kernels::GridF16 d16 = kernels::grad_to_grid_f16(dO, grid);
-        a.direct = {Qd, Aq, aq_inv, d16.x16, d16.inv};
+        // dO as it lies: the scan reads it so where it can, else brings it to the chunk grid first.
+        a.direct.Qd = Qd, a.direct.Aq = Aq, a.direct.aq_inv = aq_inv;
+        a.direct.dO = dO, a.direct.grid = grid;
         a.M16 = at::empty_like(M16);
         a.M_inv = at::empty_like(M_inv);
       } else {

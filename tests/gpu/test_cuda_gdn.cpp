@@ -1104,7 +1104,7 @@ hh::kernels::LowRankScanArgs reverse_scan_args(const hh::kernels::ChunkFactors& 
   a.B = f.kdecay;
   a.decay = f.decay;
   a.bound = f.bound;
-  if (d16 != nullptr) a.direct = {f.Qd, f.Aq, f.aq_inv, d16->x16, d16->inv};
+  if (d16 != nullptr) a.direct.Qd = f.Qd, a.direct.Aq = f.Aq, a.direct.aq_inv = f.aq_inv, a.direct.dO16 = d16->x16, a.direct.do_inv = d16->inv;
   a.y0 = y0;
   a.S16 = torch::full({H, N, Dk, Dv}, nan, f16);
   a.S_inv = torch::full({H, N, Dk / 16, Dv / 16}, nan, f32);
@@ -1198,7 +1198,7 @@ TEST(CudaGdn, ReverseScanFormsTheDirectTermFromTheOutputFactors) {
   a.A = f.W, a.B = f.kdecay, a.decay = f.decay, a.y0 = torch::zeros({1, 1, 64, 64}, kCuda.dtype(torch::kFloat));
   a.precision = hh::kernels::ScanPrecision::kBlockFloat16;
   a.reverse = true;
-  a.direct = {f.Qd, f.Aq, f.aq_inv, d16.x16, d16.inv};
+  a.direct.Qd = f.Qd, a.direct.Aq = f.Aq, a.direct.aq_inv = f.aq_inv, a.direct.dO16 = d16.x16, a.direct.do_inv = d16.inv;
   EXPECT_NO_THROW(hh::kernels::low_rank_scan(a, {0, 2}));
   auto refused = [&](auto&& change, const char* what) {
     hh::kernels::LowRankScanArgs b = a;
@@ -1209,6 +1209,63 @@ TEST(CudaGdn, ReverseScanFormsTheDirectTermFromTheOutputFactors) {
   refused([&](auto& b) { b.Z = torch::zeros({1, 2, 64, 64}, kCuda.dtype(torch::kFloat)); }, "with Z");
   refused([](auto& b) { b.direct.do_inv = at::Tensor(); }, "without do_inv");
   refused([](auto& b) { b.direct.dO16 = b.direct.dO16.narrow(-1, 0, 32).contiguous(); }, "dO16 of the wrong width");
+}
+
+// The reverse scan given dO as it lies (LowRankScanArgs::direct.dO) against the same scan given dO16 and
+// do_inv from grad_to_grid_f16. Where the column scan reads dO in place (one sequence of any length; two of
+// a multiple of 64 tokens; Dk = 128), each row of a chunk's tile has its own power of two where dO16 has
+// one a chunk: the same values but for the smallest entries' float16 rounding, so the history and dS0
+// agree within 1e-4. Elsewhere (two sequences of 150 tokens, whose chunks' slots are not consecutive rows;
+// Dk = 64, which the column scan does not take) low_rank_scan forms dO16 itself: bit for bit.
+TEST(CudaGdn, ReverseScanReadsDOInPlaceWhereItsChunksAreRows) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t H = 3, C = 64;
+  const double scale = 0.1;
+  for (auto [B, T] : {std::pair<int64_t, int64_t>{1, 150}, {2, 192}, {2, 150}})
+    for_each_chunk_case([&, B = B, T = T](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& dims) {
+      const std::string what = dims + " B=" + std::to_string(B) + " T=" + std::to_string(T);
+      const int64_t per = (T + C - 1) / C, N = B * per;
+      std::vector<int64_t> offsets;
+      for (int64_t b = 0; b <= B; ++b) offsets.push_back(b * per);
+      const auto f32 = kCuda.dtype(torch::kFloat);
+      const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
+      // A wide spread of magnitudes across dO's columns, so that the rows' scales differ from a chunk's.
+      const auto dO = (torch::randn({B, T, H, Dv}, kF64) * torch::logspace(-6, 2, Dv, 10, kF64)).to(kCuda.dtype(dt));
+      const auto dfin = torch::randn({B, H, Dk, Dv}, kF64).to(f32);
+      const hh::kernels::ChunkGrid grid{N, per, {}};
+      const auto f = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
+      for (int64_t segment : {int64_t{0}, int64_t{1}}) {
+        const auto d16 = hh::kernels::grad_to_grid_f16(dO, grid);
+        hh::kernels::LowRankScanArgs on_grid = reverse_scan_args(f, &d16, dfin, segment);
+        hh::kernels::LowRankScanArgs in_place = reverse_scan_args(f, nullptr, dfin, segment);
+        in_place.direct.Qd = f.Qd, in_place.direct.Aq = f.Aq, in_place.direct.aq_inv = f.aq_inv;
+        in_place.direct.dO = dO, in_place.direct.grid = grid;
+        const bool rows = Dk == 128 && (B == 1 || T % C == 0);
+        EXPECT_EQ(hh::kernels::reverse_scan_reads_dO_in_place(in_place), rows) << what;
+        const auto fin_g = hh::kernels::low_rank_scan(on_grid, offsets);
+        const auto fin_p = hh::kernels::low_rank_scan(in_place, offsets);
+        const std::string how = what + " segment " + std::to_string(segment);
+        if (rows) {
+          EXPECT_LT(rel_err(from_block_f16(in_place.S16, in_place.S_inv), from_block_f16(on_grid.S16, on_grid.S_inv)), 1e-4) << how;
+          EXPECT_LT(rel_err(from_block_f16(in_place.M16, in_place.M_inv, 16, 8), from_block_f16(on_grid.M16, on_grid.M_inv, 16, 8)), 1e-4)
+              << how;
+          EXPECT_LT(rel_err(fin_p, fin_g), 1e-4) << how;
+        } else {
+          EXPECT_TRUE(torch::equal(in_place.S16, on_grid.S16) && torch::equal(in_place.S_inv, on_grid.S_inv)) << how;
+          EXPECT_TRUE(torch::equal(in_place.M16, on_grid.M16) && torch::equal(in_place.M_inv, on_grid.M_inv)) << how;
+          EXPECT_TRUE(torch::equal(fin_p, fin_g)) << how;
+        }
+      }
+    });
+  // dO and dO16 are two forms of one input: not both.
+  const hh::kernels::ChunkGrid grid{2, 2, {}};
+  const auto [q, k, v, g, beta] = chunk_in(1, 100, 1, 128, 128, torch::kBFloat16);
+  const auto f = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
+  const auto dO = torch::randn({1, 100, 1, 128}, kCuda.dtype(torch::kBFloat16));
+  const auto d16 = hh::kernels::grad_to_grid_f16(dO, grid);
+  hh::kernels::LowRankScanArgs both = reverse_scan_args(f, &d16, torch::zeros({1, 1, 128, 128}, kCuda.dtype(torch::kFloat)), 0);
+  both.direct.dO = dO, both.direct.grid = grid;
+  EXPECT_THROW(hh::kernels::low_rank_scan(both, {0, 2}), std::invalid_argument);
 }
 
 // The names of the hh::gdn:: profiler ranges (core/attention/gdn.cpp's stages) entered while fn ran,
