@@ -120,12 +120,12 @@ struct LowRankScanArgs {
   //   M_n = -aq_inv Aq^T dO_n - B_n Y   and   Y' = a_n Y + A_n^T M_n + Qd^T dO_n
   // (A = W, B = kdecay for the backward), each product on float16 operands in float32 sums. Z is never
   // written: a [Dk, Dv] float32 matrix a chunk against dO's [C, Dv] float16 slice.
-  // Or, in dO16's and do_inv's place, dO itself ([B, T, H, Dv] bfloat16 or float16, contiguous, 16-byte
-  // aligned) with its `grid`: where the column scan runs and each chunk's slots are consecutive tokens
-  // (regular sequences, T a multiple of C or one sequence), it copies dO's tiles where they lie and scales
-  // each of a tile's Dv rows to float16 by its own power of two in registers (dO16's rows at their own
-  // scales, a finer grid than a chunk's); elsewhere low_rank_scan forms dO16 and do_inv by
-  // grad_to_grid_f16 first.
+  // Or, in dO16's and do_inv's place, dO itself ([B, T, H, Dv] bfloat16 or float16) with its `grid`: where
+  // the column scan runs, dO is contiguous and 16-byte aligned, and each chunk's slots are consecutive
+  // tokens (regular sequences, T a multiple of C or one sequence: reverse_scan_reads_dO_in_place), the scan
+  // copies dO's tiles where they lie and scales each column of a tile (a row of dO^T over the chunk's
+  // tokens) to float16 by its own power of two in registers, a finer grid than dO16's scale a chunk;
+  // elsewhere low_rank_scan forms dO16 and do_inv by grad_to_grid_f16 first.
   struct Direct {
     at::Tensor Qd, Aq, aq_inv, dO16, do_inv;
     at::Tensor dO;
