@@ -245,6 +245,7 @@ bool g_scan_warp_columns = true;           // set_scan_warp_columns
 bool g_fusion_in_column_scan = false;      // set_fusion_in_column_scan
 bool g_scan_wgmma = true;                  // set_scan_wgmma
 std::atomic<int64_t> g_column_scan_launches{0};  // column_scan_launches
+std::atomic<int64_t> g_dO_in_place_scans{0};     // dO_in_place_scans
 thread_local int64_t g_last_scan_piece = 0;      // last_scan_piece_chunks
 int g_scan_pieces_parity = -1;             // set_scan_pieces_of_parity
 bool g_fusion_in_scan = false;             // set_fusion_in_scan
@@ -1933,6 +1934,7 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
     if (d.dO.defined()) {  // dO where it lies (reverse_scan_reads_dO_in_place): its [B T, H Dv] rows, the factors' boxes and swizzle
       const int64_t B = d.dO.size(0), T = d.dO.size(1);
       sd = {d.aq_inv.data_ptr<float>(), nullptr, d.dO.scalar_type() == at::kBFloat16 ? 1 : 2, T, d.grid.per};
+      g_dO_in_place_scans.fetch_add(1, std::memory_order_relaxed);
       maps.dO = tensor_map_2d(d.dO.view({B * T, -1}), Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, "direct.dO");
     } else {
       sd = {d.aq_inv.data_ptr<float>(), d.do_inv.data_ptr<float>(), 0, 0, 0};
@@ -2661,6 +2663,7 @@ void set_output_in_scan(bool on) { g_output_in_scan = on; }
 void set_scan_warp_columns(bool on) { g_scan_warp_columns = on; }
 bool scan_warp_columns_enabled() { return g_scan_warp_columns; }
 int64_t column_scan_launches() { return g_column_scan_launches.load(std::memory_order_relaxed); }
+int64_t dO_in_place_scans() { return g_dO_in_place_scans.load(std::memory_order_relaxed); }
 int64_t last_scan_piece_chunks() { return g_last_scan_piece; }
 void set_scan_pieces_of_parity(int parity) {
   if (parity < -1 || parity > 1) throw std::invalid_argument("hh::kernels::set_scan_pieces_of_parity: -1 (every piece), 0 or 1");
@@ -2857,16 +2860,13 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       want(d.Qd, "direct.Qd", at::kHalf, {H, N, C, Dk});
       want(d.Aq, "direct.Aq", at::kHalf, {H, N, C, C});
       want(d.aq_inv, "direct.aq_inv", at::kFloat, {H, N});
-      if (!in_place) {
+      if (!in_place) {  // dO's shape and alignment are reverse_scan_reads_dO_in_place's conditions
         want(d.dO16, "direct.dO16", at::kHalf, {H, N, C, Dv});
         want(d.do_inv, "direct.do_inv", at::kFloat, {H, N});
-      } else if (d.dO.size(2) != H || d.dO.size(3) != Dv) {
-        throw std::invalid_argument("hh::kernels::low_rank_scan: direct.dO must be [B, T, " + std::to_string(H) + ", " +
-                                    std::to_string(Dv) + "], got " + c10::str(d.dO.sizes()));
       }
       for (const at::Tensor* x : {&d.Qd, &d.Aq, in_place ? &d.dO : &d.dO16})
         if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
-          throw std::invalid_argument("hh::kernels::low_rank_scan: direct.Qd, Aq and dO16 (or dO) must be 16-byte aligned");
+          throw std::invalid_argument("hh::kernels::low_rank_scan: direct.Qd, Aq and dO16 must be 16-byte aligned");
     }
   }
   const c10::cuda::CUDAGuard guard(a.A.device());
@@ -2905,8 +2905,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   for (int64_t s = 0; s < S; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
   // Two blocks of 16 columns share an SM, except with the output or the direct term (three slots of Qd
   // and Aq besides).
-  const bool two_a_sm = plan.columns == 16 && !a.output.o.defined() && a.output.fusion == nullptr && !a.direct.dO16.defined() &&
-                        !a.direct.dO.defined();
+  const bool two_a_sm = plan.columns == 16 && !a.output.o.defined() && a.output.fusion == nullptr && !direct;
   // With the fusion, whole clusters of a head's Dv / 32 column blocks: those the device places at once.
   const bool cluster = fusion && plan.columns == 32;
   const int64_t slots = cluster && a.segment == kAutoSegments ? fused_scan_slots(static_cast<int>(Dv / 32)) : (two_a_sm ? 2 : 1) * sms;

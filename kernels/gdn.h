@@ -182,6 +182,9 @@ bool scan_warp_columns_enabled();
 // How many times the column scan has been launched in this process: which path a forward or a backward's
 // reverse scan took, for tests.
 int64_t column_scan_launches();
+// How many of those reverse scans read the direct term's dO where it lies (reverse_scan_reads_dO_in_place),
+// for tests.
+int64_t dO_in_place_scans();
 // The piece length, in chunks, that the last block float16 scan on this thread cut its sequences into
 // (0: whole sequences): which segmentation a scan took (a ScanBeside's shorter pieces), for tests.
 int64_t last_scan_piece_chunks();

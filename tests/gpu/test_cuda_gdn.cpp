@@ -872,8 +872,10 @@ TEST(CudaGdn, OutputInTheScanLeavesTheRuleUnchanged) {
 // The rule's backward with its reverse scan forming the direct term (the default) against
 // chunk_state_direct forming it (kernels::set_direct_in_scan(false)): the same gradients of q, k, v, g,
 // beta and the initial state to the 16-bit products' rounding (the bound the gradient tests against
-// float64 take), for a regular batch and for packed sequences
-// (an empty one among them), with an initial state and the final state's gradient given.
+// float64 take), for regular batches and for packed sequences
+// (an empty one among them), with an initial state and the final state's gradient given. Where a chunk's
+// slots are consecutive tokens (T a multiple of 64, or one sequence) the reverse scan reads dO in place,
+// else grad_to_grid_f16's copy: both paths through the rule's backward.
 TEST(CudaGdn, DirectTermInTheReverseScanKeepsTheGradients) {
   ASSERT_TRUE(torch::cuda::is_available());
   ASSERT_TRUE(hh::kernels::direct_in_scan_enabled());
@@ -881,8 +883,10 @@ TEST(CudaGdn, DirectTermInTheReverseScanKeepsTheGradients) {
     int64_t B, T;
     std::vector<int64_t> cu;
   };
-  for (const Case& c : {Case{2, 777, {}}, Case{1, 1000, {0, 100, 100, 164, 1000}}}) {
+  for (const Case& c : {Case{2, 777, {}}, Case{1, 1000, {0, 100, 100, 164, 1000}}, Case{2, 256, {}}, Case{1, 150, {}}}) {
     const int64_t S = c.cu.empty() ? c.B : static_cast<int64_t>(c.cu.size()) - 1;
+    const bool in_place = c.cu.empty() && (c.T % 64 == 0 || c.B == 1);
+    const std::string what = "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + (c.cu.empty() ? "" : " packed");
     const Inputs d = on_device(make_inputs(c.B, c.T, 3, 128, S), torch::kBFloat16);
     const auto dO = torch::randn_like(d.v);
     const auto dfin = torch::randn_like(d.s0);
@@ -892,14 +896,16 @@ TEST(CudaGdn, DirectTermInTheReverseScanKeepsTheGradients) {
       for (auto& t : x) t = t.detach().requires_grad_(true);
       poison_allocator();
       const auto forms = hh::kernels::chunk_backward_launches();
+      const int64_t reads = hh::kernels::dO_in_place_scans();
       const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], 0.1, 64, c.cu);
       torch::autograd::backward({r.o, r.state}, {dO, dfin});
       const auto after = hh::kernels::chunk_backward_launches();
+      EXPECT_EQ(hh::kernels::dO_in_place_scans() - reads, in_scan && in_place ? 1 : 0) << what << ": dO read in place";
       // With the direct term in the reverse scan, chunk_backward reads M, dM and T (form 2); apart, the
       // forward keeps neither M nor T, and it forms M and dM itself (form 0).
       for (size_t form = 0; form < forms.size(); ++form)
-        EXPECT_EQ(after[form] - forms[form], form == (in_scan ? 2u : 0u) ? 1 : 0) << "direct term in the scan " << in_scan
-                                                                               << ": chunk_backward's form " << form;
+        EXPECT_EQ(after[form] - forms[form], form == (in_scan ? 2u : 0u) ? 1 : 0)
+            << what << ", direct term in the scan " << in_scan << ": chunk_backward's form " << form;
       std::vector<torch::Tensor> out;
       for (auto& t : x) out.push_back(t.grad());
       hh::kernels::set_direct_in_scan(true);
@@ -908,7 +914,7 @@ TEST(CudaGdn, DirectTermInTheReverseScanKeepsTheGradients) {
     const auto in = run(true), apart = run(false);
     const char* names[] = {"dq", "dk", "dv", "dg", "dbeta", "ds0"};
     for (size_t i = 0; i < in.size(); ++i)
-      EXPECT_LT(rel_err(in[i], apart[i]), 1e-2) << (c.cu.empty() ? "regular batch: " : "packed sequences: ") << names[i];
+      EXPECT_LT(rel_err(in[i], apart[i]), 1e-2) << what << ": " << names[i];
   }
 }
 
@@ -1243,7 +1249,9 @@ TEST(CudaGdn, ReverseScanReadsDOInPlaceWhereItsChunksAreRows) {
         const bool rows = Dk == 128 && (B == 1 || T % C == 0);
         EXPECT_EQ(hh::kernels::reverse_scan_reads_dO_in_place(in_place), rows) << what;
         const auto fin_g = hh::kernels::low_rank_scan(on_grid, offsets);
+        const int64_t reads = hh::kernels::dO_in_place_scans();
         const auto fin_p = hh::kernels::low_rank_scan(in_place, offsets);
+        EXPECT_EQ(hh::kernels::dO_in_place_scans() - reads, rows ? 1 : 0) << what << ": the scan that read dO in place";
         const std::string how = what + " segment " + std::to_string(segment);
         if (rows) {
           EXPECT_LT(rel_err(from_block_f16(in_place.S16, in_place.S_inv), from_block_f16(on_grid.S16, on_grid.S_inv)), 1e-4) << how;
