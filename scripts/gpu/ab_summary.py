@@ -10,9 +10,15 @@ a block, products by warpgroup, the direct term in the scan, chunk_backward a bl
 their mean, and the mean's difference from the first build's. "all below" (or "all above") says that
 every one of a build's figures is under (over) every one of the first build's: the runs of the two
 builds overlap nowhere. --key fwd takes the forward's figures instead of forward + backward's.
+
+Below each build after the first, its runs are paired with the first build's in order (ab-bench times the
+builds in turn, so run r of each lies side by side in time): each pair's difference of the runs' means, their
+mean, and where there are two pairs or more, that mean's 95 % interval by Student's t over the pairs (the
+pairs' spread, so that the drift of a machine between rounds does not count as the builds' difference).
 """
 import argparse
 import json
+import math
 import signal
 import statistics
 
@@ -22,6 +28,25 @@ KEYS = {
                 "fwd_bwd_scan_wgmma_b2b_ms", "fwd_bwd_backward_block_a_chunk_b2b_ms"],
     "fwd": ["fwd_b2b_ms", "fwd_output_in_scan_b2b_ms", "fwd_scan_head_b2b_ms", "fwd_scan_wgmma_b2b_ms"],
 }
+
+
+# Student's t at 97.5 % (a two-sided 95 % interval) for 1 .. 30 degrees of freedom; the normal's 1.96 past.
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def paired(base_runs, runs):
+    """The line on a build's runs paired in order with the base's: each pair's difference of means (us)."""
+    if len(runs) != len(base_runs):
+        return f"    by run: not paired ({len(runs)} runs against the base's {len(base_runs)})"
+    d = [1e3 * (statistics.fmean(b) - statistics.fmean(a)) for a, b in zip(base_runs, runs)]
+    line = f"    by run: {', '.join(f'{x:+.1f}' for x in d)} us; mean {statistics.fmean(d):+.1f} us"
+    if len(d) >= 2:
+        n = len(d)
+        half = (T975[n - 2] if n - 1 <= len(T975) else 1.96) * statistics.stdev(d) / math.sqrt(n)
+        m = statistics.fmean(d)
+        line += f", 95 % interval [{m - half:+.1f}, {m + half:+.1f}] us ({n} pairs)"
+    return line
 
 
 def rows_of(path):
@@ -57,13 +82,14 @@ def main():
         print(f"{shape[0]} x {shape[1]}, {'forward + backward' if a.key == 'fwd_bwd' else 'forward'}, back to back (ms):")
         base = None
         for name, runs in builds:
-            figures = [r[shape][k] for r in runs for k in KEYS[a.key] if k in r[shape]]
-            if len(figures) < len(runs):  # a run without the row's own figure: not the bench's keys
+            by_run = [[r[shape][k] for k in KEYS[a.key] if k in r[shape]] for r in runs]
+            if any(not f for f in by_run):  # a run without the row's own figure: not the bench's keys
                 raise SystemExit(f"ab_summary: {name}'s runs lack {KEYS[a.key][0]} at {shape[0]} x {shape[1]}")
+            figures = [x for f in by_run for x in f]
             mean = statistics.fmean(figures)
             line = f"  {name:<{width}}  mean {mean:.3f}  [{', '.join(f'{x:.3f}' for x in figures)}]"
             if base is None:
-                base = (mean, figures)
+                base = (mean, figures, by_run)
             else:
                 d = mean - base[0]
                 line += f"  {d * 1e3:+.1f} us ({100 * d / base[0]:+.1f} %)"
@@ -71,6 +97,7 @@ def main():
                     line += ", all below"
                 elif min(figures) > max(base[1]):
                     line += ", all above"
+                line += "\n" + paired(base[2], by_run)
             print(line)
 
 

@@ -39,6 +39,27 @@ grep -qF "  base  mean 2.220  [2.100, 2.120, 2.140, 2.160, 2.180, 2.300, 2.300, 
   fail "base: $out"
 grep -qE "^  new   mean 2\.000  \[(2\.000, ){9}2\.000\]  -220\.0 us \(-9\.9 %\), all below$" <<<"$out" || fail "new: $out"
 grep -qE "^  mid   mean 2\.220  \[.*\]  [+-]0\.0 us \([+-]0\.0 %\)$" <<<"$out" || fail "mid: $out"
+# Each build's runs paired in order with the base's: run means 2.14 and 2.30 against 2.00 and 2.00, so
+# differences -140 and -300 us, mean -220; their standard deviation 113.137 us over two pairs, t(1) = 12.706:
+# half-width 12.706 x 113.137 / sqrt(2) = 1016.5 us.
+grep -qxF "    by run: -140.0, -300.0 us; mean -220.0 us, 95 % interval [-1236.5, +796.5] us (2 pairs)" <<<"$out" ||
+  fail "new, by run: $out"
+[[ "$(grep -c '    by run:' <<<"$out")" == 2 ]] || fail "a paired line for each build after the base: $out"
+
+# Three runs a build: differences -10, -20, -30 us (mean -20, standard deviation 10), t(2) = 4.303: half-width
+# 4.303 x 10 / sqrt(3) = 24.84 us.
+for i in 1 2 3; do
+  v=$(python3 -c "print(f'{2.0 + 0.1 * $i:.2f}')"); w=$(python3 -c "print(f'{2.0 + 0.1 * $i - 0.01 * $i:.2f}')")
+  run "$TMP/p$i.json" "$v" "$v" "$v" "$v" "$v"
+  run "$TMP/q$i.json" "$w" "$w" "$w" "$w" "$w"
+done
+out=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/p1.json,$TMP/p2.json,$TMP/p3.json" "b=$TMP/q1.json,$TMP/q2.json,$TMP/q3.json")
+grep -qxF "    by run: -10.0, -20.0, -30.0 us; mean -20.0 us, 95 % interval [-44.8, +4.8] us (3 pairs)" <<<"$out" ||
+  fail "three pairs: $out"
+# One run each: the difference alone, no interval; runs that differ in number are not paired.
+out=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/p1.json" "b=$TMP/q1.json" "c=$TMP/q1.json,$TMP/q2.json")
+grep -qxF "    by run: -10.0 us; mean -10.0 us" <<<"$out" || fail "one pair: $out"
+grep -qxF "    by run: not paired (2 runs against the base's 1)" <<<"$out" || fail "unequal runs: $out"
 
 # The forward's figures: 0.5 in every run.
 out=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/a1.json" "b=$TMP/b1.json" --key fwd)
