@@ -40,11 +40,10 @@ def paired(base_runs, runs):
     if len(runs) != len(base_runs):
         return f"    by run: not paired ({len(runs)} runs against the base's {len(base_runs)})"
     d = [1e3 * (statistics.fmean(b) - statistics.fmean(a)) for a, b in zip(base_runs, runs)]
-    line = f"    by run: {', '.join(f'{x:+.1f}' for x in d)} us; mean {statistics.fmean(d):+.1f} us"
-    if len(d) >= 2:
-        n = len(d)
+    n, m = len(d), statistics.fmean(d)
+    line = f"    by run: {', '.join(f'{x:+.1f}' for x in d)} us; mean {m:+.1f} us"
+    if n >= 2:
         half = (T975[n - 2] if n - 1 <= len(T975) else 1.96) * statistics.stdev(d) / math.sqrt(n)
-        m = statistics.fmean(d)
         line += f", 95 % interval [{m - half:+.1f}, {m + half:+.1f}] us ({n} pairs)"
     return line
 
@@ -89,15 +88,15 @@ def main():
             mean = statistics.fmean(figures)
             line = f"  {name:<{width}}  mean {mean:.3f}  [{', '.join(f'{x:.3f}' for x in figures)}]"
             if base is None:
-                base = (mean, figures, by_run)
+                base, base_mean, base_figures = by_run, mean, figures
             else:
-                d = mean - base[0]
-                line += f"  {d * 1e3:+.1f} us ({100 * d / base[0]:+.1f} %)"
-                if max(figures) < min(base[1]):
+                d = mean - base_mean
+                line += f"  {d * 1e3:+.1f} us ({100 * d / base_mean:+.1f} %)"
+                if max(figures) < min(base_figures):
                     line += ", all below"
-                elif min(figures) > max(base[1]):
+                elif min(figures) > max(base_figures):
                     line += ", all above"
-                line += "\n" + paired(base[2], by_run)
+                line += "\n" + paired(base, by_run)
             print(line)
 
 
