@@ -31,11 +31,8 @@ for t in gpu_test_cuda_gdn gpu_test_cuda_train gpu_test_cuda_hybrid; do
   chmod +x build-gpu/tests/$t
 done
 STUB
-chmod +x "$repo/scripts/gpu-check"
-printf '/build-gpu/\n' > "$repo/.gitignore"
-echo "kernel" > "$repo/kernels/k.cu"
 mkdir -p "$repo/docs" && echo "figures" > "$repo/docs/BENCHMARKS.md"
-(cd "$repo" && git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base)
+commit_scratch_repo "$repo"
 mkdir -p "$TMP/v/kernels" && echo 1.5 > "$TMP/v/kernels/marker"
 
 run() {  # NAME [ARGS...]: ab-bench with variant v (and ARGS) in the scratch repository; its exit status

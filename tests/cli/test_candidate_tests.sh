@@ -24,10 +24,7 @@ for t in gpu_test_cuda_gdn gpu_test_cuda_train gpu_test_cuda_hybrid; do
   chmod +x build-gpu/tests/$t
 done
 STUB
-chmod +x "$repo/scripts/gpu-check"
-printf '/build-gpu/\n' > "$repo/.gitignore"
-echo "kernel" > "$repo/kernels/k.cu"
-(cd "$repo" && git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base)
+commit_scratch_repo "$repo"
 # A candidate as a folder (a new file) and one as a patch (a changed line).
 mkdir -p "$TMP/a/kernels" && echo a > "$TMP/a/kernels/marker"
 (cd "$repo" && echo "kernel, patched" > kernels/k.cu && git diff > "$TMP/p.patch" && git checkout -q kernels/k.cu)
