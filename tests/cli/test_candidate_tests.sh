@@ -4,7 +4,7 @@
 # leaves test binaries that print their arguments and pass, or fail where the marker says so. A folder
 # and a patch are built in turn over the tree, each with its own files, and the tree is as before after
 # them; --filter reaches every test binary; a failing test or build makes the exit 1 and the other
-# candidates still run; bad arguments exit 2.
+# candidates still run; bad arguments (a name given twice among them) exit 2.
 source "$(dirname "$0")/preamble.sh"
 repo="$TMP/repo"
 mkdir -p "$repo/scripts/gpu" "$repo/kernels"
@@ -98,4 +98,5 @@ refused "no candidate given"
 refused "'a' is not NAME=PATCH or NAME=DIR" a
 refused "nothing: $TMP/none does not exist" "nothing=$TMP/none"
 refused "unknown option --runs" --runs 2 "a=$TMP/a"
+refused "a is given twice" "a=$TMP/a" "a=$TMP/p.patch"
 echo "candidate-tests: ok"
