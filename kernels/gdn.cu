@@ -2860,12 +2860,13 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       want(d.Qd, "direct.Qd", at::kHalf, {H, N, C, Dk});
       want(d.Aq, "direct.Aq", at::kHalf, {H, N, C, C});
       want(d.aq_inv, "direct.aq_inv", at::kFloat, {H, N});
-      if (!in_place) {  // dO's shape and alignment are reverse_scan_reads_dO_in_place's conditions
+      // dO's shape and alignment are reverse_scan_reads_dO_in_place's conditions; dO16 is read only elsewhere.
+      if (!in_place) {
         want(d.dO16, "direct.dO16", at::kHalf, {H, N, C, Dv});
         want(d.do_inv, "direct.do_inv", at::kFloat, {H, N});
       }
-      for (const at::Tensor* x : {&d.Qd, &d.Aq, in_place ? &d.dO : &d.dO16})
-        if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
+      for (const at::Tensor* x : {&d.Qd, &d.Aq, &d.dO16})
+        if ((x != &d.dO16 || !in_place) && reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
           throw std::invalid_argument("hh::kernels::low_rank_scan: direct.Qd, Aq and dO16 must be 16-byte aligned");
     }
   }

@@ -79,7 +79,7 @@ def main():
     width = max(len(name) for name, _ in builds)
     for shape in sorted(shapes, key=lambda s: (s[1], s[0])):
         print(f"{shape[0]} x {shape[1]}, {'forward + backward' if a.key == 'fwd_bwd' else 'forward'}, back to back (ms):")
-        base = None
+        base_runs = None
         for name, runs in builds:
             by_run = [[r[shape][k] for k in KEYS[a.key] if k in r[shape]] for r in runs]
             if any(not f for f in by_run):  # a run without the row's own figure: not the bench's keys
@@ -87,8 +87,8 @@ def main():
             figures = [x for f in by_run for x in f]
             mean = statistics.fmean(figures)
             line = f"  {name:<{width}}  mean {mean:.3f}  [{', '.join(f'{x:.3f}' for x in figures)}]"
-            if base is None:
-                base, base_mean, base_figures = by_run, mean, figures
+            if base_runs is None:
+                base_runs, base_mean, base_figures = by_run, mean, figures
             else:
                 d = mean - base_mean
                 line += f"  {d * 1e3:+.1f} us ({100 * d / base_mean:+.1f} %)"
@@ -96,7 +96,7 @@ def main():
                     line += ", all below"
                 elif min(figures) > max(base_figures):
                     line += ", all above"
-                line += "\n" + paired(base, by_run)
+                line += "\n" + paired(base_runs, by_run)
             print(line)
 
 
