@@ -20,6 +20,7 @@
 
 #include "kernels/device_ops.cuh"
 #include "kernels/gdn.h"
+#include "kernels/launch_cache.h"
 
 namespace hh::kernels {
 namespace {
@@ -521,10 +522,21 @@ inline SlotRows slot_rows(const ChunkGrid& grid, int64_t B, int64_t T) {
   return {nullptr, grid.per, T, B * T};
 }
 
+// Allows `kernel` smem bytes of dynamic shared memory on the current device, where no launch has yet
+// (smem_allowance: the attribute is set once a kernel and device, not every launch).
+template <class... Params>
+void allow_dynamic_smem(void (*kernel)(Params...), size_t smem) {
+  const void* key = reinterpret_cast<const void*>(kernel);
+  const int device = c10::cuda::current_device();
+  if (!smem_allowance().needs(key, device, smem)) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  smem_allowance().given(key, device, smem);
+}
+
 // kernel<<<blocks, threads, smem>>>(args...) on the current stream, with its dynamic shared memory allowed.
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 blocks, int threads, size_t smem, Args... args) {
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  allow_dynamic_smem(kernel, smem);
   kernel<<<blocks, threads, smem, at::cuda::getCurrentCUDAStream()>>>(args...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -555,7 +567,7 @@ struct ClusterLaunch {
 template <class... Params, class... Args>
 void launch_cluster_kernel(void (*kernel)(Params...), dim3 blocks, dim3 cluster, int threads, size_t smem,
                            Args... args) {
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  allow_dynamic_smem(kernel, smem);
   const ClusterLaunch launch(blocks, cluster, threads, smem);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.cfg, kernel, static_cast<Params>(args)...));
 }

@@ -262,7 +262,7 @@ void launch_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor& y0,
   const int threads = mma ? DK : (DK / 4) * (BV / 4);
   const size_t smem = mma ? (2 * DK * (DK + 8) + DK * 24) * sizeof(float) : (2 * DK * DK + DK * BV) * sizeof(float);
   auto kernel = mma ? state_scan_mma_kernel<DK> : state_scan_kernel<DK, BV>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  allow_dynamic_smem(kernel, smem);
   const dim3 grid(static_cast<unsigned>(Dv / BV), static_cast<unsigned>(H), static_cast<unsigned>(S));
   kernel<<<grid, threads, smem, at::cuda::getCurrentCUDAStream()>>>(P.data_ptr<float>(), Z.data_ptr<float>(),
                                                                y0.data_ptr<float>(), hist.data_ptr<float>(),
@@ -1891,7 +1891,7 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
     so = {o.aq_inv.data_ptr<float>(), FUSE >= 0 ? nullptr : o.o.data_ptr(), slot_rows(o.grid, o.B, o.T),
           o.o.defined() && o.o.scalar_type() == at::kBFloat16};
   }
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  allow_dynamic_smem(kernel, smem);
   const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
   const int64_t* table = plan.table.data_ptr<int64_t>();
   const dim3 grid(static_cast<unsigned>(plan.segments * (Dv / BV)), static_cast<unsigned>(H));
@@ -1947,7 +1947,7 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
   }
   FusedOutputArgs fa{};
   if constexpr (FUSE >= 0) fa = plan.fused;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  allow_dynamic_smem(kernel, smem);
   const int64_t* table = plan.table.data_ptr<int64_t>();
   const dim3 grid(static_cast<unsigned>(plan.segments), static_cast<unsigned>(H));
   g_column_scan_launches.fetch_add(1, std::memory_order_relaxed);
@@ -1990,7 +1990,7 @@ int64_t fused_scan_slots(int cs) {
   if (const auto it = known.find({device, cs}); it != known.end()) return it->second;
   auto kernel = low_rank_scan_f16_kernel<128, 3, 32, true, false, static_cast<int>(GateActivation::kSilu), c10::BFloat16>;
   constexpr size_t smem = F16Ring<128, 3, 32, true, false, true>::kBytes;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  allow_dynamic_smem(kernel, smem);
   const ClusterLaunch one(dim3(static_cast<unsigned>(cs)), dim3(static_cast<unsigned>(cs)), scan_threads<128, true>(), smem);
   int clusters = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &one.cfg));
@@ -2072,7 +2072,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
   constexpr size_t smem = low_rank_smem_bytes<DK, F>();
   const bool precise = a.precision == ScanPrecision::kFloat32;
   auto kernel = precise ? low_rank_scan_kernel<DK, true, F> : low_rank_scan_kernel<DK, false, F>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  allow_dynamic_smem(kernel, smem);
   kernel<<<grid, 2 * DK, smem, at::cuda::getCurrentCUDAStream()>>>(
       a.A.data_ptr<F>(), a.B.data_ptr<F>(), a.decay.data_ptr<float>(), ptr(a.U), ptr(a.Z), a.y0.data_ptr<float>(),
       ptr(a.hist), ptr(a.M), fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv, a.A.stride(2),
