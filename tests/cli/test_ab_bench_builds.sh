@@ -7,7 +7,7 @@
 # `this` beside it, and the log names the file; a failing build (the tree's, or the base's built apart)
 # ends the run with exit 1. With --tests each build's GPU tests (stand-ins naming the build's marker) run
 # after the benches, from copies of that build's own binaries, and a failing one makes the exit status
-# nonzero after the figures.
+# nonzero after the figures. Where the base is built apart, the variants are also summed against this tree.
 source "$(dirname "$0")/preamble.sh"
 repo="$TMP/repo"
 mkdir -p "$repo/scripts/gpu" "$repo/kernels"
@@ -67,6 +67,19 @@ ab="$TMP/out-dirty/ab.txt"
 grep -q "^$TMP/base-dirty\$" "$TMP/builds-dirty" || fail "untracked file: the base was not built in its own folder"
 grep -q "with changes to 1 path(s): untracked.txt" "$ab" || fail "untracked file: the log does not name it: $(cat "$ab")"
 grep -qE "^  this +mean 2\.000" "$ab" || fail "untracked file: no row for this tree: $(cat "$ab")"
+# This tree's own change (a marker of 1.8, untracked): the variant (1.5, laid over it) 500 us below the
+# base, and in the second summary 300 us below this tree.
+echo 1.8 > "$repo/kernels/marker"
+run changed || fail "a changed tree: exit $?: $(cat "$TMP/log-changed")"
+ab="$TMP/out-changed/ab.txt"
+grep -qE "^  v +mean 1\.500 .*-500\.0 us" "$ab" || fail "a changed tree: the variant not 500 us below the base: $(cat "$ab")"
+against=$(sed -n '/the variants against this tree/,$p' "$ab")
+grep -qE "^  this +mean 1\.800" <<< "$against" || fail "a changed tree: no summary against this tree: $(cat "$ab")"
+grep -qE "^  v +mean 1\.500 .*-300\.0 us" <<< "$against" || fail "a changed tree: the variant not 300 us below this tree: $(cat "$ab")"
+! grep -qE "^  base " <<< "$against" || fail "a changed tree: the base in the summary against this tree: $(cat "$ab")"
+rm "$repo/kernels/marker"
+! grep -q "the variants against this tree" "$TMP/out-clean/ab.txt" || fail "clean tree: a summary against this tree, which is the base"
+
 rc=0
 AB_TEST_FAIL="$TMP/base-failing-base" run failing-base || rc=$?
 [[ $rc == 1 ]] || fail "a failing base build: exit $rc, not 1"
