@@ -3,7 +3,8 @@
 // driver's context lock and costs a few microseconds of host time; a forward and backward of the gated
 // delta rule launch six kernels that need it, every call. A launch asks this table first and sets the
 // attribute only where the kernel on that device has not been given exactly that many bytes yet. Plain
-// C++ (no CUDA headers), so that the unit tests can check it without a device.
+// C++ (no CUDA headers), so that the unit tests can check it without a device. A device reset would drop
+// the attributes the table remembers; nothing in the project resets a device.
 #include <cstddef>
 #include <map>
 #include <mutex>
