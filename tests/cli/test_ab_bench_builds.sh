@@ -7,7 +7,8 @@
 # `this` beside it, and the log names the file; a failing build (the tree's, or the base's built apart)
 # ends the run with exit 1. With --tests each build's GPU tests (stand-ins naming the build's marker) run
 # after the benches, from copies of that build's own binaries, and a failing one makes the exit status
-# nonzero after the figures. Where the base is built apart, the variants are also summed against this tree.
+# nonzero after the figures. Where the base is built apart, the variants are also summed against this tree;
+# --base-tree makes a changed tree the base, built once.
 source "$(dirname "$0")/preamble.sh"
 repo="$TMP/repo"
 mkdir -p "$repo/scripts/gpu" "$repo/kernels"
@@ -77,6 +78,14 @@ against=$(sed -n '/the variants against this tree/,$p' "$ab")
 grep -qE "^  this +mean 1\.800" <<< "$against" || fail "a changed tree: no summary against this tree: $(cat "$ab")"
 grep -qE "^  v +mean 1\.500 .*-300\.0 us" <<< "$against" || fail "a changed tree: the variant not 300 us below this tree: $(cat "$ab")"
 ! grep -qE "^  base " <<< "$against" || fail "a changed tree: the base in the summary against this tree: $(cat "$ab")"
+# --base-tree: the same changed tree is the base, built once, and the variant is timed against it.
+run base-tree --base-tree || fail "--base-tree: exit $?: $(cat "$TMP/log-base-tree")"
+ab="$TMP/out-base-tree/ab.txt"
+[[ $(wc -l < "$TMP/builds-base-tree") == 2 ]] || fail "--base-tree: builds $(cat "$TMP/builds-base-tree"), not the tree and the variant"
+grep -q "this tree as it stands (--base-tree" "$ab" || fail "--base-tree: the log does not say so: $(cat "$ab")"
+grep -qE "^  base +mean 1\.800" "$ab" || fail "--base-tree: the base is not this tree: $(cat "$ab")"
+grep -qE "^  v +mean 1\.500 .*-300\.0 us" "$ab" || fail "--base-tree: the variant not 300 us below this tree: $(cat "$ab")"
+! grep -qE "^  this " "$ab" || fail "--base-tree: a row for this tree beside the base: $(cat "$ab")"
 rm "$repo/kernels/marker"
 ! grep -q "the variants against this tree" "$TMP/out-clean/ab.txt" || fail "clean tree: a summary against this tree, which is the base"
 
