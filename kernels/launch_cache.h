@@ -1,7 +1,7 @@
 #pragma once
-// The dynamic shared memory each kernel was last allowed on each device. cudaFuncSetAttribute takes the
-// driver's context lock and costs a few microseconds of host time; a forward and backward of the gated
-// delta rule launch six kernels that need it, every call. A launch asks this table first and sets the
+// The dynamic shared memory each kernel was last allowed on each device. cudaFuncSetAttribute costs a few
+// microseconds of host time (docs/BENCHMARKS.md v72's trace: six calls, 0.02 ms, in a forward and a forward
+// and backward of the gated delta rule), and every launch of those kernels made it. A launch asks this table first and sets the
 // attribute only where the kernel on that device has not been given exactly that many bytes yet. Plain
 // C++ (no CUDA headers), so that the unit tests can check it without a device. A device reset would drop
 // the attributes the table remembers; nothing in the project resets a device.
