@@ -2,7 +2,7 @@
 # scripts/gpu/ab-bench's options, checked before it builds anything (no CUDA needed): --help prints its
 # usage; a run count that is not a positive number, a base folder that is not there, a revision that is
 # not a commit, a variant that is not NAME=DIR with a folder or NAME=PATCH with a patch that applies
-# here (or whose name is taken), --base-tree without variants or beside --base or --base-files, and an
+# here (or whose name is taken), --base-tree or --tests-variants without variants or beside --base or --base-files, and an
 # unknown option are refused with exit 2, a message naming the
 # value, and nothing written to $OUT.
 source "$(dirname "$0")/preamble.sh"
@@ -31,6 +31,7 @@ refused "--variant 'base=$TMP/v' is not NAME=DIR" --variant "base=$TMP/v"
 refused "--variant 'a b=$TMP/v' is not NAME=DIR" --variant "a b=$TMP/v"
 refused "--variant v1: $TMP/none is not a folder" --variant "v1=$TMP/none"
 refused "--variant v1 is given twice" --variant "v1=$TMP/v" --variant "v1=$TMP/v"
+refused "--tests-variants runs the variants' tests: give one or more" --tests-variants
 refused "--base-tree times variants against this tree: give one or more" --base-tree
 refused "--base-tree makes this tree the base: not with --base or --base-files" --base-tree --base HEAD --variant "v1=$TMP/v"
 refused "--base-tree makes this tree the base: not with --base or --base-files" --base-tree --base-files "$TMP/v" --variant "v1=$TMP/v"

@@ -8,7 +8,7 @@
 # ends the run with exit 1. With --tests each build's GPU tests (stand-ins naming the build's marker) run
 # after the benches, from copies of that build's own binaries, and a failing one makes the exit status
 # nonzero after the figures. Where the base is built apart, the variants are also summed against this tree;
-# --base-tree makes a changed tree the base, built once.
+# --base-tree makes a changed tree the base, built once. --tests-variants runs the variants' tests only.
 source "$(dirname "$0")/preamble.sh"
 repo="$TMP/repo"
 mkdir -p "$repo/scripts/gpu" "$repo/kernels"
@@ -109,6 +109,10 @@ grep -q "marker 2.0" "$TMP/out-tests/gpu_test_cuda_gdn-base.log" || fail "--test
 grep -q "marker 1.5" "$TMP/out-tests/gpu_test_cuda_gdn-v.log" || fail "--tests: the variant's tests are not its build"
 bench_line=$(grep -n "bench, v, run 1" "$ab" | cut -d: -f1) test_line=$(grep -n "base, gpu_test_cuda_gdn" "$ab" | cut -d: -f1)
 ((bench_line < test_line)) || fail "--tests: the tests ran before the benches: $(cat "$ab")"
+run tests-variants --tests-variants || fail "--tests-variants: exit $?: $(cat "$TMP/log-tests-variants")"
+ab="$TMP/out-tests-variants/ab.txt"
+grep -q "^==> v, gpu_test_cuda_gdn: exit 0" "$ab" || fail "--tests-variants: the variant's tests did not run: $(cat "$ab")"
+! grep -q "^==> base, gpu_test" "$ab" || fail "--tests-variants: this tree's tests ran: $(cat "$ab")"
 touch "$TMP/v/kernels/failtest"
 rc=0
 run failing-test --tests || rc=$?
