@@ -522,12 +522,12 @@ inline SlotRows slot_rows(const ChunkGrid& grid, int64_t B, int64_t T) {
   return {nullptr, grid.per, T, B * T};
 }
 
-// Allows `kernel` smem bytes of dynamic shared memory on the current device, where no launch has yet
-// (smem_allowance: the attribute is set once a kernel and device, not every launch).
+// Allows `kernel` smem bytes of dynamic shared memory on the current device. The attribute is set only
+// where smem_allowance has no record of those bytes for that kernel and device, not on every launch.
 template <class... Params>
 void allow_dynamic_smem(void (*kernel)(Params...), size_t smem) {
   const void* key = reinterpret_cast<const void*>(kernel);
-  const int device = c10::cuda::current_device();
+  const int device = at::cuda::current_device();
   if (!smem_allowance().needs(key, device, smem)) return;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   smem_allowance().given(key, device, smem);

@@ -8,7 +8,7 @@
 source "$(dirname "$0")/preamble.sh"
 repo="$TMP/repo"
 mkdir -p "$repo/scripts/gpu" "$repo/kernels"
-cp "$ROOT/scripts/gpu/candidate-tests" "$ROOT/scripts/gpu/tree-overlay" "$repo/scripts/gpu/"
+cp "$ROOT/scripts/gpu/candidate-tests" "$ROOT/scripts/gpu/gpu_tests.sh" "$ROOT/scripts/gpu/tree-overlay" "$repo/scripts/gpu/"
 cat > "$repo/scripts/gpu-check" <<'STUB'
 #!/usr/bin/env bash
 marker=$(cat kernels/marker 2>/dev/null || echo none)
