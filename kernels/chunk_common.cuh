@@ -215,24 +215,38 @@ __device__ __forceinline__ void put_gates(int l, float g0, float g1, float b0, f
   }
 }
 
+// A gate vector ([rows, H]: g or beta) in float32 (wide) or in the inputs' 16-bit kind T, as the caller's
+// tensor holds it: chunk_factors converts each value where it reads it, the same bits as a conversion of
+// the whole tensor before it (the conversion is exact).
+template <class T>
+struct GateIn {
+  const void* x;
+  bool wide;
+  __device__ __forceinline__ float operator[](int64_t i) const {
+    return wide ? static_cast<const float*>(x)[i] : static_cast<float>(static_cast<const T*>(x)[i]);
+  }
+};
+
 // Warp 0: G = the chunk's inclusive cumulative sum of g (Gs), and beta (bs, when asked for), from g and beta
-// [rows, H] at the chunk's table of row * H + h (SlotRows::row_h; negative: padding, zero).
-__device__ __forceinline__ void chunk_gates(const float* __restrict__ g, const float* __restrict__ beta,
-                                            const int64_t* row_h, float* Gs, float* bs) {
+// [rows, H] at the chunk's table of row * H + h (SlotRows::row_h; negative: padding, zero). G: a float
+// pointer or a GateIn; beta: the same, or nullptr (with bs nullptr).
+template <class G, class Beta>
+__device__ __forceinline__ void chunk_gates(G g, Beta beta, const int64_t* row_h, float* Gs, float* bs) {
   if (threadIdx.x >= 32) return;
   const int l = threadIdx.x;
   const int64_t r0 = row_h[2 * l], r1 = row_h[2 * l + 1];
   const float g0 = r0 >= 0 ? g[r0] : 0.f, g1 = r1 >= 0 ? g[r1] : 0.f;
   // beta's loads issued with g's, before the sum waits for g (after it, the two waits were in series).
   float b0 = 0.f, b1 = 0.f;
-  if (bs != nullptr) b0 = r0 >= 0 ? beta[r0] : 0.f, b1 = r1 >= 0 ? beta[r1] : 0.f;
+  if constexpr (!std::is_same_v<Beta, std::nullptr_t>)
+    if (bs != nullptr) b0 = r0 >= 0 ? beta[r0] : 0.f, b1 = r1 >= 0 ? beta[r1] : 0.f;
   put_gates(l, g0, g1, b0, b1, Gs, bs);
 }
 
 // The end of a chunk kernel's loads: commits the tile copies the block has issued, reads the chunk's
 // gates while they land (chunk_gates), then waits for them in every thread.
-__device__ __forceinline__ void gates_while_tiles_land(const float* __restrict__ g, const float* __restrict__ beta,
-                                                       const int64_t* row_h, float* Gs, float* bs) {
+template <class G, class Beta>
+__device__ __forceinline__ void gates_while_tiles_land(G g, Beta beta, const int64_t* row_h, float* Gs, float* bs) {
   cp_async_commit();
   chunk_gates(g, beta, row_h, Gs, bs);
   cp_async_wait<0>();
@@ -460,13 +474,30 @@ inline CUtensorMap encode_tensor_map(CUtensorMapDataType type, int rank, void* b
                              std::to_string(static_cast<int>(r)) + ")");
   return map;
 }
-inline void need(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef sizes, bool sixteen_bit) {
-  const std::string name = std::string("hh::kernels::") + fn + ": " + what;
+// x a contiguous CUDA tensor of `sizes`, 16-byte aligned (the checks need and need_gate share); returns
+// the name the errors give it.
+inline std::string need_layout(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef sizes) {
+  std::string name = std::string("hh::kernels::") + fn + ": " + what;
   if (!x.defined() || !x.is_cuda() || !x.is_contiguous()) throw std::invalid_argument(name + " must be a contiguous CUDA tensor");
   if (x.sizes() != sizes) throw std::invalid_argument(name + " has the wrong shape");
+  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) throw std::invalid_argument(name + " must be 16-byte aligned");
+  return name;
+}
+// A gate vector (g or beta) for a chunk kernel: float32 or `kind` (the inputs' 16-bit dtype).
+inline void need_gate(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef sizes, at::ScalarType kind) {
+  const std::string name = need_layout(x, fn, what, sizes);
+  if (x.scalar_type() != at::kFloat && x.scalar_type() != kind)
+    throw std::invalid_argument(name + " must be float32 or " + c10::toString(kind) + " (the inputs' dtype), not " +
+                                c10::toString(x.scalar_type()));
+}
+template <class T>
+GateIn<T> gate_in(const at::Tensor& x) {
+  return {x.data_ptr(), x.scalar_type() == at::kFloat};
+}
+inline void need(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef sizes, bool sixteen_bit) {
+  const std::string name = need_layout(x, fn, what, sizes);
   if (sixteen_bit ? x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kHalf : x.scalar_type() != at::kFloat)
     throw std::invalid_argument(name + (sixteen_bit ? " must be bfloat16 or float16" : " must be float32"));
-  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) throw std::invalid_argument(name + " must be 16-byte aligned");
 }
 
 // The fusion norm in an output kernel's epilogue (chunk_output_f16_fused, and the scan writing the

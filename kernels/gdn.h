@@ -254,8 +254,10 @@ bool reverse_scan_reads_dO_in_place(const LowRankScanArgs& args);
 
 // The chunk-local halves of the forward for 16-bit inputs, around low_rank_scan (kernels/gdn_chunk.cu):
 // one block per (chunk, head) reads q, k, v, g and beta in their [B, T, H, ...] layout. Chunk C = 64;
-// Dk and Dv in {64, 128}; q, k, v bfloat16 or float16 (one dtype); g and beta float32 [B, T, H]; all
-// contiguous CUDA tensors.
+// Dk and Dv in {64, 128}; q, k, v bfloat16 or float16 (one dtype); g and beta [B, T, H] float32 (chunk_output
+// and chunk_state_direct: g float32 only); all contiguous CUDA tensors. chunk_factors also takes g and beta
+// in q's dtype, each converted to float32 where it is read, so that a caller's 16-bit gates need no
+// conversion kernel first: the same bits as converting them before the call.
 bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 
 // The factors of every chunk's transition and update, float32 on the chunk grid: with G = the chunk's

@@ -441,8 +441,7 @@ __device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, con
 // (set_factors_four_blocks).
 template <int DK, int DV, class T, bool OUT, bool PRE, int MINB = (PRE ? 3 : 4)>
 __global__ void __launch_bounds__(kThreads, MINB)
-    chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
-                         const float* __restrict__ beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
+    chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, GateIn<T> g, GateIn<T> beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
                          void* __restrict__ U, float* __restrict__ U_inv, c10::Half* __restrict__ kdecay,
                          float* __restrict__ decay, float* __restrict__ bound, OutFactors of, PreConv<T> pc,
                          const __grid_constant__ ConvMaps maps, int64_t n0) {
@@ -976,10 +975,10 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   const int64_t B = k.size(0), T = k.size(1), H = k.size(2), Dk = k.size(3), Dv = v.size(3), N = grid.N;
   need(k, "chunk_factors", "k", k.sizes(), true);
   need(v, "chunk_factors", "v", {B, T, H, Dv}, true);
-  need(g, "chunk_factors", "g", {B, T, H}, false);
-  need(beta, "chunk_factors", "beta", {B, T, H}, false);
   if (v.scalar_type() != k.scalar_type() || !chunk_forward_supported(Dk, Dv, k.scalar_type()))
     throw std::invalid_argument("hh::kernels::chunk_factors: k and v of one 16-bit dtype, Dk and Dv in {64, 128} only");
+  need_gate(g, "chunk_factors", "g", {B, T, H}, k.scalar_type());
+  need_gate(beta, "chunk_factors", "beta", {B, T, H}, k.scalar_type());
   if (q.defined()) {
     need(q, "chunk_factors", "q", k.sizes(), true);
     if (q.scalar_type() != k.scalar_type()) throw std::invalid_argument("hh::kernels::chunk_factors: q must have k's dtype");
@@ -1038,7 +1037,7 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
       for (int64_t n0 = 0; n0 < N; n0 += 65535) {  // the grid's y takes at most 2^16 - 1 chunks
         launch_kernel(kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(std::min<int64_t>(N - n0, 65535))),
                       kThreads, smem, static_cast<const X*>(k.data_ptr()),
-                      static_cast<const X*>(v.data_ptr()), g.data_ptr<float>(), beta.data_ptr<float>(), slots,
+                      static_cast<const X*>(v.data_ptr()), gate_in<X>(g), gate_in<X>(beta), slots,
                       static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr(),
                       u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc,
                       maps, n0);

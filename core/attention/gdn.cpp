@@ -469,6 +469,11 @@ at::Tensor aligned(const at::Tensor& x) {
   at::Tensor c = x.contiguous();
   return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
 }
+// A gate (g or beta) as chunk_factors reads it: where it lies in float32 or in q's dtype (the kernel
+// converts each value as it reads it), else converted to float32 first.
+at::Tensor gate_for_kernels(const at::Tensor& x, const at::Tensor& q) {
+  return aligned(x.scalar_type() == at::kFloat || x.scalar_type() == q.scalar_type() ? x : x.to(at::kFloat));
+}
 
 struct ForwardScan {
   at::Tensor S, M, final_state;       // each chunk's start state, its new values U - W S, the final state
@@ -671,8 +676,8 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   const int64_t B = q.size(0), T = q.size(1);
   // The chunk kernels read q, k, v, g and beta where they lie; the scan runs between them.
   const kernels::ChunkGrid grid{L.N, L.regular ? L.N / std::max<int64_t>(B, 1) : 0, L.gather};
-  const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
-                   bf = aligned(beta.to(at::kFloat));
+  const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gk = gate_for_kernels(g, q),
+                   bk = gate_for_kernels(beta, q);
   // With the block float16 history, the scan hands the output kernel its float16 states and new
   // values, and chunk_factors forms the output's factors from q. For a backward the scan keeps the
   // states in block float16 either way (the backward's chunk kernels read them so).
@@ -698,7 +703,7 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   // A forward kept for the backward's chunk kernel keeps T too, where that kernel will read M (below).
   const bool keep_t = keep_states && f16_history && conv == nullptr && kernels::direct_in_scan_enabled();
   const kernels::ChunkFactors f =
-      kernels::chunk_factors(kc, vc, gf, bf, grid, f16_history ? qc : at::Tensor(), scale, conv,
+      kernels::chunk_factors(kc, vc, gk, bk, grid, f16_history ? qc : at::Tensor(), scale, conv,
                              u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32, keep_t);
   if (on_queued) on_queued(GdnStage::kFactors);
   std::optional<kernels::LowRankScanArgs::Output> in_scan;
@@ -726,7 +731,7 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   else if (fusion != nullptr) kernels::chunk_output_f16_fused(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, *fusion, *y);
   else
     out.o = f16_history ? kernels::chunk_output_f16(f, r.S16, r.S_inv, r.M16, r.M_inv, grid, B, T, q.scalar_type())
-                        : kernels::chunk_output(qc, kc, gf, r.S, r.M, grid, scale);
+                        : kernels::chunk_output(qc, kc, aligned(g.to(at::kFloat)), r.S, r.M, grid, scale);
   // The backward's reverse scan runs on the same float16 factors; its chunk kernels read the states
   // in block float16 (S in float32 only where the scan wrote no block float16 states).
   if (keep_states) {

@@ -1066,6 +1066,78 @@ TEST(CudaGdn, BackwardChunksInTurnEqualOneBlockAChunk) {
     }
 }
 
+// chunk_factors reads g and beta in the inputs' 16-bit dtype where they lie: every factor the same bits as
+// with the float32 gates that are those values (the conversion is exact), T kept or not; and through the
+// rule's op, whose forward passes the 16-bit gates (its backward converts them for chunk_backward), the
+// output, the final state and every gradient. T not a multiple of 64, B = 2, both 16-bit dtypes, every
+// pair of head sizes, outputs from a NaN-poisoned allocator. A gate of another dtype than float32 or q's
+// is refused by name.
+TEST(CudaGdn, GatesInTheInputsDtypeGiveTheBitsOfTheirFloat32Values) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t B = 2, T = 150, H = 3, per = 3, N = B * per;
+  const double scale = 0.1;
+  const hh::kernels::ChunkGrid grid{N, per, {}};
+  for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& what) {
+    const auto [q, k, v, g0, beta0] = chunk_in(B, T, H, Dk, Dv, dt);
+    const auto g16 = g0.to(dt), b16 = beta0.to(dt);                             // the caller's 16-bit gates
+    const auto g32 = g16.to(torch::kFloat), b32 = b16.to(torch::kFloat);        // the same values in float32
+    ASSERT_TRUE(torch::equal(g32.to(dt), g16)) << what;
+    for (bool keep_t : {false, true}) {
+      poison_allocator();
+      const auto w = hh::kernels::chunk_factors(k, v, g32, b32, grid, q, scale, nullptr, hh::kernels::UForm::kFloat32, keep_t);
+      poison_allocator();
+      const auto n = hh::kernels::chunk_factors(k, v, g16, b16, grid, q, scale, nullptr, hh::kernels::UForm::kFloat32, keep_t);
+      const std::pair<const char*, std::pair<torch::Tensor, torch::Tensor>> factors[] = {
+          {"W", {w.W, n.W}},       {"U", {w.U, n.U}},         {"kdecay", {w.kdecay, n.kdecay}}, {"decay", {w.decay, n.decay}},
+          {"bound", {w.bound, n.bound}}, {"Qd", {w.Qd, n.Qd}}, {"Aq", {w.Aq, n.Aq}},              {"aq_inv", {w.aq_inv, n.aq_inv}}};
+      for (const auto& [name, x] : factors) EXPECT_TRUE(torch::equal(x.first, x.second)) << what << ": chunk_factors' " << name;
+      if (keep_t) {
+        EXPECT_TRUE(torch::equal(w.T16, n.T16)) << what << ": chunk_factors' T16";
+      }
+    }
+    // Another 16-bit dtype than q's, and float64, are refused, naming the gate.
+    auto refusal = [](const std::function<void()>& f) {
+      try {
+        f();
+      } catch (const std::invalid_argument& e) {
+        return std::string(e.what());
+      }
+      return std::string("(no refusal)");
+    };
+    const auto other = dt == torch::kBFloat16 ? torch::kHalf : torch::kBFloat16;
+    const std::string bad_g = refusal([&] { (void)hh::kernels::chunk_factors(k, v, g0.to(other), b16, grid, q, scale); });
+    EXPECT_NE(bad_g.find("hh::kernels::chunk_factors: g must be float32 or"), std::string::npos) << what << ": " << bad_g;
+    const std::string bad_beta = refusal([&] {
+      (void)hh::kernels::chunk_factors(k, v, g16, beta0.to(torch::kDouble), grid, q, scale);
+    });
+    EXPECT_NE(bad_beta.find("hh::kernels::chunk_factors: beta must be float32 or"), std::string::npos) << what << ": " << bad_beta;
+  });
+  // Through the rule's op with its gradients (the chunk kernels' forward and backward): the 16-bit gates
+  // against their float32 values, the output, the final state and every gradient (dg and dbeta in the
+  // gates' dtype).
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf}) {
+    const auto [q, k, v, g0, beta0] = chunk_in(B, 256, H, 128, 128, dt);
+    const auto s0 = (0.5 * torch::randn({B, H, 128, 128}, kF64)).to(kCuda.dtype(torch::kFloat));
+    const auto w_o = torch::randn({B, 256, H, 128}, kCuda.dtype(torch::kFloat));
+    auto run = [&](const torch::Tensor& g_in, const torch::Tensor& b_in) {
+      std::vector<torch::Tensor> x = {q.detach().requires_grad_(true), k.detach().requires_grad_(true), v.detach().requires_grad_(true),
+                                      g_in.detach().requires_grad_(true), b_in.detach().requires_grad_(true)};
+      const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], s0, scale);
+      auto grads = torch::autograd::grad({(r.o.to(torch::kFloat) * w_o).sum() + r.state.sum()}, x);
+      grads.push_back(r.o.detach());
+      grads.push_back(r.state.detach());
+      return grads;
+    };
+    const auto g16 = g0.to(dt), b16 = beta0.to(dt);
+    const auto narrow = run(g16, b16), wide = run(g16.to(torch::kFloat), b16.to(torch::kFloat));
+    const char* names[] = {"dq", "dk", "dv", "dg", "dbeta", "o", "final state"};
+    for (size_t i = 0; i < 7; ++i)
+      EXPECT_TRUE(torch::equal(narrow[i], wide[i].to(narrow[i].scalar_type())))
+          << c10::toString(dt) << " through the op: " << names[i];
+    EXPECT_EQ(narrow[3].scalar_type(), dt);
+  }
+}
+
 // grad_to_grid_f16: the output's gradient on the chunk grid in block float16, one power-of-two scale a
 // chunk and head; bfloat16 and float16 values within 2^-28 of the chunk's largest magnitude are kept
 // exactly. Magnitudes spread over 2^-13 .. 2^13 within each chunk, padding slots zero, outputs from a
