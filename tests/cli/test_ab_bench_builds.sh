@@ -8,7 +8,10 @@
 # ends the run with exit 1. With --tests each build's GPU tests (stand-ins naming the build's marker) run
 # after the benches, from copies of that build's own binaries, and a failing one makes the exit status
 # nonzero after the figures. Where the base is built apart, the variants are also summed against this tree;
-# --base-tree makes a changed tree the base, built once. --tests-variants runs the variants' tests only.
+# --base-tree makes a changed tree the base, built once. --tests-variants runs the variants' tests only. The
+# stand-in compiles as make does (only a marker newer than its object), so that a variant's object left in
+# the build folder and the tree's marker given back its older time would make a stale base but for the
+# files ab-bench touches first.
 source "$(dirname "$0")/preamble.sh"
 repo="$TMP/repo"
 mkdir -p "$repo/scripts/gpu" "$repo/kernels"
@@ -18,8 +21,14 @@ cat > "$repo/scripts/gpu-check" <<'STUB'
 #!/usr/bin/env bash
 echo "$PWD" >> "$AB_TEST_BUILDS"
 [[ "$PWD" != "${AB_TEST_FAIL:-}" ]] || exit 3
-mkdir -p build-gpu/bin
-ms=$(cat kernels/marker 2>/dev/null || echo 2.0)
+mkdir -p build-gpu/bin build-gpu/obj
+# make's rule: the marker's object is compiled again only where the marker is newer than it
+if [[ -e kernels/marker ]]; then
+  [[ -e build-gpu/obj/marker && ! kernels/marker -nt build-gpu/obj/marker ]] || cp kernels/marker build-gpu/obj/marker
+else
+  rm -f build-gpu/obj/marker
+fi
+ms=$(cat build-gpu/obj/marker 2>/dev/null || echo 2.0)
 printf '#!/usr/bin/env bash\necho "{\\"rows\\": [{\\"B\\": 1, \\"T\\": 32768, \\"fwd_bwd_b2b_ms\\": %s, \\"fwd_b2b_ms\\": 0.5}]}"\n' "$ms" \
   > build-gpu/bin/hydrahead
 chmod +x build-gpu/bin/hydrahead
@@ -121,4 +130,18 @@ run failing-test --tests || rc=$?
 grep -qE "^  v +mean 1\.500" "$TMP/out-failing-test/ab.txt" || fail "a failing variant test: no figures: $(cat "$TMP/out-failing-test/ab.txt")"
 grep -q "v, gpu_test_cuda_gdn: exit 1" "$TMP/out-failing-test/ab.txt" || fail "a failing variant test is not logged"
 rm "$TMP/v/kernels/failtest"
+# The variant's object left in the build folder, then this tree's marker given back its own older time (a
+# copy of the tree that keeps files' times): the next run touches the marker before it builds, so that its
+# base is this tree's 1.8 and not the variant's 1.5 (make alone would keep the variant's newer object).
+echo 1.8 > "$repo/kernels/marker"
+(cd "$repo" && git add kernels/marker && git -c user.name=t -c user.email=t@t commit -qm marker)
+run stale-1 || fail "a committed marker: exit $?: $(cat "$TMP/log-stale-1")"
+grep -qE "^  base +mean 1\.800" "$TMP/out-stale-1/ab.txt" || fail "a committed marker: the base is not 1.8: $(cat "$TMP/out-stale-1/ab.txt")"
+touch -d '2020-01-01' "$repo/kernels/marker"
+run stale-2 || fail "a marker with its old time: exit $?: $(cat "$TMP/log-stale-2")"
+ab="$TMP/out-stale-2/ab.txt"
+grep -qE "^  base +mean 1\.800" "$ab" || fail "a marker with its old time: the base is the variant's build: $(cat "$ab")"
+grep -qE "^  v +mean 1\.500" "$ab" || fail "a marker with its old time: no variant at 1.5: $(cat "$ab")"
+grep -q "1 file(s) an earlier variant had replaced hold other bytes now, touched so that they compile again: kernels/marker" "$ab" ||
+  fail "a marker with its old time: the touch is not logged: $(cat "$ab")"
 echo "ab-bench builds: ok"

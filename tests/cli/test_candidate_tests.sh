@@ -4,7 +4,8 @@
 # leaves test binaries that print their arguments and pass, or fail where the marker says so. A folder
 # and a patch are built in turn over the tree, each with its own files, and the tree is as before after
 # them; --filter reaches every test binary; a failing test or build makes the exit 1 and the other
-# candidates still run; bad arguments (a name given twice among them) exit 2.
+# candidates still run; bad arguments (a name given twice among them) exit 2. Each candidate's files are
+# recorded in build-gpu/overlaid.sha1, so that the next build of the tree compiles them again.
 source "$(dirname "$0")/preamble.sh"
 repo="$TMP/repo"
 mkdir -p "$repo/scripts/gpu" "$repo/kernels"
@@ -53,6 +54,10 @@ grep -qF "==> a: this tree with kernels/marker" "$summary" || fail "two candidat
 grep -qF "==> p: this tree with kernels/k.cu" "$summary" || fail "two candidates: p's files not named: $(cat "$summary")"
 grep -qF "==> candidate-tests: exit 0" "$summary" || fail "two candidates: no exit line"
 unchanged "two candidates"
+# Each candidate's files are recorded for the next build of the tree (scripts/gpu/tree-overlay refresh).
+for f in kernels/marker kernels/k.cu; do
+  grep -qE "^[0-9a-f]{40}  $f\$" "$repo/build-gpu/overlaid.sha1" || fail "two candidates: $f not recorded: $(cat "$repo/build-gpu/overlaid.sha1")"
+done
 
 # Without --filter the binaries get no argument.
 run plain "p=$TMP/p.patch" || fail "no filter: exit $?"

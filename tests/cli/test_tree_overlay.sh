@@ -65,4 +65,31 @@ printf 'kernel v0\n' > kernels/a.cu  # the patch's context no longer matches
 rc=0; err=$("$OV" from-patch "$TMP/change.patch" "$TMP/fp3" 2>&1) || rc=$?
 [[ $rc == 2 ]] && grep -q "does not apply to this tree" <<<"$err" || fail "a stale patch: exit $rc, $err"
 [[ ! -e "$TMP/fp3" && "$(cat kernels/a.cu)" == "kernel v0" ]] || fail "a stale patch wrote something"
+# record and refresh: after an overlay was built and taken back, a copy that gives the files their own older
+# times leaves the build's objects looking newer. refresh touches (and names) each recorded path whose bytes
+# differ from the overlay's, leaves alone one that holds the overlay's bytes, a file not recorded and a
+# recorded path that is gone; a missing record is nothing to do. A record of a path leaving the tree is refused.
+rt="$TMP/rt"
+mkdir -p "$rt/kernels" "$TMP/ov2/kernels"
+cd "$rt"
+printf 'main\n' > kernels/x.cu; printf 'same\n' > kernels/y.cu; printf 'other\n' > kernels/z.cu
+printf 'variant\n' > "$TMP/ov2/kernels/x.cu"; printf 'same\n' > "$TMP/ov2/kernels/y.cu"; printf 'gone\n' > "$TMP/ov2/kernels/w.cu"
+"$OV" record "$TMP/ov2" build/overlaid.sha1
+"$OV" record "$TMP/ov2" build/overlaid.sha1  # twice: one line a file
+[[ $(wc -l < build/overlaid.sha1) == 3 ]] || fail "record: $(cat build/overlaid.sha1)"
+grep -q "^$(sha1sum < "$TMP/ov2/kernels/x.cu" | cut -d' ' -f1)  kernels/x.cu\$" build/overlaid.sha1 ||
+  fail "record: no line of the overlay's hash for kernels/x.cu: $(cat build/overlaid.sha1)"
+touch -d '2020-01-01' kernels/x.cu kernels/y.cu kernels/z.cu
+touched=$("$OV" refresh build/overlaid.sha1)
+[[ "$touched" == "kernels/x.cu" ]] || fail "refresh touched '$touched', not kernels/x.cu alone"
+[[ $(stat -c %Y kernels/x.cu) -gt $(date -d '2020-01-02' +%s) ]] || fail "refresh left kernels/x.cu at its old time"
+for f in kernels/y.cu kernels/z.cu; do
+  [[ $(stat -c %Y $f) -lt $(date -d '2020-01-02' +%s) ]] || fail "refresh touched $f"
+done
+[[ "$(cat kernels/x.cu)" == "main" && ! -e kernels/w.cu ]] || fail "refresh changed the tree's bytes"
+[[ -z "$("$OV" refresh build/none.sha1)" ]] || fail "a missing record touched something"
+mkdir -p "$TMP/ov5/.git" && printf 'x\n' > "$TMP/ov5/.git/config"
+rc=0; err=$("$OV" record "$TMP/ov5" build/overlaid.sha1 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q "under .git" <<<"$err" || fail "a record of .git: exit $rc, $err"
+[[ $(wc -l < build/overlaid.sha1) == 3 ]] || fail "a refused record wrote to the record"
 echo "tree-overlay: ok"
