@@ -22,9 +22,10 @@ cat > "$repo/scripts/gpu-check" <<'STUB'
 echo "$PWD" >> "$AB_TEST_BUILDS"
 [[ "$PWD" != "${AB_TEST_FAIL:-}" ]] || exit 3
 mkdir -p build-gpu/bin build-gpu/obj
-# make's rule: the marker's object is compiled again only where the marker is newer than it
+# make's rule: the marker's object is compiled again unless it is newer than the marker (the same time
+# counts as not newer, as a file system's coarse clock can give two quick writes one time)
 if [[ -e kernels/marker ]]; then
-  [[ -e build-gpu/obj/marker && ! kernels/marker -nt build-gpu/obj/marker ]] || cp kernels/marker build-gpu/obj/marker
+  [[ build-gpu/obj/marker -nt kernels/marker ]] || cp kernels/marker build-gpu/obj/marker
 else
   rm -f build-gpu/obj/marker
 fi
