@@ -2,9 +2,9 @@
 # scripts/gpu/ab-bench's options, checked before it builds anything (no CUDA needed): --help prints its
 # usage; a run count that is not a positive number, a base folder that is not there, a revision that is
 # not a commit, a variant that is not NAME=DIR with a folder or NAME=PATCH with a patch that applies
-# here (or whose name is taken), --base-tree or --tests-variants without variants or beside --base or --base-files, and an
-# unknown option are refused with exit 2, a message naming the
-# value, and nothing written to $OUT.
+# here (or whose name is taken), --base-tree or --tests-variants without variants, --base-tree beside
+# --base or --base-files, and an unknown option are refused with exit 2, a message naming the value,
+# and nothing written to $OUT.
 source "$(dirname "$0")/preamble.sh"
 AB="$ROOT/scripts/gpu/ab-bench"
 export OUT="$TMP/out"

@@ -15,7 +15,8 @@
 source "$(dirname "$0")/preamble.sh"
 repo="$TMP/repo"
 mkdir -p "$repo/scripts/gpu" "$repo/kernels"
-cp "$ROOT/scripts/gpu/ab-bench" "$ROOT/scripts/gpu/ab_summary.py" "$ROOT/scripts/gpu/gpu_tests.sh" "$ROOT/scripts/gpu/tree-overlay" \
+cp "$ROOT/scripts/gpu/ab-bench" "$ROOT/scripts/gpu/ab_summary.py" "$ROOT/scripts/gpu/gpu_tests.sh" "$ROOT/scripts/gpu/variants.sh" \
+  "$ROOT/scripts/gpu/tree-overlay" \
   "$repo/scripts/gpu/"
 cat > "$repo/scripts/gpu-check" <<'STUB'
 #!/usr/bin/env bash

@@ -7,7 +7,7 @@
 source "$(dirname "$0")/preamble.sh"
 repo="$TMP/repo" bin="$TMP/bin"
 mkdir -p "$repo/scripts/gpu" "$repo/kernels" "$bin"
-cp "$ROOT/scripts/gpu/kernel-sass" "$ROOT/scripts/gpu/tree-overlay" "$ROOT/scripts/gpu/sass_ops.py" \
+cp "$ROOT/scripts/gpu/kernel-sass" "$ROOT/scripts/gpu/tree-overlay" "$ROOT/scripts/gpu/sass_ops.py" "$ROOT/scripts/gpu/variants.sh" \
   "$ROOT/scripts/gpu/same_machine_code.py" "$repo/scripts/gpu/"
 cat > "$repo/scripts/gpu-check" <<'STUB'
 #!/usr/bin/env bash
@@ -70,7 +70,8 @@ refused() {  # MESSAGE ARGS...
 }
 refused "give one or more variants" kernels/f.cu
 refused "give a CUDA file of this tree's kernels/" "same=$TMP/same"
-refused "same is given twice" kernels/f.cu "same=$TMP/same" "same=$TMP/same"
-refused "is not a patch or a folder" kernels/f.cu "x=$TMP/none"
+refused "kernel-sass: same is given twice" kernels/f.cu "same=$TMP/same" "same=$TMP/same"
+refused "kernel-sass: 'this=$TMP/same' is not NAME=DIR or NAME=PATCH with NAME of letters, digits, - and _ (not this)" kernels/f.cu "this=$TMP/same"
+refused "kernel-sass: x: $TMP/none is not a folder or a patch" kernels/f.cu "x=$TMP/none"
 refused "no kernel matches 'nomatch'" kernels/f.cu "same=$TMP/same" --kernel nomatch
 echo "kernel-sass: ok"
