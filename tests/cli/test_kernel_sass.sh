@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu/kernel-sass in a scratch repository, with stand-ins for nvcc (a "cubin" naming the source it
-# compiled and its tree's kernels/ops.h) and cuobjdump (a listing of one kernel with as many LDG as ops.h
+# compiled and its tree's kernels/ops.h, which it takes from the first include folder holding one, and which
+# fails unless some include folder holds core/h.h, as the real kernels include core/) and cuobjdump (a listing of one kernel with as many LDG as ops.h
 # says), so that the real sass_ops.py compares them: a patch that raises the count and a folder that keeps
 # it, each built over a copy of this tree's kernels/ with its own files; files outside kernels/ named as
 # left out; the tree untouched; a failing build exits 1; bad arguments exit 2.
@@ -14,19 +15,23 @@ cat > "$repo/scripts/gpu-check" <<'STUB'
 exit 0
 STUB
 echo 1 > "$repo/kernels/ops.h"
-printf '#include "kernels/ops.h"\n' > "$repo/kernels/f.cu"
+printf '#include "kernels/ops.h"\n#include "core/h.h"\n' > "$repo/kernels/f.cu"
+mkdir -p "$repo/core" && echo "// outside kernels/" > "$repo/core/h.h"
 commit_scratch_repo "$repo"
 cat > "$bin/nvcc" <<'STUB'
 #!/usr/bin/env bash
-out="" src="" inc=""
+out="" src="" inc="" core=""
 while (($#)); do
   case "$1" in
     -o) out=$2; shift ;;
-    -I*) [[ -z "$inc" ]] && inc=${1#-I} ;;
+    -I*) d=${1#-I}
+         [[ -z "$inc" && -f "$d/kernels/ops.h" ]] && inc=$d
+         [[ -f "$d/core/h.h" ]] && core=$d ;;
     *.cu) src=$1 ;;
   esac
   shift
 done
+[[ -n "$core" ]] || { echo "stand-in nvcc: $src: core/h.h: No such file or directory"; exit 1; }
 [[ "$(cat "$inc/kernels/ops.h")" != fail ]] || { echo "stand-in nvcc: error in $src"; exit 1; }
 echo "$src $(cat "$inc/kernels/ops.h")" > "$out"
 STUB
