@@ -1334,15 +1334,18 @@ __device__ __forceinline__ void row_scales(float mx0, float mx1, Pow2Scale& s0, 
   s0 = pow2_scale(mx0), s1 = pow2_scale(mx1);
 }
 // NT accumulator tiles (rows g, g + 8) as NT / 2 16-bit A fragments, each row scaled by its own scale.
+// Fragment k alone: tiles 2 k and 2 k + 1.
+template <int NT>
+__device__ __forceinline__ void to_a_fragment(const float (&x)[NT][4], int k, float s0, float s1, unsigned (&a)[4]) {
+  a[0] = pack_f16(x[2 * k][0] * s0, x[2 * k][1] * s0);
+  a[1] = pack_f16(x[2 * k][2] * s1, x[2 * k][3] * s1);
+  a[2] = pack_f16(x[2 * k + 1][0] * s0, x[2 * k + 1][1] * s0);
+  a[3] = pack_f16(x[2 * k + 1][2] * s1, x[2 * k + 1][3] * s1);
+}
 template <int NT>
 __device__ __forceinline__ void to_a_fragments(const float (&x)[NT][4], float s0, float s1, unsigned (&a)[NT / 2][4]) {
 #pragma unroll
-  for (int k = 0; k < NT / 2; ++k) {
-    a[k][0] = pack_f16(x[2 * k][0] * s0, x[2 * k][1] * s0);
-    a[k][1] = pack_f16(x[2 * k][2] * s1, x[2 * k][3] * s1);
-    a[k][2] = pack_f16(x[2 * k + 1][0] * s0, x[2 * k + 1][1] * s0);
-    a[k][3] = pack_f16(x[2 * k + 1][2] * s1, x[2 * k + 1][3] * s1);
-  }
+  for (int k = 0; k < NT / 2; ++k) to_a_fragment(x, k, s0, s1, a[k]);
 }
 template <int NT>
 __device__ __forceinline__ void row_max_abs(const float (&x)[NT][4], float& mx0, float& mx1) {
@@ -1455,11 +1458,20 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   // x += (this warp's 16 rows of S^T over Dk) (a K-major 64-row tile of the ring over Dk)^T (B_n or Qd): by the
   // warpgroup's products (WG; eight 16-deep steps, each a 32-byte slice of a box's rows), else by this warp's,
   // two 8-column tiles of tokens a load.
+  // WG: x += (this warp's rows of S^T) tile^T, issued as one group of the warpgroup's products and not waited
+  // for (wgmma_wait<0> and wgmma_hold(x) before x is read; sa stays untouched until then).
+  [[maybe_unused]] auto state_products_issue = [&](float (&x)[NC][4], const char* tile) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < NK / 2; ++k)
+      wgmma_m64n64k16<0>(x, sa[k], wgmma_desc_sw128(tile + (16 * k / Ring::kBoxCols) * C * SW + (16 * k % Ring::kBoxCols) * 2, 16, 8 * SW));
+    wgmma_commit();
+  };
   auto state_products = [&](float (&x)[NC][4], const char* tile) {
     if constexpr (WG) {
-      wgmma_product<0>(x, sa, [&](int k) {
-        return wgmma_desc_sw128(tile + (16 * k / Ring::kBoxCols) * C * SW + (16 * k % Ring::kBoxCols) * 2, 16, 8 * SW);
-      });
+      state_products_issue(x, tile);
+      wgmma_wait<0>();
+      wgmma_hold(x);
     } else {
 #pragma unroll
       for (int k = 0; k < NK / 2; ++k)
@@ -1511,20 +1523,38 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     }
     return inv;
   };
+  // HIST: the chunk's start state into a staging tile as S16's slab, from the float32 state sx itself at the
+  // slab's scale (block (16 k .. of Dk, this warp's 16 columns) is to_a_fragment of sx's tiles 2 k and 2 k +
+  // 1, as sa[k] holds them at each row's own scale), once the tile's last copy has read it; returns the
+  // slab's inverse scale. It reads no register of sa, so it may run while products that take sa as their A
+  // operand are in flight (the PTX ISA leaves any access to those registers before the products'
+  // wgmma.wait_group undefined). Each value is rounded to float16 once, at the slab's scale: the same bits as
+  // sa's values times the row's ratio (stage_slab) except where that ratio (under 2^-24: zero) or the product
+  // falls below float16's normal range, where this rounds once instead of twice.
+  auto stage_state = [&](char* tile) {
+    const float inv = slab_inverse(sinv0, sinv1), sc = pow2_reciprocal(inv);
+    ready_tile();
+#pragma unroll
+    for (int k = 0; k < NK / 2; ++k) {
+      unsigned f[4];
+      to_a_fragment(sx, k, sc, sc, f);
+      stmatrix_x4_trans(tile + row32_unit(16 * k + h_row, h_part), f);
+    }
+    return inv;
+  };
   int buf = 0;
   unsigned round = 0;
   for (int64_t i = 0; i < count; ++i) {
     const bool write = i >= skip;
     const int64_t chunk_at = static_cast<int64_t>(h) * N + chunk(i);
-    if constexpr (HIST) {
-      if (write && h16.S != nullptr) {
-        // The chunk's start state into S16: block (16 k .. of Dk, this warp's 16 columns) is sa[k], the
-        // fragments of S^T's tiles 2 k and 2 k + 1.
-        const float inv = stage_slab(sa, sinv0, sinv1, ring.hist_s(warp));
-        if (lane < DK / 16) h16.S_inv[(chunk_at * (DK / 16) + lane) * (DV / 16) + warp] = inv;
-        store_tile(&maps.S16, chunk_at * DK, ring.hist_s(warp));
-      }
-    }
+    // HIST: the chunk's start state into S16 (stage_state). With WG it is staged below, while the products of
+    // M^T's first term run on the state's fragments.
+    auto store_s_history = [&](float inv) {
+      if (lane < DK / 16) h16.S_inv[(chunk_at * (DK / 16) + lane) * (DV / 16) + warp] = inv;
+      store_tile(&maps.S16, chunk_at * DK, ring.hist_s(warp));
+    };
+    if constexpr (HIST && !WG)
+      if (write && h16.S != nullptr) store_s_history(stage_state(ring.hist_s(warp)));
     if (FUSED && write) {  // this warp's columns of the chunk's gate rows, into its gate tile (padding rows: none)
       const ChunkRows row_of = so.rows.chunk(w0 + i);
       const O* const gate = static_cast<const O*>(fa.gate) + static_cast<int64_t>(h) * DV + r0;
@@ -1540,7 +1570,17 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     // (1) M^T = U^T - S^T B^T: two 8-column tiles of tokens a B load. (S^T Qd^T comes after M^T's
     // fragments, so that M^T's and o's accumulators are not live together.)
     float mt[NC][4] = {};
-    state_products(mt, ring.B(buf));
+    if constexpr (HIST && WG) {
+      // Staged on every chunk, so that no branch stands between the products and their wait (ptxas would
+      // serialize them); stored for a written one.
+      state_products_issue(mt, ring.B(buf));
+      const float inv = stage_state(ring.hist_s(warp));
+      wgmma_wait<0>();
+      wgmma_hold(mt);
+      if (write && h16.S != nullptr) store_s_history(inv);
+    } else {
+      state_products(mt, ring.B(buf));
+    }
     // DIR: dO16^T's A fragments (row block k: the chunk's rows 16 k .. 16 k + 15), for both of its products;
     // M^T = -aq_inv do_inv dO16^T Aq - S^T B^T.
     [[maybe_unused]] unsigned da[NC / 2][4];
