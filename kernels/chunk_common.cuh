@@ -216,16 +216,29 @@ __device__ __forceinline__ void put_gates(int l, float g0, float g1, float b0, f
 }
 
 // A gate vector ([rows, H]: g or beta) in float32 (wide) or in the inputs' 16-bit kind T, as the caller's
-// tensor holds it: chunk_factors converts each value where it reads it, the same bits as a conversion of
-// the whole tensor before it (the conversion is exact).
+// tensor holds it: the chunk kernels convert each value where they read it, the same bits as a conversion
+// of the whole tensor before them (the conversion is exact). bits() loads, value() converts: a caller with
+// several to read issues every load before the first conversion, so that the loads are in flight together
+// (a load and its conversion side by side in each arm of `wide` made ptxas wait for each load in turn).
 template <class T>
 struct GateIn {
   const void* x;
   bool wide;
-  __device__ __forceinline__ float operator[](int64_t i) const {
-    return wide ? static_cast<const float*>(x)[i] : static_cast<float>(static_cast<const T*>(x)[i]);
+  __device__ __forceinline__ unsigned bits(int64_t i) const {
+    return wide ? __ldg(static_cast<const unsigned*>(x) + i) : __ldg(static_cast<const unsigned short*>(x) + i);
   }
+  __device__ __forceinline__ float value(unsigned b) const {
+    return wide ? __uint_as_float(b) : static_cast<float>(T(static_cast<uint16_t>(b), T::from_bits()));
+  }
+  __device__ __forceinline__ float operator[](int64_t i) const { return value(bits(i)); }
 };
+// The same two steps for a float32 gate pointer.
+__device__ __forceinline__ unsigned gate_bits(const float* g, int64_t i) { return __float_as_uint(__ldg(g + i)); }
+__device__ __forceinline__ float gate_value(const float*, unsigned b) { return __uint_as_float(b); }
+template <class T>
+__device__ __forceinline__ unsigned gate_bits(const GateIn<T>& g, int64_t i) { return g.bits(i); }
+template <class T>
+__device__ __forceinline__ float gate_value(const GateIn<T>& g, unsigned b) { return g.value(b); }
 
 // Warp 0: G = the chunk's inclusive cumulative sum of g (Gs), and beta (bs, when asked for), from g and beta
 // [rows, H] at the chunk's table of row * H + h (SlotRows::row_h; negative: padding, zero). G: a float
@@ -235,11 +248,18 @@ __device__ __forceinline__ void chunk_gates(G g, Beta beta, const int64_t* row_h
   if (threadIdx.x >= 32) return;
   const int l = threadIdx.x;
   const int64_t r0 = row_h[2 * l], r1 = row_h[2 * l + 1];
-  const float g0 = r0 >= 0 ? g[r0] : 0.f, g1 = r1 >= 0 ? g[r1] : 0.f;
-  // beta's loads issued with g's, before the sum waits for g (after it, the two waits were in series).
+  // Padding reads row 0 (there is one) and drops it: every load unconditional, all four in flight before
+  // the first value is used (beta's with g's: after the sum, the two waits were in series).
+  const int64_t i0 = r0 >= 0 ? r0 : 0, i1 = r1 >= 0 ? r1 : 0;
+  const unsigned g0b = gate_bits(g, i0), g1b = gate_bits(g, i1);
+  constexpr bool kBeta = !std::is_same_v<Beta, std::nullptr_t>;
+  unsigned b0b = 0u, b1b = 0u;
+  if constexpr (kBeta)
+    if (bs != nullptr) b0b = gate_bits(beta, i0), b1b = gate_bits(beta, i1);
+  const float g0 = r0 >= 0 ? gate_value(g, g0b) : 0.f, g1 = r1 >= 0 ? gate_value(g, g1b) : 0.f;
   float b0 = 0.f, b1 = 0.f;
-  if constexpr (!std::is_same_v<Beta, std::nullptr_t>)
-    if (bs != nullptr) b0 = r0 >= 0 ? beta[r0] : 0.f, b1 = r1 >= 0 ? beta[r1] : 0.f;
+  if constexpr (kBeta)
+    if (bs != nullptr) b0 = r0 >= 0 ? gate_value(beta, b0b) : 0.f, b1 = r1 >= 0 ? gate_value(beta, b1b) : 0.f;
   put_gates(l, g0, g1, b0, b1, Gs, bs);
 }
 

@@ -338,7 +338,9 @@ GridF16 grad_to_grid_f16(const at::Tensor& dO, const ChunkGrid& grid);
 // forward scan's S16 / S_inv and the reverse scan's, LowRankScanArgs), the gradients of
 // sum_n <scale dO_n, O_n> + <dS_n, S_{n+1}> through the chunk-local function with S and dS held fixed:
 // dq, dk, dv like q, k, v; dg and dbeta float32 [B, T, H]. Its products take 16-bit operands of q's
-// kind. core/attention/gdn.cpp's chunk_local_backward is the reference.
+// kind. g and beta as chunk_factors takes them: float32, or q's dtype converted where read (with chunks
+// in turn, a 16-bit gate's read waits for its load; a float32 one is copied by cp.async).
+// core/attention/gdn.cpp's chunk_local_backward is the reference.
 struct ChunkInputGrads {
   at::Tensor dq, dk, dv, dg, dbeta;
 };

@@ -434,7 +434,7 @@ struct ChunkTurns {
 template <int DK, int DV, class T, bool HIST = false, bool TK = false, bool LOOP = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     chunk_backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                          const float* __restrict__ g, const float* __restrict__ beta, BlockF16 S, BlockF16 dS,
+                          GateIn<T> g, GateIn<T> beta, BlockF16 S, BlockF16 dS,
                           BlockF16 Mh, BlockF16 dMh, const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
                           float scale, T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
                           float* __restrict__ dg, float* __restrict__ dbeta, const T* __restrict__ t16) {
@@ -523,8 +523,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       const int r = tid % kC;
       const int64_t row = row_h_nx[r];
       float* dst = (tid < kC ? g_nx : b_nx) + r;
-      if (row >= 0) cp_async4(dst, (tid < kC ? g : beta) + row);
-      else *dst = 0.f;
+      const GateIn<T> src = tid < kC ? g : beta;
+      if (row < 0) *dst = 0.f;
+      else if (src.wide) cp_async4(dst, static_cast<const float*>(src.x) + row);
+      else *dst = src[row];  // 16-bit: loaded and converted here (cp.async copies 4 bytes at least)
     }
   };
   auto load_next_vdt = [&] {
@@ -987,8 +989,8 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
   need(k, "chunk_backward", "k", q.sizes(), true);
   need(v, "chunk_backward", "v", {B, T, H, Dv}, true);
   need(dO, "chunk_backward", "dO", {B, T, H, Dv}, true);
-  need(g, "chunk_backward", "g", {B, T, H}, false);
-  need(beta, "chunk_backward", "beta", {B, T, H}, false);
+  need_gate(g, "chunk_backward", "g", {B, T, H}, q.scalar_type());
+  need_gate(beta, "chunk_backward", "beta", {B, T, H}, q.scalar_type());
   need(S16, "chunk_backward", "S16", {H, N, Dk, Dv}, true);
   need(dS16, "chunk_backward", "dS16", {H, N, Dk, Dv}, true);
   need(S_inv, "chunk_backward", "S_inv", {H, N, Dk / 16, Dv / 16}, false);
@@ -1030,7 +1032,7 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
     const BlockF16 mh = hist ? block_f16(M16, M_inv) : BlockF16{}, dmh = hist ? block_f16(dM16, dM_inv) : BlockF16{};
     g_backward_launches[tk ? 2 : hist ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
     auto run = [&](auto kernel, dim3 blocks, size_t smem) {
-      launch_kernel(kernel, blocks, kBwdThreads, smem, in(q), in(k), in(v), g.data_ptr<float>(), beta.data_ptr<float>(),
+      launch_kernel(kernel, blocks, kBwdThreads, smem, in(q), in(k), in(v), gate_in<X>(g), gate_in<X>(beta),
                     block_f16(S16, S_inv), block_f16(dS16, dS_inv), mh, dmh, in(dO), slots, static_cast<int>(H), N,
                     static_cast<float>(scale), out(r.dq), out(r.dk), out(r.dv), r.dg.data_ptr<float>(),
                     r.dbeta.data_ptr<float>(), tk ? in(T16) : nullptr);

@@ -469,8 +469,8 @@ at::Tensor aligned(const at::Tensor& x) {
   at::Tensor c = x.contiguous();
   return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
 }
-// A gate (g or beta) as chunk_factors reads it: where it lies in float32 or in q's dtype (the kernel
-// converts each value as it reads it), else converted to float32 first.
+// A gate (g or beta) as chunk_factors and chunk_backward read it: where it lies in float32 or in q's
+// dtype (the kernels convert each value as they read it), else converted to float32 first.
 at::Tensor gate_for_kernels(const at::Tensor& x, const at::Tensor& q) {
   return aligned(x.scalar_type() == at::kFloat || x.scalar_type() == q.scalar_type() ? x : x.to(at::kFloat));
 }
@@ -837,8 +837,8 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       HH_GDN_SCOPE("chunk_kernels_backward");
       at::NoGradGuard no_grad;
       const kernels::ChunkGrid grid{L.N, L.regular ? L.N / std::max<int64_t>(B, 1) : 0, L.gather};
-      const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gf = aligned(g.to(at::kFloat)),
-                       bf = aligned(beta.to(at::kFloat));
+      const at::Tensor qc = aligned(q), kc = aligned(k), vc = aligned(v), gk = gate_for_kernels(g, q),
+                       bk = gate_for_kernels(beta, q);
       const at::Tensor dO = grads[0].defined() ? aligned(grads[0].to(q.scalar_type())) : at::zeros_like(vc);
       const at::Tensor &W16 = saved[6], &kdecay16 = saved[7], &decay = saved[8], &bound = saved[11];
       kernels::LowRankScanArgs a;
@@ -858,7 +858,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
         a.M16 = at::empty_like(M16);
         a.M_inv = at::empty_like(M_inv);
       } else {
-        a.Z = kernels::chunk_state_direct(qc, kc, gf, W16, dO, grid, scale);
+        a.Z = kernels::chunk_state_direct(qc, kc, aligned(g.to(at::kFloat)), W16, dO, grid, scale);
       }
       a.y0 = dfin;
       a.S16 = at::empty_like(S16);  // the end-state gradients, in block float16 as S
@@ -868,7 +868,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       a.segment = kernels::scan_segments();
       const at::Tensor dS0 = kernels::low_rank_scan(a, L.offsets);
       const kernels::ChunkInputGrads d =
-          kernels::chunk_backward(qc, kc, vc, gf, bf, S16, S_inv, a.S16, a.S_inv, dO, grid, scale, M16, M_inv, a.M16, a.M_inv,
+          kernels::chunk_backward(qc, kc, vc, gk, bk, S16, S_inv, a.S16, a.S_inv, dO, grid, scale, M16, M_inv, a.M16, a.M_inv,
                                   T16);
       return {d.dq, d.dk, d.dv, d.dg.to(g.scalar_type()), d.dbeta.to(beta.scalar_type()), dS0.to(s0_dtype),
               at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};

@@ -1138,6 +1138,65 @@ TEST(CudaGdn, GatesInTheInputsDtypeGiveTheBitsOfTheirFloat32Values) {
   }
 }
 
+// chunk_backward reads g and beta in the inputs' 16-bit dtype where they lie: every gradient the same bits
+// as with the float32 gates that are those values (the conversion is exact), in every form of the kernel
+// (chunks in turn: dg and dbeta sum in the order the warps come, so within float32 rounding there). T not
+// a multiple of 64, B = 2, both 16-bit dtypes, every pair of head sizes, outputs from a NaN-poisoned
+// allocator. A gate of another dtype than float32 or q's is refused by name. (The rule's op, which now
+// passes its 16-bit gates to both chunk kernels, is checked against float32 gates in the test above.)
+TEST(CudaGdn, BackwardReadsGatesInTheInputsDtype) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t B = 2, T = 150, H = 3, per = 3, N = B * per, C = 64;
+  const double scale = 0.1;
+  const hh::kernels::ChunkGrid grid{N, per, {}};
+  for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& what) {
+    const auto [q, k, v, g0, beta0] = chunk_in(B, T, H, Dk, Dv, dt);
+    const auto g16 = g0.to(dt), b16 = beta0.to(dt);
+    const auto g32 = g16.to(torch::kFloat), b32 = b16.to(torch::kFloat);
+    const auto dO = torch::randn({B, T, H, Dv}, kF64).to(kCuda.dtype(dt));
+    const auto [S16, S_inv] = to_block_f16(0.5 * torch::randn({H, N, Dk, Dv}, kF64));
+    const auto [dS16, dS_inv] = to_block_f16(torch::randn({H, N, Dk, Dv}, kF64));
+    const auto [M16, M_inv] = to_block_f16(torch::randn({H, N, C, Dv}, kF64), 16, 8);
+    const auto [dM16, dM_inv] = to_block_f16(torch::randn({H, N, C, Dv}, kF64), 16, 8);
+    const auto T16 = hh::kernels::chunk_factors(k, v, g32, b32, grid, q, scale, nullptr, hh::kernels::UForm::kFloat32, true).T16;
+    // Forms: M and dM formed in the kernel; read; T read too; T read with chunks in turn (Dk = Dv = 128).
+    for (int form : {0, 1, 2, 3}) {
+      if (form == 3 && (Dk != 128 || Dv != 128)) continue;
+      auto run = [&](const torch::Tensor& g, const torch::Tensor& beta) {
+        hh::kernels::set_backward_chunks_in_turn(form == 3);
+        poison_allocator();
+        const auto d = form == 0 ? hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale)
+                       : form == 1 ? hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale, M16,
+                                                                 M_inv, dM16, dM_inv)
+                                   : hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale, M16,
+                                                                 M_inv, dM16, dM_inv, T16);
+        hh::kernels::set_backward_chunks_in_turn(false);
+        return d;
+      };
+      const std::string how = what + " form " + std::to_string(form);
+      const auto wide = run(g32, b32), narrow = run(g16, b16);
+      EXPECT_TRUE(torch::equal(wide.dq, narrow.dq)) << how << ": dq";
+      EXPECT_TRUE(torch::equal(wide.dk, narrow.dk)) << how << ": dk";
+      EXPECT_TRUE(torch::equal(wide.dv, narrow.dv)) << how << ": dv";
+      EXPECT_EQ(narrow.dg.scalar_type(), torch::kFloat) << how;
+      if (form == 3) {
+        EXPECT_LT(rel_err(narrow.dg, wide.dg), 1e-5) << how << ": dg";
+        EXPECT_LT(rel_err(narrow.dbeta, wide.dbeta), 1e-5) << how << ": dbeta";
+      } else {
+        EXPECT_TRUE(torch::equal(narrow.dg, wide.dg)) << how << ": dg";
+        EXPECT_TRUE(torch::equal(narrow.dbeta, wide.dbeta)) << how << ": dbeta";
+      }
+    }
+    std::string bad_beta = "(no refusal)";
+    try {
+      (void)hh::kernels::chunk_backward(q, k, v, g16, beta0.to(torch::kDouble), S16, S_inv, dS16, dS_inv, dO, grid, scale);
+    } catch (const std::invalid_argument& e) {
+      bad_beta = e.what();
+    }
+    EXPECT_NE(bad_beta.find("hh::kernels::chunk_backward: beta must be float32 or"), std::string::npos) << what << ": " << bad_beta;
+  });
+}
+
 // grad_to_grid_f16: the output's gradient on the chunk grid in block float16, one power-of-two scale a
 // chunk and head; bfloat16 and float16 values within 2^-28 of the chunk's largest magnitude are kept
 // exactly. Magnitudes spread over 2^-13 .. 2^13 within each chunk, padding slots zero, outputs from a
