@@ -239,6 +239,18 @@ template <class T>
 __device__ __forceinline__ unsigned gate_bits(const GateIn<T>& g, int64_t i) { return g.bits(i); }
 template <class T>
 __device__ __forceinline__ float gate_value(const GateIn<T>& g, unsigned b) { return g.value(b); }
+// A gate's gradient vector ([rows, H]: dg or dbeta), written in its gate's dtype: float32 (wide) or T,
+// rounded to nearest even where it is stored, the same bits as a conversion of a float32 result after
+// the kernel.
+template <class T>
+struct GateOut {
+  void* x;
+  bool wide;
+  __device__ __forceinline__ void put(int64_t i, float v) const {
+    if (wide) static_cast<float*>(x)[i] = v;
+    else static_cast<T*>(x)[i] = static_cast<T>(v);
+  }
+};
 
 // Warp 0: G = the chunk's inclusive cumulative sum of g (Gs), and beta (bs, when asked for), from g and beta
 // [rows, H] at the chunk's table of row * H + h (SlotRows::row_h; negative: padding, zero). G: a float
@@ -512,6 +524,10 @@ inline void need_gate(const at::Tensor& x, const char* fn, const char* what, at:
 }
 template <class T>
 GateIn<T> gate_in(const at::Tensor& x) {
+  return {x.data_ptr(), x.scalar_type() == at::kFloat};
+}
+template <class T>
+GateOut<T> gate_out(const at::Tensor& x) {
   return {x.data_ptr(), x.scalar_type() == at::kFloat};
 }
 inline void need(const at::Tensor& x, const char* fn, const char* what, at::IntArrayRef sizes, bool sixteen_bit) {

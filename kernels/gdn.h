@@ -337,9 +337,10 @@ GridF16 grad_to_grid_f16(const at::Tensor& dO, const ChunkGrid& grid);
 // chunk_backward: given every chunk's start state S and end-state gradient dS in block float16 (the
 // forward scan's S16 / S_inv and the reverse scan's, LowRankScanArgs), the gradients of
 // sum_n <scale dO_n, O_n> + <dS_n, S_{n+1}> through the chunk-local function with S and dS held fixed:
-// dq, dk, dv like q, k, v; dg and dbeta float32 [B, T, H]. Its products take 16-bit operands of q's
-// kind. g and beta as chunk_factors takes them: float32, or q's dtype converted where read (with chunks
-// in turn, a 16-bit gate's read waits for its load; a float32 one is copied by cp.async).
+// dq, dk, dv like q, k, v; dg and dbeta [B, T, H] in g's and beta's dtypes, rounded where stored (sums
+// in float32). Its products take 16-bit operands of q's kind. g and beta as chunk_factors takes them:
+// float32, or q's dtype converted where read (with chunks in turn, a 16-bit gate's read waits for its
+// load; a float32 one is copied by cp.async).
 // core/attention/gdn.cpp's chunk_local_backward is the reference.
 struct ChunkInputGrads {
   at::Tensor dq, dk, dv, dg, dbeta;

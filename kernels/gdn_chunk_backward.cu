@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                           GateIn<T> g, GateIn<T> beta, BlockF16 S, BlockF16 dS,
                           BlockF16 Mh, BlockF16 dMh, const T* __restrict__ dO, SlotRows slots, int H, int64_t N,
                           float scale, T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
-                          float* __restrict__ dg, float* __restrict__ dbeta, const T* __restrict__ t16) {
+                          GateOut<T> dg, GateOut<T> dbeta, const T* __restrict__ t16) {
   static_assert(HIST || !TK, "T from the forward with M and dM from the scans");
   static_assert(TK || !LOOP, "chunks in turn read T from the forward");
   constexpr bool kWideRows = TK || !HIST;  // store_rows
@@ -899,7 +899,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) kd_total += __shfl_xor_sync(0xffffffffu, kd_total, o);
       if (r % 32 == 0) sdot[kBwdWarps + r / 32] = kd_total;
-      if (row_h[r] >= 0) dbeta[row_h[r]] = sum4(db_sum, r) + eG[r] * kb_dot;
+      if (row_h[r] >= 0) dbeta.put(row_h[r], sum4(db_sum, r) + eG[r] * kb_dot);
       Gs[r] = dG;  // (G itself is no longer read)
     }
     __syncthreads();
@@ -919,8 +919,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const float y = __shfl_down_sync(0xffffffffu, s, o);
         if (l + o < 32) s += y;
       }
-      if (row_h[2 * l] >= 0) dg[row_h[2 * l]] = s;
-      if (row_h[2 * l + 1] >= 0) dg[row_h[2 * l + 1]] = s - a;
+      if (row_h[2 * l] >= 0) dg.put(row_h[2 * l], s);
+      if (row_h[2 * l + 1] >= 0) dg.put(row_h[2 * l + 1], s - a);
     }
     if constexpr (!LOOP) break;
     if (turns.next_h() < 0) break;
@@ -1020,9 +1020,9 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
     throw std::invalid_argument("hh::kernels::chunk_backward: q, k, v and dO of one 16-bit dtype, Dk and Dv in {64, 128} only");
   const SlotRows slots = slot_rows(grid, B, T);
   const c10::cuda::CUDAGuard guard(q.device());
-  const auto f32 = q.options().dtype(at::kFloat);
+  // dg and dbeta in g's and beta's dtypes (float32 or q's)
   ChunkInputGrads r{at::empty(q.sizes(), q.options()), at::empty(q.sizes(), q.options()), at::empty(v.sizes(), v.options()),
-                    at::empty({B, T, H}, f32), at::empty({B, T, H}, f32)};
+                    at::empty({B, T, H}, g.options()), at::empty({B, T, H}, beta.options())};
   if (N == 0 || H == 0) return r;
   dispatch(Dk, Dv, q.scalar_type(), [&](auto dk, auto dv, auto x) {
     using X = decltype(x);
@@ -1034,8 +1034,8 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
     auto run = [&](auto kernel, dim3 blocks, size_t smem) {
       launch_kernel(kernel, blocks, kBwdThreads, smem, in(q), in(k), in(v), gate_in<X>(g), gate_in<X>(beta),
                     block_f16(S16, S_inv), block_f16(dS16, dS_inv), mh, dmh, in(dO), slots, static_cast<int>(H), N,
-                    static_cast<float>(scale), out(r.dq), out(r.dk), out(r.dv), r.dg.data_ptr<float>(),
-                    r.dbeta.data_ptr<float>(), tk ? in(T16) : nullptr);
+                    static_cast<float>(scale), out(r.dq), out(r.dk), out(r.dv), gate_out<X>(r.dg),
+                    gate_out<X>(r.dbeta), tk ? in(T16) : nullptr);
     };
     const dim3 each(static_cast<unsigned>(N), static_cast<unsigned>(H));
     if constexpr (DK == 128 && DV == 128) {

@@ -471,6 +471,7 @@ at::Tensor aligned(const at::Tensor& x) {
 }
 // A gate (g or beta) as chunk_factors and chunk_backward read it: where it lies in float32 or in q's
 // dtype (the kernels convert each value as they read it), else converted to float32 first.
+// chunk_backward writes each gate's gradient in the dtype it read that gate in.
 at::Tensor gate_for_kernels(const at::Tensor& x, const at::Tensor& q) {
   return aligned(x.scalar_type() == at::kFloat || x.scalar_type() == q.scalar_type() ? x : x.to(at::kFloat));
 }

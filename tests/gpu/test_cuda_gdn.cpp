@@ -1138,13 +1138,15 @@ TEST(CudaGdn, GatesInTheInputsDtypeGiveTheBitsOfTheirFloat32Values) {
   }
 }
 
-// chunk_backward reads g and beta in the inputs' 16-bit dtype where they lie: every gradient the same bits
-// as with the float32 gates that are those values (the conversion is exact), in every form of the kernel
-// (chunks in turn: dg and dbeta sum in the order the warps come, so within float32 rounding there). T not
+// chunk_backward reads g and beta in the inputs' 16-bit dtype where they lie, and writes dg and dbeta in
+// their gates' dtypes: dq, dk, dv the same bits as with the float32 gates that are those values (the
+// conversion is exact), dg and dbeta those of the float32 gates' results rounded to 16 bits, in every form
+// of the kernel (chunks in turn: dg and dbeta sum in the order the warps come, so within a 16-bit step
+// there); with one gate of each kind, each gradient in its own gate's dtype. T not
 // a multiple of 64, B = 2, both 16-bit dtypes, every pair of head sizes, outputs from a NaN-poisoned
 // allocator. A gate of another dtype than float32 or q's is refused by name. (The rule's op, which now
 // passes its 16-bit gates to both chunk kernels, is checked against float32 gates in the test above.)
-TEST(CudaGdn, BackwardReadsGatesInTheInputsDtype) {
+TEST(CudaGdn, BackwardTakesAndGivesGatesInTheInputsDtype) {
   ASSERT_TRUE(torch::cuda::is_available());
   const int64_t B = 2, T = 150, H = 3, per = 3, N = B * per, C = 64;
   const double scale = 0.1;
@@ -1178,13 +1180,25 @@ TEST(CudaGdn, BackwardReadsGatesInTheInputsDtype) {
       EXPECT_TRUE(torch::equal(wide.dq, narrow.dq)) << how << ": dq";
       EXPECT_TRUE(torch::equal(wide.dk, narrow.dk)) << how << ": dk";
       EXPECT_TRUE(torch::equal(wide.dv, narrow.dv)) << how << ": dv";
-      EXPECT_EQ(narrow.dg.scalar_type(), torch::kFloat) << how;
-      if (form == 3) {
-        EXPECT_LT(rel_err(narrow.dg, wide.dg), 1e-5) << how << ": dg";
-        EXPECT_LT(rel_err(narrow.dbeta, wide.dbeta), 1e-5) << how << ": dbeta";
+      // dg and dbeta come in their gates' dtypes: float32 from float32 gates; from 16-bit ones, the float32
+      // results rounded where stored, the bits of converting the float32 gates' results after the kernel.
+      EXPECT_EQ(wide.dg.scalar_type(), torch::kFloat) << how;
+      EXPECT_EQ(wide.dbeta.scalar_type(), torch::kFloat) << how;
+      ASSERT_EQ(narrow.dg.scalar_type(), dt) << how << ": dg";
+      ASSERT_EQ(narrow.dbeta.scalar_type(), dt) << how << ": dbeta";
+      if (form == 3) {  // the float32 sums may differ in their last bit, and so round apart: within one 16-bit step
+        const double step = dt == torch::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
+        EXPECT_LT(rel_err(narrow.dg.to(torch::kFloat), wide.dg), step) << how << ": dg";
+        EXPECT_LT(rel_err(narrow.dbeta.to(torch::kFloat), wide.dbeta), step) << how << ": dbeta";
       } else {
-        EXPECT_TRUE(torch::equal(narrow.dg, wide.dg)) << how << ": dg";
-        EXPECT_TRUE(torch::equal(narrow.dbeta, wide.dbeta)) << how << ": dbeta";
+        EXPECT_TRUE(torch::equal(narrow.dg, wide.dg.to(dt))) << how << ": dg";
+        EXPECT_TRUE(torch::equal(narrow.dbeta, wide.dbeta.to(dt))) << how << ": dbeta";
+      }
+      if (form == 0) {  // one gate of each kind: each gradient in its own gate's dtype
+        const auto mixed = run(g32, b16);
+        EXPECT_EQ(mixed.dg.scalar_type(), torch::kFloat) << how;
+        EXPECT_TRUE(torch::equal(mixed.dg, wide.dg)) << how << ": dg with a 16-bit beta";
+        EXPECT_TRUE(torch::equal(mixed.dbeta, wide.dbeta.to(dt))) << how << ": dbeta in 16 bits beside a float32 g";
       }
     }
     std::string bad_beta = "(no refusal)";
