@@ -395,6 +395,15 @@ bool conv_in_factors_enabled();
 // (process-wide, on by default; off for benchmarks).
 void set_factors_four_blocks(bool on);
 bool factors_four_blocks_enabled();
+// At most n blocks of chunk_factors an SM (its dynamic shared memory padded to an SM's share, 1 <= n <= 32;
+// 0, the default: as many as fit), process-wide, for benchmarks: how its chunks' time grows as fewer
+// share an SM tells what a kernel forming each chunk's factors where it scans could expect. The padding
+// changes no result. factors_resident_blocks: the blocks an SM the last chunk_factors launch could hold.
+void set_factors_blocks_per_sm(int n);
+int factors_blocks_per_sm();
+int factors_resident_blocks();
+// The current CUDA device's SMs.
+int device_sms();
 
 // The copies between B regular sequences and the chunk grid of the rule's LibTorch backward, as one
 // pass each with 16-byte accesses (core/attention/gdn.cpp's to_chunks / from_chunks, whose permuting

@@ -22,7 +22,10 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/chunk_common.cuh"
 
@@ -945,6 +948,21 @@ bool g_block_f16_scan = true;
 bool g_f16_history = true;
 bool g_conv_in_factors = true;
 bool g_factors_four_blocks = true;
+int g_factors_blocks_an_sm = 0;                  // 0: as many as fit (set_factors_blocks_per_sm)
+std::atomic<int> g_factors_resident_blocks{0};  // the last launch's blocks an SM
+
+// The dynamic shared memory that lets at most n blocks of a kernel needing `smem` share an SM: a block's
+// share of the SM's shared memory, less what the device reserves a block (never less than `smem`).
+size_t smem_for_blocks_per_sm(size_t smem, int n) {
+  if (n <= 0) return smem;
+  int device = 0, per_sm = 0, reserved = 0, optin = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const size_t share = static_cast<size_t>(per_sm / n - reserved);
+  return std::max(smem, std::min(share, static_cast<size_t>(optin)));
+}
 
 }  // namespace
 
@@ -958,6 +976,13 @@ void set_conv_in_factors(bool on) { g_conv_in_factors = on; }
 bool conv_in_factors_enabled() { return g_conv_in_factors; }
 void set_factors_four_blocks(bool on) { g_factors_four_blocks = on; }
 bool factors_four_blocks_enabled() { return g_factors_four_blocks; }
+void set_factors_blocks_per_sm(int n) {
+  if (n < 0 || n > 32) throw std::invalid_argument("hh::kernels::set_factors_blocks_per_sm: expected 0 (as many as fit) to 32, got " + std::to_string(n));
+  g_factors_blocks_an_sm = n;
+}
+int factors_blocks_per_sm() { return g_factors_blocks_an_sm; }
+int factors_resident_blocks() { return g_factors_resident_blocks.load(std::memory_order_relaxed); }
+int device_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
 bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
   return (Dk == 64 || Dk == 128) && (Dv == 64 || Dv == 128) && (dtype == at::kBFloat16 || dtype == at::kHalf);
@@ -1033,7 +1058,8 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
     constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
     const PreConv<X> pc{static_cast<const X*>(pre.wq), static_cast<const X*>(pre.wk), static_cast<const X*>(pre.wv),
                         static_cast<const X*>(pre.cos), static_cast<const X*>(pre.sin), pre.eps};
-    auto run = [&](auto kernel, size_t smem) {
+    auto run = [&](auto kernel, size_t needed) {
+      const size_t smem = smem_for_blocks_per_sm(needed, g_factors_blocks_an_sm);
       for (int64_t n0 = 0; n0 < N; n0 += 65535) {  // the grid's y takes at most 2^16 - 1 chunks
         launch_kernel(kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(std::min<int64_t>(N - n0, 65535))),
                       kThreads, smem, static_cast<const X*>(k.data_ptr()),
@@ -1042,6 +1068,9 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
                       u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc,
                       maps, n0);
       }
+      int resident = 0;  // after the launch, which has set the kernel's shared memory attribute
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, smem));
+      g_factors_resident_blocks.store(resident, std::memory_order_relaxed);
     };
     if (conv != nullptr) {
       if constexpr (DK == 128 && DV == 128 && std::is_same_v<X, c10::BFloat16>) {

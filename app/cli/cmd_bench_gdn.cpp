@@ -47,6 +47,7 @@ struct GdnBenchArgs {
   bool direct_apart = false;  // the backward's direct term by chunk_state_direct instead of in the reverse scan
   bool backward_chunks_in_turn = false;  // chunk_backward one block an SM taking chunks in turn, not one a chunk
   bool fusion_in_scan = false;  // the layer's fusion norm inside the scan that writes the output
+  bool factors_occupancy = false;  // chunk_factors alone and the forward with 4, 3, 2 and 1 blocks of it an SM
   std::string backward = "kernels";
   std::string scan_segments = "auto";
   std::string scan_columns = "auto";
@@ -235,6 +236,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"direct_apart", a.direct_apart},
                          {"backward_chunks_in_turn", a.backward_chunks_in_turn},
                          {"fusion_in_scan", a.fusion_in_scan},
+                         {"factors_occupancy", a.factors_occupancy},
                          {"scan_kernel", a.scan_kernel},
                          {"scan_segments", a.scan_segments},
                          {"scan_columns", a.scan_columns},
@@ -402,6 +404,49 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                   "  %-10s (medians of three alternating rounds): forward + backward %.3f / %.3f ms\n",
                   "", "", *fb_each, *fb_turns);
     }
+#ifdef HH_HAVE_KERNELS
+    // chunk_factors alone (the inference forward's call) and the forward, back to back, at each cap on its
+    // blocks an SM: how a chunk's factors take longer as fewer blocks share an SM, which bounds what a kernel
+    // forming them where it scans (one block a piece of a head) could reach.
+    if (a.factors_occupancy && dev.is_cuda() && (dt == torch::kBFloat16 || dt == torch::kHalf) &&
+        kernels::chunk_forward_supported(a.dim, a.dim, dt) && a.chunk == 64) {
+      const int64_t per = (s.T + 63) / 64, N = s.B * per;
+      const kernels::ChunkGrid grid{N, per, {}};
+      auto factors = [&] {
+        return back_to_back_ms(dev, a.warmup, a.iters, [&] {
+          (void)kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, kernels::UForm::kFloat16Columns, false);
+        });
+      };
+      const std::vector<int> caps = {0, 3, 2, 1};  // 0: as many as fit
+      std::vector<std::vector<double>> alone(caps.size()), fwd(caps.size());
+      std::vector<int> held(caps.size(), 0);
+      for (int round = 0; round < 3; ++round) {
+        for (size_t i = 0; i < caps.size(); ++i) {
+          const auto t = with_setting(kernels::set_factors_blocks_per_sm, kernels::factors_blocks_per_sm, caps[i], dev, [&] {
+            const double f_alone = factors();
+            held[i] = kernels::factors_resident_blocks();
+            return std::make_pair(f_alone, forward(ours, back_to_back_ms));
+          });
+          if (t) alone[i].push_back(t->first), fwd[i].push_back(t->second);
+        }
+      }
+      std::string line_blocks, line_alone, line_fwd, line_chunk;
+      nlohmann::json occ = nlohmann::json::array();
+      const double slots_per_chunk = static_cast<double>(kernels::device_sms()) / static_cast<double>(N * a.heads);
+      for (size_t i = 0; i < caps.size(); ++i) {
+        const double fa = *median_of(alone[i]), ff = *median_of(fwd[i]);
+        const double chunk_us = 1e3 * fa * held[i] * slots_per_chunk;  // a block's time on its chunk
+        const std::string sep = i == 0 ? "" : " / ";
+        line_blocks += sep + std::to_string(held[i]);
+        line_alone += sep + figure(fa, 3), line_fwd += sep + figure(ff, 3), line_chunk += sep + figure(chunk_us, 1);
+        occ.push_back({{"blocks_an_sm", held[i]}, {"factors_b2b_ms", fa}, {"fwd_b2b_ms", ff}, {"block_us_a_chunk", chunk_us}});
+      }
+      row["factors_occupancy"] = occ;
+      std::printf("  %-10s chunk_factors at %s blocks an SM, back to back (medians of three rounds): alone %s ms, the\n"
+                  "  %-10s forward %s ms; a block's time on its chunk %s us\n",
+                  "", line_blocks.c_str(), line_alone.c_str(), "", line_fwd.c_str(), line_chunk.c_str());
+    }
+#endif
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
     out["rows"].push_back(row);
   }
@@ -719,6 +764,10 @@ BenchSub add_bench_gdn(CLI::App& bench) {
               "On CUDA with 16-bit inputs, Dk = Dv = 128: run the backward's chunk_backward as one block an SM taking "
               "chunks in turn (each chunk's loads landing during the chunk before), instead of one block a chunk (and "
               "leave that comparison out)");
+  c->add_flag("--factors-occupancy", a->factors_occupancy,
+              "On CUDA with 16-bit inputs: under each row, time chunk_factors alone and the forward, back to back, "
+              "with at most 4 (as built), 3, 2 and 1 blocks of chunk_factors an SM (its shared memory padded), and "
+              "each block's time on its chunk");
   c->add_flag("--fusion-in-scan", a->fusion_in_scan,
               "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
               "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "

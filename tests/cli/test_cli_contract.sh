@@ -59,6 +59,12 @@ grep -q "ceilings 0.5 TFLOP/s and 2 GB/s" <<<"$out" || fail "bench gdn table nam
 grep -q "b2b f+b" <<<"$out" && grep -q "1 runs queued back to back" <<<"$out" || fail "bench gdn table has no back-to-back columns: $out"
 set +e; msg=$("$HH" bench gdn --device cpu --shapes 1x64 --peak-gbps 0 2>&1); rc=$?; set -e
 [[ $rc -eq 1 ]] && grep -q -- "--peak-gbps" <<<"$msg" || fail "bench gdn with --peak-gbps 0 exited $rc: $msg"
+# --factors-occupancy is recorded, and off CUDA adds no figures (chunk_factors runs there only).
+tiny_gdn --factors-occupancy
+python3 -c 'import json,sys; j=json.loads(sys.argv[1]); assert j["factors_occupancy"] is True and "factors_occupancy" not in j["rows"][0], j' "$json" \
+  || fail "bench gdn --factors-occupancy JSON: $json"
+grep -q "chunk_factors at" <<<"$out" && fail "bench gdn printed chunk_factors' occupancy on the CPU: $out"
+grep -q -- "--factors-occupancy" <<<"$("$HH" bench gdn --help)" || fail "bench gdn --help names no --factors-occupancy"
 # The scan's segments and columns and the gates' range are recorded; a segment length that is not
 # auto or a non-negative number is refused by name.
 tiny_gdn --scan-segments 4 --scan-columns 16 --gate-max 0.01

@@ -621,6 +621,45 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
 // sums) and the same final state. Both dtypes and the chunk kernels' head sizes, the scan's 32- and
 // 16-column blocks, whole sequences and segments of two chunks (with warm-ups), T not a multiple of 64,
 // an initial state, o from a NaN-poisoned allocator (an unwritten element fails the comparison).
+// chunk_factors with its blocks an SM capped (its shared memory padded) gives the same bits as with as many
+// as fit, holds at most the cap (exactly the cap where the kernel alone would hold more), and refuses a cap
+// out of range.
+TEST(CudaGdn, FactorsBlocksAnSmCapChangesNoBit) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t B = 2, T = 150, H = 3, per = (T + 63) / 64;
+  const hh::kernels::ChunkGrid grid{B * per, per, {}};
+  for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& what) {
+    const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
+    auto factors = [&] {
+      poison_allocator();
+      return hh::kernels::chunk_factors(k, v, g, beta, grid, q, 0.1, nullptr, hh::kernels::UForm::kFloat16Columns);
+    };
+    ASSERT_EQ(hh::kernels::factors_blocks_per_sm(), 0) << what;
+    const auto want = factors();
+    const int fit = hh::kernels::factors_resident_blocks();
+    ASSERT_GE(fit, 1) << what;
+    for (int cap : {3, 2, 1}) {
+      hh::kernels::set_factors_blocks_per_sm(cap);
+      const auto got = factors();
+      const int held = hh::kernels::factors_resident_blocks();
+      hh::kernels::set_factors_blocks_per_sm(0);
+      const std::string how = what + " at most " + std::to_string(cap) + " blocks an SM";
+      EXPECT_EQ(held, std::min(cap, fit)) << how;
+      const std::vector<std::pair<const char*, std::pair<torch::Tensor, torch::Tensor>>> pairs = {
+          {"W", {got.W, want.W}},         {"U", {got.U, want.U}},   {"U_inv", {got.U_inv, want.U_inv}},
+          {"kdecay", {got.kdecay, want.kdecay}}, {"decay", {got.decay, want.decay}}, {"bound", {got.bound, want.bound}},
+          {"Qd", {got.Qd, want.Qd}},      {"Aq", {got.Aq, want.Aq}}, {"aq_inv", {got.aq_inv, want.aq_inv}}};
+      for (const auto& [name, t] : pairs) EXPECT_TRUE(torch::equal(t.first, t.second)) << how << ": " << name;
+    }
+    // Back to as many as fit.
+    (void)factors();
+    EXPECT_EQ(hh::kernels::factors_resident_blocks(), fit) << what;
+  });
+  EXPECT_THROW(hh::kernels::set_factors_blocks_per_sm(-1), std::invalid_argument);
+  EXPECT_THROW(hh::kernels::set_factors_blocks_per_sm(33), std::invalid_argument);
+  EXPECT_EQ(hh::kernels::factors_blocks_per_sm(), 0);
+}
+
 TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
   ASSERT_TRUE(torch::cuda::is_available());
   const int64_t B = 2, T = 777, H = 3, per = (T + 63) / 64, N = B * per, C = 64;
