@@ -252,27 +252,44 @@ struct GateOut {
   }
 };
 
+// A lane of warp 0's share of a chunk's gates as loaded and not yet converted (chunk_gates): its two rows'
+// g and beta bits, and whether each row is one (not padding). Kept in registers, it lets a kernel issue
+// the next chunk's gate loads long before it needs their values (chunk_factors' chunks in turn).
+struct GateBits {
+  unsigned g0, g1, b0, b1;
+  bool in0, in1;
+};
+// Warp 0's lane: the loads of its rows 2 l and 2 l + 1, from g and beta [rows, H] at the chunk's table of
+// row * H + h (SlotRows::row_h; negative: padding). Padding reads row 0 (there is one) and drops it: every
+// load unconditional, all four in flight before the first value is used (beta's with g's: after the sum,
+// the two waits were in series).
+template <class G, class Beta>
+__device__ __forceinline__ GateBits chunk_gate_bits(G g, Beta beta, const int64_t* row_h, bool with_beta) {
+  const int l = threadIdx.x;  // warp 0's lanes only
+  const int64_t r0 = row_h[2 * l], r1 = row_h[2 * l + 1];
+  const int64_t i0 = r0 >= 0 ? r0 : 0, i1 = r1 >= 0 ? r1 : 0;
+  GateBits b{gate_bits(g, i0), gate_bits(g, i1), 0u, 0u, r0 >= 0, r1 >= 0};
+  if constexpr (!std::is_same_v<Beta, std::nullptr_t>)
+    if (with_beta) b.b0 = gate_bits(beta, i0), b.b1 = gate_bits(beta, i1);
+  return b;
+}
+// Warp 0: the loaded bits' values, G = their inclusive cumulative sum of g (Gs) and beta (bs, when given).
+template <class G, class Beta>
+__device__ __forceinline__ void put_gate_bits(G g, Beta beta, const GateBits& b, float* Gs, float* bs) {
+  const float g0 = b.in0 ? gate_value(g, b.g0) : 0.f, g1 = b.in1 ? gate_value(g, b.g1) : 0.f;
+  float b0 = 0.f, b1 = 0.f;
+  if constexpr (!std::is_same_v<Beta, std::nullptr_t>)
+    if (bs != nullptr) b0 = b.in0 ? gate_value(beta, b.b0) : 0.f, b1 = b.in1 ? gate_value(beta, b.b1) : 0.f;
+  put_gates(threadIdx.x, g0, g1, b0, b1, Gs, bs);  // warp 0's lanes only
+}
+
 // Warp 0: G = the chunk's inclusive cumulative sum of g (Gs), and beta (bs, when asked for), from g and beta
 // [rows, H] at the chunk's table of row * H + h (SlotRows::row_h; negative: padding, zero). G: a float
 // pointer or a GateIn; beta: the same, or nullptr (with bs nullptr).
 template <class G, class Beta>
 __device__ __forceinline__ void chunk_gates(G g, Beta beta, const int64_t* row_h, float* Gs, float* bs) {
   if (threadIdx.x >= 32) return;
-  const int l = threadIdx.x;
-  const int64_t r0 = row_h[2 * l], r1 = row_h[2 * l + 1];
-  // Padding reads row 0 (there is one) and drops it: every load unconditional, all four in flight before
-  // the first value is used (beta's with g's: after the sum, the two waits were in series).
-  const int64_t i0 = r0 >= 0 ? r0 : 0, i1 = r1 >= 0 ? r1 : 0;
-  const unsigned g0b = gate_bits(g, i0), g1b = gate_bits(g, i1);
-  constexpr bool kBeta = !std::is_same_v<Beta, std::nullptr_t>;
-  unsigned b0b = 0u, b1b = 0u;
-  if constexpr (kBeta)
-    if (bs != nullptr) b0b = gate_bits(beta, i0), b1b = gate_bits(beta, i1);
-  const float g0 = r0 >= 0 ? gate_value(g, g0b) : 0.f, g1 = r1 >= 0 ? gate_value(g, g1b) : 0.f;
-  float b0 = 0.f, b1 = 0.f;
-  if constexpr (kBeta)
-    if (bs != nullptr) b0 = r0 >= 0 ? gate_value(beta, b0b) : 0.f, b1 = r1 >= 0 ? gate_value(beta, b1b) : 0.f;
-  put_gates(l, g0, g1, b0, b1, Gs, bs);
+  put_gate_bits(g, beta, chunk_gate_bits(g, beta, row_h, bs != nullptr), Gs, bs);
 }
 
 // The end of a chunk kernel's loads: commits the tile copies the block has issued, reads the chunk's

@@ -404,6 +404,14 @@ int factors_blocks_per_sm();
 int factors_resident_blocks();
 // The current CUDA device's SMs.
 int device_sms();
+// chunk_factors with q (no convolution) as n blocks an SM (1 or 2) taking chunks in turn, each chunk's rows
+// and gates loaded during the chunk before, instead of one block a chunk (0, the default); process-wide,
+// for benchmarks: what forming a chunk's factors costs an SM that keeps one or two chunks in flight, as a
+// kernel forming them where it scans would. The same bits either way. factors_in_turn_launches counts
+// that kernel's launches.
+void set_factors_in_turn(int blocks_an_sm);
+int factors_in_turn();
+int64_t factors_in_turn_launches();
 
 // The copies between B regular sequences and the chunk grid of the rule's LibTorch backward, as one
 // pass each with 16-byte accesses (core/attention/gdn.cpp's to_chunks / from_chunks, whose permuting

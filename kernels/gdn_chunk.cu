@@ -241,6 +241,11 @@ constexpr size_t factors_smem() {
   return (kC * ld16<DK>() + factors_second_tile<DK, DV, OUT>()) * sizeof(T) +
          (kC * kLdT + 4 * kC + 4) * sizeof(float) + kC * sizeof(int64_t) + 2 * sizeof(unsigned long long);
 }
+// Chunks in turn (chunk_factors_kernel's TURN): a second set of the two tiles and of the row table.
+template <int DK, int DV, class T>
+constexpr size_t factors_turn_smem() {
+  return factors_smem<DK, DV, T, true>() + (kC * ld16<DK>() + factors_second_tile<DK, DV, true>()) * sizeof(T) + kC * sizeof(int64_t);
+}
 
 // Eight consecutive 16-bit values of T's kind at x (16-byte aligned) times s, rounded to float16 as
 // c10::Half rounds (to nearest even), in one 16-byte vector.
@@ -442,33 +447,42 @@ __device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, con
 // convolution (D = 64) spills about 120 bytes a thread at 64 registers; the by-rows one (D = 128) none for
 // bfloat16 and 12 bytes for float16, so the bfloat16 Dh = 128 form also comes in four
 // (set_factors_four_blocks).
-template <int DK, int DV, class T, bool OUT, bool PRE, int MINB = (PRE ? 3 : 4)>
+// TURN (with OUT, without PRE): a grid of a few blocks an SM, each taking chunks in turn (chunk c, then c +
+// gridDim.x, ..., in the order of (chunk, head) with heads fastest, n0 = 0 and `turns` chunks in all), with
+// a second set of K and Q/V tiles and row table (factors_turn_smem): each chunk's K and Q rows and its gate
+// loads are issued once the chunk before has issued V's, and land while it forms its inverse, W and U.
+// Each chunk's arithmetic is the one-block-a-chunk form's, so every output is the same bits.
+template <int DK, int DV, class T, bool OUT, bool PRE, int MINB = (PRE ? 3 : 4), bool TURN = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, GateIn<T> g, GateIn<T> beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
                          void* __restrict__ U, float* __restrict__ U_inv, c10::Half* __restrict__ kdecay,
                          float* __restrict__ decay, float* __restrict__ bound, OutFactors of, PreConv<T> pc,
-                         const __grid_constant__ ConvMaps maps, int64_t n0) {
+                         const __grid_constant__ ConvMaps maps, int64_t n0, int64_t turns) {
   static_assert(OUT || !PRE, "the short convolution inside chunk_factors comes with the output's factors");
   static_assert(!PRE || DK == DV, "V formed into K's region");
+  static_assert(!TURN || (OUT && !PRE), "chunks in turn: the form with the output's factors, without the convolution");
   extern __shared__ float4 smem4[];
-  T* const Ks = reinterpret_cast<T*>(smem4);
-  T* const Vs = Ks + kC * ld16<DK>();
-  T* const Qs = Vs;  // with OUT, until V is loaded
-  float* const Ls = reinterpret_cast<float*>(Vs + factors_second_tile<DK, DV, OUT>());  // L, then T = (I + L)^{-1}
+  T* const Ks0 = reinterpret_cast<T*>(smem4);
+  T* const Vs0 = Ks0 + kC * ld16<DK>();
+  float* const Ls = reinterpret_cast<float*>(Vs0 + factors_second_tile<DK, DV, OUT>());  // L, then T = (I + L)^{-1}
   float* const Gs = Ls + kC * kLdT;
   float* const bs = Gs + kC;  // beta
   float* const ws = bs + kC;  // beta e^G: W's scale
   float* const kk = ws + kC;  // beta_t k_t.k_t
   unsigned* const amax = reinterpret_cast<unsigned*>(kk + kC);  // Aq's largest |entry|, as bits (then 3 spare words)
-  int64_t* const row_h = reinterpret_cast<int64_t*>(amax + 4);  // each slot's row of [rows * H, D]
-  unsigned long long* const landed = reinterpret_cast<unsigned long long*>(row_h + kC);  // PRE: q and k's raw rows; v's
-  // The grid is (H, chunks n0 ..; a launch takes at most 2^16 - 1 chunks): heads vary fastest, so the H
-  // blocks of a chunk run together and its rows of q, k and v (one span of H D values a row) and of
-  // RoPE's tables are read from memory once and then from L2, where the other order read the tables
-  // again for each head (64 MB at T = 128K, more than L2; the kernel's DRAM bytes fell by a fifth).
-  const int64_t n = n0 + blockIdx.y;
-  const int h = blockIdx.x, tid = threadIdx.x;
+  int64_t* const row_h0 = reinterpret_cast<int64_t*>(amax + 4);  // each slot's row of [rows * H, D]
+  unsigned long long* const landed = reinterpret_cast<unsigned long long*>(row_h0 + kC);  // PRE: q and k's raw rows; v's
+  const int tid = threadIdx.x;
+  // TURN: the next chunk's gate loads, warp 0's, issued after the chunk's V (put once the chunk is done).
+  GateBits next_gates{};
+  // Chunk n of head h with its tiles at Ks, Vs and its row table at row_h: with `landed` (TURN) its rows,
+  // table and gates are in place; `issue_next` (TURN) runs once V's copies are issued, and issues the next
+  // chunk's loads as one more group of copies.
+  auto one_chunk = [&](const int64_t n, const int h, T* const Ks, T* const Vs, int64_t* const row_h, const bool rows_landed,
+                       auto&& issue_next) {
+  T* const Qs = Vs;  // with OUT, until V is loaded
   const int64_t chunk = static_cast<int64_t>(h) * N + n;
+  if (!rows_landed) {
   if (tid < kC) row_h[tid] = slots.row_h(n, tid, h, H);
   if (tid == 0) *amax = 0u;
   if constexpr (PRE) {
@@ -509,6 +523,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   } else {
     gates_while_tiles_land(g, beta, row_h, Gs, bs);
   }
+  }  // the rows, table and gates in place
   if constexpr (PRE) {
     short_conv_tile<DK, true>(Ks, Qs, pc.wq, pc, slots, n, h);
     __syncthreads();  // Q's raw rows read: K's region takes K
@@ -563,6 +578,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     } else {
       load_rows<DV, kThreads>(Vs, v, row_h);
       cp_async_commit();
+      if constexpr (TURN) issue_next();
     }
   }
 
@@ -611,7 +627,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if constexpr (PRE) {  // V's rows
       if (tid == 0) mbar_wait(&landed[1], 0);
     } else {
-      cp_async_wait<0>();
+      cp_async_wait<TURN ? 1 : 0>();  // TURN: the next chunk's group, issued after V's, may still be landing
     }
     __syncthreads();
     if constexpr (PRE) {
@@ -638,6 +654,50 @@ __global__ void __launch_bounds__(kThreads, MINB)
     }
   }
   lower_times<DV>(Ls, PRE ? Ks : Vs, bs, static_cast<float*>(U) + chunk * kC * DV);
+  };
+
+  if constexpr (!TURN) {
+    // The grid is (H, chunks n0 ..; a launch takes at most 2^16 - 1 chunks): heads vary fastest, so the H
+    // blocks of a chunk run together and its rows of q, k and v (one span of H D values a row) and of
+    // RoPE's tables are read from memory once and then from L2, where the other order read the tables
+    // again for each head (64 MB at T = 128K, more than L2; the kernel's DRAM bytes fell by a fifth).
+    one_chunk(n0 + blockIdx.y, blockIdx.x, Ks0, Vs0, row_h0, false, [] {});
+  } else {
+    // The second tiles and row table, after `landed`.
+    T* const Ks1 = reinterpret_cast<T*>(landed + 2);
+    T* const Vs1 = Ks1 + kC * ld16<DK>();
+    int64_t* const row_h1 = reinterpret_cast<int64_t*>(Vs1 + factors_second_tile<DK, DV, OUT>());
+    int64_t c = blockIdx.x;  // (chunk, head) in the order heads fastest, as the grid above
+    bool landed_rows = false;
+    for (int b = 0; c < turns; b ^= 1) {
+      T* const Ks = b ? Ks1 : Ks0;
+      T* const Vs = b ? Vs1 : Vs0;
+      int64_t* const row_h = b ? row_h1 : row_h0;
+      T* const Kn = b ? Ks0 : Ks1;
+      T* const Qn = b ? Vs0 : Vs1;
+      int64_t* const row_n = b ? row_h0 : row_h1;
+      const int64_t cn = c + gridDim.x;
+      const bool more = cn < turns;
+      // The next chunk's table, read after the chunk's first barrier (its rows are issued after V's).
+      if (more && tid < kC) row_n[tid] = slots.row_h(cn / H, tid, static_cast<int>(cn % H), H);
+      one_chunk(c / H, static_cast<int>(c % H), Ks, Vs, row_h, landed_rows, [&] {
+        if (more) {
+          load_rows<DK, kThreads>(Kn, k, row_n);
+          load_rows<DK, kThreads>(Qn, static_cast<const T*>(of.q), row_n);
+          if (tid < 32) next_gates = chunk_gate_bits(g, beta, row_n, true);
+        }
+        cp_async_commit();  // an empty group without a next chunk: the wait for V above counts on one
+      });
+      if (!more) break;
+      __syncthreads();  // the chunk's reads of Gs, bs and amax are done
+      if (tid < 32) put_gate_bits(g, beta, next_gates, Gs, bs);
+      if (tid == 0) *amax = 0u;
+      cp_async_wait<0>();
+      __syncthreads();
+      landed_rows = true;
+      c = cn;
+    }
+  }
 }
 
 template <int DK, class T>
@@ -949,6 +1009,8 @@ bool g_f16_history = true;
 bool g_conv_in_factors = true;
 bool g_factors_four_blocks = true;
 int g_factors_blocks_an_sm = 0;                  // 0: as many as fit (set_factors_blocks_per_sm)
+int g_factors_in_turn = 0;                       // blocks an SM taking chunks in turn; 0: one block a chunk
+std::atomic<int64_t> g_factors_turn_launches{0};
 std::atomic<int> g_factors_resident_blocks{0};  // the last launch's blocks an SM
 
 // The dynamic shared memory that lets at most n blocks of a kernel needing `smem` share an SM: a block's
@@ -982,6 +1044,14 @@ void set_factors_blocks_per_sm(int n) {
 }
 int factors_blocks_per_sm() { return g_factors_blocks_an_sm; }
 int factors_resident_blocks() { return g_factors_resident_blocks.load(std::memory_order_relaxed); }
+void set_factors_in_turn(int blocks_an_sm) {
+  if (blocks_an_sm < 0 || blocks_an_sm > 2)
+    throw std::invalid_argument("hh::kernels::set_factors_in_turn: expected 0 (one block a chunk), 1 or 2 blocks an SM, got " +
+                                std::to_string(blocks_an_sm));
+  g_factors_in_turn = blocks_an_sm;
+}
+int factors_in_turn() { return g_factors_in_turn; }
+int64_t factors_in_turn_launches() { return g_factors_turn_launches.load(std::memory_order_relaxed); }
 int device_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
 bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
@@ -1058,16 +1128,16 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
     constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
     const PreConv<X> pc{static_cast<const X*>(pre.wq), static_cast<const X*>(pre.wk), static_cast<const X*>(pre.wv),
                         static_cast<const X*>(pre.cos), static_cast<const X*>(pre.sin), pre.eps};
+    auto launch = [&](auto kernel, dim3 grid, size_t smem, int64_t n0, int64_t turns) {
+      launch_kernel(kernel, grid, kThreads, smem, static_cast<const X*>(k.data_ptr()), static_cast<const X*>(v.data_ptr()),
+                    gate_in<X>(g), gate_in<X>(beta), slots, static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr(),
+                    u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(),
+                    r.bound.data_ptr<float>(), of, pc, maps, n0, turns);
+    };
     auto run = [&](auto kernel, size_t needed) {
       const size_t smem = smem_for_blocks_per_sm(needed, g_factors_blocks_an_sm);
-      for (int64_t n0 = 0; n0 < N; n0 += 65535) {  // the grid's y takes at most 2^16 - 1 chunks
-        launch_kernel(kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(std::min<int64_t>(N - n0, 65535))),
-                      kThreads, smem, static_cast<const X*>(k.data_ptr()),
-                      static_cast<const X*>(v.data_ptr()), gate_in<X>(g), gate_in<X>(beta), slots,
-                      static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr(),
-                      u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(), r.bound.data_ptr<float>(), of, pc,
-                      maps, n0);
-      }
+      for (int64_t n0 = 0; n0 < N; n0 += 65535)  // the grid's y takes at most 2^16 - 1 chunks
+        launch(kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(std::min<int64_t>(N - n0, 65535))), smem, n0, 0);
       int resident = 0;  // after the launch, which has set the kernel's shared memory attribute
       C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, smem));
       g_factors_resident_blocks.store(resident, std::memory_order_relaxed);
@@ -1079,6 +1149,17 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
       } else if constexpr (DK == DV) {
         run(chunk_factors_kernel<DK, DV, X, true, true>, factors_smem<DK, DV, X, true>());
       }
+    } else if (q.defined() && g_factors_in_turn > 0) {
+      // Chunks in turn: g_factors_in_turn blocks an SM (their shared memory padded so that no more share
+      // one), each taking every gridDim.x-th (chunk, head).
+      auto kernel = chunk_factors_kernel<DK, DV, X, true, false, 2, true>;
+      const size_t smem = smem_for_blocks_per_sm(factors_turn_smem<DK, DV, X>(), g_factors_in_turn);
+      const int64_t turns = N * H, blocks = std::min<int64_t>(turns, static_cast<int64_t>(device_sms()) * g_factors_in_turn);
+      launch(kernel, dim3(static_cast<unsigned>(blocks)), smem, 0, turns);
+      int resident = 0;
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, smem));
+      g_factors_resident_blocks.store(resident, std::memory_order_relaxed);
+      g_factors_turn_launches.fetch_add(1, std::memory_order_relaxed);
     } else if (q.defined()) {
       run(chunk_factors_kernel<DK, DV, X, true, false>, factors_smem<DK, DV, X, true>());
     } else {

@@ -445,6 +445,31 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       std::printf("  %-10s chunk_factors at %s blocks an SM, back to back (medians of three rounds): alone %s ms, the\n"
                   "  %-10s forward %s ms; a block's time on its chunk %s us\n",
                   "", line_blocks.c_str(), line_alone.c_str(), "", line_fwd.c_str(), line_chunk.c_str());
+      // The same kernel's chunks in turn, one or two blocks an SM, each chunk's loads landing during the one before.
+      std::vector<double> turn_alone[2], turn_fwd[2];
+      int turn_held[2] = {0, 0};
+      for (int round = 0; round < 3; ++round) {
+        for (int blocks : {1, 2}) {
+          const auto t = with_setting(kernels::set_factors_in_turn, kernels::factors_in_turn, blocks, dev, [&] {
+            const double f_alone = factors();
+            turn_held[blocks - 1] = kernels::factors_resident_blocks();
+            return std::make_pair(f_alone, forward(ours, back_to_back_ms));
+          });
+          if (t) turn_alone[blocks - 1].push_back(t->first), turn_fwd[blocks - 1].push_back(t->second);
+        }
+      }
+      nlohmann::json turns = nlohmann::json::array();
+      double ta[2], tf[2], tc[2];
+      for (int i = 0; i < 2; ++i) {
+        ta[i] = *median_of(turn_alone[i]), tf[i] = *median_of(turn_fwd[i]);
+        tc[i] = 1e3 * ta[i] * turn_held[i] * slots_per_chunk;
+        turns.push_back({{"blocks_an_sm", turn_held[i]}, {"factors_b2b_ms", ta[i]}, {"fwd_b2b_ms", tf[i]}, {"block_us_a_chunk", tc[i]}});
+      }
+      row["factors_in_turn"] = turns;
+      std::printf("  %-10s chunk_factors taking chunks in turn at %d / %d blocks an SM (each chunk's loads landing during\n"
+                  "  %-10s the one before): alone %.3f / %.3f ms, the forward %.3f / %.3f ms; a block's time on its chunk\n"
+                  "  %-10s %.1f / %.1f us\n",
+                  "", turn_held[0], turn_held[1], "", ta[0], ta[1], tf[0], tf[1], "", tc[0], tc[1]);
     }
 #endif
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;
@@ -767,7 +792,8 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_flag("--factors-occupancy", a->factors_occupancy,
               "On CUDA with 16-bit inputs: under each row, time chunk_factors alone and the forward, back to back, "
               "with at most 4 (as built), 3, 2 and 1 blocks of chunk_factors an SM (its shared memory padded), and "
-              "each block's time on its chunk");
+              "with 1 and 2 blocks an SM taking chunks in turn (each chunk's loads landing during the one before), "
+              "and each block's time on its chunk");
   c->add_flag("--fusion-in-scan", a->fusion_in_scan,
               "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
               "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "

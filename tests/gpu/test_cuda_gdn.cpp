@@ -660,6 +660,69 @@ TEST(CudaGdn, FactorsBlocksAnSmCapChangesNoBit) {
   EXPECT_EQ(hh::kernels::factors_blocks_per_sm(), 0);
 }
 
+// chunk_factors as one or two blocks an SM taking chunks in turn (set_factors_in_turn), each chunk's rows and
+// gates loaded during the chunk before, against one block a chunk: every output the same bits, with U in
+// float32 and in float16 columns and with T kept; over three times as many (chunk, head) pairs as blocks,
+// so that every block takes several chunks and the last turn leaves some without one; short last chunks;
+// regular sequences and packed ones on a gather grid (an empty one, one shorter than a chunk, one of exactly
+// a chunk); both 16-bit dtypes and the four head-size pairs; outputs from a NaN-poisoned allocator.
+TEST(CudaGdn, FactorsInTurnEqualOneBlockAChunk) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount, H = 3, C = 64;
+  for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& what_dims) {
+    for (bool packed : {false, true}) {
+      const std::string what = what_dims + (packed ? " packed" : " regular");
+      const int64_t per = (6 * sms) / (2 * H) + 2;  // chunks of each of the two regular sequences
+      int64_t B = 2, T = C * (per - 1) + 23, N = B * per;
+      torch::Tensor gather;
+      if (packed) {
+        const std::vector<int64_t> lengths = {100, 0, 40, C * (6 * sms / H) + 17, C, 1};
+        B = 1, T = 0, N = 0;
+        for (int64_t len : lengths) T += len, N += (len + C - 1) / C;
+        std::vector<int64_t> slots;
+        int64_t a = 0;
+        for (int64_t len : lengths) {
+          for (int64_t j = 0; j < (len + C - 1) / C; ++j)
+            for (int64_t r = 0; r < C; ++r) slots.push_back(C * j + r < len ? a + C * j + r : B * T);
+          a += len;
+        }
+        gather = torch::tensor(slots, torch::kLong).to(torch::kCUDA);
+      }
+      ASSERT_GT(N * H, 6 * sms) << what;
+      const hh::kernels::ChunkGrid grid{N, packed ? 0 : per, gather};
+      const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
+      for (int form : {0, 1}) {  // U in float16 columns; U in float32 with T kept
+        const auto u = form == 0 ? hh::kernels::UForm::kFloat16Columns : hh::kernels::UForm::kFloat32;
+        auto factors = [&](int blocks) {
+          hh::kernels::set_factors_in_turn(blocks);
+          const int64_t before = hh::kernels::factors_in_turn_launches();
+          poison_allocator();
+          const auto f = hh::kernels::chunk_factors(k, v, g, beta, grid, q, 0.1, nullptr, u, form == 1);
+          hh::kernels::set_factors_in_turn(0);
+          EXPECT_EQ(hh::kernels::factors_in_turn_launches() - before, blocks > 0 ? 1 : 0) << what << ": which kernel ran";
+          if (blocks > 0) EXPECT_EQ(hh::kernels::factors_resident_blocks(), blocks) << what << ": blocks an SM";
+          return f;
+        };
+        const auto want = factors(0);
+        for (int blocks : {1, 2}) {
+          const auto got = factors(blocks);
+          const std::string how = what + " form " + std::to_string(form) + ", " + std::to_string(blocks) + " blocks an SM in turn";
+          std::vector<std::pair<const char*, std::pair<torch::Tensor, torch::Tensor>>> pairs = {
+              {"W", {got.W, want.W}},         {"U", {got.U, want.U}},         {"kdecay", {got.kdecay, want.kdecay}},
+              {"decay", {got.decay, want.decay}}, {"bound", {got.bound, want.bound}}, {"Qd", {got.Qd, want.Qd}},
+              {"Aq", {got.Aq, want.Aq}},      {"aq_inv", {got.aq_inv, want.aq_inv}}};
+          if (form == 0) pairs.push_back({"U_inv", {got.U_inv, want.U_inv}});
+          else pairs.push_back({"T16", {got.T16, want.T16}});
+          for (const auto& [name, t] : pairs) EXPECT_TRUE(torch::equal(t.first, t.second)) << how << ": " << name;
+        }
+      }
+    }
+  });
+  EXPECT_THROW(hh::kernels::set_factors_in_turn(3), std::invalid_argument);
+  EXPECT_THROW(hh::kernels::set_factors_in_turn(-1), std::invalid_argument);
+  EXPECT_EQ(hh::kernels::factors_in_turn(), 0);
+}
+
 TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
   ASSERT_TRUE(torch::cuda::is_available());
   const int64_t B = 2, T = 777, H = 3, per = (T + 63) / 64, N = B * per, C = 64;
