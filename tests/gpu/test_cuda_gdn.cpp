@@ -660,6 +660,28 @@ TEST(CudaGdn, FactorsBlocksAnSmCapChangesNoBit) {
   EXPECT_EQ(hh::kernels::factors_blocks_per_sm(), 0);
 }
 
+// The shapes of the tests of chunks in turn: two regular sequences of `per` chunks, the last 23 rows long;
+// or one row of packed sequences of these lengths on a gather grid (a padding slot reads row B T).
+struct TurnsGrid {
+  int64_t B, T, N;
+  torch::Tensor gather;
+};
+TurnsGrid turns_grid(bool packed, int64_t per, const std::vector<int64_t>& lengths) {
+  constexpr int64_t C = 64;
+  if (!packed) return {2, C * (per - 1) + 23, 2 * per, torch::Tensor()};
+  TurnsGrid t{1, 0, 0, torch::Tensor()};
+  for (int64_t len : lengths) t.T += len, t.N += (len + C - 1) / C;
+  std::vector<int64_t> slots;
+  int64_t a = 0;
+  for (int64_t len : lengths) {
+    for (int64_t j = 0; j < (len + C - 1) / C; ++j)
+      for (int64_t r = 0; r < C; ++r) slots.push_back(C * j + r < len ? a + C * j + r : t.B * t.T);
+    a += len;
+  }
+  t.gather = torch::tensor(slots, torch::kLong).to(torch::kCUDA);
+  return t;
+}
+
 // chunk_factors as one or two blocks an SM taking chunks in turn (set_factors_in_turn), each chunk's rows and
 // gates loaded during the chunk before, against one block a chunk: every output the same bits, with U in
 // float32 and in float16 columns and with T kept; over three times as many (chunk, head) pairs as blocks,
@@ -672,24 +694,10 @@ TEST(CudaGdn, FactorsInTurnEqualOneBlockAChunk) {
   for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& what_dims) {
     for (bool packed : {false, true}) {
       const std::string what = what_dims + (packed ? " packed" : " regular");
-      const int64_t per = (6 * sms) / (2 * H) + 2;  // chunks of each of the two regular sequences
-      int64_t B = 2, T = C * (per - 1) + 23, N = B * per;
-      torch::Tensor gather;
-      if (packed) {
-        const std::vector<int64_t> lengths = {100, 0, 40, C * (6 * sms / H) + 17, C, 1};
-        B = 1, T = 0, N = 0;
-        for (int64_t len : lengths) T += len, N += (len + C - 1) / C;
-        std::vector<int64_t> slots;
-        int64_t a = 0;
-        for (int64_t len : lengths) {
-          for (int64_t j = 0; j < (len + C - 1) / C; ++j)
-            for (int64_t r = 0; r < C; ++r) slots.push_back(C * j + r < len ? a + C * j + r : B * T);
-          a += len;
-        }
-        gather = torch::tensor(slots, torch::kLong).to(torch::kCUDA);
-      }
+      const auto [B, T, N, gather] = turns_grid(packed, (6 * sms) / (2 * H) + 2, {100, 0, 40, C * (6 * sms / H) + 17, C, 1});
+      const int64_t per = packed ? 0 : N / B;
       ASSERT_GT(N * H, 6 * sms) << what;
-      const hh::kernels::ChunkGrid grid{N, packed ? 0 : per, gather};
+      const hh::kernels::ChunkGrid grid{N, per, gather};
       const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
       for (int form : {0, 1}) {  // U in float16 columns; U in float32 with T kept
         const auto u = form == 0 ? hh::kernels::UForm::kFloat16Columns : hh::kernels::UForm::kFloat32;
@@ -1125,21 +1133,7 @@ TEST(CudaGdn, BackwardChunksInTurnEqualOneBlockAChunk) {
     for (bool packed : {false, true}) {
       const std::string what = std::string(c10::toString(dt)) + (packed ? " packed" : " regular");
       // Regular: B sequences of T tokens (the last chunk 23 long). Packed: one row of these lengths.
-      const std::vector<int64_t> lengths = {100, 0, 40, C * (3 * sms / H) + 17, C, 1};
-      int64_t B = 2, T = C * (per - 1) + 23, N = B * per;
-      torch::Tensor gather;
-      if (packed) {
-        B = 1, T = 0, N = 0;
-        for (int64_t len : lengths) T += len, N += (len + C - 1) / C;
-        std::vector<int64_t> slots;
-        int64_t a = 0;
-        for (int64_t len : lengths) {
-          for (int64_t j = 0; j < (len + C - 1) / C; ++j)
-            for (int64_t r = 0; r < C; ++r) slots.push_back(C * j + r < len ? a + C * j + r : B * T);
-          a += len;
-        }
-        gather = torch::tensor(slots, torch::kLong).to(torch::kCUDA);
-      }
+      const auto [B, T, N, gather] = turns_grid(packed, per, {100, 0, 40, C * (3 * sms / H) + 17, C, 1});
       ASSERT_GT(N * H, 3 * sms) << what;
       const hh::kernels::ChunkGrid grid{N, packed ? 0 : per, gather};
       const auto [q, k, v, g, beta] = chunk_in(B, T, H, D, D, dt);
