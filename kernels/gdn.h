@@ -398,7 +398,8 @@ bool factors_four_blocks_enabled();
 // At most n blocks of chunk_factors an SM (its dynamic shared memory padded to an SM's share, 1 <= n <= 32;
 // 0, the default: as many as fit), process-wide, for benchmarks: how its chunks' time grows as fewer
 // share an SM tells what a kernel forming each chunk's factors where it scans could expect. The padding
-// changes no result. factors_resident_blocks: the blocks an SM the last chunk_factors launch could hold.
+// changes no result. factors_resident_blocks: the blocks an SM the last chunk_factors launch could hold
+// (asked of the device when called; 0 before any launch).
 void set_factors_blocks_per_sm(int n);
 int factors_blocks_per_sm();
 int factors_resident_blocks();

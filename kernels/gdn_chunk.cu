@@ -480,180 +480,180 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // chunk's loads as one more group of copies.
   auto one_chunk = [&](const int64_t n, const int h, T* const Ks, T* const Vs, int64_t* const row_h, const bool rows_landed,
                        auto&& issue_next) {
-  T* const Qs = Vs;  // with OUT, until V is loaded
-  const int64_t chunk = static_cast<int64_t>(h) * N + n;
-  if (!rows_landed) {
-  if (tid < kC) row_h[tid] = slots.row_h(n, tid, h, H);
-  if (tid == 0) *amax = 0u;
-  if constexpr (PRE) {
-    if (tid == 0) {  // device_ops.cuh's copy-engine helpers trap below sm_90, where chunk_factors refuses PRE
-      mbar_init(&landed[0], 1);
-      mbar_init(&landed[1], 1);
-      mbar_init_fence();
-    }
-  }
-  __syncthreads();
-  if constexpr (PRE) {
-    static_assert(kConvRows * DK * sizeof(T) <= kC * kLdT * sizeof(float), "K's raw rows fit Ls's region");
-    static_assert(kConvRows * DK <= kC * ld16<DK>() && kConvRows * DV <= factors_second_tile<DK, DV, OUT>(),
-                  "Q's and V's raw rows fit K's and V's regions");
-    // K's raw rows into Ls's region, Q's into K's, by the copy engine: one thread's two box copies, where
-    // each thread used to issue its share of 16-byte copies and form their addresses. The boxes start K - 1
-    // rows before the chunk in its sequence, at head h's channels. The issuing thread keeps the box's row
-    // and sequence in the spare words after amax for V's copy, rather than in registers live until then
-    // (8 bytes of spill in the four-block form).
-    if (tid == 0) {
-      const int t = static_cast<int>((n % slots.per) * kC) - (kConvTaps - 1), b = static_cast<int>(n / slots.per);
-      reinterpret_cast<int*>(amax)[2] = t;
-      reinterpret_cast<int*>(amax)[3] = b;
-      mbar_arrive_expect_tx(&landed[0], 2 * kConvRows * DK * sizeof(T));
-      tma_load_3d(Ls, &maps.k, h * DK, t, b, &landed[0]);
-      tma_load_3d(Ks, &maps.q, h * DK, t, b, &landed[0]);
-    }
-  } else {
-    load_rows<DK, kThreads>(Ks, k, row_h);
-    if constexpr (OUT) load_rows<DK, kThreads>(Qs, static_cast<const T*>(of.q), row_h);
-    else load_rows<DV, kThreads>(Vs, v, row_h);
-  }
-  if constexpr (PRE) {
-    // The gates while the rows land; one thread waits for them, and the barrier after passes them on.
-    chunk_gates(g, beta, row_h, Gs, bs);
-    if (tid == 0) mbar_wait(&landed[0], 0);
-    __syncthreads();
-  } else {
-    gates_while_tiles_land(g, beta, row_h, Gs, bs);
-  }
-  }  // the rows, table and gates in place
-  if constexpr (PRE) {
-    short_conv_tile<DK, true>(Ks, Qs, pc.wq, pc, slots, n, h);
-    __syncthreads();  // Q's raw rows read: K's region takes K
-    short_conv_tile<DK, true>(reinterpret_cast<const T*>(Ls), Ks, pc.wk, pc, slots, n, h);
-    __syncthreads();
-  }
-
-  if constexpr (OUT) {
-    // The output's factors first: Aq (the masked Q K^T, held in each warp's registers: its largest |entry|
-    // over the block, then scaled to float16 and stored from there) and Qd = scale e^G Q. Then Q's region
-    // takes V. (Aq used to pass through Ls: a float32 tile written, read for the maximum and read again for
-    // the stores, each behind a barrier.)
-    float aq[4][4];
-    masked_gram_tiles<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, aq);
-    float m = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) m = fmaxf(fmaxf(m, fmaxf(fabsf(aq[j][0]), fabsf(aq[j][1]))), fmaxf(fabsf(aq[j][2]), fabsf(aq[j][3])));
-    block_max(m, amax);
-    __syncthreads();
-    const Pow2Scale sc = pow2_scale(of.scale * __uint_as_float(*amax));
-    const float s = of.scale * sc.scale;
-    {
-      const int lane = tid % 32, warp = tid / 32;
-      c10::Half* const at = of.Aq + chunk * kC * kC + ((warp / 2) * 16 + lane / 4) * kC + (warp % 2) * 32;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        uint32_t p[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) p[j] = pack_f16(s * aq[j][2 * half], s * aq[j][2 * half + 1]);
-        store_quad16<false>(p, at + 8 * half * kC, 0);
+    T* const Qs = Vs;  // with OUT, until V is loaded
+    const int64_t chunk = static_cast<int64_t>(h) * N + n;
+    if (!rows_landed) {
+      if (tid < kC) row_h[tid] = slots.row_h(n, tid, h, H);
+      if (tid == 0) *amax = 0u;
+      if constexpr (PRE) {
+        if (tid == 0) {  // device_ops.cuh's copy-engine helpers trap below sm_90, where chunk_factors refuses PRE
+          mbar_init(&landed[0], 1);
+          mbar_init(&landed[1], 1);
+          mbar_init_fence();
+        }
       }
-    }
-    if (tid == 0) of.aq_inv[chunk] = sc.inverse;
-    for (int i = tid; i < kC * DK / 8; i += kThreads) {
-      const int r = (8 * i) / DK, c = (8 * i) % DK;
-      store_global16(of.Qd + chunk * kC * DK + r * DK + c, scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r])));
-    }
-  }
-
-  // L, while no copy writes the region that held Q.
-  masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls, tid / 32, kk);
-  if constexpr (PRE) fence_proxy_async_shared();  // Q's region, written and read, takes V's raw rows next
-  __syncthreads();  // every thread is done with Q, and L is whole
-
-  if constexpr (OUT) {
-    if constexpr (PRE) {  // V's raw rows land while L's inverse and W are formed
-      if (tid == 0) {
-        mbar_arrive_expect_tx(&landed[1], kConvRows * DV * sizeof(T));
-        tma_load_3d(Vs, &maps.v, h * DV, reinterpret_cast<const int*>(amax)[2], reinterpret_cast<const int*>(amax)[3],
-                    &landed[1]);
+      __syncthreads();
+      if constexpr (PRE) {
+        static_assert(kConvRows * DK * sizeof(T) <= kC * kLdT * sizeof(float), "K's raw rows fit Ls's region");
+        static_assert(kConvRows * DK <= kC * ld16<DK>() && kConvRows * DV <= factors_second_tile<DK, DV, OUT>(),
+                      "Q's and V's raw rows fit K's and V's regions");
+        // K's raw rows into Ls's region, Q's into K's, by the copy engine: one thread's two box copies, where
+        // each thread used to issue its share of 16-byte copies and form their addresses. The boxes start K - 1
+        // rows before the chunk in its sequence, at head h's channels. The issuing thread keeps the box's row
+        // and sequence in the spare words after amax for V's copy, rather than in registers live until then
+        // (8 bytes of spill in the four-block form).
+        if (tid == 0) {
+          const int t = static_cast<int>((n % slots.per) * kC) - (kConvTaps - 1), b = static_cast<int>(n / slots.per);
+          reinterpret_cast<int*>(amax)[2] = t;
+          reinterpret_cast<int*>(amax)[3] = b;
+          mbar_arrive_expect_tx(&landed[0], 2 * kConvRows * DK * sizeof(T));
+          tma_load_3d(Ls, &maps.k, h * DK, t, b, &landed[0]);
+          tma_load_3d(Ks, &maps.q, h * DK, t, b, &landed[0]);
+        }
+      } else {
+        load_rows<DK, kThreads>(Ks, k, row_h);
+        if constexpr (OUT) load_rows<DK, kThreads>(Qs, static_cast<const T*>(of.q), row_h);
+        else load_rows<DV, kThreads>(Vs, v, row_h);
       }
-    } else {
-      load_rows<DV, kThreads>(Vs, v, row_h);
-      cp_async_commit();
-      if constexpr (TURN) issue_next();
-    }
-  }
-
-  // T = (I + L)^{-1} in place; the threads past the diagonal blocks' 64 write kdecay and decay meanwhile.
-  // (Its upper right block is left as the inverse used it: only T16 below reads it, and writes zeros there.)
-  invert_unit_lower<kThreads, false>(Ls, [&] {
-    const float last = Gs[kC - 1];
-    c10::Half* dst = kdecay + chunk * kC * DK;
-    for (int i = tid - kC; i < kC * DK / 8; i += kThreads - kC) {
-      const int r = (8 * i) / DK, c = (8 * i) % DK;
-      store_global16(dst + r * DK + c, scaled_half8(Ks + r * ld16<DK>() + c, expf(last - Gs[r])));
-    }
-    if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
-    if (tid == kC) decay[chunk] = expf(last);
-    if (tid >= kThreads - 32) {  // the norm bound: the last warp, two tokens a lane
-      auto term = [](float x) {  // log max(1, |1 - x|), not a number for x not one
-        const float a = fabsf(1.f - x);
-        return logf(a > 1.f || a != a ? a : 1.f);
-      };
-      const int l = tid - (kThreads - 32);
-      float x = term(kk[2 * l]) + term(kk[2 * l + 1]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-      if (l == 0) bound[chunk] = last + x;
-    }
-  });
-
-  if constexpr (OUT && !PRE) {  // (not with the convolution: the layer's inference, whose registers it would cost)
-    if (of.t16 != nullptr) {  // T rounded to k's kind, as chunk_backward rounds its own (then reads this instead)
-      T* dst = static_cast<T*>(of.t16) + chunk * kC * kC;
-      for (int i = tid; i < kC * kC / 8; i += kThreads) {
-        const int r = (8 * i) / kC, c = (8 * i) % kC;
-        const bool upper = r < kC / 2 && c >= kC / 2;  // zero, and not zeroed in Ls
-        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-        const float4 x0 = upper ? zero : *reinterpret_cast<const float4*>(Ls + r * kLdT + c);
-        const float4 x1 = upper ? zero : *reinterpret_cast<const float4*>(Ls + r * kLdT + c + 4);
-        Pack<T, 8> x;
-        x.v[0] = T(x0.x), x.v[1] = T(x0.y), x.v[2] = T(x0.z), x.v[3] = T(x0.w);
-        x.v[4] = T(x1.x), x.v[5] = T(x1.y), x.v[6] = T(x1.z), x.v[7] = T(x1.w);
-        store_pack_global<8>(dst + r * kC + c, x);
+      if constexpr (PRE) {
+        // The gates while the rows land; one thread waits for them, and the barrier after passes them on.
+        chunk_gates(g, beta, row_h, Gs, bs);
+        if (tid == 0) mbar_wait(&landed[0], 0);
+        __syncthreads();
+      } else {
+        gates_while_tiles_land(g, beta, row_h, Gs, bs);
       }
-    }
-  }
-  lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
-  if constexpr (OUT) {
-    if constexpr (PRE) {  // V's rows
-      if (tid == 0) mbar_wait(&landed[1], 0);
-    } else {
-      cp_async_wait<TURN ? 1 : 0>();  // TURN: the next chunk's group, issued after V's, may still be landing
-    }
-    __syncthreads();
+    }  // the rows, table and gates in place
     if constexpr (PRE) {
-      short_conv_tile<DV, false>(Vs, Ks, pc.wv, pc, slots, n, h);  // K's region: free once W is done
+      short_conv_tile<DK, true>(Ks, Qs, pc.wq, pc, slots, n, h);
+      __syncthreads();  // Q's raw rows read: K's region takes K
+      short_conv_tile<DK, true>(reinterpret_cast<const T*>(Ls), Ks, pc.wk, pc, slots, n, h);
       __syncthreads();
     }
-  }
-  if constexpr (OUT) {
-    if (U_inv != nullptr) {  // UForm::kFloat16Columns; the pairs meet in the tile V's product does not read
-      T* const free = PRE ? Vs : Ks;  // K's rows (read by W), or V's raw rows (read by the convolution)
-      c10::Half* const u16 = static_cast<c10::Half*>(U) + chunk * kC * DV;
-      constexpr int kFree = PRE ? factors_second_tile<DK, DV, OUT>() : kC * ld16<DK>();
-      if constexpr (kFree >= kPackedSplitElems + 2 * kWarps * (DV / 4)) {
-        // T diag(beta) split once into that region, where each of the four warps that share a row tile
-        // formed its split again (a third of chunk_factors' instructions went to the two products).
-        pack_split(Ls, bs, free);
-        __syncthreads();
-        lower_times_f16_columns<DV>(SplitPacked<T>{free}, PRE ? Ks : Vs, u16, U_inv + chunk * DV,
-                                    reinterpret_cast<float*>(free + kPackedSplitElems));
-      } else {
-        lower_times_f16_columns<DV>(SplitOf<T>{Ls, bs}, PRE ? Ks : Vs, u16, U_inv + chunk * DV, reinterpret_cast<float*>(free));
+
+    if constexpr (OUT) {
+      // The output's factors first: Aq (the masked Q K^T, held in each warp's registers: its largest |entry|
+      // over the block, then scaled to float16 and stored from there) and Qd = scale e^G Q. Then Q's region
+      // takes V. (Aq used to pass through Ls: a float32 tile written, read for the maximum and read again for
+      // the stores, each behind a barrier.)
+      float aq[4][4];
+      masked_gram_tiles<DK>(Qs, Ks, Gs, nullptr, /*inclusive=*/true, aq);
+      float m = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) m = fmaxf(fmaxf(m, fmaxf(fabsf(aq[j][0]), fabsf(aq[j][1]))), fmaxf(fabsf(aq[j][2]), fabsf(aq[j][3])));
+      block_max(m, amax);
+      __syncthreads();
+      const Pow2Scale sc = pow2_scale(of.scale * __uint_as_float(*amax));
+      const float s = of.scale * sc.scale;
+      {
+        const int lane = tid % 32, warp = tid / 32;
+        c10::Half* const at = of.Aq + chunk * kC * kC + ((warp / 2) * 16 + lane / 4) * kC + (warp % 2) * 32;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          uint32_t p[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) p[j] = pack_f16(s * aq[j][2 * half], s * aq[j][2 * half + 1]);
+          store_quad16<false>(p, at + 8 * half * kC, 0);
+        }
       }
-      return;
+      if (tid == 0) of.aq_inv[chunk] = sc.inverse;
+      for (int i = tid; i < kC * DK / 8; i += kThreads) {
+        const int r = (8 * i) / DK, c = (8 * i) % DK;
+        store_global16(of.Qd + chunk * kC * DK + r * DK + c, scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r])));
+      }
     }
-  }
-  lower_times<DV>(Ls, PRE ? Ks : Vs, bs, static_cast<float*>(U) + chunk * kC * DV);
+
+    // L, while no copy writes the region that held Q.
+    masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls, tid / 32, kk);
+    if constexpr (PRE) fence_proxy_async_shared();  // Q's region, written and read, takes V's raw rows next
+    __syncthreads();  // every thread is done with Q, and L is whole
+
+    if constexpr (OUT) {
+      if constexpr (PRE) {  // V's raw rows land while L's inverse and W are formed
+        if (tid == 0) {
+          mbar_arrive_expect_tx(&landed[1], kConvRows * DV * sizeof(T));
+          tma_load_3d(Vs, &maps.v, h * DV, reinterpret_cast<const int*>(amax)[2], reinterpret_cast<const int*>(amax)[3],
+                      &landed[1]);
+        }
+      } else {
+        load_rows<DV, kThreads>(Vs, v, row_h);
+        cp_async_commit();
+        if constexpr (TURN) issue_next();
+      }
+    }
+
+    // T = (I + L)^{-1} in place; the threads past the diagonal blocks' 64 write kdecay and decay meanwhile.
+    // (Its upper right block is left as the inverse used it: only T16 below reads it, and writes zeros there.)
+    invert_unit_lower<kThreads, false>(Ls, [&] {
+      const float last = Gs[kC - 1];
+      c10::Half* dst = kdecay + chunk * kC * DK;
+      for (int i = tid - kC; i < kC * DK / 8; i += kThreads - kC) {
+        const int r = (8 * i) / DK, c = (8 * i) % DK;
+        store_global16(dst + r * DK + c, scaled_half8(Ks + r * ld16<DK>() + c, expf(last - Gs[r])));
+      }
+      if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
+      if (tid == kC) decay[chunk] = expf(last);
+      if (tid >= kThreads - 32) {  // the norm bound: the last warp, two tokens a lane
+        auto term = [](float x) {  // log max(1, |1 - x|), not a number for x not one
+          const float a = fabsf(1.f - x);
+          return logf(a > 1.f || a != a ? a : 1.f);
+        };
+        const int l = tid - (kThreads - 32);
+        float x = term(kk[2 * l]) + term(kk[2 * l + 1]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+        if (l == 0) bound[chunk] = last + x;
+      }
+    });
+
+    if constexpr (OUT && !PRE) {  // (not with the convolution: the layer's inference, whose registers it would cost)
+      if (of.t16 != nullptr) {  // T rounded to k's kind, as chunk_backward rounds its own (then reads this instead)
+        T* dst = static_cast<T*>(of.t16) + chunk * kC * kC;
+        for (int i = tid; i < kC * kC / 8; i += kThreads) {
+          const int r = (8 * i) / kC, c = (8 * i) % kC;
+          const bool upper = r < kC / 2 && c >= kC / 2;  // zero, and not zeroed in Ls
+          const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+          const float4 x0 = upper ? zero : *reinterpret_cast<const float4*>(Ls + r * kLdT + c);
+          const float4 x1 = upper ? zero : *reinterpret_cast<const float4*>(Ls + r * kLdT + c + 4);
+          Pack<T, 8> x;
+          x.v[0] = T(x0.x), x.v[1] = T(x0.y), x.v[2] = T(x0.z), x.v[3] = T(x0.w);
+          x.v[4] = T(x1.x), x.v[5] = T(x1.y), x.v[6] = T(x1.z), x.v[7] = T(x1.w);
+          store_pack_global<8>(dst + r * kC + c, x);
+        }
+      }
+    }
+    lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
+    if constexpr (OUT) {
+      if constexpr (PRE) {  // V's rows
+        if (tid == 0) mbar_wait(&landed[1], 0);
+      } else {
+        cp_async_wait<TURN ? 1 : 0>();  // TURN: the next chunk's group, issued after V's, may still be landing
+      }
+      __syncthreads();
+      if constexpr (PRE) {
+        short_conv_tile<DV, false>(Vs, Ks, pc.wv, pc, slots, n, h);  // K's region: free once W is done
+        __syncthreads();
+      }
+    }
+    if constexpr (OUT) {
+      if (U_inv != nullptr) {  // UForm::kFloat16Columns; the pairs meet in the tile V's product does not read
+        T* const free = PRE ? Vs : Ks;  // K's rows (read by W), or V's raw rows (read by the convolution)
+        c10::Half* const u16 = static_cast<c10::Half*>(U) + chunk * kC * DV;
+        constexpr int kFree = PRE ? factors_second_tile<DK, DV, OUT>() : kC * ld16<DK>();
+        if constexpr (kFree >= kPackedSplitElems + 2 * kWarps * (DV / 4)) {
+          // T diag(beta) split once into that region, where each of the four warps that share a row tile
+          // formed its split again (a third of chunk_factors' instructions went to the two products).
+          pack_split(Ls, bs, free);
+          __syncthreads();
+          lower_times_f16_columns<DV>(SplitPacked<T>{free}, PRE ? Ks : Vs, u16, U_inv + chunk * DV,
+                                      reinterpret_cast<float*>(free + kPackedSplitElems));
+        } else {
+          lower_times_f16_columns<DV>(SplitOf<T>{Ls, bs}, PRE ? Ks : Vs, u16, U_inv + chunk * DV, reinterpret_cast<float*>(free));
+        }
+        return;
+      }
+    }
+    lower_times<DV>(Ls, PRE ? Ks : Vs, bs, static_cast<float*>(U) + chunk * kC * DV);
   };
 
   if constexpr (!TURN) {
@@ -1011,7 +1011,9 @@ bool g_factors_four_blocks = true;
 int g_factors_blocks_an_sm = 0;                  // 0: as many as fit (set_factors_blocks_per_sm)
 int g_factors_in_turn = 0;                       // blocks an SM taking chunks in turn; 0: one block a chunk
 std::atomic<int64_t> g_factors_turn_launches{0};
-std::atomic<int> g_factors_resident_blocks{0};  // the last launch's blocks an SM
+// The last chunk_factors launch's kernel and shared memory, for factors_resident_blocks.
+std::atomic<const void*> g_factors_last_kernel{nullptr};
+std::atomic<size_t> g_factors_last_smem{0};
 
 // The dynamic shared memory that lets at most n blocks of a kernel needing `smem` share an SM: a block's
 // share of the SM's shared memory, less what the device reserves a block (never less than `smem`).
@@ -1043,7 +1045,13 @@ void set_factors_blocks_per_sm(int n) {
   g_factors_blocks_an_sm = n;
 }
 int factors_blocks_per_sm() { return g_factors_blocks_an_sm; }
-int factors_resident_blocks() { return g_factors_resident_blocks.load(std::memory_order_relaxed); }
+int factors_resident_blocks() {
+  const void* kernel = g_factors_last_kernel.load(std::memory_order_relaxed);
+  if (kernel == nullptr) return 0;
+  int resident = 0;  // the launch set the kernel's shared memory attribute
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, g_factors_last_smem.load(std::memory_order_relaxed)));
+  return resident;
+}
 void set_factors_in_turn(int blocks_an_sm) {
   if (blocks_an_sm < 0 || blocks_an_sm > 2)
     throw std::invalid_argument("hh::kernels::set_factors_in_turn: expected 0 (one block a chunk), 1 or 2 blocks an SM, got " +
@@ -1129,6 +1137,8 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
     const PreConv<X> pc{static_cast<const X*>(pre.wq), static_cast<const X*>(pre.wk), static_cast<const X*>(pre.wv),
                         static_cast<const X*>(pre.cos), static_cast<const X*>(pre.sin), pre.eps};
     auto launch = [&](auto kernel, dim3 grid, size_t smem, int64_t n0, int64_t turns) {
+      g_factors_last_kernel.store(reinterpret_cast<const void*>(kernel), std::memory_order_relaxed);
+      g_factors_last_smem.store(smem, std::memory_order_relaxed);
       launch_kernel(kernel, grid, kThreads, smem, static_cast<const X*>(k.data_ptr()), static_cast<const X*>(v.data_ptr()),
                     gate_in<X>(g), gate_in<X>(beta), slots, static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr(),
                     u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(),
@@ -1138,9 +1148,6 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
       const size_t smem = smem_for_blocks_per_sm(needed, g_factors_blocks_an_sm);
       for (int64_t n0 = 0; n0 < N; n0 += 65535)  // the grid's y takes at most 2^16 - 1 chunks
         launch(kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(std::min<int64_t>(N - n0, 65535))), smem, n0, 0);
-      int resident = 0;  // after the launch, which has set the kernel's shared memory attribute
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, smem));
-      g_factors_resident_blocks.store(resident, std::memory_order_relaxed);
     };
     if (conv != nullptr) {
       if constexpr (DK == 128 && DV == 128 && std::is_same_v<X, c10::BFloat16>) {
@@ -1156,9 +1163,6 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
       const size_t smem = smem_for_blocks_per_sm(factors_turn_smem<DK, DV, X>(), g_factors_in_turn);
       const int64_t turns = N * H, blocks = std::min<int64_t>(turns, static_cast<int64_t>(device_sms()) * g_factors_in_turn);
       launch(kernel, dim3(static_cast<unsigned>(blocks)), smem, 0, turns);
-      int resident = 0;
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, smem));
-      g_factors_resident_blocks.store(resident, std::memory_order_relaxed);
       g_factors_turn_launches.fetch_add(1, std::memory_order_relaxed);
     } else if (q.defined()) {
       run(chunk_factors_kernel<DK, DV, X, true, false>, factors_smem<DK, DV, X, true>());
