@@ -413,6 +413,18 @@ int device_sms();
 void set_factors_in_turn(int blocks_an_sm);
 int factors_in_turn();
 int64_t factors_in_turn_launches();
+// With the clocks on (process-wide, for benchmarks), chunk_factors taking chunks in turn times each chunk's
+// phases on the SM's clock, at the barriers that end them: Aq, Qd and L (the grams); L's inverse (and
+// kdecay, decay and the bound); W, then the wait for V; T diag(beta) split for U's product; U, then the next
+// chunk's gates and rows in place. factors_turn_phases: the last such launch's mean cycles a chunk in each
+// (over the chunks whose rows landed during the one before; chunks 0 without a launch since the clocks went on).
+constexpr int kFactorsPhases = 5;
+struct FactorsPhases {
+  int64_t chunks = 0;
+  double cycles[kFactorsPhases] = {};
+};
+void set_factors_phase_clocks(bool on);
+FactorsPhases factors_turn_phases();
 
 // The copies between B regular sequences and the chunk grid of the rule's LibTorch backward, as one
 // pass each with 16-byte accesses (core/attention/gdn.cpp's to_chunks / from_chunks, whose permuting

@@ -451,16 +451,21 @@ __device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, con
 // gridDim.x, ..., in the order of (chunk, head) with heads fastest, n0 = 0 and `turns` chunks in all), with
 // a second set of K and Q/V tiles and row table (factors_turn_smem): each chunk's K and Q rows and its gate
 // loads are issued once the chunk before has issued V's, and land while it forms its inverse, W and U.
-// Each chunk's arithmetic is the one-block-a-chunk form's, so every output is the same bits.
-template <int DK, int DV, class T, bool OUT, bool PRE, int MINB = (PRE ? 3 : 4), bool TURN = false>
+// Each chunk's arithmetic is the one-block-a-chunk form's, so every output is the same bits. CLOCKS (with
+// TURN, given `clocks`): thread 0 times the phases (kFactorsPhases, each ended by a barrier) of each chunk whose rows
+// landed during the chunk before, and writes block b's sums at clocks[b * (kFactorsPhases + 1)], then the
+// number of chunks timed.
+template <int DK, int DV, class T, bool OUT, bool PRE, int MINB = (PRE ? 3 : 4), bool TURN = false, bool CLOCKS = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, GateIn<T> g, GateIn<T> beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
                          void* __restrict__ U, float* __restrict__ U_inv, c10::Half* __restrict__ kdecay,
                          float* __restrict__ decay, float* __restrict__ bound, OutFactors of, PreConv<T> pc,
-                         const __grid_constant__ ConvMaps maps, int64_t n0, int64_t turns) {
+                         const __grid_constant__ ConvMaps maps, int64_t n0, int64_t turns,
+                         unsigned long long* __restrict__ clocks) {
   static_assert(OUT || !PRE, "the short convolution inside chunk_factors comes with the output's factors");
   static_assert(!PRE || DK == DV, "V formed into K's region");
   static_assert(!TURN || (OUT && !PRE), "chunks in turn: the form with the output's factors, without the convolution");
+  static_assert(!CLOCKS || TURN, "the phases' clocks: chunks in turn only");
   extern __shared__ float4 smem4[];
   T* const Ks0 = reinterpret_cast<T*>(smem4);
   T* const Vs0 = Ks0 + kC * ld16<DK>();
@@ -475,12 +480,19 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const int tid = threadIdx.x;
   // TURN: the next chunk's gate loads, warp 0's, issued after the chunk's V (put once the chunk is done).
   GateBits next_gates{};
+  // CLOCKS: thread 0's clock at the chunk's start and at the end of each phase but the last.
+  long long clk[kFactorsPhases] = {};
+  auto mark = [&](int i) {
+    if constexpr (CLOCKS) {
+      if (tid == 0) clk[i] = clock64();
+    }
+  };
   // Chunk n of head h with its tiles at Ks, Vs and its row table at row_h: with `landed` (TURN) its rows,
   // table and gates are in place; `issue_next` (TURN) runs once V's copies are issued, and issues the next
   // chunk's loads as one more group of copies.
   auto one_chunk = [&](const int64_t n, const int h, T* const Ks, T* const Vs, int64_t* const row_h, const bool rows_landed,
                        auto&& issue_next) {
-    T* const Qs = Vs;  // with OUT, until V is loaded
+    [[maybe_unused]] T* const Qs = Vs;  // with OUT, until V is loaded
     const int64_t chunk = static_cast<int64_t>(h) * N + n;
     if (!rows_landed) {
       if (tid < kC) row_h[tid] = slots.row_h(n, tid, h, H);
@@ -567,6 +579,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     masked_gram<DK>(Ks, Ks, Gs, bs, /*inclusive=*/false, Ls, tid / 32, kk);
     if constexpr (PRE) fence_proxy_async_shared();  // Q's region, written and read, takes V's raw rows next
     __syncthreads();  // every thread is done with Q, and L is whole
+    mark(1);
 
     if constexpr (OUT) {
       if constexpr (PRE) {  // V's raw rows land while L's inverse and W are formed
@@ -605,6 +618,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
         if (l == 0) bound[chunk] = last + x;
       }
     });
+    mark(2);
 
     if constexpr (OUT && !PRE) {  // (not with the convolution: the layer's inference, whose registers it would cost)
       if (of.t16 != nullptr) {  // T rounded to k's kind, as chunk_backward rounds its own (then reads this instead)
@@ -630,6 +644,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
         cp_async_wait<TURN ? 1 : 0>();  // TURN: the next chunk's group, issued after V's, may still be landing
       }
       __syncthreads();
+      mark(3);
+      mark(4);  // (again after the split, where there is one)
       if constexpr (PRE) {
         short_conv_tile<DV, false>(Vs, Ks, pc.wv, pc, slots, n, h);  // K's region: free once W is done
         __syncthreads();
@@ -645,6 +661,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
           // formed its split again (a third of chunk_factors' instructions went to the two products).
           pack_split(Ls, bs, free);
           __syncthreads();
+          mark(4);
           lower_times_f16_columns<DV>(SplitPacked<T>{free}, PRE ? Ks : Vs, u16, U_inv + chunk * DV,
                                       reinterpret_cast<float*>(free + kPackedSplitElems));
         } else {
@@ -669,6 +686,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     int64_t* const row_h1 = reinterpret_cast<int64_t*>(Vs1 + factors_second_tile<DK, DV, OUT>());
     int64_t c = blockIdx.x;  // (chunk, head) in the order heads fastest, as the grid above
     bool landed_rows = false;
+    unsigned long long sums[kFactorsPhases] = {}, timed = 0;  // thread 0's, with CLOCKS
     for (int b = 0; c < turns; b ^= 1) {
       T* const Ks = b ? Ks1 : Ks0;
       T* const Vs = b ? Vs1 : Vs0;
@@ -694,8 +712,23 @@ __global__ void __launch_bounds__(kThreads, MINB)
       if (tid == 0) *amax = 0u;
       cp_async_wait<0>();
       __syncthreads();
+      if (CLOCKS && tid == 0) {
+        const long long end = clock64();  // the chunk's U done, and the next chunk's gates and rows in place
+        if (landed_rows) {
+#pragma unroll
+          for (int i = 0; i < kFactorsPhases; ++i)
+            sums[i] += static_cast<unsigned long long>((i + 1 < kFactorsPhases ? clk[i + 1] : end) - clk[i]);
+          ++timed;
+        }
+        clk[0] = end;
+      }
       landed_rows = true;
       c = cn;
+    }
+    if (CLOCKS && tid == 0) {
+      unsigned long long* out = clocks + static_cast<int64_t>(blockIdx.x) * (kFactorsPhases + 1);
+      for (int i = 0; i < kFactorsPhases; ++i) out[i] = sums[i];
+      out[kFactorsPhases] = timed;
     }
   }
 }
@@ -1011,6 +1044,8 @@ bool g_factors_four_blocks = true;
 int g_factors_blocks_an_sm = 0;                  // 0: as many as fit (set_factors_blocks_per_sm)
 int g_factors_in_turn = 0;                       // blocks an SM taking chunks in turn; 0: one block a chunk
 std::atomic<int64_t> g_factors_turn_launches{0};
+bool g_factors_phase_clocks = false;  // set_factors_phase_clocks
+at::Tensor g_factors_clocks;          // the last chunks-in-turn launch's, with the clocks on
 // The last chunk_factors launch's kernel and shared memory, for factors_resident_blocks.
 std::atomic<const void*> g_factors_last_kernel{nullptr};
 std::atomic<size_t> g_factors_last_smem{0};
@@ -1060,6 +1095,19 @@ void set_factors_in_turn(int blocks_an_sm) {
 }
 int factors_in_turn() { return g_factors_in_turn; }
 int64_t factors_in_turn_launches() { return g_factors_turn_launches.load(std::memory_order_relaxed); }
+void set_factors_phase_clocks(bool on) {
+  g_factors_phase_clocks = on;
+  if (!on) g_factors_clocks = at::Tensor();
+}
+FactorsPhases factors_turn_phases() {
+  FactorsPhases p;
+  if (!g_factors_clocks.defined()) return p;
+  const at::Tensor c = g_factors_clocks.view({-1, kFactorsPhases + 1}).sum(0).cpu();  // waits for the launch
+  const int64_t* x = c.data_ptr<int64_t>();
+  p.chunks = x[kFactorsPhases];
+  for (int i = 0; i < kFactorsPhases; ++i) p.cycles[i] = p.chunks > 0 ? static_cast<double>(x[i]) / static_cast<double>(p.chunks) : 0.0;
+  return p;
+}
 int device_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
 bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
@@ -1136,13 +1184,13 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
     constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
     const PreConv<X> pc{static_cast<const X*>(pre.wq), static_cast<const X*>(pre.wk), static_cast<const X*>(pre.wv),
                         static_cast<const X*>(pre.cos), static_cast<const X*>(pre.sin), pre.eps};
-    auto launch = [&](auto kernel, dim3 grid, size_t smem, int64_t n0, int64_t turns) {
+    auto launch = [&](auto kernel, dim3 grid, size_t smem, int64_t n0, int64_t turns, unsigned long long* clocks = nullptr) {
       g_factors_last_kernel.store(reinterpret_cast<const void*>(kernel), std::memory_order_relaxed);
       g_factors_last_smem.store(smem, std::memory_order_relaxed);
       launch_kernel(kernel, grid, kThreads, smem, static_cast<const X*>(k.data_ptr()), static_cast<const X*>(v.data_ptr()),
                     gate_in<X>(g), gate_in<X>(beta), slots, static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr(),
                     u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(),
-                    r.bound.data_ptr<float>(), of, pc, maps, n0, turns);
+                    r.bound.data_ptr<float>(), of, pc, maps, n0, turns, clocks);
     };
     auto run = [&](auto kernel, size_t needed) {
       const size_t smem = smem_for_blocks_per_sm(needed, g_factors_blocks_an_sm);
@@ -1159,10 +1207,16 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
     } else if (q.defined() && g_factors_in_turn > 0) {
       // Chunks in turn: g_factors_in_turn blocks an SM (their shared memory padded so that no more share
       // one), each taking every gridDim.x-th (chunk, head).
-      auto kernel = chunk_factors_kernel<DK, DV, X, true, false, 2, true>;
+      auto kernel = g_factors_phase_clocks ? chunk_factors_kernel<DK, DV, X, true, false, 2, true, true>
+                                           : chunk_factors_kernel<DK, DV, X, true, false, 2, true>;
       const size_t smem = smem_for_blocks_per_sm(factors_turn_smem<DK, DV, X>(), g_factors_in_turn);
       const int64_t turns = N * H, blocks = std::min<int64_t>(turns, static_cast<int64_t>(device_sms()) * g_factors_in_turn);
-      launch(kernel, dim3(static_cast<unsigned>(blocks)), smem, 0, turns);
+      unsigned long long* clocks = nullptr;
+      if (g_factors_phase_clocks) {
+        g_factors_clocks = at::zeros({blocks * (kFactorsPhases + 1)}, k.options().dtype(at::kLong));
+        clocks = reinterpret_cast<unsigned long long*>(g_factors_clocks.data_ptr<int64_t>());
+      }
+      launch(kernel, dim3(static_cast<unsigned>(blocks)), smem, 0, turns, clocks);
       g_factors_turn_launches.fetch_add(1, std::memory_order_relaxed);
     } else if (q.defined()) {
       run(chunk_factors_kernel<DK, DV, X, true, false>, factors_smem<DK, DV, X, true>());

@@ -470,6 +470,32 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                   "  %-10s the one before): alone %.3f / %.3f ms, the forward %.3f / %.3f ms; a block's time on its chunk\n"
                   "  %-10s %.1f / %.1f us\n",
                   "", turn_held[0], turn_held[1], "", ta[0], ta[1], tf[0], tf[1], "", tc[0], tc[1]);
+      // One more run in turn at one block an SM with the phases' clocks: each phase's share of a chunk's
+      // cycles, and that share of the chunk's time above.
+      kernels::FactorsPhases ph;
+      with_setting(kernels::set_factors_in_turn, kernels::factors_in_turn, 1, dev, [&] {
+        kernels::set_factors_phase_clocks(true);
+        (void)kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, kernels::UForm::kFloat16Columns, false);
+        ph = kernels::factors_turn_phases();
+        kernels::set_factors_phase_clocks(false);
+        return 0;
+      });
+      double total = 0;
+      for (double c : ph.cycles) total += c;
+      if (ph.chunks > 0 && total > 0) {
+        static const char* names[kernels::kFactorsPhases] = {"Aq, Qd and L", "L's inverse", "W and V's wait", "the split",
+                                                             "U and the next chunk's rows"};
+        std::string line;
+        nlohmann::json phases = nlohmann::json::array();
+        for (int i = 0; i < kernels::kFactorsPhases; ++i) {
+          const double share = ph.cycles[i] / total;
+          line += std::string(i ? "; " : "") + names[i] + " " + figure(share * tc[0], 2) + " us";
+          phases.push_back({{"phase", names[i]}, {"cycles", ph.cycles[i]}, {"share", share}});
+        }
+        row["factors_in_turn_phases"] = phases;
+        std::printf("  %-10s a chunk's phases at one block an SM in turn (%.0f cycles, shares of %.1f us): %s\n", "", total,
+                    tc[0], line.c_str());
+      }
     }
 #endif
     if (with_ref) row["ref_fwd_ms"] = rf, row["ref_fwd_bwd_ms"] = rfb;

@@ -687,7 +687,8 @@ TurnsGrid turns_grid(bool packed, int64_t per, const std::vector<int64_t>& lengt
 // float32 and in float16 columns and with T kept; over three times as many (chunk, head) pairs as blocks,
 // so that every block takes several chunks and the last turn leaves some without one; short last chunks;
 // regular sequences and packed ones on a gather grid (an empty one, one shorter than a chunk, one of exactly
-// a chunk); both 16-bit dtypes and the four head-size pairs; outputs from a NaN-poisoned allocator.
+// a chunk); both 16-bit dtypes and the four head-size pairs; outputs from a NaN-poisoned allocator. With
+// the phases' clocks on (set_factors_phase_clocks), the same bits and every phase timed.
 TEST(CudaGdn, FactorsInTurnEqualOneBlockAChunk) {
   ASSERT_TRUE(torch::cuda::is_available());
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount, H = 3, C = 64;
@@ -712,9 +713,20 @@ TEST(CudaGdn, FactorsInTurnEqualOneBlockAChunk) {
           return f;
         };
         const auto want = factors(0);
-        for (int blocks : {1, 2}) {
-          const auto got = factors(blocks);
-          const std::string how = what + " form " + std::to_string(form) + ", " + std::to_string(blocks) + " blocks an SM in turn";
+        for (int blocks : {1, 2, -1}) {  // -1: one block an SM with the phases' clocks
+          if (blocks < 0) hh::kernels::set_factors_phase_clocks(true);
+          const auto got = factors(std::abs(blocks));
+          if (blocks < 0) {
+            // Every chunk but each block's first (its rows not loaded during a chunk before) is timed, and
+            // every phase takes time but the split (3), which some forms do not run.
+            const auto p = hh::kernels::factors_turn_phases();
+            hh::kernels::set_factors_phase_clocks(false);
+            EXPECT_EQ(p.chunks, N * H - std::min(N * H, sms)) << what << ": chunks timed";
+            for (int i : {0, 1, 2, 4}) EXPECT_GT(p.cycles[i], 0.0) << what << ": phase " << i;
+            EXPECT_EQ(hh::kernels::factors_turn_phases().chunks, 0) << what << ": clocks off";
+          }
+          const std::string how = what + " form " + std::to_string(form) + ", " + std::to_string(std::abs(blocks)) +
+                                  " blocks an SM in turn" + (blocks < 0 ? " with clocks" : "");
           std::vector<std::pair<const char*, std::pair<torch::Tensor, torch::Tensor>>> pairs = {
               {"W", {got.W, want.W}},         {"U", {got.U, want.U}},         {"kdecay", {got.kdecay, want.kdecay}},
               {"decay", {got.decay, want.decay}}, {"bound", {got.bound, want.bound}}, {"Qd", {got.Qd, want.Qd}},
