@@ -416,8 +416,9 @@ int64_t factors_in_turn_launches();
 // With the clocks on (process-wide, for benchmarks), chunk_factors taking chunks in turn times each chunk's
 // phases on the SM's clock, at the barriers that end them: Aq, Qd and L (the grams); L's inverse (and
 // kdecay, decay and the bound); W, then the wait for V; T diag(beta) split for U's product; U, then the next
-// chunk's gates and rows in place. factors_turn_phases: the last such launch's mean cycles a chunk in each
-// (over the chunks whose rows landed during the one before; chunks 0 without a launch since the clocks went on).
+// chunk's gates and rows in place (a block's last chunk: U alone). factors_turn_phases: the last such
+// launch's mean cycles a chunk in each, over the chunks whose rows landed during the one before (all but
+// each block's first; chunks 0 without a launch since the clocks went on).
 constexpr int kFactorsPhases = 5;
 struct FactorsPhases {
   int64_t chunks = 0;

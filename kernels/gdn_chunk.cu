@@ -687,6 +687,17 @@ __global__ void __launch_bounds__(kThreads, MINB)
     int64_t c = blockIdx.x;  // (chunk, head) in the order heads fastest, as the grid above
     bool landed_rows = false;
     unsigned long long sums[kFactorsPhases] = {}, timed = 0;  // thread 0's, with CLOCKS
+    // CLOCKS, thread 0, after a barrier that ends a chunk: its phases counted where its rows had landed
+    // during the chunk before; `end` starts the next.
+    auto account = [&](const long long end) {
+      if (landed_rows) {
+#pragma unroll
+        for (int i = 0; i < kFactorsPhases; ++i)
+          sums[i] += static_cast<unsigned long long>((i + 1 < kFactorsPhases ? clk[i + 1] : end) - clk[i]);
+        ++timed;
+      }
+      clk[0] = end;
+    };
     for (int b = 0; c < turns; b ^= 1) {
       T* const Ks = b ? Ks1 : Ks0;
       T* const Vs = b ? Vs1 : Vs0;
@@ -706,22 +717,19 @@ __global__ void __launch_bounds__(kThreads, MINB)
         }
         cp_async_commit();  // an empty group without a next chunk: the wait for V above counts on one
       });
-      if (!more) break;
+      if (!more) {
+        if constexpr (CLOCKS) {
+          __syncthreads();  // the last chunk's U done
+          if (tid == 0) account(clock64());
+        }
+        break;
+      }
       __syncthreads();  // the chunk's reads of Gs, bs and amax are done
       if (tid < 32) put_gate_bits(g, beta, next_gates, Gs, bs);
       if (tid == 0) *amax = 0u;
       cp_async_wait<0>();
       __syncthreads();
-      if (CLOCKS && tid == 0) {
-        const long long end = clock64();  // the chunk's U done, and the next chunk's gates and rows in place
-        if (landed_rows) {
-#pragma unroll
-          for (int i = 0; i < kFactorsPhases; ++i)
-            sums[i] += static_cast<unsigned long long>((i + 1 < kFactorsPhases ? clk[i + 1] : end) - clk[i]);
-          ++timed;
-        }
-        clk[0] = end;
-      }
+      if (CLOCKS && tid == 0) account(clock64());  // the chunk's U done, and the next chunk's gates and rows in place
       landed_rows = true;
       c = cn;
     }
