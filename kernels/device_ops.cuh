@@ -369,13 +369,20 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const unsigned
 #endif
 }
 
-// d += sum over k of a[k] b_k as one group of the warpgroup's products, waited for: desc(k) describes b_k.
+// d += sum over k of a[k] b_k as one group of the warpgroup's products, issued and not waited for: desc(k)
+// describes b_k. Until wgmma_wait and wgmma_hold(d), d and a's registers must not be touched (the PTX ISA
+// leaves any access to them before the products' wgmma.wait_group undefined).
 template <int TRANS_B, int K16, class Desc>
-__device__ __forceinline__ void wgmma_product(float (&d)[8][4], const unsigned (&a)[K16][4], Desc desc) {
+__device__ __forceinline__ void wgmma_product_issue(float (&d)[8][4], const unsigned (&a)[K16][4], Desc desc) {
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < K16; ++k) wgmma_m64n64k16<TRANS_B>(d, a[k], desc(k));
   wgmma_commit();
+}
+// The same, waited for.
+template <int TRANS_B, int K16, class Desc>
+__device__ __forceinline__ void wgmma_product(float (&d)[8][4], const unsigned (&a)[K16][4], Desc desc) {
+  wgmma_product_issue<TRANS_B>(d, a, desc);
   wgmma_wait<0>();
   wgmma_hold(d);
 }

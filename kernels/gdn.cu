@@ -1461,11 +1461,9 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   // WG: x += (this warp's rows of S^T) tile^T, issued as one group of the warpgroup's products and not waited
   // for (wgmma_wait<0> and wgmma_hold(x) before x is read; sa stays untouched until then).
   [[maybe_unused]] auto state_products_issue = [&](float (&x)[NC][4], const char* tile) {
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < NK / 2; ++k)
-      wgmma_m64n64k16<0>(x, sa[k], wgmma_desc_sw128(tile + (16 * k / Ring::kBoxCols) * C * SW + (16 * k % Ring::kBoxCols) * 2, 16, 8 * SW));
-    wgmma_commit();
+    wgmma_product_issue<0>(x, sa, [&](int k) {
+      return wgmma_desc_sw128(tile + (16 * k / Ring::kBoxCols) * C * SW + (16 * k % Ring::kBoxCols) * 2, 16, 8 * SW);
+    });
   };
   auto state_products = [&](float (&x)[NC][4], const char* tile) {
     if constexpr (WG) {

@@ -452,9 +452,9 @@ __device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, con
 // a second set of K and Q/V tiles and row table (factors_turn_smem): each chunk's K and Q rows and its gate
 // loads are issued once the chunk before has issued V's, and land while it forms its inverse, W and U.
 // Each chunk's arithmetic is the one-block-a-chunk form's, so every output is the same bits. CLOCKS (with
-// TURN, given `clocks`): thread 0 times the phases (kFactorsPhases, each ended by a barrier) of each chunk whose rows
-// landed during the chunk before, and writes block b's sums at clocks[b * (kFactorsPhases + 1)], then the
-// number of chunks timed.
+// TURN, given `clocks`): thread 0 times the phases (kFactorsPhases, each ended by a barrier) of each chunk
+// whose rows landed during the chunk before, and writes block b's sums at clocks[b * (kFactorsPhases + 1)],
+// then the number of chunks timed.
 template <int DK, int DV, class T, bool OUT, bool PRE, int MINB = (PRE ? 3 : 4), bool TURN = false, bool CLOCKS = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     chunk_factors_kernel(const T* __restrict__ k, const T* __restrict__ v, GateIn<T> g, GateIn<T> beta, SlotRows slots, int H, int64_t N, c10::Half* __restrict__ W,
@@ -1221,7 +1221,7 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
       const int64_t turns = N * H, blocks = std::min<int64_t>(turns, static_cast<int64_t>(device_sms()) * g_factors_in_turn);
       unsigned long long* clocks = nullptr;
       if (g_factors_phase_clocks) {
-        g_factors_clocks = at::zeros({blocks * (kFactorsPhases + 1)}, k.options().dtype(at::kLong));
+        g_factors_clocks = at::empty({blocks * (kFactorsPhases + 1)}, k.options().dtype(at::kLong));  // every block writes its own
         clocks = reinterpret_cast<unsigned long long*>(g_factors_clocks.data_ptr<int64_t>());
       }
       launch(kernel, dim3(static_cast<unsigned>(blocks)), smem, 0, turns, clocks);

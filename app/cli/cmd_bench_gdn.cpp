@@ -417,12 +417,25 @@ int run_bench_gdn(const GdnBenchArgs& a) {
           (void)kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, kernels::UForm::kFloat16Columns, false);
         });
       };
-      const std::vector<int> caps = {0, 3, 2, 1};  // 0: as many as fit
-      std::vector<std::vector<double>> alone(caps.size()), fwd(caps.size());
-      std::vector<int> held(caps.size(), 0);
+      // The settings timed, in three rounds: at most 4 (as built: 0, as many as fit), 3, 2 and 1 blocks a chunk
+      // an SM; then 1 and 2 blocks an SM taking chunks in turn, each chunk's loads landing during the one before.
+      struct Setting {
+        void (*set)(int);
+        int (*get)();
+        int value;
+      };
+      const std::vector<Setting> settings = {{kernels::set_factors_blocks_per_sm, kernels::factors_blocks_per_sm, 0},
+                                             {kernels::set_factors_blocks_per_sm, kernels::factors_blocks_per_sm, 3},
+                                             {kernels::set_factors_blocks_per_sm, kernels::factors_blocks_per_sm, 2},
+                                             {kernels::set_factors_blocks_per_sm, kernels::factors_blocks_per_sm, 1},
+                                             {kernels::set_factors_in_turn, kernels::factors_in_turn, 1},
+                                             {kernels::set_factors_in_turn, kernels::factors_in_turn, 2}};
+      constexpr size_t kCaps = 4;  // settings[0 .. 3] one block a chunk, then chunks in turn
+      std::vector<std::vector<double>> alone(settings.size()), fwd(settings.size());
+      std::vector<int> held(settings.size(), 0);
       for (int round = 0; round < 3; ++round) {
-        for (size_t i = 0; i < caps.size(); ++i) {
-          const auto t = with_setting(kernels::set_factors_blocks_per_sm, kernels::factors_blocks_per_sm, caps[i], dev, [&] {
+        for (size_t i = 0; i < settings.size(); ++i) {
+          const auto t = with_setting(settings[i].set, settings[i].get, settings[i].value, dev, [&] {
             const double f_alone = factors();
             held[i] = kernels::factors_resident_blocks();
             return std::make_pair(f_alone, forward(ours, back_to_back_ms));
@@ -430,46 +443,34 @@ int run_bench_gdn(const GdnBenchArgs& a) {
           if (t) alone[i].push_back(t->first), fwd[i].push_back(t->second);
         }
       }
-      std::string line_blocks, line_alone, line_fwd, line_chunk;
-      nlohmann::json occ = nlohmann::json::array();
+      // Each setting's figures as "a / b / ..." for settings [from, to), and a block's time on its chunk
+      // (the kernel's time x blocks an SM x SMs / chunks).
       const double slots_per_chunk = static_cast<double>(kernels::device_sms()) / static_cast<double>(N * a.heads);
-      for (size_t i = 0; i < caps.size(); ++i) {
-        const double fa = *median_of(alone[i]), ff = *median_of(fwd[i]);
-        const double chunk_us = 1e3 * fa * held[i] * slots_per_chunk;  // a block's time on its chunk
-        const std::string sep = i == 0 ? "" : " / ";
-        line_blocks += sep + std::to_string(held[i]);
-        line_alone += sep + figure(fa, 3), line_fwd += sep + figure(ff, 3), line_chunk += sep + figure(chunk_us, 1);
-        occ.push_back({{"blocks_an_sm", held[i]}, {"factors_b2b_ms", fa}, {"fwd_b2b_ms", ff}, {"block_us_a_chunk", chunk_us}});
-      }
-      row["factors_occupancy"] = occ;
+      std::vector<double> chunk_us(settings.size());
+      struct Lines {
+        std::string blocks, alone, fwd, chunk;
+      };
+      auto lines = [&](size_t from, size_t to, const char* key) {
+        Lines l;
+        nlohmann::json js = nlohmann::json::array();
+        for (size_t i = from; i < to; ++i) {
+          const double fa = *median_of(alone[i]), ff = *median_of(fwd[i]);
+          chunk_us[i] = 1e3 * fa * held[i] * slots_per_chunk;
+          const std::string sep = i == from ? "" : " / ";
+          l.blocks += sep + std::to_string(held[i]);
+          l.alone += sep + figure(fa, 3), l.fwd += sep + figure(ff, 3), l.chunk += sep + figure(chunk_us[i], 1);
+          js.push_back({{"blocks_an_sm", held[i]}, {"factors_b2b_ms", fa}, {"fwd_b2b_ms", ff}, {"block_us_a_chunk", chunk_us[i]}});
+        }
+        row[key] = js;
+        return l;
+      };
+      const Lines caps = lines(0, kCaps, "factors_occupancy"), turns = lines(kCaps, settings.size(), "factors_in_turn");
       std::printf("  %-10s chunk_factors at %s blocks an SM, back to back (medians of three rounds): alone %s ms, the\n"
                   "  %-10s forward %s ms; a block's time on its chunk %s us\n",
-                  "", line_blocks.c_str(), line_alone.c_str(), "", line_fwd.c_str(), line_chunk.c_str());
-      // The same kernel's chunks in turn, one or two blocks an SM, each chunk's loads landing during the one before.
-      std::vector<double> turn_alone[2], turn_fwd[2];
-      int turn_held[2] = {0, 0};
-      for (int round = 0; round < 3; ++round) {
-        for (int blocks : {1, 2}) {
-          const auto t = with_setting(kernels::set_factors_in_turn, kernels::factors_in_turn, blocks, dev, [&] {
-            const double f_alone = factors();
-            turn_held[blocks - 1] = kernels::factors_resident_blocks();
-            return std::make_pair(f_alone, forward(ours, back_to_back_ms));
-          });
-          if (t) turn_alone[blocks - 1].push_back(t->first), turn_fwd[blocks - 1].push_back(t->second);
-        }
-      }
-      nlohmann::json turns = nlohmann::json::array();
-      double ta[2], tf[2], tc[2];
-      for (int i = 0; i < 2; ++i) {
-        ta[i] = *median_of(turn_alone[i]), tf[i] = *median_of(turn_fwd[i]);
-        tc[i] = 1e3 * ta[i] * turn_held[i] * slots_per_chunk;
-        turns.push_back({{"blocks_an_sm", turn_held[i]}, {"factors_b2b_ms", ta[i]}, {"fwd_b2b_ms", tf[i]}, {"block_us_a_chunk", tc[i]}});
-      }
-      row["factors_in_turn"] = turns;
-      std::printf("  %-10s chunk_factors taking chunks in turn at %d / %d blocks an SM (each chunk's loads landing during\n"
-                  "  %-10s the one before): alone %.3f / %.3f ms, the forward %.3f / %.3f ms; a block's time on its chunk\n"
-                  "  %-10s %.1f / %.1f us\n",
-                  "", turn_held[0], turn_held[1], "", ta[0], ta[1], tf[0], tf[1], "", tc[0], tc[1]);
+                  "", caps.blocks.c_str(), caps.alone.c_str(), "", caps.fwd.c_str(), caps.chunk.c_str());
+      std::printf("  %-10s chunk_factors taking chunks in turn at %s blocks an SM (each chunk's loads landing during\n"
+                  "  %-10s the one before): alone %s ms, the forward %s ms; a block's time on its chunk %s us\n",
+                  "", turns.blocks.c_str(), "", turns.alone.c_str(), turns.fwd.c_str(), turns.chunk.c_str());
       // One more run in turn at one block an SM with the phases' clocks: each phase's share of a chunk's
       // cycles, and that share of the chunk's time above.
       kernels::FactorsPhases ph;
@@ -489,12 +490,12 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         nlohmann::json phases = nlohmann::json::array();
         for (int i = 0; i < kernels::kFactorsPhases; ++i) {
           const double share = ph.cycles[i] / total;
-          line += std::string(i ? "; " : "") + names[i] + " " + figure(share * tc[0], 2) + " us";
+          line += std::string(i ? "; " : "") + names[i] + " " + figure(share * chunk_us[kCaps], 2) + " us";
           phases.push_back({{"phase", names[i]}, {"cycles", ph.cycles[i]}, {"share", share}});
         }
         row["factors_in_turn_phases"] = phases;
         std::printf("  %-10s a chunk's phases at one block an SM in turn (%.0f cycles, shares of %.1f us): %s\n", "", total,
-                    tc[0], line.c_str());
+                    chunk_us[kCaps], line.c_str());
       }
     }
 #endif
@@ -819,7 +820,8 @@ BenchSub add_bench_gdn(CLI::App& bench) {
               "On CUDA with 16-bit inputs: under each row, time chunk_factors alone and the forward, back to back, "
               "with at most 4 (as built), 3, 2 and 1 blocks of chunk_factors an SM (its shared memory padded), and "
               "with 1 and 2 blocks an SM taking chunks in turn (each chunk's loads landing during the one before), "
-              "and each block's time on its chunk");
+              "each block's time on its chunk, and the share of a chunk's time each of its phases takes (SM clocks, "
+              "one block an SM in turn)");
   c->add_flag("--fusion-in-scan", a->fusion_in_scan,
               "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
               "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "

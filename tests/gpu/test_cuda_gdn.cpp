@@ -616,11 +616,6 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
   });
 }
 
-// The output written by the forward scan itself (LowRankScanArgs::output) against chunk_output_f16 from
-// the same scan's block float16 history: the same bits (the same float16 operands, scales and order of
-// sums) and the same final state. Both dtypes and the chunk kernels' head sizes, the scan's 32- and
-// 16-column blocks, whole sequences and segments of two chunks (with warm-ups), T not a multiple of 64,
-// an initial state, o from a NaN-poisoned allocator (an unwritten element fails the comparison).
 // chunk_factors with its blocks an SM capped (its shared memory padded) gives the same bits as with as many
 // as fit, holds at most the cap (exactly the cap where the kernel alone would hold more), and refuses a cap
 // out of range.
@@ -743,6 +738,11 @@ TEST(CudaGdn, FactorsInTurnEqualOneBlockAChunk) {
   EXPECT_EQ(hh::kernels::factors_in_turn(), 0);
 }
 
+// The output written by the forward scan itself (LowRankScanArgs::output) against chunk_output_f16 from
+// the same scan's block float16 history: the same bits (the same float16 operands, scales and order of
+// sums) and the same final state. Both dtypes and the chunk kernels' head sizes, the scan's 32- and
+// 16-column blocks, whole sequences and segments of two chunks (with warm-ups), T not a multiple of 64,
+// an initial state, o from a NaN-poisoned allocator (an unwritten element fails the comparison).
 TEST(CudaGdn, OutputInTheScanEqualsChunkOutputF16BitForBit) {
   ASSERT_TRUE(torch::cuda::is_available());
   const int64_t B = 2, T = 777, H = 3, per = (T + 63) / 64, N = B * per, C = 64;
