@@ -1910,6 +1910,25 @@ struct ScanPlan {
   FusedOutputArgs fused;  // LowRankScanArgs::Output::fusion's tensors, as low_rank_scan checked them
 };
 
+// At least n float32 zeros on the current device, never written once zeroed: the start states of scans
+// whose sequences all start from zero (LowRankScanArgs::zero_start), read where y0 would be, so that no
+// kernel zeroes states on every call. A larger need zeroes a larger buffer once (the device then synced,
+// so that every stream sees the zeros); the smaller ones stay, since kernels queued on other streams may
+// still read them.
+const float* zero_states(int64_t n) {
+  static std::mutex mutex;
+  static std::map<int, std::vector<at::Tensor>> by_device;  // each device's buffers, the largest last
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::vector<at::Tensor>& held = by_device[at::cuda::current_device()];
+  if (held.empty() || held.back().numel() < n) {
+    held.push_back(at::zeros({std::max<int64_t>(n, int64_t{1} << 20)}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA)));
+    C10_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  return held.back().data_ptr<float>();
+}
+// The start states a scan reads: y0's, or zeros where every sequence starts from zero.
+const float* start_states(const LowRankScanArgs& a) { return a.zero_start ? zero_states(a.y0.numel()) : a.y0.data_ptr<float>(); }
+
 template <int DK, int STAGES, int BV, bool OUT, bool DIR = false, int FUSE = -1, class O = c10::BFloat16>
 void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
   const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
@@ -1936,12 +1955,12 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
   if constexpr (FUSE >= 0) {  // a segment's Dv / BV blocks of a head in one cluster
     g_fused_scan_launches.fetch_add(1, std::memory_order_relaxed);
     launch_cluster_kernel(kernel, grid, dim3(static_cast<unsigned>(Dv / BV), 1, 1), scan_threads<DK, true>(), smem, scan_maps<DK, BV>(a),
-                          a.decay.data_ptr<float>(), ptr(a.bound), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M),
+                          a.decay.data_ptr<float>(), ptr(a.bound), start_states(a), ptr(a.hist), ptr(a.M),
                           fin.data_ptr<float>(), table, table + S + 1, H, N, Dv, a.reverse, h16, so, sd, fa);
     return;
   }
   kernel<<<grid, scan_threads<DK, false>(), smem, at::cuda::getCurrentCUDAStream()>>>(
-      scan_maps<DK, BV>(a), a.decay.data_ptr<float>(), ptr(a.bound), a.y0.data_ptr<float>(), ptr(a.hist), ptr(a.M), fin.data_ptr<float>(),
+      scan_maps<DK, BV>(a), a.decay.data_ptr<float>(), ptr(a.bound), start_states(a), ptr(a.hist), ptr(a.M), fin.data_ptr<float>(),
       table, table + S + 1, H, N, Dv, a.reverse, h16, so, sd, fa);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -1990,7 +2009,7 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
   const dim3 grid(static_cast<unsigned>(plan.segments), static_cast<unsigned>(H));
   g_column_scan_launches.fetch_add(1, std::memory_order_relaxed);
   kernel<<<grid, 32 * (DV / 16), smem, at::cuda::getCurrentCUDAStream()>>>(
-      maps, a.decay.data_ptr<float>(), a.bound.defined() ? a.bound.data_ptr<float>() : nullptr, a.y0.data_ptr<float>(),
+      maps, a.decay.data_ptr<float>(), a.bound.defined() ? a.bound.data_ptr<float>() : nullptr, start_states(a),
       fin.data_ptr<float>(), table, table + S + 1, H, N, so, fa, h16, sd);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -2112,7 +2131,7 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
   auto kernel = precise ? low_rank_scan_kernel<DK, true, F> : low_rank_scan_kernel<DK, false, F>;
   allow_dynamic_smem(kernel, smem);
   kernel<<<grid, 2 * DK, smem, at::cuda::getCurrentCUDAStream()>>>(
-      a.A.data_ptr<F>(), a.B.data_ptr<F>(), a.decay.data_ptr<float>(), ptr(a.U), ptr(a.Z), a.y0.data_ptr<float>(),
+      a.A.data_ptr<F>(), a.B.data_ptr<F>(), a.decay.data_ptr<float>(), ptr(a.U), ptr(a.Z), start_states(a),
       ptr(a.hist), ptr(a.M), fin.data_ptr<float>(), offsets.data_ptr<int64_t>(), H, N, Dv, a.A.stride(2),
       a.B.stride(2), a.U.defined() ? a.U.stride(2) : Dv, a.reverse);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

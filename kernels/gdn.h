@@ -63,6 +63,10 @@ enum class ScanPrecision { kFloat32, kTf32, kBlockFloat16 };
 struct OutputFusion;  // below
 struct LowRankScanArgs {
   at::Tensor A, B, decay, U, Z, y0;
+  // Every sequence starts from zero, whatever y0 holds (y0 then gives the shape only, and may be left
+  // unwritten, at::empty's): the scans read a zeroed buffer kept for the device instead, so that a caller
+  // without start states runs no kernel to zero them.
+  bool zero_start = false;
   // With U float16: the inverse of each column's scale, U's values being U16 * U_inv [H, N, Dv] float32.
   at::Tensor U_inv;
   at::Tensor hist, M;  // outputs; undefined: not written (M optional; hist optional for kBlockFloat16 only)

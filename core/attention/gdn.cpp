@@ -480,7 +480,8 @@ struct ForwardScan {
   at::Tensor S, M, final_state;       // each chunk's start state, its new values U - W S, the final state
   at::Tensor S16, S_inv, M16, M_inv;  // S and M in block float16 (LowRankScanArgs), for chunk_output_f16
 };
-// S_{n+1} = decay_n S_n + kdecay_n^T (U_n - W_n S_n) from s0, on the factors (kernels::low_rank_scan).
+// S_{n+1} = decay_n S_n + kdecay_n^T (U_n - W_n S_n) from s0 (undefined: from zero, with no kernel to zero
+// it), on the factors (kernels::low_rank_scan).
 // With f16_history (kBlockFloat16 only), S and M in block float16 instead of float32. With keep_states
 // and kBlockFloat16, S also in block float16, for the backward's chunk kernels. Given `output` (with
 // f16_history), the scan writes the output itself, and the history only where keep_states asks for S.
@@ -495,7 +496,9 @@ ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at
   a.decay = decay.contiguous();
   a.U = U;
   a.U_inv = U_inv;  // U in float16 by columns (the column scan's form)
-  a.y0 = s0.contiguous();
+  a.zero_start = !s0.defined();
+  a.y0 = a.zero_start ? at::empty({static_cast<int64_t>(offsets.size()) - 1, H, Dk, Dv}, U.options().dtype(at::kFloat))
+                      : s0.contiguous();
   a.precision = precision;
   // The segmented scan starts its pieces where the transitions' norm bounds allow.
   if (precision == kernels::ScanPrecision::kBlockFloat16 && bound.defined()) {
@@ -669,6 +672,7 @@ struct KernelForward {
   at::Tensor T16;                          // every chunk's T, for the backward's chunk kernel (with M16)
 };
 // Given `conv`, q, k and v are the projections before the short convolution, which chunk_factors applies.
+// s0 undefined: every sequence starts from zero.
 KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                              const at::Tensor& beta, const at::Tensor& s0, double scale, const ChunkLayout& L,
                              bool keep_states, const kernels::OutputFusion* fusion = nullptr, at::Tensor* y = nullptr,
@@ -753,9 +757,14 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                                                 const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                                                 const at::Tensor& beta, const at::Tensor& s0, double scale,
-                                                int64_t chunk, std::vector<int64_t> cu_seqlens, bool keep_states) {
+                                                int64_t chunk, std::vector<int64_t> cu_seqlens, bool keep_states,
+                                                bool zero_s0) {
     const int64_t B = q.size(0), T = q.size(1);
     const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    // With zero_s0 s0 holds no values (the op's stand-in, at::empty's): the start states are zero, which the
+    // kernels' scans take without a tensor of zeros; the LibTorch paths form one.
+    ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined: no kernel zeroes it
+    auto start = [&] { return zero_s0 ? at::zeros(s0.sizes(), s0.options().dtype(acc)) : s0.to(acc); };
     const Tf32Scope tf32(use_tf32(q));
     const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
     at::Tensor S, o, final_state;  // S: the state at the start of each chunk
@@ -766,7 +775,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     at::Tensor T16;                   // every chunk's T, kept for the backward's chunk kernel
     if (chunk_kernels_ok(q, k, v, chunk)) {
 #ifdef HH_HAVE_KERNELS
-      const KernelForward r = kernel_forward(q, k, v, g, beta, s0.to(acc), scale, L, keep_states);
+      const KernelForward r = kernel_forward(q, k, v, g, beta, zero_s0 ? at::Tensor() : s0.to(acc), scale, L, keep_states);
       std::tie(o, final_state, W16, kdecay16, decay, bound, S, S16, S_inv) =
           std::make_tuple(r.o, r.final_state, r.W16, r.kdecay16, r.decay, r.bound, r.S, r.S16, r.S_inv);
       std::tie(Qd, Aq, aq_inv, M16, M_inv, T16) = std::make_tuple(r.Qd, r.Aq, r.aq_inv, r.M16, r.M_inv, r.T16);
@@ -777,7 +786,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       at::Tensor O;
       if (low_rank_scan_ok(c)) {
 #ifdef HH_HAVE_KERNELS
-        const ForwardScan r = forward_scan(c.kdecay, c.W, c.U, c.dl, at::Tensor(), s0.to(acc), L.offsets,
+        const ForwardScan r = forward_scan(c.kdecay, c.W, c.U, c.dl, at::Tensor(), start(), L.offsets,
                                            use_tf32(q) ? kernels::ScanPrecision::kTf32 : kernels::ScanPrecision::kFloat32);
         S = r.S;
         final_state = r.final_state;
@@ -786,7 +795,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       } else {
         const at::Tensor Z = at::matmul(c.kdecay.transpose(-1, -2), c.U);  // [H, N, Dk, Dv]
         const ScanResult scan = gdn_state_scan(transition(c, /*transposed=*/false).contiguous(), Z.contiguous(),
-                                               s0.to(acc).contiguous(), L.offsets, /*reverse=*/false);
+                                               start().contiguous(), L.offsets, /*reverse=*/false);
         S = scan.hist;
         final_state = scan.final_state;
         O = at::matmul(c.qdecay, S) + at::matmul(c.attn, c.U - at::matmul(c.W, S));
@@ -816,8 +825,11 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     const Tf32Scope tf32(use_tf32(q));
     const ChunkLayout L = make_layout(B, T, chunk, cu_seqlens, q.device());
     const int64_t nseq = static_cast<int64_t>(L.offsets.size()) - 1;
-    const at::Tensor dfin = grads[1].defined() ? grads[1].to(acc).contiguous()
-                                               : at::zeros({nseq, H, Dk, Dv}, q.options().dtype(acc));
+    // No final-state gradient (the final state unused): zeros for the LibTorch paths; the kernels' reverse
+    // scan starts from zero without them.
+    auto final_grad = [&] {
+      return grads[1].defined() ? grads[1].to(acc).contiguous() : at::zeros({nseq, H, Dk, Dv}, q.options().dtype(acc));
+    };
 
     // 1. State gradients, last chunk to first: dS_n = P_n dS_{n+1} + X_n with
     //    X_n = scale (qdecay - attn W)^T dO_n, the direct effect of S_n on chunk n's output.
@@ -861,7 +873,8 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       } else {
         a.Z = kernels::chunk_state_direct(qc, kc, aligned(g.to(at::kFloat)), W16, dO, grid, scale);
       }
-      a.y0 = dfin;
+      a.zero_start = !grads[1].defined();
+      a.y0 = a.zero_start ? at::empty({nseq, H, Dk, Dv}, q.options().dtype(acc)) : final_grad();
       a.S16 = at::empty_like(S16);  // the end-state gradients, in block float16 as S
       a.S_inv = at::empty_like(S_inv);
       a.reverse = true;
@@ -872,13 +885,14 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
           kernels::chunk_backward(qc, kc, vc, gk, bk, S16, S_inv, a.S16, a.S_inv, dO, grid, scale, M16, M_inv, a.M16, a.M_inv,
                                   T16);
       return {d.dq, d.dk, d.dv, d.dg.to(g.scalar_type()), d.dbeta.to(beta.scalar_type()), dS0.to(s0_dtype),
-              at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+              at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
 #endif
     // The LibTorch backward takes the states in float32: as kept, or expanded from block float16.
     const at::Tensor S = saved[5].defined()
                              ? saved[5]
                              : S16.to(at::kFloat).mul_(S_inv.repeat_interleave(16, -2).repeat_interleave(16, -1));
+    const at::Tensor dfin = final_grad();
     // dO times the output scale: every term below takes dO with it.
     const at::Tensor dOs = grads[0].defined() ? to_chunks(grads[0], L, acc, scale)
                                               : at::zeros({H, L.N, chunk, Dv}, q.options().dtype(acc));
@@ -892,7 +906,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       auto back = [&](const at::Tensor& x, const at::Tensor& like) { return from_chunks(x, L, B, T, like.scalar_type()); };
       auto back_bth = [&](const at::Tensor& x, const at::Tensor& like) { return back(x.unsqueeze(-1), like).squeeze(-1); };
       return {back(d.dQ, q), back(d.dK, k), back(d.dV, v), back_bth(d.dg, g), back_bth(d.dbeta, beta),
-              sg.dS0.to(s0_dtype), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+              sg.dS0.to(s0_dtype), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
     at::Tensor lq = q.detach().requires_grad_(true), lk = k.detach().requires_grad_(true),
                lv = v.detach().requires_grad_(true), lg = g.detach().requires_grad_(true),
@@ -917,7 +931,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
         torch::autograd::grad({objective}, {lq, lk, lv, lg, lb}, {}, /*retain_graph=*/false,
                               /*create_graph=*/false, /*allow_unused=*/true);
     return {cast(input_grads[0], q), cast(input_grads[1], k), cast(input_grads[2], v), cast(input_grads[3], g),
-            cast(input_grads[4], beta), sg.dS0.to(s0_dtype), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            cast(input_grads[4], beta), sg.dS0.to(s0_dtype), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -938,13 +952,13 @@ std::tuple<at::Tensor, at::Tensor> chunk_rule_op(const at::Tensor& q, const at::
   if (initial_state.has_value() && initial_state->defined() && initial_state->sizes() != at::IntArrayRef({nseq, H, Dk, Dv}))
     throw Error("gated delta rule: initial_state must be [S, H, Dk, Dv] = " + shape_str({nseq, H, Dk, Dv}) + ", got " +
                 shape_str(initial_state->sizes()));
-  const at::Tensor s0 = initial_state.has_value() && initial_state->defined()
-                           ? *initial_state
-                           : at::zeros({std::max<int64_t>(nseq, 0), H, Dk, Dv}, q.options().dtype(acc));
+  // Without initial states, a stand-in of their shape that holds no values (zero_s0): no kernel zeroes it.
+  const bool zero_s0 = !(initial_state.has_value() && initial_state->defined());
+  const at::Tensor s0 = zero_s0 ? at::empty({std::max<int64_t>(nseq, 0), H, Dk, Dv}, q.options().dtype(acc)) : *initial_state;
   // The chunks' start states are kept for the backward only when a graph is recorded.
   const bool keep_states = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
                                                           g.requires_grad() || beta.requires_grad() || s0.requires_grad());
-  auto r = GdnScanFunction::apply(q, k, v, g, beta, s0, scale, chunk, cu_seqlens.vec(), keep_states);
+  auto r = GdnScanFunction::apply(q, k, v, g, beta, s0, scale, chunk, cu_seqlens.vec(), keep_states, zero_s0);
   return {r[0], r[1]};
 }
 
@@ -1018,8 +1032,7 @@ at::Tensor gdn_fused_output(const at::Tensor& q_in, const at::Tensor& k_in, cons
   check_inputs(q, k, v, g, beta, initial_state);
   at::NoGradGuard no_grad;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
-  const at::Tensor s0 = initial_state.defined() ? initial_state.to(at::kFloat)
-                                                : at::zeros({B, H, Dk, Dv}, q.options().dtype(at::kFloat));
+  const at::Tensor s0 = initial_state.defined() ? initial_state.to(at::kFloat) : at::Tensor();  // undefined: from zero
   const Tf32Scope tf32(use_tf32(q));
   const ChunkLayout L = make_layout(B, T, chunk, {}, q.device());
   return kernel_forward(q, k, v, g, beta, s0, scale, L, /*keep_states=*/false, &fusion, &y, conv_inside ? conv : nullptr,

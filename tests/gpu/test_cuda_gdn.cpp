@@ -738,6 +738,58 @@ TEST(CudaGdn, FactorsInTurnEqualOneBlockAChunk) {
   EXPECT_EQ(hh::kernels::factors_in_turn(), 0);
 }
 
+// Without initial states the rule's scans start from zero with no tensor of zeros (the op's stand-in is
+// at::empty's, LowRankScanArgs::zero_start), and without a final-state gradient the reverse scan likewise:
+// the output, the final state and every gradient the same bits as with explicit zeros, the stand-ins drawn
+// from a NaN-poisoned allocator, so that a scan reading one would show. Regular and packed sequences
+// (segmented scans: the first piece of each sequence is the one that starts from y0), both 16-bit dtypes,
+// with and without a graph.
+TEST(CudaGdn, ZeroStartStatesNeedNoZerosAndKeepTheBits) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  const int64_t H = 4, D = 128;
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
+    for (bool packed : {false, true}) {
+      const std::string what = std::string(c10::toString(dt)) + (packed ? " packed" : " regular");
+      const int64_t B = packed ? 1 : 2, T = packed ? 3000 : 1500;
+      const std::vector<int64_t> cu = packed ? std::vector<int64_t>{0, 700, 701, 2300, 3000} : std::vector<int64_t>{};
+      const int64_t S = packed ? 4 : B;
+      const auto [q, k, v, g, beta] = chunk_in(B, T, H, D, D, dt);
+      const auto w_o = torch::randn({B, T, H, D}, kCuda.dtype(torch::kFloat));
+      const auto zeros = torch::zeros({S, H, D, D}, kCuda.dtype(torch::kFloat));
+      // The forward alone.
+      auto forward = [&](bool given) {
+        torch::NoGradGuard no_grad;
+        poison_allocator();
+        return gdn_chunked_scan(q, k, v, g, beta, given ? zeros : torch::Tensor(), 0.1, 64, cu);
+      };
+      const auto f_want = forward(true), f_got = forward(false);
+      EXPECT_TRUE(torch::equal(f_got.o, f_want.o)) << what << ": o, forward alone";
+      EXPECT_TRUE(torch::equal(f_got.state, f_want.state)) << what << ": final state, forward alone";
+      // With a graph: the final state in the loss, or not (no gradient for it: the reverse scan starts from
+      // zero), against explicit zero initial states and, for the latter, the final state in the loss times 0
+      // (a gradient of zeros, which the reverse scan reads).
+      for (bool use_state : {true, false}) {
+        auto run = [&](bool given) {
+          std::vector<torch::Tensor> x = {q.detach().requires_grad_(true), k.detach().requires_grad_(true), v.detach().requires_grad_(true),
+                                          g.detach().requires_grad_(true), beta.detach().requires_grad_(true)};
+          poison_allocator();
+          const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], given ? zeros : torch::Tensor(), 0.1, 64, cu);
+          auto loss = (r.o.to(torch::kFloat) * w_o).sum();
+          if (use_state) loss = loss + r.state.sum();
+          else if (given) loss = loss + (r.state * 0).sum();
+          auto grads = torch::autograd::grad({loss}, x);
+          grads.push_back(r.o.detach());
+          grads.push_back(r.state.detach());
+          return grads;
+        };
+        const auto want = run(true), got = run(false);
+        const char* names[] = {"dq", "dk", "dv", "dg", "dbeta", "o", "final state"};
+        for (size_t i = 0; i < 7; ++i)
+          EXPECT_TRUE(torch::equal(got[i], want[i])) << what << (use_state ? ", final state used: " : ", final state unused: ") << names[i];
+      }
+    }
+}
+
 // The output written by the forward scan itself (LowRankScanArgs::output) against chunk_output_f16 from
 // the same scan's block float16 history: the same bits (the same float16 operands, scales and order of
 // sums) and the same final state. Both dtypes and the chunk kernels' head sizes, the scan's 32- and
