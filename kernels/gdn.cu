@@ -633,12 +633,22 @@ __device__ __forceinline__ void load_scales(float (&dst)[K], const float* src) {
 // row width BV * 4); has_u, has_z say which of U and Z there are.
 struct ScanMaps {
   CUtensorMap A, B, U, Z;
-  CUtensorMap Qd, Aq;  // the output's factors (OUT and DIR)
+  CUtensorMap Qd;     // the output's factors (OUT and DIR): Qd, and Aq's four block rows (aq_maps)
+  CUtensorMap Aq[4];
   CUtensorMap dO;      // dO16 (DIR): [H N C, Dv] float16, boxes of 64 x BV
   CUtensorMap U_inv;   // the column scan's U in float16: its column scales [H N, Dv], a row a chunk
   CUtensorMap S16, M16;  // the column scan's history (HIST), stored: boxes of Dk (S16) or C (M16) rows x 16
   bool has_u, has_z;
 };
+
+// Chunk c's Aq, packed (kAqPacked), into a slot's [C][C] tile of 128-byte rows, swizzled as one box of the
+// whole matrix lands: each block row as a box of its 16 rows of 64 columns, the columns past its width
+// zeros from the copy engine (they lie outside the block row's map, aq_maps). The four boxes bring the
+// one box's 8,192 bytes on `bar`.
+__device__ __forceinline__ void load_aq(char* tile, const ScanMaps& maps, int64_t c, unsigned long long* bar) {
+#pragma unroll
+  for (int b = 0; b < 4; ++b) tma_load_3d(tile + b * 16 * 128, &maps.Aq[b], 0, 0, static_cast<int>(c), bar);
+}
 
 // The direct term's scales (DIR): aq_inv and do_inv [H, N]. raw (the column scan): 0 for dO16's tiles
 // with do_inv; 1 (bfloat16) or 2 (float16) for dO's own [B T, H Dv] rows, chunk n of the grid's `per` a
@@ -821,7 +831,7 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
         tma_load_2d(ring.B(b) + x * C * SW, &maps.B, x * Ring::kBoxCols, row, &full[b]);
         if constexpr (OUT || DIR) tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
       }
-      if constexpr (OUT || DIR) tma_load_2d(ring.Aq(b), &maps.Aq, 0, row, &full[b]);
+      if constexpr (OUT || DIR) load_aq(ring.Aq(b), maps, c, &full[b]);
       if constexpr (DIR) tma_load_2d(ring.dO(b), &maps.dO, col0, row, &full[b]);
       if (maps.has_u) tma_load_2d(ring.U(b), &maps.U, col0, row, &full[b]);
       if (maps.has_z) tma_load_2d(ring.Z(b), &maps.Z, col0, static_cast<int>(c * DK), &full[b]);
@@ -1415,7 +1425,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       tma_load_2d(ring.B(b) + x * C * SW, &maps.B, x * Ring::kBoxCols, row, &full[b]);
       tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
     }
-    tma_load_2d(ring.Aq(b), &maps.Aq, 0, row, &full[b]);
+    load_aq(ring.Aq(b), maps, c, &full[b]);
     // DIR: dO16's tile in U's place, or dO's own (sd.raw): head h's columns from the chunk's first token's row.
     int u_col = 0, u_row = row;
     if constexpr (DIR)
@@ -1864,6 +1874,21 @@ CUtensorMap tensor_map_2d(const at::Tensor& x, int64_t box_rows, int64_t box_col
   return encode_tensor_map(elem == 2 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, x.data_ptr(), dims,
                            strides, box, swizzle, "low_rank_scan", what);
 }
+// The four maps of a packed Aq [H, N, kAqPacked] for load_aq: block row b as a [H N][16][16 (b + 1)]
+// float16 tensor from aq_block_row(b), a chunk's kAqPacked values apart, in boxes of one chunk's 16 rows of
+// 64 columns swizzled at 128 bytes (the scans' Aq tile).
+void aq_maps(const at::Tensor& Aq, const char* what, CUtensorMap (&maps)[4]) {
+  const int64_t chunks = Aq.numel() / kAqPacked;
+  if (chunks > std::numeric_limits<int32_t>::max())  // the copy's chunk coordinate is a 32-bit integer
+    throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " has more than 2^31 - 1 chunks");
+  for (int b = 0; b < 4; ++b) {
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(16 * (b + 1)), 16, static_cast<cuuint64_t>(chunks)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(16 * (b + 1) * 2), static_cast<cuuint64_t>(kAqPacked * 2)};
+    const cuuint32_t box[3] = {64, 16, 1};
+    maps[b] = encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, static_cast<c10::Half*>(Aq.data_ptr()) + aq_block_row(b), dims,
+                                strides, box, CU_TENSOR_MAP_SWIZZLE_128B, "low_rank_scan", what);
+  }
+}
 // With blocks_do false, the caller encodes dO16's map in its own boxes (the column scan's), and it is not
 // encoded here in the blocks' too.
 template <int DK, int BV>
@@ -1887,11 +1912,11 @@ ScanMaps scan_maps(const LowRankScanArgs& a, bool blocks_do = true) {
   if (m.has_z) m.Z = tensor_map_2d(a.Z, DK, Ring::BV, slice_sw, "Z");
   if (a.output.o.defined() || a.output.fusion != nullptr) {  // the output written, or through the fusion
     m.Qd = tensor_map_2d(a.output.Qd, Ring::C, Ring::kBoxCols, sw, "Qd");
-    m.Aq = tensor_map_2d(a.output.Aq, Ring::C, Ring::C, CU_TENSOR_MAP_SWIZZLE_128B, "Aq");
+    aq_maps(a.output.Aq, "Aq", m.Aq);
   }
   if (a.direct.Qd.defined()) {  // the direct term, with dO16 or (the column scan's, encoded by its caller) dO
     m.Qd = tensor_map_2d(a.direct.Qd, Ring::C, Ring::kBoxCols, sw, "direct.Qd");
-    m.Aq = tensor_map_2d(a.direct.Aq, Ring::C, Ring::C, CU_TENSOR_MAP_SWIZZLE_128B, "direct.Aq");
+    aq_maps(a.direct.Aq, "direct.Aq", m.Aq);
     if (blocks_do && a.direct.dO16.defined())
       m.dO = tensor_map_2d(a.direct.dO16, Ring::C, Ring::BV, Ring::kDoSwizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B,
                            "direct.dO16");
@@ -2884,7 +2909,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       if (Dk != 64 && Dk != 128)
         throw std::invalid_argument("hh::kernels::low_rank_scan: the output needs Dk 64 or 128 (chunk_factors' head sizes)");
       want(o.Qd, "output.Qd", at::kHalf, {H, N, C, Dk});
-      want(o.Aq, "output.Aq", at::kHalf, {H, N, C, C});
+      want(o.Aq, "output.Aq", at::kHalf, {H, N, kAqPacked});
       want(o.aq_inv, "output.aq_inv", at::kFloat, {H, N});
       if (o.o.defined()) check(o.o, "output.o");
       if (o.o.defined() && ((o.o.scalar_type() != at::kBFloat16 && o.o.scalar_type() != at::kHalf) ||
@@ -2915,7 +2940,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       if (Dk != 64 && Dk != 128)
         throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term needs Dk 64 or 128 (chunk_factors' head sizes)");
       want(d.Qd, "direct.Qd", at::kHalf, {H, N, C, Dk});
-      want(d.Aq, "direct.Aq", at::kHalf, {H, N, C, C});
+      want(d.Aq, "direct.Aq", at::kHalf, {H, N, kAqPacked});
       want(d.aq_inv, "direct.aq_inv", at::kFloat, {H, N});
       // dO's shape and alignment are reverse_scan_reads_dO_in_place's conditions; dO16 is read only elsewhere.
       if (!in_place) {

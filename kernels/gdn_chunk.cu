@@ -557,15 +557,16 @@ __global__ void __launch_bounds__(kThreads, MINB)
       __syncthreads();
       const Pow2Scale sc = pow2_scale(of.scale * __uint_as_float(*amax));
       const float s = of.scale * sc.scale;
-      {
-        const int lane = tid % 32, warp = tid / 32;
-        c10::Half* const at = of.Aq + chunk * kC * kC + ((warp / 2) * 16 + lane / 4) * kC + (warp % 2) * 32;
+      {  // packed (kAqPacked): the warp's block row b keeps its first 16 (b + 1) columns
+        const int lane = tid % 32, warp = tid / 32, b = warp / 2, width = 16 * (b + 1), n0 = (warp % 2) * 32;
+        const bool keep = n0 + 8 * (lane % 4) < width;  // the lane's 8 columns after the quads' transpose
+        c10::Half* const at = of.Aq + chunk * kAqPacked + aq_block_row(b) + (lane / 4) * width + n0;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           uint32_t p[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j) p[j] = pack_f16(s * aq[j][2 * half], s * aq[j][2 * half + 1]);
-          store_quad16<false>(p, at + 8 * half * kC, 0);
+          store_quad16<true>(p, keep ? at + 8 * half * width : nullptr, 0);
         }
       }
       if (tid == 0) of.aq_inv[chunk] = sc.inverse;
@@ -969,9 +970,10 @@ __global__ void __launch_bounds__(kThreads)
     const int r = (8 * i) / DK, c = (8 * i) % DK;
     cp_async16(Qs + r * LDQ + c, Qd + (chunk * kC + r) * DK + c);
   }
-  for (int i = tid; i < kC * kC / 8; i += kThreads) {
-    const int r = (8 * i) / kC, c = (8 * i) % kC;
-    cp_async16(As + r * kLdH + c, Aq + (chunk * kC + r) * kC + c);
+  for (int i = tid; i < kAqPacked / 8; i += kThreads) {  // packed: the blocks on and below the diagonal, all it reads
+    const int e = 8 * i, b = e < aq_block_row(1) ? 0 : e < aq_block_row(2) ? 1 : e < aq_block_row(3) ? 2 : 3;
+    const int width = 16 * (b + 1), off = e - static_cast<int>(aq_block_row(b));
+    cp_async16(As + (16 * b + off / width) * kLdH + off % width, Aq + chunk * kAqPacked + e);
   }
   for (int i = tid; i < DK * kOutCols / 8; i += kThreads) {
     const int r = (8 * i) / kOutCols, c = (8 * i) % kOutCols;
@@ -1180,7 +1182,7 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr, nullptr};
   if (q.defined()) {
     r.Qd = at::empty({H, N, kC, Dk}, f16);
-    r.Aq = at::empty({H, N, kC, kC}, f16);
+    r.Aq = at::empty({H, N, kAqPacked}, f16);
     r.aq_inv = at::empty({H, N}, f32);
     if (keep_t) r.T16 = at::empty({H, N, kC, kC}, k.options());
     of = {q.data_ptr(), static_cast<float>(scale), r.Qd.data_ptr<c10::Half>(), r.Aq.data_ptr<c10::Half>(),
@@ -1271,7 +1273,7 @@ void check_output_f16(const char* fn, const ChunkFactors& f, const at::Tensor& S
     throw std::invalid_argument(name + "needs chunk_factors' output factors (given q) and S16 [H, N, Dk, Dv]");
   H = f.Qd.size(0), N = f.Qd.size(1), Dk = f.Qd.size(3), Dv = S16.size(3);
   need(f.Qd, fn, "Qd", {H, N, kC, Dk}, true);
-  need(f.Aq, fn, "Aq", {H, N, kC, kC}, true);
+  need(f.Aq, fn, "Aq", {H, N, kAqPacked}, true);
   need(f.aq_inv, fn, "aq_inv", {H, N}, false);
   need(S16, fn, "S16", {H, N, Dk, Dv}, true);
   need(S_inv, fn, "S_inv", {H, N, Dk / 16, Dv / 16}, false);

@@ -80,6 +80,21 @@ torch::Tensor from_block_f16(const torch::Tensor& x16, const torch::Tensor& inv,
   return x16.to(torch::kCPU, torch::kDouble) *
          inv.to(torch::kCPU, torch::kDouble).repeat_interleave(r, -2).repeat_interleave(c, -1);
 }
+// chunk_factors' packed Aq [H, N, kAqPacked] as the [H, N, 64, 64] matrix it holds, read from its
+// documented layout: block row b (16 rows) as 16 rows of its first 16 (b + 1) columns, the block rows in
+// turn; zeros above the diagonal blocks. The block rows must fill the packed form exactly.
+torch::Tensor unpack_aq(const torch::Tensor& packed) {
+  const int64_t H = packed.size(0), N = packed.size(1);
+  auto full = torch::zeros({H, N, 64, 64}, packed.options());
+  int64_t at = 0;
+  for (int64_t b = 0; b < 4; ++b) {
+    const int64_t width = 16 * (b + 1);
+    full.narrow(2, 16 * b, 16).narrow(3, 0, width).copy_(packed.narrow(2, at, 16 * width).reshape({H, N, 16, width}));
+    at += 16 * width;
+  }
+  EXPECT_EQ(at, packed.size(2)) << "the packed Aq's last dimension";
+  return full;
+}
 
 struct Inputs {
   torch::Tensor q, k, v, g, beta, s0;  // float64 on the CPU
@@ -510,7 +525,9 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
     const auto fo = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
     EXPECT_LT(rel_err(fo.W, W), 3e-3) << what;  // the factors are unchanged by q
     EXPECT_LT(rel_err(fo.Qd, scale * G.exp().unsqueeze(-1) * Q), 1e-3) << what;
-    EXPECT_LT(rel_err(fo.Aq.to(torch::kDouble) * fo.aq_inv.to(torch::kDouble).unsqueeze(-1).unsqueeze(-1), scale * attn), 1e-3)
+    EXPECT_EQ(fo.Aq.sizes(), torch::IntArrayRef({H, N, hh::kernels::kAqPacked})) << what;
+    EXPECT_LT(rel_err(unpack_aq(fo.Aq).to(torch::kDouble) * fo.aq_inv.to(torch::kDouble).unsqueeze(-1).unsqueeze(-1), scale * attn),
+              1e-3)
         << what;
     // Aq's scale: a power of two with each chunk's largest |entry| in [2^14, 2^15) before the
     // rounding to float16, which may carry an entry just below 2^15 up to 2^15 itself.
