@@ -418,6 +418,14 @@ __device__ __forceinline__ void store_tile(float* x, int ld, int m, int n0, cons
   *reinterpret_cast<float2*>(x + (m + g + 8) * ld + n0 + 2 * t) = make_float2(s * acc[2], s * acc[3]);
 }
 
+// Where the 8 values from e (a multiple of 8) of a packed lower matrix (kPackedLower) lie in the whole
+// 64 x 64 matrix: x its row, y its column.
+__device__ __forceinline__ int2 packed_lower_at(int e) {
+  const int b = e < packed_lower_row(1) ? 0 : e < packed_lower_row(2) ? 1 : e < packed_lower_row(3) ? 2 : 3;
+  const int width = 16 * (b + 1), off = e - static_cast<int>(packed_lower_row(b));
+  return make_int2(16 * b + off / width, off % width);
+}
+
 // T = (I + L)^{-1} in place for the strictly lower triangular L in Ls [C][kLdT] (zero on and above the
 // diagonal), with THREADS >= 256 threads: first the inverses of the four 16 x 16 diagonal blocks
 // (threads 0..63, one column each, right-looking: once row i is final every later row takes its

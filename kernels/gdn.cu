@@ -641,7 +641,7 @@ struct ScanMaps {
   bool has_u, has_z;
 };
 
-// Chunk c's Aq, packed (kAqPacked), into a slot's [C][C] tile of 128-byte rows, swizzled as one box of the
+// Chunk c's Aq, packed (kPackedLower), into a slot's [C][C] tile of 128-byte rows, swizzled as one box of the
 // whole matrix lands: each block row as a box of its 16 rows of 64 columns, the columns past its width
 // zeros from the copy engine (they lie outside the block row's map, aq_maps). The four boxes bring the
 // one box's 8,192 bytes on `bar`.
@@ -1874,18 +1874,18 @@ CUtensorMap tensor_map_2d(const at::Tensor& x, int64_t box_rows, int64_t box_col
   return encode_tensor_map(elem == 2 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, x.data_ptr(), dims,
                            strides, box, swizzle, "low_rank_scan", what);
 }
-// The four maps of a packed Aq [H, N, kAqPacked] for load_aq: block row b as a [H N][16][16 (b + 1)]
-// float16 tensor from aq_block_row(b), a chunk's kAqPacked values apart, in boxes of one chunk's 16 rows of
+// The four maps of a packed Aq [H, N, kPackedLower] for load_aq: block row b as a [H N][16][16 (b + 1)]
+// float16 tensor from packed_lower_row(b), a chunk's kPackedLower values apart, in boxes of one chunk's 16 rows of
 // 64 columns swizzled at 128 bytes (the scans' Aq tile).
 void aq_maps(const at::Tensor& Aq, const char* what, CUtensorMap (&maps)[4]) {
-  const int64_t chunks = Aq.numel() / kAqPacked;
+  const int64_t chunks = Aq.numel() / kPackedLower;
   if (chunks > std::numeric_limits<int32_t>::max())  // the copy's chunk coordinate is a 32-bit integer
     throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " has more than 2^31 - 1 chunks");
   for (int b = 0; b < 4; ++b) {
     const cuuint64_t dims[3] = {static_cast<cuuint64_t>(16 * (b + 1)), 16, static_cast<cuuint64_t>(chunks)};
-    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(16 * (b + 1) * 2), static_cast<cuuint64_t>(kAqPacked * 2)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(16 * (b + 1) * 2), static_cast<cuuint64_t>(kPackedLower * 2)};
     const cuuint32_t box[3] = {64, 16, 1};
-    maps[b] = encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, static_cast<c10::Half*>(Aq.data_ptr()) + aq_block_row(b), dims,
+    maps[b] = encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, static_cast<c10::Half*>(Aq.data_ptr()) + packed_lower_row(b), dims,
                                 strides, box, CU_TENSOR_MAP_SWIZZLE_128B, "low_rank_scan", what);
   }
 }
@@ -2909,7 +2909,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       if (Dk != 64 && Dk != 128)
         throw std::invalid_argument("hh::kernels::low_rank_scan: the output needs Dk 64 or 128 (chunk_factors' head sizes)");
       want(o.Qd, "output.Qd", at::kHalf, {H, N, C, Dk});
-      want(o.Aq, "output.Aq", at::kHalf, {H, N, kAqPacked});
+      want(o.Aq, "output.Aq", at::kHalf, {H, N, kPackedLower});
       want(o.aq_inv, "output.aq_inv", at::kFloat, {H, N});
       if (o.o.defined()) check(o.o, "output.o");
       if (o.o.defined() && ((o.o.scalar_type() != at::kBFloat16 && o.o.scalar_type() != at::kHalf) ||
@@ -2940,7 +2940,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       if (Dk != 64 && Dk != 128)
         throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term needs Dk 64 or 128 (chunk_factors' head sizes)");
       want(d.Qd, "direct.Qd", at::kHalf, {H, N, C, Dk});
-      want(d.Aq, "direct.Aq", at::kHalf, {H, N, kAqPacked});
+      want(d.Aq, "direct.Aq", at::kHalf, {H, N, kPackedLower});
       want(d.aq_inv, "direct.aq_inv", at::kFloat, {H, N});
       // dO's shape and alignment are reverse_scan_reads_dO_in_place's conditions; dO16 is read only elsewhere.
       if (!in_place) {

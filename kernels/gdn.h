@@ -277,28 +277,28 @@ bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 // LA heads); U and decay are float32.
 // Given q (of k's shape and dtype), also the output's factors that chunk_output_f16 reads:
 //   Qd = scale e^G Q  [H, N, 64, Dk] float16;
-//   Aq = s (scale Q K^T * e^{G_t - G_i}, i <= t, else 0)  [H, N, kAqPacked] float16, aq_inv = 1 / s [H, N]
+//   Aq = s (scale Q K^T * e^{G_t - G_i}, i <= t, else 0)  [H, N, kPackedLower] float16, aq_inv = 1 / s [H, N]
 // with s the power of two that puts the chunk's largest |entry| in [2^14, 2^15) (float16's 11
 // significant bits for every entry, as TF32 keeps, and no overflow). Qd's entries are bounded by |q|
 // as W's are by |k|. Aq is packed: a chunk's 64 x 64 matrix without its six 16 x 16 blocks above the
-// diagonal, which are zero (kAqPacked below); the scans' copies fill those blocks with zeros as they land.
+// diagonal, which are zero (kPackedLower below); the scans' copies fill those blocks with zeros as they land.
 // U's form: kFloat32, or kFloat16Columns, U [H, N, 64, Dv] float16 with one power of two a column of each
 // chunk, U = U16 * U_inv (U_inv [H, N, Dv] float32): each column's largest |entry| scaled into [2^14, 2^15)
 // (floored at 2^-10, so that no scale passes 2^24). Half U's bytes, written here and read by the column
 // scan, at float16's 11 significant bits a column (the scan's products round S and M to as many).
 enum class UForm { kFloat32, kFloat16Columns };
-// ChunkFactors::Aq's packed form: of a chunk's 64 x 64 matrix only the 16 x 16 blocks on and below the
-// diagonal (the others are zero), block row b (0..3) as 16 rows of its first 16 (b + 1) columns, row after
-// row, and the four block rows one after another from aq_block_row(b): 2,560 float16 values a chunk
-// where the whole matrix has 4,096 (chunk_output_f16 and the scans that form the output or the direct
-// term read this form).
-constexpr int64_t kAqPacked = 2560;
-constexpr int64_t aq_block_row(int b) { return 128 * b * (b + 1); }
+// The packed form of a chunk's 64 x 64 matrix that is zero above its diagonal 16 x 16 blocks
+// (ChunkFactors::Aq and T16): only the blocks on and below the diagonal, block row b (0..3) as 16 rows of
+// its first 16 (b + 1) columns, row after row, and the four block rows one after another from
+// packed_lower_row(b): 2,560 values a chunk where the whole matrix has 4,096 (chunk_output_f16, the scans
+// that form the output or the direct term, and chunk_backward read these forms).
+constexpr int64_t kPackedLower = 2560;
+constexpr int64_t packed_lower_row(int b) { return 128 * b * (b + 1); }
 struct ChunkFactors {
   at::Tensor W, U, kdecay, decay, bound;
   at::Tensor U_inv;           // kFloat16Columns only
   at::Tensor Qd, Aq, aq_inv;  // only given q
-  at::Tensor T16;             // only given q and keep_t (below)
+  at::Tensor T16;             // only given q and keep_t (below), packed (kPackedLower)
 };
 // Given `conv` (with q, Dk = Dv, on a grid of regular sequences: short_conv_fusion_supported), k, v and
 // q are the LA heads' projections before their short convolution, and each block forms its chunk's
@@ -312,8 +312,9 @@ struct ShortConvInputs {
   double eps = 1e-6;      // the L2 norm's
 };
 bool short_conv_fusion_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
-// With keep_t (and q, without conv), T16 [H, N, 64, 64] of k's dtype: every chunk's T = (I + L)^{-1},
-// rounded, for chunk_backward, which then reads it instead of forming it again.
+// With keep_t (and q, without conv), T16 [H, N, kPackedLower] of k's dtype: every chunk's T = (I + L)^{-1}
+// (unit lower triangular), rounded and packed, for chunk_backward, which then reads it instead of forming
+// it again.
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
                            const ChunkGrid& grid, const at::Tensor& q = {}, double scale = 1.0,
                            const ShortConvInputs* conv = nullptr, UForm u_form = UForm::kFloat32, bool keep_t = false);

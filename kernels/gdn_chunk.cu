@@ -557,10 +557,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
       __syncthreads();
       const Pow2Scale sc = pow2_scale(of.scale * __uint_as_float(*amax));
       const float s = of.scale * sc.scale;
-      {  // packed (kAqPacked): the warp's block row b keeps its first 16 (b + 1) columns
+      {  // packed (kPackedLower): the warp's block row b keeps its first 16 (b + 1) columns
         const int lane = tid % 32, warp = tid / 32, b = warp / 2, width = 16 * (b + 1), n0 = (warp % 2) * 32;
         const bool keep = n0 + 8 * (lane % 4) < width;  // the lane's 8 columns after the quads' transpose
-        c10::Half* const at = of.Aq + chunk * kAqPacked + aq_block_row(b) + (lane / 4) * width + n0;
+        c10::Half* const at = of.Aq + chunk * kPackedLower + packed_lower_row(b) + (lane / 4) * width + n0;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           uint32_t p[4];
@@ -623,17 +623,15 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
     if constexpr (OUT && !PRE) {  // (not with the convolution: the layer's inference, whose registers it would cost)
       if (of.t16 != nullptr) {  // T rounded to k's kind, as chunk_backward rounds its own (then reads this instead)
-        T* dst = static_cast<T*>(of.t16) + chunk * kC * kC;
-        for (int i = tid; i < kC * kC / 8; i += kThreads) {
-          const int r = (8 * i) / kC, c = (8 * i) % kC;
-          const bool upper = r < kC / 2 && c >= kC / 2;  // zero, and not zeroed in Ls
-          const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-          const float4 x0 = upper ? zero : *reinterpret_cast<const float4*>(Ls + r * kLdT + c);
-          const float4 x1 = upper ? zero : *reinterpret_cast<const float4*>(Ls + r * kLdT + c + 4);
+        T* dst = static_cast<T*>(of.t16) + chunk * kPackedLower;
+        for (int i = tid; i < kPackedLower / 8; i += kThreads) {  // packed: the blocks on and below the diagonal
+          const int2 at = packed_lower_at(8 * i);
+          const float4 x0 = *reinterpret_cast<const float4*>(Ls + at.x * kLdT + at.y);
+          const float4 x1 = *reinterpret_cast<const float4*>(Ls + at.x * kLdT + at.y + 4);
           Pack<T, 8> x;
           x.v[0] = T(x0.x), x.v[1] = T(x0.y), x.v[2] = T(x0.z), x.v[3] = T(x0.w);
           x.v[4] = T(x1.x), x.v[5] = T(x1.y), x.v[6] = T(x1.z), x.v[7] = T(x1.w);
-          store_pack_global<8>(dst + r * kC + c, x);
+          store_pack_global<8>(dst + 8 * i, x);
         }
       }
     }
@@ -970,10 +968,9 @@ __global__ void __launch_bounds__(kThreads)
     const int r = (8 * i) / DK, c = (8 * i) % DK;
     cp_async16(Qs + r * LDQ + c, Qd + (chunk * kC + r) * DK + c);
   }
-  for (int i = tid; i < kAqPacked / 8; i += kThreads) {  // packed: the blocks on and below the diagonal, all it reads
-    const int e = 8 * i, b = e < aq_block_row(1) ? 0 : e < aq_block_row(2) ? 1 : e < aq_block_row(3) ? 2 : 3;
-    const int width = 16 * (b + 1), off = e - static_cast<int>(aq_block_row(b));
-    cp_async16(As + (16 * b + off / width) * kLdH + off % width, Aq + chunk * kAqPacked + e);
+  for (int i = tid; i < kPackedLower / 8; i += kThreads) {  // packed: the blocks on and below the diagonal, all it reads
+    const int2 at = packed_lower_at(8 * i);
+    cp_async16(As + at.x * kLdH + at.y, Aq + chunk * kPackedLower + 8 * i);
   }
   for (int i = tid; i < DK * kOutCols / 8; i += kThreads) {
     const int r = (8 * i) / kOutCols, c = (8 * i) % kOutCols;
@@ -1182,9 +1179,9 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr, nullptr};
   if (q.defined()) {
     r.Qd = at::empty({H, N, kC, Dk}, f16);
-    r.Aq = at::empty({H, N, kAqPacked}, f16);
+    r.Aq = at::empty({H, N, kPackedLower}, f16);
     r.aq_inv = at::empty({H, N}, f32);
-    if (keep_t) r.T16 = at::empty({H, N, kC, kC}, k.options());
+    if (keep_t) r.T16 = at::empty({H, N, kPackedLower}, k.options());
     of = {q.data_ptr(), static_cast<float>(scale), r.Qd.data_ptr<c10::Half>(), r.Aq.data_ptr<c10::Half>(),
           r.aq_inv.data_ptr<float>(), keep_t ? r.T16.data_ptr() : nullptr};
   }
@@ -1273,7 +1270,7 @@ void check_output_f16(const char* fn, const ChunkFactors& f, const at::Tensor& S
     throw std::invalid_argument(name + "needs chunk_factors' output factors (given q) and S16 [H, N, Dk, Dv]");
   H = f.Qd.size(0), N = f.Qd.size(1), Dk = f.Qd.size(3), Dv = S16.size(3);
   need(f.Qd, fn, "Qd", {H, N, kC, Dk}, true);
-  need(f.Aq, fn, "Aq", {H, N, kAqPacked}, true);
+  need(f.Aq, fn, "Aq", {H, N, kPackedLower}, true);
   need(f.aq_inv, fn, "aq_inv", {H, N}, false);
   need(S16, fn, "S16", {H, N, Dk, Dv}, true);
   need(S_inv, fn, "S_inv", {H, N, Dk / 16, Dv / 16}, false);

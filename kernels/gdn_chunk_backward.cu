@@ -508,11 +508,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   static_assert(!WIDE || (2 * kUnitsT * kBwdThreads + 2 * (kC / 16) * (kBV / 8)) * sizeof(float) <= kC * kLd16C * sizeof(T),
                 "the scales' staging fits where scale A's copy would be");
 
-  // T's 64 rows of 128 bytes, 16 bytes a thread
+  // T, packed (kPackedLower): its blocks on and below the diagonal, 16 bytes a thread; the six above it are
+  // zeros, written once below and never overwritten (in this form only the copies write T's region).
   auto load_t = [&](int64_t chunk) {
-    for (int i = threadIdx.x; i < kC * kC / 8; i += kBwdThreads)
-      cp_async16(T16 + (i / 8) * kLd16C + 8 * (i % 8), t16 + chunk * kC * kC + 8 * i);
+    for (int i = threadIdx.x; i < kPackedLower / 8; i += kBwdThreads) {
+      const int2 at = packed_lower_at(8 * i);
+      cp_async16(T16 + at.x * kLd16C + at.y, t16 + chunk * kPackedLower + 8 * i);
+    }
   };
+  if constexpr (TK) {  // blocks (0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3): 16 rows of two 16-byte units each
+    for (int i = threadIdx.x; i < 6 * 16 * 2; i += kBwdThreads) {
+      const int b = i / 32, r = (i % 32) / 2, br = b < 3 ? 0 : b < 5 ? 1 : 2, bc = b < 3 ? b + 1 : b < 5 ? b - 1 : 3;
+      *reinterpret_cast<uint4*>(T16 + (16 * br + r) * kLd16C + 16 * bc + 8 * (i % 2)) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
   // LOOP: the next chunk's Q and K (into Qn and Kn) and gates, then its V, dO and T (in place).
   auto load_next_qk = [&] {
     const int hn = turns.next_h();
@@ -1012,7 +1021,7 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
   const bool tk = T16.defined();
   if (tk) {
     if (!hist) throw std::invalid_argument("hh::kernels::chunk_backward: T16 comes with M16, M_inv, dM16 and dM_inv");
-    need(T16, "chunk_backward", "T16", {H, N, kC, kC}, true);
+    need(T16, "chunk_backward", "T16", {H, N, kPackedLower}, true);
     if (T16.scalar_type() != q.scalar_type()) throw std::invalid_argument("hh::kernels::chunk_backward: T16 must have q's dtype");
   }
   if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || dO.scalar_type() != q.scalar_type() ||

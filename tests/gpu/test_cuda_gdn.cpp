@@ -80,10 +80,10 @@ torch::Tensor from_block_f16(const torch::Tensor& x16, const torch::Tensor& inv,
   return x16.to(torch::kCPU, torch::kDouble) *
          inv.to(torch::kCPU, torch::kDouble).repeat_interleave(r, -2).repeat_interleave(c, -1);
 }
-// chunk_factors' packed Aq [H, N, kAqPacked] as the [H, N, 64, 64] matrix it holds, read from its
+// chunk_factors' packed Aq or T16 [H, N, kPackedLower] as the [H, N, 64, 64] matrix it holds, read from its
 // documented layout: block row b (16 rows) as 16 rows of its first 16 (b + 1) columns, the block rows in
 // turn; zeros above the diagonal blocks. The block rows must fill the packed form exactly.
-torch::Tensor unpack_aq(const torch::Tensor& packed) {
+torch::Tensor unpack_lower(const torch::Tensor& packed) {
   const int64_t H = packed.size(0), N = packed.size(1);
   auto full = torch::zeros({H, N, 64, 64}, packed.options());
   int64_t at = 0;
@@ -92,7 +92,7 @@ torch::Tensor unpack_aq(const torch::Tensor& packed) {
     full.narrow(2, 16 * b, 16).narrow(3, 0, width).copy_(packed.narrow(2, at, 16 * width).reshape({H, N, 16, width}));
     at += 16 * width;
   }
-  EXPECT_EQ(at, packed.size(2)) << "the packed Aq's last dimension";
+  EXPECT_EQ(at, packed.size(2)) << "the packed form's last dimension";
   return full;
 }
 
@@ -525,8 +525,8 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
     const auto fo = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale);
     EXPECT_LT(rel_err(fo.W, W), 3e-3) << what;  // the factors are unchanged by q
     EXPECT_LT(rel_err(fo.Qd, scale * G.exp().unsqueeze(-1) * Q), 1e-3) << what;
-    EXPECT_EQ(fo.Aq.sizes(), torch::IntArrayRef({H, N, hh::kernels::kAqPacked})) << what;
-    EXPECT_LT(rel_err(unpack_aq(fo.Aq).to(torch::kDouble) * fo.aq_inv.to(torch::kDouble).unsqueeze(-1).unsqueeze(-1), scale * attn),
+    EXPECT_EQ(fo.Aq.sizes(), torch::IntArrayRef({H, N, hh::kernels::kPackedLower})) << what;
+    EXPECT_LT(rel_err(unpack_lower(fo.Aq).to(torch::kDouble) * fo.aq_inv.to(torch::kDouble).unsqueeze(-1).unsqueeze(-1), scale * attn),
               1e-3)
         << what;
     // Aq's scale: a power of two with each chunk's largest |entry| in [2^14, 2^15) before the
@@ -576,13 +576,14 @@ TEST(CudaGdn, ChunkKernelsEqualTheirFormulasInFloat64) {
     EXPECT_FALSE(fo.T16.defined()) << what;
     ASSERT_TRUE(ft.T16.defined()) << what;
     EXPECT_EQ(ft.T16.scalar_type(), dt) << what;
-    const auto t16 = ft.T16.cpu().to(torch::kDouble);
+    EXPECT_EQ(ft.T16.sizes(), torch::IntArrayRef({H, N, hh::kernels::kPackedLower})) << what;
+    const auto t16 = unpack_lower(ft.T16).cpu().to(torch::kDouble);
     EXPECT_TRUE(torch::equal(t16.triu(1), torch::zeros_like(t16))) << what << ": T above its diagonal";
     EXPECT_TRUE(torch::equal(t16.diagonal(0, -2, -1), torch::ones({H, N, C}, kF64))) << what << ": T's diagonal";
     const double t_err = ((t16 - Tinv).abs() / Tinv.abs().clamp_min(1e-3)).max().item<double>();
     EXPECT_LT(t_err, dt == torch::kBFloat16 ? 1.25 / 256 : 1.25 / 2048) << what;
     std::printf("[ measured ] %s: T for the backward, %.3g of an entry at most (rel %.3g)\n", what.c_str(), t_err,
-                rel_err(ft.T16, Tinv));
+                rel_err(unpack_lower(ft.T16), Tinv));
     EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, {}, scale, nullptr, hh::kernels::UForm::kFloat32, true),
                  std::invalid_argument)
         << what << ": T without q";
