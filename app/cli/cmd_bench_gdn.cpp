@@ -47,7 +47,7 @@ struct GdnBenchArgs {
   bool direct_apart = false;  // the backward's direct term by chunk_state_direct instead of in the reverse scan
   bool backward_chunks_in_turn = false;  // chunk_backward one block an SM taking chunks in turn, not one a chunk
   bool fusion_in_scan = false;  // the layer's fusion norm inside the scan that writes the output
-  bool factors_occupancy = false;  // chunk_factors alone and the forward with 4, 3, 2 and 1 blocks of it an SM
+  bool factors_occupancy = false;  // chunk_factors alone and the forward at 4, 3, 2, 1 blocks an SM and in turn; its phases
   std::string backward = "kernels";
   std::string scan_segments = "auto";
   std::string scan_columns = "auto";
