@@ -369,6 +369,34 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const unsigned
 #endif
 }
 
+// d += a b for the warpgroup's 64 x 64 tile with both operands in shared memory, 16-bit values of X's kind
+// (bfloat16 or float16) and float32 accumulators: a (64 x 16) and b (16 x 64) by their descriptors,
+// TRANS_A / TRANS_B for an MN-major a / b (a: its rows of the M dimension contiguous, as b's MN-major
+// form). Asynchronous, as wgmma_m64n64k16.
+template <class X, int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t a, uint64_t b) {
+#if HH_WGMMA
+#define HH_WGMMA_SS(TYPE)                                                                                                       \
+  asm volatile(                                                                                                                 \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                                             \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                                                            \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                                 \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                                       \
+      "%32, %33, p, 1, 1, %35, %36;\n}\n"                                                                                        \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
+      : "l"(a), "l"(b), "r"(1), "n"(TRANS_A), "n"(TRANS_B))
+  if constexpr (std::is_same_v<X, c10::BFloat16>) HH_WGMMA_SS("bf16");
+  else HH_WGMMA_SS("f16");
+#undef HH_WGMMA_SS
+#else
+  (void)d, (void)a, (void)b;
+  __trap();
+#endif
+}
+
 // d += sum over k of a[k] b_k as one group of the warpgroup's products, issued and not waited for: desc(k)
 // describes b_k. Until wgmma_wait and wgmma_hold(d), d and a's registers must not be touched (the PTX ISA
 // leaves any access to them before the products' wgmma.wait_group undefined).

@@ -246,6 +246,8 @@ bool g_fusion_in_column_scan = false;      // set_fusion_in_column_scan
 bool g_scan_wgmma = true;                  // set_scan_wgmma
 std::atomic<int64_t> g_column_scan_launches{0};  // column_scan_launches
 std::atomic<int64_t> g_dO_in_place_scans{0};     // dO_in_place_scans
+bool g_u_in_scan = true;                         // set_u_in_scan
+std::atomic<int64_t> g_u_in_scan_launches{0};    // u_in_scan_launches
 thread_local int64_t g_last_scan_piece = 0;      // last_scan_piece_chunks
 int g_scan_pieces_parity = -1;             // set_scan_pieces_of_parity
 bool g_fusion_in_scan = false;             // set_fusion_in_scan
@@ -638,6 +640,7 @@ struct ScanMaps {
   CUtensorMap dO;      // dO16 (DIR): [H N C, Dv] float16, boxes of 64 x BV
   CUtensorMap U_inv;   // the column scan's U in float16: its column scales [H N, Dv], a row a chunk
   CUtensorMap S16, M16;  // the column scan's history (HIST), stored: boxes of Dk (S16) or C (M16) rows x 16
+  CUtensorMap Tb[4];     // the column scan forming U (UV): T diag(beta)'s block rows, its two parts as chunks 2 c and 2 c + 1
   bool has_u, has_z;
 };
 
@@ -645,9 +648,12 @@ struct ScanMaps {
 // whole matrix lands: each block row as a box of its 16 rows of 64 columns, the columns past its width
 // zeros from the copy engine (they lie outside the block row's map, aq_maps). The four boxes bring the
 // one box's 8,192 bytes on `bar`.
-__device__ __forceinline__ void load_aq(char* tile, const ScanMaps& maps, int64_t c, unsigned long long* bar) {
+__device__ __forceinline__ void load_packed(char* tile, const CUtensorMap (&rows)[4], int64_t c, unsigned long long* bar) {
 #pragma unroll
-  for (int b = 0; b < 4; ++b) tma_load_3d(tile + b * 16 * 128, &maps.Aq[b], 0, 0, static_cast<int>(c), bar);
+  for (int b = 0; b < 4; ++b) tma_load_3d(tile + b * 16 * 128, &rows[b], 0, 0, static_cast<int>(c), bar);
+}
+__device__ __forceinline__ void load_aq(char* tile, const ScanMaps& maps, int64_t c, unsigned long long* bar) {
+  load_packed(tile, maps.Aq, c, bar);
 }
 
 // The direct term's scales (DIR): aq_inv and do_inv [H, N]. raw (the column scan): 0 for dO16's tiles
@@ -1267,6 +1273,11 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // warps: each warp adds its 16 columns' squares into a two-chunk table of partial sums, and one barrier
 // of the block's warps a chunk makes the table whole. The gate's rows come into a per-warp tile by
 // cp.async at the step's start, behind its products.
+// UV (1: bfloat16, 2: float16; with WG, not HIST, DIR or FUSE: LowRankScanArgs::u_from_v): U formed here.
+// The slot holds v's tile where U's would lie (the chunk's rows where they lie, head h's columns) and
+// T diag(beta)'s two parts (chunk_factors' UForm::kScan, landed whole as Aq is); each step issues
+// U^T = V^T (hi + lo)^T as one more group of the warpgroup's products, both operands read from the slot (V
+// MN-major, the parts K-major), beside S^T B^T and waited for with it; M^T = U^T - S^T B^T in float32.
 // HIST (a forward that keeps its states for the backward, and DIR; not with FUSE): the history the
 // backward reads (LowRankScanArgs::S16 and M16, whichever is given), in the blocks' form (16 x 16 blocks of
 // S, 16 x 8 tiles of M, each with a power-of-two scale; here the blocks of a warp's slab share one):
@@ -1275,13 +1286,16 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // of the state's columns over Dk; 16 of M's columns over the chunk) by stmatrix.trans into a staging tile
 // of its own (one for S, one for M), which the copy engine stores (ScanMaps::S16 and M16).
 constexpr int kColumnStages = 2;
-template <int DK, int DV, bool FUSED = false, bool HIST = false>
+template <int DK, int DV, bool FUSED = false, bool HIST = false, bool UV = false>
 struct ColumnRing {
   static constexpr int C = kLowRankChunk, kWarps = DV / 16;
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2, kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
   static constexpr size_t kTile = static_cast<size_t>(C) * DK * 2, kAq = static_cast<size_t>(C) * C * 2;
   static constexpr size_t kU = static_cast<size_t>(C) * DV * 2, kUInv = static_cast<size_t>(DV) * 4;  // U float16, its column scales
-  static constexpr size_t kSlot = (3 * kTile + kAq + kU + kUInv + 16 + 1023) / 1024 * 1024;
+  // UV: V's tile where U's lies (the inputs' 16-bit values, the same bytes), then T diag(beta)'s two parts,
+  // each landed whole as Aq is.
+  static constexpr size_t kTb = UV ? 2 * kAq : 0;
+  static constexpr size_t kSlot = (3 * kTile + kAq + kU + kTb + kUInv + 16 + 1023) / 1024 * 1024;
   static constexpr size_t kStage = static_cast<size_t>(C) * 16 * 2;  // a warp's o tile [C][16], 16-bit
   static constexpr size_t kHead = 1024;                                // the barriers
   static constexpr size_t kPsum = FUSED ? 2 * static_cast<size_t>(C) * kWarps * 4 : 0;  // [2][C][kWarps] float
@@ -1295,7 +1309,8 @@ struct ColumnRing {
   __device__ __forceinline__ char* Qd(int b) const { return B(b) + kTile; }
   __device__ __forceinline__ char* Aq(int b) const { return Qd(b) + kTile; }
   __device__ __forceinline__ char* U(int b) const { return Aq(b) + kAq; }
-  __device__ __forceinline__ float* u_inv(int b) const { return reinterpret_cast<float*>(U(b) + kU); }
+  __device__ __forceinline__ char* Tb(int b, int part) const { return U(b) + kU + part * kAq; }  // UV
+  __device__ __forceinline__ float* u_inv(int b) const { return reinterpret_cast<float*>(U(b) + kU + kTb); }
   __device__ __forceinline__ float* decay(int b) const { return u_inv(b) + DV; }
   __device__ __forceinline__ float* aq_inv(int b) const { return decay(b) + 1; }
   __device__ __forceinline__ float* do_inv(int b) const { return aq_inv(b) + 1; }  // DIR
@@ -1315,6 +1330,7 @@ struct ColumnRing {
 };
 static_assert(ColumnRing<128, 128, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM");
 static_assert(ColumnRing<128, 128, false, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM with the history");
+static_assert(ColumnRing<128, 128, false, false, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM with V and T diag(beta)");
 
 // The history's scales (HIST): one for a warp's whole slab (its 16 columns of the state over Dk, or of M
 // over the chunk), so that its 16-bit values are the products' A fragments as they stand, each row
@@ -1367,7 +1383,7 @@ __device__ __forceinline__ void row_max_abs(const float (&x)[NT][4], float& mx0,
   }
 }
 
-template <int DK, int DV, int FUSE, class O, bool HIST = false, bool DIR = false, bool WG = false>
+template <int DK, int DV, int FUSE, class O, bool HIST = false, bool DIR = false, bool WG = false, int UV = 0>
 __global__ void __launch_bounds__(32 * (DV / 16), 1)
     column_scan_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay, const float* __restrict__ bound,
                        const float* __restrict__ y0, float* __restrict__ fin, const int64_t* __restrict__ offsets,
@@ -1377,7 +1393,9 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   constexpr bool FUSED = FUSE >= 0;
   static_assert(!(FUSED && HIST), "the history is written with o, not through the fusion");
   static_assert(!DIR || HIST, "the reverse scan writes the backward's history");
-  using Ring = ColumnRing<DK, DV, FUSED, HIST>;
+  static_assert(UV == 0 || (WG && !HIST && !DIR && !FUSED), "U formed from V: the forward with o, by warpgroup, no history");
+  using Ring = ColumnRing<DK, DV, FUSED, HIST, (UV != 0)>;
+  using VT = std::conditional_t<UV == 2, c10::Half, c10::BFloat16>;  // UV: V's and T diag(beta)'s 16-bit kind
   using P2 = typename Pair16<O>::type;
   constexpr int C = kLowRankChunk, NW = Ring::kWarps, SW = Ring::SW, NK = DK / 8, NC = C / 8;
   static_assert(C == 64 && DK % 16 == 0 && DV % 32 == 0, "the column scan's shapes");
@@ -1408,7 +1426,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   const int64_t w0 = *plan, count = DIR ? w0 - lo : hi - w0, skip = DIR ? w0 - hi : lo - w0;
   const bool from_y0 = w0 == (DIR ? n1 : n0), last = DIR ? lo == n0 : hi == n1;
   auto chunk = [&](int64_t i) { return DIR ? w0 - 1 - i : w0 + i; };
-  const unsigned bytes = static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU + (DIR ? 0 : Ring::kUInv));
+  const unsigned bytes = static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU + (DIR ? 0 : UV ? Ring::kTb : Ring::kUInv));
   auto issue = [&](int64_t i, int b) {  // chunk(i) into slot b (one thread)
     const int64_t c = static_cast<int64_t>(h) * N + chunk(i);
     // The chunk's scalars by cp.async, on the slot's barrier too: the issuing thread does not wait for
@@ -1433,9 +1451,16 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         const int64_t n = chunk(i);
         u_col = h * DV, u_row = static_cast<int>((n / sd.per) * sd.T + (n % sd.per) * C);
       }
+    if constexpr (UV != 0)  // V's rows where they lie: head h's columns from the chunk's first token's row
+      u_col = h * DV, u_row = static_cast<int>(so.rows.chunk(chunk(i)).first);
     for (int x = 0; x < (DV + Ring::kBoxCols - 1) / Ring::kBoxCols; ++x)
       tma_load_2d(ring.U(b) + x * C * SW, DIR ? &maps.dO : &maps.U, u_col + x * Ring::kBoxCols, u_row, &full[b]);
-    if constexpr (!DIR) tma_load_2d(ring.u_inv(b), &maps.U_inv, 0, static_cast<int>(c), &full[b]);
+    if constexpr (UV != 0) {
+      load_packed(ring.Tb(b, 0), maps.Tb, 2 * c, &full[b]);
+      load_packed(ring.Tb(b, 1), maps.Tb, 2 * c + 1, &full[b]);
+    } else if constexpr (!DIR) {
+      tma_load_2d(ring.u_inv(b), &maps.U_inv, 0, static_cast<int>(c), &full[b]);
+    }
   };
   if (tid == 0)
     for (int64_t i = 0; i < count && i < kColumnStages; ++i) issue(i, static_cast<int>(i));
@@ -1578,7 +1603,25 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     // (1) M^T = U^T - S^T B^T: two 8-column tiles of tokens a B load. (S^T Qd^T comes after M^T's
     // fragments, so that M^T's and o's accumulators are not live together.)
     float mt[NC][4] = {};
-    if constexpr (HIST && WG) {
+    [[maybe_unused]] float ut[UV != 0 ? NC : 1][4] = {};  // UV: U^T = V^T (T diag(beta))^T, this warp's 16 rows
+    if constexpr (UV != 0) {
+      // S^T B^T on the state's fragments, and U^T with both operands in the slot: V's box of this warpgroup's
+      // 64 columns MN-major (its rows are the chunk's tokens) against T diag(beta)'s two parts K-major (zero
+      // above their diagonal blocks), as Aq's product reads Aq. Two groups, waited for together.
+      state_products_issue(mt, ring.B(buf));
+      const char* const vbox = ring.U(buf) + (warp / 4) * C * SW;
+      wgmma_fence();
+#pragma unroll
+      for (int part = 0; part < 2; ++part)
+#pragma unroll
+        for (int k = 0; k < NC / 2; ++k)
+          wgmma_m64n64k16_ss<VT, 1, 0>(ut, wgmma_desc_sw128(vbox + 16 * k * SW, 8 * SW, 8 * SW),
+                                       wgmma_desc_sw128(ring.Tb(buf, part) + 32 * k, 16, 8 * 128));
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold(mt);
+      wgmma_hold(ut);
+    } else if constexpr (HIST && WG) {
       // Staged on every chunk, so that no branch stands between the products and their wait (ptxas would
       // serialize them); stored for a written one.
       state_products_issue(mt, ring.B(buf));
@@ -1648,6 +1691,12 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       for (int j = 0; j < NC; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) mt[j][e] = fmaf(e < 2 ? du0 : du1, ud[j][e], -(e < 2 ? sinv0 : sinv1) * mt[j][e]);
+    } else if constexpr (UV != 0) {
+      // M^T = U^T - S^T B^T, S^T's rows at their own scales.
+#pragma unroll
+      for (int j = 0; j < NC; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mt[j][e] = fmaf(-(e < 2 ? sinv0 : sinv1), mt[j][e], ut[j][e]);
     } else {
       // M^T / u_inv = U16^T - (S^T B^T) / u_inv, row by row of M^T (U's columns r0 + g and r0 + g + 8, whose
       // scales are powers of two, so the quotients are exact): U16^T's tiles 2 p and 2 p + 1 by one
@@ -1673,7 +1722,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     row_scales(m0, m1, q0, q1);
     unsigned ma[NC / 2][4];
     to_a_fragments(mt, q0.scale, q1.scale, ma);
-    if constexpr (!DIR) q0.inverse *= ring.u_inv(buf)[r0 + g], q1.inverse *= ring.u_inv(buf)[r0 + g + 8];  // M^T's own inverse scales
+    if constexpr (!DIR && UV == 0) q0.inverse *= ring.u_inv(buf)[r0 + g], q1.inverse *= ring.u_inv(buf)[r0 + g + 8];  // M^T's own inverse scales
     // HIST: the new values into M16: tile (16 p .. of the chunk, 8 of this warp's columns) is ma[p], the
     // fragments of M^T's tiles 2 p and 2 p + 1 (staged on every chunk, so that no branch stands between
     // the fragments and the reverse scan's wgmma on them; stored for a written one).
@@ -1993,13 +2042,13 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
 // The column scan (column_scan_kernel): one block a (segment, head), Dv / 16 warps; FUSE >= 0 with the
 // fusion norm into y of O; HIST writing S16 and M16, whichever is given; DIR the reverse scan forming the
 // direct term (with HIST).
-template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16, bool HIST = false, bool DIR = false, bool WG = false>
+template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16, bool HIST = false, bool DIR = false, bool WG = false, int UV = 0>
 void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
-  using Ring = ColumnRing<DK, DV, (FUSE >= 0), HIST>;
+  using Ring = ColumnRing<DK, DV, (FUSE >= 0), HIST, (UV != 0)>;
   const int H = static_cast<int>(a.A.size(0));
   const int64_t N = a.A.size(1), S = a.y0.size(0);
   constexpr size_t smem = Ring::kBytes;
-  auto kernel = column_scan_kernel<DK, DV, FUSE, O, HIST, DIR, WG>;
+  auto kernel = column_scan_kernel<DK, DV, FUSE, O, HIST, DIR, WG, UV>;
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
@@ -2026,6 +2075,12 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
   } else {
     so = {o.aq_inv.data_ptr<float>(), FUSE >= 0 ? nullptr : o.o.data_ptr(), slot_rows(o.grid, o.B, o.T),
           FUSE < 0 && o.o.scalar_type() == at::kBFloat16};
+  }
+  if constexpr (UV != 0) {  // v's [B T, H Dv] rows in the factors' boxes and swizzle; T diag(beta)'s parts as 2 H N chunks
+    const at::Tensor& v = a.u_from_v.v;
+    maps.U = tensor_map_2d(v.view({v.size(0) * v.size(1), -1}), Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, "u_from_v.v");
+    aq_maps(a.u_from_v.Tb, "u_from_v.Tb", maps.Tb);
+    g_u_in_scan_launches.fetch_add(1, std::memory_order_relaxed);
   }
   FusedOutputArgs fa{};
   if constexpr (FUSE >= 0) fa = plan.fused;
@@ -2115,8 +2170,18 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
       } else if (a.output.o.defined() && plan.columns >= 64) {  // the column scan (low_rank_scan's plan)
         if constexpr (DK == 128) {
           const bool hist = a.S16.defined() || a.M16.defined();
+          const int uv = !a.u_from_v.v.defined() ? 0 : a.u_from_v.v.scalar_type() == at::kBFloat16 ? 1 : 2;
           auto launch = [&](auto wg) {  // the products by warpgroup (scan_wgmma) or by warp
             constexpr bool W = decltype(wg)::value;
+            if constexpr (W) {  // U formed from V (low_rank_scan has checked the path: by warpgroup, no history)
+              if (uv != 0) {
+                if (plan.columns == 128 && uv == 1) launch_column_scan<128, 128, -1, c10::BFloat16, false, false, true, 1>(a, plan, fin);
+                else if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, false, false, true, 2>(a, plan, fin);
+                else if (uv == 1) launch_column_scan<128, 64, -1, c10::BFloat16, false, false, true, 1>(a, plan, fin);
+                else launch_column_scan<128, 64, -1, c10::BFloat16, false, false, true, 2>(a, plan, fin);
+                return;
+              }
+            }
             if (plan.columns == 128 && hist) launch_column_scan<128, 128, -1, c10::BFloat16, true, false, W>(a, plan, fin);
             else if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, false, false, W>(a, plan, fin);
             else if (hist) launch_column_scan<128, 64, -1, c10::BFloat16, true, false, W>(a, plan, fin);
@@ -2746,6 +2811,9 @@ void set_scan_warp_columns(bool on) { g_scan_warp_columns = on; }
 bool scan_warp_columns_enabled() { return g_scan_warp_columns; }
 int64_t column_scan_launches() { return g_column_scan_launches.load(std::memory_order_relaxed); }
 int64_t dO_in_place_scans() { return g_dO_in_place_scans.load(std::memory_order_relaxed); }
+void set_u_in_scan(bool on) { g_u_in_scan = on; }
+bool u_in_scan_enabled() { return g_u_in_scan; }
+int64_t u_in_scan_launches() { return g_u_in_scan_launches.load(std::memory_order_relaxed); }
 int64_t last_scan_piece_chunks() { return g_last_scan_piece; }
 void set_scan_pieces_of_parity(int parity) {
   if (parity < -1 || parity > 1) throw std::invalid_argument("hh::kernels::set_scan_pieces_of_parity: -1 (every piece), 0 or 1");
@@ -2783,6 +2851,24 @@ bool reverse_scan_reads_dO_in_place(const LowRankScanArgs& a) {
                     dO.size(2) == a.A.size(0) && (T % C == 0 || B == 1) && B * T <= std::numeric_limits<int32_t>::max();
   return rows && a.reverse && a.precision == ScanPrecision::kBlockFloat16 && dO.size(3) == Dv && !a.Z.defined() && !a.U.defined() &&
          direct_in_column_scan(a, Dk, Dv);
+}
+// Each chunk's slots consecutive rows of x [B, T, H, D] (a regular grid of `per` chunks a sequence, T a
+// multiple of C or B = 1), within the copy engine's 32-bit row coordinate: the column scan's copies of a
+// chunk's tile of x where it lies are then one box.
+namespace {
+bool chunks_are_rows(const at::Tensor& x, const ChunkGrid& grid) {
+  constexpr int64_t C = kLowRankChunk;
+  if (x.dim() != 4) return false;
+  const int64_t B = x.size(0), T = x.size(1);
+  return !grid.gather.defined() && grid.per > 0 && grid.per == (T + C - 1) / C && grid.N == B * grid.per && (T % C == 0 || B == 1) &&
+         B * T <= std::numeric_limits<int32_t>::max();
+}
+}  // namespace
+bool column_scan_forms_u(int64_t Dk, const at::Tensor& v, const ChunkGrid& grid) {
+  if (v.dim() != 4 || !v.is_cuda() || !v.is_contiguous() || (v.scalar_type() != at::kBFloat16 && v.scalar_type() != at::kHalf) ||
+      reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 != 0)
+    return false;
+  return g_u_in_scan && column_scan_takes(Dk, v.size(3), false) && g_scan_wgmma && scan_wgmma_available() && chunks_are_rows(v, grid);
 }
 bool column_scan_fuses(int64_t Dk, int64_t Dv) { return column_scan_fits(Dk, Dv) && g_fusion_in_column_scan && !g_fusion_in_scan; }
 bool column_scan_takes(int64_t Dk, int64_t Dv, bool fused) { return fused ? column_scan_fuses(Dk, Dv) : column_scan_fits(Dk, Dv); }
@@ -2859,6 +2945,22 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   const bool u16 = a.U.defined() && a.U.scalar_type() == at::kHalf;
   if (u16 != a.U_inv.defined())
     throw std::invalid_argument("hh::kernels::low_rank_scan: U in float16 comes with its column scales U_inv, and only then");
+  const bool u_from_v = a.u_from_v.v.defined() || a.u_from_v.Tb.defined();
+  if (u_from_v) {
+    const LowRankScanArgs::UFromV& uv = a.u_from_v;
+    const std::string fn = "hh::kernels::low_rank_scan: U formed from v (u_from_v) ";
+    if (!uv.v.defined() || !uv.Tb.defined()) throw std::invalid_argument(fn + "needs both v and Tb");
+    if (a.U.defined() || a.Z.defined() || a.reverse || a.hist.defined() || a.M.defined() || a.S16.defined() || a.M16.defined() ||
+        !a.output.o.defined() || a.output.fusion != nullptr || a.precision != ScanPrecision::kBlockFloat16)
+      throw std::invalid_argument(fn + "is the forward's with o written: block float16, no U, Z, history or fusion");
+    if (!column_scan_forms_u(Dk, uv.v, a.output.grid) || uv.v.size(2) != H || uv.v.size(3) != Dv || uv.v.size(0) != a.output.B ||
+        uv.v.size(1) != a.output.T)
+      throw std::invalid_argument(fn + "needs the column scan by warpgroup (Dk = 128, Dv 64 or 128) and v [B, T, H, Dv] as the "
+                                       "output's, contiguous, each chunk's slots consecutive tokens (column_scan_forms_u)");
+    if (uv.Tb.scalar_type() != uv.v.scalar_type() || uv.Tb.sizes() != at::IntArrayRef({H, N, 2, kPackedLower}) ||
+        !uv.Tb.is_contiguous() || reinterpret_cast<uintptr_t>(uv.Tb.data_ptr()) % 16 != 0)
+      throw std::invalid_argument(fn + "needs Tb [H, N, 2, kPackedLower] of v's dtype, contiguous and 16-byte aligned");
+  }
   if (!low_rank_scan_supported(C, Dk, Dv))
     throw std::invalid_argument("hh::kernels::low_rank_scan: chunk 64, Dk in {32, 64, 128} and Dv a multiple of 16 only");
   if (static_cast<int64_t>(offsets.size()) != S + 1 || offsets.front() != 0 || offsets.back() != N)
@@ -2973,8 +3075,10 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   // no float32 one.
   const bool direct = a.direct.dO16.defined() || a.direct.dO.defined();
   if (column_scan_takes(Dk, Dv, fusion) && o_fits && !a.reverse && a.A.scalar_type() == at::kHalf && !a.hist.defined() &&
-      !a.M.defined() && !(fusion && (s16 || m16)) && !a.Z.defined() && u16)
+      !a.M.defined() && !(fusion && (s16 || m16)) && !a.Z.defined() && (u16 || u_from_v))
     plan.columns = static_cast<int>(Dv);
+  else if (u_from_v)
+    throw std::invalid_argument("hh::kernels::low_rank_scan: U formed from v needs the column scan (o 16-byte aligned)");
   else if (direct && direct_in_column_scan(a, Dk, Dv))
     plan.columns = static_cast<int>(Dv);
   else if (u16)

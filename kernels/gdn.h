@@ -135,6 +135,14 @@ struct LowRankScanArgs {
     at::Tensor dO;
     ChunkGrid grid;
   } direct;
+  // U formed by the column scan itself (the forward with o written, no fusion, no history; U undefined):
+  // v [B, T, H, Dv] of the inputs' 16-bit dtype where it lies (its chunks' rows found by output.grid, B and
+  // T, column_scan_forms_u's conditions) and Tb [H, N, 2, kPackedLower] of v's dtype, chunk_factors'
+  // T diag(beta) in two parts (UForm::kScan). Each chunk's U = (hi + lo) V, summed in float32 by the
+  // warpgroups' products (both operands from shared memory), enters M = U - W S unrounded.
+  struct UFromV {
+    at::Tensor v, Tb;
+  } u_from_v;
 };
 constexpr int64_t kAutoSegments = -1;
 // The minimum segment length kAutoSegments picks, in chunks, so that warm-ups stay a small share.
@@ -189,6 +197,21 @@ int64_t column_scan_launches();
 // How many of those reverse scans read the direct term's dO where it lies (reverse_scan_reads_dO_in_place),
 // for tests.
 int64_t dO_in_place_scans();
+// Whether the rule's inference forward has the column scan form each chunk's U = T diag(beta) V itself
+// (LowRankScanArgs::u_from_v), from v's rows where they lie and chunk_factors' T diag(beta) (UForm::kScan),
+// where it can (column_scan_forms_u); process-wide, on by default; off, chunk_factors forms U (float16 by
+// columns) and the scan reads it. chunk_factors then reads no v and writes no U; the scan reads v instead of
+// U, and T diag(beta) besides, with one more product a chunk (two, for its two 16-bit parts).
+void set_u_in_scan(bool on);
+bool u_in_scan_enabled();
+// Whether a forward of these shapes takes that path: the switch on; the column scan with o written
+// (column_scan_takes, not through the fusion), its products by warpgroup (scan_wgmma_enabled and
+// scan_wgmma_available); v [B, T, H, Dv] contiguous and 16-byte aligned of a 16-bit dtype, each chunk's
+// slots consecutive tokens (grid regular, T a multiple of 64 or B = 1: rows past the last token lie beyond
+// the tensor, which the copy engine reads as zeros), within the copy engine's 32-bit row coordinate.
+bool column_scan_forms_u(int64_t Dk, const at::Tensor& v, const ChunkGrid& grid);
+// How many column scans have formed U from v (for tests: the path taken).
+int64_t u_in_scan_launches();
 // The piece length, in chunks, that the last block float16 scan on this thread cut its sequences into
 // (0: whole sequences): which segmentation a scan took (a ScanBeside's shorter pieces), for tests.
 int64_t last_scan_piece_chunks();
@@ -286,7 +309,11 @@ bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 // chunk, U = U16 * U_inv (U_inv [H, N, Dv] float32): each column's largest |entry| scaled into [2^14, 2^15)
 // (floored at 2^-10, so that no scale passes 2^24). Half U's bytes, written here and read by the column
 // scan, at float16's 11 significant bits a column (the scan's products round S and M to as many).
-enum class UForm { kFloat32, kFloat16Columns };
+// kScan: no U; instead T diag(beta) = (I + L)^{-1} diag(beta) (ChunkFactors::Tb) for the column scan that
+// forms U itself (LowRankScanArgs::u_from_v): two parts of k's 16-bit dtype, hi = round(x) and lo =
+// round(x - hi), each packed (kPackedLower), so that hi + lo holds about 16 significant bits. chunk_factors
+// then reads no v. With q, without the short convolution or keep_t, and not with chunks in turn.
+enum class UForm { kFloat32, kFloat16Columns, kScan };
 // The packed form of a chunk's 64 x 64 matrix that is zero above its diagonal 16 x 16 blocks
 // (ChunkFactors::Aq and T16): only the blocks on and below the diagonal, block row b (0..3) as 16 rows of
 // its first 16 (b + 1) columns, row after row, and the four block rows one after another from
@@ -299,6 +326,7 @@ struct ChunkFactors {
   at::Tensor U_inv;           // kFloat16Columns only
   at::Tensor Qd, Aq, aq_inv;  // only given q
   at::Tensor T16;             // only given q and keep_t (below), packed (kPackedLower)
+  at::Tensor Tb;              // UForm::kScan only (then no U): [H, N, 2, kPackedLower] of k's dtype, hi then lo
 };
 // Given `conv` (with q, Dk = Dv, on a grid of regular sequences: short_conv_fusion_supported), k, v and
 // q are the LA heads' projections before their short convolution, and each block forms its chunk's

@@ -265,6 +265,7 @@ struct OutFactors {
   c10::Half* Aq;
   float* aq_inv;
   void* t16;  // T [H, N, C, C] of k's dtype for the backward's chunk kernel (ChunkFactors::T16), or null: none
+  void* tb;   // UForm::kScan: T diag(beta) in two parts of k's dtype (ChunkFactors::Tb), and no V read or U formed; or null
 };
 
 // The LA heads' short convolution inside chunk_factors (given ShortConvInputs): the block reads the
@@ -438,6 +439,9 @@ __device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, con
   }
 }
 
+// of.tb (UForm::kScan; with OUT, not PRE or TURN): the block loads no V and forms no U; after the inverse it
+// writes T diag(beta) in two parts of T's kind, hi = round(x) and lo = round(x - hi), each packed, then W,
+// for the column scan that forms U from v itself.
 // PRE: k, v and of.q are the projections before the short convolution, which the block applies
 // (PreConv above), read through `maps` by the copy engine; needs OUT, DK = DV and regular sequences. The
 // raw rows are staged where the tile they become is not: K's in Ls's region and Q's in K's, then Q formed
@@ -590,7 +594,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                       &landed[1]);
         }
       } else {
-        load_rows<DV, kThreads>(Vs, v, row_h);
+        if (TURN || of.tb == nullptr) load_rows<DV, kThreads>(Vs, v, row_h);  // (UForm::kScan: the scan reads V)
         cp_async_commit();
         if constexpr (TURN) issue_next();
       }
@@ -633,6 +637,29 @@ __global__ void __launch_bounds__(kThreads, MINB)
           x.v[4] = T(x1.x), x.v[5] = T(x1.y), x.v[6] = T(x1.z), x.v[7] = T(x1.w);
           store_pack_global<8>(dst + 8 * i, x);
         }
+      }
+    }
+    if constexpr (OUT && !PRE && !TURN) {
+      if (of.tb != nullptr) {  // UForm::kScan: T diag(beta) as hi + lo for the column scan, then W, and no U
+        T* const hi = static_cast<T*>(of.tb) + 2 * chunk * kPackedLower;
+        T* const lo = hi + kPackedLower;
+        for (int i = tid; i < kPackedLower / 8; i += kThreads) {  // packed: the blocks on and below the diagonal
+          const int2 at = packed_lower_at(8 * i);
+          const float4 x0 = *reinterpret_cast<const float4*>(Ls + at.x * kLdT + at.y);
+          const float4 x1 = *reinterpret_cast<const float4*>(Ls + at.x * kLdT + at.y + 4);
+          const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+          Pack<T, 8> h, l;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float y = x[j] * bs[at.y + j];
+            h.v[j] = T(y);
+            l.v[j] = T(y - static_cast<float>(h.v[j]));
+          }
+          store_pack_global<8>(hi + 8 * i, h);
+          store_pack_global<8>(lo + 8 * i, l);
+        }
+        lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
+        return;
       }
     }
     lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
@@ -1167,23 +1194,28 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   const c10::cuda::CUDAGuard guard(k.device());
   const auto f32 = k.options().dtype(at::kFloat);
   const auto f16 = k.options().dtype(at::kHalf);
-  const bool u16 = u_form == UForm::kFloat16Columns;
+  const bool u16 = u_form == UForm::kFloat16Columns, u_scan = u_form == UForm::kScan;
   if (u16 && !q.defined())
     throw std::invalid_argument("hh::kernels::chunk_factors: U in float16 by columns comes with the output's factors (q is needed)");
+  if (u_scan && (!q.defined() || conv != nullptr || keep_t || g_factors_in_turn > 0))
+    throw std::invalid_argument(
+        "hh::kernels::chunk_factors: T diag(beta) for the scan (UForm::kScan) comes with the output's factors (q is needed), "
+        "without the short convolution, T for the backward or chunks in turn");
   if (keep_t && (!q.defined() || conv != nullptr))
     throw std::invalid_argument(
         "hh::kernels::chunk_factors: T for the backward comes with the output's factors (q is needed), without the short convolution");
-  ChunkFactors r{at::empty({H, N, kC, Dk}, f16), at::empty({H, N, kC, Dv}, u16 ? f16 : f32), at::empty({H, N, kC, Dk}, f16),
-                 at::empty({H, N}, f32), at::empty({H, N}, f32)};
+  ChunkFactors r{at::empty({H, N, kC, Dk}, f16), u_scan ? at::Tensor() : at::empty({H, N, kC, Dv}, u16 ? f16 : f32),
+                 at::empty({H, N, kC, Dk}, f16), at::empty({H, N}, f32), at::empty({H, N}, f32)};
   if (u16) r.U_inv = at::empty({H, N, Dv}, f32);
-  OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr, nullptr};
+  if (u_scan) r.Tb = at::empty({H, N, 2, kPackedLower}, k.options());
+  OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr, nullptr, nullptr};
   if (q.defined()) {
     r.Qd = at::empty({H, N, kC, Dk}, f16);
     r.Aq = at::empty({H, N, kPackedLower}, f16);
     r.aq_inv = at::empty({H, N}, f32);
     if (keep_t) r.T16 = at::empty({H, N, kPackedLower}, k.options());
     of = {q.data_ptr(), static_cast<float>(scale), r.Qd.data_ptr<c10::Half>(), r.Aq.data_ptr<c10::Half>(),
-          r.aq_inv.data_ptr<float>(), keep_t ? r.T16.data_ptr() : nullptr};
+          r.aq_inv.data_ptr<float>(), keep_t ? r.T16.data_ptr() : nullptr, u_scan ? r.Tb.data_ptr() : nullptr};
   }
   if (N == 0 || H == 0) return r;
   dispatch(Dk, Dv, k.scalar_type(), [&](auto dk, auto dv, auto x) {
@@ -1195,7 +1227,8 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
       g_factors_last_kernel.store(reinterpret_cast<const void*>(kernel), std::memory_order_relaxed);
       g_factors_last_smem.store(smem, std::memory_order_relaxed);
       launch_kernel(kernel, grid, kThreads, smem, static_cast<const X*>(k.data_ptr()), static_cast<const X*>(v.data_ptr()),
-                    gate_in<X>(g), gate_in<X>(beta), slots, static_cast<int>(H), N, r.W.data_ptr<c10::Half>(), r.U.data_ptr(),
+                    gate_in<X>(g), gate_in<X>(beta), slots, static_cast<int>(H), N, r.W.data_ptr<c10::Half>(),
+                    u_scan ? nullptr : r.U.data_ptr(),
                     u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(),
                     r.bound.data_ptr<float>(), of, pc, maps, n0, turns, clocks);
     };

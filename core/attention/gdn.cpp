@@ -485,27 +485,29 @@ struct ForwardScan {
 // With f16_history (kBlockFloat16 only), S and M in block float16 instead of float32. With keep_states
 // and kBlockFloat16, S also in block float16, for the backward's chunk kernels. Given `output` (with
 // f16_history), the scan writes the output itself, and the history only where keep_states asks for S.
+// Given u_from_v (with output, U undefined), the scan forms U itself from v and T diag(beta).
 ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at::Tensor& U, const at::Tensor& decay,
                          const at::Tensor& bound, const at::Tensor& s0, const std::vector<int64_t>& offsets,
                          kernels::ScanPrecision precision, bool f16_history = false, bool keep_states = false,
-                         const kernels::LowRankScanArgs::Output* output = nullptr, const at::Tensor& U_inv = {}) {
-  const int64_t H = W.size(0), N = W.size(1), C = W.size(2), Dk = W.size(3), Dv = U.size(3);
+                         const kernels::LowRankScanArgs::Output* output = nullptr, const at::Tensor& U_inv = {},
+                         const kernels::LowRankScanArgs::UFromV* u_from_v = nullptr) {
+  const int64_t H = W.size(0), N = W.size(1), C = W.size(2), Dk = W.size(3), Dv = u_from_v != nullptr ? u_from_v->v.size(3) : U.size(3);
+  const auto f16 = W.options().dtype(at::kHalf), f32 = W.options().dtype(at::kFloat);
   kernels::LowRankScanArgs a;
   a.A = kdecay;
   a.B = W;
   a.decay = decay.contiguous();
   a.U = U;
   a.U_inv = U_inv;  // U in float16 by columns (the column scan's form)
+  if (u_from_v != nullptr) a.u_from_v = *u_from_v;
   a.zero_start = !s0.defined();
-  a.y0 = a.zero_start ? at::empty({static_cast<int64_t>(offsets.size()) - 1, H, Dk, Dv}, U.options().dtype(at::kFloat))
-                      : s0.contiguous();
+  a.y0 = a.zero_start ? at::empty({static_cast<int64_t>(offsets.size()) - 1, H, Dk, Dv}, f32) : s0.contiguous();
   a.precision = precision;
   // The segmented scan starts its pieces where the transitions' norm bounds allow.
   if (precision == kernels::ScanPrecision::kBlockFloat16 && bound.defined()) {
     a.segment = kernels::scan_segments();
     a.bound = bound;
   }
-  const auto f16 = U.options().dtype(at::kHalf), f32 = U.options().dtype(at::kFloat);
   if (output != nullptr) a.output = *output;
   if ((f16_history && output == nullptr) || (keep_states && precision == kernels::ScanPrecision::kBlockFloat16)) {
     a.S16 = at::empty({H, N, Dk, Dv}, f16);
@@ -518,7 +520,7 @@ ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at
     a.M_inv = at::empty({H, N, C / 16, Dv / 8}, f32);
   } else if (!f16_history) {
     a.hist = at::empty({H, N, Dk, Dv}, f32);
-    a.M = at::empty(U.sizes(), f32);
+    a.M = at::empty({H, N, C, Dv}, f32);
   }
   const at::Tensor fin = kernels::low_rank_scan(a, offsets);
   return {a.hist, a.M, fin, a.S16, a.S_inv, a.M16, a.M_inv};
@@ -707,9 +709,13 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   const bool u16 = output_in_scan && !(keep_states && fuse_in_scan) && kernels::column_scan_takes(Dk, Dv, fuse_in_scan);
   // A forward kept for the backward's chunk kernel keeps T too, where that kernel will read M (below).
   const bool keep_t = keep_states && f16_history && conv == nullptr && kernels::direct_in_scan_enabled();
-  const kernels::ChunkFactors f =
-      kernels::chunk_factors(kc, vc, gk, bk, grid, f16_history ? qc : at::Tensor(), scale, conv,
-                             u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32, keep_t);
+  // The inference forward's column scan forms U itself from v where it lies (kernels::set_u_in_scan):
+  // chunk_factors then reads no v and writes T diag(beta) instead of U.
+  const bool u_scan = u16 && !keep_states && !fuse_in_scan && conv == nullptr && kernels::factors_in_turn() == 0 &&
+                      kernels::column_scan_forms_u(Dk, vc, grid);
+  const kernels::ChunkFactors f = kernels::chunk_factors(
+      kc, vc, gk, bk, grid, f16_history ? qc : at::Tensor(), scale, conv,
+      u_scan ? kernels::UForm::kScan : u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32, keep_t);
   if (on_queued) on_queued(GdnStage::kFactors);
   std::optional<kernels::LowRankScanArgs::Output> in_scan;
   if (output_in_scan) {
@@ -719,12 +725,13 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
     if (fuse_in_scan)
       in_scan->fusion = fusion, in_scan->y = *y;
     else
-      in_scan->o = at::empty({B, T, f.U.size(0), Dv}, q.options());
+      in_scan->o = at::empty({B, T, f.W.size(0), Dv}, q.options());
   }
+  const kernels::LowRankScanArgs::UFromV u_from_v{vc, f.Tb};
   const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, f.bound, s0, L.offsets,
                                      kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
                                                                        : kernels::ScanPrecision::kTf32,
-                                     f16_history, keep_states, in_scan ? &*in_scan : nullptr, f.U_inv);
+                                     f16_history, keep_states, in_scan ? &*in_scan : nullptr, f.U_inv, u_scan ? &u_from_v : nullptr);
   if (on_queued) on_queued(GdnStage::kScan);
   KernelForward out;
   out.final_state = r.final_state;

@@ -1819,6 +1819,7 @@ TEST(CudaGdn, ColumnScanByWarpgroupEqualsTheScanByWarp) {
       auto run = [&](bool wgmma) {
         hh::kernels::set_scan_wgmma(wgmma);
         hh::kernels::set_scan_segments(segments);
+        hh::kernels::set_u_in_scan(false);  // U from chunk_factors on both sides (the warps' products read only that)
         Out r;
         {
           torch::NoGradGuard no_grad;
@@ -1831,6 +1832,7 @@ TEST(CudaGdn, ColumnScanByWarpgroupEqualsTheScanByWarp) {
         poison_allocator();
         const auto f = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], 0.1, 64, c.cu);
         r.grads = torch::autograd::grad({(f.o.to(torch::kFloat) * w_o).sum() + (f.state * w_s).sum()}, x);
+        hh::kernels::set_u_in_scan(true);
         hh::kernels::set_scan_wgmma(true);
         hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
         return r;
@@ -1858,6 +1860,107 @@ TEST(CudaGdn, ColumnScanByWarpgroupEqualsTheScanByWarp) {
       std::printf("[ measured ] %s: o %.3g, state %.3g apart (%s); gradients not the same bits:%s; between two runs by warp:%s\n",
                   what.c_str(), rel_err(wg.o, warp.o), rel_err(wg.state, warp.state), same ? "the same bits" : "not the same bits",
                   differ.empty() ? " none" : differ.c_str(), differ_again.empty() ? " none" : differ_again.c_str());
+    }
+}
+
+// The inference forward's column scan forming U = T diag(beta) V itself (set_u_in_scan, the default where
+// column_scan_forms_u holds) from v's rows and chunk_factors' T diag(beta) in two 16-bit parts
+// (UForm::kScan). The factors: no U; W, kdecay, Qd, Aq, decay and the bound the same bits as with U formed;
+// hi + lo within 3e-5 of T diag(beta) in float64 (U's own bound from the same split); each part of the
+// inputs' kind and zero above the diagonal blocks, lo within an ulp of hi. The rule: o and
+// the final state against the recurrence in float64 and against the path with U from chunk_factors, from a
+// NaN-poisoned allocator, both 16-bit dtypes, Dv 128 and 64, one sequence of T not a multiple of 64 (its
+// last rows past the tensor) and a batch of T a multiple of 64, whole sequences and segments of 2 chunks
+// (warm-ups), with and without an initial state; a batch whose chunks are not rows takes U from
+// chunk_factors.
+TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  ASSERT_TRUE(hh::kernels::u_in_scan_enabled());
+  if (!hh::kernels::scan_wgmma_available()) GTEST_SKIP() << "this device's code has no warpgroup products (not built for sm_90a)";
+  const int64_t H = 3, Dk = 128, C = 64;
+  const double scale = 0.1;
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
+    for (int64_t Dv : {int64_t{128}, int64_t{64}}) {
+      // The factors, on a batch of two sequences of 3 chunks.
+      {
+        const int64_t B = 2, T = 192, per = 3, N = B * per;
+        const std::string what = std::string(c10::toString(dt)) + " Dv=" + std::to_string(Dv) + " factors";
+        const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
+        auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
+        const auto K = on_grid(f64(k), per), G = on_grid(f64(g), per).cumsum(-1), Bt = on_grid(f64(beta), per);
+        const auto strict = torch::ones({C, C}, torch::kBool).tril(-1);
+        const auto L = (Bt.unsqueeze(-1) * torch::matmul(K, K.transpose(-1, -2)) * (G.unsqueeze(-1) - G.unsqueeze(-2)).exp())
+                           .masked_fill(strict.logical_not(), 0.0);
+        const auto Tb = torch::inverse(torch::eye(C, kF64) + L) * Bt.unsqueeze(-2);  // T diag(beta)
+        const hh::kernels::ChunkGrid grid{N, per, {}};
+        poison_allocator();
+        const auto fu = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kFloat16Columns);
+        poison_allocator();
+        const auto fs = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kScan);
+        EXPECT_FALSE(fs.U.defined() || fs.U_inv.defined()) << what;
+        EXPECT_TRUE(torch::equal(fs.W, fu.W) && torch::equal(fs.kdecay, fu.kdecay) && torch::equal(fs.Qd, fu.Qd) &&
+                    torch::equal(fs.Aq, fu.Aq) && torch::equal(fs.aq_inv, fu.aq_inv) && torch::equal(fs.decay, fu.decay) &&
+                    torch::equal(fs.bound, fu.bound))
+            << what << ": the other factors";
+        ASSERT_EQ(fs.Tb.sizes(), torch::IntArrayRef({H, N, 2, hh::kernels::kPackedLower})) << what;
+        EXPECT_EQ(fs.Tb.scalar_type(), dt) << what;
+        const auto hi = unpack_lower(fs.Tb.select(2, 0)).cpu().to(torch::kDouble), lo = unpack_lower(fs.Tb.select(2, 1)).cpu().to(torch::kDouble);
+        EXPECT_TRUE(torch::equal(hi.triu(1), torch::zeros_like(hi)) && torch::equal(lo.triu(1), torch::zeros_like(lo))) << what
+                                                                                                                    << ": above the diagonal";
+        const double ulp = dt == torch::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
+        EXPECT_TRUE((lo.abs() <= ulp * hi.abs()).all().item<bool>()) << what << ": lo within an ulp of hi";
+        EXPECT_LT(rel_err(hi + lo, Tb), 3e-5) << what;
+        std::printf("[ measured ] %s: T diag(beta) as hi + lo %.3g, hi alone %.3g\n", what.c_str(), rel_err(hi + lo, Tb), rel_err(hi, Tb));
+        EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, {}, scale, nullptr, hh::kernels::UForm::kScan), std::invalid_argument)
+            << what << ": without q";
+        EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kScan, true),
+                     std::invalid_argument)
+            << what << ": with T for the backward";
+      }
+      // The rule.
+      struct Case {
+        int64_t B, T;
+        bool rows;  // each chunk's slots consecutive tokens: the scan forms U
+      };
+      for (const Case& c : {Case{1, 777, true}, Case{2, 640, true}, Case{2, 700, false}})
+        for (int64_t segments : {hh::kernels::kAutoSegments, int64_t{0}, int64_t{2}})
+          for (bool with_s0 : {true, false}) {
+            const std::string what = std::string(c10::toString(dt)) + " Dv=" + std::to_string(Dv) + " B=" + std::to_string(c.B) +
+                                     " T=" + std::to_string(c.T) + " segments " + std::to_string(segments) + (with_s0 ? ", s0" : "");
+            const auto [q, k, v, g, beta] = chunk_in(c.B, c.T, H, Dk, Dv, dt);
+            const auto s0 = with_s0 ? (0.5 * torch::randn({c.B, H, Dk, Dv}, kF64)).to(kCuda.dtype(torch::kFloat)) : torch::Tensor();
+            auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
+            const auto ref = gdn_recurrent(f64(q), f64(k), f64(v), f64(g), f64(beta),
+                                           with_s0 ? f64(s0) : torch::zeros({c.B, H, Dk, Dv}, kF64), scale);
+            torch::NoGradGuard no_grad;
+            auto run = [&](bool u_in_scan) {
+              hh::kernels::set_u_in_scan(u_in_scan);
+              hh::kernels::set_scan_segments(segments);
+              poison_allocator();
+              const auto r = gdn_chunked_scan(q, k, v, g, beta, s0, scale);
+              hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+              hh::kernels::set_u_in_scan(true);
+              return r;
+            };
+            const int64_t launches = hh::kernels::u_in_scan_launches();
+            const auto got = run(true);
+            EXPECT_EQ(hh::kernels::u_in_scan_launches() - launches, c.rows ? 1 : 0) << what << ": the path taken";
+            const auto apart = run(false);
+            EXPECT_EQ(hh::kernels::u_in_scan_launches() - launches, c.rows ? 1 : 0) << what << ": switched off";
+            EXPECT_EQ(got.o.scalar_type(), dt) << what;
+            EXPECT_LT(rel_err(got.o, ref.o), 1e-2) << what;
+            EXPECT_LT(rel_err(got.state, ref.state), 2e-3) << what;
+            // U unrounded here, U in float16 by columns there: no less accurate, within the outputs' rounding.
+            EXPECT_LT(rel_err(got.state, ref.state), 1.5 * rel_err(apart.state, ref.state) + 1e-5) << what;
+            EXPECT_LT(rel_err(got.o, apart.o), 1e-2) << what;
+            if (!c.rows) {
+              EXPECT_TRUE(torch::equal(got.o, apart.o) && torch::equal(got.state, apart.state)) << what << ": the same path";
+            }
+            if (segments == hh::kernels::kAutoSegments && !with_s0)
+              std::printf("[ measured ] %s: o %.3g / %.3g, state %.3g / %.3g (U formed in the scan / from chunk_factors)\n",
+                          what.c_str(), rel_err(got.o, ref.o), rel_err(apart.o, ref.o), rel_err(got.state, ref.state),
+                          rel_err(apart.state, ref.state));
+          }
     }
 }
 
