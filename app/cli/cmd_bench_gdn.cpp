@@ -47,6 +47,7 @@ struct GdnBenchArgs {
   bool direct_apart = false;  // the backward's direct term by chunk_state_direct instead of in the reverse scan
   bool backward_chunks_in_turn = false;  // chunk_backward one block an SM taking chunks in turn, not one a chunk
   bool fusion_in_scan = false;  // the layer's fusion norm inside the scan that writes the output
+  bool u_from_factors = false;  // chunk_factors forms U, which the inference forward's scan reads (not U from v)
   bool factors_occupancy = false;  // chunk_factors alone and the forward at 4, 3, 2, 1 blocks an SM and in turn; its phases
   std::string backward = "kernels";
   std::string scan_segments = "auto";
@@ -98,7 +99,8 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // kFusionInColumnScan: the layer's fusion norm inside the column scan instead of by the fusion kernel after it;
 // kScanWarpProducts: the column scan's products by warp (mma.sync) instead of by warpgroup (kernels::set_scan_wgmma);
 // kBackwardChunksInTurn: chunk_backward one block an SM taking chunks in turn instead of one block a chunk
-// (kernels::set_backward_chunks_in_turn).
+// (kernels::set_backward_chunks_in_turn); kUFromFactors: the inference forward's U formed by chunk_factors and read
+// by the scan instead of formed by the scan from v and T diag(beta) (kernels::set_u_in_scan).
 enum class OtherPath {
   kLibTorchLocal,
   kTf32Scan,
@@ -110,7 +112,8 @@ enum class OtherPath {
   kScanColumnBlocks,
   kFusionInColumnScan,
   kScanWarpProducts,
-  kBackwardChunksInTurn
+  kBackwardChunksInTurn,
+  kUFromFactors
 };
 
 // fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
@@ -156,6 +159,7 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
       return with_setting(kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled, false, dev, fn);
     case OtherPath::kBackwardChunksInTurn:
       return with_setting(kernels::set_backward_chunks_in_turn, kernels::backward_chunks_in_turn_enabled, true, dev, fn);
+    case OtherPath::kUFromFactors: return with_setting(kernels::set_u_in_scan, kernels::u_in_scan_enabled, false, dev, fn);
   }
 #endif
   (void)p, (void)dev, (void)fn;
@@ -221,6 +225,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   kernels::set_direct_in_scan(!a.direct_apart);
   kernels::set_backward_chunks_in_turn(a.backward_chunks_in_turn);
   kernels::set_fusion_in_scan(a.fusion_in_scan);
+  kernels::set_u_in_scan(!a.u_from_factors);
 #endif
   attention::set_gdn_backward(a.backward == "autograd"   ? attention::GdnBackward::kAutograd
                               : a.backward == "explicit" ? attention::GdnBackward::kExplicit
@@ -236,6 +241,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"direct_apart", a.direct_apart},
                          {"backward_chunks_in_turn", a.backward_chunks_in_turn},
                          {"fusion_in_scan", a.fusion_in_scan},
+                         {"u_from_factors", a.u_from_factors},
                          {"factors_occupancy", a.factors_occupancy},
                          {"scan_kernel", a.scan_kernel},
                          {"scan_segments", a.scan_segments},
@@ -330,6 +336,16 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const auto [f_wg, f_warp] = alternating(OtherPath::kScanWarpProducts, same_scan, [&] { return forward(ours, back_to_back_ms); });
     const auto [fb_wg, fb_warp] =
         alternating(OtherPath::kScanWarpProducts, same_scan, [&] { return forward_backward(ours, back_to_back_ms); });
+    // The inference forward's scan forming U from v (the default) against reading chunk_factors' U; nothing
+    // where the forward never formed U in the scan (column_scan_forms_u false), which would time one path twice.
+#ifdef HH_HAVE_KERNELS
+    const int64_t u_in_scan_before = kernels::u_in_scan_launches();
+#endif
+    auto [f_u_scan, f_u_factors] =
+        alternating(OtherPath::kUFromFactors, a.u_from_factors || same_scan, [&] { return forward(ours, back_to_back_ms); });
+#ifdef HH_HAVE_KERNELS
+    if (kernels::u_in_scan_launches() == u_in_scan_before) f_u_scan.reset(), f_u_factors.reset();
+#endif
     // chunk_backward one block a chunk (the default) against one block an SM taking chunks in turn; nothing
     // where the backward never reached the in-turn kernel (not the form that reads T with Dk = Dv = 128: other
     // head sizes or dtypes, the direct term apart, the backward off the kernels), which would time one path twice.
@@ -398,6 +414,12 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                "the forward's scan a head a block (default) / in blocks of 32 state columns");
     alternated(f_wg, f_warp, fb_wg, fb_warp, "scan_wgmma", "scan_mma_sync",
                "the column scan's products by warpgroup (default) / by warp");
+    if (f_u_scan && f_u_factors) {
+      row["fwd_u_in_scan_b2b_ms"] = *f_u_scan, row["fwd_u_from_factors_b2b_ms"] = *f_u_factors;
+      std::printf("  %-10s back to back, the inference forward's scan forming U from v (default) / reading chunk_factors' U\n"
+                  "  %-10s (medians of three alternating rounds): forward %.3f / %.3f ms\n",
+                  "", "", *f_u_scan, *f_u_factors);
+    }
     if (fb_each && fb_turns) {
       row["fwd_bwd_backward_block_a_chunk_b2b_ms"] = *fb_each, row["fwd_bwd_backward_in_turn_b2b_ms"] = *fb_turns;
       std::printf("  %-10s back to back, chunk_backward one block a chunk (default) / one block an SM taking chunks in turn\n"
@@ -405,11 +427,17 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                   "", "", *fb_each, *fb_turns);
     }
 #ifdef HH_HAVE_KERNELS
-    // chunk_factors alone (the inference forward's call) and the forward, back to back, at each cap on its
-    // blocks an SM: how a chunk's factors take longer as fewer blocks share an SM, which bounds what a kernel
-    // forming them where it scans (one block a piece of a head) could reach.
+    // chunk_factors alone (the form that forms U, as the forward with U from chunk_factors calls it) and that
+    // forward, back to back, at each cap on its blocks an SM: how a chunk's factors take longer as fewer blocks
+    // share an SM, which bounds what a kernel forming them where it scans (one block a piece of a head) could
+    // reach. (Chunks in turn form U in chunk_factors, so the forward reads U from it throughout here.)
     if (a.factors_occupancy && dev.is_cuda() && (dt == torch::kBFloat16 || dt == torch::kHalf) &&
         kernels::chunk_forward_supported(a.dim, a.dim, dt) && a.chunk == 64) {
+      struct RestoreU {
+        bool was = kernels::u_in_scan_enabled();
+        ~RestoreU() { kernels::set_u_in_scan(was); }
+      } restore_u;
+      kernels::set_u_in_scan(false);
       const int64_t per = (s.T + 63) / 64, N = s.B * per;
       const kernels::ChunkGrid grid{N, per, {}};
       auto factors = [&] {
@@ -809,6 +837,9 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_flag("--output-apart", a->output_apart,
               "On CUDA with 16-bit inputs, form the output (and in the layer its fusion norm) with a kernel of its own "
               "from the scan's block float16 history, instead of in the scan itself");
+  c->add_flag("--u-from-factors", a->u_from_factors,
+              "On CUDA with 16-bit inputs, have chunk_factors form each chunk's U and the inference forward's scan read "
+              "it, instead of the scan forming U from v and T diag(beta)");
   c->add_flag("--direct-apart", a->direct_apart,
               "On CUDA with 16-bit inputs, form the backward's direct term (the effect of each chunk's start state on "
               "its output) with chunk_state_direct, instead of in the reverse scan from the forward's output factors");
