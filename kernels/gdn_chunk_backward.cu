@@ -516,10 +516,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       cp_async16(T16 + at.x * kLd16C + at.y, t16 + chunk * kPackedLower + 8 * i);
     }
   };
-  if constexpr (TK) {  // blocks (0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3): 16 rows of two 16-byte units each
-    for (int i = threadIdx.x; i < 6 * 16 * 2; i += kBwdThreads) {
-      const int b = i / 32, r = (i % 32) / 2, br = b < 3 ? 0 : b < 5 ? 1 : 2, bc = b < 3 ? b + 1 : b < 5 ? b - 1 : 3;
-      *reinterpret_cast<uint4*>(T16 + (16 * br + r) * kLd16C + 16 * bc + 8 * (i % 2)) = make_uint4(0u, 0u, 0u, 0u);
+  if constexpr (TK) {  // unit u (8 columns) of row r lies above the diagonal blocks where 8 u >= 16 (r / 16 + 1)
+    for (int i = threadIdx.x; i < kC * (kC / 8); i += kBwdThreads) {
+      const int r = i / (kC / 8), u = i % (kC / 8);
+      if (8 * u >= 16 * (r / 16 + 1)) *reinterpret_cast<uint4*>(T16 + r * kLd16C + 8 * u) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
   // LOOP: the next chunk's Q and K (into Qn and Kn) and gates, then its V, dO and T (in place).

@@ -793,7 +793,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       at::Tensor O;
       if (low_rank_scan_ok(c)) {
 #ifdef HH_HAVE_KERNELS
-        const ForwardScan r = forward_scan(c.kdecay, c.W, c.U, c.dl, at::Tensor(), start(), L.offsets,
+        const ForwardScan r = forward_scan(c.kdecay, c.W, c.U, c.dl, at::Tensor(), zero_s0 ? at::Tensor() : s0.to(acc), L.offsets,
                                            use_tf32(q) ? kernels::ScanPrecision::kTf32 : kernels::ScanPrecision::kFloat32);
         S = r.S;
         final_state = r.final_state;
