@@ -2835,40 +2835,31 @@ bool direct_in_column_scan(const LowRankScanArgs& a, int64_t Dk, int64_t Dv) {
   return column_scan_fits(Dk, Dv) && a.S16.defined() && a.M16.defined() && !a.hist.defined() && !a.M.defined();
 }
 }  // namespace
-// The plan will be the column scan (direct_in_column_scan), and each chunk's
-// slots are consecutive rows of dO (B regular sequences of T tokens, `per` chunks each, T a multiple of C or
-// B = 1: the rows past the last token lie beyond the tensor, which the copy engine reads as zeros), within
-// the copy engine's 32-bit row coordinate.
-bool reverse_scan_reads_dO_in_place(const LowRankScanArgs& a) {
-  const at::Tensor& dO = a.direct.dO;
-  const ChunkGrid& grid = a.direct.grid;
-  constexpr int64_t C = kLowRankChunk;
-  if (dO.dim() != 4 || !dO.is_cuda() || !dO.is_contiguous() || (dO.scalar_type() != at::kBFloat16 && dO.scalar_type() != at::kHalf) ||
-      reinterpret_cast<uintptr_t>(dO.data_ptr()) % 16 != 0 || a.A.dim() != 4 || a.y0.dim() != 4)
-    return false;
-  const int64_t B = dO.size(0), T = dO.size(1), Dk = a.A.size(3), Dv = a.y0.size(3);
-  const bool rows = !grid.gather.defined() && grid.per > 0 && grid.per == (T + C - 1) / C && grid.N == B * grid.per && grid.N == a.A.size(1) &&
-                    dO.size(2) == a.A.size(0) && (T % C == 0 || B == 1) && B * T <= std::numeric_limits<int32_t>::max();
-  return rows && a.reverse && a.precision == ScanPrecision::kBlockFloat16 && dO.size(3) == Dv && !a.Z.defined() && !a.U.defined() &&
-         direct_in_column_scan(a, Dk, Dv);
-}
-// Each chunk's slots consecutive rows of x [B, T, H, D] (a regular grid of `per` chunks a sequence, T a
-// multiple of C or B = 1), within the copy engine's 32-bit row coordinate: the column scan's copies of a
-// chunk's tile of x where it lies are then one box.
+// Whether the column scan can copy each chunk's tile of x [B, T, H, D] where it lies, as one box: x a
+// contiguous, 16-byte aligned CUDA tensor of a 16-bit dtype whose chunks' slots are consecutive rows (B
+// regular sequences of T tokens, `per` chunks each, T a multiple of C or B = 1: the rows past the last token
+// lie beyond the tensor, which the copy engine reads as zeros), within its 32-bit row coordinate.
 namespace {
-bool chunks_are_rows(const at::Tensor& x, const ChunkGrid& grid) {
+bool tiles_in_place(const at::Tensor& x, const ChunkGrid& grid) {
   constexpr int64_t C = kLowRankChunk;
-  if (x.dim() != 4) return false;
+  if (x.dim() != 4 || !x.is_cuda() || !x.is_contiguous() || (x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kHalf) ||
+      reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0)
+    return false;
   const int64_t B = x.size(0), T = x.size(1);
   return !grid.gather.defined() && grid.per > 0 && grid.per == (T + C - 1) / C && grid.N == B * grid.per && (T % C == 0 || B == 1) &&
          B * T <= std::numeric_limits<int32_t>::max();
 }
 }  // namespace
+// The plan will be the column scan (direct_in_column_scan), and dO's tiles can be copied where they lie.
+bool reverse_scan_reads_dO_in_place(const LowRankScanArgs& a) {
+  const at::Tensor& dO = a.direct.dO;
+  if (!tiles_in_place(dO, a.direct.grid) || a.A.dim() != 4 || a.y0.dim() != 4) return false;
+  const int64_t Dk = a.A.size(3), Dv = a.y0.size(3);
+  return a.direct.grid.N == a.A.size(1) && dO.size(2) == a.A.size(0) && a.reverse && a.precision == ScanPrecision::kBlockFloat16 &&
+         dO.size(3) == Dv && !a.Z.defined() && !a.U.defined() && direct_in_column_scan(a, Dk, Dv);
+}
 bool column_scan_forms_u(int64_t Dk, const at::Tensor& v, const ChunkGrid& grid) {
-  if (v.dim() != 4 || !v.is_cuda() || !v.is_contiguous() || (v.scalar_type() != at::kBFloat16 && v.scalar_type() != at::kHalf) ||
-      reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 != 0)
-    return false;
-  return g_u_in_scan && column_scan_takes(Dk, v.size(3), false) && g_scan_wgmma && scan_wgmma_available() && chunks_are_rows(v, grid);
+  return g_u_in_scan && tiles_in_place(v, grid) && column_scan_takes(Dk, v.size(3), false) && g_scan_wgmma && scan_wgmma_available();
 }
 bool column_scan_fuses(int64_t Dk, int64_t Dv) { return column_scan_fits(Dk, Dv) && g_fusion_in_column_scan && !g_fusion_in_scan; }
 bool column_scan_takes(int64_t Dk, int64_t Dv, bool fused) { return fused ? column_scan_fuses(Dk, Dv) : column_scan_fits(Dk, Dv); }
