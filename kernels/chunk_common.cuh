@@ -425,6 +425,15 @@ __device__ __forceinline__ int2 packed_lower_at(int e) {
   const int width = 16 * (b + 1), off = e - static_cast<int>(packed_lower_row(b));
   return make_int2(16 * b + off / width, off % width);
 }
+// The 8 values from e of a packed lower matrix as they lie in the whole float32 matrix Ls [C][kLdT], into x;
+// returns where they lie (packed_lower_at).
+__device__ __forceinline__ int2 packed_lower_floats(const float* Ls, int e, float (&x)[8]) {
+  const int2 at = packed_lower_at(e);
+  const float4 x0 = *reinterpret_cast<const float4*>(Ls + at.x * kLdT + at.y);
+  const float4 x1 = *reinterpret_cast<const float4*>(Ls + at.x * kLdT + at.y + 4);
+  x[0] = x0.x, x[1] = x0.y, x[2] = x0.z, x[3] = x0.w, x[4] = x1.x, x[5] = x1.y, x[6] = x1.z, x[7] = x1.w;
+  return at;
+}
 
 // T = (I + L)^{-1} in place for the strictly lower triangular L in Ls [C][kLdT] (zero on and above the
 // diagonal), with THREADS >= 256 threads: first the inverses of the four 16 x 16 diagonal blocks

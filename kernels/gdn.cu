@@ -635,7 +635,7 @@ __device__ __forceinline__ void load_scales(float (&dst)[K], const float* src) {
 // row width BV * 4); has_u, has_z say which of U and Z there are.
 struct ScanMaps {
   CUtensorMap A, B, U, Z;
-  CUtensorMap Qd;     // the output's factors (OUT and DIR): Qd, and Aq's four block rows (aq_maps)
+  CUtensorMap Qd;     // the output's factors (OUT and DIR): Qd, and Aq's four block rows (packed_maps)
   CUtensorMap Aq[4];
   CUtensorMap dO;      // dO16 (DIR): [H N C, Dv] float16, boxes of 64 x BV
   CUtensorMap U_inv;   // the column scan's U in float16: its column scales [H N, Dv], a row a chunk
@@ -644,16 +644,13 @@ struct ScanMaps {
   bool has_u, has_z;
 };
 
-// Chunk c's Aq, packed (kPackedLower), into a slot's [C][C] tile of 128-byte rows, swizzled as one box of the
-// whole matrix lands: each block row as a box of its 16 rows of 64 columns, the columns past its width
-// zeros from the copy engine (they lie outside the block row's map, aq_maps). The four boxes bring the
-// one box's 8,192 bytes on `bar`.
+// Chunk c of a packed lower matrix (kPackedLower: Aq, or a part of T diag(beta)) into a slot's [C][C] tile of
+// 128-byte rows, swizzled as one box of the whole matrix lands: each block row as a box of its 16 rows of 64
+// columns, the columns past its width zeros from the copy engine (they lie outside the block row's map,
+// packed_maps). The four boxes bring the one box's 8,192 bytes on `bar`.
 __device__ __forceinline__ void load_packed(char* tile, const CUtensorMap (&rows)[4], int64_t c, unsigned long long* bar) {
 #pragma unroll
   for (int b = 0; b < 4; ++b) tma_load_3d(tile + b * 16 * 128, &rows[b], 0, 0, static_cast<int>(c), bar);
-}
-__device__ __forceinline__ void load_aq(char* tile, const ScanMaps& maps, int64_t c, unsigned long long* bar) {
-  load_packed(tile, maps.Aq, c, bar);
 }
 
 // The direct term's scales (DIR): aq_inv and do_inv [H, N]. raw (the column scan): 0 for dO16's tiles
@@ -837,7 +834,7 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
         tma_load_2d(ring.B(b) + x * C * SW, &maps.B, x * Ring::kBoxCols, row, &full[b]);
         if constexpr (OUT || DIR) tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
       }
-      if constexpr (OUT || DIR) load_aq(ring.Aq(b), maps, c, &full[b]);
+      if constexpr (OUT || DIR) load_packed(ring.Aq(b), maps.Aq, c, &full[b]);
       if constexpr (DIR) tma_load_2d(ring.dO(b), &maps.dO, col0, row, &full[b]);
       if (maps.has_u) tma_load_2d(ring.U(b), &maps.U, col0, row, &full[b]);
       if (maps.has_z) tma_load_2d(ring.Z(b), &maps.Z, col0, static_cast<int>(c * DK), &full[b]);
@@ -1443,7 +1440,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       tma_load_2d(ring.B(b) + x * C * SW, &maps.B, x * Ring::kBoxCols, row, &full[b]);
       tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
     }
-    load_aq(ring.Aq(b), maps, c, &full[b]);
+    load_packed(ring.Aq(b), maps.Aq, c, &full[b]);
     // DIR: dO16's tile in U's place, or dO's own (sd.raw): head h's columns from the chunk's first token's row.
     int u_col = 0, u_row = row;
     if constexpr (DIR)
@@ -1923,18 +1920,19 @@ CUtensorMap tensor_map_2d(const at::Tensor& x, int64_t box_rows, int64_t box_col
   return encode_tensor_map(elem == 2 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, x.data_ptr(), dims,
                            strides, box, swizzle, "low_rank_scan", what);
 }
-// The four maps of a packed Aq [H, N, kPackedLower] for load_aq: block row b as a [H N][16][16 (b + 1)]
-// float16 tensor from packed_lower_row(b), a chunk's kPackedLower values apart, in boxes of one chunk's 16 rows of
-// 64 columns swizzled at 128 bytes (the scans' Aq tile).
-void aq_maps(const at::Tensor& Aq, const char* what, CUtensorMap (&maps)[4]) {
-  const int64_t chunks = Aq.numel() / kPackedLower;
+// The four maps of packed lower matrices of 16-bit values ([..., kPackedLower], contiguous: Aq, or T diag(beta)'s
+// two parts as chunks 2 c and 2 c + 1) for load_packed: block row b as a [chunks][16][16 (b + 1)] tensor from
+// packed_lower_row(b), a chunk's kPackedLower values apart, in boxes of one chunk's 16 rows of 64 columns
+// swizzled at 128 bytes (the scans' [C][C] tile).
+void packed_maps(const at::Tensor& x, const char* what, CUtensorMap (&maps)[4]) {
+  const int64_t chunks = x.numel() / kPackedLower;
   if (chunks > std::numeric_limits<int32_t>::max())  // the copy's chunk coordinate is a 32-bit integer
     throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what + " has more than 2^31 - 1 chunks");
   for (int b = 0; b < 4; ++b) {
     const cuuint64_t dims[3] = {static_cast<cuuint64_t>(16 * (b + 1)), 16, static_cast<cuuint64_t>(chunks)};
     const cuuint64_t strides[2] = {static_cast<cuuint64_t>(16 * (b + 1) * 2), static_cast<cuuint64_t>(kPackedLower * 2)};
     const cuuint32_t box[3] = {64, 16, 1};
-    maps[b] = encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, static_cast<c10::Half*>(Aq.data_ptr()) + packed_lower_row(b), dims,
+    maps[b] = encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, static_cast<char*>(x.data_ptr()) + 2 * packed_lower_row(b), dims,
                                 strides, box, CU_TENSOR_MAP_SWIZZLE_128B, "low_rank_scan", what);
   }
 }
@@ -1961,11 +1959,11 @@ ScanMaps scan_maps(const LowRankScanArgs& a, bool blocks_do = true) {
   if (m.has_z) m.Z = tensor_map_2d(a.Z, DK, Ring::BV, slice_sw, "Z");
   if (a.output.o.defined() || a.output.fusion != nullptr) {  // the output written, or through the fusion
     m.Qd = tensor_map_2d(a.output.Qd, Ring::C, Ring::kBoxCols, sw, "Qd");
-    aq_maps(a.output.Aq, "Aq", m.Aq);
+    packed_maps(a.output.Aq, "Aq", m.Aq);
   }
   if (a.direct.Qd.defined()) {  // the direct term, with dO16 or (the column scan's, encoded by its caller) dO
     m.Qd = tensor_map_2d(a.direct.Qd, Ring::C, Ring::kBoxCols, sw, "direct.Qd");
-    aq_maps(a.direct.Aq, "direct.Aq", m.Aq);
+    packed_maps(a.direct.Aq, "direct.Aq", m.Aq);
     if (blocks_do && a.direct.dO16.defined())
       m.dO = tensor_map_2d(a.direct.dO16, Ring::C, Ring::BV, Ring::kDoSwizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B,
                            "direct.dO16");
@@ -2079,7 +2077,7 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
   if constexpr (UV != 0) {  // v's [B T, H Dv] rows in the factors' boxes and swizzle; T diag(beta)'s parts as 2 H N chunks
     const at::Tensor& v = a.u_from_v.v;
     maps.U = tensor_map_2d(v.view({v.size(0) * v.size(1), -1}), Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, "u_from_v.v");
-    aq_maps(a.u_from_v.Tb, "u_from_v.Tb", maps.Tb);
+    packed_maps(a.u_from_v.Tb, "u_from_v.Tb", maps.Tb);
     g_u_in_scan_launches.fetch_add(1, std::memory_order_relaxed);
   }
   FusedOutputArgs fa{};

@@ -629,13 +629,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
       if (of.t16 != nullptr) {  // T rounded to k's kind, as chunk_backward rounds its own (then reads this instead)
         T* dst = static_cast<T*>(of.t16) + chunk * kPackedLower;
         for (int i = tid; i < kPackedLower / 8; i += kThreads) {  // packed: the blocks on and below the diagonal
-          const int2 at = packed_lower_at(8 * i);
-          const float4 x0 = *reinterpret_cast<const float4*>(Ls + at.x * kLdT + at.y);
-          const float4 x1 = *reinterpret_cast<const float4*>(Ls + at.x * kLdT + at.y + 4);
-          Pack<T, 8> x;
-          x.v[0] = T(x0.x), x.v[1] = T(x0.y), x.v[2] = T(x0.z), x.v[3] = T(x0.w);
-          x.v[4] = T(x1.x), x.v[5] = T(x1.y), x.v[6] = T(x1.z), x.v[7] = T(x1.w);
-          store_pack_global<8>(dst + 8 * i, x);
+          float x[8];
+          (void)packed_lower_floats(Ls, 8 * i, x);
+          Pack<T, 8> p;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) p.v[j] = T(x[j]);
+          store_pack_global<8>(dst + 8 * i, p);
         }
       }
     }
@@ -644,14 +643,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
         T* const hi = static_cast<T*>(of.tb) + 2 * chunk * kPackedLower;
         T* const lo = hi + kPackedLower;
         for (int i = tid; i < kPackedLower / 8; i += kThreads) {  // packed: the blocks on and below the diagonal
-          const int2 at = packed_lower_at(8 * i);
-          const float4 x0 = *reinterpret_cast<const float4*>(Ls + at.x * kLdT + at.y);
-          const float4 x1 = *reinterpret_cast<const float4*>(Ls + at.x * kLdT + at.y + 4);
-          const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+          float x[8];
+          const int c = packed_lower_floats(Ls, 8 * i, x).y;
           Pack<T, 8> h, l;
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
-            const float y = x[j] * bs[at.y + j];
+            const float y = x[j] * bs[c + j];
             h.v[j] = T(y);
             l.v[j] = T(y - static_cast<float>(h.v[j]));
           }

@@ -116,20 +116,28 @@ enum class OtherPath {
   kUFromFactors
 };
 
-// fn() with a process-wide setting at `value` (set and get: its setter and getter), restored after;
-// nothing off CUDA or without the CUDA kernels, where the settings change nothing, so that no run is
-// timed twice.
+// A process-wide setting at `value` (set and get: its setter and getter) for the object's lifetime.
+template <class T>
+class SettingFor {
+ public:
+  SettingFor(void (*set)(T), T (*get)(), T value) : set_(set), was_(get()) { set(value); }
+  ~SettingFor() { set_(was_); }
+  SettingFor(const SettingFor&) = delete;
+  SettingFor& operator=(const SettingFor&) = delete;
+
+ private:
+  void (*set_)(T);
+  T was_;
+};
+
+// fn() with a process-wide setting at `value` (SettingFor), restored after; nothing off CUDA or without the
+// CUDA kernels, where the settings change nothing, so that no run is timed twice.
 template <class T, class Fn>
 auto with_setting(void (*set)(T), T (*get)(), T value, const at::Device& dev, Fn&& fn)
     -> std::optional<std::invoke_result_t<Fn>> {
 #ifdef HH_HAVE_KERNELS
   if (!dev.is_cuda()) return std::nullopt;
-  struct Restore {
-    void (*set)(T);
-    T was;
-    ~Restore() { set(was); }
-  } restore{set, get()};
-  set(value);
+  const SettingFor<T> setting(set, get, value);
   return fn();
 #else
   (void)set, (void)get, (void)value, (void)dev, (void)fn;
@@ -433,11 +441,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     // reach. (Chunks in turn form U in chunk_factors, so the forward reads U from it throughout here.)
     if (a.factors_occupancy && dev.is_cuda() && (dt == torch::kBFloat16 || dt == torch::kHalf) &&
         kernels::chunk_forward_supported(a.dim, a.dim, dt) && a.chunk == 64) {
-      struct RestoreU {
-        bool was = kernels::u_in_scan_enabled();
-        ~RestoreU() { kernels::set_u_in_scan(was); }
-      } restore_u;
-      kernels::set_u_in_scan(false);
+      const SettingFor<bool> u_from_factors(kernels::set_u_in_scan, kernels::u_in_scan_enabled, false);
       const int64_t per = (s.T + 63) / 64, N = s.B * per;
       const kernels::ChunkGrid grid{N, per, {}};
       auto factors = [&] {

@@ -1880,9 +1880,9 @@ TEST(CudaGdn, ColumnScanByWarpgroupEqualsTheScanByWarp) {
 // inputs' kind and zero above the diagonal blocks, lo within an ulp of hi. The rule: o and
 // the final state against the recurrence in float64 and against the path with U from chunk_factors, from a
 // NaN-poisoned allocator, both 16-bit dtypes, Dv 128 and 64, one sequence of T not a multiple of 64 (its
-// last rows past the tensor) and a batch of T a multiple of 64, whole sequences and segments of 2 chunks
-// (warm-ups), with and without an initial state; a batch whose chunks are not rows takes U from
-// chunk_factors.
+// last rows past the tensor) and a batch of T a multiple of 64, the automatic pieces, whole sequences and
+// pieces of 2 chunks (warm-ups), with and without an initial state; a batch whose chunks are not rows takes U
+// from chunk_factors.
 TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
   ASSERT_TRUE(torch::cuda::is_available());
   ASSERT_TRUE(hh::kernels::u_in_scan_enabled());
