@@ -1290,16 +1290,20 @@ struct ColumnRing {
   static constexpr size_t kTile = static_cast<size_t>(C) * DK * 2, kAq = static_cast<size_t>(C) * C * 2;
   static constexpr size_t kU = static_cast<size_t>(C) * DV * 2, kUInv = static_cast<size_t>(DV) * 4;  // U float16, its column scales
   // UV: V's tile where U's lies (the inputs' 16-bit values, the same bytes), then T diag(beta)'s two parts,
-  // each landed whole as Aq is.
+  // each landed whole as Aq is. With HIST too (kStageInHist): no U scales and the chunk's scalars in the
+  // head, so that a slot is whole KB, and o staged in the warp's M history tile (the same [C][16] 16-bit
+  // bytes) once that tile's last copy has read it, with no tiles of its own: the ring then fits an SM.
   static constexpr size_t kTb = UV ? 2 * kAq : 0;
-  static constexpr size_t kSlot = (3 * kTile + kAq + kU + kTb + kUInv + 16 + 1023) / 1024 * 1024;
+  static constexpr bool kStageInHist = HIST && UV;
+  static constexpr size_t kSlot = (3 * kTile + kAq + kU + kTb + (kStageInHist ? 0 : kUInv + 16) + 1023) / 1024 * 1024;
   static constexpr size_t kStage = static_cast<size_t>(C) * 16 * 2;  // a warp's o tile [C][16], 16-bit
+  static constexpr size_t kStaging = kStageInHist ? 0 : kWarps * kStage;
   static constexpr size_t kHead = 1024;                                // the barriers
   static constexpr size_t kPsum = FUSED ? 2 * static_cast<size_t>(C) * kWarps * 4 : 0;  // [2][C][kWarps] float
   static constexpr size_t kGate = FUSED ? kWarps * kStage : 0;                            // a warp's gate tile [C][16]
   static constexpr size_t kHistS = static_cast<size_t>(DK) * 16 * 2, kHistM = static_cast<size_t>(C) * 16 * 2;  // HIST: [DK][16] of S, [C][16] of M
   static constexpr size_t kHist = HIST ? kWarps * (kHistS + kHistM) : 0;
-  static constexpr size_t kBytes = kHead + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + kHist + 1024;
+  static constexpr size_t kBytes = kHead + kColumnStages * kSlot + kStaging + kPsum + kGate + kHist + 1024;
   char* slots;
   __device__ __forceinline__ char* A(int b) const { return slots + b * kSlot; }
   __device__ __forceinline__ char* B(int b) const { return A(b) + kTile; }
@@ -1308,26 +1312,30 @@ struct ColumnRing {
   __device__ __forceinline__ char* U(int b) const { return Aq(b) + kAq; }
   __device__ __forceinline__ char* Tb(int b, int part) const { return U(b) + kU + part * kAq; }  // UV
   __device__ __forceinline__ float* u_inv(int b) const { return reinterpret_cast<float*>(U(b) + kU + kTb); }
-  __device__ __forceinline__ float* decay(int b) const { return u_inv(b) + DV; }
+  __device__ __forceinline__ float* decay(int b) const {  // kStageInHist: four floats a slot from the head's byte 512
+    return kStageInHist ? reinterpret_cast<float*>(slots - kHead + 512) + 4 * b : u_inv(b) + DV;
+  }
   __device__ __forceinline__ float* aq_inv(int b) const { return decay(b) + 1; }
   __device__ __forceinline__ float* do_inv(int b) const { return aq_inv(b) + 1; }  // DIR
-  __device__ __forceinline__ char* stage(int w) const { return slots + kColumnStages * kSlot + w * kStage; }
+  __device__ __forceinline__ char* stage(int w) const { return kStageInHist ? hist_m(w) : slots + kColumnStages * kSlot + w * kStage; }
   __device__ __forceinline__ float* psum(int p) const {
-    return reinterpret_cast<float*>(slots + kColumnStages * kSlot + kWarps * kStage) + p * C * kWarps;
+    return reinterpret_cast<float*>(slots + kColumnStages * kSlot + kStaging) + p * C * kWarps;
   }
-  __device__ __forceinline__ char* gate(int w) const { return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + w * kStage; }
+  __device__ __forceinline__ char* gate(int w) const { return slots + kColumnStages * kSlot + kStaging + kPsum + w * kStage; }
   // A warp's staging tiles of S's and M's history (1024-byte aligned, as the copy engine's swizzle needs).
-  static_assert((kColumnStages * kSlot + kWarps * kStage + kPsum + kGate) % 1024 == 0 && kHistS % 1024 == 0 &&
-                    kHistM % 1024 == 0,
+  static_assert((kColumnStages * kSlot + kStaging + kPsum + kGate) % 1024 == 0 && kHistS % 1024 == 0 && kHistM % 1024 == 0,
                 "the history's staging tiles start on 1024-byte boundaries of the ring");
-  __device__ __forceinline__ char* hist_s(int w) const { return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + w * kHistS; }
+  static_assert(!kStageInHist || kHead >= 512 + 4 * kColumnStages * 4, "the chunks' scalars fit the head");
+  __device__ __forceinline__ char* hist_s(int w) const { return slots + kColumnStages * kSlot + kStaging + kPsum + kGate + w * kHistS; }
   __device__ __forceinline__ char* hist_m(int w) const {
-    return slots + kColumnStages * kSlot + kWarps * kStage + kPsum + kGate + kWarps * kHistS + w * kHistM;
+    return slots + kColumnStages * kSlot + kStaging + kPsum + kGate + kWarps * kHistS + w * kHistM;
   }
 };
 static_assert(ColumnRing<128, 128, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM");
 static_assert(ColumnRing<128, 128, false, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM with the history");
 static_assert(ColumnRing<128, 128, false, false, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM with V and T diag(beta)");
+static_assert(ColumnRing<128, 128, false, true, true>::kBytes <= 227 * 1024,
+              "the column scan's ring fits an SM with V, T diag(beta) and the history");
 
 // The history's scales (HIST): one for a warp's whole slab (its 16 columns of the state over Dk, or of M
 // over the chunk), so that its 16-bit values are the products' A fragments as they stand, each row
@@ -1390,7 +1398,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   constexpr bool FUSED = FUSE >= 0;
   static_assert(!(FUSED && HIST), "the history is written with o, not through the fusion");
   static_assert(!DIR || HIST, "the reverse scan writes the backward's history");
-  static_assert(UV == 0 || (WG && !HIST && !DIR && !FUSED), "U formed from V: the forward with o, by warpgroup, no history");
+  static_assert(UV == 0 || (WG && !DIR && !FUSED), "U formed from V: the forward with o, by warpgroup");
   using Ring = ColumnRing<DK, DV, FUSED, HIST, (UV != 0)>;
   using VT = std::conditional_t<UV == 2, c10::Half, c10::BFloat16>;  // UV: V's and T diag(beta)'s 16-bit kind
   using P2 = typename Pair16<O>::type;
@@ -1601,20 +1609,25 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     // fragments, so that M^T's and o's accumulators are not live together.)
     float mt[NC][4] = {};
     [[maybe_unused]] float ut[UV != 0 ? NC : 1][4] = {};  // UV: U^T = V^T (T diag(beta))^T, this warp's 16 rows
-    if constexpr (UV != 0) {
-      // S^T B^T on the state's fragments, and U^T with both operands in the slot: V's box of this warpgroup's
-      // 64 columns MN-major (its rows are the chunk's tokens) against T diag(beta)'s two parts K-major (zero
-      // above their diagonal blocks), as Aq's product reads Aq. Two groups, waited for together.
+    // UV: U^T with both operands in the slot: V's box of this warpgroup's 64 columns MN-major (its rows are the
+    // chunk's tokens) against T diag(beta)'s two parts K-major (zero above their diagonal blocks), as Aq's
+    // product reads Aq; issued as a group after S^T B^T's and waited for with it.
+    [[maybe_unused]] auto u_products_issue = [&] {
+      if constexpr (UV != 0) {
+        const char* const vbox = ring.U(buf) + (warp / 4) * C * SW;
+        wgmma_fence();
+#pragma unroll
+        for (int part = 0; part < 2; ++part)
+#pragma unroll
+          for (int k = 0; k < NC / 2; ++k)
+            wgmma_m64n64k16_ss<VT, 1, 0>(ut, wgmma_desc_sw128(vbox + 16 * k * SW, 8 * SW, 8 * SW),
+                                         wgmma_desc_sw128(ring.Tb(buf, part) + 32 * k, 16, 8 * 128));
+        wgmma_commit();
+      }
+    };
+    if constexpr (UV != 0 && !HIST) {
       state_products_issue(mt, ring.B(buf));
-      const char* const vbox = ring.U(buf) + (warp / 4) * C * SW;
-      wgmma_fence();
-#pragma unroll
-      for (int part = 0; part < 2; ++part)
-#pragma unroll
-        for (int k = 0; k < NC / 2; ++k)
-          wgmma_m64n64k16_ss<VT, 1, 0>(ut, wgmma_desc_sw128(vbox + 16 * k * SW, 8 * SW, 8 * SW),
-                                       wgmma_desc_sw128(ring.Tb(buf, part) + 32 * k, 16, 8 * 128));
-      wgmma_commit();
+      u_products_issue();
       wgmma_wait<0>();
       wgmma_hold(mt);
       wgmma_hold(ut);
@@ -1622,9 +1635,11 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       // Staged on every chunk, so that no branch stands between the products and their wait (ptxas would
       // serialize them); stored for a written one.
       state_products_issue(mt, ring.B(buf));
+      if constexpr (UV != 0) u_products_issue();
       const float inv = stage_state(ring.hist_s(warp));
       wgmma_wait<0>();
       wgmma_hold(mt);
+      if constexpr (UV != 0) wgmma_hold(ut);
       if (write && h16.S != nullptr) store_s_history(inv);
     } else {
       state_products(mt, ring.B(buf));
@@ -1802,6 +1817,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
           }
       }
       const float ai = *ring.aq_inv(buf);
+      if constexpr (Ring::kStageInHist) ready_tile();  // the M history tile's last copy has read it
       // o^T's rows (this warp's 16 columns) into the warp's staging tile [C][16] as o's rows, then 16 bytes a lane.
       __half* const st16 = reinterpret_cast<__half*>(ring.stage(warp));
       __nv_bfloat16* const stb = reinterpret_cast<__nv_bfloat16*>(ring.stage(warp));
@@ -2171,12 +2187,17 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
           const int uv = !a.u_from_v.v.defined() ? 0 : a.u_from_v.v.scalar_type() == at::kBFloat16 ? 1 : 2;
           auto launch = [&](auto wg) {  // the products by warpgroup (scan_wgmma) or by warp
             constexpr bool W = decltype(wg)::value;
-            if constexpr (W) {  // U formed from V (low_rank_scan has checked the path: by warpgroup, no history)
+            if constexpr (W) {  // U formed from V (low_rank_scan has checked the path: by warpgroup)
               if (uv != 0) {
-                if (plan.columns == 128 && uv == 1) launch_column_scan<128, 128, -1, c10::BFloat16, false, false, true, 1>(a, plan, fin);
-                else if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, false, false, true, 2>(a, plan, fin);
-                else if (uv == 1) launch_column_scan<128, 64, -1, c10::BFloat16, false, false, true, 1>(a, plan, fin);
-                else launch_column_scan<128, 64, -1, c10::BFloat16, false, false, true, 2>(a, plan, fin);
+                auto with = [&](auto h) {
+                  constexpr bool HI = decltype(h)::value;
+                  if (plan.columns == 128 && uv == 1) launch_column_scan<128, 128, -1, c10::BFloat16, HI, false, true, 1>(a, plan, fin);
+                  else if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, HI, false, true, 2>(a, plan, fin);
+                  else if (uv == 1) launch_column_scan<128, 64, -1, c10::BFloat16, HI, false, true, 1>(a, plan, fin);
+                  else launch_column_scan<128, 64, -1, c10::BFloat16, HI, false, true, 2>(a, plan, fin);
+                };
+                if (hist) with(std::true_type{});
+                else with(std::false_type{});
                 return;
               }
             }
@@ -2939,9 +2960,9 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     const LowRankScanArgs::UFromV& uv = a.u_from_v;
     const std::string fn = "hh::kernels::low_rank_scan: U formed from v (u_from_v) ";
     if (!uv.v.defined() || !uv.Tb.defined()) throw std::invalid_argument(fn + "needs both v and Tb");
-    if (a.U.defined() || a.Z.defined() || a.reverse || a.hist.defined() || a.M.defined() || a.S16.defined() || a.M16.defined() ||
-        !a.output.o.defined() || a.output.fusion != nullptr || a.precision != ScanPrecision::kBlockFloat16)
-      throw std::invalid_argument(fn + "is the forward's with o written: block float16, no U, Z, history or fusion");
+    if (a.U.defined() || a.Z.defined() || a.reverse || a.hist.defined() || a.M.defined() || !a.output.o.defined() ||
+        a.output.fusion != nullptr || a.precision != ScanPrecision::kBlockFloat16)
+      throw std::invalid_argument(fn + "is the forward's with o written: block float16, no U, Z, float32 history or fusion");
     if (!column_scan_forms_u(Dk, uv.v, a.output.grid) || uv.v.size(2) != H || uv.v.size(3) != Dv || uv.v.size(0) != a.output.B ||
         uv.v.size(1) != a.output.T)
       throw std::invalid_argument(fn + "needs the column scan by warpgroup (Dk = 128, Dv 64 or 128) and v [B, T, H, Dv] as the "

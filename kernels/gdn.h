@@ -135,7 +135,8 @@ struct LowRankScanArgs {
     at::Tensor dO;
     ChunkGrid grid;
   } direct;
-  // U formed by the column scan itself (the forward with o written, no fusion, no history; U undefined):
+  // U formed by the column scan itself (the forward with o written, and its float16 history if asked; no
+  // fusion, no float32 history; U undefined):
   // v [B, T, H, Dv] of the inputs' 16-bit dtype where it lies (its chunks' rows found by output.grid, B and
   // T, column_scan_forms_u's conditions) and Tb [H, N, 2, kPackedLower] of v's dtype, chunk_factors'
   // T diag(beta) in two parts (UForm::kScan). Each chunk's U = (hi + lo) V, summed in float32 by the
@@ -197,7 +198,7 @@ int64_t column_scan_launches();
 // How many of those reverse scans read the direct term's dO where it lies (reverse_scan_reads_dO_in_place),
 // for tests.
 int64_t dO_in_place_scans();
-// Whether the rule's inference forward has the column scan form each chunk's U = T diag(beta) V itself
+// Whether the rule's forward has the column scan form each chunk's U = T diag(beta) V itself
 // (LowRankScanArgs::u_from_v), from v's rows where they lie and chunk_factors' T diag(beta) (UForm::kScan),
 // where it can (column_scan_forms_u); process-wide, on by default; off, chunk_factors forms U (float16 by
 // columns) and the scan reads it. chunk_factors then reads no v and writes no U; the scan reads v instead of
@@ -312,7 +313,7 @@ bool chunk_forward_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 // kScan: no U; instead T diag(beta) = (I + L)^{-1} diag(beta) (ChunkFactors::Tb) for the column scan that
 // forms U itself (LowRankScanArgs::u_from_v): two parts of k's 16-bit dtype, hi = round(x) and lo =
 // round(x - hi), each packed (kPackedLower), so that hi + lo holds about 16 significant bits. chunk_factors
-// then reads no v. With q, without the short convolution or keep_t, and not with chunks in turn.
+// then reads no v. With q, without the short convolution, and not with chunks in turn.
 enum class UForm { kFloat32, kFloat16Columns, kScan };
 // The packed form of a chunk's 64 x 64 matrix that is zero above its diagonal 16 x 16 blocks
 // (ChunkFactors::Aq and T16): only the blocks on and below the diagonal, block row b (0..3) as 16 rows of

@@ -1194,10 +1194,10 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   const bool u16 = u_form == UForm::kFloat16Columns, u_scan = u_form == UForm::kScan;
   if (u16 && !q.defined())
     throw std::invalid_argument("hh::kernels::chunk_factors: U in float16 by columns comes with the output's factors (q is needed)");
-  if (u_scan && (!q.defined() || conv != nullptr || keep_t || g_factors_in_turn > 0))
+  if (u_scan && (!q.defined() || conv != nullptr || g_factors_in_turn > 0))
     throw std::invalid_argument(
         "hh::kernels::chunk_factors: T diag(beta) for the scan (UForm::kScan) comes with the output's factors (q is needed), "
-        "without the short convolution, T for the backward or chunks in turn");
+        "without the short convolution or chunks in turn");
   if (keep_t && (!q.defined() || conv != nullptr))
     throw std::invalid_argument(
         "hh::kernels::chunk_factors: T for the backward comes with the output's factors (q is needed), without the short convolution");

@@ -47,7 +47,7 @@ struct GdnBenchArgs {
   bool direct_apart = false;  // the backward's direct term by chunk_state_direct instead of in the reverse scan
   bool backward_chunks_in_turn = false;  // chunk_backward one block an SM taking chunks in turn, not one a chunk
   bool fusion_in_scan = false;  // the layer's fusion norm inside the scan that writes the output
-  bool u_from_factors = false;  // chunk_factors forms U, which the inference forward's scan reads (not U from v)
+  bool u_from_factors = false;  // chunk_factors forms U, which the forward's scan reads (not U from v)
   bool factors_occupancy = false;  // chunk_factors alone and the forward at 4, 3, 2, 1 blocks an SM and in turn; its phases
   std::string backward = "kernels";
   std::string scan_segments = "auto";
@@ -99,7 +99,7 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // kFusionInColumnScan: the layer's fusion norm inside the column scan instead of by the fusion kernel after it;
 // kScanWarpProducts: the column scan's products by warp (mma.sync) instead of by warpgroup (kernels::set_scan_wgmma);
 // kBackwardChunksInTurn: chunk_backward one block an SM taking chunks in turn instead of one block a chunk
-// (kernels::set_backward_chunks_in_turn); kUFromFactors: the inference forward's U formed by chunk_factors and read
+// (kernels::set_backward_chunks_in_turn); kUFromFactors: the forward's U (inference and training) formed by chunk_factors and read
 // by the scan instead of formed by the scan from v and T diag(beta) (kernels::set_u_in_scan).
 enum class OtherPath {
   kLibTorchLocal,
@@ -344,15 +344,18 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const auto [f_wg, f_warp] = alternating(OtherPath::kScanWarpProducts, same_scan, [&] { return forward(ours, back_to_back_ms); });
     const auto [fb_wg, fb_warp] =
         alternating(OtherPath::kScanWarpProducts, same_scan, [&] { return forward_backward(ours, back_to_back_ms); });
-    // The inference forward's scan forming U from v (the default) against reading chunk_factors' U; nothing
-    // where the forward never formed U in the scan (column_scan_forms_u false), which would time one path twice.
+    // The forward's scan forming U from v (the default) against reading chunk_factors' U: the inference forward,
+    // and forward + backward (whose forward scan also writes the history); nothing where the forward never formed
+    // U in the scan (column_scan_forms_u false), which would time one path twice.
 #ifdef HH_HAVE_KERNELS
     const int64_t u_in_scan_before = kernels::u_in_scan_launches();
 #endif
-    auto [f_u_scan, f_u_factors] =
-        alternating(OtherPath::kUFromFactors, a.u_from_factors || same_scan, [&] { return forward(ours, back_to_back_ms); });
+    const bool same_u = a.u_from_factors || same_scan;
+    auto [f_u_scan, f_u_factors] = alternating(OtherPath::kUFromFactors, same_u, [&] { return forward(ours, back_to_back_ms); });
+    auto [fb_u_scan, fb_u_factors] =
+        alternating(OtherPath::kUFromFactors, same_u, [&] { return forward_backward(ours, back_to_back_ms); });
 #ifdef HH_HAVE_KERNELS
-    if (kernels::u_in_scan_launches() == u_in_scan_before) f_u_scan.reset(), f_u_factors.reset();
+    if (kernels::u_in_scan_launches() == u_in_scan_before) f_u_scan.reset(), f_u_factors.reset(), fb_u_scan.reset(), fb_u_factors.reset();
 #endif
     // chunk_backward one block a chunk (the default) against one block an SM taking chunks in turn; nothing
     // where the backward never reached the in-turn kernel (not the form that reads T with Dk = Dv = 128: other
@@ -422,12 +425,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                "the forward's scan a head a block (default) / in blocks of 32 state columns");
     alternated(f_wg, f_warp, fb_wg, fb_warp, "scan_wgmma", "scan_mma_sync",
                "the column scan's products by warpgroup (default) / by warp");
-    if (f_u_scan && f_u_factors) {
-      row["fwd_u_in_scan_b2b_ms"] = *f_u_scan, row["fwd_u_from_factors_b2b_ms"] = *f_u_factors;
-      std::printf("  %-10s back to back, the inference forward's scan forming U from v (default) / reading chunk_factors' U\n"
-                  "  %-10s (medians of three alternating rounds): forward %.3f / %.3f ms\n",
-                  "", "", *f_u_scan, *f_u_factors);
-    }
+    alternated(f_u_scan, f_u_factors, fb_u_scan, fb_u_factors, "u_in_scan", "u_from_factors",
+               "the forward's scan forming U from v (default) / reading chunk_factors' U");
     if (fb_each && fb_turns) {
       row["fwd_bwd_backward_block_a_chunk_b2b_ms"] = *fb_each, row["fwd_bwd_backward_in_turn_b2b_ms"] = *fb_turns;
       std::printf("  %-10s back to back, chunk_backward one block a chunk (default) / one block an SM taking chunks in turn\n"
@@ -842,8 +841,8 @@ BenchSub add_bench_gdn(CLI::App& bench) {
               "On CUDA with 16-bit inputs, form the output (and in the layer its fusion norm) with a kernel of its own "
               "from the scan's block float16 history, instead of in the scan itself");
   c->add_flag("--u-from-factors", a->u_from_factors,
-              "On CUDA with 16-bit inputs, have chunk_factors form each chunk's U and the inference forward's scan read "
-              "it, instead of the scan forming U from v and T diag(beta)");
+              "On CUDA with 16-bit inputs, have chunk_factors form each chunk's U and the forward's scan (inference and training) "
+              "read it, instead of the scan forming U from v and T diag(beta)");
   c->add_flag("--direct-apart", a->direct_apart,
               "On CUDA with 16-bit inputs, form the backward's direct term (the effect of each chunk's start state on "
               "its output) with chunk_state_direct, instead of in the reverse scan from the forward's output factors");

@@ -709,9 +709,9 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   const bool u16 = output_in_scan && !(keep_states && fuse_in_scan) && kernels::column_scan_takes(Dk, Dv, fuse_in_scan);
   // A forward kept for the backward's chunk kernel keeps T too, where that kernel will read M (below).
   const bool keep_t = keep_states && f16_history && conv == nullptr && kernels::direct_in_scan_enabled();
-  // The inference forward's column scan forms U itself from v where it lies (kernels::set_u_in_scan):
-  // chunk_factors then reads no v and writes T diag(beta) instead of U.
-  const bool u_scan = u16 && !keep_states && !fuse_in_scan && conv == nullptr && kernels::factors_in_turn() == 0 &&
+  // The column scan forms U itself from v where it lies (kernels::set_u_in_scan), with or without the history
+  // a backward reads: chunk_factors then reads no v and writes T diag(beta) instead of U.
+  const bool u_scan = u16 && !fuse_in_scan && conv == nullptr && kernels::factors_in_turn() == 0 &&
                       kernels::column_scan_forms_u(Dk, vc, grid);
   const kernels::ChunkFactors f = kernels::chunk_factors(
       kc, vc, gk, bk, grid, f16_history ? qc : at::Tensor(), scale, conv,

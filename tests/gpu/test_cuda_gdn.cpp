@@ -1882,7 +1882,9 @@ TEST(CudaGdn, ColumnScanByWarpgroupEqualsTheScanByWarp) {
 // NaN-poisoned allocator, both 16-bit dtypes, Dv 128 and 64, one sequence of T not a multiple of 64 (its
 // last rows past the tensor) and a batch of T a multiple of 64, the automatic pieces, whole sequences and
 // pieces of 2 chunks (warm-ups), with and without an initial state; a batch whose chunks are not rows takes U
-// from chunk_factors.
+// from chunk_factors. With a graph (training's scan, which also writes the history the backward reads), the
+// output, final state and every gradient against the path with U from chunk_factors; with T for the
+// backward, chunk_factors' T and T diag(beta) the bits of each form alone.
 TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
   ASSERT_TRUE(torch::cuda::is_available());
   ASSERT_TRUE(hh::kernels::u_in_scan_enabled());
@@ -1923,8 +1925,13 @@ TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
         std::printf("[ measured ] %s: T diag(beta) as hi + lo %.3g, hi alone %.3g\n", what.c_str(), rel_err(hi + lo, Tb), rel_err(hi, Tb));
         EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, {}, scale, nullptr, hh::kernels::UForm::kScan), std::invalid_argument)
             << what << ": without q";
-        EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kScan, true),
-                     std::invalid_argument)
+        // With T for the backward (training's forward): T and T diag(beta) the bits of each form alone.
+        poison_allocator();
+        const auto ft = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kFloat16Columns, true);
+        poison_allocator();
+        const auto fst = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kScan, true);
+        EXPECT_TRUE(torch::equal(fst.T16, ft.T16) && torch::equal(fst.Tb, fs.Tb) && torch::equal(fst.W, fs.W) &&
+                    torch::equal(fst.kdecay, fs.kdecay) && torch::equal(fst.Qd, fs.Qd) && torch::equal(fst.Aq, fs.Aq))
             << what << ": with T for the backward";
       }
       // The rule.
@@ -1970,6 +1977,35 @@ TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
               std::printf("[ measured ] %s: o %.3g / %.3g, state %.3g / %.3g (U formed in the scan / from chunk_factors)\n",
                           what.c_str(), rel_err(got.o, ref.o), rel_err(apart.o, ref.o), rel_err(got.state, ref.state),
                           rel_err(apart.state, ref.state));
+            if (segments != hh::kernels::kAutoSegments || !with_s0) continue;
+            // With a graph (training's forward scan, which also writes the history the backward reads): o, the final
+            // state and the gradients of q, k, v, g, beta and s0 against the path with U from chunk_factors, within
+            // the 16-bit products' rounding (the bound of the backward's other path comparisons).
+            torch::GradMode::set_enabled(true);
+            const auto w_o = torch::randn({c.B, c.T, H, Dv}, kCuda.dtype(torch::kFloat));
+            auto train = [&](bool u_in_scan) {
+              hh::kernels::set_u_in_scan(u_in_scan);
+              std::vector<torch::Tensor> x = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
+                                              v.detach().requires_grad_(true), g.detach().requires_grad_(true),
+                                              beta.detach().requires_grad_(true), s0.detach().requires_grad_(true)};
+              poison_allocator();
+              const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], scale);
+              auto grads = torch::autograd::grad({(r.o.to(torch::kFloat) * w_o).sum() + r.state.sum()}, x);
+              grads.push_back(r.o.detach());
+              grads.push_back(r.state.detach());
+              hh::kernels::set_u_in_scan(true);
+              return grads;
+            };
+            const int64_t before = hh::kernels::u_in_scan_launches();
+            const auto g_in = train(true);
+            EXPECT_EQ(hh::kernels::u_in_scan_launches() - before, c.rows ? 1 : 0) << what << ", with a graph: the path taken";
+            const auto g_apart = train(false);
+            torch::GradMode::set_enabled(false);
+            const char* names[] = {"dq", "dk", "dv", "dg", "dbeta", "ds0", "o", "final state"};
+            for (size_t i = 0; i < 8; ++i) {
+              EXPECT_TRUE(g_in[i].isfinite().all().item<bool>()) << what << ", with a graph: " << names[i];
+              EXPECT_LT(rel_err(g_in[i], g_apart[i]), 1e-2) << what << ", with a graph: " << names[i];
+            }
           }
     }
 }
