@@ -639,7 +639,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       }
     }
     if constexpr (OUT && !PRE && !TURN) {
-      if (of.tb != nullptr) {  // UForm::kScan: T diag(beta) as hi + lo for the column scan, then W, and no U
+      if (of.tb != nullptr) {  // UForm::kScan: T diag(beta) as hi + lo for the column scan (then W, and no U)
         T* const hi = static_cast<T*>(of.tb) + 2 * chunk * kPackedLower;
         T* const lo = hi + kPackedLower;
         for (int i = tid; i < kPackedLower / 8; i += kThreads) {  // packed: the blocks on and below the diagonal
@@ -655,11 +655,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
           store_pack_global<8>(hi + 8 * i, h);
           store_pack_global<8>(lo + 8 * i, l);
         }
-        lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
-        return;
       }
     }
     lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
+    if constexpr (OUT && !PRE && !TURN) {
+      if (of.tb != nullptr) return;  // UForm::kScan: no U (the scan forms it from v)
+    }
     if constexpr (OUT) {
       if constexpr (PRE) {  // V's rows
         if (tid == 0) mbar_wait(&landed[1], 0);

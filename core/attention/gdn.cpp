@@ -480,26 +480,32 @@ struct ForwardScan {
   at::Tensor S, M, final_state;       // each chunk's start state, its new values U - W S, the final state
   at::Tensor S16, S_inv, M16, M_inv;  // S and M in block float16 (LowRankScanArgs), for chunk_output_f16
 };
+// Where a scan's U comes from: U [H, N, C, Dv] (float32, or float16 by columns with its scales U_inv, the
+// column scan's form); or, with from_v (the scan writing the output, U undefined), formed by the scan itself
+// from v and chunk_factors' T diag(beta).
+struct ScanU {
+  at::Tensor U, U_inv;
+  std::optional<kernels::LowRankScanArgs::UFromV> from_v;
+  int64_t Dv() const { return from_v ? from_v->v.size(3) : U.size(3); }
+};
 // S_{n+1} = decay_n S_n + kdecay_n^T (U_n - W_n S_n) from s0 (undefined: from zero, with no kernel to zero
 // it), on the factors (kernels::low_rank_scan).
 // With f16_history (kBlockFloat16 only), S and M in block float16 instead of float32. With keep_states
 // and kBlockFloat16, S also in block float16, for the backward's chunk kernels. Given `output` (with
 // f16_history), the scan writes the output itself, and the history only where keep_states asks for S.
-// Given u_from_v (with output, U undefined), the scan forms U itself from v and T diag(beta).
-ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const at::Tensor& U, const at::Tensor& decay,
+ForwardScan forward_scan(const at::Tensor& kdecay, const at::Tensor& W, const ScanU& u, const at::Tensor& decay,
                          const at::Tensor& bound, const at::Tensor& s0, const std::vector<int64_t>& offsets,
                          kernels::ScanPrecision precision, bool f16_history = false, bool keep_states = false,
-                         const kernels::LowRankScanArgs::Output* output = nullptr, const at::Tensor& U_inv = {},
-                         const kernels::LowRankScanArgs::UFromV* u_from_v = nullptr) {
-  const int64_t H = W.size(0), N = W.size(1), C = W.size(2), Dk = W.size(3), Dv = u_from_v != nullptr ? u_from_v->v.size(3) : U.size(3);
+                         const kernels::LowRankScanArgs::Output* output = nullptr) {
+  const int64_t H = W.size(0), N = W.size(1), C = W.size(2), Dk = W.size(3), Dv = u.Dv();
   const auto f16 = W.options().dtype(at::kHalf), f32 = W.options().dtype(at::kFloat);
   kernels::LowRankScanArgs a;
   a.A = kdecay;
   a.B = W;
   a.decay = decay.contiguous();
-  a.U = U;
-  a.U_inv = U_inv;  // U in float16 by columns (the column scan's form)
-  if (u_from_v != nullptr) a.u_from_v = *u_from_v;
+  a.U = u.U;
+  a.U_inv = u.U_inv;
+  if (u.from_v) a.u_from_v = *u.from_v;
   a.zero_start = !s0.defined();
   a.y0 = a.zero_start ? at::empty({static_cast<int64_t>(offsets.size()) - 1, H, Dk, Dv}, f32) : s0.contiguous();
   a.precision = precision;
@@ -727,11 +733,12 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
     else
       in_scan->o = at::empty({B, T, f.W.size(0), Dv}, q.options());
   }
-  const kernels::LowRankScanArgs::UFromV u_from_v{vc, f.Tb};
-  const ForwardScan r = forward_scan(f.kdecay, f.W, f.U, f.decay, f.bound, s0, L.offsets,
+  ScanU u{f.U, f.U_inv, std::nullopt};
+  if (u_scan) u.from_v = kernels::LowRankScanArgs::UFromV{vc, f.Tb};
+  const ForwardScan r = forward_scan(f.kdecay, f.W, u, f.decay, f.bound, s0, L.offsets,
                                      kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
                                                                        : kernels::ScanPrecision::kTf32,
-                                     f16_history, keep_states, in_scan ? &*in_scan : nullptr, f.U_inv, u_scan ? &u_from_v : nullptr);
+                                     f16_history, keep_states, in_scan ? &*in_scan : nullptr);
   if (on_queued) on_queued(GdnStage::kScan);
   KernelForward out;
   out.final_state = r.final_state;
@@ -793,7 +800,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       at::Tensor O;
       if (low_rank_scan_ok(c)) {
 #ifdef HH_HAVE_KERNELS
-        const ForwardScan r = forward_scan(c.kdecay, c.W, c.U, c.dl, at::Tensor(), zero_s0 ? at::Tensor() : s0.to(acc), L.offsets,
+        const ForwardScan r = forward_scan(c.kdecay, c.W, ScanU{c.U, {}, std::nullopt}, c.dl, at::Tensor(), zero_s0 ? at::Tensor() : s0.to(acc), L.offsets,
                                            use_tf32(q) ? kernels::ScanPrecision::kTf32 : kernels::ScanPrecision::kFloat32);
         S = r.S;
         final_state = r.final_state;
