@@ -1979,8 +1979,9 @@ TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
                           rel_err(apart.state, ref.state));
             if (segments != hh::kernels::kAutoSegments || !with_s0) continue;
             // With a graph (training's forward scan, which also writes the history the backward reads): o, the final
-            // state and the gradients of q, k, v, g, beta and s0 against the path with U from chunk_factors, within
-            // the 16-bit products' rounding (the bound of the backward's other path comparisons).
+            // state and the gradients of q, k, v, g, beta and s0 against the path with U from chunk_factors, and the
+            // gradients against the chunked rule's in float64, within the 16-bit products' rounding (the bound of the
+            // backward's other comparisons).
             torch::GradMode::set_enabled(true);
             const auto w_o = torch::randn({c.B, c.T, H, Dv}, kCuda.dtype(torch::kFloat));
             auto train = [&](bool u_in_scan) {
@@ -2000,11 +2001,16 @@ TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
             const auto g_in = train(true);
             EXPECT_EQ(hh::kernels::u_in_scan_launches() - before, c.rows ? 1 : 0) << what << ", with a graph: the path taken";
             const auto g_apart = train(false);
+            std::vector<torch::Tensor> r = {f64(q), f64(k), f64(v), f64(g), f64(beta), f64(s0)};
+            for (auto& t : r) t.requires_grad_(true);
+            const auto ref64 = gdn_chunked(r[0], r[1], r[2], r[3], r[4], r[5], scale);
+            const auto want = torch::autograd::grad({(ref64.o * f64(w_o)).sum() + ref64.state.sum()}, r);
             torch::GradMode::set_enabled(false);
             const char* names[] = {"dq", "dk", "dv", "dg", "dbeta", "ds0", "o", "final state"};
             for (size_t i = 0; i < 8; ++i) {
               EXPECT_TRUE(g_in[i].isfinite().all().item<bool>()) << what << ", with a graph: " << names[i];
               EXPECT_LT(rel_err(g_in[i], g_apart[i]), 1e-2) << what << ", with a graph: " << names[i];
+              if (i < 6) EXPECT_LT(rel_err(g_in[i], want[i]), 1e-2) << what << ", with a graph: " << names[i] << " against float64";
             }
           }
     }
