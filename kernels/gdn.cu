@@ -1270,7 +1270,8 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // warps: each warp adds its 16 columns' squares into a two-chunk table of partial sums, and one barrier
 // of the block's warps a chunk makes the table whole. The gate's rows come into a per-warp tile by
 // cp.async at the step's start, behind its products.
-// UV (1: bfloat16, 2: float16; with WG, not HIST, DIR or FUSE: LowRankScanArgs::u_from_v): U formed here.
+// UV (1: bfloat16, 2: float16; with WG, not DIR or FUSE: LowRankScanArgs::u_from_v): U formed here, with or
+// without HIST (with it, the ring's kStageInHist layout).
 // The slot holds v's tile where U's would lie (the chunk's rows where they lie, head h's columns) and
 // T diag(beta)'s two parts (chunk_factors' UForm::kScan, landed whole as Aq is); each step issues
 // U^T = V^T (hi + lo)^T as one more group of the warpgroup's products, both operands read from the slot (V

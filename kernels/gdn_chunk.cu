@@ -264,7 +264,7 @@ struct OutFactors {
   c10::Half* Qd;
   c10::Half* Aq;
   float* aq_inv;
-  void* t16;  // T [H, N, C, C] of k's dtype for the backward's chunk kernel (ChunkFactors::T16), or null: none
+  void* t16;  // T [H, N, kPackedLower] of k's dtype for the backward's chunk kernel (ChunkFactors::T16), or null: none
   void* tb;   // UForm::kScan: T diag(beta) in two parts of k's dtype (ChunkFactors::Tb), and no V read or U formed; or null
 };
 

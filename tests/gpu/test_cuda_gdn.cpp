@@ -1873,18 +1873,19 @@ TEST(CudaGdn, ColumnScanByWarpgroupEqualsTheScanByWarp) {
     }
 }
 
-// The inference forward's column scan forming U = T diag(beta) V itself (set_u_in_scan, the default where
-// column_scan_forms_u holds) from v's rows and chunk_factors' T diag(beta) in two 16-bit parts
-// (UForm::kScan). The factors: no U; W, kdecay, Qd, Aq, decay and the bound the same bits as with U formed;
-// hi + lo within 3e-5 of T diag(beta) in float64 (U's own bound from the same split); each part of the
-// inputs' kind and zero above the diagonal blocks, lo within an ulp of hi. The rule: o and
-// the final state against the recurrence in float64 and against the path with U from chunk_factors, from a
-// NaN-poisoned allocator, both 16-bit dtypes, Dv 128 and 64, one sequence of T not a multiple of 64 (its
-// last rows past the tensor) and a batch of T a multiple of 64, the automatic pieces, whole sequences and
-// pieces of 2 chunks (warm-ups), with and without an initial state; a batch whose chunks are not rows takes U
-// from chunk_factors. With a graph (training's scan, which also writes the history the backward reads), the
-// output, final state and every gradient against the path with U from chunk_factors; with T for the
-// backward, chunk_factors' T and T diag(beta) the bits of each form alone.
+// The forward's column scan forming U = T diag(beta) V itself (set_u_in_scan, the default where
+// column_scan_forms_u holds; without a graph, and training's with the history) from v's rows and
+// chunk_factors' T diag(beta) in two 16-bit parts (UForm::kScan). The factors: no U; W, kdecay, Qd, Aq, decay
+// and the bound the same bits as with U formed; hi + lo within 3e-5 of T diag(beta) in float64 (U's own bound
+// from the same split); each part of the inputs' kind and zero above the diagonal blocks, lo within an ulp of
+// hi. The rule: o and the final state against the recurrence in float64 and against the path with U from
+// chunk_factors, from a NaN-poisoned allocator, both 16-bit dtypes, Dv 128 and 64, one sequence of T not a
+// multiple of 64 (its last rows past the tensor) and a batch of T a multiple of 64, the automatic pieces,
+// whole sequences and pieces of 2 chunks (warm-ups), with and without an initial state; a batch whose chunks
+// are not rows takes U from chunk_factors. With a graph (training's scan, which also writes the history the
+// backward reads), the output, final state and every gradient against the path with U from chunk_factors, and
+// the gradients against the chunked rule's in float64; with T for the backward, chunk_factors' T and T
+// diag(beta) the bits of each form alone.
 TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
   ASSERT_TRUE(torch::cuda::is_available());
   ASSERT_TRUE(hh::kernels::u_in_scan_enabled());
