@@ -668,6 +668,15 @@ __device__ __forceinline__ float pack_float(const Pack<T, V>& p, int e) {
     return static_cast<float>(p.v[e]);
   }
 }
+// Eight consecutive 16-bit values of T's kind at x (16-byte aligned) times s, rounded to float16 as
+// c10::Half rounds (to nearest even), in one 16-byte vector: chunk_factors' Qd and kdecay, and the column
+// scan's, formed from q's and k's rows in its slot, the same bits.
+template <class T>
+__device__ __forceinline__ uint4 scaled_half8(const T* x, float s) {
+  const Pack<T, 8> in = load_pack<8>(x);  // pack_float: bfloat16 unpacked in one instruction an element
+  return make_uint4(pack_f16(s * pack_float(in, 0), s * pack_float(in, 1)), pack_f16(s * pack_float(in, 2), s * pack_float(in, 3)),
+                    pack_f16(s * pack_float(in, 4), s * pack_float(in, 5)), pack_f16(s * pack_float(in, 6), s * pack_float(in, 7)));
+}
 
 // Block float16 (the low-rank scan, the output factors of chunk_factors): a power-of-two scale per
 // block of values brings its largest magnitude into [2^14, 2^15), where float16 keeps 11 significant

@@ -248,6 +248,8 @@ std::atomic<int64_t> g_column_scan_launches{0};  // column_scan_launches
 std::atomic<int64_t> g_dO_in_place_scans{0};     // dO_in_place_scans
 bool g_u_in_scan = true;                         // set_u_in_scan
 std::atomic<int64_t> g_u_in_scan_launches{0};    // u_in_scan_launches
+bool g_qk_in_scan = true;                        // set_qk_in_scan
+std::atomic<int64_t> g_qk_in_scan_launches{0};   // qk_in_scan_launches
 thread_local int64_t g_last_scan_piece = 0;      // last_scan_piece_chunks
 int g_scan_pieces_parity = -1;             // set_scan_pieces_of_parity
 bool g_fusion_in_scan = false;             // set_fusion_in_scan
@@ -641,6 +643,7 @@ struct ScanMaps {
   CUtensorMap U_inv;   // the column scan's U in float16: its column scales [H N, Dv], a row a chunk
   CUtensorMap S16, M16;  // the column scan's history (HIST), stored: boxes of Dk (S16) or C (M16) rows x 16
   CUtensorMap Tb[4];     // the column scan forming U (UV): T diag(beta)'s block rows, its two parts as chunks 2 c and 2 c + 1
+  CUtensorMap QK;        // the column scan reading q and k (QK): their rows' scales [H N, 2 C], a row a chunk
   bool has_u, has_z;
 };
 
@@ -1276,6 +1279,12 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // T diag(beta)'s two parts (chunk_factors' UForm::kScan, landed whole as Aq is); each step issues
 // U^T = V^T (hi + lo)^T as one more group of the warpgroup's products, both operands read from the slot (V
 // MN-major, the parts K-major), beside S^T B^T and waited for with it; M^T = U^T - S^T B^T in float32.
+// QK (with UV, not HIST: LowRankScanArgs::UFromV::q): Qd's and A's tiles hold q's and k's rows where they lie
+// (head h's columns, as v's), with their rows' scales from chunk_factors (qk_in_scan) beside them; once the
+// slot has landed, before the step's first products, the block's warps scale each row into float16 in place
+// (scaled_half8, chunk_factors' arithmetic, so Qd and kdecay are the same bits), and a barrier of the block
+// has the tiles whole before the products that read them. (Scaled beside the first products instead, the
+// forward was as fast, and its Dv 128 forms spilled 16 bytes: docs/BENCHMARKS.md v80.)
 // HIST (a forward that keeps its states for the backward, and DIR; not with FUSE): the history the
 // backward reads (LowRankScanArgs::S16 and M16, whichever is given), in the blocks' form (16 x 16 blocks of
 // S, 16 x 8 tiles of M, each with a power-of-two scale; here the blocks of a warp's slab share one):
@@ -1284,7 +1293,7 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // of the state's columns over Dk; 16 of M's columns over the chunk) by stmatrix.trans into a staging tile
 // of its own (one for S, one for M), which the copy engine stores (ScanMaps::S16 and M16).
 constexpr int kColumnStages = 2;
-template <int DK, int DV, bool FUSED = false, bool HIST = false, bool UV = false>
+template <int DK, int DV, bool FUSED = false, bool HIST = false, bool UV = false, bool QK = false>
 struct ColumnRing {
   static constexpr int C = kLowRankChunk, kWarps = DV / 16;
   static constexpr int SW = DK * 2 >= 128 ? 128 : DK * 2, kBoxCols = SW / 2, kBoxes = DK / kBoxCols;
@@ -1294,9 +1303,11 @@ struct ColumnRing {
   // each landed whole as Aq is. With HIST too (kStageInHist): no U scales and the chunk's scalars in the
   // head, so that a slot is whole KB, and o staged in the warp's M history tile (the same [C][16] 16-bit
   // bytes) once that tile's last copy has read it, with no tiles of its own: the ring then fits an SM.
-  static constexpr size_t kTb = UV ? 2 * kAq : 0;
+  // QK (with UV, not HIST): q's and k's rows where Qd's and A's tiles lie, and the scales of their rows.
+  static constexpr size_t kTb = UV ? 2 * kAq : 0, kQk = QK ? 2 * static_cast<size_t>(C) * 4 : 0;
   static constexpr bool kStageInHist = HIST && UV;
-  static constexpr size_t kSlot = (3 * kTile + kAq + kU + kTb + (kStageInHist ? 0 : kUInv + 16) + 1023) / 1024 * 1024;
+  static_assert(!QK || (UV && !HIST), "q and k read in place by the forward forming U, without the history");
+  static constexpr size_t kSlot = (3 * kTile + kAq + kU + kTb + kQk + (kStageInHist ? 0 : kUInv + 16) + 1023) / 1024 * 1024;
   static constexpr size_t kStage = static_cast<size_t>(C) * 16 * 2;  // a warp's o tile [C][16], 16-bit
   static constexpr size_t kStaging = kStageInHist ? 0 : kWarps * kStage;
   static constexpr size_t kHead = 1024;                                // the barriers
@@ -1312,7 +1323,8 @@ struct ColumnRing {
   __device__ __forceinline__ char* Aq(int b) const { return Qd(b) + kTile; }
   __device__ __forceinline__ char* U(int b) const { return Aq(b) + kAq; }
   __device__ __forceinline__ char* Tb(int b, int part) const { return U(b) + kU + part * kAq; }  // UV
-  __device__ __forceinline__ float* u_inv(int b) const { return reinterpret_cast<float*>(U(b) + kU + kTb); }
+  __device__ __forceinline__ float* qk(int b) const { return reinterpret_cast<float*>(U(b) + kU + kTb); }  // QK: q's row scales, then k's
+  __device__ __forceinline__ float* u_inv(int b) const { return reinterpret_cast<float*>(U(b) + kU + kTb + kQk); }
   __device__ __forceinline__ float* decay(int b) const {  // kStageInHist: four floats a slot from the head's byte 512
     return kStageInHist ? reinterpret_cast<float*>(slots - kHead + 512) + 4 * b : u_inv(b) + DV;
   }
@@ -1335,6 +1347,8 @@ struct ColumnRing {
 static_assert(ColumnRing<128, 128, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM");
 static_assert(ColumnRing<128, 128, false, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM with the history");
 static_assert(ColumnRing<128, 128, false, false, true>::kBytes <= 227 * 1024, "the column scan's ring fits an SM with V and T diag(beta)");
+static_assert(ColumnRing<128, 128, false, false, true, true>::kBytes <= 227 * 1024,
+              "the column scan's ring fits an SM with V, T diag(beta), q, k and their scales");
 static_assert(ColumnRing<128, 128, false, true, true>::kBytes <= 227 * 1024,
               "the column scan's ring fits an SM with V, T diag(beta) and the history");
 
@@ -1389,7 +1403,7 @@ __device__ __forceinline__ void row_max_abs(const float (&x)[NT][4], float& mx0,
   }
 }
 
-template <int DK, int DV, int FUSE, class O, bool HIST = false, bool DIR = false, bool WG = false, int UV = 0>
+template <int DK, int DV, int FUSE, class O, bool HIST = false, bool DIR = false, bool WG = false, int UV = 0, bool QK = false>
 __global__ void __launch_bounds__(32 * (DV / 16), 1)
     column_scan_kernel(const __grid_constant__ ScanMaps maps, const float* __restrict__ decay, const float* __restrict__ bound,
                        const float* __restrict__ y0, float* __restrict__ fin, const int64_t* __restrict__ offsets,
@@ -1400,7 +1414,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   static_assert(!(FUSED && HIST), "the history is written with o, not through the fusion");
   static_assert(!DIR || HIST, "the reverse scan writes the backward's history");
   static_assert(UV == 0 || (WG && !DIR && !FUSED), "U formed from V: the forward with o, by warpgroup");
-  using Ring = ColumnRing<DK, DV, FUSED, HIST, (UV != 0)>;
+  using Ring = ColumnRing<DK, DV, FUSED, HIST, (UV != 0), QK>;
   using VT = std::conditional_t<UV == 2, c10::Half, c10::BFloat16>;  // UV: V's and T diag(beta)'s 16-bit kind
   using P2 = typename Pair16<O>::type;
   constexpr int C = kLowRankChunk, NW = Ring::kWarps, SW = Ring::SW, NK = DK / 8, NC = C / 8;
@@ -1432,7 +1446,8 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   const int64_t w0 = *plan, count = DIR ? w0 - lo : hi - w0, skip = DIR ? w0 - hi : lo - w0;
   const bool from_y0 = w0 == (DIR ? n1 : n0), last = DIR ? lo == n0 : hi == n1;
   auto chunk = [&](int64_t i) { return DIR ? w0 - 1 - i : w0 + i; };
-  const unsigned bytes = static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU + (DIR ? 0 : UV ? Ring::kTb : Ring::kUInv));
+  const unsigned bytes =
+      static_cast<unsigned>(3 * Ring::kTile + Ring::kAq + Ring::kU + (DIR ? 0 : UV ? Ring::kTb : Ring::kUInv) + Ring::kQk);
   auto issue = [&](int64_t i, int b) {  // chunk(i) into slot b (one thread)
     const int64_t c = static_cast<int64_t>(h) * N + chunk(i);
     // The chunk's scalars by cp.async, on the slot's barrier too: the issuing thread does not wait for
@@ -1444,11 +1459,14 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     cp_async_mbar_arrive(&full[b]);  // before the arrival below, so that the phase waits for them
     mbar_arrive_expect_tx(&full[b], bytes);
     const int row = static_cast<int>(c * C);
+    int qk_col = 0, qk_row = row;  // QK: head h's columns of q's and k's rows from the chunk's first token's row
+    if constexpr (QK) qk_col = h * DK, qk_row = static_cast<int>(so.rows.chunk(chunk(i)).first);
     for (int x = 0; x < Ring::kBoxes; ++x) {
-      tma_load_2d(ring.A(b) + x * C * SW, &maps.A, x * Ring::kBoxCols, row, &full[b]);
+      tma_load_2d(ring.A(b) + x * C * SW, &maps.A, qk_col + x * Ring::kBoxCols, qk_row, &full[b]);
       tma_load_2d(ring.B(b) + x * C * SW, &maps.B, x * Ring::kBoxCols, row, &full[b]);
-      tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, x * Ring::kBoxCols, row, &full[b]);
+      tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, qk_col + x * Ring::kBoxCols, qk_row, &full[b]);
     }
+    if constexpr (QK) tma_load_2d(ring.qk(b), &maps.QK, 0, static_cast<int>(c), &full[b]);
     load_packed(ring.Aq(b), maps.Aq, c, &full[b]);
     // DIR: dO16's tile in U's place, or dO's own (sd.raw): head h's columns from the chunk's first token's row.
     int u_col = 0, u_row = row;
@@ -1458,7 +1476,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         u_col = h * DV, u_row = static_cast<int>((n / sd.per) * sd.T + (n % sd.per) * C);
       }
     if constexpr (UV != 0)  // V's rows where they lie: head h's columns from the chunk's first token's row
-      u_col = h * DV, u_row = static_cast<int>(so.rows.chunk(chunk(i)).first);
+      u_col = h * DV, u_row = QK ? qk_row : static_cast<int>(so.rows.chunk(chunk(i)).first);
     for (int x = 0; x < (DV + Ring::kBoxCols - 1) / Ring::kBoxCols; ++x)
       tma_load_2d(ring.U(b) + x * C * SW, DIR ? &maps.dO : &maps.U, u_col + x * Ring::kBoxCols, u_row, &full[b]);
     if constexpr (UV != 0) {
@@ -1581,6 +1599,30 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     }
     return inv;
   };
+  // QK: slot b's q and k rows (in Qd's and A's tiles) to Qd = scale e^G q and kdecay = e^{G_C - G} k in float16,
+  // in place, by all the block's threads, each row by its scale from chunk_factors (scaled_half8: the same
+  // bits as chunk_factors' own). The copy engine's swizzle moves 16-byte units within a row, so unit j of a
+  // tile holds row (j / 8) % C. Each thread orders its writes before the products' reads (the async proxy),
+  // and the block's barrier has both tiles whole.
+  [[maybe_unused]] auto scale_qk = [&](int b) {
+    if constexpr (QK) {
+      constexpr int kUnits = static_cast<int>(Ring::kTile / 16) / (32 * NW);
+      static_assert(kUnits * 32 * NW * 16 == static_cast<int>(Ring::kTile), "whole units a thread");
+      const float* const sc = ring.qk(b);
+#pragma unroll
+      for (int part = 0; part < 2; ++part) {
+        char* const tile = part == 0 ? ring.Qd(b) : ring.A(b);
+#pragma unroll
+        for (int m = 0; m < kUnits; ++m) {
+          const int j = tid + 32 * NW * m;
+          uint4* const unit = reinterpret_cast<uint4*>(tile + 16 * j);
+          *unit = scaled_half8(reinterpret_cast<const VT*>(unit), sc[part * C + (j / 8) % C]);
+        }
+      }
+      fence_proxy_async_shared();
+      __syncthreads();
+    }
+  };
   int buf = 0;
   unsigned round = 0;
   for (int64_t i = 0; i < count; ++i) {
@@ -1606,6 +1648,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       cp_async_commit();
     }
     mbar_wait(&full[buf], round & 1);
+    scale_qk(buf);  // QK: Qd and kdecay formed before the step's products (fewer registers live than beside them)
     // (1) M^T = U^T - S^T B^T: two 8-column tiles of tokens a B load. (S^T Qd^T comes after M^T's
     // fragments, so that M^T's and o's accumulators are not live together.)
     float mt[NC][4] = {};
@@ -1963,7 +2006,7 @@ ScanMaps scan_maps(const LowRankScanArgs& a, bool blocks_do = true) {
                                                  : CU_TENSOR_MAP_SWIZZLE_32B;
   const CUtensorMapSwizzle slice_sw = Ring::kSliceSwizzle == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   ScanMaps m{};
-  m.A = tensor_map_2d(a.A, Ring::C, Ring::kBoxCols, sw, "A");
+  if (a.A.defined()) m.A = tensor_map_2d(a.A, Ring::C, Ring::kBoxCols, sw, "A");  // (not given with UFromV::q: k's rows instead)
   m.B = tensor_map_2d(a.B, Ring::C, Ring::kBoxCols, sw, "B");
   m.has_u = a.U.defined();
   m.has_z = a.Z.defined();
@@ -1975,7 +2018,7 @@ ScanMaps scan_maps(const LowRankScanArgs& a, bool blocks_do = true) {
   }
   if (m.has_z) m.Z = tensor_map_2d(a.Z, DK, Ring::BV, slice_sw, "Z");
   if (a.output.o.defined() || a.output.fusion != nullptr) {  // the output written, or through the fusion
-    m.Qd = tensor_map_2d(a.output.Qd, Ring::C, Ring::kBoxCols, sw, "Qd");
+    if (a.output.Qd.defined()) m.Qd = tensor_map_2d(a.output.Qd, Ring::C, Ring::kBoxCols, sw, "Qd");  // (likewise: q's rows)
     packed_maps(a.output.Aq, "Aq", m.Aq);
   }
   if (a.direct.Qd.defined()) {  // the direct term, with dO16 or (the column scan's, encoded by its caller) dO
@@ -2020,8 +2063,8 @@ const float* start_states(const LowRankScanArgs& a) { return a.zero_start ? zero
 
 template <int DK, int STAGES, int BV, bool OUT, bool DIR = false, int FUSE = -1, class O = c10::BFloat16>
 void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
-  const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
-  const int64_t N = a.A.size(1), S = a.y0.size(0);
+  const int H = static_cast<int>(a.B.size(0)), Dv = static_cast<int>(a.y0.size(3));
+  const int64_t N = a.B.size(1), S = a.y0.size(0);
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
   constexpr size_t smem = F16Ring<DK, STAGES, BV, OUT, DIR, (FUSE >= 0)>::kBytes;
@@ -2057,13 +2100,14 @@ void launch_low_rank_scan_f16(const LowRankScanArgs& a, const ScanPlan& plan, at
 // The column scan (column_scan_kernel): one block a (segment, head), Dv / 16 warps; FUSE >= 0 with the
 // fusion norm into y of O; HIST writing S16 and M16, whichever is given; DIR the reverse scan forming the
 // direct term (with HIST).
-template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16, bool HIST = false, bool DIR = false, bool WG = false, int UV = 0>
+template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16, bool HIST = false, bool DIR = false, bool WG = false, int UV = 0,
+          bool QK = false>
 void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
-  using Ring = ColumnRing<DK, DV, (FUSE >= 0), HIST, (UV != 0)>;
-  const int H = static_cast<int>(a.A.size(0));
-  const int64_t N = a.A.size(1), S = a.y0.size(0);
+  using Ring = ColumnRing<DK, DV, (FUSE >= 0), HIST, (UV != 0), QK>;
+  const int H = static_cast<int>(a.B.size(0));
+  const int64_t N = a.B.size(1), S = a.y0.size(0);
   constexpr size_t smem = Ring::kBytes;
-  auto kernel = column_scan_kernel<DK, DV, FUSE, O, HIST, DIR, WG, UV>;
+  auto kernel = column_scan_kernel<DK, DV, FUSE, O, HIST, DIR, WG, UV, QK>;
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   const F16History h16{half(a.S16), ptr(a.S_inv), half(a.M16), ptr(a.M_inv)};
@@ -2096,6 +2140,13 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
     maps.U = tensor_map_2d(v.view({v.size(0) * v.size(1), -1}), Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, "u_from_v.v");
     packed_maps(a.u_from_v.Tb, "u_from_v.Tb", maps.Tb);
     g_u_in_scan_launches.fetch_add(1, std::memory_order_relaxed);
+  }
+  if constexpr (QK) {  // q's and k's rows in the same boxes, where Qd's and A's tiles lie; their rows' scales a chunk a row
+    const at::Tensor &q = a.u_from_v.q, &k = a.u_from_v.k;
+    maps.Qd = tensor_map_2d(q.view({q.size(0) * q.size(1), -1}), Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, "u_from_v.q");
+    maps.A = tensor_map_2d(k.view({k.size(0) * k.size(1), -1}), Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, "u_from_v.k");
+    maps.QK = tensor_map_2d(a.u_from_v.QK.view({-1, 2 * Ring::C}), 1, 2 * Ring::C, CU_TENSOR_MAP_SWIZZLE_NONE, "u_from_v.QK");
+    g_qk_in_scan_launches.fetch_add(1, std::memory_order_relaxed);
   }
   FusedOutputArgs fa{};
   if constexpr (FUSE >= 0) fa = plan.fused;
@@ -2153,8 +2204,8 @@ namespace {
 
 template <int DK, class F>
 void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
-  const int H = static_cast<int>(a.A.size(0)), Dv = static_cast<int>(a.y0.size(3));
-  const int64_t N = a.A.size(1), S = a.y0.size(0);
+  const int H = static_cast<int>(a.B.size(0)), Dv = static_cast<int>(a.y0.size(3));
+  const int64_t N = a.B.size(1), S = a.y0.size(0);
   const dim3 grid(static_cast<unsigned>(Dv / 16), static_cast<unsigned>(H), static_cast<unsigned>(S));
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   const at::Tensor& offsets = plan.table;
@@ -2189,6 +2240,13 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
           auto launch = [&](auto wg) {  // the products by warpgroup (scan_wgmma) or by warp
             constexpr bool W = decltype(wg)::value;
             if constexpr (W) {  // U formed from V (low_rank_scan has checked the path: by warpgroup)
+              if (uv != 0 && a.u_from_v.q.defined()) {  // q and k read in place too (no history: low_rank_scan has checked)
+                if (plan.columns == 128 && uv == 1) launch_column_scan<128, 128, -1, c10::BFloat16, false, false, true, 1, true>(a, plan, fin);
+                else if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, false, false, true, 2, true>(a, plan, fin);
+                else if (uv == 1) launch_column_scan<128, 64, -1, c10::BFloat16, false, false, true, 1, true>(a, plan, fin);
+                else launch_column_scan<128, 64, -1, c10::BFloat16, false, false, true, 2, true>(a, plan, fin);
+                return;
+              }
               if (uv != 0) {
                 auto with = [&](auto h) {
                   constexpr bool HI = decltype(h)::value;
@@ -2832,6 +2890,9 @@ bool scan_warp_columns_enabled() { return g_scan_warp_columns; }
 int64_t column_scan_launches() { return g_column_scan_launches.load(std::memory_order_relaxed); }
 int64_t dO_in_place_scans() { return g_dO_in_place_scans.load(std::memory_order_relaxed); }
 void set_u_in_scan(bool on) { g_u_in_scan = on; }
+void set_qk_in_scan(bool on) { g_qk_in_scan = on; }
+bool qk_in_scan_enabled() { return g_qk_in_scan; }
+int64_t qk_in_scan_launches() { return g_qk_in_scan_launches.load(std::memory_order_relaxed); }
 bool u_in_scan_enabled() { return g_u_in_scan; }
 int64_t u_in_scan_launches() { return g_u_in_scan_launches.load(std::memory_order_relaxed); }
 int64_t last_scan_piece_chunks() { return g_last_scan_piece; }
@@ -2881,6 +2942,13 @@ bool reverse_scan_reads_dO_in_place(const LowRankScanArgs& a) {
 bool column_scan_forms_u(int64_t Dk, const at::Tensor& v, const ChunkGrid& grid) {
   return g_u_in_scan && tiles_in_place(v, grid) && column_scan_takes(Dk, v.size(3), false) && g_scan_wgmma && scan_wgmma_available();
 }
+bool column_scan_reads_qk(int64_t Dk, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ChunkGrid& grid) {
+  auto as_v = [&](const at::Tensor& x) {
+    return tiles_in_place(x, grid) && x.scalar_type() == v.scalar_type() && x.size(0) == v.size(0) && x.size(1) == v.size(1) &&
+           x.size(2) == v.size(2) && x.size(3) == Dk;
+  };
+  return g_qk_in_scan && column_scan_forms_u(Dk, v, grid) && as_v(q) && as_v(k);
+}
 bool column_scan_fuses(int64_t Dk, int64_t Dv) { return column_scan_fits(Dk, Dv) && g_fusion_in_column_scan && !g_fusion_in_scan; }
 bool column_scan_takes(int64_t Dk, int64_t Dv, bool fused) { return fused ? column_scan_fuses(Dk, Dv) : column_scan_fits(Dk, Dv); }
 bool scan_output_fusion_supported(int64_t Dk, int64_t Dv) { return Dk == 128 && Dv % 32 == 0 && Dv / 32 <= 8; }
@@ -2927,7 +2995,9 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what +
                                   " must be [H, N, C, D] with packed rows (a row stride of a multiple of 16 bytes)");
   };
-  need(a.A, "A", false, true);
+  // The scan that reads k where it lies (UFromV::k) forms A itself: A is not given then, and B gives the shapes.
+  const bool qk = a.u_from_v.q.defined() || a.u_from_v.k.defined() || a.u_from_v.QK.defined();
+  need(a.A, "A", qk, true);
   need(a.B, "B", false, true);
   need(a.decay, "decay", false);
   need(a.bound, "bound", true);
@@ -2937,13 +3007,15 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   need(a.y0, "y0", false);
   need(a.hist, "hist", true);
   need(a.M, "M", true);
-  if (a.B.scalar_type() != a.A.scalar_type())
+  if (qk && a.A.defined())
+    throw std::invalid_argument("hh::kernels::low_rank_scan: A is not given when the scan forms it from k (u_from_v.k)");
+  if (a.A.defined() && a.B.scalar_type() != a.A.scalar_type())
     throw std::invalid_argument("hh::kernels::low_rank_scan: A and B must have one dtype");
-  if (a.precision == ScanPrecision::kBlockFloat16 && a.A.scalar_type() != at::kHalf)
+  if (a.precision == ScanPrecision::kBlockFloat16 && a.B.scalar_type() != at::kHalf)
     throw std::invalid_argument("hh::kernels::low_rank_scan: block float16 products need float16 A and B");
-  if (a.B.sizes() != a.A.sizes() || a.y0.dim() != 4)
+  if ((a.A.defined() && a.B.sizes() != a.A.sizes()) || a.y0.dim() != 4)
     throw std::invalid_argument("hh::kernels::low_rank_scan: expected A, B [H, N, C, Dk] and y0 [S, H, Dk, Dv]");
-  const int64_t H = a.A.size(0), N = a.A.size(1), C = a.A.size(2), Dk = a.A.size(3), S = a.y0.size(0), Dv = a.y0.size(3);
+  const int64_t H = a.B.size(0), N = a.B.size(1), C = a.B.size(2), Dk = a.B.size(3), S = a.y0.size(0), Dv = a.y0.size(3);
   if (a.y0.size(1) != H || a.y0.size(2) != Dk || a.decay.sizes() != at::IntArrayRef({H, N}) ||
       (a.bound.defined() && a.bound.sizes() != at::IntArrayRef({H, N})) ||
       (a.hist.defined() && a.hist.sizes() != at::IntArrayRef({H, N, Dk, Dv})) ||
@@ -2971,6 +3043,19 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     if (uv.Tb.scalar_type() != uv.v.scalar_type() || uv.Tb.sizes() != at::IntArrayRef({H, N, 2, kPackedLower}) ||
         !uv.Tb.is_contiguous() || reinterpret_cast<uintptr_t>(uv.Tb.data_ptr()) % 16 != 0)
       throw std::invalid_argument(fn + "needs Tb [H, N, 2, kPackedLower] of v's dtype, contiguous and 16-byte aligned");
+    if (qk) {
+      if (!uv.q.defined() || !uv.k.defined() || !uv.QK.defined())
+        throw std::invalid_argument(fn + "reads q and k with all of q, k and QK");
+      if (a.S16.defined() || a.M16.defined() || a.output.Qd.defined())
+        throw std::invalid_argument(fn + "reads q and k without the float16 history, and forms output.Qd itself (not given)");
+      if (!column_scan_reads_qk(Dk, uv.q, uv.k, uv.v, a.output.grid) || uv.q.size(2) != H || uv.q.sizes() != uv.k.sizes())
+        throw std::invalid_argument(fn + "needs q and k [B, T, H, Dk] of v's dtype, laid out as v (column_scan_reads_qk)");
+      if (uv.QK.scalar_type() != at::kFloat || uv.QK.sizes() != at::IntArrayRef({H, N, 2, C}) || !uv.QK.is_contiguous() ||
+          reinterpret_cast<uintptr_t>(uv.QK.data_ptr()) % 16 != 0)
+        throw std::invalid_argument(fn + "needs QK [H, N, 2, 64] float32, contiguous and 16-byte aligned (chunk_factors' qk_in_scan)");
+    }
+  } else if (qk) {
+    throw std::invalid_argument("hh::kernels::low_rank_scan: q and k are read in place by the scan that forms U from v (u_from_v.v)");
   }
   if (!low_rank_scan_supported(C, Dk, Dv))
     throw std::invalid_argument("hh::kernels::low_rank_scan: chunk 64, Dk in {32, 64, 128} and Dv a multiple of 16 only");
@@ -3021,7 +3106,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
         throw std::invalid_argument("hh::kernels::low_rank_scan: the output is written by the forward block float16 scan only (no Z)");
       if (Dk != 64 && Dk != 128)
         throw std::invalid_argument("hh::kernels::low_rank_scan: the output needs Dk 64 or 128 (chunk_factors' head sizes)");
-      want(o.Qd, "output.Qd", at::kHalf, {H, N, C, Dk});
+      if (!qk) want(o.Qd, "output.Qd", at::kHalf, {H, N, C, Dk});
       want(o.Aq, "output.Aq", at::kHalf, {H, N, kPackedLower});
       want(o.aq_inv, "output.aq_inv", at::kFloat, {H, N});
       if (o.o.defined()) check(o.o, "output.o");
@@ -3037,7 +3122,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       if (N > std::numeric_limits<int32_t>::max() || o.grid.per > std::numeric_limits<int32_t>::max())
         throw std::invalid_argument("hh::kernels::low_rank_scan: the output's grid has more than 2^31 - 1 chunks");
       for (const at::Tensor* x : {&o.Qd, &o.Aq})
-        if (reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
+        if (x->defined() && reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
           throw std::invalid_argument("hh::kernels::low_rank_scan: output.Qd and output.Aq must be 16-byte aligned");
     }
     const LowRankScanArgs::Direct& d = a.direct;
@@ -3065,7 +3150,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
           throw std::invalid_argument("hh::kernels::low_rank_scan: direct.Qd, Aq and dO16 must be 16-byte aligned");
     }
   }
-  const c10::cuda::CUDAGuard guard(a.A.device());
+  const c10::cuda::CUDAGuard guard(a.B.device());
   at::Tensor fin = at::empty_like(a.y0);
   if (S == 0 || H == 0) return fin;
   // The block float16 kernel's columns a block: 32 where they divide Dv (each chunk's factors read from
@@ -3085,7 +3170,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   // The backward's reverse scan forming the direct term takes it too, with its history (S16 and M16) and
   // no float32 one.
   const bool direct = a.direct.dO16.defined() || a.direct.dO.defined();
-  if (column_scan_takes(Dk, Dv, fusion) && o_fits && !a.reverse && a.A.scalar_type() == at::kHalf && !a.hist.defined() &&
+  if (column_scan_takes(Dk, Dv, fusion) && o_fits && !a.reverse && a.B.scalar_type() == at::kHalf && !a.hist.defined() &&
       !a.M.defined() && !(fusion && (s16 || m16)) && !a.Z.defined() && (u16 || u_from_v))
     plan.columns = static_cast<int>(Dv);
   else if (u_from_v)
@@ -3132,8 +3217,8 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     throw std::invalid_argument("hh::kernels::low_rank_scan: more than 2^31 - 1 blocks of segments");
   plan.table = at::tensor(at::ArrayRef<int64_t>(table), at::TensorOptions().dtype(at::kLong))
                    .pin_memory()
-                   .to(a.A.device(), /*non_blocking=*/true);
-  if (a.A.scalar_type() == at::kHalf) launch_low_rank_scan<c10::Half>(Dk, a, plan, fin);
+                   .to(a.B.device(), /*non_blocking=*/true);
+  if (a.B.scalar_type() == at::kHalf) launch_low_rank_scan<c10::Half>(Dk, a, plan, fin);
   else launch_low_rank_scan<float>(Dk, a, plan, fin);
   return fin;
 }

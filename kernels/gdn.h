@@ -141,8 +141,13 @@ struct LowRankScanArgs {
   // T, column_scan_forms_u's conditions) and Tb [H, N, 2, kPackedLower] of v's dtype, chunk_factors'
   // T diag(beta) in two parts (UForm::kScan). Each chunk's U = (hi + lo) V, summed in float32 by the
   // warpgroups' products (both operands from shared memory), enters M = U - W S unrounded.
+  // With q, k (as v: [B, T, H, Dk], where they lie) and QK (chunk_factors' qk_in_scan), without the float16
+  // history: the scan reads q's and k's rows too and forms each chunk's Qd and kdecay from them in its
+  // slot, their rows scaled by QK and rounded to float16 as chunk_factors rounds them (the same bits);
+  // A and output.Qd are then not given.
   struct UFromV {
     at::Tensor v, Tb;
+    at::Tensor q, k, QK;
   } u_from_v;
 };
 constexpr int64_t kAutoSegments = -1;
@@ -213,6 +218,15 @@ bool u_in_scan_enabled();
 bool column_scan_forms_u(int64_t Dk, const at::Tensor& v, const ChunkGrid& grid);
 // How many column scans have formed U from v (for tests: the path taken).
 int64_t u_in_scan_launches();
+// Whether such a forward (column_scan_forms_u, without the history a backward reads) also has the scan form
+// Qd = scale e^G q and kdecay = e^{G_C - G} k itself from q's and k's rows where they lie (UFromV::q, k, QK),
+// where q and k meet v's conditions; process-wide, on by default. chunk_factors then writes neither (268 MB
+// less at B1 T32K H16 Dk 128); the scan reads q and k instead, and scales their rows in its slot.
+void set_qk_in_scan(bool on);
+bool qk_in_scan_enabled();
+bool column_scan_reads_qk(int64_t Dk, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ChunkGrid& grid);
+// How many column scans have read q and k where they lie (for tests: the path taken).
+int64_t qk_in_scan_launches();
 // The piece length, in chunks, that the last block float16 scan on this thread cut its sequences into
 // (0: whole sequences): which segmentation a scan took (a ScanBeside's shorter pieces), for tests.
 int64_t last_scan_piece_chunks();
@@ -328,6 +342,7 @@ struct ChunkFactors {
   at::Tensor Qd, Aq, aq_inv;  // only given q
   at::Tensor T16;             // only given q and keep_t (below), packed (kPackedLower)
   at::Tensor Tb;              // UForm::kScan only (then no U): [H, N, 2, kPackedLower] of k's dtype, hi then lo
+  at::Tensor QK;              // qk_in_scan only (then no Qd, no kdecay): [H, N, 2, 64] float32, scale e^{G_t} then e^{G_C - G_t}
 };
 // Given `conv` (with q, Dk = Dv, on a grid of regular sequences: short_conv_fusion_supported), k, v and
 // q are the LA heads' projections before their short convolution, and each block forms its chunk's
@@ -344,9 +359,14 @@ bool short_conv_fusion_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 // With keep_t (and q, without conv), T16 [H, N, kPackedLower] of k's dtype: every chunk's T = (I + L)^{-1}
 // (unit lower triangular), rounded and packed, for chunk_backward, which then reads it instead of forming
 // it again.
+// With qk_in_scan (UForm::kScan, without keep_t): neither Qd nor kdecay, but the scales of their rows, QK
+// [H, N, 2, 64] float32 (scale e^{G_t}, then e^{G_C - G_t}), for the column scan that forms both itself from
+// q's and k's rows where they lie (LowRankScanArgs::UFromV::q): Qd = QK[.., 0, t] q_t and kdecay =
+// QK[.., 1, t] k_t rounded to float16, the same bits as chunk_factors' own.
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
                            const ChunkGrid& grid, const at::Tensor& q = {}, double scale = 1.0,
-                           const ShortConvInputs* conv = nullptr, UForm u_form = UForm::kFloat32, bool keep_t = false);
+                           const ShortConvInputs* conv = nullptr, UForm u_form = UForm::kFloat32, bool keep_t = false,
+                           bool qk_in_scan = false);
 
 // Every chunk's output from its start state S [H, N, Dk, Dv] and new values M [H, N, 64, Dv] (low_rank_scan's
 // hist and M_out): o_t = scale (e^{G_t} q_t S + sum_{i <= t} e^{G_t - G_i} (q_t.k_i) M_i), as [B, T, H, Dv] of q's dtype.

@@ -247,15 +247,6 @@ constexpr size_t factors_turn_smem() {
   return factors_smem<DK, DV, T, true>() + (kC * ld16<DK>() + factors_second_tile<DK, DV, true>()) * sizeof(T) + kC * sizeof(int64_t);
 }
 
-// Eight consecutive 16-bit values of T's kind at x (16-byte aligned) times s, rounded to float16 as
-// c10::Half rounds (to nearest even), in one 16-byte vector.
-template <class T>
-__device__ __forceinline__ uint4 scaled_half8(const T* x, float s) {
-  const Pack<T, 8> in = load_pack<8>(x);  // pack_float: bfloat16 unpacked in one instruction an element
-  return make_uint4(pack_f16(s * pack_float(in, 0), s * pack_float(in, 1)), pack_f16(s * pack_float(in, 2), s * pack_float(in, 3)),
-                    pack_f16(s * pack_float(in, 4), s * pack_float(in, 5)), pack_f16(s * pack_float(in, 6), s * pack_float(in, 7)));
-}
-
 // The output's factors of chunk_factors (given q): Qd = scale e^G Q and the block float16 Aq with its
 // inverse scale (kernels/gdn.h).
 struct OutFactors {
@@ -266,6 +257,7 @@ struct OutFactors {
   float* aq_inv;
   void* t16;  // T [H, N, kPackedLower] of k's dtype for the backward's chunk kernel (ChunkFactors::T16), or null: none
   void* tb;   // UForm::kScan: T diag(beta) in two parts of k's dtype (ChunkFactors::Tb), and no V read or U formed; or null
+  float* qk;  // with tb, for the scan that reads q and k itself (ChunkFactors::QK): their row scales, and no Qd or kdecay; or null
 };
 
 // The LA heads' short convolution inside chunk_factors (given ShortConvInputs): the block reads the
@@ -441,7 +433,8 @@ __device__ __forceinline__ void short_conv_rows128(const T* staged, T* tile, con
 
 // of.tb (UForm::kScan; with OUT, not PRE or TURN): the block loads no V and forms no U; after the inverse it
 // writes T diag(beta) in two parts of T's kind, hi = round(x) and lo = round(x - hi), each packed, then W,
-// for the column scan that forms U from v itself.
+// for the column scan that forms U from v itself. With of.qk too, it writes neither Qd nor kdecay but their rows'
+// scales (scale e^{G_t} and e^{G_C - G_t}), for the column scan that forms both from q's and k's rows itself.
 // PRE: k, v and of.q are the projections before the short convolution, which the block applies
 // (PreConv above), read through `maps` by the copy engine; needs OUT, DK = DV and regular sequences. The
 // raw rows are staged where the tile they become is not: K's in Ls's region and Q's in K's, then Q formed
@@ -467,6 +460,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                          const __grid_constant__ ConvMaps maps, int64_t n0, int64_t turns,
                          unsigned long long* __restrict__ clocks) {
   static_assert(OUT || !PRE, "the short convolution inside chunk_factors comes with the output's factors");
+  constexpr bool kQkScales = OUT && !PRE && !TURN;  // the forms that may be given of.qk (with of.tb)
   static_assert(!PRE || DK == DV, "V formed into K's region");
   static_assert(!TURN || (OUT && !PRE), "chunks in turn: the form with the output's factors, without the convolution");
   static_assert(!CLOCKS || TURN, "the phases' clocks: chunks in turn only");
@@ -574,9 +568,16 @@ __global__ void __launch_bounds__(kThreads, MINB)
         }
       }
       if (tid == 0) of.aq_inv[chunk] = sc.inverse;
-      for (int i = tid; i < kC * DK / 8; i += kThreads) {
-        const int r = (8 * i) / DK, c = (8 * i) % DK;
-        store_global16(of.Qd + chunk * kC * DK + r * DK + c, scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r])));
+      if (kQkScales && of.qk != nullptr) {  // the scan forms Qd and kdecay from q's and k's rows: their rows' scales, as below
+        if (tid < kC) {
+          of.qk[chunk * 2 * kC + tid] = of.scale * expf(Gs[tid]);
+          of.qk[chunk * 2 * kC + kC + tid] = expf(Gs[kC - 1] - Gs[tid]);
+        }
+      } else {
+        for (int i = tid; i < kC * DK / 8; i += kThreads) {
+          const int r = (8 * i) / DK, c = (8 * i) % DK;
+          store_global16(of.Qd + chunk * kC * DK + r * DK + c, scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r])));
+        }
       }
     }
 
@@ -605,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     invert_unit_lower<kThreads, false>(Ls, [&] {
       const float last = Gs[kC - 1];
       c10::Half* dst = kdecay + chunk * kC * DK;
-      for (int i = tid - kC; i < kC * DK / 8; i += kThreads - kC) {
+      for (int i = tid - kC; (!kQkScales || kdecay != nullptr) && i < kC * DK / 8; i += kThreads - kC) {  // (none with of.qk)
         const int r = (8 * i) / DK, c = (8 * i) % DK;
         store_global16(dst + r * DK + c, scaled_half8(Ks + r * ld16<DK>() + c, expf(last - Gs[r])));
       }
@@ -1153,7 +1154,7 @@ bool short_conv_fusion_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype) {
 
 ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
                            const ChunkGrid& grid, const at::Tensor& q, double scale, const ShortConvInputs* conv,
-                           UForm u_form, bool keep_t) {
+                           UForm u_form, bool keep_t, bool qk_in_scan) {
   if (k.dim() != 4 || v.dim() != 4) throw std::invalid_argument("hh::kernels::chunk_factors: k and v must be [B, T, H, D]");
   const int64_t B = k.size(0), T = k.size(1), H = k.size(2), Dk = k.size(3), Dv = v.size(3), N = grid.N;
   need(k, "chunk_factors", "k", k.sizes(), true);
@@ -1202,18 +1203,24 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   if (keep_t && (!q.defined() || conv != nullptr))
     throw std::invalid_argument(
         "hh::kernels::chunk_factors: T for the backward comes with the output's factors (q is needed), without the short convolution");
+  if (qk_in_scan && (!u_scan || keep_t))
+    throw std::invalid_argument(
+        "hh::kernels::chunk_factors: the row scales of q and k for the scan (qk_in_scan) come with T diag(beta) (UForm::kScan), "
+        "without T for the backward");
   ChunkFactors r{at::empty({H, N, kC, Dk}, f16), u_scan ? at::Tensor() : at::empty({H, N, kC, Dv}, u16 ? f16 : f32),
-                 at::empty({H, N, kC, Dk}, f16), at::empty({H, N}, f32), at::empty({H, N}, f32)};
+                 qk_in_scan ? at::Tensor() : at::empty({H, N, kC, Dk}, f16), at::empty({H, N}, f32), at::empty({H, N}, f32)};
   if (u16) r.U_inv = at::empty({H, N, Dv}, f32);
   if (u_scan) r.Tb = at::empty({H, N, 2, kPackedLower}, k.options());
-  OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr, nullptr, nullptr};
+  if (qk_in_scan) r.QK = at::empty({H, N, 2, kC}, f32);
+  OutFactors of{nullptr, static_cast<float>(scale), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   if (q.defined()) {
-    r.Qd = at::empty({H, N, kC, Dk}, f16);
+    if (!qk_in_scan) r.Qd = at::empty({H, N, kC, Dk}, f16);
     r.Aq = at::empty({H, N, kPackedLower}, f16);
     r.aq_inv = at::empty({H, N}, f32);
     if (keep_t) r.T16 = at::empty({H, N, kPackedLower}, k.options());
-    of = {q.data_ptr(), static_cast<float>(scale), r.Qd.data_ptr<c10::Half>(), r.Aq.data_ptr<c10::Half>(),
-          r.aq_inv.data_ptr<float>(), keep_t ? r.T16.data_ptr() : nullptr, u_scan ? r.Tb.data_ptr() : nullptr};
+    of = {q.data_ptr(), static_cast<float>(scale), qk_in_scan ? nullptr : r.Qd.data_ptr<c10::Half>(), r.Aq.data_ptr<c10::Half>(),
+          r.aq_inv.data_ptr<float>(), keep_t ? r.T16.data_ptr() : nullptr, u_scan ? r.Tb.data_ptr() : nullptr,
+          qk_in_scan ? r.QK.data_ptr<float>() : nullptr};
   }
   if (N == 0 || H == 0) return r;
   dispatch(Dk, Dv, k.scalar_type(), [&](auto dk, auto dv, auto x) {
@@ -1227,7 +1234,7 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
       launch_kernel(kernel, grid, kThreads, smem, static_cast<const X*>(k.data_ptr()), static_cast<const X*>(v.data_ptr()),
                     gate_in<X>(g), gate_in<X>(beta), slots, static_cast<int>(H), N, r.W.data_ptr<c10::Half>(),
                     u_scan ? nullptr : r.U.data_ptr(),
-                    u16 ? r.U_inv.data_ptr<float>() : nullptr, r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(),
+                    u16 ? r.U_inv.data_ptr<float>() : nullptr, qk_in_scan ? nullptr : r.kdecay.data_ptr<c10::Half>(), r.decay.data_ptr<float>(),
                     r.bound.data_ptr<float>(), of, pc, maps, n0, turns, clocks);
     };
     auto run = [&](auto kernel, size_t needed) {

@@ -48,6 +48,7 @@ struct GdnBenchArgs {
   bool backward_chunks_in_turn = false;  // chunk_backward one block an SM taking chunks in turn, not one a chunk
   bool fusion_in_scan = false;  // the layer's fusion norm inside the scan that writes the output
   bool u_from_factors = false;  // chunk_factors forms U, which the forward's scan reads (not U from v)
+  bool qk_from_factors = false;  // chunk_factors forms Qd and kdecay, which the inference forward's scan reads (not from q and k)
   bool factors_occupancy = false;  // chunk_factors alone and the forward at 4, 3, 2, 1 blocks an SM and in turn; its phases
   std::string backward = "kernels";
   std::string scan_segments = "auto";
@@ -100,7 +101,9 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // kScanWarpProducts: the column scan's products by warp (mma.sync) instead of by warpgroup (kernels::set_scan_wgmma);
 // kBackwardChunksInTurn: chunk_backward one block an SM taking chunks in turn instead of one block a chunk
 // (kernels::set_backward_chunks_in_turn); kUFromFactors: the forward's U (inference and training) formed by chunk_factors and read
-// by the scan instead of formed by the scan from v and T diag(beta) (kernels::set_u_in_scan).
+// by the scan instead of formed by the scan from v and T diag(beta) (kernels::set_u_in_scan); kQkFromFactors: the
+// inference forward's Qd and kdecay formed by chunk_factors and read by the scan instead of formed by the scan from q's
+// and k's rows (kernels::set_qk_in_scan).
 enum class OtherPath {
   kLibTorchLocal,
   kTf32Scan,
@@ -113,7 +116,8 @@ enum class OtherPath {
   kFusionInColumnScan,
   kScanWarpProducts,
   kBackwardChunksInTurn,
-  kUFromFactors
+  kUFromFactors,
+  kQkFromFactors
 };
 
 // A process-wide setting at `value` (set and get: its setter and getter) for the object's lifetime.
@@ -168,6 +172,7 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
     case OtherPath::kBackwardChunksInTurn:
       return with_setting(kernels::set_backward_chunks_in_turn, kernels::backward_chunks_in_turn_enabled, true, dev, fn);
     case OtherPath::kUFromFactors: return with_setting(kernels::set_u_in_scan, kernels::u_in_scan_enabled, false, dev, fn);
+    case OtherPath::kQkFromFactors: return with_setting(kernels::set_qk_in_scan, kernels::qk_in_scan_enabled, false, dev, fn);
   }
 #endif
   (void)p, (void)dev, (void)fn;
@@ -234,6 +239,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   kernels::set_backward_chunks_in_turn(a.backward_chunks_in_turn);
   kernels::set_fusion_in_scan(a.fusion_in_scan);
   kernels::set_u_in_scan(!a.u_from_factors);
+  kernels::set_qk_in_scan(!a.qk_from_factors);
 #endif
   attention::set_gdn_backward(a.backward == "autograd"   ? attention::GdnBackward::kAutograd
                               : a.backward == "explicit" ? attention::GdnBackward::kExplicit
@@ -250,6 +256,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"backward_chunks_in_turn", a.backward_chunks_in_turn},
                          {"fusion_in_scan", a.fusion_in_scan},
                          {"u_from_factors", a.u_from_factors},
+                         {"qk_from_factors", a.qk_from_factors},
                          {"factors_occupancy", a.factors_occupancy},
                          {"scan_kernel", a.scan_kernel},
                          {"scan_segments", a.scan_segments},
@@ -357,6 +364,17 @@ int run_bench_gdn(const GdnBenchArgs& a) {
 #ifdef HH_HAVE_KERNELS
     if (kernels::u_in_scan_launches() == u_in_scan_before) f_u_scan.reset(), f_u_factors.reset(), fb_u_scan.reset(), fb_u_factors.reset();
 #endif
+    // The inference forward's scan forming Qd and kdecay from q's and k's rows (the default) against reading
+    // chunk_factors': the forward alone (a forward kept for the backward reads chunk_factors' either way); nothing
+    // where the scan never read q and k (column_scan_reads_qk false).
+#ifdef HH_HAVE_KERNELS
+    const int64_t qk_in_scan_before = kernels::qk_in_scan_launches();
+#endif
+    auto [f_qk_scan, f_qk_factors] =
+        alternating(OtherPath::kQkFromFactors, a.qk_from_factors || same_u, [&] { return forward(ours, back_to_back_ms); });
+#ifdef HH_HAVE_KERNELS
+    if (kernels::qk_in_scan_launches() == qk_in_scan_before) f_qk_scan.reset(), f_qk_factors.reset();
+#endif
     // chunk_backward one block a chunk (the default) against one block an SM taking chunks in turn; nothing
     // where the backward never reached the in-turn kernel (not the form that reads T with Dk = Dv = 128: other
     // head sizes or dtypes, the direct term apart, the backward off the kernels), which would time one path twice.
@@ -427,6 +445,12 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                "the column scan's products by warpgroup (default) / by warp");
     alternated(f_u_scan, f_u_factors, fb_u_scan, fb_u_factors, "u_in_scan", "u_from_factors",
                "the forward's scan forming U from v (default) / reading chunk_factors' U");
+    if (f_qk_scan && f_qk_factors) {
+      row["fwd_qk_in_scan_b2b_ms"] = *f_qk_scan, row["fwd_qk_from_factors_b2b_ms"] = *f_qk_factors;
+      std::printf("  %-10s back to back, the inference forward's scan forming Qd and kdecay from q and k (default) / reading\n"
+                  "  %-10s chunk_factors' (medians of three alternating rounds): forward %.3f / %.3f ms\n",
+                  "", "", *f_qk_scan, *f_qk_factors);
+    }
     if (fb_each && fb_turns) {
       row["fwd_bwd_backward_block_a_chunk_b2b_ms"] = *fb_each, row["fwd_bwd_backward_in_turn_b2b_ms"] = *fb_turns;
       std::printf("  %-10s back to back, chunk_backward one block a chunk (default) / one block an SM taking chunks in turn\n"
@@ -843,6 +867,9 @@ BenchSub add_bench_gdn(CLI::App& bench) {
   c->add_flag("--u-from-factors", a->u_from_factors,
               "On CUDA with 16-bit inputs, have chunk_factors form each chunk's U and the forward's scan (inference and training) "
               "read it, instead of the scan forming U from v and T diag(beta)");
+  c->add_flag("--qk-from-factors", a->qk_from_factors,
+              "On CUDA with 16-bit inputs, have chunk_factors form each chunk's Qd = scale e^G q and kdecay = e^{G_C - G} k "
+              "and the inference forward's scan read them, instead of the scan forming both from q's and k's rows");
   c->add_flag("--direct-apart", a->direct_apart,
               "On CUDA with 16-bit inputs, form the backward's direct term (the effect of each chunk's start state on "
               "its output) with chunk_state_direct, instead of in the reverse scan from the forward's output factors");

@@ -719,9 +719,12 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   // a backward reads: chunk_factors then reads no v and writes T diag(beta) instead of U.
   const bool u_scan = u16 && !fuse_in_scan && conv == nullptr && kernels::factors_in_turn() == 0 &&
                       kernels::column_scan_forms_u(Dk, vc, grid);
+  // Without that history it also forms Qd and kdecay from q's and k's rows where they lie
+  // (kernels::set_qk_in_scan): chunk_factors then writes only their rows' scales.
+  const bool qk_scan = u_scan && !keep_states && kernels::column_scan_reads_qk(Dk, qc, kc, vc, grid);
   const kernels::ChunkFactors f = kernels::chunk_factors(
       kc, vc, gk, bk, grid, f16_history ? qc : at::Tensor(), scale, conv,
-      u_scan ? kernels::UForm::kScan : u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32, keep_t);
+      u_scan ? kernels::UForm::kScan : u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32, keep_t, qk_scan);
   if (on_queued) on_queued(GdnStage::kFactors);
   std::optional<kernels::LowRankScanArgs::Output> in_scan;
   if (output_in_scan) {
@@ -735,6 +738,7 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   }
   ScanU u{f.U, f.U_inv, std::nullopt};
   if (u_scan) u.from_v = kernels::LowRankScanArgs::UFromV{vc, f.Tb};
+  if (qk_scan) u.from_v->q = qc, u.from_v->k = kc, u.from_v->QK = f.QK;
   const ForwardScan r = forward_scan(f.kdecay, f.W, u, f.decay, f.bound, s0, L.offsets,
                                      kernels::block_f16_scan_enabled() ? kernels::ScanPrecision::kBlockFloat16
                                                                        : kernels::ScanPrecision::kTf32,

@@ -47,6 +47,7 @@ class ScanDefaultsAfterEachTest : public ::testing::EmptyTestEventListener {
     hh::kernels::set_scan_pieces_of_parity(-1);
     hh::kernels::set_scan_columns(0);
     hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+    hh::kernels::set_qk_in_scan(true);
   }
 };
 [[maybe_unused]] const bool kScanDefaultsAfterEachTest = [] {
@@ -2015,6 +2016,95 @@ TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
             }
           }
     }
+}
+
+// The inference forward's column scan reading q's and k's rows where they lie and forming Qd = scale e^G q and
+// kdecay = e^{G_C - G} k itself (set_qk_in_scan, the default where column_scan_reads_qk holds), from the rows'
+// scales chunk_factors writes instead of both (qk_in_scan). The factors: no Qd or kdecay; the scales times q's
+// and k's rows, rounded to float16 on the host's side, the bits of chunk_factors' own Qd and kdecay; the other
+// factors the same bits; the option refused without UForm::kScan or with T for the backward. The rule: o and
+// the final state the same bits as the scan reading chunk_factors' Qd and kdecay (the same arithmetic on the
+// same values), from a NaN-poisoned allocator, both 16-bit dtypes, Dv 128 and 64, one sequence of T not a
+// multiple of 64 (its last rows past the tensor), a batch of T a multiple of 64, the automatic pieces, whole
+// sequences and pieces of 2 chunks, with and without an initial state; a batch whose chunks are not rows, and
+// a forward with a graph (its scan writes the history), take the other path.
+TEST(CudaGdn, ColumnScanReadingQAndKEqualsReadingTheirFactors) {
+  ASSERT_TRUE(torch::cuda::is_available());
+  ASSERT_TRUE(hh::kernels::qk_in_scan_enabled());
+  if (!hh::kernels::scan_wgmma_available()) GTEST_SKIP() << "this device's code has no warpgroup products (not built for sm_90a)";
+  const int64_t H = 3, Dk = 128;
+  const double scale = 0.1;
+  for (torch::Dtype dt : {torch::kBFloat16, torch::kHalf})
+    for (int64_t Dv : {int64_t{128}, int64_t{64}}) {
+      {
+        const int64_t B = 2, T = 150, per = 3, N = B * per;
+        const std::string what = std::string(c10::toString(dt)) + " Dv=" + std::to_string(Dv) + " factors";
+        const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
+        const hh::kernels::ChunkGrid grid{N, per, {}};
+        using hh::kernels::UForm;
+        poison_allocator();
+        const auto fs = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, UForm::kScan);
+        poison_allocator();
+        const auto fq = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, UForm::kScan, false, true);
+        EXPECT_FALSE(fq.Qd.defined() || fq.kdecay.defined()) << what;
+        ASSERT_EQ(fq.QK.sizes(), torch::IntArrayRef({H, N, 2, 64})) << what;
+        ASSERT_EQ(fq.QK.scalar_type(), torch::kFloat) << what;
+        EXPECT_TRUE(torch::equal(fq.W, fs.W) && torch::equal(fq.Tb, fs.Tb) && torch::equal(fq.Aq, fs.Aq) &&
+                    torch::equal(fq.aq_inv, fs.aq_inv) && torch::equal(fq.decay, fs.decay) && torch::equal(fq.bound, fs.bound))
+            << what << ": the other factors";
+        // Each row times its scale in float32 (exact products, rounded once), then to float16 (to nearest even).
+        auto formed = [&](const torch::Tensor& x, int part) {
+          return (on_grid(x.to(torch::kFloat), per) * fq.QK.select(2, part).unsqueeze(-1)).to(torch::kHalf);
+        };
+        EXPECT_TRUE(torch::equal(formed(q, 0), fs.Qd)) << what << ": Qd from q's rows and their scales";
+        EXPECT_TRUE(torch::equal(formed(k, 1), fs.kdecay)) << what << ": kdecay from k's rows and their scales";
+        EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, UForm::kFloat16Columns, false, true),
+                     std::invalid_argument)
+            << what << ": without UForm::kScan";
+        EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, UForm::kScan, true, true), std::invalid_argument)
+            << what << ": with T for the backward";
+      }
+      struct Case {
+        int64_t B, T;
+        bool rows;  // each chunk's slots consecutive tokens: the scan reads q and k
+      };
+      for (const Case& c : {Case{1, 777, true}, Case{2, 640, true}, Case{2, 700, false}})
+        for (int64_t segments : {hh::kernels::kAutoSegments, int64_t{0}, int64_t{2}})
+          for (bool with_s0 : {true, false}) {
+            const std::string what = std::string(c10::toString(dt)) + " Dv=" + std::to_string(Dv) + " B=" + std::to_string(c.B) +
+                                     " T=" + std::to_string(c.T) + " segments " + std::to_string(segments) + (with_s0 ? ", s0" : "");
+            const auto [q, k, v, g, beta] = chunk_in(c.B, c.T, H, Dk, Dv, dt);
+            const auto s0 = with_s0 ? (0.5 * torch::randn({c.B, H, Dk, Dv}, kF64)).to(kCuda.dtype(torch::kFloat)) : torch::Tensor();
+            torch::NoGradGuard no_grad;
+            auto run = [&](bool qk_in_scan) {
+              hh::kernels::set_qk_in_scan(qk_in_scan);
+              hh::kernels::set_scan_segments(segments);
+              poison_allocator();
+              const auto r = gdn_chunked_scan(q, k, v, g, beta, s0, scale);
+              hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+              hh::kernels::set_qk_in_scan(true);
+              return r;
+            };
+            const int64_t launches = hh::kernels::qk_in_scan_launches(), u_launches = hh::kernels::u_in_scan_launches();
+            const auto got = run(true);
+            EXPECT_EQ(hh::kernels::qk_in_scan_launches() - launches, c.rows ? 1 : 0) << what << ": the path taken";
+            const auto apart = run(false);
+            EXPECT_EQ(hh::kernels::qk_in_scan_launches() - launches, c.rows ? 1 : 0) << what << ": switched off";
+            EXPECT_EQ(hh::kernels::u_in_scan_launches() - u_launches, c.rows ? 2 : 0) << what << ": U formed in the scan both times";
+            EXPECT_TRUE(got.o.isfinite().all().item<bool>()) << what;
+            EXPECT_TRUE(torch::equal(got.o, apart.o)) << what << ": o";
+            EXPECT_TRUE(torch::equal(got.state, apart.state)) << what << ": the final state";
+          }
+    }
+  // With a graph the forward keeps its history for the backward: the scan reads chunk_factors' Qd and kdecay.
+  const auto [q, k, v, g, beta] = chunk_in(1, 256, H, Dk, 128, torch::kBFloat16);
+  const auto x = q.detach().requires_grad_(true);
+  const int64_t launches = hh::kernels::qk_in_scan_launches(), u_launches = hh::kernels::u_in_scan_launches();
+  const auto r = gdn_chunked_scan(x, k, v, g, beta, torch::Tensor(), scale);
+  EXPECT_EQ(hh::kernels::u_in_scan_launches() - u_launches, 1) << "with a graph: U formed in the scan";
+  EXPECT_EQ(hh::kernels::qk_in_scan_launches() - launches, 0) << "with a graph: q and k not read by the scan";
+  const auto dq = torch::autograd::grad({r.o.to(torch::kFloat).sum()}, {x})[0];
+  EXPECT_TRUE(dq.isfinite().all().item<bool>()) << "with a graph: dq";
 }
 
 // The rule's output through the fusion norm (gdn_fused_output: the scan's own output then the fusion
