@@ -1874,6 +1874,41 @@ TEST(CudaGdn, ColumnScanByWarpgroupEqualsTheScanByWarp) {
     }
 }
 
+// The cases of the column scan's path tests (U and Qd, kdecay formed in the scan): one sequence of T not a
+// multiple of 64 (its last rows past the tensor) and a batch of T a multiple of 64, each chunk's slots
+// consecutive tokens (rows: the scan takes the path), and a batch whose chunks are not rows; each with the
+// automatic pieces, whole sequences and pieces of 2 chunks, with and without an initial state: fn(case, its
+// inputs, s0 or undefined, segments, a name).
+struct PathCase {
+  int64_t B, T;
+  bool rows;
+};
+template <class Fn>
+void for_each_path_case(torch::Dtype dt, int64_t H, int64_t Dk, int64_t Dv, Fn&& fn) {
+  for (const PathCase& c : {PathCase{1, 777, true}, PathCase{2, 640, true}, PathCase{2, 700, false}})
+    for (int64_t segments : {hh::kernels::kAutoSegments, int64_t{0}, int64_t{2}})
+      for (bool with_s0 : {true, false}) {
+        const std::string what = std::string(c10::toString(dt)) + " Dv=" + std::to_string(Dv) + " B=" + std::to_string(c.B) +
+                                 " T=" + std::to_string(c.T) + " segments " + std::to_string(segments) + (with_s0 ? ", s0" : "");
+        const ChunkIn in = chunk_in(c.B, c.T, H, Dk, Dv, dt);
+        const auto s0 = with_s0 ? (0.5 * torch::randn({c.B, H, Dk, Dv}, kF64)).to(kCuda.dtype(torch::kFloat)) : torch::Tensor();
+        fn(c, in, s0, segments, what);
+      }
+}
+// The rule without a graph from a NaN-poisoned allocator, with a path's switch (set_u_in_scan, set_qk_in_scan)
+// at `on` and the scan in pieces of `segments` chunks; both back to their defaults after.
+hh::attention::GdnOutput rule_on_path(void (*set)(bool), bool on, int64_t segments, const ChunkIn& in, const torch::Tensor& s0,
+                                      double scale) {
+  torch::NoGradGuard no_grad;
+  set(on);
+  hh::kernels::set_scan_segments(segments);
+  poison_allocator();
+  auto r = gdn_chunked_scan(in.q, in.k, in.v, in.g, in.beta, s0, scale);
+  hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+  set(true);
+  return r;
+}
+
 // The forward's column scan forming U = T diag(beta) V itself (set_u_in_scan, the default where
 // column_scan_forms_u holds; without a graph, and training's with the history) from v's rows and
 // chunk_factors' T diag(beta) in two 16-bit parts (UForm::kScan). The factors: no U; W, kdecay, Qd, Aq, decay
@@ -1937,30 +1972,14 @@ TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
             << what << ": with T for the backward";
       }
       // The rule.
-      struct Case {
-        int64_t B, T;
-        bool rows;  // each chunk's slots consecutive tokens: the scan forms U
-      };
-      for (const Case& c : {Case{1, 777, true}, Case{2, 640, true}, Case{2, 700, false}})
-        for (int64_t segments : {hh::kernels::kAutoSegments, int64_t{0}, int64_t{2}})
-          for (bool with_s0 : {true, false}) {
-            const std::string what = std::string(c10::toString(dt)) + " Dv=" + std::to_string(Dv) + " B=" + std::to_string(c.B) +
-                                     " T=" + std::to_string(c.T) + " segments " + std::to_string(segments) + (with_s0 ? ", s0" : "");
-            const auto [q, k, v, g, beta] = chunk_in(c.B, c.T, H, Dk, Dv, dt);
-            const auto s0 = with_s0 ? (0.5 * torch::randn({c.B, H, Dk, Dv}, kF64)).to(kCuda.dtype(torch::kFloat)) : torch::Tensor();
+      for_each_path_case(dt, H, Dk, Dv, [&](const PathCase& c, const ChunkIn& in, const torch::Tensor& s0, int64_t segments,
+                                            const std::string& what) {
+            const auto& [q, k, v, g, beta] = in;
+            const bool with_s0 = s0.defined();
             auto f64 = [](const torch::Tensor& x) { return x.to(torch::kCPU, torch::kDouble); };
             const auto ref = gdn_recurrent(f64(q), f64(k), f64(v), f64(g), f64(beta),
                                            with_s0 ? f64(s0) : torch::zeros({c.B, H, Dk, Dv}, kF64), scale);
-            torch::NoGradGuard no_grad;
-            auto run = [&](bool u_in_scan) {
-              hh::kernels::set_u_in_scan(u_in_scan);
-              hh::kernels::set_scan_segments(segments);
-              poison_allocator();
-              const auto r = gdn_chunked_scan(q, k, v, g, beta, s0, scale);
-              hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
-              hh::kernels::set_u_in_scan(true);
-              return r;
-            };
+            auto run = [&](bool u_in_scan) { return rule_on_path(hh::kernels::set_u_in_scan, u_in_scan, segments, in, s0, scale); };
             const int64_t launches = hh::kernels::u_in_scan_launches();
             const auto got = run(true);
             EXPECT_EQ(hh::kernels::u_in_scan_launches() - launches, c.rows ? 1 : 0) << what << ": the path taken";
@@ -1979,12 +1998,12 @@ TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
               std::printf("[ measured ] %s: o %.3g / %.3g, state %.3g / %.3g (U formed in the scan / from chunk_factors)\n",
                           what.c_str(), rel_err(got.o, ref.o), rel_err(apart.o, ref.o), rel_err(got.state, ref.state),
                           rel_err(apart.state, ref.state));
-            if (segments != hh::kernels::kAutoSegments || !with_s0) continue;
+            if (segments != hh::kernels::kAutoSegments || !with_s0) return;
             // With a graph (training's forward scan, which also writes the history the backward reads): o, the final
             // state and the gradients of q, k, v, g, beta and s0 against the path with U from chunk_factors, and the
             // gradients against the chunked rule's in float64, within the 16-bit products' rounding (the bound of the
             // backward's other comparisons).
-            torch::GradMode::set_enabled(true);
+            const torch::AutoGradMode with_graph(true);
             const auto w_o = torch::randn({c.B, c.T, H, Dv}, kCuda.dtype(torch::kFloat));
             auto train = [&](bool u_in_scan) {
               hh::kernels::set_u_in_scan(u_in_scan);
@@ -2007,14 +2026,15 @@ TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
             for (auto& t : r) t.requires_grad_(true);
             const auto ref64 = gdn_chunked(r[0], r[1], r[2], r[3], r[4], r[5], scale);
             const auto want = torch::autograd::grad({(ref64.o * f64(w_o)).sum() + ref64.state.sum()}, r);
-            torch::GradMode::set_enabled(false);
             const char* names[] = {"dq", "dk", "dv", "dg", "dbeta", "ds0", "o", "final state"};
             for (size_t i = 0; i < 8; ++i) {
               EXPECT_TRUE(g_in[i].isfinite().all().item<bool>()) << what << ", with a graph: " << names[i];
               EXPECT_LT(rel_err(g_in[i], g_apart[i]), 1e-2) << what << ", with a graph: " << names[i];
-              if (i < 6) EXPECT_LT(rel_err(g_in[i], want[i]), 1e-2) << what << ", with a graph: " << names[i] << " against float64";
+              if (i < 6) {
+                EXPECT_LT(rel_err(g_in[i], want[i]), 1e-2) << what << ", with a graph: " << names[i] << " against float64";
+              }
             }
-          }
+          });
     }
 }
 
@@ -2064,27 +2084,9 @@ TEST(CudaGdn, ColumnScanReadingQAndKEqualsReadingTheirFactors) {
         EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, UForm::kScan, true, true), std::invalid_argument)
             << what << ": with T for the backward";
       }
-      struct Case {
-        int64_t B, T;
-        bool rows;  // each chunk's slots consecutive tokens: the scan reads q and k
-      };
-      for (const Case& c : {Case{1, 777, true}, Case{2, 640, true}, Case{2, 700, false}})
-        for (int64_t segments : {hh::kernels::kAutoSegments, int64_t{0}, int64_t{2}})
-          for (bool with_s0 : {true, false}) {
-            const std::string what = std::string(c10::toString(dt)) + " Dv=" + std::to_string(Dv) + " B=" + std::to_string(c.B) +
-                                     " T=" + std::to_string(c.T) + " segments " + std::to_string(segments) + (with_s0 ? ", s0" : "");
-            const auto [q, k, v, g, beta] = chunk_in(c.B, c.T, H, Dk, Dv, dt);
-            const auto s0 = with_s0 ? (0.5 * torch::randn({c.B, H, Dk, Dv}, kF64)).to(kCuda.dtype(torch::kFloat)) : torch::Tensor();
-            torch::NoGradGuard no_grad;
-            auto run = [&](bool qk_in_scan) {
-              hh::kernels::set_qk_in_scan(qk_in_scan);
-              hh::kernels::set_scan_segments(segments);
-              poison_allocator();
-              const auto r = gdn_chunked_scan(q, k, v, g, beta, s0, scale);
-              hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
-              hh::kernels::set_qk_in_scan(true);
-              return r;
-            };
+      for_each_path_case(dt, H, Dk, Dv, [&](const PathCase& c, const ChunkIn& in, const torch::Tensor& s0, int64_t segments,
+                                            const std::string& what) {
+            auto run = [&](bool qk_in_scan) { return rule_on_path(hh::kernels::set_qk_in_scan, qk_in_scan, segments, in, s0, scale); };
             const int64_t launches = hh::kernels::qk_in_scan_launches(), u_launches = hh::kernels::u_in_scan_launches();
             const auto got = run(true);
             EXPECT_EQ(hh::kernels::qk_in_scan_launches() - launches, c.rows ? 1 : 0) << what << ": the path taken";
@@ -2094,7 +2096,7 @@ TEST(CudaGdn, ColumnScanReadingQAndKEqualsReadingTheirFactors) {
             EXPECT_TRUE(got.o.isfinite().all().item<bool>()) << what;
             EXPECT_TRUE(torch::equal(got.o, apart.o)) << what << ": o";
             EXPECT_TRUE(torch::equal(got.state, apart.state)) << what << ": the final state";
-          }
+          });
     }
   // With a graph the forward keeps its history for the backward: the scan reads chunk_factors' Qd and kdecay.
   const auto [q, k, v, g, beta] = chunk_in(1, 256, H, Dk, 128, torch::kBFloat16);
