@@ -1843,6 +1843,24 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
           x = fmaf(part[j][e], e < 2 ? q0.inverse : q1.inverse, DIR ? fmaf(e < 2 ? di0 : di1, pz[j][e], an * x) : an * x);
         }
     }
+    // This warp is done with the slot once Aq's product has read it (after the state's update on a warm-up chunk):
+    // the forward's forms without the fusion release it there, before o's staging and stores and the next state's
+    // fragments, and warp 0 refills it with chunk i + 2 once every warp has (with two slots a chunk's copies can
+    // start only once the step two before has released their slot, so each release is as early as its last read).
+    // The reverse scan and the fused forms release it at the step's end (earlier, ptxas spilled in them).
+    constexpr bool kEarlyRelease = !DIR && !FUSED;
+    [[maybe_unused]] auto release_slot = [&] {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[buf]);
+      if (warp == 0) {
+        if (lane == 0 && i + kColumnStages < count) {
+          mbar_wait(&empty[buf], round & 1);
+          issue(i + kColumnStages, buf);
+        }
+        __syncwarp();
+      }
+    };
+    if (kEarlyRelease && !write) release_slot();
     if (write && !DIR) {
       // o^T += aq_inv M^T Aq^T (Aq is zero above its diagonal: token tiles p take M's blocks k <= p).
       float oa[NC][4] = {};
@@ -1861,6 +1879,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
           }
       }
       const float ai = *ring.aq_inv(buf);
+      if constexpr (kEarlyRelease) release_slot();
       if constexpr (Ring::kStageInHist) ready_tile();  // the M history tile's last copy has read it
       // o^T's rows (this warp's 16 columns) into the warp's staging tile [C][16] as o's rows, then 16 bytes a lane.
       __half* const st16 = reinterpret_cast<__half*>(ring.stage(warp));
@@ -1895,8 +1914,10 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         }
       }
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[buf]);  // this warp is done with the slot
+    if constexpr (!kEarlyRelease) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[buf]);  // this warp is done with the slot
+    }
     if (FUSED && write) {
       // Every warp's sums of the chunk in the table (the barrier also keeps a warp from writing the table's
       // other half for chunk i + 1 before all have read it for chunk i - 1).
@@ -1942,12 +1963,14 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     if constexpr (!DIR) write_m_history();  // here, where the step's accumulators are free
     // The state's 16-bit fragments for the next chunk (its start state).
     publish();
-    if (warp == 0) {  // refill this slot with chunk i + 2 once every warp has released it
-      if (lane == 0 && i + kColumnStages < count) {
-        mbar_wait(&empty[buf], round & 1);
-        issue(i + kColumnStages, buf);
+    if constexpr (!kEarlyRelease) {
+      if (warp == 0) {  // refill this slot with chunk i + 2 once every warp has released it
+        if (lane == 0 && i + kColumnStages < count) {
+          mbar_wait(&empty[buf], round & 1);
+          issue(i + kColumnStages, buf);
+        }
+        __syncwarp();
       }
-      __syncwarp();
     }
     __syncwarp();  // the staging tile is read before the next chunk writes it
     if (++buf == kColumnStages) buf = 0, ++round;
