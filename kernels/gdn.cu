@@ -2970,7 +2970,7 @@ bool column_scan_reads_qk(int64_t Dk, const at::Tensor& q, const at::Tensor& k, 
     return tiles_in_place(x, grid) && x.scalar_type() == v.scalar_type() && x.size(0) == v.size(0) && x.size(1) == v.size(1) &&
            x.size(2) == v.size(2) && x.size(3) == Dk;
   };
-  return g_qk_in_scan && column_scan_forms_u(Dk, v, grid) && as_v(q) && as_v(k);
+  return g_qk_in_scan && as_v(q) && as_v(k);
 }
 bool column_scan_fuses(int64_t Dk, int64_t Dv) { return column_scan_fits(Dk, Dv) && g_fusion_in_column_scan && !g_fusion_in_scan; }
 bool column_scan_takes(int64_t Dk, int64_t Dv, bool fused) { return fused ? column_scan_fuses(Dk, Dv) : column_scan_fits(Dk, Dv); }

@@ -218,10 +218,11 @@ bool u_in_scan_enabled();
 bool column_scan_forms_u(int64_t Dk, const at::Tensor& v, const ChunkGrid& grid);
 // How many column scans have formed U from v (for tests: the path taken).
 int64_t u_in_scan_launches();
-// Whether such a forward (column_scan_forms_u, without the history a backward reads) also has the scan form
-// Qd = scale e^G q and kdecay = e^{G_C - G} k itself from q's and k's rows where they lie (UFromV::q, k, QK),
-// where q and k meet v's conditions; process-wide, on by default. chunk_factors then writes neither (268 MB
-// less at B1 T32K H16 Dk 128); the scan reads q and k instead, and scales their rows in its slot.
+// Whether such a forward (one where column_scan_forms_u holds, which its callers have asked already, without
+// the history a backward reads) also has the scan form Qd = scale e^G q and kdecay = e^{G_C - G} k itself from
+// q's and k's rows where they lie (UFromV::q, k, QK): the switch on, and q and k laid out as v; process-wide, on
+// by default. chunk_factors then writes neither (268 MB less at B1 T32K H16 Dk 128); the scan reads q and k
+// instead, and scales their rows in its slot.
 void set_qk_in_scan(bool on);
 bool qk_in_scan_enabled();
 bool column_scan_reads_qk(int64_t Dk, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ChunkGrid& grid);

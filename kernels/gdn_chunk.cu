@@ -469,6 +469,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
   T* const Vs0 = Ks0 + kC * ld16<DK>();
   float* const Ls = reinterpret_cast<float*>(Vs0 + factors_second_tile<DK, DV, OUT>());  // L, then T = (I + L)^{-1}
   float* const Gs = Ls + kC * kLdT;
+  // Row r's scale of Qd = scale e^G Q and of kdecay = e^{G_C - G} K (last = G_C, the chunk's Gs[kC - 1]): one
+  // formula for the stores below and for the scales the column scan forms both with (of.qk), so that its Qd and
+  // kdecay stay these bits.
+  [[maybe_unused]] auto qd_scale = [&](int r) { return of.scale * expf(Gs[r]); };
+  auto kdecay_scale = [&](float last, int r) { return expf(last - Gs[r]); };
   float* const bs = Gs + kC;  // beta
   float* const ws = bs + kC;  // beta e^G: W's scale
   float* const kk = ws + kC;  // beta_t k_t.k_t
@@ -570,13 +575,13 @@ __global__ void __launch_bounds__(kThreads, MINB)
       if (tid == 0) of.aq_inv[chunk] = sc.inverse;
       if (kQkScales && of.qk != nullptr) {  // the scan forms Qd and kdecay from q's and k's rows: their rows' scales, as below
         if (tid < kC) {
-          of.qk[chunk * 2 * kC + tid] = of.scale * expf(Gs[tid]);
-          of.qk[chunk * 2 * kC + kC + tid] = expf(Gs[kC - 1] - Gs[tid]);
+          of.qk[chunk * 2 * kC + tid] = qd_scale(tid);
+          of.qk[chunk * 2 * kC + kC + tid] = kdecay_scale(Gs[kC - 1], tid);
         }
       } else {
         for (int i = tid; i < kC * DK / 8; i += kThreads) {
           const int r = (8 * i) / DK, c = (8 * i) % DK;
-          store_global16(of.Qd + chunk * kC * DK + r * DK + c, scaled_half8(Qs + r * ld16<DK>() + c, of.scale * expf(Gs[r])));
+          store_global16(of.Qd + chunk * kC * DK + r * DK + c, scaled_half8(Qs + r * ld16<DK>() + c, qd_scale(r)));
         }
       }
     }
@@ -608,7 +613,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       c10::Half* dst = kdecay + chunk * kC * DK;
       for (int i = tid - kC; (!kQkScales || kdecay != nullptr) && i < kC * DK / 8; i += kThreads - kC) {  // (none with of.qk)
         const int r = (8 * i) / DK, c = (8 * i) % DK;
-        store_global16(dst + r * DK + c, scaled_half8(Ks + r * ld16<DK>() + c, expf(last - Gs[r])));
+        store_global16(dst + r * DK + c, scaled_half8(Ks + r * ld16<DK>() + c, kdecay_scale(last, r)));
       }
       if (tid < 2 * kC) ws[tid - kC] = bs[tid - kC] * expf(Gs[tid - kC]);
       if (tid == kC) decay[chunk] = expf(last);
