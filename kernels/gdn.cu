@@ -1279,9 +1279,10 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // T diag(beta)'s two parts (chunk_factors' UForm::kScan, landed whole as Aq is); each step issues
 // U^T = V^T (hi + lo)^T as one more group of the warpgroup's products, both operands read from the slot (V
 // MN-major, the parts K-major), beside S^T B^T and waited for with it; M^T = U^T - S^T B^T in float32.
-// QK (with UV, not HIST: LowRankScanArgs::UFromV::q): Qd's and A's tiles hold q's and k's rows where they lie
-// (head h's columns, as v's), with their rows' scales from chunk_factors (qk_in_scan) beside them; once the
-// slot has landed, before the step's first products, the block's warps scale each row into float16 in place
+// QK (with UV, with or without HIST: LowRankScanArgs::UFromV::q; or DIR: Direct::q): Qd's tile and kdecay's (the
+// forward's A, the reverse scan's B) hold q's and k's rows where they lie (head h's columns, as v's or dO's),
+// with their rows' scales from chunk_factors (qk_in_scan) beside them (with HIST and UV, in the ring's head);
+// once the slot has landed, before the step's first products, the block's warps scale each row into float16 in place
 // (scaled_half8, chunk_factors' arithmetic, so Qd and kdecay are the same bits), and a barrier of the block
 // has the tiles whole before the products that read them. (Scaled beside the first products instead, the
 // forward was as fast, and its Dv 128 forms spilled 16 bytes: docs/BENCHMARKS.md v80.)
@@ -1303,14 +1304,17 @@ struct ColumnRing {
   // each landed whole as Aq is. With HIST too (kStageInHist): no U scales and the chunk's scalars in the
   // head, so that a slot is whole KB, and o staged in the warp's M history tile (the same [C][16] 16-bit
   // bytes) once that tile's last copy has read it, with no tiles of its own: the ring then fits an SM.
-  // QK (with UV, not HIST): q's and k's rows where Qd's and A's tiles lie, and the scales of their rows.
+  // QK (the forward forming U, or the reverse scan: HIST without UV): q's rows where Qd's tile lies and k's
+  // where kdecay's does (the forward's A, the reverse scan's B), and the scales of their rows (kQk bytes):
+  // in the slot, or with kStageInHist in the head's second KB (the slots then fill the SM to its last KB).
   static constexpr size_t kTb = UV ? 2 * kAq : 0, kQk = QK ? 2 * static_cast<size_t>(C) * 4 : 0;
   static constexpr bool kStageInHist = HIST && UV;
-  static_assert(!QK || (UV && !HIST), "q and k read in place by the forward forming U, without the history");
-  static constexpr size_t kSlot = (3 * kTile + kAq + kU + kTb + kQk + (kStageInHist ? 0 : kUInv + 16) + 1023) / 1024 * 1024;
+  static_assert(!QK || UV || HIST, "q and k read in place by the forward forming U or by the reverse scan");
+  static constexpr size_t kQkSlot = kStageInHist ? 0 : kQk;
+  static constexpr size_t kSlot = (3 * kTile + kAq + kU + kTb + kQkSlot + (kStageInHist ? 0 : kUInv + 16) + 1023) / 1024 * 1024;
   static constexpr size_t kStage = static_cast<size_t>(C) * 16 * 2;  // a warp's o tile [C][16], 16-bit
   static constexpr size_t kStaging = kStageInHist ? 0 : kWarps * kStage;
-  static constexpr size_t kHead = 1024;                                // the barriers
+  static constexpr size_t kHead = QK && kStageInHist ? 2048 : 1024;  // the barriers (and QK's scales)
   static constexpr size_t kPsum = FUSED ? 2 * static_cast<size_t>(C) * kWarps * 4 : 0;  // [2][C][kWarps] float
   static constexpr size_t kGate = FUSED ? kWarps * kStage : 0;                            // a warp's gate tile [C][16]
   static constexpr size_t kHistS = static_cast<size_t>(DK) * 16 * 2, kHistM = static_cast<size_t>(C) * 16 * 2;  // HIST: [DK][16] of S, [C][16] of M
@@ -1323,8 +1327,10 @@ struct ColumnRing {
   __device__ __forceinline__ char* Aq(int b) const { return Qd(b) + kTile; }
   __device__ __forceinline__ char* U(int b) const { return Aq(b) + kAq; }
   __device__ __forceinline__ char* Tb(int b, int part) const { return U(b) + kU + part * kAq; }  // UV
-  __device__ __forceinline__ float* qk(int b) const { return reinterpret_cast<float*>(U(b) + kU + kTb); }  // QK: q's row scales, then k's
-  __device__ __forceinline__ float* u_inv(int b) const { return reinterpret_cast<float*>(U(b) + kU + kTb + kQk); }
+  __device__ __forceinline__ float* qk(int b) const {  // QK: q's row scales, then k's
+    return reinterpret_cast<float*>(kStageInHist ? slots - kHead + 1024 + b * kQk : U(b) + kU + kTb);
+  }
+  __device__ __forceinline__ float* u_inv(int b) const { return reinterpret_cast<float*>(U(b) + kU + kTb + kQkSlot); }
   __device__ __forceinline__ float* decay(int b) const {  // kStageInHist: four floats a slot from the head's byte 512
     return kStageInHist ? reinterpret_cast<float*>(slots - kHead + 512) + 4 * b : u_inv(b) + DV;
   }
@@ -1339,6 +1345,7 @@ struct ColumnRing {
   static_assert((kColumnStages * kSlot + kStaging + kPsum + kGate) % 1024 == 0 && kHistS % 1024 == 0 && kHistM % 1024 == 0,
                 "the history's staging tiles start on 1024-byte boundaries of the ring");
   static_assert(!kStageInHist || kHead >= 512 + 4 * kColumnStages * 4, "the chunks' scalars fit the head");
+  static_assert(!QK || !kStageInHist || kHead >= 1024 + kColumnStages * kQk, "the rows' scales fit the head's second KB");
   __device__ __forceinline__ char* hist_s(int w) const { return slots + kColumnStages * kSlot + kStaging + kPsum + kGate + w * kHistS; }
   __device__ __forceinline__ char* hist_m(int w) const {
     return slots + kColumnStages * kSlot + kStaging + kPsum + kGate + kWarps * kHistS + w * kHistM;
@@ -1351,6 +1358,10 @@ static_assert(ColumnRing<128, 128, false, false, true, true>::kBytes <= 227 * 10
               "the column scan's ring fits an SM with V, T diag(beta), q, k and their scales");
 static_assert(ColumnRing<128, 128, false, true, true>::kBytes <= 227 * 1024,
               "the column scan's ring fits an SM with V, T diag(beta) and the history");
+static_assert(ColumnRing<128, 128, false, true, true, true>::kBytes <= 227 * 1024,
+              "the column scan's ring fits an SM with V, T diag(beta), q, k, their scales and the history");
+static_assert(ColumnRing<128, 128, false, true, false, true>::kBytes <= 227 * 1024,
+              "the reverse scan's ring fits an SM with q, k and their scales");
 
 // The history's scales (HIST): one for a warp's whole slab (its 16 columns of the state over Dk, or of M
 // over the chunk), so that its 16-bit values are the products' A fragments as they stand, each row
@@ -1414,6 +1425,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   static_assert(!(FUSED && HIST), "the history is written with o, not through the fusion");
   static_assert(!DIR || HIST, "the reverse scan writes the backward's history");
   static_assert(UV == 0 || (WG && !DIR && !FUSED), "U formed from V: the forward with o, by warpgroup");
+  static_assert(!QK || (WG && (UV != 0 || DIR)), "q and k read in place by the forward forming U or the reverse scan, by warpgroup");
   using Ring = ColumnRing<DK, DV, FUSED, HIST, (UV != 0), QK>;
   using VT = std::conditional_t<UV == 2, c10::Half, c10::BFloat16>;  // UV: V's and T diag(beta)'s 16-bit kind
   using P2 = typename Pair16<O>::type;
@@ -1459,11 +1471,18 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     cp_async_mbar_arrive(&full[b]);  // before the arrival below, so that the phase waits for them
     mbar_arrive_expect_tx(&full[b], bytes);
     const int row = static_cast<int>(c * C);
-    int qk_col = 0, qk_row = row;  // QK: head h's columns of q's and k's rows from the chunk's first token's row
-    if constexpr (QK) qk_col = h * DK, qk_row = static_cast<int>(so.rows.chunk(chunk(i)).first);
+    // The chunk's first token's row where the inputs lie (DIR: as dO's, which the reverse scan with QK reads in place).
+    auto in_row = [&] {
+      const int64_t n = chunk(i);
+      return static_cast<int>(DIR ? (n / sd.per) * sd.T + (n % sd.per) * C : so.rows.chunk(n).first);
+    };
+    // QK: head h's columns of q's rows (Qd's tile) and k's (the forward's A, the reverse scan's B) from that row.
+    int qk_col = 0, qk_row = row;
+    if constexpr (QK) qk_col = h * DK, qk_row = in_row();
+    constexpr bool kA = QK && !DIR, kB = QK && DIR;  // which of A and B is k's
     for (int x = 0; x < Ring::kBoxes; ++x) {
-      tma_load_2d(ring.A(b) + x * C * SW, &maps.A, qk_col + x * Ring::kBoxCols, qk_row, &full[b]);
-      tma_load_2d(ring.B(b) + x * C * SW, &maps.B, x * Ring::kBoxCols, row, &full[b]);
+      tma_load_2d(ring.A(b) + x * C * SW, &maps.A, (kA ? qk_col : 0) + x * Ring::kBoxCols, kA ? qk_row : row, &full[b]);
+      tma_load_2d(ring.B(b) + x * C * SW, &maps.B, (kB ? qk_col : 0) + x * Ring::kBoxCols, kB ? qk_row : row, &full[b]);
       tma_load_2d(ring.Qd(b) + x * C * SW, &maps.Qd, qk_col + x * Ring::kBoxCols, qk_row, &full[b]);
     }
     if constexpr (QK) tma_load_2d(ring.qk(b), &maps.QK, 0, static_cast<int>(c), &full[b]);
@@ -1471,12 +1490,9 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     // DIR: dO16's tile in U's place, or dO's own (sd.raw): head h's columns from the chunk's first token's row.
     int u_col = 0, u_row = row;
     if constexpr (DIR)
-      if (sd.raw != 0) {
-        const int64_t n = chunk(i);
-        u_col = h * DV, u_row = static_cast<int>((n / sd.per) * sd.T + (n % sd.per) * C);
-      }
+      if (sd.raw != 0) u_col = h * DV, u_row = QK ? qk_row : in_row();
     if constexpr (UV != 0)  // V's rows where they lie: head h's columns from the chunk's first token's row
-      u_col = h * DV, u_row = QK ? qk_row : static_cast<int>(so.rows.chunk(chunk(i)).first);
+      u_col = h * DV, u_row = QK ? qk_row : in_row();
     for (int x = 0; x < (DV + Ring::kBoxCols - 1) / Ring::kBoxCols; ++x)
       tma_load_2d(ring.U(b) + x * C * SW, DIR ? &maps.dO : &maps.U, u_col + x * Ring::kBoxCols, u_row, &full[b]);
     if constexpr (UV != 0) {
@@ -1599,7 +1615,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
     }
     return inv;
   };
-  // QK: slot b's q and k rows (in Qd's and A's tiles) to Qd = scale e^G q and kdecay = e^{G_C - G} k in float16,
+  // QK: slot b's q and k rows (in Qd's tile and in A's, DIR: B's) to Qd = scale e^G q and kdecay = e^{G_C - G} k in float16,
   // in place, by all the block's threads, each row by its scale from chunk_factors (scaled_half8: the same
   // bits as chunk_factors' own). The copy engine's swizzle moves 16-byte units within a row, so unit j of a
   // tile holds row (j / 8) % C. Each thread orders its writes before the products' reads (the async proxy),
@@ -1609,15 +1625,25 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       constexpr int kUnits = static_cast<int>(Ring::kTile / 16) / (32 * NW);
       static_assert(kUnits * 32 * NW * 16 == static_cast<int>(Ring::kTile), "whole units a thread");
       const float* const sc = ring.qk(b);
+      auto scale_tiles = [&](auto x) {  // the rows of the inputs' 16-bit kind X
+        using X = decltype(x);
 #pragma unroll
-      for (int part = 0; part < 2; ++part) {
-        char* const tile = part == 0 ? ring.Qd(b) : ring.A(b);
+        for (int part = 0; part < 2; ++part) {
+          char* const tile = part == 0 ? ring.Qd(b) : DIR ? ring.B(b) : ring.A(b);
 #pragma unroll
-        for (int m = 0; m < kUnits; ++m) {
-          const int j = tid + 32 * NW * m;
-          uint4* const unit = reinterpret_cast<uint4*>(tile + 16 * j);
-          *unit = scaled_half8(reinterpret_cast<const VT*>(unit), sc[part * C + (j / 8) % C]);
+          for (int m = 0; m < kUnits; ++m) {
+            const int j = tid + 32 * NW * m;
+            uint4* const unit = reinterpret_cast<uint4*>(tile + 16 * j);
+            *unit = scaled_half8(reinterpret_cast<const X*>(unit), sc[part * C + (j / 8) % C]);
+          }
         }
+      };
+      // The forward's kind is V's (UV); the reverse scan's is dO's, which q and k share (sd.raw: 2 for float16).
+      if constexpr (DIR) {
+        if (sd.raw == 2) scale_tiles(c10::Half{});
+        else scale_tiles(c10::BFloat16{});
+      } else {
+        scale_tiles(VT{});
       }
       fence_proxy_async_shared();
       __syncthreads();
@@ -2019,6 +2045,10 @@ void packed_maps(const at::Tensor& x, const char* what, CUtensorMap (&maps)[4]) 
                                 strides, box, CU_TENSOR_MAP_SWIZZLE_128B, "low_rank_scan", what);
   }
 }
+// The factor that gives a scan's shapes and dtype: B, or A where B is not given (the reverse scan reading k
+// where it lies, LowRankScanArgs::Direct::k).
+const at::Tensor& scan_factor(const LowRankScanArgs& a) { return a.B.defined() ? a.B : a.A; }
+
 // With blocks_do false, the caller encodes dO16's map in its own boxes (the column scan's), and it is not
 // encoded here in the blocks' too.
 template <int DK, int BV>
@@ -2030,7 +2060,7 @@ ScanMaps scan_maps(const LowRankScanArgs& a, bool blocks_do = true) {
   const CUtensorMapSwizzle slice_sw = Ring::kSliceSwizzle == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   ScanMaps m{};
   if (a.A.defined()) m.A = tensor_map_2d(a.A, Ring::C, Ring::kBoxCols, sw, "A");  // (not given with UFromV::q: k's rows instead)
-  m.B = tensor_map_2d(a.B, Ring::C, Ring::kBoxCols, sw, "B");
+  if (a.B.defined()) m.B = tensor_map_2d(a.B, Ring::C, Ring::kBoxCols, sw, "B");  // (not given with Direct::k: k's rows)
   m.has_u = a.U.defined();
   m.has_z = a.Z.defined();
   if (m.has_u && a.U.scalar_type() == at::kHalf) {  // the column scan's: A's boxes, and a chunk's scales a row
@@ -2044,8 +2074,8 @@ ScanMaps scan_maps(const LowRankScanArgs& a, bool blocks_do = true) {
     if (a.output.Qd.defined()) m.Qd = tensor_map_2d(a.output.Qd, Ring::C, Ring::kBoxCols, sw, "Qd");  // (likewise: q's rows)
     packed_maps(a.output.Aq, "Aq", m.Aq);
   }
-  if (a.direct.Qd.defined()) {  // the direct term, with dO16 or (the column scan's, encoded by its caller) dO
-    m.Qd = tensor_map_2d(a.direct.Qd, Ring::C, Ring::kBoxCols, sw, "direct.Qd");
+  if (a.direct.Aq.defined()) {  // the direct term, with dO16 or (the column scan's, encoded by its caller) dO
+    if (a.direct.Qd.defined()) m.Qd = tensor_map_2d(a.direct.Qd, Ring::C, Ring::kBoxCols, sw, "direct.Qd");  // (likewise: q's rows)
     packed_maps(a.direct.Aq, "direct.Aq", m.Aq);
     if (blocks_do && a.direct.dO16.defined())
       m.dO = tensor_map_2d(a.direct.dO16, Ring::C, Ring::BV, Ring::kDoSwizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B,
@@ -2127,8 +2157,8 @@ template <int DK, int DV, int FUSE = -1, class O = c10::BFloat16, bool HIST = fa
           bool QK = false>
 void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
   using Ring = ColumnRing<DK, DV, (FUSE >= 0), HIST, (UV != 0), QK>;
-  const int H = static_cast<int>(a.B.size(0));
-  const int64_t N = a.B.size(1), S = a.y0.size(0);
+  const int H = static_cast<int>(scan_factor(a).size(0));
+  const int64_t N = scan_factor(a).size(1), S = a.y0.size(0);
   constexpr size_t smem = Ring::kBytes;
   auto kernel = column_scan_kernel<DK, DV, FUSE, O, HIST, DIR, WG, UV, QK>;
   auto half = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<__half*>(x.data_ptr<c10::Half>()) : nullptr; };
@@ -2164,11 +2194,13 @@ void launch_column_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tens
     packed_maps(a.u_from_v.Tb, "u_from_v.Tb", maps.Tb);
     g_u_in_scan_launches.fetch_add(1, std::memory_order_relaxed);
   }
-  if constexpr (QK) {  // q's and k's rows in the same boxes, where Qd's and A's tiles lie; their rows' scales a chunk a row
-    const at::Tensor &q = a.u_from_v.q, &k = a.u_from_v.k;
-    maps.Qd = tensor_map_2d(q.view({q.size(0) * q.size(1), -1}), Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, "u_from_v.q");
-    maps.A = tensor_map_2d(k.view({k.size(0) * k.size(1), -1}), Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, "u_from_v.k");
-    maps.QK = tensor_map_2d(a.u_from_v.QK.view({-1, 2 * Ring::C}), 1, 2 * Ring::C, CU_TENSOR_MAP_SWIZZLE_NONE, "u_from_v.QK");
+  if constexpr (QK) {  // q's and k's rows in the same boxes, where Qd's and kdecay's tiles lie; their rows' scales a chunk a row
+    const at::Tensor &q = DIR ? a.direct.q : a.u_from_v.q, &k = DIR ? a.direct.k : a.u_from_v.k, &QKs = DIR ? a.direct.QK : a.u_from_v.QK;
+    const std::string from = DIR ? "direct." : "u_from_v.";
+    maps.Qd = tensor_map_2d(q.view({q.size(0) * q.size(1), -1}), Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, (from + "q").c_str());
+    (DIR ? maps.B : maps.A) =
+        tensor_map_2d(k.view({k.size(0) * k.size(1), -1}), Ring::C, Ring::kBoxCols, CU_TENSOR_MAP_SWIZZLE_128B, (from + "k").c_str());
+    maps.QK = tensor_map_2d(QKs.view({-1, 2 * Ring::C}), 1, 2 * Ring::C, CU_TENSOR_MAP_SWIZZLE_NONE, (from + "QK").c_str());
     g_qk_in_scan_launches.fetch_add(1, std::memory_order_relaxed);
   }
   FusedOutputArgs fa{};
@@ -2227,8 +2259,8 @@ namespace {
 
 template <int DK, class F>
 void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Tensor& fin) {
-  const int H = static_cast<int>(a.B.size(0)), Dv = static_cast<int>(a.y0.size(3));
-  const int64_t N = a.B.size(1), S = a.y0.size(0);
+  const int H = static_cast<int>(scan_factor(a).size(0)), Dv = static_cast<int>(a.y0.size(3));
+  const int64_t N = scan_factor(a).size(1), S = a.y0.size(0);
   const dim3 grid(static_cast<unsigned>(Dv / 16), static_cast<unsigned>(H), static_cast<unsigned>(S));
   auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
   const at::Tensor& offsets = plan.table;
@@ -2263,23 +2295,19 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
           auto launch = [&](auto wg) {  // the products by warpgroup (scan_wgmma) or by warp
             constexpr bool W = decltype(wg)::value;
             if constexpr (W) {  // U formed from V (low_rank_scan has checked the path: by warpgroup)
-              if (uv != 0 && a.u_from_v.q.defined()) {  // q and k read in place too (no history: low_rank_scan has checked)
-                if (plan.columns == 128 && uv == 1) launch_column_scan<128, 128, -1, c10::BFloat16, false, false, true, 1, true>(a, plan, fin);
-                else if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, false, false, true, 2, true>(a, plan, fin);
-                else if (uv == 1) launch_column_scan<128, 64, -1, c10::BFloat16, false, false, true, 1, true>(a, plan, fin);
-                else launch_column_scan<128, 64, -1, c10::BFloat16, false, false, true, 2, true>(a, plan, fin);
-                return;
-              }
-              if (uv != 0) {
-                auto with = [&](auto h) {
-                  constexpr bool HI = decltype(h)::value;
-                  if (plan.columns == 128 && uv == 1) launch_column_scan<128, 128, -1, c10::BFloat16, HI, false, true, 1>(a, plan, fin);
-                  else if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, HI, false, true, 2>(a, plan, fin);
-                  else if (uv == 1) launch_column_scan<128, 64, -1, c10::BFloat16, HI, false, true, 1>(a, plan, fin);
-                  else launch_column_scan<128, 64, -1, c10::BFloat16, HI, false, true, 2>(a, plan, fin);
+              if (uv != 0) {  // with or without the history, q and k read in place or their factors
+                auto with = [&](auto h, auto qk) {
+                  constexpr bool HI = decltype(h)::value, Q = decltype(qk)::value;
+                  if (plan.columns == 128 && uv == 1) launch_column_scan<128, 128, -1, c10::BFloat16, HI, false, true, 1, Q>(a, plan, fin);
+                  else if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, HI, false, true, 2, Q>(a, plan, fin);
+                  else if (uv == 1) launch_column_scan<128, 64, -1, c10::BFloat16, HI, false, true, 1, Q>(a, plan, fin);
+                  else launch_column_scan<128, 64, -1, c10::BFloat16, HI, false, true, 2, Q>(a, plan, fin);
                 };
-                if (hist) with(std::true_type{});
-                else with(std::false_type{});
+                const bool qk = a.u_from_v.q.defined();
+                if (hist && qk) with(std::true_type{}, std::true_type{});
+                else if (hist) with(std::true_type{}, std::false_type{});
+                else if (qk) with(std::false_type{}, std::true_type{});
+                else with(std::false_type{}, std::false_type{});
                 return;
               }
             }
@@ -2300,6 +2328,12 @@ void launch_low_rank_scan(const LowRankScanArgs& a, const ScanPlan& plan, at::Te
         if constexpr (DK == 128) {
           auto launch = [&](auto wg) {  // the products by warpgroup (scan_wgmma) or by warp
             constexpr bool W = decltype(wg)::value;
+            if constexpr (W)
+              if (a.direct.q.defined()) {  // q and k read in place (low_rank_scan has checked the path: by warpgroup)
+                if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, true, true, true, 0, true>(a, plan, fin);
+                else launch_column_scan<128, 64, -1, c10::BFloat16, true, true, true, 0, true>(a, plan, fin);
+                return;
+              }
             if (plan.columns == 128) launch_column_scan<128, 128, -1, c10::BFloat16, true, true, W>(a, plan, fin);
             else launch_column_scan<128, 64, -1, c10::BFloat16, true, true, W>(a, plan, fin);
           };
@@ -2972,6 +3006,13 @@ bool column_scan_reads_qk(int64_t Dk, const at::Tensor& q, const at::Tensor& k, 
   };
   return g_qk_in_scan && as_v(q) && as_v(k);
 }
+bool reverse_scan_takes_qk(int64_t Dk, const at::Tensor& q, const at::Tensor& k, const at::Tensor& dO, const ChunkGrid& grid) {
+  auto as_dO = [&](const at::Tensor& x) {
+    return tiles_in_place(x, grid) && dO.dim() == 4 && x.scalar_type() == dO.scalar_type() && x.size(0) == dO.size(0) &&
+           x.size(1) == dO.size(1) && x.size(2) == dO.size(2) && x.size(3) == Dk;
+  };
+  return Dk == 128 && as_dO(q) && as_dO(k) && g_scan_wgmma && scan_wgmma_available();
+}
 bool column_scan_fuses(int64_t Dk, int64_t Dv) { return column_scan_fits(Dk, Dv) && g_fusion_in_column_scan && !g_fusion_in_scan; }
 bool column_scan_takes(int64_t Dk, int64_t Dv, bool fused) { return fused ? column_scan_fuses(Dk, Dv) : column_scan_fits(Dk, Dv); }
 bool scan_output_fusion_supported(int64_t Dk, int64_t Dv) { return Dk == 128 && Dv % 32 == 0 && Dv / 32 <= 8; }
@@ -3018,10 +3059,13 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       throw std::invalid_argument(std::string("hh::kernels::low_rank_scan: ") + what +
                                   " must be [H, N, C, D] with packed rows (a row stride of a multiple of 16 bytes)");
   };
-  // The scan that reads k where it lies (UFromV::k) forms A itself: A is not given then, and B gives the shapes.
+  // The scan that reads k where it lies forms its factor itself: A is not given to the forward (UFromV::k), where
+  // B gives the shapes, nor B to the reverse scan (Direct::k), where A does (scan_factor).
   const bool qk = a.u_from_v.q.defined() || a.u_from_v.k.defined() || a.u_from_v.QK.defined();
+  const bool dqk = a.direct.q.defined() || a.direct.k.defined() || a.direct.QK.defined();
+  if (qk && dqk) throw std::invalid_argument("hh::kernels::low_rank_scan: q and k are read by the forward (u_from_v) or the reverse scan (direct), not both");
   need(a.A, "A", qk, true);
-  need(a.B, "B", false, true);
+  need(a.B, "B", dqk, true);
   need(a.decay, "decay", false);
   need(a.bound, "bound", true);
   need(a.U, "U", true, true);
@@ -3032,13 +3076,16 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   need(a.M, "M", true);
   if (qk && a.A.defined())
     throw std::invalid_argument("hh::kernels::low_rank_scan: A is not given when the scan forms it from k (u_from_v.k)");
-  if (a.A.defined() && a.B.scalar_type() != a.A.scalar_type())
+  if (dqk && a.B.defined())
+    throw std::invalid_argument("hh::kernels::low_rank_scan: B is not given when the reverse scan forms it from k (direct.k)");
+  const at::Tensor& F = scan_factor(a);
+  if (a.A.defined() && a.B.defined() && a.B.scalar_type() != a.A.scalar_type())
     throw std::invalid_argument("hh::kernels::low_rank_scan: A and B must have one dtype");
-  if (a.precision == ScanPrecision::kBlockFloat16 && a.B.scalar_type() != at::kHalf)
+  if (a.precision == ScanPrecision::kBlockFloat16 && F.scalar_type() != at::kHalf)
     throw std::invalid_argument("hh::kernels::low_rank_scan: block float16 products need float16 A and B");
-  if ((a.A.defined() && a.B.sizes() != a.A.sizes()) || a.y0.dim() != 4)
+  if ((a.A.defined() && a.B.defined() && a.B.sizes() != a.A.sizes()) || a.y0.dim() != 4)
     throw std::invalid_argument("hh::kernels::low_rank_scan: expected A, B [H, N, C, Dk] and y0 [S, H, Dk, Dv]");
-  const int64_t H = a.B.size(0), N = a.B.size(1), C = a.B.size(2), Dk = a.B.size(3), S = a.y0.size(0), Dv = a.y0.size(3);
+  const int64_t H = F.size(0), N = F.size(1), C = F.size(2), Dk = F.size(3), S = a.y0.size(0), Dv = a.y0.size(3);
   if (a.y0.size(1) != H || a.y0.size(2) != Dk || a.decay.sizes() != at::IntArrayRef({H, N}) ||
       (a.bound.defined() && a.bound.sizes() != at::IntArrayRef({H, N})) ||
       (a.hist.defined() && a.hist.sizes() != at::IntArrayRef({H, N, Dk, Dv})) ||
@@ -3069,8 +3116,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     if (qk) {
       if (!uv.q.defined() || !uv.k.defined() || !uv.QK.defined())
         throw std::invalid_argument(fn + "reads q and k with all of q, k and QK");
-      if (a.S16.defined() || a.M16.defined() || a.output.Qd.defined())
-        throw std::invalid_argument(fn + "reads q and k without the float16 history, and forms output.Qd itself (not given)");
+      if (a.output.Qd.defined()) throw std::invalid_argument(fn + "reads q and k and forms output.Qd itself (not given)");
       if (!column_scan_reads_qk(Dk, uv.q, uv.k, uv.v, a.output.grid) || uv.q.size(2) != H || uv.q.sizes() != uv.k.sizes())
         throw std::invalid_argument(fn + "needs q and k [B, T, H, Dk] of v's dtype, laid out as v (column_scan_reads_qk)");
       if (uv.QK.scalar_type() != at::kFloat || uv.QK.sizes() != at::IntArrayRef({H, N, 2, C}) || !uv.QK.is_contiguous() ||
@@ -3150,17 +3196,28 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     }
     const LowRankScanArgs::Direct& d = a.direct;
     const bool in_place = d.dO.defined();  // reverse_scan_reads_dO_in_place holds (checked on entry)
-    const int given = d.Qd.defined() + d.Aq.defined() + d.aq_inv.defined() + (in_place ? 2 : d.dO16.defined() + d.do_inv.defined());
+    const int given = (d.Qd.defined() || dqk) + d.Aq.defined() + d.aq_inv.defined() + (in_place ? 2 : d.dO16.defined() + d.do_inv.defined());
     if (given != 0 && given != 5)
-      throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term needs all of direct.Qd, Aq, aq_inv, and dO16 and do_inv "
-                                  "or dO");
+      throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term needs all of direct.Qd (or q, k and QK), Aq, aq_inv, "
+                                  "and dO16 and do_inv or dO");
+    if (dqk) {
+      const std::string fn = "hh::kernels::low_rank_scan: the reverse scan reading q and k (direct.q) ";
+      if (!d.q.defined() || !d.k.defined() || !d.QK.defined()) throw std::invalid_argument(fn + "needs all of q, k and QK");
+      if (d.Qd.defined()) throw std::invalid_argument(fn + "forms direct.Qd itself (not given)");
+      if (!in_place || !reverse_scan_takes_qk(Dk, d.q, d.k, d.dO, d.grid) || d.q.size(2) != H)
+        throw std::invalid_argument(fn + "needs dO read where it lies (reverse_scan_reads_dO_in_place), the column scan by "
+                                         "warpgroup, and q and k [B, T, H, Dk] of dO's dtype laid out as dO (reverse_scan_takes_qk)");
+      if (d.QK.scalar_type() != at::kFloat || d.QK.sizes() != at::IntArrayRef({H, N, 2, C}) || !d.QK.is_contiguous() ||
+          reinterpret_cast<uintptr_t>(d.QK.data_ptr()) % 16 != 0)
+        throw std::invalid_argument(fn + "needs QK [H, N, 2, 64] float32, contiguous and 16-byte aligned (chunk_factors' qk_in_scan)");
+    }
     if (given == 5) {
       if (a.precision != ScanPrecision::kBlockFloat16 || !a.reverse || a.Z.defined() || a.U.defined() || o.o.defined())
         throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term is formed by the reverse block float16 scan only "
                                     "(no Z, no U, no output)");
       if (Dk != 64 && Dk != 128)
         throw std::invalid_argument("hh::kernels::low_rank_scan: the direct term needs Dk 64 or 128 (chunk_factors' head sizes)");
-      want(d.Qd, "direct.Qd", at::kHalf, {H, N, C, Dk});
+      if (!dqk) want(d.Qd, "direct.Qd", at::kHalf, {H, N, C, Dk});
       want(d.Aq, "direct.Aq", at::kHalf, {H, N, kPackedLower});
       want(d.aq_inv, "direct.aq_inv", at::kFloat, {H, N});
       // dO's shape and alignment are reverse_scan_reads_dO_in_place's conditions; dO16 is read only elsewhere.
@@ -3169,11 +3226,11 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
         want(d.do_inv, "direct.do_inv", at::kFloat, {H, N});
       }
       for (const at::Tensor* x : {&d.Qd, &d.Aq, &d.dO16})
-        if ((x != &d.dO16 || !in_place) && reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
+        if (x->defined() && reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 != 0)
           throw std::invalid_argument("hh::kernels::low_rank_scan: direct.Qd, Aq and dO16 must be 16-byte aligned");
     }
   }
-  const c10::cuda::CUDAGuard guard(a.B.device());
+  const c10::cuda::CUDAGuard guard(F.device());
   at::Tensor fin = at::empty_like(a.y0);
   if (S == 0 || H == 0) return fin;
   // The block float16 kernel's columns a block: 32 where they divide Dv (each chunk's factors read from
@@ -3193,7 +3250,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   // The backward's reverse scan forming the direct term takes it too, with its history (S16 and M16) and
   // no float32 one.
   const bool direct = a.direct.dO16.defined() || a.direct.dO.defined();
-  if (column_scan_takes(Dk, Dv, fusion) && o_fits && !a.reverse && a.B.scalar_type() == at::kHalf && !a.hist.defined() &&
+  if (column_scan_takes(Dk, Dv, fusion) && o_fits && !a.reverse && F.scalar_type() == at::kHalf && !a.hist.defined() &&
       !a.M.defined() && !(fusion && (s16 || m16)) && !a.Z.defined() && (u16 || u_from_v))
     plan.columns = static_cast<int>(Dv);
   else if (u_from_v)
@@ -3240,8 +3297,8 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
     throw std::invalid_argument("hh::kernels::low_rank_scan: more than 2^31 - 1 blocks of segments");
   plan.table = at::tensor(at::ArrayRef<int64_t>(table), at::TensorOptions().dtype(at::kLong))
                    .pin_memory()
-                   .to(a.B.device(), /*non_blocking=*/true);
-  if (a.B.scalar_type() == at::kHalf) launch_low_rank_scan<c10::Half>(Dk, a, plan, fin);
+                   .to(F.device(), /*non_blocking=*/true);
+  if (F.scalar_type() == at::kHalf) launch_low_rank_scan<c10::Half>(Dk, a, plan, fin);
   else launch_low_rank_scan<float>(Dk, a, plan, fin);
   return fin;
 }

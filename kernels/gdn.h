@@ -130,10 +130,14 @@ struct LowRankScanArgs {
   // copies dO's tiles where they lie and scales each column of a tile (a row of dO^T over the chunk's
   // tokens) to float16 by its own power of two in registers, a finer grid than dO16's scale a chunk;
   // elsewhere low_rank_scan forms dO16 and do_inv by grad_to_grid_f16 first.
+  // With dO read so, in Qd's and B's place: q and k ([B, T, H, Dk] laid out as dO, where they lie) and QK
+  // (chunk_factors' qk_in_scan), as UFromV's below: the scan forms each chunk's Qd and kdecay (its B) from
+  // their rows in its slot, the same bits as chunk_factors' (reverse_scan_takes_qk); B is then not given.
   struct Direct {
     at::Tensor Qd, Aq, aq_inv, dO16, do_inv;
     at::Tensor dO;
     ChunkGrid grid;
+    at::Tensor q, k, QK;
   } direct;
   // U formed by the column scan itself (the forward with o written, and its float16 history if asked; no
   // fusion, no float32 history; U undefined):
@@ -141,9 +145,9 @@ struct LowRankScanArgs {
   // T, column_scan_forms_u's conditions) and Tb [H, N, 2, kPackedLower] of v's dtype, chunk_factors'
   // T diag(beta) in two parts (UForm::kScan). Each chunk's U = (hi + lo) V, summed in float32 by the
   // warpgroups' products (both operands from shared memory), enters M = U - W S unrounded.
-  // With q, k (as v: [B, T, H, Dk], where they lie) and QK (chunk_factors' qk_in_scan), without the float16
-  // history: the scan reads q's and k's rows too and forms each chunk's Qd and kdecay from them in its
-  // slot, their rows scaled by QK and rounded to float16 as chunk_factors rounds them (the same bits);
+  // With q, k (as v: [B, T, H, Dk], where they lie) and QK (chunk_factors' qk_in_scan), with or without the
+  // float16 history: the scan reads q's and k's rows too and forms each chunk's Qd and kdecay from them in
+  // its slot, their rows scaled by QK and rounded to float16 as chunk_factors rounds them (the same bits);
   // A and output.Qd are then not given.
   struct UFromV {
     at::Tensor v, Tb;
@@ -218,14 +222,18 @@ bool u_in_scan_enabled();
 bool column_scan_forms_u(int64_t Dk, const at::Tensor& v, const ChunkGrid& grid);
 // How many column scans have formed U from v (for tests: the path taken).
 int64_t u_in_scan_launches();
-// Whether such a forward (one where column_scan_forms_u holds, which its callers have asked already, without
-// the history a backward reads) also has the scan form Qd = scale e^G q and kdecay = e^{G_C - G} k itself from
-// q's and k's rows where they lie (UFromV::q, k, QK): the switch on, and q and k laid out as v; process-wide, on
-// by default. chunk_factors then writes neither (268 MB less at B1 T32K H16 Dk 128); the scan reads q and k
-// instead, and scales their rows in its slot.
+// Whether such a forward (one where column_scan_forms_u holds, which its callers have asked already) also has
+// the scan form Qd = scale e^G q and kdecay = e^{G_C - G} k itself from q's and k's rows where they lie
+// (UFromV::q, k, QK): the switch on, and q and k laid out as v; process-wide, on by default. chunk_factors then
+// writes neither (268 MB less at B1 T32K H16 Dk 128); the scan reads q and k instead, and scales their rows
+// in its slot. A forward kept for the backward (with the history and T) does so too, and its backward's
+// reverse scan forms them in the same way (Direct::q, k, QK) where reverse_scan_takes_qk holds: Dk = 128,
+// the products by warpgroup, q and k laid out as dO (which it then reads where it lies); not the switch,
+// which the forward has read.
 void set_qk_in_scan(bool on);
 bool qk_in_scan_enabled();
 bool column_scan_reads_qk(int64_t Dk, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ChunkGrid& grid);
+bool reverse_scan_takes_qk(int64_t Dk, const at::Tensor& q, const at::Tensor& k, const at::Tensor& dO, const ChunkGrid& grid);
 // How many column scans have read q and k where they lie (for tests: the path taken).
 int64_t qk_in_scan_launches();
 // The piece length, in chunks, that the last block float16 scan on this thread cut its sequences into
@@ -360,7 +368,7 @@ bool short_conv_fusion_supported(int64_t Dk, int64_t Dv, at::ScalarType dtype);
 // With keep_t (and q, without conv), T16 [H, N, kPackedLower] of k's dtype: every chunk's T = (I + L)^{-1}
 // (unit lower triangular), rounded and packed, for chunk_backward, which then reads it instead of forming
 // it again.
-// With qk_in_scan (UForm::kScan, without keep_t): neither Qd nor kdecay, but the scales of their rows, QK
+// With qk_in_scan (UForm::kScan, with or without keep_t): neither Qd nor kdecay, but the scales of their rows, QK
 // [H, N, 2, 64] float32 (scale e^{G_t}, then e^{G_C - G_t}), for the column scan that forms both itself from
 // q's and k's rows where they lie (LowRankScanArgs::UFromV::q): Qd = QK[.., 0, t] q_t and kdecay =
 // QK[.., 1, t] k_t rounded to float16, the same bits as chunk_factors' own.

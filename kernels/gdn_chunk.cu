@@ -1208,10 +1208,9 @@ ChunkFactors chunk_factors(const at::Tensor& k, const at::Tensor& v, const at::T
   if (keep_t && (!q.defined() || conv != nullptr))
     throw std::invalid_argument(
         "hh::kernels::chunk_factors: T for the backward comes with the output's factors (q is needed), without the short convolution");
-  if (qk_in_scan && (!u_scan || keep_t))
+  if (qk_in_scan && !u_scan)
     throw std::invalid_argument(
-        "hh::kernels::chunk_factors: the row scales of q and k for the scan (qk_in_scan) come with T diag(beta) (UForm::kScan), "
-        "without T for the backward");
+        "hh::kernels::chunk_factors: the row scales of q and k for the scan (qk_in_scan) come with T diag(beta) (UForm::kScan)");
   ChunkFactors r{at::empty({H, N, kC, Dk}, f16), u_scan ? at::Tensor() : at::empty({H, N, kC, Dv}, u16 ? f16 : f32),
                  qk_in_scan ? at::Tensor() : at::empty({H, N, kC, Dk}, f16), at::empty({H, N}, f32), at::empty({H, N}, f32)};
   if (u16) r.U_inv = at::empty({H, N, Dv}, f32);

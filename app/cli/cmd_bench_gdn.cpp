@@ -48,7 +48,7 @@ struct GdnBenchArgs {
   bool backward_chunks_in_turn = false;  // chunk_backward one block an SM taking chunks in turn, not one a chunk
   bool fusion_in_scan = false;  // the layer's fusion norm inside the scan that writes the output
   bool u_from_factors = false;  // chunk_factors forms U, which the forward's scan reads (not U from v)
-  bool qk_from_factors = false;  // chunk_factors forms Qd and kdecay, which the inference forward's scan reads (not from q and k)
+  bool qk_from_factors = false;  // chunk_factors forms Qd and kdecay, which the scans read (not from q and k)
   bool factors_occupancy = false;  // chunk_factors alone and the forward at 4, 3, 2, 1 blocks an SM and in turn; its phases
   std::string backward = "kernels";
   std::string scan_segments = "auto";
@@ -102,8 +102,8 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // kBackwardChunksInTurn: chunk_backward one block an SM taking chunks in turn instead of one block a chunk
 // (kernels::set_backward_chunks_in_turn); kUFromFactors: the forward's U (inference and training) formed by chunk_factors and read
 // by the scan instead of formed by the scan from v and T diag(beta) (kernels::set_u_in_scan); kQkFromFactors: the
-// inference forward's Qd and kdecay formed by chunk_factors and read by the scan instead of formed by the scan from q's
-// and k's rows (kernels::set_qk_in_scan).
+// forward's Qd and kdecay (inference and training, and then the backward's) formed by chunk_factors and read by the
+// scans instead of formed by them from q's and k's rows (kernels::set_qk_in_scan).
 enum class OtherPath {
   kLibTorchLocal,
   kTf32Scan,
@@ -869,7 +869,8 @@ BenchSub add_bench_gdn(CLI::App& bench) {
               "read it, instead of the scan forming U from v and T diag(beta)");
   c->add_flag("--qk-from-factors", a->qk_from_factors,
               "On CUDA with 16-bit inputs, have chunk_factors form each chunk's Qd = scale e^G q and kdecay = e^{G_C - G} k "
-              "and the inference forward's scan read them, instead of the scan forming both from q's and k's rows");
+              "and the forward's scans (inference and training) and the backward's reverse scan read them, instead of the scans "
+              "forming both from q's and k's rows");
   c->add_flag("--direct-apart", a->direct_apart,
               "On CUDA with 16-bit inputs, form the backward's direct term (the effect of each chunk's start state on "
               "its output) with chunk_state_direct, instead of in the reverse scan from the forward's output factors");

@@ -678,6 +678,7 @@ struct KernelForward {
   at::Tensor Qd, Aq, aq_inv;               // the output's factors, for the reverse scan's direct term
   at::Tensor M16, M_inv;                   // the new values in block float16, for the backward's chunk kernel
   at::Tensor T16;                          // every chunk's T, for the backward's chunk kernel (with M16)
+  at::Tensor QK;                           // where the scans form Qd and kdecay from q and k (then neither kept): their rows' scales
 };
 // Given `conv`, q, k and v are the projections before the short convolution, which chunk_factors applies.
 // s0 undefined: every sequence starts from zero.
@@ -719,9 +720,10 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
   // a backward reads: chunk_factors then reads no v and writes T diag(beta) instead of U.
   const bool u_scan = u16 && !fuse_in_scan && conv == nullptr && kernels::factors_in_turn() == 0 &&
                       kernels::column_scan_forms_u(Dk, vc, grid);
-  // Without that history it also forms Qd and kdecay from q's and k's rows where they lie
-  // (kernels::set_qk_in_scan): chunk_factors then writes only their rows' scales.
-  const bool qk_scan = u_scan && !keep_states && kernels::column_scan_reads_qk(Dk, qc, kc, vc, grid);
+  // It also forms Qd and kdecay from q's and k's rows where they lie (kernels::set_qk_in_scan): chunk_factors
+  // then writes only their rows' scales. A forward kept for the backward does so where that backward's reverse
+  // scan forms its direct term (keep_t), which then reads q and k in the same way.
+  const bool qk_scan = u_scan && (!keep_states || keep_t) && kernels::column_scan_reads_qk(Dk, qc, kc, vc, grid);
   const kernels::ChunkFactors f = kernels::chunk_factors(
       kc, vc, gk, bk, grid, f16_history ? qc : at::Tensor(), scale, conv,
       u_scan ? kernels::UForm::kScan : u16 ? kernels::UForm::kFloat16Columns : kernels::UForm::kFloat32, keep_t, qk_scan);
@@ -762,9 +764,9 @@ KernelForward kernel_forward(const at::Tensor& q, const at::Tensor& k, const at:
     std::tie(out.S, out.S16, out.S_inv) = r.S16.defined() ? std::make_tuple(at::Tensor(), r.S16, r.S_inv)
                                                           : std::make_tuple(r.S, at::Tensor(), at::Tensor());
     // The reverse scan forms its direct term from the output's factors (kernels::set_direct_in_scan).
-    if (kernels::direct_in_scan_enabled() && r.S16.defined() && f.Qd.defined() && r.M16.defined())
-      std::tie(out.Qd, out.Aq, out.aq_inv, out.M16, out.M_inv, out.T16) =
-          std::make_tuple(f.Qd, f.Aq, f.aq_inv, r.M16, r.M_inv, f.T16);
+    if (kernels::direct_in_scan_enabled() && r.S16.defined() && (f.Qd.defined() || f.QK.defined()) && r.M16.defined())
+      std::tie(out.Qd, out.Aq, out.aq_inv, out.M16, out.M_inv, out.T16, out.QK) =
+          std::make_tuple(f.Qd, f.Aq, f.aq_inv, r.M16, r.M_inv, f.T16, f.QK);
   }
   return out;
 }
@@ -791,12 +793,13 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
     at::Tensor Qd, Aq, aq_inv;        // the output's factors, kept for the reverse scan's direct term
     at::Tensor M16, M_inv;            // the new values in block float16, kept for the backward's chunk kernel
     at::Tensor T16;                   // every chunk's T, kept for the backward's chunk kernel
+    at::Tensor QK;                    // Qd's and kdecay's row scales, kept in their place where the scans form them
     if (chunk_kernels_ok(q, k, v, chunk)) {
 #ifdef HH_HAVE_KERNELS
       const KernelForward r = kernel_forward(q, k, v, g, beta, zero_s0 ? at::Tensor() : s0.to(acc), scale, L, keep_states);
       std::tie(o, final_state, W16, kdecay16, decay, bound, S, S16, S_inv) =
           std::make_tuple(r.o, r.final_state, r.W16, r.kdecay16, r.decay, r.bound, r.S, r.S16, r.S_inv);
-      std::tie(Qd, Aq, aq_inv, M16, M_inv, T16) = std::make_tuple(r.Qd, r.Aq, r.aq_inv, r.M16, r.M_inv, r.T16);
+      std::tie(Qd, Aq, aq_inv, M16, M_inv, T16, QK) = std::make_tuple(r.Qd, r.Aq, r.aq_inv, r.M16, r.M_inv, r.T16, r.QK);
 #endif
     } else {
       const ChunkedInputs in = chunk_inputs(q, k, v, g, beta, L, acc);
@@ -820,7 +823,7 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       }
       o = from_chunks(O, L, B, T, v.scalar_type(), scale);
     }
-    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay, S16, S_inv, bound, Qd, Aq, aq_inv, M16, M_inv, T16});
+    ctx->save_for_backward({q, k, v, g, beta, S, W16, kdecay16, decay, S16, S_inv, bound, Qd, Aq, aq_inv, M16, M_inv, T16, QK});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
@@ -880,9 +883,10 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       // The direct term: formed by the scan from the forward's output factors and dO in block float16
       // where the forward kept them (and then the scan's new values, -dM, go to the chunk kernel beside
       // the forward's M), else chunk_state_direct's Z.
-      const at::Tensor &Qd = saved[12], &Aq = saved[13], &aq_inv = saved[14], &M16 = saved[15], &M_inv = saved[16],
-                       &T16 = saved[17];
-      if (Qd.defined()) {
+      const at::Tensor &Aq = saved[13], &aq_inv = saved[14], &M16 = saved[15], &M_inv = saved[16], &T16 = saved[17],
+                       &QK = saved[18];
+      const at::Tensor &Qd = saved[12];
+      if (Qd.defined() || QK.defined()) {
         // dO as it lies: the scan reads it so where it can, else brings it to the chunk grid first.
         a.direct.Qd = Qd, a.direct.Aq = Aq, a.direct.aq_inv = aq_inv;
         a.direct.dO = dO, a.direct.grid = grid;
@@ -898,6 +902,18 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       a.reverse = true;
       a.precision = kernels::ScanPrecision::kBlockFloat16;
       a.segment = kernels::scan_segments();
+      // Where the forward's scans formed Qd and kdecay from q and k (QK kept in their place), the reverse scan
+      // does too where it can; elsewhere they are formed here from the rows' scales, the same bits
+      // (chunk_factors' products and rounding).
+      if (QK.defined() && kernels::reverse_scan_takes_qk(Dk, qc, kc, dO, grid) && kernels::reverse_scan_reads_dO_in_place(a)) {
+        a.direct.q = qc, a.direct.k = kc, a.direct.QK = QK;
+      } else if (QK.defined()) {
+        auto scaled = [&](const at::Tensor& x, int64_t which) {
+          return kernels::to_chunk_grid(x, chunk, 1.0).mul_(QK.select(2, which).unsqueeze(-1)).to(at::kHalf);
+        };
+        a.direct.Qd = scaled(qc, 0);
+        a.B = scaled(kc, 1);
+      }
       const at::Tensor dS0 = kernels::low_rank_scan(a, L.offsets);
       const kernels::ChunkInputGrads d =
           kernels::chunk_backward(qc, kc, vc, gk, bk, S16, S_inv, a.S16, a.S_inv, dO, grid, scale, M16, M_inv, a.M16, a.M_inv,

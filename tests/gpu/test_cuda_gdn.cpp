@@ -2038,16 +2038,43 @@ TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
     }
 }
 
-// The inference forward's column scan reading q's and k's rows where they lie and forming Qd = scale e^G q and
-// kdecay = e^{G_C - G} k itself (set_qk_in_scan, the default where column_scan_reads_qk holds), from the rows'
-// scales chunk_factors writes instead of both (qk_in_scan). The factors: no Qd or kdecay; the scales times q's
-// and k's rows, rounded to float16 on the host's side, the bits of chunk_factors' own Qd and kdecay; the other
-// factors the same bits; the option refused without UForm::kScan or with T for the backward. The rule: o and
+// Training's forward and backward from a NaN-poisoned allocator with set_qk_in_scan at `on` (read by the forward;
+// the backward follows what the forward kept) and the scan in pieces of `segments` chunks, the backward's scans
+// by warpgroup or by warp: the gradients of q, k, v, g, beta and s0 of sum(o w_o) + sum(final state), then o and
+// the final state (kTrainedNames). The switches back to their defaults after.
+const char* const kTrainedNames[] = {"dq", "dk", "dv", "dg", "dbeta", "ds0", "o", "final state"};
+std::vector<torch::Tensor> train_on_qk(bool on, int64_t segments, const ChunkIn& in, const torch::Tensor& s0, const torch::Tensor& w_o,
+                                       double scale, bool wgmma_backward = true) {
+  const torch::AutoGradMode with_graph(true);
+  std::vector<torch::Tensor> x = {in.q.detach().requires_grad_(true), in.k.detach().requires_grad_(true),
+                                  in.v.detach().requires_grad_(true), in.g.detach().requires_grad_(true),
+                                  in.beta.detach().requires_grad_(true), s0.detach().requires_grad_(true)};
+  hh::kernels::set_qk_in_scan(on);
+  hh::kernels::set_scan_segments(segments);
+  poison_allocator();
+  const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], scale);
+  hh::kernels::set_qk_in_scan(true);
+  hh::kernels::set_scan_wgmma(wgmma_backward);
+  auto grads = torch::autograd::grad({(r.o.to(torch::kFloat) * w_o).sum() + r.state.sum()}, x);
+  hh::kernels::set_scan_wgmma(true);
+  hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+  grads.push_back(r.o.detach());
+  grads.push_back(r.state.detach());
+  return grads;
+}
+
+// The forward's column scan reading q's and k's rows where they lie and forming Qd = scale e^G q and kdecay =
+// e^{G_C - G} k itself (set_qk_in_scan, the default where column_scan_reads_qk holds), from the rows' scales
+// chunk_factors writes instead of both (qk_in_scan). The factors: no Qd or kdecay; the scales times q's and k's
+// rows, rounded to float16 on the host's side, the bits of chunk_factors' own Qd and kdecay; the other factors
+// the same bits, with and without T for the backward; the option refused without UForm::kScan. The rule: o and
 // the final state the same bits as the scan reading chunk_factors' Qd and kdecay (the same arithmetic on the
 // same values), from a NaN-poisoned allocator, both 16-bit dtypes, Dv 128 and 64, one sequence of T not a
 // multiple of 64 (its last rows past the tensor), a batch of T a multiple of 64, the automatic pieces, whole
-// sequences and pieces of 2 chunks, with and without an initial state; a batch whose chunks are not rows, and
-// a forward with a graph (its scan writes the history), take the other path.
+// sequences and pieces of 2 chunks, with and without an initial state; a batch whose chunks are not rows takes
+// the other path. With a graph (training's forward scan with the history, and the backward's reverse scan reading
+// q and k too): o, the final state and every gradient the same bits as with chunk_factors' Qd and kdecay; and
+// with the reverse scan by warp, which cannot read them, Qd and kdecay formed on the host's side from the scales.
 TEST(CudaGdn, ColumnScanReadingQAndKEqualsReadingTheirFactors) {
   ASSERT_TRUE(torch::cuda::is_available());
   ASSERT_TRUE(hh::kernels::qk_in_scan_enabled());
@@ -2081,7 +2108,14 @@ TEST(CudaGdn, ColumnScanReadingQAndKEqualsReadingTheirFactors) {
         EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, UForm::kFloat16Columns, false, true),
                      std::invalid_argument)
             << what << ": without UForm::kScan";
-        EXPECT_THROW(hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, UForm::kScan, true, true), std::invalid_argument)
+        // With T for the backward (training's forward): the same scales, and T the bits of the form without them.
+        poison_allocator();
+        const auto ft = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, UForm::kScan, true);
+        poison_allocator();
+        const auto fqt = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, UForm::kScan, true, true);
+        EXPECT_FALSE(fqt.Qd.defined() || fqt.kdecay.defined()) << what << ": with T for the backward";
+        EXPECT_TRUE(torch::equal(fqt.QK, fq.QK) && torch::equal(fqt.T16, ft.T16) && torch::equal(fqt.W, fs.W) &&
+                    torch::equal(fqt.Tb, fs.Tb) && torch::equal(fqt.Aq, fs.Aq) && torch::equal(fqt.aq_inv, fs.aq_inv))
             << what << ": with T for the backward";
       }
       for_each_path_case(dt, H, Dk, Dv, [&](const PathCase& c, const ChunkIn& in, const torch::Tensor& s0, int64_t segments,
@@ -2096,17 +2130,27 @@ TEST(CudaGdn, ColumnScanReadingQAndKEqualsReadingTheirFactors) {
             EXPECT_TRUE(got.o.isfinite().all().item<bool>()) << what;
             EXPECT_TRUE(torch::equal(got.o, apart.o)) << what << ": o";
             EXPECT_TRUE(torch::equal(got.state, apart.state)) << what << ": the final state";
+            if (segments == 0 || !s0.defined()) return;
+            // With a graph: training's forward scan (with the history) and the backward's reverse scan both read q
+            // and k; o, the final state and every gradient the same bits as with chunk_factors' Qd and kdecay.
+            const auto w_o = torch::randn({c.B, c.T, H, Dv}, kCuda.dtype(torch::kFloat));
+            const int64_t before = hh::kernels::qk_in_scan_launches();
+            const auto t_in = train_on_qk(true, segments, in, s0, w_o, scale);
+            EXPECT_EQ(hh::kernels::qk_in_scan_launches() - before, c.rows ? 2 : 0) << what << ", with a graph: both scans";
+            const auto t_apart = train_on_qk(false, segments, in, s0, w_o, scale);
+            EXPECT_EQ(hh::kernels::qk_in_scan_launches() - before, c.rows ? 2 : 0) << what << ", with a graph: switched off";
+            for (size_t i = 0; i < t_in.size(); ++i)
+              EXPECT_TRUE(torch::equal(t_in[i], t_apart[i])) << what << ", with a graph: " << kTrainedNames[i];
+            if (!c.rows || Dv != 128 || segments != 2) return;
+            // A backward whose reverse scan cannot read them (by warp) forms Qd and kdecay from the forward's
+            // scales on the host's side: the same bits again.
+            const int64_t by_warp = hh::kernels::qk_in_scan_launches();
+            const auto t_host = train_on_qk(true, segments, in, s0, w_o, scale, /*wgmma_backward=*/false);
+            EXPECT_EQ(hh::kernels::qk_in_scan_launches() - by_warp, 1) << what << ", with a graph: the forward's scan only";
+            for (size_t i = 0; i < t_in.size(); ++i)
+              EXPECT_TRUE(torch::equal(t_host[i], t_apart[i])) << what << ", a backward by warp: " << kTrainedNames[i];
           });
     }
-  // With a graph the forward keeps its history for the backward: the scan reads chunk_factors' Qd and kdecay.
-  const auto [q, k, v, g, beta] = chunk_in(1, 256, H, Dk, 128, torch::kBFloat16);
-  const auto x = q.detach().requires_grad_(true);
-  const int64_t launches = hh::kernels::qk_in_scan_launches(), u_launches = hh::kernels::u_in_scan_launches();
-  const auto r = gdn_chunked_scan(x, k, v, g, beta, torch::Tensor(), scale);
-  EXPECT_EQ(hh::kernels::u_in_scan_launches() - u_launches, 1) << "with a graph: U formed in the scan";
-  EXPECT_EQ(hh::kernels::qk_in_scan_launches() - launches, 0) << "with a graph: q and k not read by the scan";
-  const auto dq = torch::autograd::grad({r.o.to(torch::kFloat).sum()}, {x})[0];
-  EXPECT_TRUE(dq.isfinite().all().item<bool>()) << "with a graph: dq";
 }
 
 // The rule's output through the fusion norm (gdn_fused_output: the scan's own output then the fusion
