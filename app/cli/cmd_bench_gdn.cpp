@@ -364,16 +364,18 @@ int run_bench_gdn(const GdnBenchArgs& a) {
 #ifdef HH_HAVE_KERNELS
     if (kernels::u_in_scan_launches() == u_in_scan_before) f_u_scan.reset(), f_u_factors.reset(), fb_u_scan.reset(), fb_u_factors.reset();
 #endif
-    // The inference forward's scan forming Qd and kdecay from q's and k's rows (the default) against reading
-    // chunk_factors': the forward alone (a forward kept for the backward reads chunk_factors' either way); nothing
-    // where the scan never read q and k (column_scan_reads_qk false).
+    // The forward's scans forming Qd and kdecay from q's and k's rows (the default; training's, and then the
+    // backward's reverse scan, too) against reading chunk_factors': the inference forward, and forward + backward;
+    // nothing where no scan read q and k (column_scan_reads_qk false).
 #ifdef HH_HAVE_KERNELS
     const int64_t qk_in_scan_before = kernels::qk_in_scan_launches();
 #endif
     auto [f_qk_scan, f_qk_factors] =
         alternating(OtherPath::kQkFromFactors, a.qk_from_factors || same_u, [&] { return forward(ours, back_to_back_ms); });
+    auto [fb_qk_scan, fb_qk_factors] =
+        alternating(OtherPath::kQkFromFactors, a.qk_from_factors || same_u, [&] { return forward_backward(ours, back_to_back_ms); });
 #ifdef HH_HAVE_KERNELS
-    if (kernels::qk_in_scan_launches() == qk_in_scan_before) f_qk_scan.reset(), f_qk_factors.reset();
+    if (kernels::qk_in_scan_launches() == qk_in_scan_before) f_qk_scan.reset(), f_qk_factors.reset(), fb_qk_scan.reset(), fb_qk_factors.reset();
 #endif
     // chunk_backward one block a chunk (the default) against one block an SM taking chunks in turn; nothing
     // where the backward never reached the in-turn kernel (not the form that reads T with Dk = Dv = 128: other
@@ -445,12 +447,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                "the column scan's products by warpgroup (default) / by warp");
     alternated(f_u_scan, f_u_factors, fb_u_scan, fb_u_factors, "u_in_scan", "u_from_factors",
                "the forward's scan forming U from v (default) / reading chunk_factors' U");
-    if (f_qk_scan && f_qk_factors) {
-      row["fwd_qk_in_scan_b2b_ms"] = *f_qk_scan, row["fwd_qk_from_factors_b2b_ms"] = *f_qk_factors;
-      std::printf("  %-10s back to back, the inference forward's scan forming Qd and kdecay from q and k (default) / reading\n"
-                  "  %-10s chunk_factors' (medians of three alternating rounds): forward %.3f / %.3f ms\n",
-                  "", "", *f_qk_scan, *f_qk_factors);
-    }
+    alternated(f_qk_scan, f_qk_factors, fb_qk_scan, fb_qk_factors, "qk_in_scan", "qk_from_factors",
+               "the scans forming Qd and kdecay from q and k (default) / reading chunk_factors'");
     if (fb_each && fb_turns) {
       row["fwd_bwd_backward_block_a_chunk_b2b_ms"] = *fb_each, row["fwd_bwd_backward_in_turn_b2b_ms"] = *fb_turns;
       std::printf("  %-10s back to back, chunk_backward one block a chunk (default) / one block an SM taking chunks in turn\n"
