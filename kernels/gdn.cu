@@ -2999,19 +2999,19 @@ bool reverse_scan_reads_dO_in_place(const LowRankScanArgs& a) {
 bool column_scan_forms_u(int64_t Dk, const at::Tensor& v, const ChunkGrid& grid) {
   return g_u_in_scan && tiles_in_place(v, grid) && column_scan_takes(Dk, v.size(3), false) && g_scan_wgmma && scan_wgmma_available();
 }
+namespace {
+// q's or k's tiles copied where they lie, as `like`'s (v's or dO's [B, T, H, D]): of its dtype, batch, length
+// and heads, Dk columns a head.
+bool laid_out_as(const at::Tensor& x, const at::Tensor& like, int64_t Dk, const ChunkGrid& grid) {
+  return tiles_in_place(x, grid) && like.dim() == 4 && x.scalar_type() == like.scalar_type() && x.size(0) == like.size(0) &&
+         x.size(1) == like.size(1) && x.size(2) == like.size(2) && x.size(3) == Dk;
+}
+}  // namespace
 bool column_scan_reads_qk(int64_t Dk, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ChunkGrid& grid) {
-  auto as_v = [&](const at::Tensor& x) {
-    return tiles_in_place(x, grid) && x.scalar_type() == v.scalar_type() && x.size(0) == v.size(0) && x.size(1) == v.size(1) &&
-           x.size(2) == v.size(2) && x.size(3) == Dk;
-  };
-  return g_qk_in_scan && as_v(q) && as_v(k);
+  return g_qk_in_scan && laid_out_as(q, v, Dk, grid) && laid_out_as(k, v, Dk, grid);
 }
 bool reverse_scan_takes_qk(int64_t Dk, const at::Tensor& q, const at::Tensor& k, const at::Tensor& dO, const ChunkGrid& grid) {
-  auto as_dO = [&](const at::Tensor& x) {
-    return tiles_in_place(x, grid) && dO.dim() == 4 && x.scalar_type() == dO.scalar_type() && x.size(0) == dO.size(0) &&
-           x.size(1) == dO.size(1) && x.size(2) == dO.size(2) && x.size(3) == Dk;
-  };
-  return Dk == 128 && as_dO(q) && as_dO(k) && g_scan_wgmma && scan_wgmma_available();
+  return Dk == 128 && laid_out_as(q, dO, Dk, grid) && laid_out_as(k, dO, Dk, grid) && g_scan_wgmma && scan_wgmma_available();
 }
 bool column_scan_fuses(int64_t Dk, int64_t Dv) { return column_scan_fits(Dk, Dv) && g_fusion_in_column_scan && !g_fusion_in_scan; }
 bool column_scan_takes(int64_t Dk, int64_t Dv, bool fused) { return fused ? column_scan_fuses(Dk, Dv) : column_scan_fits(Dk, Dv); }
@@ -3079,6 +3079,12 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   if (dqk && a.B.defined())
     throw std::invalid_argument("hh::kernels::low_rank_scan: B is not given when the reverse scan forms it from k (direct.k)");
   const at::Tensor& F = scan_factor(a);
+  // chunk_factors' row scales of q and k (qk_in_scan) for the scan `fn` names, once the shapes are known.
+  auto need_qk_scales = [](const at::Tensor& QK, int64_t H, int64_t N, int64_t C, const std::string& fn) {
+    if (QK.scalar_type() != at::kFloat || QK.sizes() != at::IntArrayRef({H, N, 2, C}) || !QK.is_contiguous() ||
+        reinterpret_cast<uintptr_t>(QK.data_ptr()) % 16 != 0)
+      throw std::invalid_argument(fn + "needs QK [H, N, 2, 64] float32, contiguous and 16-byte aligned (chunk_factors' qk_in_scan)");
+  };
   if (a.A.defined() && a.B.defined() && a.B.scalar_type() != a.A.scalar_type())
     throw std::invalid_argument("hh::kernels::low_rank_scan: A and B must have one dtype");
   if (a.precision == ScanPrecision::kBlockFloat16 && F.scalar_type() != at::kHalf)
@@ -3119,9 +3125,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       if (a.output.Qd.defined()) throw std::invalid_argument(fn + "reads q and k and forms output.Qd itself (not given)");
       if (!column_scan_reads_qk(Dk, uv.q, uv.k, uv.v, a.output.grid) || uv.q.size(2) != H || uv.q.sizes() != uv.k.sizes())
         throw std::invalid_argument(fn + "needs q and k [B, T, H, Dk] of v's dtype, laid out as v (column_scan_reads_qk)");
-      if (uv.QK.scalar_type() != at::kFloat || uv.QK.sizes() != at::IntArrayRef({H, N, 2, C}) || !uv.QK.is_contiguous() ||
-          reinterpret_cast<uintptr_t>(uv.QK.data_ptr()) % 16 != 0)
-        throw std::invalid_argument(fn + "needs QK [H, N, 2, 64] float32, contiguous and 16-byte aligned (chunk_factors' qk_in_scan)");
+      need_qk_scales(uv.QK, H, N, C, fn);
     }
   } else if (qk) {
     throw std::invalid_argument("hh::kernels::low_rank_scan: q and k are read in place by the scan that forms U from v (u_from_v.v)");
@@ -3207,9 +3211,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
       if (!in_place || !reverse_scan_takes_qk(Dk, d.q, d.k, d.dO, d.grid) || d.q.size(2) != H)
         throw std::invalid_argument(fn + "needs dO read where it lies (reverse_scan_reads_dO_in_place), the column scan by "
                                          "warpgroup, and q and k [B, T, H, Dk] of dO's dtype laid out as dO (reverse_scan_takes_qk)");
-      if (d.QK.scalar_type() != at::kFloat || d.QK.sizes() != at::IntArrayRef({H, N, 2, C}) || !d.QK.is_contiguous() ||
-          reinterpret_cast<uintptr_t>(d.QK.data_ptr()) % 16 != 0)
-        throw std::invalid_argument(fn + "needs QK [H, N, 2, 64] float32, contiguous and 16-byte aligned (chunk_factors' qk_in_scan)");
+      need_qk_scales(d.QK, H, N, C, fn);
     }
     if (given == 5) {
       if (a.precision != ScanPrecision::kBlockFloat16 || !a.reverse || a.Z.defined() || a.U.defined() || o.o.defined())

@@ -1909,6 +1909,31 @@ hh::attention::GdnOutput rule_on_path(void (*set)(bool), bool on, int64_t segmen
   return r;
 }
 
+// Training's forward and backward from a NaN-poisoned allocator with a path's switch (set_u_in_scan,
+// set_qk_in_scan) at `on` for the forward (the backward follows what the forward kept), the scan in pieces of
+// `segments` chunks, and the backward's scans by warpgroup or by warp: the gradients of q, k, v, g, beta and s0 of
+// sum(o w_o) + sum(final state), then o and the final state (kTrainedNames). The switches back to their defaults after.
+const char* const kTrainedNames[] = {"dq", "dk", "dv", "dg", "dbeta", "ds0", "o", "final state"};
+std::vector<torch::Tensor> train_on_path(void (*set)(bool), bool on, int64_t segments, const ChunkIn& in, const torch::Tensor& s0,
+                                         const torch::Tensor& w_o, double scale, bool wgmma_backward = true) {
+  const torch::AutoGradMode with_graph(true);
+  std::vector<torch::Tensor> x = {in.q.detach().requires_grad_(true), in.k.detach().requires_grad_(true),
+                                  in.v.detach().requires_grad_(true), in.g.detach().requires_grad_(true),
+                                  in.beta.detach().requires_grad_(true), s0.detach().requires_grad_(true)};
+  set(on);
+  hh::kernels::set_scan_segments(segments);
+  poison_allocator();
+  const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], scale);
+  set(true);
+  hh::kernels::set_scan_wgmma(wgmma_backward);
+  auto grads = torch::autograd::grad({(r.o.to(torch::kFloat) * w_o).sum() + r.state.sum()}, x);
+  hh::kernels::set_scan_wgmma(true);
+  hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
+  grads.push_back(r.o.detach());
+  grads.push_back(r.state.detach());
+  return grads;
+}
+
 // The forward's column scan forming U = T diag(beta) V itself (set_u_in_scan, the default where
 // column_scan_forms_u holds; without a graph, and training's with the history) from v's rows and
 // chunk_factors' T diag(beta) in two 16-bit parts (UForm::kScan). The factors: no U; W, kdecay, Qd, Aq, decay
@@ -2006,17 +2031,7 @@ TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
             const torch::AutoGradMode with_graph(true);
             const auto w_o = torch::randn({c.B, c.T, H, Dv}, kCuda.dtype(torch::kFloat));
             auto train = [&](bool u_in_scan) {
-              hh::kernels::set_u_in_scan(u_in_scan);
-              std::vector<torch::Tensor> x = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
-                                              v.detach().requires_grad_(true), g.detach().requires_grad_(true),
-                                              beta.detach().requires_grad_(true), s0.detach().requires_grad_(true)};
-              poison_allocator();
-              const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], scale);
-              auto grads = torch::autograd::grad({(r.o.to(torch::kFloat) * w_o).sum() + r.state.sum()}, x);
-              grads.push_back(r.o.detach());
-              grads.push_back(r.state.detach());
-              hh::kernels::set_u_in_scan(true);
-              return grads;
+              return train_on_path(hh::kernels::set_u_in_scan, u_in_scan, segments, in, s0, w_o, scale);
             };
             const int64_t before = hh::kernels::u_in_scan_launches();
             const auto g_in = train(true);
@@ -2026,41 +2041,15 @@ TEST(CudaGdn, ColumnScanFormingUFromVEqualsTheRecurrence) {
             for (auto& t : r) t.requires_grad_(true);
             const auto ref64 = gdn_chunked(r[0], r[1], r[2], r[3], r[4], r[5], scale);
             const auto want = torch::autograd::grad({(ref64.o * f64(w_o)).sum() + ref64.state.sum()}, r);
-            const char* names[] = {"dq", "dk", "dv", "dg", "dbeta", "ds0", "o", "final state"};
             for (size_t i = 0; i < 8; ++i) {
-              EXPECT_TRUE(g_in[i].isfinite().all().item<bool>()) << what << ", with a graph: " << names[i];
-              EXPECT_LT(rel_err(g_in[i], g_apart[i]), 1e-2) << what << ", with a graph: " << names[i];
+              EXPECT_TRUE(g_in[i].isfinite().all().item<bool>()) << what << ", with a graph: " << kTrainedNames[i];
+              EXPECT_LT(rel_err(g_in[i], g_apart[i]), 1e-2) << what << ", with a graph: " << kTrainedNames[i];
               if (i < 6) {
-                EXPECT_LT(rel_err(g_in[i], want[i]), 1e-2) << what << ", with a graph: " << names[i] << " against float64";
+                EXPECT_LT(rel_err(g_in[i], want[i]), 1e-2) << what << ", with a graph: " << kTrainedNames[i] << " against float64";
               }
             }
           });
     }
-}
-
-// Training's forward and backward from a NaN-poisoned allocator with set_qk_in_scan at `on` (read by the forward;
-// the backward follows what the forward kept) and the scan in pieces of `segments` chunks, the backward's scans
-// by warpgroup or by warp: the gradients of q, k, v, g, beta and s0 of sum(o w_o) + sum(final state), then o and
-// the final state (kTrainedNames). The switches back to their defaults after.
-const char* const kTrainedNames[] = {"dq", "dk", "dv", "dg", "dbeta", "ds0", "o", "final state"};
-std::vector<torch::Tensor> train_on_qk(bool on, int64_t segments, const ChunkIn& in, const torch::Tensor& s0, const torch::Tensor& w_o,
-                                       double scale, bool wgmma_backward = true) {
-  const torch::AutoGradMode with_graph(true);
-  std::vector<torch::Tensor> x = {in.q.detach().requires_grad_(true), in.k.detach().requires_grad_(true),
-                                  in.v.detach().requires_grad_(true), in.g.detach().requires_grad_(true),
-                                  in.beta.detach().requires_grad_(true), s0.detach().requires_grad_(true)};
-  hh::kernels::set_qk_in_scan(on);
-  hh::kernels::set_scan_segments(segments);
-  poison_allocator();
-  const auto r = gdn_chunked_scan(x[0], x[1], x[2], x[3], x[4], x[5], scale);
-  hh::kernels::set_qk_in_scan(true);
-  hh::kernels::set_scan_wgmma(wgmma_backward);
-  auto grads = torch::autograd::grad({(r.o.to(torch::kFloat) * w_o).sum() + r.state.sum()}, x);
-  hh::kernels::set_scan_wgmma(true);
-  hh::kernels::set_scan_segments(hh::kernels::kAutoSegments);
-  grads.push_back(r.o.detach());
-  grads.push_back(r.state.detach());
-  return grads;
 }
 
 // The forward's column scan reading q's and k's rows where they lie and forming Qd = scale e^G q and kdecay =
@@ -2135,9 +2124,9 @@ TEST(CudaGdn, ColumnScanReadingQAndKEqualsReadingTheirFactors) {
             // and k; o, the final state and every gradient the same bits as with chunk_factors' Qd and kdecay.
             const auto w_o = torch::randn({c.B, c.T, H, Dv}, kCuda.dtype(torch::kFloat));
             const int64_t before = hh::kernels::qk_in_scan_launches();
-            const auto t_in = train_on_qk(true, segments, in, s0, w_o, scale);
+            const auto t_in = train_on_path(hh::kernels::set_qk_in_scan, true, segments, in, s0, w_o, scale);
             EXPECT_EQ(hh::kernels::qk_in_scan_launches() - before, c.rows ? 2 : 0) << what << ", with a graph: both scans";
-            const auto t_apart = train_on_qk(false, segments, in, s0, w_o, scale);
+            const auto t_apart = train_on_path(hh::kernels::set_qk_in_scan, false, segments, in, s0, w_o, scale);
             EXPECT_EQ(hh::kernels::qk_in_scan_launches() - before, c.rows ? 2 : 0) << what << ", with a graph: switched off";
             for (size_t i = 0; i < t_in.size(); ++i)
               EXPECT_TRUE(torch::equal(t_in[i], t_apart[i])) << what << ", with a graph: " << kTrainedNames[i];
@@ -2145,7 +2134,7 @@ TEST(CudaGdn, ColumnScanReadingQAndKEqualsReadingTheirFactors) {
             // A backward whose reverse scan cannot read them (by warp) forms Qd and kdecay from the forward's
             // scales on the host's side: the same bits again.
             const int64_t by_warp = hh::kernels::qk_in_scan_launches();
-            const auto t_host = train_on_qk(true, segments, in, s0, w_o, scale, /*wgmma_backward=*/false);
+            const auto t_host = train_on_path(hh::kernels::set_qk_in_scan, true, segments, in, s0, w_o, scale, /*wgmma_backward=*/false);
             EXPECT_EQ(hh::kernels::qk_in_scan_launches() - by_warp, 1) << what << ", with a graph: the forward's scan only";
             for (size_t i = 0; i < t_in.size(); ++i)
               EXPECT_TRUE(torch::equal(t_host[i], t_apart[i])) << what << ", a backward by warp: " << kTrainedNames[i];
