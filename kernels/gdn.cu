@@ -1283,9 +1283,12 @@ __global__ void __launch_bounds__(scan_threads<DK, (FUSE >= 0)>(), STAGES == 2 ?
 // forward's A, the reverse scan's B) hold q's and k's rows where they lie (head h's columns, as v's or dO's),
 // with their rows' scales from chunk_factors (qk_in_scan) beside them (with HIST and UV, in the ring's head);
 // once the slot has landed, before the step's first products, the block's warps scale each row into float16 in place
-// (scaled_half8, chunk_factors' arithmetic, so Qd and kdecay are the same bits), and a barrier of the block
-// has the tiles whole before the products that read them. (Scaled beside the first products instead, the
-// forward was as fast, and its Dv 128 forms spilled 16 bytes: docs/BENCHMARKS.md v80.)
+// (scaled_half8, chunk_factors' arithmetic, so Qd and kdecay are the same bits). In the inference forward each
+// warp then arrives on the slot's `scaled` barrier and issues the step's first products (which read neither
+// tile); the products that read Qd and kdecay wait for that barrier. Elsewhere a barrier of the block has the
+// tiles whole before the step's first products: the reverse scan's read kdecay, and training's forward was
+// slower with the `scaled` barrier (docs/BENCHMARKS.md v83). (Scaled beside the first products instead, the
+// forward was as fast, and its Dv 128 forms spilled 16 bytes: v80.)
 // HIST (a forward that keeps its states for the backward, and DIR; not with FUSE): the history the
 // backward reads (LowRankScanArgs::S16 and M16, whichever is given), in the blocks' form (16 x 16 blocks of
 // S, 16 x 8 tiles of M, each with a power-of-two scale; here the blocks of a warp's slab share one):
@@ -1437,6 +1440,12 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   unsigned long long* const full = reinterpret_cast<unsigned long long*>(base);
   unsigned long long* const empty = full + kColumnStages;
   long long* const plan = reinterpret_cast<long long*>(empty + kColumnStages);
+  // kScaledBar (QK, the inference forward): each warp announces its part of a slot's q and k scaled on
+  // scaled[b] (head bytes 64 on) and goes on to the step's first products, which read neither; the products
+  // that read Qd and kdecay wait for every warp's. (The reverse scan's first products read kdecay, and
+  // training's forward was slower so: a barrier of the block there.)
+  constexpr bool kScaledBar = QK && !DIR && !HIST;
+  [[maybe_unused]] unsigned long long* const scaled = full + 8;
   const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y;
@@ -1450,6 +1459,8 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   }
   if (tid == 0) {
     for (int b = 0; b < kColumnStages; ++b) mbar_init(&full[b], 1), mbar_init(&empty[b], NW);
+    if constexpr (kScaledBar)
+      for (int b = 0; b < kColumnStages; ++b) mbar_init(&scaled[b], NW);
     mbar_init_fence();
   }
   __syncthreads();
@@ -1618,8 +1629,9 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   // QK: slot b's q and k rows (in Qd's tile and in A's, DIR: B's) to Qd = scale e^G q and kdecay = e^{G_C - G} k in float16,
   // in place, by all the block's threads, each row by its scale from chunk_factors (scaled_half8: the same
   // bits as chunk_factors' own). The copy engine's swizzle moves 16-byte units within a row, so unit j of a
-  // tile holds row (j / 8) % C. Each thread orders its writes before the products' reads (the async proxy),
-  // and the block's barrier has both tiles whole.
+  // tile holds row (j / 8) % C. Each thread orders its writes before the products' reads (the async proxy);
+  // the `scaled` barrier (the inference forward, waited for before the products that read the tiles) or the
+  // block's barrier (the others) has both tiles whole.
   [[maybe_unused]] auto scale_qk = [&](int b) {
     if constexpr (QK) {
       constexpr int kUnits = static_cast<int>(Ring::kTile / 16) / (32 * NW);
@@ -1646,7 +1658,12 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
         scale_tiles(VT{});
       }
       fence_proxy_async_shared();
-      __syncthreads();
+      if constexpr (kScaledBar) {  // this warp's part done (its lanes' writes ordered before lane 0's arrival)
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&scaled[b]);
+      } else {
+        __syncthreads();
+      }
     }
   };
   int buf = 0;
@@ -1818,6 +1835,7 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
       }
     };
     if constexpr (DIR) write_m_history();  // before the state's update, whose products hold more registers here
+    if constexpr (kScaledBar) mbar_wait(&scaled[buf], round & 1);  // every warp's part of Qd and kdecay scaled
     // S^T Qd^T for a written chunk, on the same fragments of the state.
     float oq[NC][4] = {};
     if (write && !DIR) state_products(oq, ring.Qd(buf));
