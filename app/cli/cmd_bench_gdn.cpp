@@ -26,6 +26,8 @@
 #include "core/util/error.h"
 #include "core/util/gpu_energy.h"
 #ifdef HH_HAVE_KERNELS
+#include <c10/cuda/CUDACachingAllocator.h>
+
 #include "kernels/gdn.h"
 #endif
 
@@ -185,6 +187,20 @@ std::optional<double> on_flash_gate(attention::FlashGate gate, const at::Device&
   return with_setting(attention::set_flash_gate, attention::flash_gate, gate, dev, fn);
 }
 
+// Waits for the device and hands the caching allocator's unused blocks back, so that the buffers the next
+// runs allocate are not carved from blocks another path or shape left cached: carved so, the default path's
+// forward at B1 T32K ran up to 10 % slower right after the scan by warp's rounds (docs/BENCHMARKS.md v84).
+// Nothing off CUDA.
+void fresh_pool(const at::Device& dev) {
+#ifdef HH_HAVE_KERNELS
+  if (!dev.is_cuda()) return;
+  sync_device(dev);
+  c10::cuda::CUDACachingAllocator::emptyCache();
+#else
+  (void)dev;
+#endif
+}
+
 // The median of v (the upper one of an even count), or nothing for none.
 std::optional<double> median_of(std::vector<double> v) {
   if (v.empty()) return std::nullopt;
@@ -285,6 +301,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
               "b2b fwd", "b2b f+b", "TFLOP/s", "of", "GB/s", "of", "LT-local fwd", "TF32-scan fwd", "b2b fwd / out-apart",
               "b2b f+b / direct-apart", "ref fwd ms", "ref fwd+bwd ms");
   for (const Shape& s : shapes) {
+    fresh_pool(dev);  // nothing the shape before left cached
     namespace F = torch::nn::functional;
     const auto nrm = F::NormalizeFuncOptions().dim(-1);
     const auto q = F::normalize(torch::randn({s.B, s.T, a.heads, a.dim}, opts.dtype(torch::kFloat)), nrm).to(dt);
@@ -324,10 +341,13 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const std::optional<double> f_tf32 = on_other_path(OtherPath::kTf32Scan, dev, [&] { return forward(ours); });
     // fn() on the default path and on path p, alternating in three rounds (the device slows as it warms): the
     // medians of each; none off CUDA, or where `same` (a flag made p the path throughout).
+    // Each side of a round starts from an emptied pool (fresh_pool).
     auto alternating = [&](OtherPath p, bool same, const std::function<double()>& fn) {
       std::vector<double> default_rounds, other_rounds;
       for (int round = 0; round < 3 && dev.is_cuda() && !same; ++round) {
+        fresh_pool(dev);
         if (const auto t = on_other_path(p, dev, fn)) {
+          fresh_pool(dev);
           other_rounds.push_back(*t);
           default_rounds.push_back(fn());
         }
