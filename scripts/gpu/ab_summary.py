@@ -15,6 +15,8 @@ Below each build after the first, its runs are paired with the first build's in 
 builds in turn, so run r of each lies side by side in time): each pair's difference of the runs' means, their
 mean, and where there are two pairs or more, that mean's 95 % interval by Student's t over the pairs (the
 pairs' spread, so that the drift of a machine between rounds does not count as the builds' difference).
+Then, where the runs hold two figures or more, the same for each figure alone ("by figure"), so that a
+difference carried by one figure shows as that figure's.
 """
 import argparse
 import json
@@ -35,17 +37,45 @@ T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 
 
+def half_width(d):
+    """Half the 95 % interval of the mean of the differences d (Student's t over them), or None for one."""
+    n = len(d)
+    if n < 2:
+        return None
+    return (T975[n - 2] if n - 1 <= len(T975) else 1.96) * statistics.stdev(d) / math.sqrt(n)
+
+
 def paired(base_runs, runs):
     """The line on a build's runs paired in order with the base's: each pair's difference of means (us)."""
     if len(runs) != len(base_runs):
         return f"    by run: not paired ({len(runs)} runs against the base's {len(base_runs)})"
     d = [1e3 * (statistics.fmean(b) - statistics.fmean(a)) for a, b in zip(base_runs, runs)]
-    n, m = len(d), statistics.fmean(d)
+    n, m, half = len(d), statistics.fmean(d), half_width(d)
     line = f"    by run: {', '.join(f'{x:+.1f}' for x in d)} us; mean {m:+.1f} us"
-    if n >= 2:
-        half = (T975[n - 2] if n - 1 <= len(T975) else 1.96) * statistics.stdev(d) / math.sqrt(n)
+    if half is not None:
         line += f", 95 % interval [{m - half:+.1f}, {m + half:+.1f}] us ({n} pairs)"
     return line
+
+
+def by_figure(base_rows, rows, shape, keys):
+    """Lines on each figure (key) alone, its runs paired in order with the base's: the mean difference (us) and
+    its 95 % interval. A change may move the figures unequally: the default side of an alternation follows the
+    other path's runs, which the row's own figure does not (docs/BENCHMARKS.md v84). Nothing where the runs
+    differ in number or a figure is not in every run of both."""
+    if len(rows) != len(base_rows):
+        return []
+    lines = []
+    width = max(len(k) for k in keys)
+    for k in keys:
+        if not all(k in r[shape] for r in base_rows + rows):
+            continue
+        d = [1e3 * (b[shape][k] - a[shape][k]) for a, b in zip(base_rows, rows)]
+        m, half = statistics.fmean(d), half_width(d)
+        line = f"      {k:<{width}}  {m:+.1f} us"
+        if half is not None:
+            line += f", [{m - half:+.1f}, {m + half:+.1f}]"
+        lines.append(line)
+    return ["    by figure, paired by run:"] + lines if len(lines) > 1 else []
 
 
 def rows_of(path):
@@ -80,6 +110,7 @@ def main():
     for shape in sorted(shapes, key=lambda s: (s[1], s[0])):
         print(f"{shape[0]} x {shape[1]}, {'forward + backward' if a.key == 'fwd_bwd' else 'forward'}, back to back (ms):")
         base_runs = None
+        base_rows = builds[0][1]
         for name, runs in builds:
             by_run = [[r[shape][k] for k in KEYS[a.key] if k in r[shape]] for r in runs]
             if any(not f for f in by_run):  # a run without the row's own figure: not the bench's keys
@@ -97,6 +128,7 @@ def main():
                 elif min(figures) > max(base_figures):
                     line += ", all above"
                 line += "\n" + paired(base_runs, by_run)
+                line += "".join("\n" + x for x in by_figure(base_rows, runs, shape, KEYS[a.key]))
             print(line)
 
 

@@ -45,6 +45,19 @@ grep -qE "^  mid   mean 2\.220  \[.*\]  [+-]0\.0 us \([+-]0\.0 %\)$" <<<"$out" |
 grep -qxF "    by run: -140.0, -300.0 us; mean -220.0 us, 95 % interval [-1236.5, +796.5] us (2 pairs)" <<<"$out" ||
   fail "new, by run: $out"
 [[ "$(grep -c '    by run:' <<<"$out")" == 2 ]] || fail "a paired line for each build after the base: $out"
+# Each figure alone, paired by run: the row's own figure 2.10, 2.30 against 2.00, 2.00, so -100 and -300 us,
+# mean -200, standard deviation 141.421, half-width 12.706 x 141.421 / sqrt(2) = 1270.6 us; chunk_backward's
+# default side 2.18, 2.30 against 2.00: -180 and -300, mean -240, standard deviation 84.853, half-width 762.4.
+[[ "$(grep -c '    by figure, paired by run:' <<<"$out")" == 2 ]] || fail "a by-figure block for each build after the base: $out"
+grep -qE "^      fwd_bwd_b2b_ms +-200\.0 us, \[-1470\.6, \+1070\.6\]$" <<<"$out" || fail "new, the row's own figure: $out"
+grep -qE "^      fwd_bwd_backward_block_a_chunk_b2b_ms +-240\.0 us, \[-1002\.4, \+522\.4\]$" <<<"$out" ||
+  fail "new, chunk_backward's figure: $out"
+[[ "$(sed -n '/^  new /,/^  mid /p' <<<"$out" | grep -cE '^      fwd_bwd_')" == 5 ]] || fail "new: five figures: $out"
+# A figure missing from one run (the third build's second run lacks the direct term's) is left out, the others kept.
+python3 -c 'import json,sys; t=open(sys.argv[1]).read(); i=t.index("{"); o=json.loads(t[i:]); del o["rows"][0]["fwd_bwd_direct_in_scan_b2b_ms"]; open(sys.argv[2],"w").write(t[:i]+json.dumps(o)+"\n")' "$TMP/c2.json" "$TMP/c2-less.json"
+out=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "base=$TMP/a1.json,$TMP/a2.json" "mid=$TMP/c1.json,$TMP/c2-less.json")
+grep -qE "^      fwd_bwd_scan_head_b2b_ms " <<<"$out" || fail "mid, a figure every run has: $out"
+if grep -qE "^      fwd_bwd_direct_in_scan_b2b_ms " <<<"$out"; then fail "mid, a figure one run lacks: $out"; fi
 
 # Three runs a build: differences -10, -20, -30 us (mean -20, standard deviation 10), t(2) = 4.303: half-width
 # 4.303 x 10 / sqrt(3) = 24.84 us.
@@ -60,10 +73,15 @@ grep -qxF "    by run: -10.0, -20.0, -30.0 us; mean -20.0 us, 95 % interval [-44
 out=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/p1.json" "b=$TMP/q1.json" "c=$TMP/q1.json,$TMP/q2.json")
 grep -qxF "    by run: -10.0 us; mean -10.0 us" <<<"$out" || fail "one pair: $out"
 grep -qxF "    by run: not paired (2 runs against the base's 1)" <<<"$out" || fail "unequal runs: $out"
+# One pair: each figure's difference, no interval; the unequal build has no by-figure block.
+grep -qE "^      fwd_bwd_scan_wgmma_b2b_ms +-10\.0 us$" <<<"$out" || fail "one pair, by figure: $out"
+[[ "$(grep -c '    by figure, paired by run:' <<<"$out")" == 1 ]] || fail "no by-figure block for unequal runs: $out"
 
 # The forward's figures: 0.5 in every run.
 out=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/a1.json" "b=$TMP/b1.json" --key fwd)
 grep -qE "^  b  mean 0\.500  \[0\.500\]  \+0\.0 us \(\+0\.0 %\)$" <<<"$out" || fail "forward: $out"
+# A single figure a run: no by-figure block (the paired line says it all).
+if grep -q "by figure" <<<"$out"; then fail "forward, one figure: $out"; fi
 
 # A run that is not the bench's JSON output.
 echo "no json here" > "$TMP/bad.txt"
