@@ -1446,6 +1446,8 @@ __global__ void __launch_bounds__(32 * (DV / 16), 1)
   // training's forward was slower so: a barrier of the block there.)
   constexpr bool kScaledBar = QK && !DIR && !HIST;
   [[maybe_unused]] unsigned long long* const scaled = full + 8;
+  static_assert(2 * kColumnStages + 1 <= 8 && 8 + kColumnStages <= 64,
+                "scaled[] lies past full[], empty[] and the plan, and before the head's byte 512 (kStageInHist's scalars)");
   const Ring ring{base + Ring::kHead};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y;

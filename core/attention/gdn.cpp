@@ -883,9 +883,8 @@ class GdnScanFunction : public torch::autograd::Function<GdnScanFunction> {
       // The direct term: formed by the scan from the forward's output factors and dO in block float16
       // where the forward kept them (and then the scan's new values, -dM, go to the chunk kernel beside
       // the forward's M), else chunk_state_direct's Z.
-      const at::Tensor &Aq = saved[13], &aq_inv = saved[14], &M16 = saved[15], &M_inv = saved[16], &T16 = saved[17],
-                       &QK = saved[18];
-      const at::Tensor &Qd = saved[12];
+      const at::Tensor &Qd = saved[12], &Aq = saved[13], &aq_inv = saved[14], &M16 = saved[15], &M_inv = saved[16],
+                       &T16 = saved[17], &QK = saved[18];
       if (Qd.defined() || QK.defined()) {
         // dO as it lies: the scan reads it so where it can, else brings it to the chunk grid first.
         a.direct.Qd = Qd, a.direct.Aq = Aq, a.direct.aq_inv = aq_inv;
