@@ -52,6 +52,7 @@ struct GdnBenchArgs {
   bool u_from_factors = false;  // chunk_factors forms U, which the forward's scan reads (not U from v)
   bool qk_from_factors = false;  // chunk_factors forms Qd and kdecay, which the scans read (not from q and k)
   bool factors_occupancy = false;  // chunk_factors alone and the forward at 4, 3, 2, 1 blocks an SM and in turn; its phases
+  bool keep_pool = false;  // no fresh_pool: each side runs on the caching allocator's pool as the runs before left it
   std::string backward = "kernels";
   std::string scan_segments = "auto";
   std::string scan_columns = "auto";
@@ -190,14 +191,14 @@ std::optional<double> on_flash_gate(attention::FlashGate gate, const at::Device&
 // Waits for the device and hands the caching allocator's unused blocks back, so that the buffers the next
 // runs allocate are not carved from blocks another path or shape left cached: carved so, the default path's
 // forward at B1 T32K ran up to 10 % slower right after the scan by warp's rounds (docs/BENCHMARKS.md v84).
-// Nothing off CUDA.
-void fresh_pool(const at::Device& dev) {
+// Nothing off CUDA, or with --keep-pool (keep).
+void fresh_pool(const at::Device& dev, bool keep) {
 #ifdef HH_HAVE_KERNELS
-  if (!dev.is_cuda()) return;
+  if (keep || !dev.is_cuda()) return;
   sync_device(dev);
   c10::cuda::CUDACachingAllocator::emptyCache();
 #else
-  (void)dev;
+  (void)dev, (void)keep;
 #endif
 }
 
@@ -274,6 +275,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"u_from_factors", a.u_from_factors},
                          {"qk_from_factors", a.qk_from_factors},
                          {"factors_occupancy", a.factors_occupancy},
+                         {"keep_pool", a.keep_pool},
                          {"scan_kernel", a.scan_kernel},
                          {"scan_segments", a.scan_segments},
                          {"scan_columns", a.scan_columns},
@@ -301,7 +303,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
               "b2b fwd", "b2b f+b", "TFLOP/s", "of", "GB/s", "of", "LT-local fwd", "TF32-scan fwd", "b2b fwd / out-apart",
               "b2b f+b / direct-apart", "ref fwd ms", "ref fwd+bwd ms");
   for (const Shape& s : shapes) {
-    fresh_pool(dev);  // nothing the shape before left cached
+    fresh_pool(dev, a.keep_pool);  // nothing the shape before left cached
     namespace F = torch::nn::functional;
     const auto nrm = F::NormalizeFuncOptions().dim(-1);
     const auto q = F::normalize(torch::randn({s.B, s.T, a.heads, a.dim}, opts.dtype(torch::kFloat)), nrm).to(dt);
@@ -345,9 +347,9 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     auto alternating = [&](OtherPath p, bool same, const std::function<double()>& fn) {
       std::vector<double> default_rounds, other_rounds;
       for (int round = 0; round < 3 && dev.is_cuda() && !same; ++round) {
-        fresh_pool(dev);
+        fresh_pool(dev, a.keep_pool);
         if (const auto t = on_other_path(p, dev, fn)) {
-          fresh_pool(dev);
+          fresh_pool(dev, a.keep_pool);
           other_rounds.push_back(*t);
           default_rounds.push_back(fn());
         }
@@ -668,11 +670,19 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                           teacher.inv_freq(), true, nullptr, /*side_by_side=*/false);
       };
       auto hybrid_ms = [&] { return median_ms(dev, a.warmup, a.iters, hybrid_run); };
+      // fn() from an emptied pool (fresh_pool): the goal's figures, dense against hybrid, each with buffers
+      // carved afresh, not from the blocks the other side left cached.
+      auto fresh = [&](auto&& fn) {
+        fresh_pool(dev, a.keep_pool);
+        return fn();
+      };
       // Each side in a block of its own: with the runs alternating, every hybrid run followed a dense run
       // at full load and took about 2.5 ms more at 128K than hybrid runs following each other.
-      const double dense = median_ms(dev, a.warmup, a.iters, dense_run), hyb = hybrid_ms(), speedup = dense / hyb;
-      const double dense_b2b = back_to_back_ms(dev, a.warmup, a.iters, dense_run),
-                   hyb_b2b = back_to_back_ms(dev, a.warmup, a.iters, hybrid_run), speedup_b2b = dense_b2b / hyb_b2b;
+      const double dense = fresh([&] { return median_ms(dev, a.warmup, a.iters, dense_run); }), hyb = fresh(hybrid_ms),
+                   speedup = dense / hyb;
+      const double dense_b2b = fresh([&] { return back_to_back_ms(dev, a.warmup, a.iters, dense_run); }),
+                   hyb_b2b = fresh([&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_run); }),
+                   speedup_b2b = dense_b2b / hyb_b2b;
       const std::optional<double> hyb_lt = on_other_path(OtherPath::kLibTorchLocal, dev, hybrid_ms),
                                   hyb_tf32 = on_other_path(OtherPath::kTf32Scan, dev, hybrid_ms);
       std::optional<double> hyb_one_b2b;
@@ -718,7 +728,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                   one_fused_default = median_of(one_default),
                                   scan_head = median_of(head_scan), scan_blocks = median_of(block_scan),
                                   scan_wg = median_of(wg_scan), scan_warp = median_of(warp_scan);
-      const std::optional<Sustained> dense_e = sustained(dense_run, dense_b2b), hyb_e = sustained(hybrid_run, hyb_b2b);
+      const std::optional<Sustained> dense_e = fresh([&] { return sustained(dense_run, dense_b2b); }),
+                                     hyb_e = fresh([&] { return sustained(hybrid_run, hyb_b2b); });
       // The same for the hybrid with its output apart (kernels::set_output_in_scan): under a power limit the
       // energy a call is the figure that decides.
       const std::optional<Sustained> hyb_apart_e =
@@ -902,6 +913,11 @@ BenchSub add_bench_gdn(CLI::App& bench) {
               "with 1 and 2 blocks an SM taking chunks in turn (each chunk's loads landing during the one before), "
               "each block's time on its chunk, and the share of a chunk's time each of its phases takes (SM clocks, "
               "one block an SM in turn)");
+  c->add_flag("--keep-pool", a->keep_pool,
+              "On CUDA, time each path on the caching allocator's pool as the runs before it left it (as a training "
+              "loop finds it), instead of emptying the pool before each shape, each side of an alternating round "
+              "and each side of the layer's comparison (its buffers then carved from blocks another path left "
+              "cached, which made the forward up to 10 % slower on an H100)");
   c->add_flag("--fusion-in-scan", a->fusion_in_scan,
               "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
               "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "
