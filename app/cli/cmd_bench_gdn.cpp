@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -26,8 +27,6 @@
 #include "core/util/error.h"
 #include "core/util/gpu_energy.h"
 #ifdef HH_HAVE_KERNELS
-#include <c10/cuda/CUDACachingAllocator.h>
-
 #include "kernels/gdn.h"
 #endif
 
@@ -52,7 +51,7 @@ struct GdnBenchArgs {
   bool u_from_factors = false;  // chunk_factors forms U, which the forward's scan reads (not U from v)
   bool qk_from_factors = false;  // chunk_factors forms Qd and kdecay, which the scans read (not from q and k)
   bool factors_occupancy = false;  // chunk_factors alone and the forward at 4, 3, 2, 1 blocks an SM and in turn; its phases
-  bool keep_pool = false;  // no fresh_pool: each side runs on the caching allocator's pool as the runs before left it
+  int64_t rest_ms = 50;  // the device idle this long before each timed figure (rest)
   std::string backward = "kernels";
   std::string scan_segments = "auto";
   std::string scan_columns = "auto";
@@ -188,19 +187,18 @@ std::optional<double> on_flash_gate(attention::FlashGate gate, const at::Device&
   return with_setting(attention::set_flash_gate, attention::flash_gate, gate, dev, fn);
 }
 
-// Waits for the device and hands the caching allocator's unused blocks back, so that the buffers the next
-// runs allocate are not carved from blocks another path or shape left cached: carved so, the default path's
-// forward at B1 T32K ran up to 10 % slower right after the scan by warp's rounds (docs/BENCHMARKS.md v84).
-// Nothing off CUDA, or with --keep-pool (keep).
-void fresh_pool(const at::Device& dev, bool keep) {
-#ifdef HH_HAVE_KERNELS
-  if (keep || !dev.is_cuda()) return;
+// Waits for the device, then leaves it idle for ms milliseconds, so that the runs timed next start below its
+// power limit: timed runs queued back to back at full load for tens of milliseconds hold an H100 at its 700 W
+// cap, its SM clock down from 1980 to 1635-1830 MHz, and a path timed right after another ran up to 10 %
+// slower than after a pause (docs/BENCHMARKS.md v85). Nothing off CUDA, or for ms 0.
+void rest(const at::Device& dev, int64_t ms) {
+  if (!dev.is_cuda() || ms <= 0) return;
   sync_device(dev);
-  c10::cuda::CUDACachingAllocator::emptyCache();
-#else
-  (void)dev, (void)keep;
-#endif
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
+
+// median_ms or back_to_back_ms (app/cli/commands.h).
+using Timer = double (*)(const at::Device&, int64_t, int64_t, const std::function<void()>&);
 
 // The median of v (the upper one of an even count), or nothing for none.
 std::optional<double> median_of(std::vector<double> v) {
@@ -275,7 +273,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"u_from_factors", a.u_from_factors},
                          {"qk_from_factors", a.qk_from_factors},
                          {"factors_occupancy", a.factors_occupancy},
-                         {"keep_pool", a.keep_pool},
+                         {"rest_ms", a.rest_ms},
                          {"scan_kernel", a.scan_kernel},
                          {"scan_segments", a.scan_segments},
                          {"scan_columns", a.scan_columns},
@@ -303,7 +301,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
               "b2b fwd", "b2b f+b", "TFLOP/s", "of", "GB/s", "of", "LT-local fwd", "TF32-scan fwd", "b2b fwd / out-apart",
               "b2b f+b / direct-apart", "ref fwd ms", "ref fwd+bwd ms");
   for (const Shape& s : shapes) {
-    fresh_pool(dev, a.keep_pool);  // nothing the shape before left cached
     namespace F = torch::nn::functional;
     const auto nrm = F::NormalizeFuncOptions().dim(-1);
     const auto q = F::normalize(torch::randn({s.B, s.T, a.heads, a.dim}, opts.dtype(torch::kFloat)), nrm).to(dt);
@@ -320,8 +317,9 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const Fn reference = [&](auto& q_, auto& k_, auto& v_, auto& g_, auto& b_) {
       return attention::gdn_chunked(q_, k_, v_, g_, b_, {}, scale, a.chunk);
     };
-    using Timer = double (*)(const at::Device&, int64_t, int64_t, const std::function<void()>&);
+    // Each from a rested device (rest), whatever ran before it.
     auto forward = [&](const Fn& fn, Timer timer = median_ms) {
+      rest(dev, a.rest_ms);
       return timer(dev, a.warmup, a.iters, [&] {
         torch::NoGradGuard no_grad;
         (void)fn(q, k, v, g, beta);
@@ -331,6 +329,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
                                         beta.detach().requires_grad_(true)};
+      rest(dev, a.rest_ms);
       return timer(dev, a.warmup, a.iters, [&] {
         const auto r = fn(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4]);
         torch::autograd::backward({r.o}, {dO});
@@ -343,13 +342,11 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const std::optional<double> f_tf32 = on_other_path(OtherPath::kTf32Scan, dev, [&] { return forward(ours); });
     // fn() on the default path and on path p, alternating in three rounds (the device slows as it warms): the
     // medians of each; none off CUDA, or where `same` (a flag made p the path throughout).
-    // Each side of a round starts from an emptied pool (fresh_pool).
+    // Each side of a round starts from a rested device (forward, forward_backward).
     auto alternating = [&](OtherPath p, bool same, const std::function<double()>& fn) {
       std::vector<double> default_rounds, other_rounds;
       for (int round = 0; round < 3 && dev.is_cuda() && !same; ++round) {
-        fresh_pool(dev, a.keep_pool);
         if (const auto t = on_other_path(p, dev, fn)) {
-          fresh_pool(dev, a.keep_pool);
           other_rounds.push_back(*t);
           default_rounds.push_back(fn());
         }
@@ -634,7 +631,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     auto sustained = [&](const std::function<void()>& run, double ms) -> std::optional<Sustained> {
       if (!dev.is_cuda()) return std::nullopt;
       const int n = std::max(10, static_cast<int>(std::ceil(2000.0 / std::max(ms, 0.01))));
-      sync_device(dev);
+      rest(dev, a.rest_ms);
       const auto t0 = std::chrono::steady_clock::now();
       const std::optional<uint64_t> e0 = energy->millijoules();
       for (int i = 0; i < n; ++i) run();
@@ -669,37 +666,34 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         (void)attention::hybrid_attention(cfg, hybrid.options(), hybrid.splits()[0], lw, hybrid.layers()[0], xn,
                                           teacher.inv_freq(), true, nullptr, /*side_by_side=*/false);
       };
-      auto hybrid_ms = [&] { return median_ms(dev, a.warmup, a.iters, hybrid_run); };
-      // fn() from an emptied pool (fresh_pool): the goal's figures, dense against hybrid, each with buffers
-      // carved afresh, not from the blocks the other side left cached.
-      auto fresh = [&](auto&& fn) {
-        fresh_pool(dev, a.keep_pool);
-        return fn();
+      // Every figure of the layer from a rested device (rest), as the rule's are.
+      auto timed = [&](Timer timer, const std::function<void()>& fn) {
+        rest(dev, a.rest_ms);
+        return timer(dev, a.warmup, a.iters, fn);
       };
+      auto hybrid_ms = [&] { return timed(median_ms, hybrid_run); };
       // Each side in a block of its own: with the runs alternating, every hybrid run followed a dense run
       // at full load and took about 2.5 ms more at 128K than hybrid runs following each other.
-      const double dense = fresh([&] { return median_ms(dev, a.warmup, a.iters, dense_run); }), hyb = fresh(hybrid_ms),
-                   speedup = dense / hyb;
-      const double dense_b2b = fresh([&] { return back_to_back_ms(dev, a.warmup, a.iters, dense_run); }),
-                   hyb_b2b = fresh([&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_run); }),
+      const double dense = timed(median_ms, dense_run), hyb = hybrid_ms(), speedup = dense / hyb;
+      const double dense_b2b = timed(back_to_back_ms, dense_run), hyb_b2b = timed(back_to_back_ms, hybrid_run),
                    speedup_b2b = dense_b2b / hyb_b2b;
       const std::optional<double> hyb_lt = on_other_path(OtherPath::kLibTorchLocal, dev, hybrid_ms),
                                   hyb_tf32 = on_other_path(OtherPath::kTf32Scan, dev, hybrid_ms);
       std::optional<double> hyb_one_b2b;
-      if (dev.is_cuda()) hyb_one_b2b = back_to_back_ms(dev, a.warmup, a.iters, hybrid_one_stream);
+      if (dev.is_cuda()) hyb_one_b2b = timed(back_to_back_ms, hybrid_one_stream);
       const std::optional<double> hyb_conv_apart_b2b =
-          on_other_path(OtherPath::kConvApart, dev, [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_run); });
+          on_other_path(OtherPath::kConvApart, dev, [&] { return timed(back_to_back_ms, hybrid_run); });
       // chunk_factors at four blocks an SM against three, and the FA heads' attention gated on
       // chunk_factors against on its inputs alone, alternating with the default: the device slows as it
       // warms up.
       std::vector<double> four, three, ungated, after_scan, out_apart, fusion_default, fusion_in, fusion_col, one_default, one_in,
           head_scan, block_scan, wg_scan, warp_scan;
       for (int round = 0; round < 3 && dev.is_cuda(); ++round) {
-        four.push_back(back_to_back_ms(dev, a.warmup, a.iters, hybrid_run));
+        four.push_back(timed(back_to_back_ms, hybrid_run));
         if (const auto t = on_other_path(OtherPath::kFactorsThreeBlocks, dev,
-                                         [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_run); }))
+                                         [&] { return timed(back_to_back_ms, hybrid_run); }))
           three.push_back(*t);
-        auto b2b = [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_run); };
+        auto b2b = [&] { return timed(back_to_back_ms, hybrid_run); };
         if (const auto t = on_flash_gate(attention::FlashGate::kInputs, dev, b2b)) ungated.push_back(*t);
         if (const auto t = on_flash_gate(attention::FlashGate::kScan, dev, b2b)) after_scan.push_back(*t);
         const auto t = a.output_apart ? std::nullopt : on_other_path(OtherPath::kOutputApart, dev, b2b);  // else the default
@@ -716,7 +710,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
           if (a.scan_columns == "auto")  // the fusion inside the column scan
             if (const auto f = on_other_path(OtherPath::kFusionInColumnScan, dev, b2b)) fusion_col.push_back(*f);
           // The same on one stream, where the scan's clusters need not wait for SMs flash attention holds.
-          auto one = [&] { return back_to_back_ms(dev, a.warmup, a.iters, hybrid_one_stream); };
+          auto one = [&] { return timed(back_to_back_ms, hybrid_one_stream); };
           one_default.push_back(one());
           if (const auto f = on_other_path(OtherPath::kFusionInScan, dev, one)) one_in.push_back(*f);
         }
@@ -728,8 +722,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                                   one_fused_default = median_of(one_default),
                                   scan_head = median_of(head_scan), scan_blocks = median_of(block_scan),
                                   scan_wg = median_of(wg_scan), scan_warp = median_of(warp_scan);
-      const std::optional<Sustained> dense_e = fresh([&] { return sustained(dense_run, dense_b2b); }),
-                                     hyb_e = fresh([&] { return sustained(hybrid_run, hyb_b2b); });
+      const std::optional<Sustained> dense_e = sustained(dense_run, dense_b2b), hyb_e = sustained(hybrid_run, hyb_b2b);
       // The same for the hybrid with its output apart (kernels::set_output_in_scan): under a power limit the
       // energy a call is the figure that decides.
       const std::optional<Sustained> hyb_apart_e =
@@ -913,11 +906,12 @@ BenchSub add_bench_gdn(CLI::App& bench) {
               "with 1 and 2 blocks an SM taking chunks in turn (each chunk's loads landing during the one before), "
               "each block's time on its chunk, and the share of a chunk's time each of its phases takes (SM clocks, "
               "one block an SM in turn)");
-  c->add_flag("--keep-pool", a->keep_pool,
-              "On CUDA, time each path on the caching allocator's pool as the runs before it left it (as a training "
-              "loop finds it), instead of emptying the pool before each shape, each side of an alternating round "
-              "and each side of the layer's comparison (its buffers then carved from blocks another path left "
-              "cached, which made the forward up to 10 % slower on an H100)");
+  c->add_option("--rest-ms", a->rest_ms,
+                "On CUDA, leave the device idle this long before each timed figure, so that each starts below the "
+                "device's power limit, whatever ran before it (0: none; runs queued back to back at full load hold "
+                "an H100 at its power cap, and a path timed right after another ran up to 10 % slower)")
+      ->check(CLI::Range(int64_t{0}, int64_t{60000}))
+      ->capture_default_str();
   c->add_flag("--fusion-in-scan", a->fusion_in_scan,
               "On CUDA with 16-bit inputs, Dh 128, in the layer: apply the LA heads' fusion norm inside the scan that "
               "writes the output (a head's column blocks as one cluster exchanging each row's sums every chunk) instead "

@@ -65,12 +65,14 @@ python3 -c 'import json,sys; j=json.loads(sys.argv[1]); assert j["factors_occupa
   || fail "bench gdn --factors-occupancy JSON: $json"
 grep -q "chunk_factors at" <<<"$out" && fail "bench gdn printed chunk_factors' occupancy on the CPU: $out"
 grep -q -- "--factors-occupancy" <<<"$("$HH" bench gdn --help)" || fail "bench gdn --help names no --factors-occupancy"
-# --keep-pool is recorded (on the CPU there is no pool to empty, so the figures come as without it).
-for flag in --keep-pool ""; do
-  tiny_gdn $flag
-  python3 -c 'import json,sys; assert json.loads(sys.argv[1])["keep_pool"] is (sys.argv[2] != ""), sys.argv[1]' "$json" "$flag" \
-    || fail "bench gdn ${flag:-without --keep-pool} JSON: $json"
+# --rest-ms is recorded (50 unless given; off CUDA the device never rests); a negative one is refused by name.
+for rest in 0 ""; do
+  tiny_gdn ${rest:+--rest-ms $rest}
+  python3 -c 'import json,sys; assert json.loads(sys.argv[1])["rest_ms"] == int(sys.argv[2] or 50), sys.argv[1]' "$json" "$rest" \
+    || fail "bench gdn --rest-ms '$rest' JSON: $json"
 done
+set +e; msg=$("$HH" bench gdn --device cpu --shapes 1x64 --rest-ms -5 2>&1); rc=$?; set -e
+[[ $rc -ne 0 ]] && grep -q -- "--rest-ms" <<<"$msg" || fail "bench gdn with --rest-ms -5 exited $rc: $msg"
 # The scan's segments and columns and the gates' range are recorded; a segment length that is not
 # auto or a non-negative number is refused by name.
 tiny_gdn --scan-segments 4 --scan-columns 16 --gate-max 0.01
