@@ -6,7 +6,8 @@
 Each RUN.json holds the JSON line of one `bench gdn` run (other lines are skipped). For every shape
 the runs share, each build's back-to-back figures of the default path are listed: the row's own
 (`fwd_bwd_b2b_ms`) and the default side of each comparison the bench alternated with it (scan a head
-a block, products by warpgroup, the direct term in the scan, chunk_backward a block a chunk), then
+a block, products by warpgroup, the direct term in the scan, U and Qd/kdecay formed in the scan,
+chunk_backward a block a chunk; each side starts from a rested device, docs/BENCHMARKS.md v85), then
 their mean, and the mean's difference from the first build's. "all below" (or "all above") says that
 every one of a build's figures is under (over) every one of the first build's: the runs of the two
 builds overlap nowhere. --key fwd takes the forward's figures instead of forward + backward's.
@@ -27,8 +28,10 @@ import statistics
 # The default path's back-to-back figures a row may hold, in the order the bench prints them.
 KEYS = {
     "fwd_bwd": ["fwd_bwd_b2b_ms", "fwd_bwd_direct_in_scan_b2b_ms", "fwd_bwd_scan_head_b2b_ms",
-                "fwd_bwd_scan_wgmma_b2b_ms", "fwd_bwd_backward_block_a_chunk_b2b_ms"],
-    "fwd": ["fwd_b2b_ms", "fwd_output_in_scan_b2b_ms", "fwd_scan_head_b2b_ms", "fwd_scan_wgmma_b2b_ms"],
+                "fwd_bwd_scan_wgmma_b2b_ms", "fwd_bwd_u_in_scan_b2b_ms", "fwd_bwd_qk_in_scan_b2b_ms",
+                "fwd_bwd_backward_block_a_chunk_b2b_ms"],
+    "fwd": ["fwd_b2b_ms", "fwd_output_in_scan_b2b_ms", "fwd_scan_head_b2b_ms", "fwd_scan_wgmma_b2b_ms",
+            "fwd_u_in_scan_b2b_ms", "fwd_qk_in_scan_b2b_ms"],
 }
 
 

@@ -83,6 +83,21 @@ grep -qE "^  b  mean 0\.500  \[0\.500\]  \+0\.0 us \(\+0\.0 %\)$" <<<"$out" || f
 # A single figure a run: no by-figure block (the paired line says it all).
 if grep -q "by figure" <<<"$out"; then fail "forward, one figure: $out"; fi
 
+# The default sides beside U and Qd/kdecay from chunk_factors count among the figures: base 2.10 (U's side)
+# and 2.30 (Qd/kdecay's) added to a1's five, new 1.90 and 2.00 to b1's. Base mean (2.10 + 2.12 + 2.14 + 2.16 +
+# 2.18 + 2.10 + 2.30) / 7 = 2.1571, new (5 x 2.00 + 1.90 + 2.00) / 7 = 1.9857: -171.4 us; by figure U's side
+# -200.0 us, Qd/kdecay's -300.0 us.
+for f in a1:2.10:2.30 b1:1.90:2.00; do
+  IFS=: read -r name u qk <<<"$f"
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); i=t.index("{"); o=json.loads(t[i:]); o["rows"][0].update(fwd_bwd_u_in_scan_b2b_ms=float(sys.argv[3]), fwd_bwd_qk_in_scan_b2b_ms=float(sys.argv[4])); open(sys.argv[2],"w").write(t[:i]+json.dumps(o)+"\n")' \
+    "$TMP/$name.json" "$TMP/$name-uqk.json" "$u" "$qk"
+done
+out=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/a1-uqk.json" "b=$TMP/b1-uqk.json")
+grep -qE "^  a  mean 2\.157  \[2\.100, 2\.120, 2\.140, 2\.160, 2\.100, 2\.300, 2\.180\]$" <<<"$out" || fail "U and Qd/kdecay sides, base: $out"
+grep -qE "^  b  mean 1\.986  \[.*\]  -171\.4 us \(-7\.9 %\), all below$" <<<"$out" || fail "U and Qd/kdecay sides, new: $out"
+grep -qE "^      fwd_bwd_u_in_scan_b2b_ms +-200\.0 us$" <<<"$out" && grep -qE "^      fwd_bwd_qk_in_scan_b2b_ms +-300\.0 us$" <<<"$out" ||
+  fail "U and Qd/kdecay sides, by figure: $out"
+
 # A run that is not the bench's JSON output.
 echo "no json here" > "$TMP/bad.txt"
 if err=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/a1.json" "b=$TMP/bad.txt" 2>&1); then fail "accepted $TMP/bad.txt"; fi
