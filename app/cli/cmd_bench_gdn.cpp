@@ -189,7 +189,7 @@ std::optional<double> on_flash_gate(attention::FlashGate gate, const at::Device&
 
 // Waits for the device, then leaves it idle for ms milliseconds, so that the runs timed next start below its
 // power limit: timed runs queued back to back at full load for tens of milliseconds hold an H100 at its 700 W
-// cap, its SM clock down from 1980 to 1635-1830 MHz, and a path timed right after another ran up to 10 %
+// cap, its SM clock down from 1980 to 1635-1890 MHz, and a path timed right after another ran up to 10 %
 // slower than after a pause (docs/BENCHMARKS.md v85). Nothing off CUDA, or for ms 0.
 void rest(const at::Device& dev, int64_t ms) {
   if (!dev.is_cuda() || ms <= 0) return;
@@ -199,6 +199,12 @@ void rest(const at::Device& dev, int64_t ms) {
 
 // median_ms or back_to_back_ms (app/cli/commands.h).
 using Timer = double (*)(const at::Device&, int64_t, int64_t, const std::function<void()>&);
+
+// Every figure of the bench: timer's time of fn (a.warmup runs, then a.iters) from a rested device (rest).
+double rested(Timer timer, const at::Device& dev, const GdnBenchArgs& a, const std::function<void()>& fn) {
+  rest(dev, a.rest_ms);
+  return timer(dev, a.warmup, a.iters, fn);
+}
 
 // The median of v (the upper one of an even count), or nothing for none.
 std::optional<double> median_of(std::vector<double> v) {
@@ -317,10 +323,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const Fn reference = [&](auto& q_, auto& k_, auto& v_, auto& g_, auto& b_) {
       return attention::gdn_chunked(q_, k_, v_, g_, b_, {}, scale, a.chunk);
     };
-    // Each from a rested device (rest), whatever ran before it.
     auto forward = [&](const Fn& fn, Timer timer = median_ms) {
-      rest(dev, a.rest_ms);
-      return timer(dev, a.warmup, a.iters, [&] {
+      return rested(timer, dev, a, [&] {
         torch::NoGradGuard no_grad;
         (void)fn(q, k, v, g, beta);
       });
@@ -329,8 +333,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
                                         beta.detach().requires_grad_(true)};
-      rest(dev, a.rest_ms);
-      return timer(dev, a.warmup, a.iters, [&] {
+      return rested(timer, dev, a, [&] {
         const auto r = fn(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4]);
         torch::autograd::backward({r.o}, {dO});
         for (auto& l : leaves) l.mutable_grad() = at::Tensor();
@@ -342,7 +345,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const std::optional<double> f_tf32 = on_other_path(OtherPath::kTf32Scan, dev, [&] { return forward(ours); });
     // fn() on the default path and on path p, alternating in three rounds (the device slows as it warms): the
     // medians of each; none off CUDA, or where `same` (a flag made p the path throughout).
-    // Each side of a round starts from a rested device (forward, forward_backward).
+    // Each side of a round starts from a rested device (rested).
     auto alternating = [&](OtherPath p, bool same, const std::function<double()>& fn) {
       std::vector<double> default_rounds, other_rounds;
       for (int round = 0; round < 3 && dev.is_cuda() && !same; ++round) {
@@ -485,7 +488,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       const int64_t per = (s.T + 63) / 64, N = s.B * per;
       const kernels::ChunkGrid grid{N, per, {}};
       auto factors = [&] {
-        return back_to_back_ms(dev, a.warmup, a.iters, [&] {
+        return rested(back_to_back_ms, dev, a, [&] {
           (void)kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, kernels::UForm::kFloat16Columns, false);
         });
       };
@@ -666,34 +669,29 @@ int run_bench_gdn(const GdnBenchArgs& a) {
         (void)attention::hybrid_attention(cfg, hybrid.options(), hybrid.splits()[0], lw, hybrid.layers()[0], xn,
                                           teacher.inv_freq(), true, nullptr, /*side_by_side=*/false);
       };
-      // Every figure of the layer from a rested device (rest), as the rule's are.
-      auto timed = [&](Timer timer, const std::function<void()>& fn) {
-        rest(dev, a.rest_ms);
-        return timer(dev, a.warmup, a.iters, fn);
-      };
-      auto hybrid_ms = [&] { return timed(median_ms, hybrid_run); };
+      auto hybrid_ms = [&] { return rested(median_ms, dev, a, hybrid_run); };
       // Each side in a block of its own: with the runs alternating, every hybrid run followed a dense run
       // at full load and took about 2.5 ms more at 128K than hybrid runs following each other.
-      const double dense = timed(median_ms, dense_run), hyb = hybrid_ms(), speedup = dense / hyb;
-      const double dense_b2b = timed(back_to_back_ms, dense_run), hyb_b2b = timed(back_to_back_ms, hybrid_run),
-                   speedup_b2b = dense_b2b / hyb_b2b;
+      const double dense = rested(median_ms, dev, a, dense_run), hyb = hybrid_ms(), speedup = dense / hyb;
+      const double dense_b2b = rested(back_to_back_ms, dev, a, dense_run),
+                   hyb_b2b = rested(back_to_back_ms, dev, a, hybrid_run), speedup_b2b = dense_b2b / hyb_b2b;
       const std::optional<double> hyb_lt = on_other_path(OtherPath::kLibTorchLocal, dev, hybrid_ms),
                                   hyb_tf32 = on_other_path(OtherPath::kTf32Scan, dev, hybrid_ms);
       std::optional<double> hyb_one_b2b;
-      if (dev.is_cuda()) hyb_one_b2b = timed(back_to_back_ms, hybrid_one_stream);
+      if (dev.is_cuda()) hyb_one_b2b = rested(back_to_back_ms, dev, a, hybrid_one_stream);
       const std::optional<double> hyb_conv_apart_b2b =
-          on_other_path(OtherPath::kConvApart, dev, [&] { return timed(back_to_back_ms, hybrid_run); });
+          on_other_path(OtherPath::kConvApart, dev, [&] { return rested(back_to_back_ms, dev, a, hybrid_run); });
       // chunk_factors at four blocks an SM against three, and the FA heads' attention gated on
       // chunk_factors against on its inputs alone, alternating with the default: the device slows as it
       // warms up.
       std::vector<double> four, three, ungated, after_scan, out_apart, fusion_default, fusion_in, fusion_col, one_default, one_in,
           head_scan, block_scan, wg_scan, warp_scan;
       for (int round = 0; round < 3 && dev.is_cuda(); ++round) {
-        four.push_back(timed(back_to_back_ms, hybrid_run));
+        four.push_back(rested(back_to_back_ms, dev, a, hybrid_run));
         if (const auto t = on_other_path(OtherPath::kFactorsThreeBlocks, dev,
-                                         [&] { return timed(back_to_back_ms, hybrid_run); }))
+                                         [&] { return rested(back_to_back_ms, dev, a, hybrid_run); }))
           three.push_back(*t);
-        auto b2b = [&] { return timed(back_to_back_ms, hybrid_run); };
+        auto b2b = [&] { return rested(back_to_back_ms, dev, a, hybrid_run); };
         if (const auto t = on_flash_gate(attention::FlashGate::kInputs, dev, b2b)) ungated.push_back(*t);
         if (const auto t = on_flash_gate(attention::FlashGate::kScan, dev, b2b)) after_scan.push_back(*t);
         const auto t = a.output_apart ? std::nullopt : on_other_path(OtherPath::kOutputApart, dev, b2b);  // else the default
@@ -710,7 +708,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
           if (a.scan_columns == "auto")  // the fusion inside the column scan
             if (const auto f = on_other_path(OtherPath::kFusionInColumnScan, dev, b2b)) fusion_col.push_back(*f);
           // The same on one stream, where the scan's clusters need not wait for SMs flash attention holds.
-          auto one = [&] { return timed(back_to_back_ms, hybrid_one_stream); };
+          auto one = [&] { return rested(back_to_back_ms, dev, a, hybrid_one_stream); };
           one_default.push_back(one());
           if (const auto f = on_other_path(OtherPath::kFusionInScan, dev, one)) one_in.push_back(*f);
         }
