@@ -198,10 +198,13 @@ void rest(const at::Device& dev, int64_t ms) {
 }
 
 // median_ms or back_to_back_ms (app/cli/commands.h).
-using Timer = double (*)(const at::Device&, int64_t, int64_t, const std::function<void()>&);
+using Timer = std::function<double(const at::Device&, int64_t, int64_t, const std::function<void()>&)>;
+
+// Windows of back-to-back runs behind each of a row's own b2b figures (back_to_back_windows).
+constexpr int64_t kRowWindows = 3;
 
 // Every figure of the bench: timer's time of fn (a.warmup runs, then a.iters) from a rested device (rest).
-double rested(Timer timer, const at::Device& dev, const GdnBenchArgs& a, const std::function<void()>& fn) {
+double rested(const Timer& timer, const at::Device& dev, const GdnBenchArgs& a, const std::function<void()>& fn) {
   rest(dev, a.rest_ms);
   return timer(dev, a.warmup, a.iters, fn);
 }
@@ -295,9 +298,10 @@ int run_bench_gdn(const GdnBenchArgs& a) {
               a.dtype.c_str(), a.device.c_str(), a.gate_max, a.scan_segments.c_str(), a.scan_columns.c_str(),
               static_cast<long long>(a.iters), static_cast<long long>(a.warmup));
   std::printf("  (b2b: ours with %lld runs queued back to back and one sync at the end, the time a run takes once\n"
-              "   the host keeps ahead of the device; on CUDA, LT-local: the same forward with its chunk-local part\n"
-              "   in LibTorch instead of the chunk kernels; TF32 scan: with the scan's products in TF32 instead of\n"
-              "   block float16; out-apart b2b: back to back with the output formed by a kernel of its own from the\n"
+              "   the host keeps ahead of the device, the median of three such windows (the JSON keeps each\n"
+              "   window's); on CUDA, LT-local: the same forward with its chunk-local part in LibTorch instead of\n"
+              "   the chunk kernels; TF32 scan: with the scan's products in TF32 instead of block float16;\n"
+              "   out-apart b2b: back to back with the output formed by a kernel of its own from the\n"
               "   scan's history instead of by the scan, medians of three rounds alternating with ours; b2b f+b /\n"
               "   direct-apart: forward + backward back to back with the reverse scan forming its direct term\n"
               "   against chunk_state_direct forming it, likewise; the forward's rates against the\n"
@@ -340,7 +344,15 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       });
     };
     const double f = forward(ours), fb = forward_backward(ours);
-    const double f_b2b = forward(ours, back_to_back_ms), fb_b2b = forward_backward(ours, back_to_back_ms);
+    // The row's own back-to-back figures: the median of kRowWindows windows, each window's mean kept too.
+    std::vector<double> f_windows, fb_windows;
+    auto windows_into = [&](std::vector<double>& out) -> Timer {
+      return [&out](const at::Device& d, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
+        out = back_to_back_windows(d, warmup, iters, kRowWindows, fn);
+        return out[out.size() / 2];
+      };
+    };
+    const double f_b2b = forward(ours, windows_into(f_windows)), fb_b2b = forward_backward(ours, windows_into(fb_windows));
     const std::optional<double> f_lt = on_other_path(OtherPath::kLibTorchLocal, dev, [&] { return forward(ours); });
     const std::optional<double> f_tf32 = on_other_path(OtherPath::kTf32Scan, dev, [&] { return forward(ours); });
     // fn() on the default path and on path p, alternating in three rounds (the device slows as it warms): the
@@ -443,6 +455,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                           {"fwd_bwd_ms", fb},
                           {"fwd_b2b_ms", f_b2b},
                           {"fwd_bwd_b2b_ms", fb_b2b},
+                          {"fwd_b2b_windows_ms", f_windows},
+                          {"fwd_bwd_b2b_windows_ms", fb_windows},
                           {"fwd_tflops", tflops},
                           {"fwd_gbps", gbps},
                           {"fwd_tflops_of_peak", tflops / a.peak_tflops},

@@ -38,10 +38,7 @@ int run_forward(const RunArgs& a) {
   const auto cfg = model::ModelConfig::load_teacher_view(dir / "config.json", &hybrid_block);
   const bool hybrid = !hybrid_block.is_null();
   if (a.generate < 0) throw Error("--generate must be >= 0");
-  if (a.device != "cpu" && a.device.rfind("cuda", 0) != 0)
-    throw Error("--device: '" + a.device + "' is not cpu or cuda[:N]");
-  if (a.device.rfind("cuda", 0) == 0 && !torch::cuda::is_available())
-    throw Error("--device " + a.device + ": this build or machine has no CUDA device");
+  (void)model::parse_device(a.device);
   model::check_dtype(a.dtype);
 
   std::vector<int64_t> ids;

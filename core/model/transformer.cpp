@@ -336,11 +336,22 @@ class HookPoints {
 }  // namespace
 
 at::Device parse_device(const std::string& name) {
+  at::Device d = at::kCPU;
   try {
-    return at::Device(name);
+    d = at::Device(name);
   } catch (const c10::Error&) {
     throw Error("unknown device '" + name + "' (expected cpu, cuda or cuda:N)");
   }
+  if (d.is_cuda()) {
+    const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+    if (count == 0) throw Error("device '" + name + "': this build or machine has no CUDA device (use cpu)");
+    if (d.has_index() && d.index() >= count)
+      throw Error("device '" + name + "': this machine has " + std::to_string(count) + " CUDA device" +
+                  (count == 1 ? "" : "s") + " (cuda:0 .. cuda:" + std::to_string(count - 1) + ")");
+  } else if (!d.is_cpu()) {
+    throw Error("device '" + name + "': only cpu and cuda[:N] are supported");
+  }
+  return d;
 }
 
 namespace {

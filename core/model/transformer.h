@@ -204,7 +204,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b 
 // inv_freq = theta^(-2i/Dh) in float32, as HF builds it.
 at::Tensor rope_inv_freq(double theta, int64_t head_dim, const at::Device& device);
 
-// "cpu", "cuda", "cuda:N"; throws hh::Error naming the value.
+// "cpu", "cuda", "cuda:N"; throws hh::Error naming the value, for a CUDA device this build or machine
+// does not have too.
 at::Device parse_device(const std::string& name);
 
 // Greedy decoding of `n` tokens after `prompt` (one sequence) with a key/value cache: one prefill, then

@@ -1,6 +1,8 @@
 // The dtype a model loads in (model::resolve_dtype): the checkpoint's, a named one, or "auto", which
-// takes float32 on the CPU for a 16-bit checkpoint and keeps the stored dtype everywhere else.
+// takes float32 on the CPU for a 16-bit checkpoint and keeps the stored dtype everywhere else; and the
+// device it loads on (model::parse_device).
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include "core/model/transformer.h"
 #include "support/test_support.h"
@@ -52,4 +54,28 @@ TEST(Dtype, EmptyKeepsTheCheckpointsAndANameIsTaken) {
 }
 
 }  // namespace
+// parse_device: a device this build or machine lacks is refused by name before any tensor is made there
+// (LibTorch itself fails later, at the first allocation, with a dispatcher table). cuda:N past the
+// machine's count is refused on every machine: none has 1000 devices.
+TEST(Device, ParsesCpuAndRefusesWhatTheMachineLacksByName) {
+  EXPECT_TRUE(parse_device("cpu").is_cpu());
+  auto message = [](const std::string& name) {
+    try {
+      (void)parse_device(name);
+    } catch (const hh::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message("gpu").find("unknown device 'gpu'"), std::string::npos) << message("gpu");
+  EXPECT_NE(message("cuda:1000").find("device 'cuda:1000'"), std::string::npos) << message("cuda:1000");
+  EXPECT_NE(message("meta").find("only cpu and cuda"), std::string::npos) << message("meta");
+  if (torch::cuda::device_count() == 0) {
+    EXPECT_NE(message("cuda").find("no CUDA device"), std::string::npos) << message("cuda");
+  } else {
+    EXPECT_TRUE(parse_device("cuda").is_cuda());
+    EXPECT_NE(message("cuda:1000").find("this machine has"), std::string::npos) << message("cuda:1000");
+  }
+}
+
 }  // namespace hh::model
