@@ -238,14 +238,6 @@ double back_to_back_ms(const at::Device& dev, int64_t warmup, int64_t iters, con
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(iters);
 }
 
-std::vector<double> back_to_back_windows(const at::Device& dev, int64_t warmup, int64_t iters, int64_t windows,
-                                         const std::function<void()>& fn) {
-  std::vector<double> ms;
-  for (int64_t w = 0; w < windows; ++w) ms.push_back(back_to_back_ms(dev, w == 0 ? warmup : 0, iters, fn));
-  std::sort(ms.begin(), ms.end());
-  return ms;
-}
-
 namespace {
 
 // A model of `cfg`'s shape with N(0, 0.02^2) weights drawn on the device (no checkpoint needed).

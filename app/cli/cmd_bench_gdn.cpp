@@ -200,7 +200,8 @@ void rest(const at::Device& dev, int64_t ms) {
 // median_ms or back_to_back_ms (app/cli/commands.h).
 using Timer = std::function<double(const at::Device&, int64_t, int64_t, const std::function<void()>&)>;
 
-// Windows of back-to-back runs behind each of a row's own b2b figures (back_to_back_windows).
+// Windows of back-to-back runs behind each of a row's own b2b figures: a window that a host stall or a slow
+// start stretches stays one figure of several, where a single window's mean would carry it whole.
 constexpr int64_t kRowWindows = 3;
 
 // Every figure of the bench: timer's time of fn (a.warmup runs, then a.iters) from a rested device (rest).
@@ -344,12 +345,18 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       });
     };
     const double f = forward(ours), fb = forward_backward(ours);
-    // The row's own back-to-back figures: the median of kRowWindows windows, each window's mean kept too.
+    // The row's own back-to-back figures: the median of kRowWindows windows, each taken as any other figure
+    // (rested, warmed up, then a.iters runs; rested() rests before the first), each window's mean kept in the
+    // order taken.
     std::vector<double> f_windows, fb_windows;
     auto windows_into = [&](std::vector<double>& out) -> Timer {
-      return [&out](const at::Device& d, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
-        out = back_to_back_windows(d, warmup, iters, kRowWindows, fn);
-        return out[out.size() / 2];
+      return [&out, &a](const at::Device& d, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
+        out.clear();
+        for (int64_t w = 0; w < kRowWindows; ++w) {
+          if (w > 0) rest(d, a.rest_ms);
+          out.push_back(back_to_back_ms(d, warmup, iters, fn));
+        }
+        return *median_of(out);
       };
     };
     const double f_b2b = forward(ours, windows_into(f_windows)), fb_b2b = forward_backward(ours, windows_into(fb_windows));

@@ -43,11 +43,6 @@ double median_ms(const c10::Device& dev, int64_t warmup, int64_t iters, const st
 // run's launches and host work overlap the previous run's kernels), as kernel benchmarks such as
 // Triton's do_bench report it. On the CPU, the mean of the runs.
 double back_to_back_ms(const c10::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn);
-// back_to_back_ms of `windows` windows of `iters` runs each, one after another (the warm-up before the
-// first only), sorted ascending: a window that a host stall or a slow start stretches stays one figure of
-// several, where a single window's mean would carry it whole.
-std::vector<double> back_to_back_windows(const c10::Device& dev, int64_t warmup, int64_t iters, int64_t windows,
-                                         const std::function<void()>& fn);
 Runner add_analyze(CLI::App& app);
 Runner add_select(CLI::App& app);
 Runner add_convert(CLI::App& app);
