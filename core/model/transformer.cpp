@@ -345,7 +345,17 @@ at::Device parse_device(const std::string& name) {
   if (d.is_cuda()) {
     const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
     if (count == 0) throw Error("device '" + name + "': this build or machine has no CUDA device (use cpu)");
-    if (d.has_index() && d.index() >= count)
+    // The index as written: at::Device keeps it in 8 bits, so cuda:1000 would read as a small one.
+    const size_t colon = name.find(':');
+    int64_t index = -1;
+    if (colon != std::string::npos) {
+      try {
+        index = std::stoll(name.substr(colon + 1));
+      } catch (const std::exception&) {  // past int64_t
+        index = std::numeric_limits<int64_t>::max();
+      }
+    }
+    if (index >= count)
       throw Error("device '" + name + "': this machine has " + std::to_string(count) + " CUDA device" +
                   (count == 1 ? "" : "s") + " (cuda:0 .. cuda:" + std::to_string(count - 1) + ")");
   } else if (!d.is_cpu()) {
