@@ -53,7 +53,6 @@ TEST(Dtype, EmptyKeepsTheCheckpointsAndANameIsTaken) {
   EXPECT_MENTIONS(test::error_of([&] { check_dtype("Auto"); }), "unknown dtype 'Auto'");
 }
 
-}  // namespace
 // parse_device: a device this build or machine lacks is refused by name before any tensor is made there
 // (LibTorch itself fails later, at the first allocation, with a dispatcher table). cuda:N past the
 // machine's count is refused on every machine: none has 1000 devices.
@@ -78,4 +77,5 @@ TEST(Device, ParsesCpuAndRefusesWhatTheMachineLacksByName) {
   }
 }
 
+}  // namespace
 }  // namespace hh::model
