@@ -109,6 +109,30 @@ class TestRunsView : public QObject {
     QVERIFY(!QFileInfo::exists(bad.jobFile()));
   }
 
+  // The three-stage template asks for cuda (and bf16): where this build or machine has none, the dialog
+  // offers cpu only and the spec says cpu with the checkpoint's dtype; where it has CUDA, the template's
+  // cuda and bf16 stand.
+  void cudaIsOfferedOnlyWhereItIs() {
+    JobDialog d;
+    d.setTemplate(QStringLiteral("three-stage"));
+    d.setTeacher(qpath(demo_model()));
+    d.setManifest(qpath(manifest_));
+    d.setOutput(qpath(scratchRoot() / "cuda-offer"));
+    QString error;
+    const QString text = d.jobJson(&error);
+    QVERIFY2(!text.isEmpty(), qPrintable(error));
+    const auto j = nlohmann::json::parse(text.toStdString());
+    if (torch::cuda::is_available()) {
+      QCOMPARE(j.at("device").get<std::string>(), std::string("cuda"));
+      QCOMPARE(j.at("dtype").get<std::string>(), std::string("bf16"));
+    } else {
+      QCOMPARE(j.at("device").get<std::string>(), std::string("cpu"));
+      QVERIFY(!j.contains("dtype"));
+      d.setDevice(QStringLiteral("cuda"));  // not offered: the choice stays
+      QCOMPARE(nlohmann::json::parse(d.jobJson(&error).toStdString()).at("device").get<std::string>(), std::string("cpu"));
+    }
+  }
+
   void launchFollowsTheJobToTheEnd() {
     MainWindow w;
     w.setInteractive(false);
