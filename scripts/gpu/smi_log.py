@@ -14,6 +14,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 
 FIELDS = ["timestamp", "clocks.sm", "clocks.max.sm", "power.draw", "power.limit", "temperature.gpu"]
 # Slowdown reasons, under the names nvidia-smi has used for them (newer drivers say "event").
@@ -50,13 +51,18 @@ def main():
         print("smi_log: no nvidia-smi here; running the command without samples", file=sys.stderr)
         return subprocess.call(cmd)
     fields = query_fields()
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits",
-                            f"-lms={a.interval_ms}"], stdout=subprocess.PIPE, text=True)
-    try:
-        rc = subprocess.call(cmd)
-    finally:
-        smi.terminate()
-    out, _ = smi.communicate()
+    # The samples go to a file, not a pipe: nobody reads a pipe while the command runs, and once its 64 KB
+    # filled (about 550 samples) nvidia-smi stopped sampling until the end.
+    with tempfile.TemporaryFile(mode="w+") as samples:
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits",
+                                f"-lms={a.interval_ms}"], stdout=samples, text=True)
+        try:
+            rc = subprocess.call(cmd)
+        finally:
+            smi.terminate()
+            smi.wait()
+        samples.seek(0)
+        out = samples.read()
     rows = [r for r in csv.reader(out.splitlines()) if len(r) == len(fields)]
     if a.csv:
         with open(a.csv, "w", newline="") as f:

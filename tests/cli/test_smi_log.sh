@@ -42,6 +42,20 @@ grep -q "sw_power_cap: active in 50 % of busy samples" <<<"$err" || fail "power 
 grep -q "hw_thermal_slowdown: active in 17 % of busy samples" <<<"$err" || fail "thermal: $err"
 [[ "$(wc -l < "$TMP/samples.csv")" == 9 ]] || fail "the raw samples with their header: $(cat "$TMP/samples.csv")"
 
+# More samples than a pipe holds (3000 lines, about 330 KB): every one reaches the file, none is held up.
+cat > "$TMP/bin/nvidia-smi" <<'SMI'
+#!/usr/bin/env bash
+[[ "$*" == *-lms* ]] || exit 0
+for ((i = 0; i < 3000; ++i)); do
+  echo "2026/12/02 06:00:00.000, 1980, 1980, 500.00, 700.00, 50, Not Active, Not Active, Not Active, Not Active, Not Active"
+done
+exec sleep 30
+SMI
+PATH="$TMP/bin:$PATH" "$PY" "$ROOT/scripts/gpu/smi_log.py" --csv "$TMP/many.csv" -- bash -c 'sleep 1' 2> "$TMP/err3.txt" \
+  || fail "many samples: $(cat "$TMP/err3.txt")"
+[[ "$(wc -l < "$TMP/many.csv")" == 3001 ]] || fail "many samples kept: $(wc -l < "$TMP/many.csv") lines, expected 3001"
+grep -q "3000 busy samples of 3000" "$TMP/err3.txt" || fail "many samples' summary: $(cat "$TMP/err3.txt")"
+
 # No nvidia-smi on the PATH: the command runs, with a note.
 mkdir -p "$TMP/none"
 ln -s "$(command -v bash)" "$TMP/none/bash"
