@@ -197,7 +197,7 @@ void rest(const at::Device& dev, int64_t ms) {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
-// median_ms or back_to_back_ms (app/cli/commands.h).
+// median_ms or back_to_back_ms (app/cli/commands.h), or a row's windows of back_to_back_ms (below).
 using Timer = std::function<double(const at::Device&, int64_t, int64_t, const std::function<void()>&)>;
 
 // Windows of back-to-back runs behind each of a row's own b2b figures: a window that a host stall or a slow
