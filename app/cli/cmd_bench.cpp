@@ -229,13 +229,21 @@ double median_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std
   return ms[ms.size() / 2];
 }
 
-double back_to_back_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
+BackToBack back_to_back(const at::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
   for (int64_t i = 0; i < warmup; ++i) fn();
   sync_device(dev);
+  using Ms = std::chrono::duration<double, std::milli>;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < iters; ++i) fn();
+  const auto queued = std::chrono::steady_clock::now();
   sync_device(dev);
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(iters);
+  const auto t1 = std::chrono::steady_clock::now();
+  const double n = static_cast<double>(iters);
+  return {Ms(t1 - t0).count() / n, Ms(queued - t0).count() / n};
+}
+
+double back_to_back_ms(const at::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
+  return back_to_back(dev, warmup, iters, fn).ms;
 }
 
 namespace {

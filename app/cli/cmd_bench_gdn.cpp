@@ -348,18 +348,23 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     // The row's own back-to-back figures: the median of kRowWindows windows, each taken as any other figure
     // (rested, warmed up, then a.iters runs; rested() rests before the first), each window's mean kept in the
     // order taken.
-    std::vector<double> f_windows, fb_windows;
-    auto windows_into = [&](std::vector<double>& out) -> Timer {
-      return [&out, &a](const at::Device& d, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
+    // Beside each window, the host's part of it (BackToBack::host_ms).
+    std::vector<double> f_windows, fb_windows, f_host, fb_host;
+    auto windows_into = [&](std::vector<double>& out, std::vector<double>& host) -> Timer {
+      return [&out, &host, &a](const at::Device& d, int64_t warmup, int64_t iters, const std::function<void()>& fn) {
         out.clear();
+        host.clear();
         for (int64_t w = 0; w < kRowWindows; ++w) {
           if (w > 0) rest(d, a.rest_ms);
-          out.push_back(back_to_back_ms(d, warmup, iters, fn));
+          const BackToBack b = back_to_back(d, warmup, iters, fn);
+          out.push_back(b.ms);
+          host.push_back(b.host_ms);
         }
         return *median_of(out);
       };
     };
-    const double f_b2b = forward(ours, windows_into(f_windows)), fb_b2b = forward_backward(ours, windows_into(fb_windows));
+    const double f_b2b = forward(ours, windows_into(f_windows, f_host)),
+                 fb_b2b = forward_backward(ours, windows_into(fb_windows, fb_host));
     const std::optional<double> f_lt = on_other_path(OtherPath::kLibTorchLocal, dev, [&] { return forward(ours); });
     const std::optional<double> f_tf32 = on_other_path(OtherPath::kTf32Scan, dev, [&] { return forward(ours); });
     // fn() on the default path and on path p, alternating in three rounds (the device slows as it warms): the
@@ -464,6 +469,8 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                           {"fwd_bwd_b2b_ms", fb_b2b},
                           {"fwd_b2b_windows_ms", f_windows},
                           {"fwd_bwd_b2b_windows_ms", fb_windows},
+                          {"fwd_b2b_host_windows_ms", f_host},
+                          {"fwd_bwd_b2b_host_windows_ms", fb_host},
                           {"fwd_tflops", tflops},
                           {"fwd_gbps", gbps},
                           {"fwd_tflops_of_peak", tflops / a.peak_tflops},
@@ -474,6 +481,9 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     if (f_apart) row["fwd_output_apart_b2b_ms"] = *f_apart;
     if (fb_direct_in) row["fwd_bwd_direct_in_scan_b2b_ms"] = *fb_direct_in;
     if (fb_direct_apart) row["fwd_bwd_direct_apart_b2b_ms"] = *fb_direct_apart;
+    std::printf("  %-10s the host queues a run in %.3f ms forward, %.3f ms forward + backward (medians of the windows; where\n"
+                "  %-10s near the b2b figures %.3f / %.3f ms, the host sets their pace)\n",
+                "", *median_of(f_host), *median_of(fb_host), "", f_b2b, fb_b2b);
     // A line and four keys for a path alternated with the default (medians of three rounds, back to back).
     auto alternated = [&](std::optional<double> f0, std::optional<double> f1, std::optional<double> fb0, std::optional<double> fb1,
                           const std::string& key0, const std::string& key1, const char* paths) {

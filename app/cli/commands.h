@@ -43,6 +43,14 @@ double median_ms(const c10::Device& dev, int64_t warmup, int64_t iters, const st
 // run's launches and host work overlap the previous run's kernels), as kernel benchmarks such as
 // Triton's do_bench report it. On the CPU, the mean of the runs.
 double back_to_back_ms(const c10::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn);
+// back_to_back_ms's figure (ms) and the host's part of it (host_ms): the time to queue a run, from the
+// first timed run's start to the last one's return, before the sync, per run. Where host_ms comes close to
+// ms the host, not the device, sets the pace of the back-to-back runs. On the CPU the two are one time.
+struct BackToBack {
+  double ms = 0;
+  double host_ms = 0;
+};
+BackToBack back_to_back(const c10::Device& dev, int64_t warmup, int64_t iters, const std::function<void()>& fn);
 Runner add_analyze(CLI::App& app);
 Runner add_select(CLI::App& app);
 Runner add_convert(CLI::App& app);
