@@ -347,8 +347,7 @@ int run_bench_gdn(const GdnBenchArgs& a) {
     const double f = forward(ours), fb = forward_backward(ours);
     // The row's own back-to-back figures: the median of kRowWindows windows, each taken as any other figure
     // (rested, warmed up, then a.iters runs; rested() rests before the first), each window's mean kept in the
-    // order taken.
-    // Beside each window, the host's part of it (BackToBack::host_ms).
+    // order taken, and beside it the host's part of it (BackToBack::host_ms).
     std::vector<double> f_windows, fb_windows, f_host, fb_host;
     auto windows_into = [&](std::vector<double>& out, std::vector<double>& host) -> Timer {
       return [&out, &host, &a](const at::Device& d, int64_t warmup, int64_t iters, const std::function<void()>& fn) {

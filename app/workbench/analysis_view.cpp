@@ -67,8 +67,7 @@ AnalysisView::AnalysisView(QWidget* parent) : QWidget(parent), cancel_(std::make
   metric_ = new QComboBox(this);
   metric_->addItems({QStringLiteral("logprob"), QStringLiteral("logit-diff")});
   device_ = new QComboBox(this);
-  device_->addItem(QStringLiteral("cpu"));
-  if (torch::cuda::is_available()) device_->addItem(QStringLiteral("cuda"));
+  device_->addItems(deviceChoices());
   dtype_ = new QComboBox(this);
   dtype_->addItems({QStringLiteral("f32"), QStringLiteral("bf16"), QStringLiteral("f16")});
   auto* form = new QFormLayout;

@@ -60,8 +60,7 @@ EvalView::EvalView(QWidget* parent) : QWidget(parent) {
   lengths_ = new QLineEdit(QStringLiteral("512,1024,2048"), this);
   lengths_->setToolTip(tr("Context lengths of the NIAH grid, in tokens (1K = 1024)"));
   device_ = new QComboBox(this);
-  device_->addItem(QStringLiteral("cpu"));
-  if (torch::cuda::is_available()) device_->addItem(QStringLiteral("cuda"));
+  device_->addItems(deviceChoices());
   device_->setToolTip(tr("Where Evaluate runs the model (on the CPU a 16-bit checkpoint runs in float32)"));
   progress_ = new QProgressBar(this);
   progress_->setRange(0, 1);

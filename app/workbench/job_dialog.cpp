@@ -1,7 +1,5 @@
 #include "job_dialog.h"
 
-#include <torch/cuda.h>
-
 #include <QComboBox>
 #include <QDialogButtonBox>
 #include <QDir>
@@ -61,10 +59,8 @@ JobDialog::JobDialog(QWidget* parent) : QDialog(parent) {
   manifest_ = new QLineEdit(this);
   output_ = new QLineEdit(this);
   device_ = new QComboBox(this);
-  // cuda only where this build and machine have it, as in the Analysis and Eval views: a template that asks
-  // for cuda (three-stage) then keeps cpu, rather than writing a job that fails at its first step.
-  device_->addItem(QStringLiteral("cpu"));
-  if (torch::cuda::is_available()) device_->addItem(QStringLiteral("cuda"));
+  // A template that asks for cuda (three-stage) keeps cpu where there is none (deviceChoices).
+  device_->addItems(deviceChoices());
   text_data_ = new QLineEdit(this);
   text_data_->setPlaceholderText(tr("empty: retrieval and reasoning tasks (niah, variable tracking, induction)"));
   task_length_ = new QSpinBox(this);

@@ -8,8 +8,11 @@
 #include <QJsonObject>
 #include <QProcess>
 #include <QString>
+#include <QStringList>
 #include <csignal>
 #include <filesystem>
+
+#include <torch/cuda.h>
 
 #include "core/util/strings.h"
 
@@ -20,6 +23,13 @@ inline QString fromPath(const std::filesystem::path& p) { return QFile::decodeNa
 // "12.3s", "4m05s", "2h07m"; "-" for a negative or unknown duration.
 inline QString formatSeconds(double s) { return s >= 0 ? QString::fromStdString(util::format_seconds(s)) : QStringLiteral("-"); }
 inline QString humanBytes(double b) { return QString::fromStdString(util::human_bytes(b)); }
+// The devices a view offers: cpu, and cuda only where this build and machine have it (a job or analysis on a
+// cuda the machine lacks would fail at its first tensor).
+inline QStringList deviceChoices() {
+  QStringList d{QStringLiteral("cpu")};
+  if (torch::cuda::is_available()) d << QStringLiteral("cuda");
+  return d;
+}
 
 // Sends SIGINT to a child process; false when there is none to send it to. One still starting gets it
 // when it leaves that state, if it then runs (at most once however often this is called before; nothing

@@ -49,9 +49,10 @@ for x in json.loads(sys.argv[1])["rows"]:
     for k in ("fwd", "fwd_bwd"):
         w = x[k + "_b2b_windows_ms"]
         assert len(w) == 3 and min(w) > 0 and x[k + "_b2b_ms"] == sorted(w)[1], (k, x)
-        # the host queued the runs of a window before the window ended
+        # The host queued the runs of a window before the window ended; on the CPU, whose sync waits for
+        # nothing, the two are one time (within 0.05 ms a run).
         h = x[k + "_b2b_host_windows_ms"]
-        assert len(h) == 3 and all(0 < a <= b for a, b in zip(h, w)), (k, x)' "$json" \
+        assert len(h) == 3 and all(0 < a <= b < a + 0.05 for a, b in zip(h, w)), (k, x)' "$json" \
   || fail "bench gdn back-to-back windows JSON: $json"
 grep -q "the host queues a run in" <<<"$out" || fail "bench gdn prints no host line: $out"
 # A CUDA device the build or machine lacks is named before anything runs.
