@@ -17,7 +17,9 @@ builds in turn, so run r of each lies side by side in time): each pair's differe
 mean, and where there are two pairs or more, that mean's 95 % interval by Student's t over the pairs (the
 pairs' spread, so that the drift of a machine between rounds does not count as the builds' difference).
 Then, where the runs hold two figures or more, the same for each figure alone ("by figure"), so that a
-difference carried by one figure shows as that figure's.
+difference carried by one figure shows as that figure's. Last under each build, where the runs keep them,
+the row's own windows run by run and the host's time to queue a run in each (`bench gdn`'s
+`*_b2b_windows_ms` and `*_b2b_host_windows_ms`), so that the summary alone holds what every run measured.
 """
 import argparse
 import json
@@ -81,6 +83,22 @@ def by_figure(base_rows, rows, shape, keys):
     return ["    by figure, paired by run:"] + lines if len(lines) > 1 else []
 
 
+def windows(runs, shape, key):
+    """The line on the row's own back-to-back windows, run by run ("|" between runs), and where the runs hold
+    them, the host's time to queue a run in each window: so that a slow figure shows as one window's or every
+    window's, and a host that paces the runs shows as host figures near their windows. Nothing where a run
+    lacks the windows (a bench from before they were kept)."""
+    def runs_of(k):
+        if not all(isinstance(r[shape].get(k), list) and r[shape][k] for r in runs):
+            return None
+        return " | ".join(" ".join(f"{x:.3f}" for x in r[shape][k]) for r in runs)
+    w = runs_of(f"{key}_b2b_windows_ms")
+    if w is None:
+        return []
+    host = runs_of(f"{key}_b2b_host_windows_ms")
+    return [f"    windows by run: {w}" + (f"; host a run: {host}" if host is not None else "")]
+
+
 def rows_of(path):
     """The rows (one per shape) of the bench's JSON line in path, keyed by (B, T)."""
     with open(path) as f:
@@ -132,6 +150,7 @@ def main():
                     line += ", all above"
                 line += "\n" + paired(base_runs, by_run)
                 line += "".join("\n" + x for x in by_figure(base_rows, runs, shape, KEYS[a.key]))
+            line += "".join("\n" + x for x in windows(runs, shape, a.key))
             print(line)
 
 

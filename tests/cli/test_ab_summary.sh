@@ -2,8 +2,9 @@
 # scripts/gpu/ab_summary.py on hand-made `bench gdn --json` runs whose figures are known: each build's
 # default-path figures (the row's and the default side of each alternation), their mean, the difference
 # from the first build and whether the two builds' runs overlap; shapes that not every run has are left
-# out; a run without a JSON line, or without the bench's keys, is refused by name; and two real CPU runs of
-# `hydrahead bench gdn --json` read as the bench wrote them.
+# out; each build's windows and host times run by run, where its runs keep them; a run without a JSON line,
+# or without the bench's keys, is refused by name; and two real CPU runs of `hydrahead bench gdn --json`
+# read as the bench wrote them.
 source "$(dirname "$0")/preamble.sh"
 
 # One run: the bench's text lines, then its JSON line (only the keys ab_summary reads, and one it must
@@ -98,6 +99,27 @@ grep -qE "^  b  mean 1\.986  \[.*\]  -171\.4 us \(-7\.9 %\), all below$" <<<"$ou
 grep -qE "^      fwd_bwd_u_in_scan_b2b_ms +-200\.0 us$" <<<"$out" && grep -qE "^      fwd_bwd_qk_in_scan_b2b_ms +-300\.0 us$" <<<"$out" ||
   fail "U and Qd/kdecay sides, by figure: $out"
 
+# The row's windows, run by run, and the host's time to queue a run in each, where every run keeps them:
+# a1 and a2 with windows and host times, b1 with windows only, b2 with neither.
+addw() {  # IN OUT WINDOWS [HOST]: IN's row at 1 x 32768 with fwd_bwd_b2b_windows_ms (and host) set
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); i=t.index("{"); o=json.loads(t[i:]); r=o["rows"][0]; r["fwd_bwd_b2b_windows_ms"]=json.loads(sys.argv[3]); sys.argv[4:] and r.update(fwd_bwd_b2b_host_windows_ms=json.loads(sys.argv[4])); open(sys.argv[2],"w").write(t[:i]+json.dumps(o)+"\n")' "$@"
+}
+addw "$TMP/a1.json" "$TMP/a1-w.json" "[2.1, 2.1234, 2.2]" "[0.25, 0.3, 0.31]"
+addw "$TMP/a2.json" "$TMP/a2-w.json" "[2.3, 2.31, 2.29]" "[0.2, 0.21, 0.22]"
+addw "$TMP/b1.json" "$TMP/b1-w.json" "[2.0, 2.01, 1.99]"
+out=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/a1-w.json,$TMP/a2-w.json" "b=$TMP/b1-w.json,$TMP/b1-w.json" \
+  "c=$TMP/b1-w.json,$TMP/b2.json")
+grep -qxF "    windows by run: 2.100 2.123 2.200 | 2.300 2.310 2.290; host a run: 0.250 0.300 0.310 | 0.200 0.210 0.220" <<<"$out" ||
+  fail "windows and host times: $out"
+grep -qxF "    windows by run: 2.000 2.010 1.990 | 2.000 2.010 1.990" <<<"$out" || fail "windows without host times: $out"
+[[ "$(grep -c '    windows by run:' <<<"$out")" == 2 ]] || fail "no windows line where a run lacks them: $out"
+# Under its own build: a's line right after a's figures, b's after b's paired lines.
+[[ "$(sed -n '2,3p' <<<"$out" | sed -n 2p)" == "    windows by run: 2.100"* ]] || fail "a's windows under a: $out"
+# The forward's key takes the forward's windows, which these runs do not keep.
+if python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/a1-w.json" "b=$TMP/b1-w.json" --key fwd | grep -q "windows by run"; then
+  fail "forward: windows of forward + backward"
+fi
+
 # A run that is not the bench's JSON output.
 echo "no json here" > "$TMP/bad.txt"
 if err=$(python3 "$ROOT/scripts/gpu/ab_summary.py" "a=$TMP/a1.json" "b=$TMP/bad.txt" 2>&1); then fail "accepted $TMP/bad.txt"; fi
@@ -117,4 +139,7 @@ for side in a b; do
   want=$(python3 -c 'import json,sys; l=[x for x in open(sys.argv[1]) if x.startswith("{")][0]; print("%.3f" % json.loads(l)["rows"][0]["fwd_bwd_b2b_ms"])' "$TMP/real-$side.txt")
   grep -qE "^  $side  mean $want  \[$want\]" <<<"$out" || fail "real run $side (want $want): $out"
 done
+# and the bench's own windows: three a run, each with the host's time beside it.
+[[ "$(grep -cE '^    windows by run: [0-9.]+ [0-9.]+ [0-9.]+; host a run: [0-9.]+ [0-9.]+ [0-9.]+$' <<<"$out")" == 2 ]] ||
+  fail "real runs' windows: $out"
 echo "ab_summary: ok"
