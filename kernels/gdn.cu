@@ -22,6 +22,7 @@
 
 #include "kernels/chunk_common.cuh"
 #include "kernels/device_ops.cuh"
+#include "kernels/device_table.h"
 #include "kernels/fused_ops.h"
 
 namespace hh::kernels {
@@ -2927,10 +2928,7 @@ at::Tensor state_scan(const at::Tensor& P, const at::Tensor& Z, const at::Tensor
   const c10::cuda::CUDAGuard guard(P.device());
   at::Tensor fin = at::empty_like(y0);
   if (S == 0 || H == 0) return fin;
-  // From pinned memory, so that the copy queues behind the stream's work instead of waiting for it.
-  const at::Tensor off = at::tensor(at::ArrayRef<int64_t>(offsets), at::TensorOptions().dtype(at::kLong))
-                             .pin_memory()
-                             .to(P.device(), /*non_blocking=*/true);
+  const at::Tensor off = device_table(offsets, P.device());
   switch (Dk) {
     case 32: launch_scan<32>(P, Z, y0, hist, fin, off, reverse); break;
     case 64: launch_scan<64>(P, Z, y0, hist, fin, off, reverse); break;
@@ -3317,9 +3315,7 @@ at::Tensor low_rank_scan(const LowRankScanArgs& a, const std::vector<int64_t>& o
   plan.two_stages = two_a_sm && a.segment != 0 && plan.segments * (Dv / 16) * H > sms;
   if (plan.segments * (Dv / plan.columns) > std::numeric_limits<int32_t>::max())
     throw std::invalid_argument("hh::kernels::low_rank_scan: more than 2^31 - 1 blocks of segments");
-  plan.table = at::tensor(at::ArrayRef<int64_t>(table), at::TensorOptions().dtype(at::kLong))
-                   .pin_memory()
-                   .to(F.device(), /*non_blocking=*/true);
+  plan.table = device_table(table, F.device());
   if (F.scalar_type() == at::kHalf) launch_low_rank_scan<c10::Half>(Dk, a, plan, fin);
   else launch_low_rank_scan<float>(Dk, a, plan, fin);
   return fin;
