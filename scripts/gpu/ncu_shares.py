@@ -40,10 +40,10 @@ def read_metrics(path):
             if not m:
                 continue
             name, unit, text = m.group(1), m.group(2) or "", m.group(3).replace(",", "")
-            try:
+            try:  # not ncu_top.number, which reads n/a as 0: a metric ncu could not give is left out here
                 value = float(text)
             except ValueError:
-                continue  # n/a and the like
+                continue
             if name in out:
                 raise Missing(f"{path}: {name} appears twice: the file holds more than one launch "
                               "(profile with --launch-count 1)")
