@@ -397,6 +397,55 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t a,
 #endif
 }
 
+// wgmma_m64n64k16_ss's narrower forms, N = 16 or 32 columns (the warpgroup's 64 x N tile, N / 8 m16n8
+// tiles a warp): both operands K-major (as TRANS_A = TRANS_B = 0 there) in 128-byte-swizzled tiles whose
+// 8-row groups are 1024 bytes apart, given by their descriptors' low words (wgmma_desc_sw128_lo); the high
+// word, the same for all such, is formed here. So a kernel that keeps many operands' descriptors at hand
+// holds one register for each instead of two.
+__device__ __forceinline__ unsigned wgmma_desc_sw128_lo(const void* smem) {
+  return ((smem_addr(smem) >> 4) & 0x3fffu) | (1u << 16);  // the leading offset 16 bytes (unused when swizzled)
+}
+constexpr unsigned kWgmmaDescSw128Hi = (1024u >> 4) | (1u << 30);  // stride 1024 bytes; layout 1 (bit 62)
+// The operands at a + A_OFF and b + B_OFF (in the descriptors' units of 16 bytes, added here: a kernel
+// passes one register for several operands at fixed offsets from it).
+template <class X, int N, unsigned A_OFF = 0, unsigned B_OFF = 0>
+__device__ __forceinline__ void wgmma_m64nNk16_ss(float (&d)[N / 8][4], unsigned a, unsigned b) {
+  static_assert(N == 16 || N == 32, "16 or 32 columns");
+#if HH_WGMMA
+#define HH_WGMMA_SS_DESC(A, B, HI, AO, BO)                                                                      \
+  "{\n.reg .pred p;\n.reg .b32 la, lb;\n.reg .b64 da, db;\nadd.u32 la, " A ", " AO ";\nadd.u32 lb, " B ", " BO \
+  ";\nmov.b64 da, {la, " HI "};\nmov.b64 db, {lb, " HI "};\n"
+#define HH_WGMMA_SS_N16(TYPE)                                                                                   \
+  asm volatile(HH_WGMMA_SS_DESC("%8", "%9", "%10", "%12", "%13") "setp.ne.b32 p, %11, 0;\n"                  \
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " "                                   \
+               "{%0, %1, %2, %3, %4, %5, %6, %7}, da, db, p, 1, 1, 0, 0;\n}\n"                                   \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),      \
+                 "+f"(d[1][2]), "+f"(d[1][3])                                                                   \
+               : "r"(a), "r"(b), "r"(kWgmmaDescSw128Hi), "r"(1), "n"(A_OFF), "n"(B_OFF))
+#define HH_WGMMA_SS_N32(TYPE)                                                                                   \
+  asm volatile(HH_WGMMA_SS_DESC("%16", "%17", "%18", "%20", "%21") "setp.ne.b32 p, %19, 0;\n"                \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "                                   \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, da, db, p, 1, 1, 0, 0;\n}\n" \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),      \
+                 "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),      \
+                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])                                     \
+               : "r"(a), "r"(b), "r"(kWgmmaDescSw128Hi), "r"(1), "n"(A_OFF), "n"(B_OFF))
+  if constexpr (N == 16) {
+    if constexpr (std::is_same_v<X, c10::BFloat16>) HH_WGMMA_SS_N16("bf16");
+    else HH_WGMMA_SS_N16("f16");
+  } else {
+    if constexpr (std::is_same_v<X, c10::BFloat16>) HH_WGMMA_SS_N32("bf16");
+    else HH_WGMMA_SS_N32("f16");
+  }
+#undef HH_WGMMA_SS_DESC
+#undef HH_WGMMA_SS_N16
+#undef HH_WGMMA_SS_N32
+#else
+  (void)d, (void)a, (void)b;
+  __trap();
+#endif
+}
+
 // d += sum over k of a[k] b_k as one group of the warpgroup's products, issued and not waited for: desc(k)
 // describes b_k. Until wgmma_wait and wgmma_hold(d), d and a's registers must not be touched (the PTX ISA
 // leaves any access to them before the products' wgmma.wait_group undefined).
