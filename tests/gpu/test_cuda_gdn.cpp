@@ -1211,6 +1211,30 @@ TEST(CudaGdn, BackwardChunkKernelsEqualAutogradInFloat64) {
   });
 }
 
+// Random inputs of chunk_backward's form that reads T on a grid of N chunks, as the scans (states and new
+// values in block float16) and the forward's chunk_factors (T) hand them over; run() is that backward.
+struct BackwardCase {
+  torch::Tensor q, k, v, g, beta, dO, S16, S_inv, dS16, dS_inv, M16, M_inv, dM16, dM_inv, T16;
+  hh::kernels::ChunkInputGrads run(const hh::kernels::ChunkGrid& grid, double scale) const {
+    return hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale, M16, M_inv, dM16, dM_inv, T16);
+  }
+};
+BackwardCase backward_case(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, torch::Dtype dt,
+                           const hh::kernels::ChunkGrid& grid, double scale) {
+  constexpr int64_t C = 64;
+  const int64_t N = grid.N;
+  BackwardCase c;
+  const ChunkIn in = chunk_in(B, T, H, Dk, Dv, dt);
+  c.q = in.q, c.k = in.k, c.v = in.v, c.g = in.g, c.beta = in.beta;
+  c.dO = torch::randn({B, T, H, Dv}, kF64).to(kCuda.dtype(dt));
+  std::tie(c.S16, c.S_inv) = to_block_f16(0.5 * torch::randn({H, N, Dk, Dv}, kF64));
+  std::tie(c.dS16, c.dS_inv) = to_block_f16(torch::randn({H, N, Dk, Dv}, kF64));
+  std::tie(c.M16, c.M_inv) = to_block_f16(torch::randn({H, N, C, Dv}, kF64), 16, 8);
+  std::tie(c.dM16, c.dM_inv) = to_block_f16(torch::randn({H, N, C, Dv}, kF64), 16, 8);
+  c.T16 = hh::kernels::chunk_factors(c.k, c.v, c.g, c.beta, grid, c.q, scale, nullptr, hh::kernels::UForm::kFloat32, true).T16;
+  return c;
+}
+
 // chunk_backward's form that reads T with Dk = Dv = 128, one block an SM taking chunks in turn
 // (set_backward_chunks_in_turn), against one block a chunk (the default): over three times as many (chunk, head)
 // pairs as SMs, so that every block takes several chunks and the last turn leaves some blocks without one;
@@ -1229,19 +1253,13 @@ TEST(CudaGdn, BackwardChunksInTurnEqualOneBlockAChunk) {
       const auto [B, T, N, gather] = turns_grid(packed, per, {100, 0, 40, C * (3 * sms / H) + 17, C, 1});
       ASSERT_GT(N * H, 3 * sms) << what;
       const hh::kernels::ChunkGrid grid{N, packed ? 0 : per, gather};
-      const auto [q, k, v, g, beta] = chunk_in(B, T, H, D, D, dt);
-      const auto dO = torch::randn({B, T, H, D}, kF64).to(kCuda.dtype(dt));
-      const auto [S16, S_inv] = to_block_f16(0.5 * torch::randn({H, N, D, D}, kF64));
-      const auto [dS16, dS_inv] = to_block_f16(torch::randn({H, N, D, D}, kF64));
-      const auto [M16, M_inv] = to_block_f16(torch::randn({H, N, C, D}, kF64), 16, 8);
-      const auto [dM16, dM_inv] = to_block_f16(torch::randn({H, N, C, D}, kF64), 16, 8);
-      const auto T16 = hh::kernels::chunk_factors(k, v, g, beta, grid, q, 0.1, nullptr, hh::kernels::UForm::kFloat32, true).T16;
+      const BackwardCase c = backward_case(B, T, H, D, D, dt, grid, 0.1);
       hh::kernels::ChunkInputGrads d[2];  // chunks in turn, then one block a chunk
       for (int i : {0, 1}) {
         hh::kernels::set_backward_chunks_in_turn(i == 0);
         const int64_t before = hh::kernels::backward_chunks_in_turn_launches();
         poison_allocator();
-        d[i] = hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, 0.1, M16, M_inv, dM16, dM_inv, T16);
+        d[i] = c.run(grid, 0.1);
         hh::kernels::set_backward_chunks_in_turn(false);
         EXPECT_EQ(hh::kernels::backward_chunks_in_turn_launches() - before, i == 0 ? 1 : 0) << what << ": which kernel ran";
       }
@@ -1274,20 +1292,14 @@ TEST(CudaGdn, BackwardByWarpgroupEqualsByWarp) {
       const std::string what = name + (packed ? " packed" : " regular");
       const auto [B, T, N, gather] = turns_grid(packed, 3, {100, 0, 40, 2 * C + 17, C, 1});
       const hh::kernels::ChunkGrid grid{N, packed ? 0 : 3, gather};
-      const auto [q, k, v, g, beta] = chunk_in(B, T, H, Dk, Dv, dt);
-      const auto dO = torch::randn({B, T, H, Dv}, kF64).to(kCuda.dtype(dt));
-      const auto [S16, S_inv] = to_block_f16(0.5 * torch::randn({H, N, Dk, Dv}, kF64));
-      const auto [dS16, dS_inv] = to_block_f16(torch::randn({H, N, Dk, Dv}, kF64));
-      const auto [M16, M_inv] = to_block_f16(torch::randn({H, N, C, Dv}, kF64), 16, 8);
-      const auto [dM16, dM_inv] = to_block_f16(torch::randn({H, N, C, Dv}, kF64), 16, 8);
-      const auto T16 = hh::kernels::chunk_factors(k, v, g, beta, grid, q, scale, nullptr, hh::kernels::UForm::kFloat32, true).T16;
+      const BackwardCase c = backward_case(B, T, H, Dk, Dv, dt, grid, scale);
       hh::kernels::ChunkInputGrads d[2];  // by warpgroup, then by warp
       for (int i : {0, 1}) {
         const bool was = hh::kernels::backward_wgmma_enabled();
         hh::kernels::set_backward_wgmma(i == 0);
         const int64_t before = hh::kernels::backward_wgmma_launches();
         poison_allocator();
-        d[i] = hh::kernels::chunk_backward(q, k, v, g, beta, S16, S_inv, dS16, dS_inv, dO, grid, scale, M16, M_inv, dM16, dM_inv, T16);
+        d[i] = c.run(grid, scale);
         hh::kernels::set_backward_wgmma(was);
         EXPECT_EQ(hh::kernels::backward_wgmma_launches() - before, i == 0 ? 1 : 0) << what << ": which kernel ran";
       }
