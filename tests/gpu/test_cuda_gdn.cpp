@@ -1278,9 +1278,10 @@ TEST(CudaGdn, BackwardChunksInTurnEqualOneBlockAChunk) {
 // dtypes, the four head-size pairs, two regular sequences with a short last chunk and packed ones on a
 // gather grid (an empty one, one shorter than a chunk, one of exactly a chunk), outputs from a
 // NaN-poisoned allocator. The products take the same 16-bit operands and differ only in the order of
-// their float32 sums, so dq, dk and dv (rounded to 16 bits where stored) lie within a 16-bit step of
-// each other, and dg and dbeta closer; a misplaced operand (a wrong swizzle, descriptor or offset) moves
-// them by the size of the gradients themselves. BackwardChunkKernelsEqualAutogradInFloat64 checks the
+// their float32 sums: an element rounded to 16 bits one way in one form and the other way in the other
+// differs by a 16-bit step, so each gradient's relative error (rel_err, over the whole tensor) stays under
+// half a step; a misplaced operand (a wrong swizzle, descriptor or offset) moves the gradients by their own
+// size. BackwardChunkKernelsEqualAutogradInFloat64 checks the
 // form by warp against float64.
 TEST(CudaGdn, BackwardByWarpgroupEqualsByWarp) {
   ASSERT_TRUE(torch::cuda::is_available());
