@@ -439,9 +439,8 @@ bool backward_chunks_in_turn_enabled();
 int64_t backward_chunks_in_turn_launches();
 // Whether chunk_backward's form that reads T (one block a chunk) sums over each step's columns by
 // warpgroup (wgmma, operands read from shared memory once for four warps) instead of by warp (mma.sync on
-// ldmatrix fragments). Process-wide, off by default: slower (docs/BENCHMARKS.md v91: the products' 16 and
-// 32 columns a warpgroup, N of wgmma, are too narrow to pay for their issue and wait). The two give the same
-// gradients up to the order of float32 sums. Only where the device runs code built for sm_90a
+// ldmatrix fragments). Process-wide, off by default: slower (docs/BENCHMARKS.md v91; its products are 16 and
+// 32 columns wide a warpgroup). The two give the same gradients up to the order of float32 sums. Only where the device runs code built for sm_90a
 // (scan_wgmma_available).
 void set_backward_wgmma(bool on);
 bool backward_wgmma_enabled();

@@ -104,8 +104,8 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // kScanWarpProducts: the column scan's products by warp (mma.sync) instead of by warpgroup (kernels::set_scan_wgmma);
 // kBackwardChunksInTurn: chunk_backward one block an SM taking chunks in turn instead of one block a chunk
 // (kernels::set_backward_chunks_in_turn); kBackwardWgmma: chunk_backward's sums over a step's columns by
-// warpgroup (wgmma) instead of by warp (kernels::set_backward_wgmma, off by default); kUFromFactors: the forward's U (inference and training) formed by chunk_factors and read
-// by the scan instead of formed by the scan from v and T diag(beta) (kernels::set_u_in_scan); kQkFromFactors: the
+// warpgroup (wgmma) instead of by warp (kernels::set_backward_wgmma, off by default); kUFromFactors: the
+// forward's U (inference and training) formed by chunk_factors and read by the scan instead of formed by the scan from v and T diag(beta) (kernels::set_u_in_scan); kQkFromFactors: the
 // forward's Qd and kdecay (inference and training, and then the backward's) formed by chunk_factors and read by the
 // scans instead of formed by them from q's and k's rows (kernels::set_qk_in_scan).
 enum class OtherPath {
