@@ -22,7 +22,8 @@
 // Given the scans' new values (M from the forward, -dM from the reverse scan that formed the direct
 // term), M and dM stream beside S and dS instead of being formed, and dL = -(dVb M^T) (= -(T^T dT T^T)
 // with M = T X).
-// Both kernels' products are m16n8k16 ones on 16-bit operands with float32 accumulation (see each).
+// Both kernels' products are m16n8k16 ones on 16-bit operands with float32 accumulation (see each);
+// chunk_backward's sums over a step's columns can run on wgmma instead (WG, off by default).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
