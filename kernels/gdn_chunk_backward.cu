@@ -164,17 +164,14 @@ __device__ __forceinline__ void store_rows(float (&acc)[NT][4], int m, int n0, c
 }
 
 // f(r, c, x) of the warp's tiles (rows from m, 8-column tiles from n0) into a 16-bit matrix of row
-// stride ld, two columns a store.
+// stride ld, two columns a store; or, given at(r, c) (c even) for the element's offset, another layout.
+template <int NT, class T, class At, class F>
+__device__ __forceinline__ void store16_at(float (&acc)[NT][4], int m, int n0, T* dst, At at, F f) {
+  for_each_pair(acc, m, n0, [&](int r, int c, int, int, float& x0, float& x1) { store2(dst + at(r, c), f(r, c, x0), f(r, c + 1, x1)); });
+}
 template <int NT, class T, class F>
 __device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* dst, int ld, F f) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
-      store2(dst + r * ld + c, f(r, c, acc[j][e]), f(r, c + 1, acc[j][e + 1]));
-    }
+  store16_at(acc, m, n0, dst, [ld](int r, int c) { return r * ld + c; }, f);
 }
 template <int NT, class T>
 __device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* dst, int ld) {
@@ -188,51 +185,30 @@ template <int ROWS>
 __device__ __forceinline__ int sw128_at(int r, int c) {
   return swizzled<128, ROWS>(r, c) / 2;
 }
-// p moved on to the next 1024-byte boundary of shared memory (where such a tile may start).
-template <class T>
-__device__ __forceinline__ T* align1024(T* p) {
-  return p + ((1024u - (smem_addr(p) & 1023u)) & 1023u) / sizeof(T);
-}
-// store16 into such a tile.
-template <int ROWS, int NT, class T>
-__device__ __forceinline__ void store16_sw128(float (&acc)[NT][4], int m, int n0, T* dst) {
-  for_each_pair(acc, m, n0, [&](int r, int c, int, int, float& x0, float& x1) { store2(dst + sw128_at<ROWS>(r, c), x0, x1); });
-}
-// A swizzled row of 64 16-bit elements in the descriptors' units of 16 bytes.
-constexpr unsigned kSwRow = 64 * 2 / 16;
+// chunk_backward's step region by warpgroup (WG), from its first 1024-byte boundary: S's and dS's slices
+// [DK][64], then M's and dVb's [C][64], each such a tile; dM's padded after them. Offsets in elements, and
+// unit(x) in the wgmma descriptors' units of 16 bytes.
+template <int DK>
+struct SwStep {
+  static constexpr int kDs = DK * 64, kM = 2 * DK * 64, kDvb = kM + kC * 64, kDm = kDvb + kC * 64;
+  static constexpr unsigned unit(int elems) { return static_cast<unsigned>(elems) * 2 / 16; }
+};
 // chunk_backward's sums over a step's 64 columns by warpgroup (WG), 16 columns (KK) at a time: dqdecay +=
 // dO S^T, ndKb += dVb S^T, dkdecay += M dS^T (the warpgroup's DK / 4 columns) and dA += dO M^T, dT +=
-// dVb M^T (its 16). The step region holds S's and dS's slices [DK][64], then M's and dVb's [C][64]; a_do
-// is the step's box of dO, s the step region, b_s and b_m the warpgroup's first rows of S's and M's slices
-// (descriptors' low words). The next 16 columns of a slice are 32 bytes on (2 units).
+// dVb M^T (its 16). a_do is the step's box of dO, s the step region (SwStep), b_s and b_m the warpgroup's
+// first rows of S's and M's slices (descriptors' low words). The next 16 columns of a slice are 32 bytes on.
 template <class T, int DK, unsigned... KK>
 __device__ __forceinline__ void step_sums_wgmma(float (&dq)[DK / 32][4], float (&kb)[DK / 32][4], float (&dk)[DK / 32][4],
                                                 float (&dA)[2][4], float (&dT)[2][4], unsigned a_do, unsigned s,
                                                 unsigned b_s, unsigned b_m, std::integer_sequence<unsigned, KK...>) {
-  constexpr unsigned kM = 2 * DK * kSwRow, kDvb = kM + kC * kSwRow, kDs = DK * kSwRow;
-  ((wgmma_m64nNk16_ss<T, DK / 4, 2 * KK, 2 * KK>(dq, a_do, b_s),
-    wgmma_m64nNk16_ss<T, DK / 4, kDvb + 2 * KK, 2 * KK>(kb, s, b_s),
-    wgmma_m64nNk16_ss<T, DK / 4, kM + 2 * KK, kDs + 2 * KK>(dk, s, b_s),
-    wgmma_m64nNk16_ss<T, 16, 2 * KK, 2 * KK>(dA, a_do, b_m),
-    wgmma_m64nNk16_ss<T, 16, kDvb + 2 * KK, 2 * KK>(dT, s, b_m)),
+  using L = SwStep<DK>;
+  constexpr unsigned kM = L::unit(L::kM), kDvb = L::unit(L::kDvb), kDs = L::unit(L::kDs), kK = L::unit(16);
+  ((wgmma_m64nNk16_ss<T, DK / 4, kK * KK, kK * KK>(dq, a_do, b_s),
+    wgmma_m64nNk16_ss<T, DK / 4, kDvb + kK * KK, kK * KK>(kb, s, b_s),
+    wgmma_m64nNk16_ss<T, DK / 4, kM + kK * KK, kDs + kK * KK>(dk, s, b_s),
+    wgmma_m64nNk16_ss<T, 16, kK * KK, kK * KK>(dA, a_do, b_m),
+    wgmma_m64nNk16_ss<T, 16, kDvb + kK * KK, kK * KK>(dT, s, b_m)),
    ...);
-}
-
-// load_rows into such a tile of kC rows (D / 64 boxes).
-template <int D, int THREADS, class T>
-__device__ __forceinline__ void load_rows_sw128(T* dst, const T* __restrict__ x, const int64_t* row_h) {
-  constexpr int V = 16 / sizeof(T), UNITS = D / V, STEP = THREADS / UNITS;
-  static_assert(THREADS % UNITS == 0 && kC % STEP == 0, "whole rows a pass");
-  const int c = (threadIdx.x % UNITS) * V, r0 = threadIdx.x / UNITS;
-  const T* const x0 = x + c;
-#pragma unroll
-  for (int p = 0; p < kC / STEP; ++p) {
-    const int r = r0 + STEP * p;
-    const int64_t at = row_h[r];
-    T* const d = dst + sw128_at<kC>(r, c);
-    if (at >= 0) cp_async16(d, x0 + at * D);
-    else *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -539,14 +515,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   T* const T16 = reinterpret_cast<T*>(row_h + kC);               // [C][kLd16C]: T
   T* const A16 = T16 + kC * kLd16C;                 // scale A
   T* const step = A16 + kC * kLd16C;
+  // kWG: the slices laid out as SwStep<DK> says instead.
+  using Sw = SwStep<DK>;
   T* const Sj = kWG ? align1024(step) : step;  // [DK][kLd16BV]: the step's columns of S
-  T* const dSj = Sj + DK * (kWG ? kBV : kLd16BV);  // and of dS
-  T* const Xj = dSj + DK * (kWG ? kBV : kLd16BV);  // [C][kLd16BV] each
-  T* const Mj = Xj + (WIDE ? 0 : kC * kLd16BV);  // (WIDE: no X)
-  // kWG: S's, dS's, M's and dVb's slices swizzled (sw128_at), unpadded; dM's padded after them.
-  T* const dVbj = kWG ? Mj + kC * kBV : Mj + 2 * kC * kLd16BV;
-  T* const dMj = kWG ? dVbj + kC * kBV : Mj + kC * kLd16BV;
-  static_assert((2 * DK * kBV + 2 * kC * kBV + kC * kLd16BV) * sizeof(T) + 1008 <= step_elems<DK, kBV>() * sizeof(T),
+  T* const dSj = kWG ? Sj + Sw::kDs : Sj + DK * kLd16BV;  // and of dS
+  T* const Xj = dSj + DK * kLd16BV;                       // [C][kLd16BV] each (not WIDE)
+  T* const Mj = kWG ? Sj + Sw::kM : Xj + (WIDE ? 0 : kC * kLd16BV);  // (WIDE: no X)
+  T* const dMj = kWG ? Sj + Sw::kDm : Mj + kC * kLd16BV;
+  T* const dVbj = kWG ? Sj + Sw::kDvb : dMj + kC * kLd16BV;
+  static_assert(!kWG || (Sw::kDm + kC * kLd16BV) * sizeof(T) + 1008 <= step_elems<DK, kBV>() * sizeof(T),
                 "the swizzled slices fit the step region from its first 1024-byte boundary");
   T* const dQK = step;                // after the steps, [C][kLd16C] each: d(Q K^T) = scale dA * e^{G_t - G_i}
   T* const dTs = dQK + kC * kLd16C;   // dT
@@ -647,7 +624,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       load_rows<DK, kBwdThreads>(Qs, q, row_h);
       load_rows<DK, kBwdThreads>(Ks, k, row_h);
       load_rows<DV, kBwdThreads>(Vs, v, row_h);
-      if constexpr (kWG) load_rows_sw128<DV, kBwdThreads>(dOs, dO, row_h);
+      if constexpr (kWG) load_rows<DV, kBwdThreads, true>(dOs, dO, row_h);
       else load_rows<DV, kBwdThreads>(dOs, dO, row_h);
       if constexpr (TK) load_t(static_cast<int64_t>(blockIdx.y) * N + blockIdx.x);
       cp_async_commit();
@@ -817,7 +794,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // so that every fragment load is issued ahead of the chain of products.
       float dvb[2][4] = {};
       product16<true, true, 2>(dvb, m, n0, 0, kC, T16, kLd16C, dMj, kLd16BV);
-      if constexpr (kWG) store16_sw128<kC>(dvb, m, n0, dVbj);
+      if constexpr (kWG) store16_at(dvb, m, n0, dVbj, [](int r, int c) { return sw128_at<kC>(r, c); }, [](int, int, float x) { return x; });
       else store16(dvb, m, n0, dVbj, kLd16BV);
       row_dots(dvb, m, n0, Vs + c0, LDV, db_sum + part * kC);
       for_each(dvb, m, n0, [&](int r, int, float& x) { x *= bs[r]; });
@@ -866,7 +843,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         // The operands' descriptors (their low words) in three registers: S's slice (M's and dVb's at
         // fixed offsets from it), the warpgroup's rows of S's (dS's on from it) and of M's, and the step's
         // box of dO.
-        const unsigned s_lo = wgmma_desc_sw128_lo(Sj), b_s = s_lo + nk * kSwRow, b_m = s_lo + 2 * DK * kSwRow + nc * kSwRow;
+        const unsigned s_lo = wgmma_desc_sw128_lo(Sj), b_s = s_lo + Sw::unit(nk * 64), b_m = s_lo + Sw::unit(Sw::kM + nc * 64);
         const unsigned a_do = wgmma_desc_sw128_lo(dOs + (c0 / 64) * kC * 64);
         wgmma_fence();
         step_sums_wgmma<T, DK>(acc_dq, acc_kb, acc_dk, acc_dA, acc_dT, a_do, s_lo, b_s, b_m,
