@@ -8,7 +8,8 @@
 
 Each file holds one profiled launch (--launch-count 1). Prints a Markdown table, a row a file in the
 order given: the kernel's duration, its registers a thread, the warps active as a share of the SM's
-warp slots, the share of cycles the tensor pipe was busy, the tensor instructions issued as a share of
+warp slots, DRAM's throughput as a share of its peak over the kernel's time ('-' where the file lacks
+it), the share of cycles the tensor pipe was busy, the tensor instructions issued as a share of
 their peak (mma.sync, then wgmma: '-' where the device has none), and the stall reasons with the most
 cycles a warp waits between two of its issued instructions (the `..._per_issue_active` ratios;
 `selected` and `not_selected`, a warp that was ready, are left out). scripts/gpu/layer-profile prints
@@ -25,6 +26,8 @@ STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\
 SECONDS = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0, "s": 1e3,
            "second": 1e3}
 NOT_WAITS = {"selected", "not_selected"}
+# DRAM's throughput in SpeedOfLight, by the names Nsight Compute's versions give it.
+DRAM = ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "dram__throughput.avg.pct_of_peak_sustained_elapsed")
 
 
 class Missing(Exception):
@@ -67,6 +70,7 @@ def row(label, path, stalls):
     ms = t * SECONDS[unit]
     regs = need(m, path, "launch__registers_per_thread")[1]
     warps = need(m, path, "sm__warps_active.avg.pct_of_peak_sustained_active")[1]
+    dram = next((m[n][1] for n in DRAM if n in m), None)
     pipe = need(m, path, "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
                 "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")[1]
     hmma = need(m, path, "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active")[1]
@@ -82,8 +86,9 @@ def row(label, path, stalls):
     waits.sort(key=lambda w: -w[0])
     top = ", ".join(f"{name} {value:.2f}" for value, name in waits[:stalls])
     gmma_text = "-" if gmma is None else f"{gmma[1]:.1f} %"
-    return (f"| {label} | {ms:.3f} ms | {regs:.0f} | {warps:.1f} % | {pipe:.1f} % | {hmma:.1f} % / {gmma_text} "
-            f"| {top} |")
+    dram_text = "-" if dram is None else f"{dram:.1f} %"
+    return (f"| {label} | {ms:.3f} ms | {regs:.0f} | {warps:.1f} % | {dram_text} | {pipe:.1f} % | {hmma:.1f} % / "
+            f"{gmma_text} | {top} |")
 
 
 def main():
@@ -107,9 +112,9 @@ def main():
     except (Missing, OSError) as e:
         print(f"ncu_shares: {e}", file=sys.stderr)
         return 1
-    print("| kernel | duration | registers | warps active | tensor pipe active | mma.sync / wgmma issued "
-          "(of peak) | stalls a warp between issues (cycles), the largest |")
-    print("|---|---|---|---|---|---|---|")
+    print("| kernel | duration | registers | warps active | DRAM (of peak) | tensor pipe active | mma.sync / wgmma "
+          "issued (of peak) | stalls a warp between issues (cycles), the largest |")
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0
 
