@@ -125,7 +125,7 @@ def main():
         return 0
     old, new = reports
     worse = False
-    print(head.replace("injected waits |", "injected waits | |") + "\n|---|---|---|---|---|---|")
+    print(head + " |\n|---|---|---|---|---|---|")  # and a column for "changed" or the side a kernel is on
     for name in sorted(n for n in set(old) | set(new) if pattern.search(n)):
         o, n = old.get(name), new.get(name)
         if o is None or n is None:
