@@ -182,18 +182,12 @@ __device__ __forceinline__ void block_max(float x, unsigned* top) {
 // every (THREADS / units)-th row at a compile-time stride, with the table's entry its only per-row value.
 // (The loader this replaced formed each unit's row, column and 64-bit address from its index: in
 // chunk_factors those lines held 12 % of the kernel's instructions.)
-// SW128: into a 128-byte-swizzled tile of kC rows in boxes of 64 columns instead (device_ops.cuh's
-// swizzled<128, kC>, 1024-byte aligned: a wgmma operand's layout); rows STEP apart (a multiple of 8) keep
-// their units' places in the swizzle, so they are 64 elements a row apart there.
-template <int D, int THREADS, bool SW128 = false, class T>
+template <int D, int THREADS, class T>
 __device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ x, const int64_t* row_h) {
-  constexpr int V = 16 / sizeof(T), UNITS = D / V, LD = SW128 ? 64 : ld16<D>(), STEP = THREADS / UNITS;
+  constexpr int V = 16 / sizeof(T), UNITS = D / V, LD = ld16<D>(), STEP = THREADS / UNITS;
   static_assert(THREADS % UNITS == 0 && kC % STEP == 0, "whole rows a pass");
-  static_assert(!SW128 || (sizeof(T) == 2 && STEP % 8 == 0), "16-bit rows, passes of whole 8-row swizzle groups");
   const int c = (threadIdx.x % UNITS) * V, r0 = threadIdx.x / UNITS;
-  T* d0;
-  if constexpr (SW128) d0 = dst + swizzled<128, kC>(r0, c) / 2;
-  else d0 = dst + r0 * LD + c;
+  T* const d0 = dst + r0 * LD + c;
   const T* const x0 = x + c;
 #pragma unroll
   for (int p = 0; p < kC / STEP; ++p) {

@@ -64,12 +64,6 @@ __device__ __forceinline__ void cp_async_wait() {
 #define HH_COPY_ENGINE 0
 #endif
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-// p moved on to the next 1024-byte boundary of shared memory (where a tile of the copy engine's 128-byte
-// swizzle, or a wgmma operand laid out so, may start).
-template <class T>
-__device__ __forceinline__ T* align1024(T* p) {
-  return p + ((1024u - (smem_addr(p) & 1023u)) & 1023u) / sizeof(T);
-}
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
 }
@@ -316,14 +310,9 @@ __device__ __forceinline__ void stmatrix_x4_trans(void* smem, const unsigned (&r
 #else
 #define HH_WGMMA 0
 #endif
-// A descriptor's two words: the low one the start address and the leading offset, the high one the stride
-// offset and the layout (1: the 128-byte swizzle, bit 62 of the whole).
-__device__ __forceinline__ unsigned wgmma_desc_sw128_lo(const void* smem, unsigned lbo = 16) {
-  return ((smem_addr(smem) >> 4) & 0x3fffu) | ((lbo >> 4) & 0x3fffu) << 16;
-}
-constexpr unsigned wgmma_desc_sw128_hi(unsigned sbo) { return ((sbo >> 4) & 0x3fffu) | 1u << 30; }
 __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* smem, unsigned lbo, unsigned sbo) {
-  return static_cast<uint64_t>(wgmma_desc_sw128_lo(smem, lbo)) | static_cast<uint64_t>(wgmma_desc_sw128_hi(sbo)) << 32;
+  return static_cast<uint64_t>((smem_addr(smem) >> 4) & 0x3fffu) | static_cast<uint64_t>((lbo >> 4) & 0x3fffu) << 16 |
+         static_cast<uint64_t>((sbo >> 4) & 0x3fffu) << 32 | 1ull << 62;  // layout 1: the 128-byte swizzle
 }
 // Before a warpgroup's products whose A fragments or accumulators other instructions wrote.
 __device__ __forceinline__ void wgmma_fence() {
@@ -402,50 +391,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t a,
   if constexpr (std::is_same_v<X, c10::BFloat16>) HH_WGMMA_SS("bf16");
   else HH_WGMMA_SS("f16");
 #undef HH_WGMMA_SS
-#else
-  (void)d, (void)a, (void)b;
-  __trap();
-#endif
-}
-
-// wgmma_m64n64k16_ss's narrower forms, N = 16 or 32 columns (the warpgroup's 64 x N tile, N / 8 m16n8
-// tiles a warp): both operands K-major (as TRANS_A = TRANS_B = 0 there) in 128-byte-swizzled tiles whose
-// 8-row groups are 1024 bytes apart, given by their descriptors' low words (wgmma_desc_sw128_lo; the high
-// word, the same for all such, is formed here), at a + A_OFF and b + B_OFF in the descriptors' units of 16
-// bytes (added here). So a kernel that keeps many operands at hand holds one register for several of them
-// at fixed offsets from each other, instead of two for each.
-template <class X, int N, unsigned A_OFF = 0, unsigned B_OFF = 0>
-__device__ __forceinline__ void wgmma_m64nNk16_ss(float (&d)[N / 8][4], unsigned a, unsigned b) {
-  static_assert(N == 16 || N == 32, "16 or 32 columns");
-#if HH_WGMMA
-#define HH_WGMMA_SS_DESC(A, B, HI, AO, BO)                                                                      \
-  "{\n.reg .pred p;\n.reg .b32 la, lb;\n.reg .b64 da, db;\nadd.u32 la, " A ", " AO ";\nadd.u32 lb, " B ", " BO \
-  ";\nmov.b64 da, {la, " HI "};\nmov.b64 db, {lb, " HI "};\n"
-#define HH_WGMMA_SS_N16(TYPE)                                                                                   \
-  asm volatile(HH_WGMMA_SS_DESC("%8", "%9", "%10", "%12", "%13") "setp.ne.b32 p, %11, 0;\n"                  \
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " "                                   \
-               "{%0, %1, %2, %3, %4, %5, %6, %7}, da, db, p, 1, 1, 0, 0;\n}\n"                                   \
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),      \
-                 "+f"(d[1][2]), "+f"(d[1][3])                                                                   \
-               : "r"(a), "r"(b), "r"(wgmma_desc_sw128_hi(1024)), "r"(1), "n"(A_OFF), "n"(B_OFF))
-#define HH_WGMMA_SS_N32(TYPE)                                                                                   \
-  asm volatile(HH_WGMMA_SS_DESC("%16", "%17", "%18", "%20", "%21") "setp.ne.b32 p, %19, 0;\n"                \
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "                                   \
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, da, db, p, 1, 1, 0, 0;\n}\n" \
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),      \
-                 "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),      \
-                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])                                     \
-               : "r"(a), "r"(b), "r"(wgmma_desc_sw128_hi(1024)), "r"(1), "n"(A_OFF), "n"(B_OFF))
-  if constexpr (N == 16) {
-    if constexpr (std::is_same_v<X, c10::BFloat16>) HH_WGMMA_SS_N16("bf16");
-    else HH_WGMMA_SS_N16("f16");
-  } else {
-    if constexpr (std::is_same_v<X, c10::BFloat16>) HH_WGMMA_SS_N32("bf16");
-    else HH_WGMMA_SS_N32("f16");
-  }
-#undef HH_WGMMA_SS_DESC
-#undef HH_WGMMA_SS_N16
-#undef HH_WGMMA_SS_N32
 #else
   (void)d, (void)a, (void)b;
   __trap();

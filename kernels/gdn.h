@@ -437,15 +437,6 @@ void set_backward_chunks_in_turn(bool on);
 bool backward_chunks_in_turn_enabled();
 // How many of chunk_backward's runs in this process took chunks in turn: which kernel ran, for tests.
 int64_t backward_chunks_in_turn_launches();
-// Whether chunk_backward's form that reads T (one block a chunk) sums over each step's columns by
-// warpgroup (wgmma, operands read from shared memory once for four warps) instead of by warp (mma.sync on
-// ldmatrix fragments). Process-wide, off by default: slower (docs/BENCHMARKS.md v91; its products are 16 and
-// 32 columns wide a warpgroup). The two give the same gradients up to the order of float32 sums. Only where the device runs code built for sm_90a
-// (scan_wgmma_available).
-void set_backward_wgmma(bool on);
-bool backward_wgmma_enabled();
-// How many of chunk_backward's runs in this process summed by warpgroup: which kernel ran, for tests.
-int64_t backward_wgmma_launches();
 
 // Whether the gated delta rule's forward uses chunk_factors / chunk_output where they apply
 // (process-wide, on by default; off for benchmarks of the LibTorch chunk-local path).

@@ -22,8 +22,7 @@
 // Given the scans' new values (M from the forward, -dM from the reverse scan that formed the direct
 // term), M and dM stream beside S and dS instead of being formed, and dL = -(dVb M^T) (= -(T^T dT T^T)
 // with M = T X).
-// Both kernels' products are m16n8k16 ones on 16-bit operands with float32 accumulation (see each);
-// chunk_backward's sums over a step's columns can run on wgmma instead (WG, off by default).
+// Both kernels' products are m16n8k16 ones on 16-bit operands with float32 accumulation (see each).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -55,8 +54,6 @@ constexpr int kLd16C = ld16<kC>();  // row stride of a 16-bit [C][C] matrix
 std::atomic<int64_t> g_backward_launches[3];  // chunk_backward_launches
 bool g_backward_chunks_in_turn = false;         // set_backward_chunks_in_turn
 std::atomic<int64_t> g_in_turn_launches{0};     // backward_chunks_in_turn_launches
-bool g_backward_wgmma = false;                  // set_backward_wgmma
-std::atomic<int64_t> g_wgmma_launches{0};       // backward_wgmma_launches
 
 // f(r, c, j, h, acc[j][2h], acc[j][2h + 1]) for every pair of elements of the warp's tiles (rows from m,
 // 8-column tiles from n0): columns c (even) and c + 1 of row r, in tile j and half h (rows g or g + 8). The
@@ -164,51 +161,21 @@ __device__ __forceinline__ void store_rows(float (&acc)[NT][4], int m, int n0, c
 }
 
 // f(r, c, x) of the warp's tiles (rows from m, 8-column tiles from n0) into a 16-bit matrix of row
-// stride ld, two columns a store; or, given at(r, c) (c even) for the element's offset, another layout.
-template <int NT, class T, class At, class F>
-__device__ __forceinline__ void store16_at(float (&acc)[NT][4], int m, int n0, T* dst, At at, F f) {
-  for_each_pair(acc, m, n0, [&](int r, int c, int, int, float& x0, float& x1) { store2(dst + at(r, c), f(r, c, x0), f(r, c + 1, x1)); });
-}
+// stride ld, two columns a store.
 template <int NT, class T, class F>
 __device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* dst, int ld, F f) {
-  store16_at(acc, m, n0, dst, [ld](int r, int c) { return r * ld + c; }, f);
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m + g + (e >= 2 ? 8 : 0), c = n0 + 8 * j + 2 * t;
+      store2(dst + r * ld + c, f(r, c, acc[j][e]), f(r, c + 1, acc[j][e + 1]));
+    }
 }
 template <int NT, class T>
 __device__ __forceinline__ void store16(float (&acc)[NT][4], int m, int n0, T* dst, int ld) {
   store16(acc, m, n0, dst, ld, [](int, int, float x) { return x; });
-}
-
-// The warpgroup products' operands in shared memory: a 16-bit tile of ROWS rows in boxes of 64 columns
-// (128-byte rows), each box ROWS rows one after the other and swizzled as the copy engine's 128-byte
-// swizzle lays it (device_ops.cuh's swizzled), the tile 1024-byte aligned. Element (r, c)'s offset in elements.
-template <int ROWS>
-__device__ __forceinline__ int sw128_at(int r, int c) {
-  return swizzled<128, ROWS>(r, c) / 2;
-}
-// chunk_backward's step region by warpgroup (WG), from its first 1024-byte boundary: S's and dS's slices
-// [DK][64], then M's and dVb's [C][64], each such a tile; dM's padded after them. Offsets in elements, and
-// unit(x) in the wgmma descriptors' units of 16 bytes.
-template <int DK>
-struct SwStep {
-  static constexpr int kDs = DK * 64, kM = 2 * DK * 64, kDvb = kM + kC * 64, kDm = kDvb + kC * 64;
-  static constexpr unsigned unit(int elems) { return static_cast<unsigned>(elems) * 2 / 16; }
-};
-// chunk_backward's sums over a step's 64 columns by warpgroup (WG), 16 columns (KK) at a time: dqdecay +=
-// dO S^T, ndKb += dVb S^T, dkdecay += M dS^T (the warpgroup's DK / 4 columns) and dA += dO M^T, dT +=
-// dVb M^T (its 16). a_do is the step's box of dO, s the step region (SwStep), b_s and b_m the warpgroup's
-// first rows of S's and M's slices (descriptors' low words). The next 16 columns of a slice are 32 bytes on.
-template <class T, int DK, unsigned... KK>
-__device__ __forceinline__ void step_sums_wgmma(float (&dq)[DK / 32][4], float (&kb)[DK / 32][4], float (&dk)[DK / 32][4],
-                                                float (&dA)[2][4], float (&dT)[2][4], unsigned a_do, unsigned s,
-                                                unsigned b_s, unsigned b_m, std::integer_sequence<unsigned, KK...>) {
-  using L = SwStep<DK>;
-  constexpr unsigned kM = L::unit(L::kM), kDvb = L::unit(L::kDvb), kDs = L::unit(L::kDs), kK = L::unit(16);
-  ((wgmma_m64nNk16_ss<T, DK / 4, kK * KK, kK * KK>(dq, a_do, b_s),
-    wgmma_m64nNk16_ss<T, DK / 4, kDvb + kK * KK, kK * KK>(kb, s, b_s),
-    wgmma_m64nNk16_ss<T, DK / 4, kM + kK * KK, kDs + kK * KK>(dk, s, b_s),
-    wgmma_m64nNk16_ss<T, 16, kK * KK, kK * KK>(dA, a_do, b_m),
-    wgmma_m64nNk16_ss<T, 16, kDvb + kK * KK, kK * KK>(dT, s, b_m)),
-   ...);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -464,14 +431,7 @@ struct ChunkTurns {
 // (in place) once the steps are done with them. A block a chunk waits for its own loads at its start
 // with nothing to cover them (one 16-warp block fills an SM); but this form is slower (docs/BENCHMARKS.md
 // v59: the copies issued amid the steps stall the warps about as long), so it is off by default.
-//
-// WG (with 64 columns a step, on a device that runs sm_90a code): the steps' sums by warpgroup instead of by
-// warp, wgmma with both operands in shared memory (warpgroup w = warp / 4 takes the columns the warps
-// w .. w + 3 took; each warp keeps its 16 rows, the accumulators laid out as mma.sync's). Their operands,
-// the slices of S, dS and M, dVb and dO, lie in 128-byte-swizzled tiles (sw128_at) instead of padded rows;
-// the five products of a step go out as one group, waited for once. Off by default: slower than the warps'
-// products (docs/BENCHMARKS.md v91).
-template <int DK, int DV, class T, bool HIST = false, bool TK = false, bool LOOP = false, bool WG = false>
+template <int DK, int DV, class T, bool HIST = false, bool TK = false, bool LOOP = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     chunk_backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                           GateIn<T> g, GateIn<T> beta, BlockF16 S, BlockF16 dS,
@@ -487,7 +447,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // unit of a step's slices (below).
   constexpr bool WIDE = kBV == 64;
   static_assert(!WIDE || HIST, "64 columns a step with the history only");
-  constexpr bool kWG = WG && WIDE && HH_WGMMA != 0;
   constexpr int kUnits = DK * kBV / 8;  // 8-element units of a step's slice of S (and of dS)
   constexpr int kUnitsT = (kUnits + kBwdThreads - 1) / kBwdThreads;  // of them a thread
   static_assert(kUnits % kBwdThreads == 0 || kUnitsT == 1, "whole rounds of units");
@@ -515,16 +474,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   T* const T16 = reinterpret_cast<T*>(row_h + kC);               // [C][kLd16C]: T
   T* const A16 = T16 + kC * kLd16C;                 // scale A
   T* const step = A16 + kC * kLd16C;
-  // kWG: the slices laid out as SwStep<DK> says instead.
-  using Sw = SwStep<DK>;
-  T* const Sj = kWG ? align1024(step) : step;  // [DK][kLd16BV]: the step's columns of S
-  T* const dSj = kWG ? Sj + Sw::kDs : Sj + DK * kLd16BV;  // and of dS
-  T* const Xj = dSj + DK * kLd16BV;                       // [C][kLd16BV] each (not WIDE)
-  T* const Mj = kWG ? Sj + Sw::kM : Xj + (WIDE ? 0 : kC * kLd16BV);  // (WIDE: no X)
-  T* const dMj = kWG ? Sj + Sw::kDm : Mj + kC * kLd16BV;
-  T* const dVbj = kWG ? Sj + Sw::kDvb : dMj + kC * kLd16BV;
-  static_assert(!kWG || (Sw::kDm + kC * kLd16BV) * sizeof(T) + 1008 <= step_elems<DK, kBV>() * sizeof(T),
-                "the swizzled slices fit the step region from its first 1024-byte boundary");
+  T* const Sj = step;                // [DK][kLd16BV]: the step's columns of S
+  T* const dSj = Sj + DK * kLd16BV;  // and of dS
+  T* const Xj = dSj + DK * kLd16BV;  // [C][kLd16BV] each
+  T* const Mj = Xj + (WIDE ? 0 : kC * kLd16BV);  // (WIDE: no X)
+  T* const dMj = Mj + kC * kLd16BV;
+  T* const dVbj = dMj + kC * kLd16BV;
   T* const dQK = step;                // after the steps, [C][kLd16C] each: d(Q K^T) = scale dA * e^{G_t - G_i}
   T* const dTs = dQK + kC * kLd16C;   // dT
   T* const Ys = dTs + kC * kLd16C;    // T^T dT
@@ -532,9 +487,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   T* const Qs = step + step_elems<DK, kBV>();
   T* const Ks = Qs + kC * LDK;
   T* const Vs = Ks + kC * LDK;
-  T* const dOs = kWG ? align1024(Vs + kC * LDV) : Vs + kC * LDV;  // kWG: swizzled (sw128_at), unpadded
-  static_assert(kC * DV * sizeof(T) + 1008 <= kC * LDV * sizeof(T), "dO's swizzled tile fits its padded one's place");
-  T* const Qn = Vs + 2 * kC * LDV;  // LOOP: the next chunk's Q and K, its rows' table and its g and beta
+  T* const dOs = Vs + kC * LDV;
+  T* const Qn = dOs + kC * LDV;  // LOOP: the next chunk's Q and K, its rows' table and its g and beta
   T* const Kn = Qn + kC * LDK;
   int64_t* const row_h_nx = reinterpret_cast<int64_t*>(Kn + kC * LDK);
   float* const g_nx = reinterpret_cast<float*>(row_h_nx + kC);
@@ -624,8 +578,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       load_rows<DK, kBwdThreads>(Qs, q, row_h);
       load_rows<DK, kBwdThreads>(Ks, k, row_h);
       load_rows<DV, kBwdThreads>(Vs, v, row_h);
-      if constexpr (kWG) load_rows<DV, kBwdThreads, true>(dOs, dO, row_h);
-      else load_rows<DV, kBwdThreads>(dOs, dO, row_h);
+      load_rows<DV, kBwdThreads>(dOs, dO, row_h);
       if constexpr (TK) load_t(static_cast<int64_t>(blockIdx.y) * N + blockIdx.x);
       cp_async_commit();
     }
@@ -705,8 +658,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             const float2 f = half2_to_float2(a[j]);
             x.v[2 * j] = T(sc * f.x), x.v[2 * j + 1] = T(sc * f.y);
           }
-          const int at_m = kWG ? sw128_at<kC>(mr, mc) : mr * kLd16BV + mc;
-          store_pack<8>(is_dm(i) ? dMj + mr * kLd16BV + mc : Mj + at_m, x);
+          store_pack<8>((is_dm(i) ? dMj : Mj) + mr * kLd16BV + mc, x);
         }
       }
       if (!carrier) return;
@@ -725,9 +677,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           s_dot = fmaf(x0, y0, fmaf(x1, y1, s_dot));
           sa.v[2 * j] = T(x0), sa.v[2 * j + 1] = T(x1), sb.v[2 * j] = T(y0), sb.v[2 * j + 1] = T(y1);
         }
-        const int at_s = kWG ? sw128_at<DK>(ur + i * kRound, uc) : (ur + i * kRound) * kLd16BV + uc;
-        store_pack<8>(Sj + at_s, sa);
-        store_pack<8>(dSj + at_s, sb);
+        store_pack<8>(Sj + (ur + i * kRound) * kLd16BV + uc, sa);
+        store_pack<8>(dSj + (ur + i * kRound) * kLd16BV + uc, sb);
       }
     };
     fetch(0);  // in flight through the prologue
@@ -794,8 +745,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // so that every fragment load is issued ahead of the chain of products.
       float dvb[2][4] = {};
       product16<true, true, 2>(dvb, m, n0, 0, kC, T16, kLd16C, dMj, kLd16BV);
-      if constexpr (kWG) store16_at(dvb, m, n0, dVbj, [](int r, int c) { return sw128_at<kC>(r, c); }, [](int, int, float x) { return x; });
-      else store16(dvb, m, n0, dVbj, kLd16BV);
+      store16(dvb, m, n0, dVbj, kLd16BV);
       row_dots(dvb, m, n0, Vs + c0, LDV, db_sum + part * kC);
       for_each(dvb, m, n0, [&](int r, int, float& x) { x *= bs[r]; });
       store_rows<DV, kWideRows>(dvb, m, c0 + n0, row_h, dv);
@@ -833,38 +783,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       } else {
         form_dvb(c0, ns, warp / 4);
       }
-      // kWG: this thread's writes of the operands (the slices, dVb; dO's copies, waited for) ordered
-      // before the warpgroup products read them (the async proxy).
-      if constexpr (kWG) fence_proxy_async_shared();
       __syncthreads();
       // The sums over this step's columns.
       // dqdecay += dO S^T, ndKb += dVb S^T, dkdecay += M dS^T, dA += dO M^T, dT += dM X^T (HIST: dVb M^T).
-      if constexpr (kWG) {
-        // The operands' descriptors (their low words) in three registers: S's slice (M's and dVb's at
-        // fixed offsets from it), the warpgroup's rows of S's (dS's on from it) and of M's, and the step's
-        // box of dO.
-        const unsigned s_lo = wgmma_desc_sw128_lo(Sj), b_s = s_lo + Sw::unit(nk * 64), b_m = s_lo + Sw::unit(Sw::kM + nc * 64);
-        const unsigned a_do = wgmma_desc_sw128_lo(dOs + (c0 / 64) * kC * 64);
-        wgmma_fence();
-        step_sums_wgmma<T, DK>(acc_dq, acc_kb, acc_dk, acc_dA, acc_dT, a_do, s_lo, b_s, b_m,
-                               std::make_integer_sequence<unsigned, kBV / 16>{});
-        wgmma_commit();
-        cp_async_wait<0>();  // the next step's copies (see fetch), while the products run
-        wgmma_wait<0>();
-        wgmma_hold(acc_dq);
-        wgmma_hold(acc_kb);
-        wgmma_hold(acc_dk);
-        wgmma_hold(acc_dA);
-        wgmma_hold(acc_dT);
-      } else {
-        product16<false, false, NTK>(acc_dq, m, nk, 0, kBV, dOs + c0, LDV, Sj, kLd16BV);
-        product16<false, false, NTK>(acc_kb, m, nk, 0, kBV, dVbj, kLd16BV, Sj, kLd16BV);
-        product16<false, false, NTK>(acc_dk, m, nk, 0, kBV, Mj, kLd16BV, dSj, kLd16BV);
-        product16<false, false, 2>(acc_dA, m, nc, 0, kBV, dOs + c0, LDV, Mj, kLd16BV);
-        if constexpr (HIST) product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dVbj, kLd16BV, Mj, kLd16BV);  // T^T dT T^T
-        else product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dMj, kLd16BV, Xj, kLd16BV);
-        if constexpr (WIDE) cp_async_wait<0>();  // the next step's copies (see fetch)
-      }
+      product16<false, false, NTK>(acc_dq, m, nk, 0, kBV, dOs + c0, LDV, Sj, kLd16BV);
+      product16<false, false, NTK>(acc_kb, m, nk, 0, kBV, dVbj, kLd16BV, Sj, kLd16BV);
+      product16<false, false, NTK>(acc_dk, m, nk, 0, kBV, Mj, kLd16BV, dSj, kLd16BV);
+      product16<false, false, 2>(acc_dA, m, nc, 0, kBV, dOs + c0, LDV, Mj, kLd16BV);
+      if constexpr (HIST) product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dVbj, kLd16BV, Mj, kLd16BV);  // T^T dT T^T
+      else product16<false, false, 2>(acc_dT, m, nc, 0, kBV, dMj, kLd16BV, Xj, kLd16BV);
+      if constexpr (WIDE) cp_async_wait<0>();  // the next step's copies (see fetch)
       __syncthreads();  // before the next step's slices (or the matrices after the steps) overwrite these
       if (more) {
         put();
@@ -1128,21 +1056,14 @@ ChunkInputGrads chunk_backward(const at::Tensor& q, const at::Tensor& k, const a
         return;
       }
     }
-    if (tk && g_backward_wgmma && scan_wgmma_available()) {
-      g_wgmma_launches.fetch_add(1, std::memory_order_relaxed);
-      run(chunk_backward_kernel<DK, DV, X, true, true, false, true>, each, backward_smem<DK, DV, X, true>());
-    } else if (tk) {
-      run(chunk_backward_kernel<DK, DV, X, true, true>, each, backward_smem<DK, DV, X, true>());
-    } else if (hist) run(chunk_backward_kernel<DK, DV, X, true>, each, backward_smem<DK, DV, X>());
+    if (tk) run(chunk_backward_kernel<DK, DV, X, true, true>, each, backward_smem<DK, DV, X, true>());
+    else if (hist) run(chunk_backward_kernel<DK, DV, X, true>, each, backward_smem<DK, DV, X>());
     else run(chunk_backward_kernel<DK, DV, X, false>, each, backward_smem<DK, DV, X>());
   });
   return r;
 }
 
 void set_backward_chunks_in_turn(bool on) { g_backward_chunks_in_turn = on; }
-void set_backward_wgmma(bool on) { g_backward_wgmma = on; }
-bool backward_wgmma_enabled() { return g_backward_wgmma; }
-int64_t backward_wgmma_launches() { return g_wgmma_launches.load(std::memory_order_relaxed); }
 bool backward_chunks_in_turn_enabled() { return g_backward_chunks_in_turn; }
 int64_t backward_chunks_in_turn_launches() { return g_in_turn_launches.load(std::memory_order_relaxed); }
 

@@ -47,7 +47,6 @@ struct GdnBenchArgs {
   bool output_apart = false;  // the output by a kernel of its own from the scan's history
   bool direct_apart = false;  // the backward's direct term by chunk_state_direct instead of in the reverse scan
   bool backward_chunks_in_turn = false;  // chunk_backward one block an SM taking chunks in turn, not one a chunk
-  bool backward_wgmma = false;           // chunk_backward's step sums by warpgroup, not by warp
   bool fusion_in_scan = false;  // the layer's fusion norm inside the scan that writes the output
   bool u_from_factors = false;  // chunk_factors forms U, which the forward's scan reads (not U from v)
   bool qk_from_factors = false;  // chunk_factors forms Qd and kdecay, which the scans read (not from q and k)
@@ -103,9 +102,8 @@ double gdn_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, int64_t C) 
 // kFusionInColumnScan: the layer's fusion norm inside the column scan instead of by the fusion kernel after it;
 // kScanWarpProducts: the column scan's products by warp (mma.sync) instead of by warpgroup (kernels::set_scan_wgmma);
 // kBackwardChunksInTurn: chunk_backward one block an SM taking chunks in turn instead of one block a chunk
-// (kernels::set_backward_chunks_in_turn); kBackwardWgmma: chunk_backward's sums over a step's columns by
-// warpgroup (wgmma) instead of by warp (kernels::set_backward_wgmma, off by default); kUFromFactors: the
-// forward's U (inference and training) formed by chunk_factors and read by the scan instead of formed by the scan from v and T diag(beta) (kernels::set_u_in_scan); kQkFromFactors: the
+// (kernels::set_backward_chunks_in_turn); kUFromFactors: the forward's U (inference and training) formed by chunk_factors and read
+// by the scan instead of formed by the scan from v and T diag(beta) (kernels::set_u_in_scan); kQkFromFactors: the
 // forward's Qd and kdecay (inference and training, and then the backward's) formed by chunk_factors and read by the
 // scans instead of formed by them from q's and k's rows (kernels::set_qk_in_scan).
 enum class OtherPath {
@@ -120,7 +118,6 @@ enum class OtherPath {
   kFusionInColumnScan,
   kScanWarpProducts,
   kBackwardChunksInTurn,
-  kBackwardWgmma,
   kUFromFactors,
   kQkFromFactors
 };
@@ -176,9 +173,6 @@ auto on_other_path(OtherPath p, const at::Device& dev, Fn&& fn) -> std::optional
       return with_setting(kernels::set_factors_four_blocks, kernels::factors_four_blocks_enabled, false, dev, fn);
     case OtherPath::kBackwardChunksInTurn:
       return with_setting(kernels::set_backward_chunks_in_turn, kernels::backward_chunks_in_turn_enabled, true, dev, fn);
-    case OtherPath::kBackwardWgmma:  // the same path twice where the device's code has no warpgroup products
-      if (dev.is_cuda() && !kernels::scan_wgmma_available()) return std::nullopt;
-      return with_setting(kernels::set_backward_wgmma, kernels::backward_wgmma_enabled, true, dev, fn);
     case OtherPath::kUFromFactors: return with_setting(kernels::set_u_in_scan, kernels::u_in_scan_enabled, false, dev, fn);
     case OtherPath::kQkFromFactors: return with_setting(kernels::set_qk_in_scan, kernels::qk_in_scan_enabled, false, dev, fn);
   }
@@ -268,7 +262,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
   kernels::set_output_in_scan(!a.output_apart);
   kernels::set_direct_in_scan(!a.direct_apart);
   kernels::set_backward_chunks_in_turn(a.backward_chunks_in_turn);
-  kernels::set_backward_wgmma(a.backward_wgmma);
   kernels::set_fusion_in_scan(a.fusion_in_scan);
   kernels::set_u_in_scan(!a.u_from_factors);
   kernels::set_qk_in_scan(!a.qk_from_factors);
@@ -286,7 +279,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
                          {"output_apart", a.output_apart},
                          {"direct_apart", a.direct_apart},
                          {"backward_chunks_in_turn", a.backward_chunks_in_turn},
-                         {"backward_wgmma", a.backward_wgmma},
                          {"fusion_in_scan", a.fusion_in_scan},
                          {"u_from_factors", a.u_from_factors},
                          {"qk_from_factors", a.qk_from_factors},
@@ -441,16 +433,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
 #ifdef HH_HAVE_KERNELS
     if (kernels::backward_chunks_in_turn_launches() == in_turn_before) fb_each.reset(), fb_turns.reset();
 #endif
-    // chunk_backward's sums by warp (the default) against by warpgroup; nothing where the backward never took
-    // the warpgroup form (as above, or a device without the warpgroup products).
-#ifdef HH_HAVE_KERNELS
-    const int64_t bwd_wg_before = kernels::backward_wgmma_launches();
-#endif
-    auto [fb_bwd_warp, fb_bwd_wg] = alternating(OtherPath::kBackwardWgmma, a.backward_chunks_in_turn || a.backward_wgmma,
-                                                [&] { return forward_backward(ours, back_to_back_ms); });
-#ifdef HH_HAVE_KERNELS
-    if (kernels::backward_wgmma_launches() == bwd_wg_before) fb_bwd_warp.reset(), fb_bwd_wg.reset();
-#endif
     if (!a.profile.empty() && out["rows"].empty()) {
       std::vector<at::Tensor> leaves = {q.detach().requires_grad_(true), k.detach().requires_grad_(true),
                                         v.detach().requires_grad_(true), g.detach().requires_grad_(true),
@@ -524,12 +506,6 @@ int run_bench_gdn(const GdnBenchArgs& a) {
       std::printf("  %-10s back to back, chunk_backward one block a chunk (default) / one block an SM taking chunks in turn\n"
                   "  %-10s (medians of three alternating rounds): forward + backward %.3f / %.3f ms\n",
                   "", "", *fb_each, *fb_turns);
-    }
-    if (fb_bwd_warp && fb_bwd_wg) {
-      row["fwd_bwd_backward_mma_sync_b2b_ms"] = *fb_bwd_warp, row["fwd_bwd_backward_wgmma_b2b_ms"] = *fb_bwd_wg;
-      std::printf("  %-10s back to back, chunk_backward's sums by warp (default) / by warpgroup\n"
-                  "  %-10s (medians of three alternating rounds): forward + backward %.3f / %.3f ms\n",
-                  "", "", *fb_bwd_warp, *fb_bwd_wg);
     }
 #ifdef HH_HAVE_KERNELS
     // chunk_factors alone (the form that forms U, as the forward with U from chunk_factors calls it) and that
@@ -952,9 +928,6 @@ BenchSub add_bench_gdn(CLI::App& bench) {
               "On CUDA with 16-bit inputs, Dk = Dv = 128: run the backward's chunk_backward as one block an SM taking "
               "chunks in turn (each chunk's loads landing during the chunk before), instead of one block a chunk (and "
               "leave that comparison out)");
-  c->add_flag("--backward-wgmma", a->backward_wgmma,
-              "On CUDA with 16-bit inputs on a device that runs sm_90a code: sum over each step's state columns in "
-              "chunk_backward by warpgroup (wgmma), instead of by warp (and leave that comparison out)");
   c->add_flag("--factors-occupancy", a->factors_occupancy,
               "On CUDA with 16-bit inputs: under each row, time chunk_factors alone and the forward, back to back, "
               "with at most 4 (as built), 3, 2 and 1 blocks of chunk_factors an SM (its shared memory padded), and "

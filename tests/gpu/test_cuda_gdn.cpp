@@ -1273,51 +1273,6 @@ TEST(CudaGdn, BackwardChunksInTurnEqualOneBlockAChunk) {
     }
 }
 
-// chunk_backward's form that reads T (one block a chunk) with its steps' sums by warpgroup
-// (set_backward_wgmma, off by default) against the same form by warp (the default): both 16-bit
-// dtypes, the four head-size pairs, two regular sequences with a short last chunk and packed ones on a
-// gather grid (an empty one, one shorter than a chunk, one of exactly a chunk), outputs from a
-// NaN-poisoned allocator. The products take the same 16-bit operands and differ only in the order of
-// their float32 sums: an element rounded to 16 bits one way in one form and the other way in the other
-// differs by a 16-bit step, so each gradient's relative error (rel_err, over the whole tensor) stays under
-// half a step; a misplaced operand (a wrong swizzle, descriptor or offset) moves the gradients by their own
-// size. BackwardChunkKernelsEqualAutogradInFloat64 checks the
-// form by warp against float64.
-TEST(CudaGdn, BackwardByWarpgroupEqualsByWarp) {
-  ASSERT_TRUE(torch::cuda::is_available());
-  if (!hh::kernels::scan_wgmma_available()) GTEST_SKIP() << "this device's code has no warpgroup products (not built for sm_90a)";
-  const int64_t H = 3, C = 64;
-  const double scale = 0.1;
-  for_each_chunk_case([&](torch::Dtype dt, int64_t Dk, int64_t Dv, const std::string& name) {
-    for (bool packed : {false, true}) {
-      const std::string what = name + (packed ? " packed" : " regular");
-      const auto [B, T, N, gather] = turns_grid(packed, 3, {100, 0, 40, 2 * C + 17, C, 1});
-      const hh::kernels::ChunkGrid grid{N, packed ? 0 : 3, gather};
-      const BackwardCase c = backward_case(B, T, H, Dk, Dv, dt, grid, scale);
-      hh::kernels::ChunkInputGrads d[2];  // by warpgroup, then by warp
-      for (int i : {0, 1}) {
-        const bool was = hh::kernels::backward_wgmma_enabled();
-        hh::kernels::set_backward_wgmma(i == 0);
-        const int64_t before = hh::kernels::backward_wgmma_launches();
-        poison_allocator();
-        d[i] = c.run(grid, scale);
-        hh::kernels::set_backward_wgmma(was);
-        EXPECT_EQ(hh::kernels::backward_wgmma_launches() - before, i == 0 ? 1 : 0) << what << ": which kernel ran";
-      }
-      const double step = dt == torch::kBFloat16 ? 1.0 / 256 : 1.0 / 2048;  // half a 16-bit step
-      const torch::Tensor wg[] = {d[0].dq, d[0].dk, d[0].dv, d[0].dg, d[0].dbeta};
-      const torch::Tensor warp[] = {d[1].dq, d[1].dk, d[1].dv, d[1].dg, d[1].dbeta};
-      const char* names[] = {"dq", "dk", "dv", "dg", "dbeta"};
-      for (size_t i = 0; i < 5; ++i) {
-        EXPECT_FALSE(wg[i].isnan().any().item<bool>()) << what << ": " << names[i] << " written";
-        EXPECT_FALSE(warp[i].isnan().any().item<bool>()) << what << ": " << names[i] << " written by warp";
-        EXPECT_LT(rel_err(wg[i], warp[i]), step) << what << ": " << names[i];
-        EXPECT_GT(warp[i].abs().max().item<double>(), 0.0) << what << ": " << names[i] << " not all zero";
-      }
-    }
-  });
-}
-
 // chunk_factors reads g and beta in the inputs' 16-bit dtype where they lie: every factor the same bits as
 // with the float32 gates that are those values (the conversion is exact), T kept or not; and through the
 // rule's op, whose forward passes the 16-bit gates (its backward converts them for chunk_backward), the
