@@ -151,16 +151,17 @@ __device__ __forceinline__ void lower_tile(const A& a, const T* Xs, int m, float
     }
   }
 }
-// out = Ts diag(scale) X (row stride D), float32 or 16-bit.
-template <int D, class T, class O>
-__device__ __forceinline__ void lower_times(const float* Ts, const T* Xs, const float* scale, O* __restrict__ out) {
+// out = Ts diag(scale) X (row stride D), float32 or 16-bit, with Ts diag(scale)'s fragments from `a`
+// (SplitOf, or SplitPacked where the split was packed once).
+template <int D, class T, class O, class A>
+__device__ __forceinline__ void lower_times(const A& a, const T* Xs, O* __restrict__ out) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n0 = (warp / 2) * (D / 4);
 #pragma unroll 1
   for (int pass = 0; pass < 2; ++pass) {
     const int m = lower_tile_row(pass);
     float acc[D / 32][4];
-    lower_tile<D>(SplitOf<T>{Ts, scale}, Xs, m, acc);
+    lower_tile<D>(a, Xs, m, acc);
     if constexpr (sizeof(O) == 2 && (D / 32) % 4 == 0) {  // a row's 16 bytes a lane
       store_tiles16<O>(acc, [&](int half) { return out + (m + g + 8 * half) * D + n0; });
     } else {
@@ -663,7 +664,18 @@ __global__ void __launch_bounds__(kThreads, MINB)
         }
       }
     }
-    lower_times<DK>(Ls, Ks, ws, W + chunk * kC * DK);
+    if constexpr (OUT && !PRE && !TURN && kPackedSplitElems <= factors_second_tile<DK, DV, OUT>()) {
+      if (of.tb != nullptr) {  // UForm::kScan: W, and no U (the scan forms it from v)
+        // No V comes into Q's region, so (where it holds the split: not at Dk = Dv = 64) T diag(beta e^G)
+        // is split once into it, as for U's product below, instead of by each of the four warps that share
+        // a row tile of W.
+        pack_split(Ls, ws, Vs);
+        __syncthreads();
+        lower_times<DK>(SplitPacked<T>{Vs}, Ks, W + chunk * kC * DK);
+        return;
+      }
+    }
+    lower_times<DK>(SplitOf<T>{Ls, ws}, Ks, W + chunk * kC * DK);
     if constexpr (OUT && !PRE && !TURN) {
       if (of.tb != nullptr) return;  // UForm::kScan: no U (the scan forms it from v)
     }
@@ -700,7 +712,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
         return;
       }
     }
-    lower_times<DV>(Ls, PRE ? Ks : Vs, bs, static_cast<float*>(U) + chunk * kC * DV);
+    lower_times<DV>(SplitOf<T>{Ls, bs}, PRE ? Ks : Vs, static_cast<float*>(U) + chunk * kC * DV);
   };
 
   if constexpr (!TURN) {
