@@ -86,6 +86,8 @@ grep -qF "| forward, B1 T32K | <= 0.45 ms | 0.432 ms |" "$TMP/o2/goals.txt" || f
 grep -qF "args: bench gdn --device cuda --dtype bf16 --shapes 1x32768 --iters 10" "$TMP/cli-args.txt" ||
   fail "the bench's arguments with --quick: $(cat "$TMP/cli-args.txt")"
 [[ ! -e "$TMP/o2/build.log" ]] || fail "--cli built anyway"
+if grep -q '^{' <<<"$out"; then fail "the bench's JSON line shown with the power log's summary: $out"; fi
+grep -q '^{' "$TMP/o2/bench.txt" || fail "bench.txt lacks the bench's output"
 
 set +e
 err=$(OUT="$TMP/o3" "$ROOT/scripts/gpu/goals" --cli "$TMP/no-such-cli" 2>&1); rc=$?
