@@ -56,8 +56,11 @@ run() {  # NAME [ARGS...]: ab-bench with variant v (and ARGS) in the scratch rep
     ./scripts/gpu/ab-bench --variant "v=$TMP/v" --runs 1 "$@" > "$TMP/log-$name" 2>&1)
 }
 
-run clean || fail "clean tree: exit $?: $(cat "$TMP/log-clean")"
+# The clean run with a stand-in nvidia-smi: the device's name and power limit head the log.
+mkdir -p "$TMP/smi" && printf '#!/usr/bin/env bash\necho "NVIDIA H200, 700.00 W"\n' > "$TMP/smi/nvidia-smi" && chmod +x "$TMP/smi/nvidia-smi"
+PATH="$TMP/smi:$PATH" run clean || fail "clean tree: exit $?: $(cat "$TMP/log-clean")"
 ab="$TMP/out-clean/ab.txt"
+[[ "$(head -1 "$ab")" == "==> device: NVIDIA H200, 700.00 W" ]] || fail "the device is not the log's first line: $(head -3 "$ab")"
 grep -q "this tree as it stands: built once" "$ab" || fail "clean tree, not built once: $(cat "$ab")"
 [[ $(wc -l < "$TMP/builds-clean") == 2 ]] || fail "clean tree: builds $(cat "$TMP/builds-clean"), not the tree and the variant"
 grep -qE "^  base +mean 2\.000" "$ab" || fail "clean tree: no base row at 2.000: $(cat "$ab")"
