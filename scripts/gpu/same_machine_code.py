@@ -3,7 +3,7 @@
 
     nvcc -std=c++17 -arch=sm_90a --expt-relaxed-constexpr -I. -I<torch includes> -cubin kernels/gdn.cu -o new.cubin
     (the same on the tree before the change, into old.cubin)
-    python3 scripts/gpu/same_machine_code.py old.cubin new.cubin [--names]
+    python3 scripts/gpu/same_machine_code.py old.cubin new.cubin [--names] [--rename PATTERN=REPLACEMENT ...]
 
 A change meant to leave the kernels as they were (a refactor, a comment, a helper moved) needs no GPU run when
 every kernel's code is the same bytes. A cubin is an ELF file with one section a kernel, `.text.<mangled
@@ -11,7 +11,14 @@ name>`; this compares those sections' bytes. The kernels of an anonymous namespa
 compilation in their mangled names (`_GLOBAL__N__228a9bad_21_gdn_chunk_backward_cu_0dae19c0`), which differs
 between two builds of the same source; it is left out of the comparison. Prints the counts, then (with
 --names, or for any that differ) the kernels that differ or that only one side has. Exit status 0 when all
-are the same, 1 when any differ or are missing from one side, 2 on unreadable input.
+are the same, 1 when any differ or are missing from one side, 2 on unreadable input or a bad --rename.
+
+A change that adds or drops a template parameter renames every kernel of that template. --rename
+PATTERN=REPLACEMENT (a Python regular expression and its replacement, as re.sub takes them; repeatable,
+applied in order) rewrites the names before the change, after the hash is left out, so that they pair with
+the names after it: for a trailing `bool WG = false` dropped from chunk_backward_kernel,
+`--rename '(chunk_backward_kernelI(?:Li\d+E){2}N3c10\d+\w+?E(?:Lb[01]E){3})Lb0E=\1'`; the forms it
+leaves unpaired (those with WG true) count as only before. Two kernels renamed to one name is an error.
 """
 import argparse
 import re
@@ -40,14 +47,37 @@ def kernels(path):
     return out
 
 
+def renamed(named, rules):
+    """named with each rule PATTERN=REPLACEMENT applied to its names in order (re.sub)."""
+    for rule in rules:
+        pattern, sep, replacement = rule.partition("=")
+        if not sep or not pattern:
+            raise ValueError(f"--rename {rule!r}: not PATTERN=REPLACEMENT")
+        try:
+            rx = re.compile(pattern)
+            out = {}
+            for name, code in named.items():
+                to = rx.sub(replacement, name)
+                if to in out:
+                    raise ValueError(f"--rename {rule!r}: two kernels before the change become {to}")
+                out[to] = code
+        except re.error as e:
+            raise ValueError(f"--rename {rule!r}: {e}")
+        named = out
+    return named
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("old", help="cubin of the tree before the change")
     ap.add_argument("new", help="cubin of the tree after it")
     ap.add_argument("--names", action="store_true", help="list every kernel, same or not")
+    ap.add_argument("--rename", action="append", default=[], metavar="PATTERN=REPLACEMENT",
+                    help="rewrite the names before the change (re.sub, in order) to pair them with those after it")
     a = ap.parse_args()
     try:
         old, new = kernels(a.old), kernels(a.new)
+        old = renamed(old, a.rename)
     except (OSError, ValueError, struct.error) as e:
         print(f"same_machine_code: {e}", file=sys.stderr)
         return 2

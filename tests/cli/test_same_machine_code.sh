@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu/same_machine_code.py on hand-made ELF files whose kernels are known: the same bytes under
 # anonymous-namespace names hashed differently (the same), one kernel's bytes changed (differs), a kernel
-# on one side only, a section that is not a kernel's (ignored), and a file that is not ELF.
+# on one side only, a section that is not a kernel's (ignored), names rewritten by --rename to pair a
+# template's forms across a dropped parameter, and a file that is not ELF.
 source "$(dirname "$0")/preamble.sh"
 TOOL="$ROOT/scripts/gpu/same_machine_code.py"
 
@@ -57,6 +58,28 @@ grep -qx "  only after: _Z1bv" <<< "$out" || fail "only after: $out"
 
 tool --names "$TMP/old.cubin" "$TMP/same.cubin"
 grep -qx "  same: _Z1av" <<< "$out" || fail "--names: $out"
+
+# --rename: a template's trailing parameter dropped. Before: k<false, false> (bytes 0a) and k<false, true>
+# (0b); after: k<false> (0a). Unrenamed, nothing pairs; renamed, k<false, false> pairs with k<false> and
+# k<false, true> is only before; a rule that maps both to one name, a rule without '=' and a bad pattern are refused.
+KFF=.text._Z1kILb0ELb0EEvv KFT=.text._Z1kILb0ELb1EEvv KF=.text._Z1kILb0EEvv
+elf "$TMP/tmpl-old.cubin" "$KFF=0a" "$KFT=0b"
+elf "$TMP/tmpl-new.cubin" "$KF=0a"
+tool "$TMP/tmpl-old.cubin" "$TMP/tmpl-new.cubin"
+[[ "$out" == "2 kernels before, 1 after: 0 the same bytes, 0 differ, 2 only before, 1 only after"* ]] || fail "unrenamed: $out"
+tool "$TMP/tmpl-old.cubin" "$TMP/tmpl-new.cubin" --rename '(_Z1kILb0E)Lb0E=\1'
+[[ $rc == 1 ]] || fail "renamed, one form only before: exit $rc"
+grep -qx "2 kernels before, 1 after: 1 the same bytes, 0 differ, 1 only before, 0 only after" <<< "$out" || fail "renamed: $out"
+grep -qx "  only before: _Z1kILb0ELb1EEvv" <<< "$out" || fail "renamed, the form left: $out"
+elf "$TMP/tmpl-old1.cubin" "$KFF=0a"
+tool "$TMP/tmpl-old1.cubin" "$TMP/tmpl-new.cubin" --rename 'Lb0ELb0E=Lb0EX' --rename 'X='
+[[ $rc == 0 && "$out" == "1 kernels before, 1 after: 1 the same bytes"* ]] || fail "two rules in order: exit $rc, $out"
+for bad in '(_Z1kILb0E)Lb[01]E=\1' 'no-equals' '(unclosed=x'; do
+  tool "$TMP/tmpl-old.cubin" "$TMP/tmpl-new.cubin" --rename "$bad"
+  [[ $rc == 2 ]] || fail "--rename '$bad': exit $rc"
+done
+grep -q "become _Z1kILb0EEvv" <(python3 "$TOOL" "$TMP/tmpl-old.cubin" "$TMP/tmpl-new.cubin" --rename '(_Z1kILb0E)Lb[01]E=\1' 2>&1) ||
+  fail "a collision is not named"
 
 echo "not an ELF file" > "$TMP/text.cubin"
 tool "$TMP/old.cubin" "$TMP/text.cubin"
