@@ -99,15 +99,25 @@ def windows(runs, shape, key):
     return [f"    windows by run: {w}" + (f"; host a run: {host}" if host is not None else "")]
 
 
-def rows_of(path):
-    """The rows (one per shape) of the bench's JSON line in path, keyed by (B, T)."""
+def bench_json(path):
+    """The JSON object of a `bench gdn --json` run's output in path: its first line starting with '{' (the
+    bench's table and other lines are skipped). ValueError where there is none; OSError where path cannot be
+    read; json.JSONDecodeError (a ValueError) where the line does not parse."""
     with open(path) as f:
         for line in f:
             line = line.strip()
             if line.startswith("{"):
-                out = json.loads(line)
-                return {(r["B"], r["T"]): r for r in out.get("rows", [])}
-    raise SystemExit(f"ab_summary: no JSON line in {path} (was the bench run with --json?)")
+                return json.loads(line)
+    raise ValueError(f"no JSON line in {path} (was the bench run with --json?)")
+
+
+def rows_of(path):
+    """The rows (one per shape) of the bench's JSON line in path, keyed by (B, T)."""
+    try:
+        out = bench_json(path)
+    except ValueError as e:
+        raise SystemExit(f"ab_summary: {e}")
+    return {(r["B"], r["T"]): r for r in out.get("rows", [])}
 
 
 def main():

@@ -17,7 +17,11 @@ the run's setting is not the goals'.
 """
 import argparse
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_summary import bench_json  # noqa: E402  the bench's JSON line
 
 FWD, FWD_BWD, LAYER = 0.45, 1.4, 5.0
 
@@ -29,16 +33,13 @@ def refuse(message):
 
 def load(path):
     try:
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if line.startswith("{"):
-                    return json.loads(line)
+        return bench_json(path)
     except OSError as e:
         refuse(f"cannot read {path}: {e.strerror}")
     except json.JSONDecodeError as e:
         refuse(f"{path}: the JSON line does not parse: {e}")
-    refuse(f"no JSON line in {path} (was the bench run with --json?)")
+    except ValueError as e:
+        refuse(str(e))
 
 
 def find(items, B, T):

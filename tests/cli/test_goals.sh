@@ -50,6 +50,9 @@ echo "no json here" > "$TMP/none.txt"
 set +e
 err=$("$PY" "$GOALS" "$TMP/none.txt" 2>&1); rc=$?
 [[ $rc == 2 ]] && grep -q "no JSON line in .*none.txt" <<<"$err" || fail "no JSON line: exit $rc, $err"
+echo '{"device": cuda' > "$TMP/broken.txt"
+err=$("$PY" "$GOALS" "$TMP/broken.txt" 2>&1); rc=$?
+[[ $rc == 2 ]] && grep -q "broken.txt: the JSON line does not parse" <<<"$err" || fail "a broken JSON line: exit $rc, $err"
 err=$("$PY" "$GOALS" "$TMP/missing.txt" 2>&1); rc=$?
 [[ $rc == 2 ]] && grep -q "cannot read .*missing.txt" <<<"$err" || fail "no file: exit $rc, $err"
 set -e
