@@ -18,8 +18,8 @@ mangled name otherwise), with the anonymous namespace's per-build hash left out,
 Prints a Markdown table: a row a kernel (of those --kernel's regular expression finds in the name), its
 registers, spill stores / loads in bytes, stack frame, injected waits; with two reports, old -> new for each
 and a mark on the rows that differ (--changed: only those rows, and the kernels on one side only).
-Exit 0; with two reports, 1 when any kernel spills more bytes or has more injected waits in the second than
-in the first (or is in one report only); 2 on a report with no entry function, or an unreadable one.
+Exit 0; with two reports, 1 when any kernel spills more bytes (stored or loaded) or has more injected waits in
+the second than in the first (or is in one report only); 2 on a report with no entry function, or an unreadable one.
 """
 import argparse
 import os
@@ -134,7 +134,7 @@ def main():
             print(f"| {name} | " + " | ".join(cells(n or o)) + f" | only in the {side} report |")
             continue
         differs = o != n
-        if n["spill stores"] > o["spill stores"] or n["injected"] > o["injected"]:
+        if any(n[f] > o[f] for f in ("spill stores", "spill loads", "injected")):
             worse = True
         if a.changed and not differs:
             continue

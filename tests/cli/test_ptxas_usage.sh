@@ -73,6 +73,11 @@ grep -qxF "| $N_WIDE | 40 | 0 / 0 | 0 | 0 | only in the new report |" <<<"$out" 
 run "$TMP/new.txt" "$TMP/old.txt"
 [[ $rc == 1 ]] || fail "more injected waits: exit $rc, not 1: $out"
 
+# scan alone, only its spill loads grown (4 / 4 -> 4 / 12): worse, exit 1.
+sed 's/4 bytes spill stores, 4 bytes spill loads/4 bytes spill stores, 12 bytes spill loads/' "$TMP/old.txt" > "$TMP/loads.txt"
+run "$TMP/old.txt" "$TMP/loads.txt" --kernel scan
+[[ $rc == 1 ]] && grep -qxF "| $N_SCAN | 128 | 4 / 4 -> 4 / 12 | 8 | 0 | changed |" <<<"$out" || fail "more spill loads: exit $rc, $out"
+
 # Only step, by --kernel: fewer waits and nothing else worse, so exit 0; --changed keeps its row.
 run "$TMP/old.txt" "$TMP/new.txt" --kernel 'step' --changed
 [[ $rc == 0 ]] || fail "step alone is not worse: exit $rc: $out"
