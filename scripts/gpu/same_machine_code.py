@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Whether two builds of a CUDA file have the same machine code, kernel by kernel, from their cubins.
+r"""Whether two builds of a CUDA file have the same machine code, kernel by kernel, from their cubins.
 
     nvcc -std=c++17 -arch=sm_90a --expt-relaxed-constexpr -I. -I<torch includes> -cubin kernels/gdn.cu -o new.cubin
     (the same on the tree before the change, into old.cubin)
