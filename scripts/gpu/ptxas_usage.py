@@ -6,7 +6,7 @@ of a CUDA file or two side by side.
         kernels/FILE.cu -o new.cubin 2> new.txt
     (the same on the tree before the change, into old.txt)
     python3 scripts/gpu/ptxas_usage.py new.txt                  # a row a kernel
-    python3 scripts/gpu/ptxas_usage.py old.txt new.txt [--changed] [--kernel REGEX]
+    python3 scripts/gpu/ptxas_usage.py old.txt new.txt [--changed] [--kernel REGEX] [--rename PATTERN=REPLACEMENT ...]
 
 A change to a kernel that sits at its register limit (chunk_backward: 128 a thread, 16 warps a block) can
 push values into local memory anywhere in it; ptxas says so for each entry function ("N bytes spill stores").
@@ -14,12 +14,16 @@ And where ptxas cannot keep a wgmma's accumulators in place it injects warpgroup
 (warnings C7517 / C7519), which serialise the products; those are counted a kernel here ("injected").
 Kernels are named by their demangled names up to the parameter list (c++filt, where it is on the PATH; the
 mangled name otherwise), with the anonymous namespace's per-build hash left out, so two builds pair up.
+A change that adds or drops a template parameter renames every kernel of that template: --rename rewrites the
+first report's names (re.sub on the names as printed, the rules in order, as same_machine_code.py's option)
+so that they pair, for example `--rename '(column_scan_kernel<.*)>$=\\1, false>'` for a new last flag.
 
 Prints a Markdown table: a row a kernel (of those --kernel's regular expression finds in the name), its
 registers, spill stores / loads in bytes, stack frame, injected waits; with two reports, old -> new for each
 and a mark on the rows that differ (--changed: only those rows, and the kernels on one side only).
 Exit 0; with two reports, 1 when any kernel spills more bytes (stored or loaded) or has more injected waits in
-the second than in the first (or is in one report only); 2 on a report with no entry function, or an unreadable one.
+the second than in the first (or is in one report only); 2 on a report with no entry function, an unreadable one,
+or a bad --rename (no '=', a bad pattern, two kernels renamed to one name).
 """
 import argparse
 import os
@@ -28,7 +32,7 @@ import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from same_machine_code import ANON  # noqa: E402  the anonymous namespace's hash in a mangled name
+from same_machine_code import ANON, renamed  # noqa: E402  the anonymous namespace's hash; --rename's rules
 from sass_ops import without_parameters  # noqa: E402  c++filt, up to the parameter list
 
 ENTRY = re.compile(r"Compiling entry function '([^']+)'")
@@ -105,16 +109,22 @@ def main():
     p.add_argument("reports", nargs="+", metavar="REPORT", help="ptxas -v output (one, or old and new)")
     p.add_argument("--kernel", default="", help="regular expression a kernel's readable name must contain")
     p.add_argument("--changed", action="store_true", help="with two reports: only the kernels that differ")
+    p.add_argument("--rename", action="append", default=[], metavar="PATTERN=REPLACEMENT",
+                   help="with two reports: rewrite the first one's names (re.sub, in order) to pair them with the second's")
     a = p.parse_args()
     if len(a.reports) > 2:
         p.error("one report, or two (old and new)")
+    if a.rename and len(a.reports) != 2:
+        p.error("--rename pairs two reports")
     try:
         pattern = re.compile(a.kernel)
     except re.error as e:
         p.error(f"--kernel: {e}")
     try:
         reports = [by_name(read_report(r)) for r in a.reports]
-    except BadReport as e:
+        if a.rename:
+            reports[0] = renamed(reports[0], a.rename)
+    except (BadReport, ValueError) as e:
         print(f"ptxas_usage: {e}", file=sys.stderr)
         return 2
     head = "| kernel | registers | spill stores / loads (bytes) | stack (bytes) | injected waits |"

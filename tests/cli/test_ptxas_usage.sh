@@ -2,7 +2,8 @@
 # scripts/gpu/ptxas_usage.py on hand-made `ptxas -v` reports whose figures are known: two builds of one file
 # (their anonymous namespaces hashed differently, so the kernels pair only by name), a device function's
 # properties between an entry's lines (not the entry's), injected-wait warnings counted a kernel, a kernel
-# in one build only; the exit status that flags more spill or more injected waits; the errors.
+# in one build only, one paired by --rename; the exit status that flags more spill or more injected waits;
+# the errors.
 source "$(dirname "$0")/preamble.sh"
 TOOL="$ROOT/scripts/gpu/ptxas_usage.py"
 
@@ -86,6 +87,24 @@ run "$TMP/old.txt" "$TMP/new.txt" --kernel 'step' --changed
 # The same build twice: nothing changed, no rows with --changed, exit 0.
 run "$TMP/old.txt" "$TMP/old.txt" --changed
 [[ $rc == 0 && "$(wc -l <<<"$out")" == 2 ]] || fail "the same report twice: exit $rc, $out"
+
+# --rename: the old build's wide<3> (a template argument the change rewrote) pairs with the new build's wide<2>
+# once its name is rewritten (the rule matches the printed name, demangled or not); unpaired, both are on one
+# side only (exit 1). A rule without '=', a bad pattern, two kernels renamed to one name, or a rule with one
+# report: exit 2.
+{ cat "$TMP/old.txt"; echo "ptxas info    : Compiling entry function '$(scan "${ANON_A[@]}" 4wideILi3EEEvPf)' for 'sm_90a'"
+  echo "ptxas info    : Used 40 registers"; } > "$TMP/old-wide.txt"
+run "$TMP/old-wide.txt" "$TMP/new.txt" --kernel wide
+[[ $rc == 1 && "$(grep -c "only in the" <<<"$out")" == 2 ]] || fail "wide<3> and wide<2> unpaired: exit $rc, $out"
+run "$TMP/old-wide.txt" "$TMP/new.txt" --kernel wide --rename 'wide(<|ILi)3=wide\g<1>2'
+[[ $rc == 0 ]] && grep -qxF "| $N_WIDE | 40 | 0 / 0 | 0 | 0 | |" <<<"$out" && ! grep -q "only in the" <<<"$out" ||
+  fail "wide paired by --rename: exit $rc, $out, $(cat "$TMP/err.txt")"
+for bad in 'no-equals' '(=x' '.*=same'; do
+  run "$TMP/old.txt" "$TMP/new.txt" --rename "$bad"
+  [[ $rc == 2 ]] && grep -q "^ptxas_usage: --rename" "$TMP/err.txt" || fail "--rename '$bad': exit $rc, $(cat "$TMP/err.txt")"
+done
+run "$TMP/old.txt" --rename 'a=b'
+[[ $rc == 2 ]] || fail "--rename with one report: exit $rc"
 
 # Errors: a file with no entry function (named), a missing file, three reports.
 echo "nvcc fatal: no input" > "$TMP/empty.txt"
