@@ -8,7 +8,8 @@
 # ends the run with exit 1. With --tests each build's GPU tests (stand-ins naming the build's marker) run
 # after the benches, from copies of that build's own binaries, and a failing one makes the exit status
 # nonzero after the figures. Where the base is built apart, the variants are also summed against this tree;
-# --base-tree makes a changed tree the base, built once. --tests-variants runs the variants' tests only. The
+# --base-tree makes a changed tree the base, built once. --tests-variants runs the variants' tests only.
+# --budget cuts the rounds of runs and the tests that would end past it, and says so. The
 # stand-in compiles as make does (only a marker newer than its object), so that a variant's object left in
 # the build folder and the tree's marker given back its older time would make a stale base but for the
 # files ab-bench touches first.
@@ -31,7 +32,7 @@ else
   rm -f build-gpu/obj/marker
 fi
 ms=$(cat build-gpu/obj/marker 2>/dev/null || echo 2.0)
-printf '#!/usr/bin/env bash\necho "{\\"rows\\": [{\\"B\\": 1, \\"T\\": 32768, \\"fwd_bwd_b2b_ms\\": %s, \\"fwd_b2b_ms\\": 0.5}]}"\n' "$ms" \
+printf '#!/usr/bin/env bash\nsleep "${AB_TEST_BENCH_SLEEP:-0}"\necho "{\\"rows\\": [{\\"B\\": 1, \\"T\\": 32768, \\"fwd_bwd_b2b_ms\\": %s, \\"fwd_b2b_ms\\": 0.5}]}"\n' "$ms" \
   > build-gpu/bin/hydrahead
 chmod +x build-gpu/bin/hydrahead
 mkdir -p build-gpu/tests
@@ -149,4 +150,23 @@ grep -qE "^  base +mean 1\.800" "$ab" || fail "a marker with its old time: the b
 grep -qE "^  v +mean 1\.500" "$ab" || fail "a marker with its old time: no variant at 1.5: $(cat "$ab")"
 grep -q "1 file(s) an earlier variant had replaced hold other bytes now, touched so that they compile again: kernels/marker" "$ab" ||
   fail "a marker with its old time: the touch is not logged: $(cat "$ab")"
+# --budget: the first round always runs; another is not started where it would end past the budget (two
+# builds at 2 s a run: a round takes 4 s or more, so after one the budget of 4 s is spent), and
+# the tests are not run once the budget is spent. The figures of the round that ran stay; the exit is 1.
+export AB_TEST_BENCH_SLEEP=2
+rc=0
+run budget --runs 3 --budget 4 --tests || rc=$?
+unset AB_TEST_BENCH_SLEEP
+ab="$TMP/out-budget/ab.txt"
+[[ $rc == 1 ]] || fail "--budget cut the run: exit $rc, not 1: $(cat "$TMP/log-budget")"
+grep -q "^==> budget: 1 of 3 rounds (another would end past 4 s" "$ab" || fail "--budget: the cut is not logged: $(cat "$ab")"
+! grep -q "bench, base, run 2" "$ab" || fail "--budget: a second round ran: $(cat "$ab")"
+grep -qE "^  v +mean 1\.500" "$ab" || fail "--budget: the first round's figures are gone: $(cat "$ab")"
+grep -q "^==> v, gpu_test_cuda_hybrid: not run (the budget is spent)" "$ab" || fail "--budget: tests ran past it: $(cat "$ab")"
+# A budget the run stays within changes nothing: every round and test, exit 0.
+run budget-wide --runs 2 --budget 100000 --tests || fail "--budget not reached: exit $?: $(cat "$TMP/log-budget-wide")"
+ab="$TMP/out-budget-wide/ab.txt"
+grep -q "bench, v, run 2" "$ab" && ! grep -q "budget:" "$ab" && grep -q "^==> v, gpu_test_cuda_hybrid: exit 0" "$ab" ||
+  fail "--budget not reached: $(cat "$ab")"
+[[ "$(run bad-budget --budget 5s; echo $?)" == 2 ]] || fail "--budget 5s is not refused"
 echo "ab-bench builds: ok"
