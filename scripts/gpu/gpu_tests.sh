@@ -7,22 +7,21 @@ GPU_TESTS=(gpu_test_cuda_gdn gpu_test_cuda_train gpu_test_cuda_hybrid)
 # any test binary failed. With GPU_TESTS_DEADLINE set (a value of the caller's SECONDS), each binary runs
 # under `timeout` of the time left before it (exit 124 where it ran out), and none once it has passed.
 run_gpu_tests() {
-  local dir=$1 name=$2 filter=${3:-} t r failed=0 left
+  local dir=$1 name=$2 filter=${3:-} t r failed=0 left within
   for t in "${GPU_TESTS[@]}"; do
-    if [[ -n "${GPU_TESTS_DEADLINE:-}" ]]; then  # (the caller's SECONDS at which its budget ends)
+    within=()  # with a deadline (the caller's SECONDS at which its budget ends): timeout of what is left
+    if [[ -n "${GPU_TESTS_DEADLINE:-}" ]]; then
       left=$((GPU_TESTS_DEADLINE - SECONDS))
       if ((left <= 0)); then
         log "$name, $t: not run (the budget is spent)"
         failed=1
         continue
       fi
-      timeout "$left" "$dir/$t" ${filter:+"--gtest_filter=$filter"} > "$OUT/$t-$name.log" 2>&1
-      r=$?
-      ((r != 124)) || echo "[ timed out at the budget's end: ${left} s ]" >> "$OUT/$t-$name.log"
-    else
-      "$dir/$t" ${filter:+"--gtest_filter=$filter"} > "$OUT/$t-$name.log" 2>&1
-      r=$?
+      within=(timeout "$left")
     fi
+    "${within[@]}" "$dir/$t" ${filter:+"--gtest_filter=$filter"} > "$OUT/$t-$name.log" 2>&1
+    r=$?
+    ((${#within[@]} == 0 || r != 124)) || echo "[ timed out at the budget's end: ${left} s ]" >> "$OUT/$t-$name.log"
     ((r == 0)) || failed=1
     log "$name, $t: exit $r, $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/$t-$name.log" | tr '\n' ' ')"
     grep -E "Failure" -A6 "$OUT/$t-$name.log" | head -30

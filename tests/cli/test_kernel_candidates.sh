@@ -25,11 +25,20 @@ for p in "${patches[@]}"; do
   [[ -z "$err" ]] || fail "$err"
   grep -q "^| \`$name.patch\` |" "$readme" || fail "$readme has no row for $name.patch"
 done
-# The rule on files refuses a patch that reaches elsewhere, and one without a kernel.
+# The rule on files refuses a patch that reaches elsewhere (another file of the CLI's too), and one without a
+# kernel; it takes bench gdn's source beside a kernel.
 new_file() { printf 'diff --git a/%s b/%s\nnew file mode 100644\n--- /dev/null\n+++ b/%s\n@@ -0,0 +1 @@\n+x\n' "$1" "$1" "$1"; }
 { new_file kernels/probe.cu; new_file README.probe; } > "$TMP/elsewhere.patch"
+{ new_file kernels/probe.cu; new_file app/cli/cmd_probe.cpp; } > "$TMP/other-cli.patch"
 new_file tests/gpu/probe.cpp > "$TMP/no-kernel.patch"
-for bad in elsewhere:"outside kernels/" no-kernel:"changes no kernel"; do
+# A kernel and one more line at the end of bench gdn's source.
+cp app/cli/cmd_bench_gdn.cpp "$TMP/bench-copy.cpp" && echo "// probe" >> "$TMP/bench-copy.cpp"
+{ new_file kernels/probe.cu
+  diff -u --label a/app/cli/cmd_bench_gdn.cpp --label b/app/cli/cmd_bench_gdn.cpp app/cli/cmd_bench_gdn.cpp "$TMP/bench-copy.cpp" || (($? == 1))  # (1: they differ)
+} > "$TMP/bench.patch"
+scripts/gpu/tree-overlay from-patch "$TMP/bench.patch" "$TMP/probe-bench" > /dev/null 2>&1 || fail "the probe bench does not apply"
+[[ -z "$(wrong_files bench "$TMP/probe-bench")" ]] || fail "the rule on files refuses bench gdn's source: $(wrong_files bench "$TMP/probe-bench")"
+for bad in elsewhere:"outside kernels/" other-cli:"outside kernels/" no-kernel:"changes no kernel"; do
   name=${bad%%:*}
   scripts/gpu/tree-overlay from-patch "$TMP/$name.patch" "$TMP/probe-$name" > /dev/null 2>&1 || fail "the probe $name does not apply"
   [[ "$(wrong_files "$name" "$TMP/probe-$name")" == *"${bad#*:}"* ]] || fail "the rule on files let $name.patch through"
