@@ -49,12 +49,12 @@ def find(items, B, T):
     return None
 
 
-def at_most(value, target, unit="ms"):
+def at_most(value, target):
     if value is None:
         return "not measured"
     if value <= target:
-        return f"met ({target - value:.3f} {unit} under)"
-    return f"not met ({value - target:.3f} {unit} over, {value / target:.2f}x the target)"
+        return f"met ({target - value:.3f} ms under)"
+    return f"not met ({value - target:.3f} ms over, {value / target:.2f}x the target)"
 
 
 def at_least(value, target):
