@@ -9,7 +9,8 @@
 # after the benches, from copies of that build's own binaries, and a failing one makes the exit status
 # nonzero after the figures. Where the base is built apart, the variants are also summed against this tree;
 # --base-tree makes a changed tree the base, built once. --tests-variants runs the variants' tests only.
-# --budget cuts the rounds of runs and the tests that would end past it, and says so. The
+# --budget cuts the rounds of runs, the traces and the tests that would end past it, and says so. The log's
+# second line is the tree's fingerprint, which files no build reads leave as it is. The
 # stand-in compiles as make does (only a marker newer than its object), so that a variant's object left in
 # the build folder and the tree's marker given back its older time would make a stale base but for the
 # files ab-bench touches first.
@@ -68,6 +69,11 @@ grep -qE "^  base +mean 2\.000" "$ab" || fail "clean tree: no base row at 2.000:
 grep -qE "^  v +mean 1\.500 .*-500\.0 us" "$ab" || fail "clean tree: no variant row 500 us below the base: $(cat "$ab")"
 ! grep -qE "^  this " "$ab" || fail "clean tree: a row for this tree beside the base: $(cat "$ab")"
 [[ ! -e "$repo/kernels/marker" ]] || fail "the variant's file stayed in the tree"
+# The second line: the tree's fingerprint, as variants.sh's tree_fingerprint gives it run in the tree.
+fingerprint() { (cd "$repo" && source scripts/gpu/variants.sh && tree_fingerprint); }
+clean_print=$(fingerprint)
+[[ "$clean_print" =~ ^[0-9a-f]{12}$ ]] || fail "tree_fingerprint gives '$clean_print', not 12 hex digits"
+[[ "$(sed -n 2p "$ab")" == "==> tree: $clean_print "* ]] || fail "the tree's fingerprint is not the second line: $(head -3 "$ab")"
 
 mkdir -p "$repo/scripts/gpu/candidates" && echo "diff" > "$repo/scripts/gpu/candidates/next.patch"
 echo "more figures" >> "$repo/docs/BENCHMARKS.md"
@@ -75,6 +81,8 @@ run unbuilt || fail "a candidate patch and a doc changed: exit $?: $(cat "$TMP/l
 grep -q "this tree as it stands: built once" "$TMP/out-unbuilt/ab.txt" ||
   fail "a candidate patch and a doc changed, not built once: $(cat "$TMP/out-unbuilt/ab.txt")"
 [[ $(wc -l < "$TMP/builds-unbuilt") == 2 ]] || fail "a candidate patch and a doc changed: builds $(cat "$TMP/builds-unbuilt")"
+grep -q "^==> tree: $clean_print " "$TMP/out-unbuilt/ab.txt" ||
+  fail "a candidate patch and a doc changed the fingerprint, though no build reads them: $(cat "$TMP/out-unbuilt/ab.txt")"
 rm -r "$repo/scripts/gpu/candidates" && (cd "$repo" && git checkout -q docs/BENCHMARKS.md)
 
 touch "$repo/untracked.txt"
@@ -83,6 +91,12 @@ ab="$TMP/out-dirty/ab.txt"
 [[ $(wc -l < "$TMP/builds-dirty") == 3 ]] || fail "untracked file: builds $(cat "$TMP/builds-dirty"), not base, this and the variant"
 grep -q "^$TMP/base-dirty\$" "$TMP/builds-dirty" || fail "untracked file: the base was not built in its own folder"
 grep -q "with changes to 1 path(s): untracked.txt" "$ab" || fail "untracked file: the log does not name it: $(cat "$ab")"
+dirty_print=$(fingerprint)
+[[ "$dirty_print" != "$clean_print" ]] && grep -q "^==> tree: $dirty_print " "$ab" ||
+  fail "untracked file: the fingerprint is the clean tree's ($clean_print) or not logged: $(cat "$ab")"
+echo "a line" > "$repo/untracked.txt"
+[[ "$(fingerprint)" != "$dirty_print" ]] || fail "untracked file: new bytes left the fingerprint as it was"
+: > "$repo/untracked.txt"
 grep -qE "^  this +mean 2\.000" "$ab" || fail "untracked file: no row for this tree: $(cat "$ab")"
 # This tree's own change (a marker of 1.8, untracked): the variant (1.5, laid over it) 500 us below the
 # base, and in the second summary 300 us below this tree.
@@ -152,10 +166,10 @@ grep -q "1 file(s) an earlier variant had replaced hold other bytes now, touched
   fail "a marker with its old time: the touch is not logged: $(cat "$ab")"
 # --budget: the first round always runs; another is not started where it would end past the budget (two
 # builds at 2 s a run: a round takes 4 s or more, so after one the budget of 4 s is spent), and
-# the tests are not run once the budget is spent. The figures of the round that ran stay; the exit is 1.
+# the traces and tests are not run once the budget is spent. The figures of the round that ran stay; the exit is 1.
 export AB_TEST_BENCH_SLEEP=2
 rc=0
-run budget --runs 3 --budget 4 --tests || rc=$?
+run budget --runs 3 --budget 4 --tests --trace || rc=$?
 unset AB_TEST_BENCH_SLEEP
 ab="$TMP/out-budget/ab.txt"
 [[ $rc == 1 ]] || fail "--budget cut the run: exit $rc, not 1: $(cat "$TMP/log-budget")"
@@ -163,6 +177,8 @@ grep -q "^==> budget: 1 of 3 rounds (another would end past 4 s" "$ab" || fail "
 ! grep -q "bench, base, run 2" "$ab" || fail "--budget: a second round ran: $(cat "$ab")"
 grep -qE "^  v +mean 1\.500" "$ab" || fail "--budget: the first round's figures are gone: $(cat "$ab")"
 grep -q "^==> v, gpu_test_cuda_hybrid: not run (the budget is spent)" "$ab" || fail "--budget: tests ran past it: $(cat "$ab")"
+grep -q "^==> trace, base: not run (the budget is spent)" "$ab" && ! grep -q "^==> trace, v (" "$ab" ||
+  fail "--budget: a trace ran past it: $(cat "$ab")"
 # A budget the run stays within changes nothing: every round and test, exit 0.
 run budget-wide --runs 2 --budget 100000 --tests || fail "--budget not reached: exit $?: $(cat "$TMP/log-budget-wide")"
 ab="$TMP/out-budget-wide/ab.txt"
