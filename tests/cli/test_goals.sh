@@ -2,8 +2,8 @@
 # scripts/gpu/goals.py on hand-made bench output whose verdicts are worked out by hand: each goal met or
 # not by the amount the figures give, a goal the run lacks "not measured", a run at another setting or
 # without a JSON line refused. Then scripts/gpu/goals with stand-ins for nvidia-smi and the CLI: --only on
-# another device builds and times nothing (exit 3); on the named one, the stand-in CLI's figures reach the
-# table, and a bad --cli or option is refused.
+# another device builds and times nothing (exit 3); on the named one, the tree's fingerprint heads the log
+# and goals.txt, the stand-in CLI's figures reach the table, and a bad --cli or option is refused.
 source "$(dirname "$0")/preamble.sh"
 PY="$(python3 -c 'import sys; print(sys.executable)')"
 GOALS="$ROOT/scripts/gpu/goals.py"
@@ -84,6 +84,10 @@ grep -qF "not a device named *H200*: nothing built or timed" <<<"$out" || fail "
 out=$(CARD="NVIDIA H200" PATH="$TMP/bin:$PATH" OUT="$TMP/o2" "$ROOT/scripts/gpu/goals" --only H200 --cli "$TMP/cli" --quick 2>&1) ||
   fail "goals on the named device: $out"
 grep -qF "==> device: NVIDIA H200" <<<"$out" || fail "device line: $out"
+# The tree's line: variants.sh's fingerprint of this repository, with HEAD, in the log and atop goals.txt.
+tree=$(cd "$ROOT" && source scripts/gpu/variants.sh && tree_fingerprint)
+grep -qE "^==> tree: $tree \(HEAD [0-9a-f]+\)$" <<<"$out" || fail "the tree's line ($tree): $out"
+[[ "$(head -1 "$TMP/o2/goals.txt")" == "$(grep '^==> tree: ' <<<"$out")" ]] || fail "goals.txt's first line: $(head -2 "$TMP/o2/goals.txt")"
 grep -qF "| forward, B1 T32K | <= 0.45 ms | 0.432 ms | met (0.018 ms under) |" <<<"$out" || fail "the table: $out"
 grep -qF "| forward, B1 T32K | <= 0.45 ms | 0.432 ms |" "$TMP/o2/goals.txt" || fail "goals.txt"
 grep -qF "args: bench gdn --device cuda --dtype bf16 --shapes 1x32768 --iters 10" "$TMP/cli-args.txt" ||
