@@ -3,8 +3,8 @@
 # writes it (template arguments as (int)N, (bool)0/1 and qualified types, written out here by hand; a kernel
 # without a template by its name; one with an argument of another kind as mangled), and layer-profile's own
 # column-scan patterns counted against the seven forms they profile, as main has them and with a last
-# template argument added (w-in-scan-x's): each names exactly one kernel either way, `scan` the form with
-# the argument set. A pattern naming nothing exits 1; a bad pattern and a file that is not ELF exit 2.
+# template argument added (w-in-scan-x's, a bool or an int): each names exactly one kernel every way, `scan`
+# the form with the argument 1. A pattern naming nothing exits 1; a bad pattern and a file that is not ELF exit 2.
 source "$(dirname "$0")/preamble.sh"
 TOOL="$ROOT/scripts/gpu/ncu_names.py"
 elf() { python3 "$ROOT/tests/cli/make_elf.py" "$@"; }
@@ -37,21 +37,29 @@ declare -A form=(
   [scan]=Lb0ELb0ELb1ELi1ELb1E [scan-qd]=Lb0ELb0ELb1ELi1ELb0E [scan-u16]=Lb0ELb0ELb1ELi0ELb0E
   [scan-hist]=Lb1ELb0ELb1ELi1ELb1E [scan-hist-qd]=Lb1ELb0ELb1ELi1ELb0E
   [reverse]=Lb1ELb1ELb1ELi0ELb1E [reverse-qd]=Lb1ELb1ELb1ELi0ELb0E)
-main_specs=() kw_specs=(".text.${NS}${SCAN}${form[scan]}Lb0E${PARAMS}=00")  # (the scan reading W: the other form)
+# With the last argument a bool, the scan reading W is the other form; as an int, so is the scan scaling a step
+# ahead (2).
+main_specs=() kw_specs=(".text.${NS}${SCAN}${form[scan]}Lb0E${PARAMS}=00")
+kwi_specs=(".text.${NS}${SCAN}${form[scan]}Li0E${PARAMS}=00" ".text.${NS}${SCAN}${form[scan]}Li2E${PARAMS}=00")
 for k in "${!form[@]}"; do
   main_specs+=(".text.${NS}${SCAN}${form[$k]}${PARAMS}=00")
   kw=0; [[ $k == scan ]] && kw=1
   kw_specs+=(".text.${NS}${SCAN}${form[$k]}Lb${kw}E${PARAMS}=00")
+  kwi_specs+=(".text.${NS}${SCAN}${form[$k]}Li${kw}E${PARAMS}=00")
 done
 elf "$TMP/main.cubin" "${main_specs[@]}"
 elf "$TMP/kw.cubin" "${kw_specs[@]}"
-for era in main kw; do
+elf "$TMP/kwi.cubin" "${kwi_specs[@]}"
+for era in main kwi kw; do
   tool "$TMP/$era.cubin" "${pats[@]}"
   [[ $rc == 0 ]] || fail "$era: a pattern names no kernel: $out"
   [[ $(grep -c ": 1 kernel(s): " <<< "$out") == 7 ]] || fail "$era: not one kernel a pattern: $out"
 done
 grep -qxF "scan: 1 kernel(s): column_scan_kernel<(int)128, (int)128, (int)-1, c10::BFloat16, (bool)0, (bool)0, (bool)1, (int)1, (bool)1, (bool)1>" <<< "$out" ||
   fail "scan with the last argument: not the form that sets it: $out"
+tool "$TMP/kwi.cubin" "${pats[@]}"
+grep -qxF "scan: 1 kernel(s): column_scan_kernel<(int)128, (int)128, (int)-1, c10::BFloat16, (bool)0, (bool)0, (bool)1, (int)1, (bool)1, (int)1>" <<< "$out" ||
+  fail "scan with the last argument an int: not the form 1: $out"
 
 tool "$TMP/main.cubin" --pattern 'none=regex:column_scan_kernel<\(int\)64' --pattern 'any=column_scan_kernel'
 [[ $rc == 1 ]] || fail "a pattern naming nothing: exit $rc"
