@@ -57,8 +57,15 @@ err=$("$PY" "$GOALS" "$TMP/missing.txt" 2>&1); rc=$?
 [[ $rc == 2 ]] && grep -q "cannot read .*missing.txt" <<<"$err" || fail "no file: exit $rc, $err"
 set -e
 
-# The wrapper. A stand-in nvidia-smi names the device from $CARD and gives smi_log a few samples; a
-# stand-in CLI prints run.txt's JSON line.
+# The wrapper, run from a scratch repository holding the scripts it runs (so that the tree it fingerprints
+# does not change while the test runs). A stand-in nvidia-smi names the device from $CARD and gives smi_log a
+# few samples; a stand-in CLI prints run.txt's JSON line.
+repo="$TMP/repo"
+mkdir -p "$repo/scripts/gpu"
+cp "$ROOT"/scripts/gpu/{goals,goals.py,ab_summary.py,smi_log.py,variants.sh} "$repo/scripts/gpu/"
+printf '#!/usr/bin/env bash\nexit 3\n' > "$repo/scripts/gpu-check"  # (never run: --cli)
+commit_scratch_repo "$repo"
+GOALS_SH="$repo/scripts/gpu/goals"
 mkdir -p "$TMP/bin"
 cat > "$TMP/bin/nvidia-smi" <<'SMI'
 #!/usr/bin/env bash
@@ -74,18 +81,18 @@ grep '^{' "$TMP/run.txt"
 EOF
 chmod +x "$TMP/bin/nvidia-smi" "$TMP/cli"
 set +e
-out=$(CARD="NVIDIA H100 80GB HBM3" PATH="$TMP/bin:$PATH" OUT="$TMP/o1" "$ROOT/scripts/gpu/goals" --only H200 --cli "$TMP/cli" 2>&1)
+out=$(CARD="NVIDIA H100 80GB HBM3" PATH="$TMP/bin:$PATH" OUT="$TMP/o1" "$GOALS_SH" --only H200 --cli "$TMP/cli" 2>&1)
 rc=$?
 set -e
 [[ $rc == 3 ]] || fail "--only on another device: exit $rc, $out"
 grep -qF "not a device named *H200*: nothing built or timed" <<<"$out" || fail "--only's message: $out"
 [[ ! -e "$TMP/cli-args.txt" && ! -e "$TMP/o1/build.log" ]] || fail "--only on another device ran something"
 
-out=$(CARD="NVIDIA H200" PATH="$TMP/bin:$PATH" OUT="$TMP/o2" "$ROOT/scripts/gpu/goals" --only H200 --cli "$TMP/cli" --quick 2>&1) ||
+out=$(CARD="NVIDIA H200" PATH="$TMP/bin:$PATH" OUT="$TMP/o2" "$GOALS_SH" --only H200 --cli "$TMP/cli" --quick 2>&1) ||
   fail "goals on the named device: $out"
 grep -qF "==> device: NVIDIA H200" <<<"$out" || fail "device line: $out"
 # The tree's line: variants.sh's fingerprint of this repository, with HEAD, in the log and atop goals.txt.
-tree=$(cd "$ROOT" && source scripts/gpu/variants.sh && tree_fingerprint)
+tree=$(cd "$repo" && source scripts/gpu/variants.sh && tree_fingerprint)
 grep -qE "^==> tree: $tree \(HEAD [0-9a-f]+\)$" <<<"$out" || fail "the tree's line ($tree): $out"
 [[ "$(head -1 "$TMP/o2/goals.txt")" == "$(grep '^==> tree: ' <<<"$out")" ]] || fail "goals.txt's first line: $(head -2 "$TMP/o2/goals.txt")"
 grep -qF "| forward, B1 T32K | <= 0.45 ms | 0.432 ms | met (0.018 ms under) |" <<<"$out" || fail "the table: $out"
@@ -97,9 +104,9 @@ if grep -q '^{' <<<"$out"; then fail "the bench's JSON line shown with the power
 grep -q '^{' "$TMP/o2/bench.txt" || fail "bench.txt lacks the bench's output"
 
 set +e
-err=$(OUT="$TMP/o3" "$ROOT/scripts/gpu/goals" --cli "$TMP/no-such-cli" 2>&1); rc=$?
+err=$(OUT="$TMP/o3" "$GOALS_SH" --cli "$TMP/no-such-cli" 2>&1); rc=$?
 [[ $rc == 2 ]] && grep -q "is not an executable file" <<<"$err" || fail "a bad --cli: exit $rc, $err"
-err=$("$ROOT/scripts/gpu/goals" --fast 2>&1); rc=$?
+err=$("$GOALS_SH" --fast 2>&1); rc=$?
 [[ $rc == 2 ]] && grep -q "unknown option --fast" <<<"$err" || fail "an unknown option: exit $rc, $err"
 set -e
 echo "goals: verdicts, refusals and the wrapper as expected"
