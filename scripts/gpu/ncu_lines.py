@@ -74,7 +74,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output (one kernel)")
     ap.add_argument("sass", help="nvdisasm -gi listing holding the kernel")
-    ap.add_argument("--function", required=True, help="a substring of the kernel's mangled name")
+    ap.add_argument("--function", required=True,
+                    help="a regular expression searched for in the kernel's mangled name (a part of the name as it is)")
     ap.add_argument("--top", type=int, default=40)
     how = ap.add_mutually_exclusive_group()
     how.add_argument("--show", metavar="FILE:LINE", help="list the instructions of one source line")
@@ -98,7 +99,11 @@ def main():
         if metc is None:
             sys.exit(f"{args.csv}: no column named like {args.metric!r}; it has: " + ", ".join(c.strip() for c in cols))
     funcs = disasm_functions(args.sass)
-    names = [n for n in funcs if args.function in n]
+    try:
+        function = re.compile(args.function)
+    except re.error as e:
+        sys.exit(f"--function {args.function!r}: not a regular expression: {e}")
+    names = [n for n in funcs if function.search(n)]
     if not names:
         sys.exit(f"{args.sass}: no function matching {args.function!r}; it has {len(funcs)}")
     # The matching function with the same instruction count as the table.

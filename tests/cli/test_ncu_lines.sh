@@ -44,6 +44,16 @@ grep -qE "^ +10\.0% +100  LDC$" <<<"$out" || fail "LDC: $out"
 
 out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k)
 grep -q "4 instructions, 1000 warp instructions executed, 100 samples" <<<"$out" || fail "totals: $out"
+# --function is a regular expression searched for in the mangled name: one naming both functions takes the one
+# with the table's instruction count; one anchored past the name's end names none; a bad one is refused.
+out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function '^_Z(5other|1k)(i)?$')
+grep -q "4 instructions, 1000 warp instructions executed, 100 samples" <<<"$out" || fail "a regular expression: $out"
+for bad in '_Z1k$:no function matching' '(:not a regular expression'; do
+  if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function "${bad%%:*}" > "$TMP/fn.txt" 2>&1; then
+    fail "--function '${bad%%:*}' was accepted"
+  fi
+  grep -q "${bad#*:}" "$TMP/fn.txt" || fail "--function '${bad%%:*}': $(cat "$TMP/fn.txt")"
+done
 inner=$(sed -n '/by the line itself/,/by the outermost/p' <<<"$out")
 outer=$(sed -n '/by the outermost/,$p' <<<"$out")
 # Innermost: helper.cuh:13 (500, 60 %; the toolkit's header skipped), helper.cuh:12 (300), k.cu:5, k.cu:9.

@@ -4,7 +4,8 @@
 # without a template by its name; one with an argument of another kind as mangled), and layer-profile's own
 # column-scan patterns counted against the seven forms they profile, as main has them and with a last
 # template argument added (w-in-scan-x's, a bool or an int): each names exactly one kernel every way, `scan`
-# the form with the argument 1. A pattern naming nothing exits 1; a bad pattern and a file that is not ELF exit 2.
+# the form with the argument 1; and each entry's fn (its mangled name as a regular expression, for ncu_lines.py)
+# names the same one kernel. A pattern naming nothing exits 1; a bad pattern and a file that is not ELF exit 2.
 source "$(dirname "$0")/preamble.sh"
 TOOL="$ROOT/scripts/gpu/ncu_names.py"
 elf() { python3 "$ROOT/tests/cli/make_elf.py" "$@"; }
@@ -60,6 +61,27 @@ grep -qxF "scan: 1 kernel(s): column_scan_kernel<(int)128, (int)128, (int)-1, c1
 tool "$TMP/kwi.cubin" "${pats[@]}"
 grep -qxF "scan: 1 kernel(s): column_scan_kernel<(int)128, (int)128, (int)-1, c10::BFloat16, (bool)0, (bool)0, (bool)1, (int)1, (bool)1, (int)1>" <<< "$out" ||
   fail "scan with the last argument an int: not the form 1: $out"
+
+# Each entry's fn (a regular expression over the mangled name, which scripts/gpu/ncu_lines.py finds the
+# kernel's listing by) names exactly one of each set's kernels, the one its pattern names.
+fns=$(grep -zoP "\n\s+[a-z0-9-]+\) re='regex:column_scan_kernel[^']*'[^;]*?fn='[^']*'" "$ROOT/scripts/gpu/layer-profile" | tr '\0' '\n' |
+  sed -nE "s/^\s+([a-z0-9-]+)\) re=.*/\1/p; s/.* fn='([^']*)'.*/\1/p")
+[[ $(wc -l <<< "$fns") == 14 ]] || fail "layer-profile: not 7 column-scan entries with an fn: $fns"
+python3 - "$fns" "$NS$SCAN" "$PARAMS" "${main_specs[*]}" "${kw_specs[*]}" "${kwi_specs[*]}" <<'PY' || fail "layer-profile's fn"
+import re, sys
+words = sys.argv[1].split("\n")
+head, params = sys.argv[2], sys.argv[3]
+form = {"scan": "Lb0ELb0ELb1ELi1ELb1E", "scan-qd": "Lb0ELb0ELb1ELi1ELb0E", "scan-u16": "Lb0ELb0ELb1ELi0ELb0E",
+        "scan-hist": "Lb1ELb0ELb1ELi1ELb1E", "scan-hist-qd": "Lb1ELb0ELb1ELi1ELb0E",
+        "reverse": "Lb1ELb1ELb1ELi0ELb1E", "reverse-qd": "Lb1ELb1ELb1ELi0ELb0E"}
+for era, specs, last in (("main", sys.argv[4], ""), ("bool", sys.argv[5], "Lb{}E"), ("int", sys.argv[6], "Li{}E")):
+    names = [w[len(".text."):-len("=00")] for w in specs.split()]
+    for entry, fn in zip(words[0::2], words[1::2]):
+        got = [n for n in names if re.search(fn, n)]
+        want = head + form[entry] + last.format(1 if entry == "scan" else 0) + params
+        if got != [want]:
+            sys.exit(f"{era}: {entry}'s fn {fn} names {got}, not {want}")
+PY
 
 tool "$TMP/main.cubin" --pattern 'none=regex:column_scan_kernel<\(int\)64' --pattern 'any=column_scan_kernel'
 [[ $rc == 1 ]] || fail "a pattern naming nothing: exit $rc"
