@@ -5,7 +5,8 @@
 # column-scan patterns counted against the seven forms they profile, as main has them and with a last
 # template argument added (w-in-scan-x's, a bool or an int): each names exactly one kernel every way, `scan`
 # the form with the argument 1; and each entry's fn (its mangled name as a regular expression, for ncu_lines.py)
-# names the same one kernel. A pattern naming nothing exits 1; a bad pattern and a file that is not ELF exit 2.
+# names the same one kernel; its two chunk_factors patterns each name one form, the one its fn names. A
+# pattern naming nothing exits 1; a bad pattern and a file that is not ELF exit 2.
 source "$(dirname "$0")/preamble.sh"
 TOOL="$ROOT/scripts/gpu/ncu_names.py"
 elf() { python3 "$ROOT/tests/cli/make_elf.py" "$@"; }
@@ -82,6 +83,30 @@ for era, specs, last in (("main", sys.argv[4], ""), ("bool", sys.argv[5], "Lb{}E
         if got != [want]:
             sys.exit(f"{era}: {entry}'s fn {fn} names {got}, not {want}")
 PY
+
+# layer-profile's two chunk_factors patterns against the forms main builds (DK, DV, T, OUT, PRE, MINB, TURN,
+# CLOCKS; bfloat16 128 / 128 all six, and two others): each names the four-block form its fn names.
+FNS=_ZN2hh7kernels38_GLOBAL__N__5d0c1f2a_12_gdn_chunk_cu_77a1b2c320chunk_factors_kernelI
+FPARAMS=EEvPKT1_S5_
+fspecs=()
+for f in Li128ELi128EN3c108BFloat16E{Lb0ELb0ELi4ELb0ELb0E,Lb1ELb0ELi2ELb1ELb0E,Lb1ELb0ELi2ELb1ELb1E,Lb1ELb0ELi4ELb0ELb0E,Lb1ELb1ELi3ELb0ELb0E,Lb1ELb1ELi4ELb0ELb0E} \
+         Li128ELi128EN3c104HalfELb1ELb1ELi3ELb0ELb0E Li64ELi64EN3c108BFloat16ELb1ELb1ELi3ELb0ELb0E; do
+  fspecs+=(".text.${FNS}${f}${FPARAMS}=00")
+done
+elf "$TMP/factors.cubin" "${fspecs[@]}"
+mapfile -t fpats < <(grep -oE "^\s+(rule-)?factors\) re='regex:chunk_factors_kernel[^']*'" "$ROOT/scripts/gpu/layer-profile" |
+  sed -E "s/^\s+([a-z-]+)\) re='([^']*)'/--pattern\n\1=\2/")
+[[ ${#fpats[@]} == 4 ]] || fail "layer-profile: ${#fpats[@]} words for its chunk_factors patterns, not 2 patterns"
+tool "$TMP/factors.cubin" "${fpats[@]}"
+[[ $rc == 0 ]] || fail "chunk_factors: a pattern names no kernel: $out"
+grep -qxF "factors: 1 kernel(s): chunk_factors_kernel<(int)128, (int)128, c10::BFloat16, (bool)1, (bool)1, (int)4, (bool)0, (bool)0>" <<< "$out" &&
+  grep -qxF "rule-factors: 1 kernel(s): chunk_factors_kernel<(int)128, (int)128, c10::BFloat16, (bool)1, (bool)0, (int)4, (bool)0, (bool)0>" <<< "$out" ||
+  fail "chunk_factors patterns: $out"
+for entry in factors rule-factors; do  # and its fn, a part of the mangled name, names the same one kernel
+  fn=$(grep -zoP "\n\s+$entry\) re=[^;]*?fn='\K[^']*" "$ROOT/scripts/gpu/layer-profile" | tr -d '\0')
+  hits=$(printf '%s\n' "${fspecs[@]}" | grep -cF "$fn")
+  [[ $hits == 1 ]] && printf '%s\n' "${fspecs[@]}" | grep -F "$fn" | grep -q "ELi4ELb0ELb0E" || fail "$entry's fn '$fn': $hits kernels"
+done
 
 tool "$TMP/main.cubin" --pattern 'none=regex:column_scan_kernel<\(int\)64' --pattern 'any=column_scan_kernel'
 [[ $rc == 1 ]] || fail "a pattern naming nothing: exit $rc"
