@@ -3,12 +3,15 @@
 
     ncu -i report.ncu-rep --page source --csv --print-source sass > source.csv
     cuobjdump -xelf all kernels.o && nvdisasm -gi -c file.cubin > kernel.sass
-    python3 scripts/gpu/ncu_lines.py source.csv kernel.sass --function chunk_factors_kernel [--top 40]
+    python3 scripts/gpu/ncu_lines.py source.csv kernel.sass --function 'regex:chunk_factors_kernel<' [--top 40]
 
 Nsight Compute's SASS table (one row an instruction, in address order) carries the counts; nvdisasm's
 listing with line information (-gi: each instruction's inlining chain) says which source line each
 instruction came from. The two list the same instructions in the same order, so they are joined row
-by row; the opcodes are compared as they are joined, and a mismatch stops the script. For each
+by row; the opcodes are compared as they are joined, and a mismatch stops the script. --function is the
+pattern ncu was given (--kernel-name, with or without `regex:`), searched for in each listed kernel's name
+as ncu writes it (scripts/gpu/ncu_names.py); of the kernels it names, the one with the table's
+instruction count is taken. For each
 source line: its executed warp instructions, its share of them, its share of the stall samples and
 the line's text (as the file reads now). --show FILE:LINE (a file's base name and a line, innermost
 or outermost) lists that line's instructions in address order: index, executed, samples, the stall
@@ -30,6 +33,7 @@ import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ncu_names import ncu_name, ncu_pattern  # noqa: E402
 from ncu_top import number, opcode, tables  # noqa: E402
 
 LINE = re.compile(r'"([^"]+)", line (\d+)')
@@ -75,7 +79,8 @@ def main():
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output (one kernel)")
     ap.add_argument("sass", help="nvdisasm -gi listing holding the kernel")
     ap.add_argument("--function", required=True,
-                    help="a regular expression searched for in the kernel's mangled name (a part of the name as it is)")
+                    help="the kernel's name pattern as ncu's --kernel-name took it: a regular expression (`regex:` "
+                         "optional) searched for in the name as ncu writes it, such as column_scan_kernel<(int)128, ...>")
     ap.add_argument("--top", type=int, default=40)
     how = ap.add_mutually_exclusive_group()
     how.add_argument("--show", metavar="FILE:LINE", help="list the instructions of one source line")
@@ -100,17 +105,17 @@ def main():
             sys.exit(f"{args.csv}: no column named like {args.metric!r}; it has: " + ", ".join(c.strip() for c in cols))
     funcs = disasm_functions(args.sass)
     try:
-        function = re.compile(args.function)
+        function = ncu_pattern(args.function)
     except re.error as e:
         sys.exit(f"--function {args.function!r}: not a regular expression: {e}")
-    names = [n for n in funcs if function.search(n)]
+    names = [n for n in funcs if function.search(ncu_name(n))]
     if not names:
         sys.exit(f"{args.sass}: no function matching {args.function!r}; it has {len(funcs)}")
     # The matching function with the same instruction count as the table.
     name = next((n for n in names if len(funcs[n]) == len(rows)), None)
     if name is None:
         sys.exit(f"no function matching {args.function!r} has {len(rows)} instructions: "
-                 + ", ".join(f"{n[:60]} ({len(funcs[n])})" for n in names))
+                 + ", ".join(f"{ncu_name(n)[:80]} ({len(funcs[n])})" for n in names))
     for i, (r, (op, _, _)) in enumerate(zip(rows, funcs[name])):
         if opcode(r[src]) != op:
             sys.exit(f"instruction {i}: the table has {r[src].strip()!r}, the listing {op}")

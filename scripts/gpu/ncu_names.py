@@ -88,6 +88,12 @@ def ncu_name(mangled):
         return mangled
 
 
+def ncu_pattern(pattern):
+    """A --kernel-name pattern as layer-profile gives ncu (with or without `regex:`) compiled, to be searched for
+    in ncu_name's names; re.error where it is not a regular expression."""
+    return re.compile(pattern[len("regex:"):] if pattern.startswith("regex:") else pattern)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cubins", nargs="+", help="cubins (nvcc -cubin, or cuobjdump -xelf of an object)")
@@ -105,12 +111,11 @@ def main():
     patterns = []
     for spec in args.pattern:
         name, sep, pattern = spec.partition("=")
-        pattern = pattern[len("regex:"):] if pattern.startswith("regex:") else pattern
-        if not sep or not name or not pattern:
+        if not sep or not name or pattern in ("", "regex:"):
             print(f"ncu_names: --pattern {spec!r}: not NAME=PATTERN", file=sys.stderr)
             return 2
         try:
-            patterns.append((name, re.compile(pattern)))
+            patterns.append((name, ncu_pattern(pattern)))
         except re.error as e:
             print(f"ncu_names: --pattern {spec!r}: {e}", file=sys.stderr)
             return 2

@@ -22,8 +22,8 @@ cat > "$TMP/k.sass" <<'SASS'
 .text._Z5otherv:
 	//## File "/src/k.cu", line 2
         /*0000*/                   EXIT ;
-	.section	.text._Z1ki,"ax",@progbits
-.text._Z1ki:
+	.section	.text._ZN2hh1kILi128EEEvPf,"ax",@progbits
+.text._ZN2hh1kILi128EEEvPf:
 	//## File "/src/k.cu", line 5
         /*0000*/                   LDC R1, c[0x0][0x28] ;
 	//## File "/src/helper.cuh", line 12 inlined at "/src/k.cu", line 7
@@ -42,13 +42,14 @@ grep -q "^1000 warp instructions executed; by opcode:$" <<<"$out" || fail "mix t
 grep -qE "^ +80\.0% +800  FFMA$" <<<"$out" || fail "FFMA (predicate and modifiers dropped): $out"
 grep -qE "^ +10\.0% +100  LDC$" <<<"$out" || fail "LDC: $out"
 
-out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k)
+out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function 'regex:k<\(int\)128>')
 grep -q "4 instructions, 1000 warp instructions executed, 100 samples" <<<"$out" || fail "totals: $out"
-# --function is a regular expression searched for in the mangled name: one naming both functions takes the one
-# with the table's instruction count; one anchored past the name's end names none; a bad one is refused.
-out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function '^_Z(5other|1k)(i)?$')
+# --function is ncu's pattern, searched for in the name as ncu writes it (k<(int)128>; other): one naming both
+# functions takes the one with the table's instruction count; one in the mangled form names none; a bad one is
+# refused.
+out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function '^(other|k<.*>)$')
 grep -q "4 instructions, 1000 warp instructions executed, 100 samples" <<<"$out" || fail "a regular expression: $out"
-for bad in '_Z1k$:no function matching' '(:not a regular expression'; do
+for bad in 'kILi128E:no function matching' '(:not a regular expression'; do
   if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function "${bad%%:*}" > "$TMP/fn.txt" 2>&1; then
     fail "--function '${bad%%:*}' was accepted"
   fi
@@ -66,49 +67,49 @@ grep -qE "^ +80\.0% +80\.0%  k\.cu:7 " <<<"$outer" || fail "k.cu:7: $outer"
 
 # --metric sums another column by line and orders by it: k.cu:9 (60 of 100), then k.cu:7 (40); by the
 # innermost line helper.cuh:12 (30) comes before helper.cuh:13 (10).
-out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --metric "sectors global excessive")
+out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function k --metric "sectors global excessive")
 grep -q "100 samples, 100 L2 Theoretical Sectors Global Excessive$" <<<"$out" || fail "metric total: $out"
 outer=$(sed -n '/by the outermost/,$p' <<<"$out")
 inner=$(sed -n '/by the line itself/,/by the outermost/p' <<<"$out")
 [[ "$(grep -E '^ +[0-9.]+%' <<<"$outer" | head -1)" =~ ^\ +10\.0%\ +10\.0%\ +60\.0%\ +60\ +k\.cu:9 ]] || fail "k.cu:9 first by the metric: $outer"
 grep -qE "^ +80\.0% +80\.0% +40\.0% +40  k\.cu:7 " <<<"$outer" || fail "k.cu:7 by the metric: $outer"
 [[ "$(grep -E 'helper' <<<"$inner" | head -1)" == *helper.cuh:12* ]] || fail "helper.cuh:12 before :13 by the metric: $inner"
-if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --metric "no such" > "$TMP/nometric.txt" 2>&1; then
+if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function k --metric "no such" > "$TMP/nometric.txt" 2>&1; then
   fail "an unknown metric column was accepted"
 fi
 grep -q "no column named like 'no such'" "$TMP/nometric.txt" || fail "unknown metric message: $(cat "$TMP/nometric.txt")"
 
 # --show lists one line's instructions: k.cu:7 (outermost) holds instructions 1 and 2; helper.cuh:13
 # (innermost) only 2, with its executed count, samples and top stall reason.
-out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --show k.cu:7)
+out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function k --show k.cu:7)
 [[ "$(wc -l <<<"$out")" == 2 ]] || fail "k.cu:7 has two instructions: $out"
-out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --show helper.cuh:13)
+out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function k --show helper.cuh:13)
 grep -qE "^ +2 +500 +60  stall_barrier +@P0   FFMA.FTZ R5, R3, R4, R5$" <<<"$out" || fail "helper.cuh:13: $out"
-if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --show k.cu:99 > /dev/null 2>&1; then
+if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function k --show k.cu:99 > /dev/null 2>&1; then
   fail "a line without instructions was accepted"
 fi
 
 # A listing whose instructions do not match the table stops with the instruction's index.
 sed 's/FFMA R2, R3, R4, R2/FMUL R2, R3, R4/' "$TMP/k.sass" > "$TMP/bad.sass"
-if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/bad.sass" --function _Z1k > "$TMP/bad.txt" 2>&1; then
+if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/bad.sass" --function k > "$TMP/bad.txt" 2>&1; then
   fail "a mismatched listing was accepted"
 fi
 grep -q "instruction 1: the table has 'FFMA R2, R3, R4, R2', the listing FMUL" "$TMP/bad.txt" || fail "mismatch message: $(cat "$TMP/bad.txt")"
 
 # --reason lists the instructions by one stall reason's samples: stall_barrier has 53 of the 100; the
 # predicated FFMA's 50 first (innermost helper.cuh:13, outermost k.cu:7), then 2 and 1; EXIT's 0 not at all.
-out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --reason stall_barrier)
+out=$(python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function k --reason stall_barrier)
 grep -q "^stall_barrier: 53 of 100 samples (53.0 %)$" <<<"$out" || fail "--reason total: $out"
 [[ "$(sed -n 2p <<<"$out")" =~ ^\ +50\.0%\ +2\ +helper\.cuh:13\ +\<-\ k\.cu:7\ +@P0\ +FFMA\.FTZ\ R5,\ R3,\ R4,\ R5$ ]] ||
   fail "--reason first: $out"
 [[ "$(sed -n 3p <<<"$out")" =~ ^\ +2\.0%\ +1\ +helper\.cuh:12\ +\<-\ k\.cu:7 ]] || fail "--reason second: $out"
 [[ "$(sed -n 4p <<<"$out")" =~ ^\ +1\.0%\ +0\ +k\.cu:5\ +\<-\ k\.cu:5\ +LDC ]] || fail "--reason third: $out"
 [[ "$(wc -l <<<"$out")" == 4 ]] || fail "--reason lists only instructions with samples: $out"
-if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --reason stall_nope > "$TMP/noreason.txt" 2>&1; then
+if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function k --reason stall_nope > "$TMP/noreason.txt" 2>&1; then
   fail "an unknown stall reason was accepted"
 fi
 grep -q "no stall reason 'stall_nope'; it has: stall_barrier" "$TMP/noreason.txt" || fail "unknown reason message: $(cat "$TMP/noreason.txt")"
-if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function _Z1k --reason stall_barrier --show k.cu:7 > /dev/null 2>&1; then
+if python3 "$ROOT/scripts/gpu/ncu_lines.py" "$TMP/source.csv" "$TMP/k.sass" --function k --reason stall_barrier --show k.cu:7 > /dev/null 2>&1; then
   fail "--reason with --show was accepted (one would be ignored)"
 fi
 echo "ncu_lines: ok"

@@ -4,9 +4,8 @@
 # without a template by its name; one with an argument of another kind as mangled), and layer-profile's own
 # column-scan patterns counted against the seven forms they profile, as main has them and with a last
 # template argument added (w-in-scan-x's, a bool or an int): each names exactly one kernel every way, `scan`
-# the form with the argument 1; and each entry's fn (its mangled name as a regular expression, for ncu_lines.py)
-# names the same one kernel; its two chunk_factors patterns each name one form, the one its fn names. A
-# pattern naming nothing exits 1; a bad pattern and a file that is not ELF exit 2.
+# the form with the argument 1; its two chunk_factors patterns each name the one form meant (ncu_lines.py finds
+# the kernel's listing by the same patterns). A pattern naming nothing exits 1; a bad pattern and a file that is not ELF exit 2.
 source "$(dirname "$0")/preamble.sh"
 TOOL="$ROOT/scripts/gpu/ncu_names.py"
 elf() { python3 "$ROOT/tests/cli/make_elf.py" "$@"; }
@@ -63,35 +62,14 @@ tool "$TMP/kwi.cubin" "${pats[@]}"
 grep -qxF "scan: 1 kernel(s): column_scan_kernel<(int)128, (int)128, (int)-1, c10::BFloat16, (bool)0, (bool)0, (bool)1, (int)1, (bool)1, (int)1>" <<< "$out" ||
   fail "scan with the last argument an int: not the form 1: $out"
 
-# Each entry's fn (a regular expression over the mangled name, which scripts/gpu/ncu_lines.py finds the
-# kernel's listing by) names exactly one of each set's kernels, the one its pattern names.
-fns=$(grep -zoP "\n\s+[a-z0-9-]+\) re='regex:column_scan_kernel[^']*'[^;]*?fn='[^']*'" "$ROOT/scripts/gpu/layer-profile" | tr '\0' '\n' |
-  sed -nE "s/^\s+([a-z0-9-]+)\) re=.*/\1/p; s/.* fn='([^']*)'.*/\1/p")
-[[ $(wc -l <<< "$fns") == 14 ]] || fail "layer-profile: not 7 column-scan entries with an fn: $fns"
-python3 - "$fns" "$NS$SCAN" "$PARAMS" "${main_specs[*]}" "${kw_specs[*]}" "${kwi_specs[*]}" <<'PY' || fail "layer-profile's fn"
-import re, sys
-words = sys.argv[1].split("\n")
-head, params = sys.argv[2], sys.argv[3]
-form = {"scan": "Lb0ELb0ELb1ELi1ELb1E", "scan-qd": "Lb0ELb0ELb1ELi1ELb0E", "scan-u16": "Lb0ELb0ELb1ELi0ELb0E",
-        "scan-hist": "Lb1ELb0ELb1ELi1ELb1E", "scan-hist-qd": "Lb1ELb0ELb1ELi1ELb0E",
-        "reverse": "Lb1ELb1ELb1ELi0ELb1E", "reverse-qd": "Lb1ELb1ELb1ELi0ELb0E"}
-for era, specs, last in (("main", sys.argv[4], ""), ("bool", sys.argv[5], "Lb{}E"), ("int", sys.argv[6], "Li{}E")):
-    names = [w[len(".text."):-len("=00")] for w in specs.split()]
-    for entry, fn in zip(words[0::2], words[1::2]):
-        got = [n for n in names if re.search(fn, n)]
-        want = head + form[entry] + last.format(1 if entry == "scan" else 0) + params
-        if got != [want]:
-            sys.exit(f"{era}: {entry}'s fn {fn} names {got}, not {want}")
-PY
-
 # layer-profile's two chunk_factors patterns against the forms main builds (DK, DV, T, OUT, PRE, MINB, TURN,
-# CLOCKS; bfloat16 128 / 128 all six, and two others): each names the four-block form its fn names.
-FNS=_ZN2hh7kernels38_GLOBAL__N__5d0c1f2a_12_gdn_chunk_cu_77a1b2c320chunk_factors_kernelI
+# CLOCKS; bfloat16 128 / 128 all six, and two others): each names the default four-block form.
+FHEAD=_ZN2hh7kernels38_GLOBAL__N__5d0c1f2a_12_gdn_chunk_cu_77a1b2c320chunk_factors_kernelI
 FPARAMS=EEvPKT1_S5_
 fspecs=()
 for f in Li128ELi128EN3c108BFloat16E{Lb0ELb0ELi4ELb0ELb0E,Lb1ELb0ELi2ELb1ELb0E,Lb1ELb0ELi2ELb1ELb1E,Lb1ELb0ELi4ELb0ELb0E,Lb1ELb1ELi3ELb0ELb0E,Lb1ELb1ELi4ELb0ELb0E} \
          Li128ELi128EN3c104HalfELb1ELb1ELi3ELb0ELb0E Li64ELi64EN3c108BFloat16ELb1ELb1ELi3ELb0ELb0E; do
-  fspecs+=(".text.${FNS}${f}${FPARAMS}=00")
+  fspecs+=(".text.${FHEAD}${f}${FPARAMS}=00")
 done
 elf "$TMP/factors.cubin" "${fspecs[@]}"
 mapfile -t fpats < <(grep -oE "^\s+(rule-)?factors\) re='regex:chunk_factors_kernel[^']*'" "$ROOT/scripts/gpu/layer-profile" |
@@ -102,11 +80,6 @@ tool "$TMP/factors.cubin" "${fpats[@]}"
 grep -qxF "factors: 1 kernel(s): chunk_factors_kernel<(int)128, (int)128, c10::BFloat16, (bool)1, (bool)1, (int)4, (bool)0, (bool)0>" <<< "$out" &&
   grep -qxF "rule-factors: 1 kernel(s): chunk_factors_kernel<(int)128, (int)128, c10::BFloat16, (bool)1, (bool)0, (int)4, (bool)0, (bool)0>" <<< "$out" ||
   fail "chunk_factors patterns: $out"
-for entry in factors rule-factors; do  # and its fn, a part of the mangled name, names the same one kernel
-  fn=$(grep -zoP "\n\s+$entry\) re=[^;]*?fn='\K[^']*" "$ROOT/scripts/gpu/layer-profile" | tr -d '\0')
-  hits=$(printf '%s\n' "${fspecs[@]}" | grep -cF "$fn")
-  [[ $hits == 1 ]] && printf '%s\n' "${fspecs[@]}" | grep -F "$fn" | grep -q "ELi4ELb0ELb0E" || fail "$entry's fn '$fn': $hits kernels"
-done
 
 tool "$TMP/main.cubin" --pattern 'none=regex:column_scan_kernel<\(int\)64' --pattern 'any=column_scan_kernel'
 [[ $rc == 1 ]] || fail "a pattern naming nothing: exit $rc"
